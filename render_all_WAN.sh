@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# Render the same Wan clip once per attention backend, keep going when one fails, then stitch a grid.
+#
+#   bash render_all_WAN.sh --model-path tiny --output-dir outputs/demo --stitch
+#   bash render_all_WAN.sh --types sdpa_cudnn,fav3,sagev1 --model-path Wan-AI/Wan2.1-T2V-1.3B-Diffusers -- --num_frames 33
+#
+# Options:
+#   --output-dir DIR   where results/, logs/ and the grid go (default outputs/render_all_wan)
+#   --types a,b,c      backends to render (default: every backend that can run on this machine)
+#   --model-path M     hub id, local path or tiny (default tiny)
+#   --stitch           stitch the successful renders into DIR/comparison_grid.mp4 (needs two or more)
+#   --reuse            skip a backend whose video already exists (counted as succeeded)
+#   -h, --help         this help
+#   -- ARGS...         passed to run_wan.py unchanged (e.g. --num_frames 33 --height 480 --width 832)
+# Each render runs in its own process (a crash in one loses no other); its log is DIR/logs/<type>.log.
+# Exit code: 0 if every requested backend rendered, 1 if any failed, 2 on bad options.
+set -uo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+py=${PYTHON:-python3}
+[ -x "$here/.venv/bin/python" ] && [ -z "${PYTHON:-}" ] && py="$here/.venv/bin/python"
+
+out_dir=outputs/render_all_wan; types=""; model=tiny; stitch=0; reuse=0; extra=()
+usage() { sed -n '2,17p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --output-dir) out_dir=${2:?--output-dir needs a value}; shift 2 ;;
+    --types) types=${2:?--types needs a value}; shift 2 ;;
+    --model-path) model=${2:?--model-path needs a value}; shift 2 ;;
+    --stitch) stitch=1; shift ;;
+    --reuse) reuse=1; shift ;;
+    -h|--help) usage; exit 0 ;;
+    --) shift; extra=("$@"); break ;;
+    *) echo "error: unknown option $1 (see --help)" >&2; exit 2 ;;
+  esac
+done
+
+export PYTHONPATH="$here${PYTHONPATH:+:$PYTHONPATH}"
+valid=$("$py" -c 'from vdbench.backends import names; print(" ".join(names()))') || { echo "error: cannot import vdbench with $py" >&2; exit 2; }
+if [ -z "$types" ]; then
+  types=$("$py" "$here/run_wan.py" --list_available "${extra[@]}" | tr '\n' ',' ) || { echo "error: could not list backends" >&2; exit 2; }
+fi
+IFS=',' read -r -a type_list <<< "$types"
+for t in "${type_list[@]}"; do
+  [ -z "$t" ] && continue
+  case " $valid " in *" $t "*) ;; *) echo "error: unknown attention type '$t'; valid: $valid" >&2; exit 2 ;; esac
+done
+
+mkdir -p "$out_dir/logs"
+common=(--model "$model" --benchmark_output_directory "$out_dir" "${extra[@]}")
+ok=(); failed=(); outputs=()
+start=$(date +%s)
+for t in "${type_list[@]}"; do
+  [ -z "$t" ] && continue
+  path=$("$py" "$here/run_wan.py" "${common[@]}" --attention_type "$t" --print_output_path) || { failed+=("$t"); continue; }
+  if [ "$reuse" = 1 ] && [ -s "$path" ]; then
+    echo "[$t] reused $path"; ok+=("$t"); outputs+=("$path"); continue
+  fi
+  echo "[$t] rendering (log: $out_dir/logs/$t.log)"
+  if "$py" "$here/run_wan.py" "${common[@]}" --attention_type "$t" >"$out_dir/logs/$t.log" 2>&1; then
+    grep -E '^\[' "$out_dir/logs/$t.log" | tail -n 1
+    ok+=("$t"); outputs+=("$path")
+  else
+    rc=$?
+    echo "[$t] FAILED (exit $rc): $(grep -E '^error:' "$out_dir/logs/$t.log" | head -n 1)"
+    failed+=("$t")
+  fi
+done
+
+echo
+echo "rendered in $(( $(date +%s) - start )) s: ${#ok[@]} succeeded (${ok[*]:-none}), ${#failed[@]} failed (${failed[*]:-none})"
+echo "videos and timing.json: $out_dir/results/"
+if [ "$stitch" = 1 ]; then
+  if [ ${#outputs[@]} -ge 2 ]; then
+    labels=$(IFS=,; echo "${ok[*]}")
+    if "$py" "$here/stitch_comparison.py" --output "$out_dir/comparison_grid.mp4" --labels "$labels" "${outputs[@]}"; then
+      echo "grid: $out_dir/comparison_grid.mp4"
+    else
+      echo "stitching failed" >&2; exit 1
+    fi
+  else
+    echo "not stitching: fewer than two renders succeeded"
+  fi
+fi
+[ ${#failed[@]} -eq 0 ]

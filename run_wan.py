@@ -1,0 +1,98 @@
+#!/usr/bin/env python3
+"""Render a Wan 2.1 / 2.2 video with a chosen attention backend, timed.
+
+    python run_wan.py --model tiny --attention_type sdpa                  # embedded tiny model, CPU is fine
+    python run_wan.py --model Wan-AI/Wan2.1-T2V-1.3B-Diffusers --attention_type fav3 --height 480 --width 832
+    python run_wan.py --list_backends
+
+Writes <dir>/results/wan_result_<task>_<model>_<F>f_<S>s_attn_<type>_<H>x<W>.mp4 and appends one object per
+repetition to <dir>/results/timing.json. Exit codes: 0 ok, 2 bad input (unknown or unavailable backend, bad
+size, model not loadable), 3 the backend met an attention call it cannot serve (see --on_unsupported).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from vdbench import backends as B
+from vdbench.patching import ON_UNSUPPORTED_CHOICES
+from vdbench.render import EXIT_BAD_INPUT, RenderConfig, resolve_device, resolve_dtype, run_cli, wan_output_name
+
+DEFAULT_MODELS = {"t2v": "Wan-AI/Wan2.1-T2V-1.3B-Diffusers", "i2v": "Wan-AI/Wan2.1-I2V-14B-480P-Diffusers",
+                  "ti2v": "Wan-AI/Wan2.2-TI2V-5B-Diffusers"}
+# Real checkpoints render 480x832, 81 frames, 50 steps; the tiny model defaults to a CPU-sized clip.
+REAL_DEFAULTS = dict(height=480, width=832, num_frames=81, num_inference_steps=50)
+TINY_DEFAULTS = dict(height=128, width=192, num_frames=17, num_inference_steps=4)
+DEFAULT_PROMPT = "A cat walks on the grass, realistic, daylight"
+DEFAULT_NEGATIVE = "blurry, low quality, distorted, static"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--task", choices=["t2v", "i2v", "ti2v"], default="t2v")
+    p.add_argument("--model", default=None, help="hub id, local path, 'tiny' or 'tiny:<variant>' "
+                   "(default: the Wan-AI checkpoint for the task)")
+    p.add_argument("--prompt", default=DEFAULT_PROMPT)
+    p.add_argument("--negative_prompt", default=DEFAULT_NEGATIVE)
+    p.add_argument("--img_file_path", default=None, help="conditioning image (i2v)")
+    p.add_argument("--height", type=int, default=None)
+    p.add_argument("--width", type=int, default=None)
+    p.add_argument("--num_frames", type=int, default=None)
+    p.add_argument("--num_inference_steps", type=int, default=None)
+    p.add_argument("--guidance_scale", type=float, default=5.0)
+    p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--attention_type", default="default", help=f"one of: {', '.join(B.names())}")
+    p.add_argument("--on_unsupported", choices=ON_UNSUPPORTED_CHOICES, default="error",
+                   help="an attention call the backend can't serve: stop (default) or run it on sdpa, counted")
+    p.add_argument("--benchmark_output_directory", default="outputs")
+    p.add_argument("--num_repetitions", type=int, default=1)
+    p.add_argument("--time_attention", action="store_true", help="time every attention call (events)")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--dtype", default="auto", help="auto (bf16 on GPU, fp32 on CPU), bf16, fp16, fp32")
+    p.add_argument("--fps", type=int, default=16)
+    p.add_argument("--list_backends", action="store_true", help="print the backend table and exit")
+    p.add_argument("--list_available", action="store_true",
+                   help="print the names of the backends that can run on this device/dtype, one per line")
+    p.add_argument("--print_output_path", action="store_true",
+                   help="print the video path these arguments would write, and exit (used by render_all_WAN.sh)")
+    return p
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.list_backends:
+        dev = resolve_device(args.device)
+        print(B.capability_table(dev, resolve_dtype(args.dtype, dev)))
+        return 0
+    if args.list_available:
+        dev = resolve_device(args.device)
+        print("\n".join(B.available_names(dev, resolve_dtype(args.dtype, dev))))
+        return 0
+    model = args.model or DEFAULT_MODELS[args.task]
+    defaults = TINY_DEFAULTS if model.startswith("tiny") else REAL_DEFAULTS
+    for k, v in defaults.items():
+        if getattr(args, k) is None:
+            setattr(args, k, v)
+    if args.num_repetitions < 1:
+        print("error: --num_repetitions must be >= 1", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    results = Path(args.benchmark_output_directory) / "results"
+    out = results / wan_output_name(args.task, model, args.num_frames, args.num_inference_steps,
+                                    args.attention_type, args.height, args.width)
+    if args.print_output_path:
+        print(out)
+        return 0
+    cfg = RenderConfig(family="wan", task=args.task, model=model, prompt=args.prompt,
+                       negative_prompt=args.negative_prompt, image=args.img_file_path, height=args.height,
+                       width=args.width, num_frames=args.num_frames, num_inference_steps=args.num_inference_steps,
+                       guidance_scale=args.guidance_scale, seed=args.seed, attention_type=args.attention_type,
+                       output_path=out, timing_path=results / "timing.json", num_repetitions=args.num_repetitions,
+                       device=args.device, dtype=args.dtype, fps=args.fps, on_unsupported=args.on_unsupported,
+                       time_attention=args.time_attention)
+    return run_cli(cfg)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,80 @@
+#!/usr/bin/env python3
+"""Render a CogVideoX video with a chosen attention backend, timed.
+
+CogVideoX's attention processor calls F.scaled_dot_product_attention directly (not diffusers' dispatcher):
+the backend is installed into that model's processors only, nothing else in the process is touched.
+
+    python sageattn_cogvideo.py --model_path tiny --attention_type sagev1_emu
+    python sageattn_cogvideo.py --model_path THUDM/CogVideoX-2b --attention_type sagev1
+
+Writes <output_dir>/cogvideox-<model>_<type>.mp4 and appends to <output_dir>/timing.json (the run_wan.py
+schema). Exit codes as run_wan.py: 2 bad input / unavailable backend, 3 an attention call the backend can't serve.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from vdbench import backends as B
+from vdbench.patching import ON_UNSUPPORTED_CHOICES
+from vdbench.render import (EXIT_BAD_INPUT, RenderConfig, cogvideox_output_name, resolve_device, resolve_dtype,
+                            run_cli)
+
+REAL_DEFAULTS = dict(height=480, width=720, num_frames=49, num_inference_steps=50)
+TINY_DEFAULTS = dict(height=128, width=192, num_frames=9, num_inference_steps=4)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model_path", default="THUDM/CogVideoX-2b", help="hub id, local path, 'tiny' or 'tiny:<variant>'")
+    p.add_argument("--task", choices=["t2v", "i2v"], default="t2v")
+    p.add_argument("--image", default=None, help="conditioning image (i2v)")
+    p.add_argument("--attention_type", default="default", help=f"one of: {', '.join(B.names())}")
+    p.add_argument("--on_unsupported", choices=ON_UNSUPPORTED_CHOICES, default="error")
+    p.add_argument("--prompt", default="A panda playing a guitar in a bamboo forest, cinematic")
+    p.add_argument("--negative_prompt", default="")
+    p.add_argument("--num_frames", type=int, default=None)
+    p.add_argument("--height", type=int, default=None)
+    p.add_argument("--width", type=int, default=None)
+    p.add_argument("--num_inference_steps", type=int, default=None)
+    p.add_argument("--guidance_scale", type=float, default=6.0)
+    p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--output_dir", default="outputs/cogvideox")
+    p.add_argument("--fps", type=int, default=8)
+    p.add_argument("--num_repetitions", type=int, default=1)
+    p.add_argument("--time_attention", action="store_true")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--list_backends", action="store_true")
+    return p
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.list_backends:
+        dev = resolve_device(args.device)
+        print(B.capability_table(dev, resolve_dtype(args.dtype, dev)))
+        return 0
+    defaults = TINY_DEFAULTS if args.model_path.startswith("tiny") else REAL_DEFAULTS
+    for k, v in defaults.items():
+        if getattr(args, k) is None:
+            setattr(args, k, v)
+    if args.num_repetitions < 1:
+        print("error: --num_repetitions must be >= 1", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    out_dir = Path(args.output_dir)
+    cfg = RenderConfig(family="cogvideox", task=args.task, model=args.model_path, prompt=args.prompt,
+                       negative_prompt=args.negative_prompt, image=args.image, height=args.height, width=args.width,
+                       num_frames=args.num_frames, num_inference_steps=args.num_inference_steps,
+                       guidance_scale=args.guidance_scale, seed=args.seed, attention_type=args.attention_type,
+                       output_path=out_dir / cogvideox_output_name(args.model_path, args.attention_type),
+                       timing_path=out_dir / "timing.json", num_repetitions=args.num_repetitions,
+                       device=args.device, dtype=args.dtype, fps=args.fps, on_unsupported=args.on_unsupported,
+                       time_attention=args.time_attention)
+    return run_cli(cfg)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,184 @@
+"""Installing backends into real diffusers transformers (Wan: dispatcher; CogVideoX: F.sdpa), counting, removal."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from vdbench import backends as B
+from vdbench.patching import AttentionPatch, attention_modules
+
+
+def small_wan(image=False):
+    from diffusers import WanTransformer3DModel
+
+    torch.manual_seed(0)
+    kw = dict(image_dim=24, added_kv_proj_dim=32) if image else {}
+    return WanTransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=16, in_channels=4,
+                                 out_channels=4, text_dim=24, freq_dim=32, ffn_dim=64, num_layers=2, **kw).eval()
+
+
+def wan_inputs(image=False, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(1, 4, 3, 8, 8, generator=g)  # 3 frames, 8x8 latent -> 3*4*4 = 48 tokens
+    ctx = torch.randn(1, 512, 24, generator=g)  # Wan pads the text context to 512 tokens
+    kw = {"encoder_hidden_states_image": torch.randn(1, 257, 24, generator=g)} if image else {}
+    return dict(hidden_states=x, timestep=torch.tensor([500]), encoder_hidden_states=ctx, **kw)
+
+
+def small_cogvideox():
+    from diffusers import CogVideoXTransformer3DModel
+
+    torch.manual_seed(0)
+    return CogVideoXTransformer3DModel(num_attention_heads=2, attention_head_dim=16, in_channels=4, out_channels=4,
+                                       time_embed_dim=32, text_embed_dim=24, num_layers=2, sample_width=8,
+                                       sample_height=8, sample_frames=5, max_text_seq_length=7).eval()
+
+
+def cog_inputs(seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return dict(hidden_states=torch.randn(1, 2, 4, 8, 8, generator=g),
+                encoder_hidden_states=torch.randn(1, 7, 24, generator=g), timestep=torch.tensor([500]))
+
+
+def run(model, inputs):
+    with torch.no_grad():
+        return model(**inputs, return_dict=False)[0]
+
+
+@pytest.mark.parametrize("builder,inputs,n_modules,calls", [
+    (small_wan, wan_inputs, 4, {"self": 2, "cross": 2}),
+    (small_cogvideox, cog_inputs, 2, {"joint": 2}),
+])
+def test_counts_every_call_by_kernel_and_kind(builder, inputs, n_modules, calls):
+    model = builder()
+    with AttentionPatch([("transformer", model)], "sagev1_emu") as patch:
+        run(model, inputs())
+    assert patch.n_modules == n_modules
+    assert dict(patch.stats.calls) == {"emu.sagev1": sum(calls.values())}
+    assert dict(patch.stats.calls_by_kind) == calls
+
+
+@pytest.mark.parametrize("builder,inputs", [(small_wan, wan_inputs), (small_cogvideox, cog_inputs)])
+def test_patched_output_tracks_the_backend_and_removal_restores(builder, inputs):
+    model = builder()
+    x = inputs()
+    base = run(model, x)
+    procs = [m.processor for _, m in attention_modules(model)]
+    with AttentionPatch([("transformer", model)], "reference"):
+        ref = run(model, x)
+    with AttentionPatch([("transformer", model)], "fp8_emu"):
+        fp8 = run(model, x)
+    # removed: the very same processor objects are back and the output is bit-identical to before
+    assert [m.processor for _, m in attention_modules(model)] == procs
+    assert torch.equal(run(model, x), base)
+    assert (ref - base).abs().max() < 1e-4  # fp32 exact vs fp32 sdpa
+    assert not torch.equal(fp8, base)  # the backend really ran inside the model
+
+
+def test_default_is_a_counting_pass_through():
+    model = small_wan()
+    x = wan_inputs()
+    base = run(model, x)
+    with AttentionPatch([("transformer", model)], "default") as patch:
+        out = run(model, x)
+    assert torch.equal(out, base)
+    (label, n), = patch.stats.calls.items()
+    assert n == 4 and label.startswith("diffusers.native[")
+
+
+def test_sdpa_counts_name_the_kernel_torch_chose():
+    model = small_cogvideox()
+    with AttentionPatch([("transformer", model)], "sdpa") as patch:
+        run(model, cog_inputs())
+    (label, n), = patch.stats.calls.items()
+    assert n == 2 and label in {"sdpa[flash]", "sdpa[math]"}
+
+
+def test_patch_touches_only_the_patched_model():
+    """F.scaled_dot_product_attention stays the real one for everything else in the process."""
+    a, b = small_cogvideox(), small_cogvideox()
+    real = F.scaled_dot_product_attention
+    with AttentionPatch([("transformer", a)], "fp8_emu") as patch:
+        assert F.scaled_dot_product_attention is real
+        base_b = run(b, cog_inputs())
+        run(a, cog_inputs())
+    assert sum(patch.stats.calls.values()) == 2  # only model a's calls
+    assert torch.equal(base_b, run(b, cog_inputs()))
+
+
+def test_two_transformers_both_patched_and_counted_separately():
+    t1, t2 = small_wan(), small_wan()
+    seen = []
+    with AttentionPatch([("transformer", t1), ("transformer_2", t2)], "sagev1_emu",
+                        observers=[lambda info: seen.append(info.model)]) as patch:
+        run(t1, wan_inputs())
+        run(t2, wan_inputs())
+    assert patch.stats.calls["emu.sagev1"] == 8
+    assert seen.count("transformer") == 4 and seen.count("transformer_2") == 4
+
+
+def test_i2v_image_cross_attention_is_labelled():
+    model = small_wan(image=True)
+    kinds = []
+    with AttentionPatch([("transformer", model)], "reference",
+                        observers=[lambda info: kinds.append((info.layer, info.kind, info.key.shape[2]))]):
+        run(model, wan_inputs(image=True))
+    cross = [k for k in kinds if k[1] != "self"]
+    assert [k[1] for k in cross] == ["cross_img", "cross", "cross_img", "cross"]
+    assert [k[2] for k in cross] == [257, 512, 257, 512]  # image context, then text context
+
+
+def test_observer_sees_bhsd_tensors_and_call_metadata():
+    model = small_wan()
+    infos = []
+    with AttentionPatch([("transformer", model)], "sdpa_math", observers=[infos.append]) as patch:
+        patch.step = 7
+        run(model, wan_inputs())
+    first = infos[0]
+    assert first.layer == "blocks.0.attn1" and first.kind == "self" and first.step == 7 and first.index == 0
+    assert first.query.shape == (1, 2, 48, 16) and first.output.shape == (1, 2, 48, 16)
+    assert first.args == {"scale": None, "is_causal": False, "dropout_p": 0.0, "has_mask": False}
+    assert [i.index for i in infos] == [0, 1, 2, 3]
+
+
+def test_unsupported_call_is_refused_with_location():
+    model = small_wan()
+    attn = model.blocks[0].attn1
+    h = torch.randn(1, 48, 32)
+    mask = torch.ones(1, 1, 48, 48, dtype=torch.bool)
+    with AttentionPatch([("transformer", model)], "sagev1_emu"):
+        with pytest.raises(B.UnsupportedCall, match=r"attention mask.*blocks\.0\.attn1 \(self-attention\).*fallback:sdpa"):
+            attn(h, attention_mask=mask)
+
+
+def test_explicit_fallback_is_counted():
+    model = small_wan()
+    attn = model.blocks[0].attn1
+    h = torch.randn(1, 48, 32)
+    mask = torch.ones(1, 1, 48, 48, dtype=torch.bool)
+    with AttentionPatch([("transformer", model)], "sagev1_emu", on_unsupported="fallback:sdpa") as patch:
+        with torch.no_grad():
+            attn(h, attention_mask=mask)
+    assert patch.stats.fallbacks == 1 and patch.stats.calls == {"fallback:sdpa": 1}
+
+
+def test_time_attention_on_cpu():
+    model = small_wan()
+    with AttentionPatch([("transformer", model)], "reference", time_attention=True) as patch:
+        run(model, wan_inputs())
+    t = patch.finish_timing()
+    assert t is not None and t > 0 and patch.stats.as_dict()["attention_time_s"] == t
+
+
+def test_bad_options_and_double_install():
+    model = small_wan()
+    with pytest.raises(ValueError, match="on_unsupported"):
+        AttentionPatch([("transformer", model)], "sdpa", on_unsupported="ignore")
+    with pytest.raises(KeyError):
+        AttentionPatch([("transformer", model)], "nope")
+    p = AttentionPatch([("transformer", model)], "sdpa")
+    with p:
+        with pytest.raises(RuntimeError, match="already installed"):
+            p.install()
+    with pytest.raises(RuntimeError, match="no attention processors"):
+        AttentionPatch([("mlp", torch.nn.Linear(2, 2))], "sdpa").install()

@@ -1,0 +1,264 @@
+"""Render one video with one attention backend, timed: the shared body of run_wan.py and sageattn_cogvideo.py.
+
+Sequence per run: load the pipeline (real id, local path or the embedded tiny model), check the requested
+size, check the backend can run here for this model's dtype and head dims (exit before any work if not),
+install the backend (``patching.AttentionPatch``), then per repetition: denoise with
+``output_type="latent"`` (per-step times from events at each step boundary), decode with the VAE timed on
+its own, record calls per kernel. The video of the last repetition is written atomically, and the
+repetitions are appended to ``timing.json`` in the results directory.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from . import backends as B
+from .patching import AttentionPatch
+from .timing import Clock, StepTimer, append_timing, peak_memory, reset_peak_memory, summarize_steps, system_info
+
+__all__ = ["RenderConfig", "render", "resolve_device", "resolve_dtype", "preflight", "model_tag",
+           "wan_output_name", "cogvideox_output_name", "run_cli", "EXIT_BAD_INPUT", "EXIT_UNSUPPORTED_CALL"]
+
+EXIT_BAD_INPUT = 2  # unknown/unavailable backend, bad size, model that can't be loaded
+EXIT_UNSUPPORTED_CALL = 3  # the backend met a call it cannot serve during the run
+
+DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
+          "fp16": torch.float16, "float16": torch.float16}
+
+
+def resolve_device(arg: str = "auto") -> torch.device:
+    if arg in (None, "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(arg)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise B.BackendUnavailable(f"--device {arg} asked for, but torch.cuda.is_available() is False")
+    return dev
+
+
+def resolve_dtype(arg: str, device: torch.device) -> torch.dtype:
+    """``auto``: bf16 on a GPU (what the models are run in), fp32 on a CPU (bf16 matmuls are slow there)."""
+    if arg in (None, "auto"):
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    try:
+        return DTYPES[arg]
+    except KeyError:
+        raise ValueError(f"unknown dtype {arg!r}; choose from auto, {', '.join(DTYPES)}") from None
+
+
+def model_tag(model: str) -> str:
+    """A file-name-safe tag for a model argument (no underscores, so file names parse unambiguously)."""
+    base = model.rstrip("/").split("/")[-1] if not model.startswith("tiny") else model
+    return re.sub(r"[^A-Za-z0-9.\-]+", "-", base).strip("-") or "model"
+
+
+def wan_output_name(task, model, num_frames, steps, attention_type, height, width) -> str:
+    return (f"wan_result_{task}_{model_tag(model)}_{num_frames}f_{steps}s_attn_{attention_type}_"
+            f"{height}x{width}.mp4")
+
+
+def cogvideox_output_name(model, attention_type) -> str:
+    return f"cogvideox-{model_tag(model)}_{attention_type}.mp4"
+
+
+def preflight(attention_type: str, device, dtype, head_dims) -> None:
+    """Raise BackendUnavailable (with what *can* run here) unless the backend serves every head dim."""
+    try:
+        B.get_backend(attention_type)
+    except KeyError as e:
+        raise B.BackendUnavailable(str(e.args[0])) from None
+    for hd in sorted(set(head_dims)) or [None]:
+        ok, reason = B.availability(attention_type, device, dtype, hd)
+        if not ok:
+            can = [n for n in B.names() if all(B.availability(n, device, dtype, h)[0] for h in (head_dims or [None]))]
+            dims = ",".join(map(str, sorted(set(head_dims))))
+            raise B.BackendUnavailable(
+                f"attention backend '{attention_type}' can't run here: {reason}.\n"
+                f"Backends that can run here ({device}, {str(dtype).replace('torch.', '')}, head dim {dims}): "
+                f"{', '.join(can)}")
+
+
+@dataclass
+class RenderConfig:
+    family: str  # "wan" | "cogvideox"
+    task: str
+    model: str
+    prompt: str
+    negative_prompt: str
+    height: int
+    width: int
+    num_frames: int
+    num_inference_steps: int
+    guidance_scale: float
+    seed: int
+    attention_type: str
+    output_path: Path
+    timing_path: Path
+    image: Optional[str] = None
+    num_repetitions: int = 1
+    device: str = "auto"
+    dtype: str = "auto"
+    fps: int = 16
+    on_unsupported: str = "error"
+    time_attention: bool = False
+    extra_pipe_kwargs: dict = field(default_factory=dict)
+
+
+def _load_image(path: str, width: int, height: int):
+    """Center-crop to the target aspect ratio, then resize: the conditioning image gets the video's size."""
+    from PIL import Image
+
+    img = Image.open(path).convert("RGB")
+    w, h = img.size
+    target = width / height
+    if w / h > target:
+        nw = round(h * target)
+        img = img.crop(((w - nw) // 2, 0, (w - nw) // 2 + nw, h))
+    elif w / h < target:
+        nh = round(w / target)
+        img = img.crop((0, (h - nh) // 2, w, (h - nh) // 2 + nh))
+    return img.resize((width, height), Image.BICUBIC)
+
+
+class _TextEncoderTimer:
+    """Times the text encoder's forward passes with forward hooks (no change to the pipeline's code)."""
+
+    def __init__(self, module, device):
+        self.device, self.total, self._start = device, 0.0, None
+        self.handles = [module.register_forward_pre_hook(self._pre), module.register_forward_hook(self._post)]
+
+    def _pre(self, *a):
+        self._start = Clock(self.device)
+
+    def _post(self, *a):
+        self.total += self._start.seconds_until(Clock(self.device))
+
+    def remove(self):
+        for h in self.handles:
+            h.remove()
+
+
+def render(cfg: RenderConfig, log=print) -> dict:
+    """Run the render described by ``cfg``; returns the summary dict (also appended to timing.json)."""
+    from .pipelines import check_video_size, load_pipeline, model_summary, transformers_of
+    from .vae import decode_latents
+    from .video import write_video
+
+    device = resolve_device(cfg.device)
+    dtype = resolve_dtype(cfg.dtype, device)
+    B.get_backend(cfg.attention_type)  # unknown names fail before the (slow) model load
+    if cfg.task == "i2v" and not cfg.image:
+        raise ValueError("task i2v needs --img_file_path (the image to animate)")
+
+    t_load = time.perf_counter()
+    pipe = load_pipeline(cfg.model, cfg.task, cfg.family, dtype=dtype, device=device)
+    load_time = time.perf_counter() - t_load
+    pipe.set_progress_bar_config(disable=not sys.stderr.isatty(), leave=False)
+    check_video_size(pipe, cfg.height, cfg.width, cfg.num_frames)
+    models = transformers_of(pipe)
+    head_dims = [m.config.attention_head_dim for _, m in models]
+    preflight(cfg.attention_type, device, dtype, head_dims)
+    backend = B.get_backend(cfg.attention_type)
+
+    kwargs = dict(prompt=cfg.prompt, negative_prompt=cfg.negative_prompt, height=cfg.height, width=cfg.width,
+                  num_frames=cfg.num_frames, num_inference_steps=cfg.num_inference_steps,
+                  guidance_scale=cfg.guidance_scale, output_type="latent", **cfg.extra_pipe_kwargs)
+    if cfg.task == "i2v" or (cfg.task == "ti2v" and cfg.image):
+        if cfg.family == "wan" and cfg.task == "ti2v":
+            raise ValueError("ti2v with an image runs the image-to-video pipeline: use --task i2v with the "
+                             "TI2V model")
+        kwargs["image"] = _load_image(cfg.image, cfg.width, cfg.height)
+
+    header = {
+        "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items()},
+        "resolved": {"device": str(device), "dtype": str(dtype).replace("torch.", ""), "head_dims": head_dims},
+        "backend": {"name": backend.name, "kernel": backend.kernel, "emulated": backend.emulated,
+                    "description": backend.description},
+        "model": model_summary(pipe),
+        "system": system_info(device),
+        "load_time": load_time,
+    }
+
+    te_timer = _TextEncoderTimer(pipe.text_encoder, device) if getattr(pipe, "text_encoder", None) else None
+    patch = AttentionPatch(models, backend, on_unsupported=cfg.on_unsupported, time_attention=cfg.time_attention)
+    entries, frames = [], None
+
+    def advance(step):
+        patch.step = step + 1
+
+    try:
+        with patch, torch.inference_mode():
+            from tqdm.auto import tqdm
+
+            for rep in tqdm(range(cfg.num_repetitions), desc=f"{cfg.attention_type}", unit="rep",
+                            disable=cfg.num_repetitions < 2 or not sys.stderr.isatty()):
+                patch.reset_counts()
+                if te_timer:
+                    te_timer.total = 0.0
+                reset_peak_memory(device)
+                timer = StepTimer(device, then=advance)
+                generator = torch.Generator("cpu").manual_seed(cfg.seed)
+                start = Clock(device)
+                timer.start()
+                latents = pipe(generator=generator, callback_on_step_end=timer, **kwargs).frames
+                after_pipe = Clock(device)
+                frames = decode_latents(pipe, latents, cfg.family, num_frames=cfg.num_frames)
+                after_decode = Clock(device)
+                step_times = timer.step_times()
+                attn_time = patch.finish_timing()
+                pipe_time = start.seconds_until(after_pipe)
+                entry = {
+                    "attention_type": cfg.attention_type,
+                    "repetition": rep,
+                    "pipe_time": pipe_time,
+                    "text_encode_time": te_timer.total if te_timer else None,
+                    "step_times": step_times,
+                    **summarize_steps(step_times),
+                    "vae_decode_time": after_pipe.seconds_until(after_decode),
+                    "total_time": start.seconds_until(after_decode),
+                    "attention": patch.stats.as_dict(),
+                    "attention_share": (attn_time / sum(step_times)) if attn_time and step_times else None,
+                    "peak_memory_bytes": peak_memory(device),
+                    "output": str(cfg.output_path),
+                    "run": header,
+                }
+                entries.append(entry)
+    finally:
+        if te_timer:
+            te_timer.remove()
+
+    write_video(frames, cfg.output_path, fps=cfg.fps)
+    append_timing(cfg.timing_path, entries)
+    last = entries[-1]
+    med = last["step_time_median"]
+    summary = {
+        "attention_type": cfg.attention_type, "output": str(cfg.output_path), "timing": str(cfg.timing_path),
+        "step_time_median": med, "vae_decode_time": last["vae_decode_time"],
+        "calls_by_kernel": last["attention"]["calls_by_kernel"], "fallback_calls": last["attention"]["fallback_calls"],
+    }
+    kernels = ", ".join(f"{k}×{v}" for k, v in last["attention"]["calls_by_kernel"].items())
+    log(f"[{cfg.attention_type}] {med * 1000:.1f} ms/step (median of {len(last['step_times'])}), decode "
+        f"{last['vae_decode_time']:.2f} s, kernels: {kernels} -> {cfg.output_path}")
+    log(f"output: {cfg.output_path}")
+    return summary
+
+
+def run_cli(cfg: RenderConfig) -> int:
+    """Run a render and turn the project's expected failures into one clear message and an exit code."""
+    from .pipelines import ModelLoadError
+
+    try:
+        render(cfg)
+    except (B.BackendUnavailable, ModelLoadError, ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except B.UnsupportedCall as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_UNSUPPORTED_CALL
+    return 0
