@@ -13,6 +13,7 @@ size, model not loadable), 3 the backend met an attention call it cannot serve (
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -49,6 +50,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--benchmark_output_directory", default="outputs")
     p.add_argument("--num_repetitions", type=int, default=1)
     p.add_argument("--time_attention", action="store_true", help="time every attention call (events)")
+    p.add_argument("--save_inputs", action="store_true",
+                   help="save Q/K/V of attention calls to <dir>/captures (loadable with weights_only=True)")
+    p.add_argument("--max_captures", type=int, default=0, help="with --save_inputs: at most N calls (0 = all)")
+    p.add_argument("--save_latents", action="store_true", help="save the latents before VAE decode to <dir>/captures")
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="auto", help="auto (bf16 on GPU, fp32 on CPU), bf16, fp16, fp32")
     p.add_argument("--fps", type=int, default=16)
@@ -90,7 +95,11 @@ def main(argv=None) -> int:
                        guidance_scale=args.guidance_scale, seed=args.seed, attention_type=args.attention_type,
                        output_path=out, timing_path=results / "timing.json", num_repetitions=args.num_repetitions,
                        device=args.device, dtype=args.dtype, fps=args.fps, on_unsupported=args.on_unsupported,
-                       time_attention=args.time_attention)
+                       time_attention=args.time_attention,
+                       capture_dir=(Path(args.benchmark_output_directory) / "captures"
+                                    if args.save_inputs or args.save_latents else None),
+                       save_inputs=args.save_inputs, max_captures=args.max_captures, save_latents=args.save_latents,
+                       rank=int(os.environ.get("RANK", 0)))
     return run_cli(cfg)
 
 

@@ -107,6 +107,11 @@ class RenderConfig:
     fps: int = 16
     on_unsupported: str = "error"
     time_attention: bool = False
+    capture_dir: Optional[Path] = None  # where captures go (see vdbench.capture)
+    save_inputs: bool = False  # save Q/K/V of attention calls into capture_dir
+    max_captures: int = 0  # 0 = every call
+    save_latents: bool = False  # save the latents before VAE decode into capture_dir
+    rank: int = 0
     extra_pipe_kwargs: dict = field(default_factory=dict)
 
 
@@ -152,7 +157,10 @@ def render(cfg: RenderConfig, log=print) -> dict:
 
     device = resolve_device(cfg.device)
     dtype = resolve_dtype(cfg.dtype, device)
-    B.get_backend(cfg.attention_type)  # unknown names fail before the (slow) model load
+    if cfg.attention_type not in B.BACKENDS:  # unknown names fail before the (slow) model load
+        raise B.BackendUnavailable(f"unknown attention backend {cfg.attention_type!r}; valid: {', '.join(B.names())}")
+    if (cfg.save_inputs or cfg.save_latents) and cfg.capture_dir is None:
+        raise ValueError("capturing inputs or latents needs a capture directory")
     if cfg.task == "i2v" and not cfg.image:
         raise ValueError("task i2v needs --img_file_path (the image to animate)")
 
@@ -186,7 +194,13 @@ def render(cfg: RenderConfig, log=print) -> dict:
     }
 
     te_timer = _TextEncoderTimer(pipe.text_encoder, device) if getattr(pipe, "text_encoder", None) else None
-    patch = AttentionPatch(models, backend, on_unsupported=cfg.on_unsupported, time_attention=cfg.time_attention)
+    capture = None
+    if cfg.save_inputs:
+        from .capture import AttentionCapture
+
+        capture = AttentionCapture(cfg.capture_dir, cfg.attention_type, rank=cfg.rank, max_captures=cfg.max_captures)
+    patch = AttentionPatch(models, backend, on_unsupported=cfg.on_unsupported, time_attention=cfg.time_attention,
+                           observers=[capture] if capture else None)
     entries, frames = [], None
 
     def advance(step):
@@ -210,6 +224,12 @@ def render(cfg: RenderConfig, log=print) -> dict:
                 after_pipe = Clock(device)
                 frames = decode_latents(pipe, latents, cfg.family, num_frames=cfg.num_frames)
                 after_decode = Clock(device)
+                if cfg.save_latents:
+                    from .capture import save_latents
+
+                    save_latents(cfg.capture_dir, latents, cfg.attention_type, rank=cfg.rank, repetition=rep,
+                                 meta={"family": cfg.family, "model": cfg.model, "height": cfg.height,
+                                       "width": cfg.width, "num_frames": cfg.num_frames})
                 step_times = timer.step_times()
                 attn_time = patch.finish_timing()
                 pipe_time = start.seconds_until(after_pipe)
@@ -225,6 +245,8 @@ def render(cfg: RenderConfig, log=print) -> dict:
                     "attention": patch.stats.as_dict(),
                     "attention_share": (attn_time / sum(step_times)) if attn_time and step_times else None,
                     "peak_memory_bytes": peak_memory(device),
+                    "capture": ({"saved": capture.stats.saved, "bytes": capture.stats.bytes,
+                                 "host_time_s": capture.stats.host_time_s} if capture else None),
                     "output": str(cfg.output_path),
                     "run": header,
                 }
@@ -232,6 +254,11 @@ def render(cfg: RenderConfig, log=print) -> dict:
     finally:
         if te_timer:
             te_timer.remove()
+        if capture is not None:
+            meta_path = capture.close(extra={"settings": header["settings"]})
+            log(f"captured {capture.stats.saved} of {capture.stats.seen} attention calls "
+                f"({capture.stats.bytes / 2**20:.1f} MiB, {capture.stats.host_time_s:.3f} s on the run's thread, "
+                f"{capture.stats.writer_time_s:.3f} s in the writer) -> {meta_path}")
 
     write_video(frames, cfg.output_path, fps=cfg.fps)
     append_timing(cfg.timing_path, entries)

@@ -1,0 +1,34 @@
+# make demo : set up .venv and render the tiny Wan clip once per backend that runs here, stitched into a grid
+# make test : set up .venv and run the test suite (what CI runs)
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.vdbench-installed
+DEMO   ?= outputs/demo
+
+.PHONY: setup test demo clean
+
+# torch is installed first and pinned: an unpinned torch would pull a multi-GB CUDA build.
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check torch==2.13.0
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[test]'
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+test: setup
+	$(PY) -m pytest -q
+
+demo: setup
+	@start=$$(date +%s); \
+	PYTHON=$(PY) bash render_all_WAN.sh --model-path tiny --output-dir $(DEMO) --stitch; rc=$$?; \
+	echo "demo finished in $$(( $$(date +%s) - start )) s (exit $$rc)"; \
+	echo "  grid:                $(DEMO)/comparison_grid.mp4"; \
+	echo "  per-backend videos:  $(DEMO)/results/wan_result_*.mp4"; \
+	echo "  timing:              $(DEMO)/results/timing.json"; \
+	echo "  logs:                $(DEMO)/logs/"; \
+	exit $$rc
+
+clean:
+	rm -rf outputs .pytest_cache

@@ -1,0 +1,128 @@
+"""Stitch the per-backend videos of a benchmark run into one labelled comparison grid.
+
+    python stitch_comparison.py --input_dir outputs/wan --output outputs/wan/compare.mp4
+    python stitch_comparison.py --input_dir outputs/cog --output cmp.mp4 --pattern 'cogvideox-2b_*.mp4' \\
+        --labels sdpa,sage,fa3 --layout 1x3
+    python stitch_comparison.py --output grid.mp4 --labels sdpa,sagev1 a.mp4 b.mp4   # explicit files, in order
+
+A thin command line over :func:`vdbench.video.stitch_grid`. With ``--input_dir`` the matching files are taken
+in name order; files named on the command line (what ``render_all_WAN.sh --stitch`` passes, with one label
+per rendered backend) are taken in the order given. Cells are labelled from the file names
+(``wan_result_..._attn_<type>_<H>x<W>.mp4`` and ``cogvideox-<model>_<type>.mp4`` give ``<type>``) unless
+``--labels`` is given. Bad input (no matching file, an unreadable video, a single video) exits with status 2
+and a one-line message naming what is wrong.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import sys
+
+from vdbench.video import VideoError, grid_shape, label_from_filename, stitch_grid
+
+
+def _parse_layout(text: str) -> tuple[int, int]:
+    try:
+        rows, cols = (int(v) for v in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected ROWSxCOLS such as 2x3, got {text!r}") from None
+    if rows < 1 or cols < 1:
+        raise argparse.ArgumentTypeError(f"rows and cols must be at least 1, got {text!r}")
+    return rows, cols
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {text!r}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {text!r}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description="Stitch benchmark videos into a labelled comparison grid.")
+    p.add_argument("inputs", nargs="*", metavar="VIDEO",
+                   help="videos to stitch, in this order (instead of --input_dir)")
+    p.add_argument("--input_dir", help="directory holding the per-backend videos")
+    p.add_argument("--output", required=True, help="grid video to write (e.g. compare.mp4)")
+    p.add_argument("--pattern", default="*.mp4", help="glob for the inputs inside input_dir (default: *.mp4)")
+    p.add_argument("--font_size", type=_positive_int, default=24, help="label size in pixels (default: 24)")
+    p.add_argument("--fps", type=_positive_float, default=None,
+                   help="output frame rate (default: the first input's)")
+    p.add_argument("--labels", default=None, help="comma-separated cell labels, one per input in name order")
+    p.add_argument("--layout", type=_parse_layout, default=None,
+                   help="grid as ROWSxCOLS (default: as square as possible)")
+    return p
+
+
+def find_inputs(input_dir: str, pattern: str, output: str) -> list[str]:
+    """Matching files in name order, without the output itself (re-running into the same directory must not
+    stitch the previous grid in). ``glob`` skips dot files, so a temporary file left by a killed run is
+    never picked up either."""
+    out_abs = os.path.abspath(output)
+    paths = sorted(glob.glob(os.path.join(glob.escape(input_dir), pattern)))
+    return [p for p in paths if os.path.isfile(p) and os.path.abspath(p) != out_abs]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if bool(args.inputs) == bool(args.input_dir):
+        parser.error("give either --input_dir DIR or the video files, not both" if args.inputs
+                     else "give --input_dir DIR or the video files to stitch")
+
+    def fail(message: str) -> int:
+        print(f"stitch_comparison: error: {message}", file=sys.stderr)
+        return 2
+
+    if args.inputs:
+        inputs = list(args.inputs)
+        if len(inputs) == 1:
+            return fail(f"only one video given ({inputs[0]}); need at least two to compare")
+    else:
+        if not os.path.isdir(args.input_dir):
+            return fail(f"input directory {args.input_dir} does not exist")
+        inputs = find_inputs(args.input_dir, args.pattern, args.output)
+        if not inputs:
+            return fail(f"no files match {args.pattern!r} in {args.input_dir}")
+        if len(inputs) == 1:
+            return fail(f"only one video matches {args.pattern!r} in {args.input_dir} ({inputs[0]}); "
+                        "need at least two to compare")
+    if args.labels is not None:
+        labels = [s.strip() for s in args.labels.split(",")]
+        if len(labels) != len(inputs):
+            names = ", ".join(os.path.basename(p) for p in inputs)
+            return fail(f"--labels gives {len(labels)} labels for {len(inputs)} videos: {names}")
+    else:
+        labels = [label_from_filename(p) for p in inputs]
+
+    try:
+        rows, cols = grid_shape(len(inputs), args.layout)
+        out = stitch_grid(inputs, args.output, labels=labels, fps=args.fps, font_size=args.font_size,
+                          layout=(rows, cols))
+    except (VideoError, ValueError, FileNotFoundError) as exc:
+        return fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+
+    print(out)
+    for k, (label, path) in enumerate(zip(labels, inputs)):
+        r, c = divmod(k, cols)
+        print(f"  [{r},{c}] {label}  <- {os.path.basename(path)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,124 @@
+"""run_wan.py end to end on the embedded tiny model: outputs, timing.json, refusals, render_all_WAN.sh."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import run_wan  # noqa: E402
+from vdbench.video import iter_frames, probe_video  # noqa: E402
+
+SMALL = ["--model", "tiny", "--height", "64", "--width", "96", "--num_frames", "9", "--num_inference_steps", "2"]
+
+
+def script_env():
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory):
+    out = tmp_path_factory.mktemp("wan")
+    for backend in ("sdpa", "sagev1_emu"):
+        assert run_wan.main(SMALL + ["--attention_type", backend, "--benchmark_output_directory", str(out),
+                                     "--num_repetitions", "2", "--time_attention"]) == 0
+    return out / "results"
+
+
+def test_video_written_with_requested_size_and_frames(rendered):
+    video = rendered / "wan_result_t2v_tiny_9f_2s_attn_sagev1_emu_64x96.mp4"
+    info = probe_video(video)
+    assert (info.width, info.height, info.n_frames) == (96, 64, 9)
+    assert not list(rendered.glob(".*tmp*")), "temporary files left behind"
+
+
+def test_timing_json_schema(rendered):
+    entries = json.loads((rendered / "timing.json").read_text())
+    assert isinstance(entries, list) and len(entries) == 4  # 2 backends x 2 repetitions, appended
+    assert [e["attention_type"] for e in entries] == ["sdpa", "sdpa", "sagev1_emu", "sagev1_emu"]
+    for e in entries:
+        for key in ("pipe_time", "vae_decode_time", "text_encode_time", "step_times", "step_time_median",
+                    "total_time", "attention", "peak_memory_bytes", "output", "run"):
+            assert key in e, key
+        assert len(e["step_times"]) == 2 and all(t > 0 for t in e["step_times"])
+        assert e["pipe_time"] > 0 and e["vae_decode_time"] > 0 and e["text_encode_time"] > 0
+        # 2 layers x (self + cross) x 2 (classifier-free guidance) x 2 steps
+        assert e["attention"]["total_calls"] == 16
+        assert e["attention"]["calls_by_kind"] == {"self": 8, "cross": 8}
+        assert e["attention"]["attention_time_s"] > 0
+        run = e["run"]
+        assert run["settings"]["attention_type"] == e["attention_type"]
+        assert run["system"]["torch"] and run["resolved"]["device"] == "cpu"
+        assert run["model"]
+    assert set(entries[-1]["attention"]["calls_by_kernel"]) == {"emu.sagev1"}
+    assert all(k.startswith("sdpa[") for k in entries[0]["attention"]["calls_by_kernel"])
+
+
+def test_backends_change_the_video_but_seed_fixes_it(rendered, tmp_path):
+    a = next(iter_frames(rendered / "wan_result_t2v_tiny_9f_2s_attn_sdpa_64x96.mp4"))
+    b = next(iter_frames(rendered / "wan_result_t2v_tiny_9f_2s_attn_sagev1_emu_64x96.mp4"))
+    assert a.std() > 1.0, "tiny model rendered a flat frame"
+    assert run_wan.main(SMALL + ["--attention_type", "sdpa", "--benchmark_output_directory", str(tmp_path)]) == 0
+    again = next(iter_frames(tmp_path / "results" / "wan_result_t2v_tiny_9f_2s_attn_sdpa_64x96.mp4"))
+    assert (a == again).all(), "same seed, same backend must give the same video"
+    assert (a != b).any()
+
+
+def test_unavailable_backend_exits_nonzero_naming_it(tmp_path):
+    proc = subprocess.run([sys.executable, str(ROOT / "run_wan.py"), *SMALL, "--attention_type", "sagev1",
+                           "--device", "cpu", "--benchmark_output_directory", str(tmp_path)],
+                          capture_output=True, text=True, env=script_env(), timeout=300)
+    assert proc.returncode == 2
+    assert "'sagev1' can't run here" in proc.stderr
+    assert "sagev1_emu" in proc.stderr and "reference" in proc.stderr  # lists what can run
+    assert not (tmp_path / "results").exists() or not list((tmp_path / "results").glob("*.mp4"))
+
+
+def test_unknown_backend_and_bad_size(tmp_path, capsys):
+    assert run_wan.main(SMALL + ["--attention_type", "nope", "--benchmark_output_directory", str(tmp_path)]) == 2
+    assert "unknown attention backend 'nope'" in capsys.readouterr().err
+    bad = ["--model", "tiny", "--height", "60", "--width", "96", "--num_frames", "9", "--num_inference_steps", "1"]
+    assert run_wan.main(bad + ["--attention_type", "sdpa", "--benchmark_output_directory", str(tmp_path)]) == 2
+    assert "60" in capsys.readouterr().err
+
+
+def test_list_backends_and_output_path(capsys):
+    assert run_wan.main(["--list_backends", "--device", "cpu"]) == 0
+    table = capsys.readouterr().out
+    assert "sagev1" in table and "needs a CUDA GPU" in table
+    assert run_wan.main(SMALL + ["--attention_type", "fp8_emu", "--print_output_path"]) == 0
+    assert capsys.readouterr().out.strip().endswith("wan_result_t2v_tiny_9f_2s_attn_fp8_emu_64x96.mp4")
+
+
+def test_render_all_keeps_going_reports_and_stitches(tmp_path):
+    out = tmp_path / "all"
+    args = ["bash", str(ROOT / "render_all_WAN.sh"), "--output-dir", str(out), "--types",
+            "sdpa,sagev1,reference", "--stitch", "--", *SMALL[2:]]
+    env = script_env()
+    env["PYTHON"] = sys.executable
+    proc = subprocess.run(args, capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 1, proc.stdout + proc.stderr  # sagev1 can't run on CPU: reported, not fatal
+    assert "2 succeeded (sdpa reference), 1 failed (sagev1)" in proc.stdout
+    assert "'sagev1' can't run here" in proc.stdout
+    grid = out / "comparison_grid.mp4"
+    assert probe_video(grid).n_frames == 9
+    # --reuse skips what exists
+    proc = subprocess.run(args[:5] + ["sdpa,reference", "--reuse", "--stitch", "--", *SMALL[2:]],
+                          capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0 and proc.stdout.count("reused") == 2
+
+
+def test_render_all_unknown_type_fails_fast(tmp_path):
+    env = script_env()
+    env["PYTHON"] = sys.executable
+    proc = subprocess.run(["bash", str(ROOT / "render_all_WAN.sh"), "--output-dir", str(tmp_path), "--types",
+                           "sdpa,bogus"], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 2 and "unknown attention type 'bogus'" in proc.stderr
+    assert "sagev1_emu" in proc.stderr
