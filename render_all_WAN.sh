@@ -50,9 +50,12 @@ mkdir -p "$out_dir/logs"
 common=(--model "$model" --benchmark_output_directory "$out_dir" "${extra[@]}")
 ok=(); failed=(); outputs=()
 start=$(date +%s)
-for t in "${type_list[@]}"; do
+joined=$(IFS=,; echo "${type_list[*]}")
+mapfile -t paths < <("$py" "$here/run_wan.py" "${common[@]}" --attention_type "$joined" --print_output_path)
+[ ${#paths[@]} -eq ${#type_list[@]} ] || { echo "error: could not compute output paths" >&2; exit 2; }
+for i in "${!type_list[@]}"; do
+  t=${type_list[$i]}; path=${paths[$i]}
   [ -z "$t" ] && continue
-  path=$("$py" "$here/run_wan.py" "${common[@]}" --attention_type "$t" --print_output_path) || { failed+=("$t"); continue; }
   if [ "$reuse" = 1 ] && [ -s "$path" ]; then
     echo "[$t] reused $path"; ok+=("$t"); outputs+=("$path"); continue
   fi

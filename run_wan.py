@@ -54,6 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="save Q/K/V of attention calls to <dir>/captures (loadable with weights_only=True)")
     p.add_argument("--max_captures", type=int, default=0, help="with --save_inputs: at most N calls (0 = all)")
     p.add_argument("--save_latents", action="store_true", help="save the latents before VAE decode to <dir>/captures")
+    p.add_argument("--save_frames", action="store_true",
+                   help="also save the raw uint8 frames (.npy beside the video) for codec-free quality figures")
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="auto", help="auto (bf16 on GPU, fp32 on CPU), bf16, fp16, fp32")
     p.add_argument("--fps", type=int, default=16)
@@ -61,7 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--list_available", action="store_true",
                    help="print the names of the backends that can run on this device/dtype, one per line")
     p.add_argument("--print_output_path", action="store_true",
-                   help="print the video path these arguments would write, and exit (used by render_all_WAN.sh)")
+                   help="print the video path(s) these arguments would write (comma-separated types allowed), and exit")
     return p
 
 
@@ -86,8 +88,10 @@ def main(argv=None) -> int:
     results = Path(args.benchmark_output_directory) / "results"
     out = results / wan_output_name(args.task, model, args.num_frames, args.num_inference_steps,
                                     args.attention_type, args.height, args.width)
-    if args.print_output_path:
-        print(out)
+    if args.print_output_path:  # comma-separated types: one path per line (one process for a whole sweep)
+        for t in args.attention_type.split(","):
+            print(results / wan_output_name(args.task, model, args.num_frames, args.num_inference_steps, t,
+                                            args.height, args.width))
         return 0
     cfg = RenderConfig(family="wan", task=args.task, model=model, prompt=args.prompt,
                        negative_prompt=args.negative_prompt, image=args.img_file_path, height=args.height,
@@ -98,7 +102,7 @@ def main(argv=None) -> int:
                        time_attention=args.time_attention,
                        capture_dir=(Path(args.benchmark_output_directory) / "captures"
                                     if args.save_inputs or args.save_latents else None),
-                       save_inputs=args.save_inputs, max_captures=args.max_captures, save_latents=args.save_latents,
+                       save_inputs=args.save_inputs, max_captures=args.max_captures, save_latents=args.save_latents, save_frames=args.save_frames,
                        rank=int(os.environ.get("RANK", 0)))
     return run_cli(cfg)
 

@@ -111,6 +111,7 @@ class RenderConfig:
     save_inputs: bool = False  # save Q/K/V of attention calls into capture_dir
     max_captures: int = 0  # 0 = every call
     save_latents: bool = False  # save the latents before VAE decode into capture_dir
+    save_frames: bool = False  # also save the raw uint8 frames (.npy beside the video): codec-free comparisons
     rank: int = 0
     extra_pipe_kwargs: dict = field(default_factory=dict)
 
@@ -147,6 +148,19 @@ class _TextEncoderTimer:
     def remove(self):
         for h in self.handles:
             h.remove()
+
+
+def _save_frames(frames, path: Path) -> None:
+    """Raw frames as uint8 (T, H, W, 3), rounded exactly as the video encoder's input; atomic."""
+    import os
+
+    import numpy as np
+
+    arr = np.clip(np.rint(np.asarray(frames) * 255.0), 0, 255).astype(np.uint8)
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "wb") as f:
+        np.save(f, arr)
+    os.replace(tmp, path)
 
 
 def render(cfg: RenderConfig, log=print) -> dict:
@@ -261,6 +275,8 @@ def render(cfg: RenderConfig, log=print) -> dict:
                 f"{capture.stats.writer_time_s:.3f} s in the writer) -> {meta_path}")
 
     write_video(frames, cfg.output_path, fps=cfg.fps)
+    if cfg.save_frames:
+        _save_frames(frames, cfg.output_path.with_suffix(".npy"))
     append_timing(cfg.timing_path, entries)
     last = entries[-1]
     med = last["step_time_median"]

@@ -27,7 +27,10 @@ from collections.abc import Iterable, Iterator, Sequence
 from fractions import Fraction
 from pathlib import Path
 
-import imageio_ffmpeg
+try:
+    import imageio_ffmpeg
+except ImportError:  # reading and stitching need it; writing can use OpenCV instead (see write_video)
+    imageio_ffmpeg = None
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
@@ -202,6 +205,8 @@ def write_video(frames, path, fps: float = 16, *, crf: int = DEFAULT_CRF, preset
     path = os.fspath(path)
     if not fps or fps <= 0:
         raise ValueError(f"fps must be positive, got {fps!r}")
+    if imageio_ffmpeg is None:  # GPU images without it (its wheel is 68 MB): OpenCV's encoder, said out loud
+        return _write_video_cv2(frames, path, fps)
     frame_iter = _iter_input_frames(frames)
     try:
         first = next(frame_iter)
@@ -248,6 +253,39 @@ def write_video(frames, path, fps: float = 16, *, crf: int = DEFAULT_CRF, preset
             writer.close()
         _remove_quietly(tmp)
         raise
+    return path
+
+
+def _write_video_cv2(frames, path: str, fps: float) -> str:
+    """OpenCV's MPEG-4 (mp4v) writer, for machines without imageio-ffmpeg; same temp-then-rename rule."""
+    import sys
+
+    import cv2
+
+    tmp = _temp_path_next_to(path)
+    writer = None
+    try:
+        n = 0
+        for i, frame in enumerate(_iter_input_frames(frames)):
+            arr = _frame_to_rgb_uint8(frame, i)
+            if writer is None:
+                h, w = arr.shape[:2]
+                writer = cv2.VideoWriter(tmp, cv2.VideoWriter_fourcc(*"mp4v"), float(fps), (w, h))
+                if not writer.isOpened():
+                    raise VideoError(path, "OpenCV could not open an mp4v writer")
+            writer.write(np.ascontiguousarray(arr[..., ::-1]))
+            n += 1
+        if writer is None:
+            raise ValueError(f"{path}: no frames to write")
+        writer.release()
+        writer = None
+        os.replace(tmp, path)
+    except BaseException:
+        if writer is not None:
+            writer.release()
+        _remove_quietly(tmp)
+        raise
+    print(f"note: imageio-ffmpeg is not installed: wrote {path} with OpenCV (mp4v, not H.264)", file=sys.stderr)
     return path
 
 

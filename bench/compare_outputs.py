@@ -1,0 +1,112 @@
+#!/usr/bin/env python3
+"""Quality of each backend's render against the reference render, with the speed from timing.json.
+
+    python bench/compare_outputs.py outputs/demo/results --reference reference -o quality.json
+
+For each rendered backend: PSNR (from the MSE over all frames), mean SSIM, worst-frame PSNR, max/mean abs
+difference against the reference backend's output, and the median step time / decode time from timing.json.
+Frames come from the raw ``.npy`` files that ``--save_frames`` writes when present (codec noise excluded) and
+from the decoded videos otherwise; the ``source`` column says which, since codec noise can hide or fake a
+difference of a few dB.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from vdbench.metrics import compare_frames  # noqa: E402
+from vdbench.timing import load_timing  # noqa: E402
+from vdbench.video import label_from_filename  # noqa: E402
+
+
+def load_frames(path: Path):
+    if path.suffix == ".npy":
+        return np.load(path, allow_pickle=False), "raw frames (.npy)"
+    from vdbench.video import iter_frames
+
+    return np.stack(list(iter_frames(path))), "decoded video"
+
+
+def collect(results: Path) -> dict[str, Path]:
+    """label -> best available frame source (raw .npy preferred over the mp4)."""
+    found: dict[str, Path] = {}
+    for p in sorted(results.glob("*.mp4")) + sorted(results.glob("*.npy")):
+        label = label_from_filename(p.with_suffix(".mp4"))
+        if p.suffix == ".npy" or label not in found:
+            found[label] = p
+    return found
+
+
+def speed(results: Path) -> dict[str, dict]:
+    out: dict[str, dict] = {}
+    tpath = results / "timing.json"
+    if not tpath.exists():
+        return out
+    by: dict[str, list] = {}
+    for e in load_timing(tpath):
+        by.setdefault(e.get("attention_type"), []).append(e)
+    for label, entries in by.items():
+        last_run = [e for e in entries if e["run"]["settings"] == entries[-1]["run"]["settings"]]
+        steps = [t for e in last_run for t in e["step_times"]]
+        out[label] = {"step_time_median": statistics.median(steps) if steps else None,
+                      "vae_decode_time": statistics.median(e["vae_decode_time"] for e in last_run),
+                      "calls_by_kernel": last_run[-1]["attention"]["calls_by_kernel"],
+                      "peak_memory_bytes": last_run[-1].get("peak_memory_bytes")}
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("results", type=Path, help="a results directory (videos, .npy frames, timing.json)")
+    p.add_argument("--reference", default="reference", help="label of the reference render")
+    p.add_argument("-o", "--output", type=Path, help="write the rows as JSON here")
+    args = p.parse_args(argv)
+    sources = collect(args.results)
+    if args.reference not in sources:
+        print(f"error: no render labelled {args.reference!r} in {args.results} (found: {', '.join(sources) or 'none'})",
+              file=sys.stderr)
+        return 2
+    ref, ref_src = load_frames(sources[args.reference])
+    sp = speed(args.results)
+    base = (sp.get("default") or {}).get("step_time_median")
+    rows = []
+    for label, path in sources.items():
+        frames, src = load_frames(path)
+        if src != ref_src:
+            src = f"{src} vs {ref_src}"
+        q = compare_frames(frames, ref) if frames.shape == ref.shape else None
+        s = sp.get(label, {})
+        st = s.get("step_time_median")
+        rows.append({"backend": label, "source": src,
+                     "psnr_db": q["psnr"] if q else None, "ssim": q["ssim"] if q else None,
+                     "worst_frame_psnr_db": min(q["psnr_per_frame"]) if q else None,
+                     "max_abs": q["max_abs"] if q else None, "mean_abs": q["mean_abs"] if q else None,
+                     "step_time_ms": st * 1e3 if st else None,
+                     "speedup_vs_default": (base / st) if (base and st) else None,
+                     "vae_decode_s": s.get("vae_decode_time"), "peak_memory_gib": (s["peak_memory_bytes"] / 2**30)
+                     if s.get("peak_memory_bytes") else None, "kernels": s.get("calls_by_kernel"),
+                     "note": None if q else f"shape {frames.shape} differs from the reference {ref.shape}"})
+    fmt = lambda v, f: "-" if v is None else ("inf" if v == float("inf") else format(v, f))  # noqa: E731
+    print(f"{'backend':16} {'ms/step':>9} {'speedup':>8} {'PSNR dB':>8} {'SSIM':>7} {'worst dB':>8} {'decode s':>8}  source")
+    for r in rows:
+        print(f"{r['backend']:16} {fmt(r['step_time_ms'], '.1f'):>9} {fmt(r['speedup_vs_default'], '.2f'):>8} "
+              f"{fmt(r['psnr_db'], '.2f'):>8} {fmt(r['ssim'], '.4f'):>7} {fmt(r['worst_frame_psnr_db'], '.2f'):>8} "
+              f"{fmt(r['vae_decode_s'], '.2f'):>8}  {r['source']}")
+    if args.output:
+        args.output.write_text(json.dumps({"reference": args.reference, "rows": rows}, indent=1,
+                                          default=lambda o: None if o == float("inf") else str(o)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
