@@ -11,17 +11,29 @@
 #   --stitch           stitch the successful renders into DIR/comparison_grid.mp4 (needs two or more)
 #   --reuse            skip a backend whose video already exists (counted as succeeded)
 #   -h, --help         this help
-#   -- ARGS...         passed to run_wan.py unchanged (e.g. --num_frames 33 --height 480 --width 832)
+#   -- ARGS...         passed to the renderer unchanged (run_wan.py; sageattn_cogvideo.py for render_all_attention.sh)
 # Each render runs in its own process (a crash in one loses no other); its log is DIR/logs/<type>.log.
 # Exit code: 0 if every requested backend rendered, 1 if any failed, 2 on bad options.
 set -uo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 py=${PYTHON:-python3}
+# The same loop serves CogVideoX (render_all_attention.sh sets RENDER_ALL_FAMILY=cogvideox).
+family=${RENDER_ALL_FAMILY:-wan}
+if [ "$family" = cogvideox ]; then
+  runner="$here/sageattn_cogvideo.py"; model_flag=--model_path; out_flag=--output_dir; results_sub=""
+  default_out=outputs/render_all_cogvideox; script_name=render_all_attention.sh
+else
+  runner="$here/run_wan.py"; model_flag=--model; out_flag=--benchmark_output_directory; results_sub=results
+  default_out=outputs/render_all_wan; script_name=render_all_WAN.sh
+fi
 [ -x "$here/.venv/bin/python" ] && [ -z "${PYTHON:-}" ] && py="$here/.venv/bin/python"
 
-out_dir=outputs/render_all_wan; types=""; model=tiny; stitch=0; reuse=0; extra=()
-usage() { sed -n '2,17p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+out_dir=$default_out; types=""; model=tiny; stitch=0; reuse=0; extra=()
+usage() {
+  if [ "$family" = cogvideox ]; then sed -n '2,6p' "$here/render_all_attention.sh"; sed -n '7,16p' "$here/render_all_WAN.sh"
+  else sed -n '2,16p' "$here/render_all_WAN.sh"; fi | sed 's/^# \{0,1\}//'
+}
 while [ $# -gt 0 ]; do
   case "$1" in
     --output-dir) out_dir=${2:?--output-dir needs a value}; shift 2 ;;
@@ -38,7 +50,7 @@ done
 export PYTHONPATH="$here${PYTHONPATH:+:$PYTHONPATH}"
 valid=$("$py" -c 'from vdbench.backends import names; print(" ".join(names()))') || { echo "error: cannot import vdbench with $py" >&2; exit 2; }
 if [ -z "$types" ]; then
-  types=$("$py" "$here/run_wan.py" --list_available "${extra[@]}" | tr '\n' ',' ) || { echo "error: could not list backends" >&2; exit 2; }
+  types=$("$py" "$runner" --list_available "${extra[@]}" | tr '\n' ',' ) || { echo "error: could not list backends" >&2; exit 2; }
 fi
 IFS=',' read -r -a type_list <<< "$types"
 for t in "${type_list[@]}"; do
@@ -47,11 +59,12 @@ for t in "${type_list[@]}"; do
 done
 
 mkdir -p "$out_dir/logs"
-common=(--model "$model" --benchmark_output_directory "$out_dir" "${extra[@]}")
+results_dir=$out_dir${results_sub:+/$results_sub}
+common=("$model_flag" "$model" "$out_flag" "$out_dir" "${extra[@]}")
 ok=(); failed=(); outputs=()
 start=$(date +%s)
 joined=$(IFS=,; echo "${type_list[*]}")
-mapfile -t paths < <("$py" "$here/run_wan.py" "${common[@]}" --attention_type "$joined" --print_output_path)
+mapfile -t paths < <("$py" "$runner" "${common[@]}" --attention_type "$joined" --print_output_path)
 [ ${#paths[@]} -eq ${#type_list[@]} ] || { echo "error: could not compute output paths" >&2; exit 2; }
 for i in "${!type_list[@]}"; do
   t=${type_list[$i]}; path=${paths[$i]}
@@ -60,7 +73,7 @@ for i in "${!type_list[@]}"; do
     echo "[$t] reused $path"; ok+=("$t"); outputs+=("$path"); continue
   fi
   echo "[$t] rendering (log: $out_dir/logs/$t.log)"
-  if "$py" "$here/run_wan.py" "${common[@]}" --attention_type "$t" >"$out_dir/logs/$t.log" 2>&1; then
+  if "$py" "$runner" "${common[@]}" --attention_type "$t" >"$out_dir/logs/$t.log" 2>&1; then
     grep -E '^\[' "$out_dir/logs/$t.log" | tail -n 1
     ok+=("$t"); outputs+=("$path")
   else
@@ -72,7 +85,7 @@ done
 
 echo
 echo "rendered in $(( $(date +%s) - start )) s: ${#ok[@]} succeeded (${ok[*]:-none}), ${#failed[@]} failed (${failed[*]:-none})"
-echo "videos and timing.json: $out_dir/results/"
+echo "videos and timing.json: $results_dir/"
 if [ "$stitch" = 1 ]; then
   if [ ${#outputs[@]} -ge 2 ]; then
     labels=$(IFS=,; echo "${ok[*]}")

@@ -14,6 +14,7 @@ schema). Exit codes as run_wan.py: 2 bad input / unavailable backend, 3 an atten
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -47,7 +48,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--time_attention", action="store_true")
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="auto")
+    p.add_argument("--save_inputs", action="store_true", help="save Q/K/V of attention calls (see run_wan.py)")
+    p.add_argument("--input_dir", default=None, help="where --save_inputs writes (default <output_dir>/captures)")
+    p.add_argument("--max_captures", type=int, default=0, help="with --save_inputs: at most N calls (0 = all)")
+    p.add_argument("--save_frames", action="store_true", help="also save raw uint8 frames (.npy beside the video)")
     p.add_argument("--list_backends", action="store_true")
+    p.add_argument("--list_available", action="store_true", help="names of the backends that can run here")
+    p.add_argument("--print_output_path", action="store_true",
+                   help="print the video path(s) these arguments would write (comma-separated types allowed)")
     return p
 
 
@@ -57,6 +65,10 @@ def main(argv=None) -> int:
         dev = resolve_device(args.device)
         print(B.capability_table(dev, resolve_dtype(args.dtype, dev)))
         return 0
+    if args.list_available:
+        dev = resolve_device(args.device)
+        print("\n".join(B.available_names(dev, resolve_dtype(args.dtype, dev))))
+        return 0
     defaults = TINY_DEFAULTS if args.model_path.startswith("tiny") else REAL_DEFAULTS
     for k, v in defaults.items():
         if getattr(args, k) is None:
@@ -65,6 +77,10 @@ def main(argv=None) -> int:
         print("error: --num_repetitions must be >= 1", file=sys.stderr)
         return EXIT_BAD_INPUT
     out_dir = Path(args.output_dir)
+    if args.print_output_path:
+        for t in args.attention_type.split(","):
+            print(out_dir / cogvideox_output_name(args.model_path, t))
+        return 0
     cfg = RenderConfig(family="cogvideox", task=args.task, model=args.model_path, prompt=args.prompt,
                        negative_prompt=args.negative_prompt, image=args.image, height=args.height, width=args.width,
                        num_frames=args.num_frames, num_inference_steps=args.num_inference_steps,
@@ -72,7 +88,10 @@ def main(argv=None) -> int:
                        output_path=out_dir / cogvideox_output_name(args.model_path, args.attention_type),
                        timing_path=out_dir / "timing.json", num_repetitions=args.num_repetitions,
                        device=args.device, dtype=args.dtype, fps=args.fps, on_unsupported=args.on_unsupported,
-                       time_attention=args.time_attention)
+                       time_attention=args.time_attention, save_inputs=args.save_inputs,
+                       max_captures=args.max_captures, save_frames=args.save_frames,
+                       capture_dir=Path(args.input_dir) if args.input_dir else out_dir / "captures",
+                       rank=int(os.environ.get("RANK", 0)))
     return run_cli(cfg)
 
 

@@ -70,6 +70,7 @@ def main(argv=None) -> int:
     p.add_argument("results", type=Path, help="a results directory (videos, .npy frames, timing.json)")
     p.add_argument("--reference", default="reference", help="label of the reference render")
     p.add_argument("-o", "--output", type=Path, help="write the rows as JSON here")
+    p.add_argument("--device", default=None, help="run the SSIM windows here (e.g. cuda): much faster on 480p clips")
     args = p.parse_args(argv)
     sources = collect(args.results)
     if args.reference not in sources:
@@ -84,7 +85,7 @@ def main(argv=None) -> int:
         frames, src = load_frames(path)
         if src != ref_src:
             src = f"{src} vs {ref_src}"
-        q = compare_frames(frames, ref) if frames.shape == ref.shape else None
+        q = compare_frames(frames, ref, device=args.device) if frames.shape == ref.shape else None
         s = sp.get(label, {})
         st = s.get("step_time_median")
         rows.append({"backend": label, "source": src,

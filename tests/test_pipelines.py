@@ -502,3 +502,24 @@ def test_cogvideox_render(variant, height, width, monkeypatch):
     _assert_non_degenerate(frames, 9, height, width)
     # CogVideoX batches cond/uncond: one joint text+video attention per block and step.
     assert len(sdpa_calls) == 2 * P.TINY_VARIANTS[variant].transformer["num_layers"]
+
+
+def test_random_real_shape_variants_have_the_real_sizes():
+    """``--model random:<name>`` (GPU performance work): real shapes, built on the meta device here (no memory)."""
+    from vdbench.pipelines import RANDOM_VARIANTS, build_random
+
+    expected = {"wan2.1-t2v-1.3b": (1.3e9, 1.5e9, 12, 128), "wan2.1-t2v-14b": (13.5e9, 14.5e9, 40, 128),
+                "wan2.2-ti2v-5b": (4.5e9, 5.5e9, 24, 128), "cogvideox-2b": (1.5e9, 2.0e9, 30, 64)}
+    assert set(expected) <= set(RANDOM_VARIANTS)
+    for name, (lo, hi, heads, head_dim) in expected.items():
+        pipe = build_random(name, dtype=torch.bfloat16, device="meta")
+        tr = pipe.transformer
+        n = sum(p.numel() for p in tr.parameters())
+        assert lo < n < hi, f"{name}: {n / 1e9:.2f}B parameters"
+        assert (tr.config.num_attention_heads, tr.config.attention_head_dim) == (heads, head_dim)
+        # what from_pretrained(dtype=bf16) keeps in float32 stays float32, the rest is bf16
+        keep = set(getattr(tr, "_keep_in_fp32_modules", None) or [])
+        for pname, p in tr.named_parameters():
+            assert p.dtype == (torch.float32 if keep & set(pname.split(".")) else torch.bfloat16), pname
+    with pytest.raises(ValueError, match="Valid: wan2.1-t2v-1.3b"):
+        build_random("nope", device="meta")

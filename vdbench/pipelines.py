@@ -48,6 +48,8 @@ __all__ = [
     "ModelLoadError",
     "TINY_VARIANTS",
     "TinyVariant",
+    "RANDOM_VARIANTS",
+    "build_random",
     "build_tiny",
     "check_video_size",
     "load_pipeline",
@@ -667,24 +669,29 @@ def _saved_float64_to_float32(module: torch.nn.Module) -> None:
                 sub._buffers[name] = buf.float()
 
 
-def _build_pipeline(variant: TinyVariant):
-    """Instantiate the tiny pipeline in memory (float32, CPU, eval mode)."""
+def _build_pipeline(variant: TinyVariant, module_device=None):
+    """Instantiate the pipeline in memory (eval mode). Models are created on ``module_device`` when given
+    (random-weight real shapes are initialised directly on the GPU, or on "meta" to check shapes for free);
+    tokenizer and scheduler always live on the CPU, as from_pretrained creates them."""
     import diffusers
 
+    on = (lambda: torch.device(module_device)) if module_device is not None else contextlib.nullcontext
     tokenizer = _build_tokenizer(variant.tokenizer_max_length)
-    components: dict[str, Any] = {
-        "tokenizer": tokenizer,
-        "text_encoder": _make_text_encoder(variant, vocab_size=len(tokenizer)),
-        "vae": _make_vae(variant),
-        "scheduler": _make_scheduler(variant),
-        "transformer": _make_transformer(variant, "transformer"),
-    }
-    if variant.family == "wan":
-        components["transformer_2"] = (
-            _make_transformer(variant, "transformer_2") if variant.transformer_2 is not None else None
-        )
+    with on():
+        components: dict[str, Any] = {
+            "tokenizer": tokenizer,
+            "text_encoder": _make_text_encoder(variant, vocab_size=len(tokenizer)),
+            "vae": _make_vae(variant),
+            "transformer": _make_transformer(variant, "transformer"),
+        }
+        if variant.family == "wan":
+            components["transformer_2"] = (
+                _make_transformer(variant, "transformer_2") if variant.transformer_2 is not None else None
+            )
+        if variant.pipeline == "WanImageToVideoPipeline":
+            components["image_encoder"] = _make_image_encoder(variant) if variant.image_encoder else None
+    components["scheduler"] = _make_scheduler(variant)
     if variant.pipeline == "WanImageToVideoPipeline":
-        components["image_encoder"] = _make_image_encoder(variant) if variant.image_encoder else None
         components["image_processor"] = _make_image_processor(variant) if variant.image_processor else None
     for component in components.values():
         if isinstance(component, torch.nn.Module):
@@ -918,6 +925,79 @@ def _pipeline_class(family: str, task: str):
     return getattr(diffusers, _PIPELINE_CLASS[(family, task)])
 
 
+# ----------------------------------------------------------------------------------------------------------------
+# Real-shape random-weight models (GPU performance work)
+# ----------------------------------------------------------------------------------------------------------------
+
+# The transformer and VAE configs of the real checkpoints (their config.json values); the text encoder keeps the
+# real width (so the transformer's text projection has the real shape) but only 2 layers: text encoding is not
+# what these models are for, and a random 24-layer UMT5-XXL would cost ~11 GB and a minute of init for nothing.
+_WAN_13B = dict(_WAN_TRANSFORMER, num_attention_heads=12, attention_head_dim=128, text_dim=4096, ffn_dim=8960,
+                num_layers=30)
+_WAN_14B = dict(_WAN_TRANSFORMER, num_attention_heads=40, attention_head_dim=128, text_dim=4096, ffn_dim=13824,
+                num_layers=40)
+_WAN_5B = dict(_WAN_TRANSFORMER, num_attention_heads=24, attention_head_dim=128, text_dim=4096, ffn_dim=14336,
+               num_layers=30, in_channels=48, out_channels=48)
+_WAN21_VAE_REAL = dict(_WAN21_VAE, base_dim=96)
+_WAN22_VAE_REAL = dict(_WAN22_VAE, base_dim=160, decoder_base_dim=256)
+_UMT5_XXL_WIDTH = dict(_UMT5_TEXT_ENCODER, d_model=4096, d_kv=64, d_ff=10240, num_heads=64, num_layers=2)
+_T5_XXL_WIDTH = dict(_UMT5_XXL_WIDTH, **{"class": "T5EncoderModel"})
+_COG_2B = dict(_COG_TRANSFORMER, num_attention_heads=30, attention_head_dim=64, time_embed_dim=512,
+               text_embed_dim=4096, num_layers=30)
+_COG_5B = dict(_COG_2B, num_attention_heads=48, num_layers=42, use_rotary_positional_embeddings=True)
+_COG_VAE_REAL = dict(_COG_VAE, block_out_channels=[128, 256, 256, 512], layers_per_block=3, norm_num_groups=32)
+
+#: ``--model random:<name>``: (tiny variant whose wiring it reuses, overrides with the real shapes).
+RANDOM_VARIANTS: dict[str, tuple[str, dict]] = {
+    "wan2.1-t2v-1.3b": ("wan2.1-t2v", dict(transformer=_WAN_13B, vae=_WAN21_VAE_REAL, text_encoder=_UMT5_XXL_WIDTH)),
+    "wan2.1-t2v-14b": ("wan2.1-t2v", dict(transformer=_WAN_14B, vae=_WAN21_VAE_REAL, text_encoder=_UMT5_XXL_WIDTH,
+                                          scheduler=_unipc_flow(5.0))),
+    "wan2.2-t2v-a14b": ("wan2.2-t2v-a14b", dict(transformer=_WAN_14B, transformer_2=_WAN_14B, vae=_WAN21_VAE_REAL,
+                                                text_encoder=_UMT5_XXL_WIDTH, scheduler=_unipc_flow(12.0))),
+    "wan2.2-ti2v-5b": ("wan2.2-ti2v-5b", dict(transformer=_WAN_5B, vae=_WAN22_VAE_REAL, text_encoder=_UMT5_XXL_WIDTH)),
+    "cogvideox-2b": ("cogvideox-t2v", dict(transformer=_COG_2B, vae=_COG_VAE_REAL, text_encoder=_T5_XXL_WIDTH)),
+    "cogvideox-5b": ("cogvideox-t2v", dict(transformer=_COG_5B, vae=_COG_VAE_REAL, text_encoder=_T5_XXL_WIDTH)),
+}
+
+
+def build_random(name: str, *, dtype: torch.dtype = torch.bfloat16, device="cuda"):
+    """A pipeline of the real architecture and shapes with random weights, built directly on ``device``.
+
+    For performance work where checkpoints can't be downloaded: speed depends on shapes, not on weight values.
+    Not saved or loaded (the loading path is what the tiny models test); the same adaLN rescale as the tiny
+    models keeps attention visible in the output, so quality figures between backends mean something.
+    """
+    try:
+        base, overrides = RANDOM_VARIANTS[name]
+    except KeyError:
+        raise ValueError(f"Unknown random-weight model {name!r}. Valid: {', '.join(RANDOM_VARIANTS)} "
+                         "(use --model random:<name>).") from None
+    variant = dataclasses.replace(TINY_VARIANTS[base], name=f"random-{name}", **overrides)
+    previous = torch.get_default_dtype()
+    try:
+        torch.set_default_dtype(dtype if dtype.is_floating_point else torch.float32)
+        pipe = _build_pipeline(variant, module_device=device)
+    finally:
+        torch.set_default_dtype(previous)
+    for component in pipe.components.values():
+        if isinstance(component, torch.nn.Module):
+            _cast_like_from_pretrained(component, dtype)
+    return pipe.to(device)
+
+
+def _cast_like_from_pretrained(model: torch.nn.Module, dtype: torch.dtype) -> None:
+    """``dtype`` everywhere except what ``from_pretrained(dtype=...)`` keeps in float32 (``_keep_in_fp32_modules``:
+    Wan's time embedder, norms and modulation tables), so random-weight timings match a real checkpoint's."""
+    keep = set(getattr(model, "_keep_in_fp32_modules", None) or [])
+    for name, param in model.named_parameters():
+        want = torch.float32 if keep & set(name.split(".")) else dtype
+        if param.is_floating_point() and param.dtype != want:
+            param.data = param.data.to(want)
+    for name, buf in model.named_buffers():
+        if buf.is_floating_point() and buf.dtype not in (torch.float64, torch.float32) and dtype == torch.float32:
+            buf.data = buf.data.to(torch.float32)
+
+
 def load_pipeline(
     model: str,
     task: str = "t2v",
@@ -940,6 +1020,11 @@ def load_pipeline(
     import diffusers
 
     task = _check_family_task(family, task)
+    if model.startswith("random:"):
+        base = RANDOM_VARIANTS.get(model[len("random:"):], ("",))[0]
+        if base and TINY_VARIANTS[base].family != family:
+            raise ValueError(f"{model!r} is a {TINY_VARIANTS[base].family} model, but family {family!r} was requested.")
+        return build_random(model[len("random:"):], dtype=dtype, device=device)
     tiny = _tiny_variant_name(model, task, family)
     if tiny is not None:
         v = TINY_VARIANTS[tiny]

@@ -143,6 +143,7 @@ def append_timing(path, entries: list[dict]) -> Path:
                 os.replace(path, aside)
                 print(f"warning: {path} was not a valid timing list ({e}); moved it to {aside}", file=sys.stderr)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".timing-", suffix=".json.tmp")
+        os.chmod(tmp, 0o644)  # mkstemp's 0600 would make the result unreadable to others
         try:
             with os.fdopen(fd, "w") as f:
                 json.dump(existing + list(entries), f, indent=1, default=_json_default)

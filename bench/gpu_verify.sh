@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# GPU verification runs (device tool): what docs/PERFORMANCE.md records. Run from the repo root on a GPU machine
+# with the optional packages available (on the lent machines: carried wheels, see ../shared/device/).
+#
+#   bash bench/gpu_verify.sh kernels   # bench_attention.py at the real shapes, every GPU kernel + emulations
+#   bash bench/gpu_verify.sh wan       # Wan 1.3B architecture (random weights) 832x480x81: step time per backend
+#   bash bench/gpu_verify.sh wanref    # the same for reference + emulations, then quality vs reference (after wan)
+#   bash bench/gpu_verify.sh overhead  # patching overhead vs the same kernel installed by hand
+# Results go to $OUT (or ./gpu_results).
+set -uo pipefail
+OUT=${OUT:-gpu_results}; mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
+STEPS=${STEPS:-3}
+RES=${RES:-/tmp/vdbench_gpu}  # videos and raw frames (~100 MB each) stay here; summaries are copied to $OUT
+W=(--model random:wan2.1-t2v-1.3b --height 480 --width 832 --num_frames 81 --num_inference_steps "$STEPS"
+   --benchmark_output_directory "$RES/wan" --save_frames --time_attention)
+
+info() {
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv | tee "$OUT/gpu.txt"
+  python3 -c 'import torch, triton; print("torch", torch.__version__, "cuda", torch.version.cuda, "triton", triton.__version__)' | tee -a "$OUT/gpu.txt"
+  python3 run_wan.py --list_backends --device cuda | tee "$OUT/backends.txt"
+}
+
+case "${1:-}" in
+  kernels)
+    info
+    python3 bench/bench_attention.py --preset wan2.1-1.3b-480p --preset cogvideox-2b --preset wan2.1-14b-720p \
+      --kernel sdpa_flash,sdpa_cudnn,sdpa_efficient,sagev1,fav3,fav3_fp8,sagev1_emu,fp8_emu \
+      -o "$OUT/attn_presets.csv" 2>&1 | tee "$OUT/attn_presets.txt"
+    ;;
+  wan)
+    info
+    for t in default sdpa_cudnn sagev1 fav3 fav3_fp8; do
+      python3 run_wan.py "${W[@]}" --attention_type "$t" 2>&1 | grep -vE 'it/s\]|Warning|warn' | tail -n 4
+    done
+    ;;
+  wanref)
+    for t in ${REF_TYPES:-reference sagev1_emu fp8_emu}; do
+      python3 run_wan.py "${W[@]}" --attention_type "$t" 2>&1 | grep -vE 'it/s\]|Warning|warn' | tail -n 4
+    done
+    python3 bench/compare_outputs.py "$RES/wan/results" --reference reference --device cuda -o "$OUT/wan_quality.json"
+    cp "$RES/wan/results/timing.json" "$OUT/wan_timing.json"
+    ;;
+  overhead)
+    python3 bench/patch_overhead.py --backend fav3 -o "$OUT/patch_overhead_fav3.json"
+    python3 bench/patch_overhead.py --backend sdpa_cudnn -o "$OUT/patch_overhead_cudnn.json"
+    ;;
+  *) sed -n '2,11p' "$0"; exit 2 ;;
+esac

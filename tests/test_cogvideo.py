@@ -1,0 +1,59 @@
+"""sageattn_cogvideo.py and render_all_attention.sh on the tiny CogVideoX (F.sdpa patched in that model only)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import sageattn_cogvideo
+from vdbench.video import probe_video
+
+ROOT = Path(__file__).resolve().parents[1]
+SMALL = ["--model_path", "tiny", "--height", "64", "--width", "96", "--num_frames", "9", "--num_inference_steps", "2"]
+
+
+def test_tiny_cogvideox_renders_with_cpu_backends(tmp_path):
+    for backend in ("sdpa", "sagev1_emu", "fp8_emu", "reference"):
+        assert sageattn_cogvideo.main(SMALL + ["--attention_type", backend, "--output_dir", str(tmp_path)]) == 0
+        info = probe_video(tmp_path / f"cogvideox-tiny_{backend}.mp4")
+        assert (info.width, info.height, info.n_frames) == (96, 64, 9)
+    entries = json.loads((tmp_path / "timing.json").read_text())
+    assert [e["attention_type"] for e in entries] == ["sdpa", "sagev1_emu", "fp8_emu", "reference"]
+    for e in entries:  # the run_wan.py schema
+        assert {"pipe_time", "vae_decode_time", "step_times", "attention", "run"} <= set(e)
+        # 2 layers x 2 steps, joint text+video attention (CogVideoX batches the two CFG passes in one call)
+        assert e["attention"]["calls_by_kind"] == {"joint": 4}
+    assert entries[1]["attention"]["calls_by_kernel"] == {"emu.sagev1": 4}
+
+
+def test_captures_use_the_shared_format(tmp_path):
+    from vdbench.capture import list_captures, load_capture
+
+    assert sageattn_cogvideo.main(SMALL + ["--attention_type", "sdpa", "--output_dir", str(tmp_path),
+                                           "--save_inputs", "--max_captures", "2"]) == 0
+    files = list_captures(tmp_path / "captures")
+    assert len(files) == 2
+    q, k, v, meta = load_capture(files[0])
+    assert meta["kind"] == "joint" and q.shape[1] == 2 and q.shape[-1] == 32
+
+
+def test_unavailable_backend_is_refused(tmp_path, capsys):
+    assert sageattn_cogvideo.main(SMALL + ["--attention_type", "fav3", "--device", "cpu",
+                                           "--output_dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "'fav3' can't run here" in err and "sagev1_emu" in err
+    assert not list(tmp_path.glob("*.mp4"))
+
+
+def test_render_all_attention_stitches_and_fails_fast_on_unknown(tmp_path):
+    env = dict(os.environ, PYTHON=sys.executable)
+    script = str(ROOT / "render_all_attention.sh")
+    bad = subprocess.run(["bash", script, "--output-dir", str(tmp_path), "--types", "sdpa,nope"],
+                         capture_output=True, text=True, env=env, timeout=120)
+    assert bad.returncode == 2 and "unknown attention type 'nope'" in bad.stderr and "fp8_emu" in bad.stderr
+    ok = subprocess.run(["bash", script, "--output-dir", str(tmp_path), "--types", "sdpa,fp8_emu", "--stitch",
+                         "--", *SMALL[2:]], capture_output=True, text=True, env=env, timeout=600)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert "2 succeeded (sdpa fp8_emu)" in ok.stdout
+    assert probe_video(tmp_path / "comparison_grid.mp4").n_frames == 9
