@@ -1,0 +1,71 @@
+#!/usr/bin/env python3
+"""Does bench_attention.py's timing agree with a plain hand-written timing of the same kernel call?
+
+    python bench/check_timing_agreement.py --preset wan2.1-1.3b-480p --kernel sdpa_cudnn,fav3,sagev1,fav3_fp8
+
+Hand-written = what one would write without the tool: warm up, then CUDA events around each of N calls on the
+same inputs, median. The tool uses triton's do_bench (L2 flushed between calls). Prints both and their ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+spec = importlib.util.spec_from_file_location("bench_attention", ROOT / "bench" / "bench_attention.py")
+ba = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(ba)
+
+from vdbench import backends as B  # noqa: E402
+
+
+def hand_timed(fn, n=30, warmup=5):
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(n):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        fn()
+        e.record()
+        e.synchronize()
+        times.append(s.elapsed_time(e))
+    return statistics.median(times)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--preset", default="wan2.1-1.3b-480p", choices=sorted(ba.PRESETS))
+    p.add_argument("--kernel", default="sdpa_cudnn,fav3,sagev1,fav3_fp8")
+    p.add_argument("-o", "--output")
+    args = p.parse_args(argv)
+    b, h, sq, sk, d = ba.PRESETS[args.preset]
+    q, k, v = ba.synthetic((b, h, sq, sk, d), torch.bfloat16, "cuda")
+    rows = []
+    for name in args.kernel.split(","):
+        ok, reason = B.availability(name, "cuda", torch.bfloat16, d)
+        if not ok:
+            rows.append({"kernel": name, "status": reason})
+            continue
+        fn = B.get_backend(name).fn
+        call = lambda fn=fn: fn(q, k, v)  # noqa: E731
+        tool = ba.time_ms(call, "cuda")
+        hand = hand_timed(call)
+        rows.append({"kernel": name, "tool_ms": tool, "hand_ms": hand, "ratio": tool / hand,
+                     "tool_tflops": 4 * b * h * sq * sk * d / tool / 1e9})
+        print(f"{name:12} tool {tool:8.3f} ms  hand {hand:8.3f} ms  ratio {tool / hand:.3f}")
+    if args.output:
+        Path(args.output).write_text(json.dumps({"preset": args.preset, "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
