@@ -19,7 +19,7 @@ from pathlib import Path
 
 from vdbench import backends as B
 from vdbench.patching import ON_UNSUPPORTED_CHOICES
-from vdbench.render import EXIT_BAD_INPUT, RenderConfig, resolve_device, resolve_dtype, run_cli, wan_output_name
+from vdbench.render import EXIT_BAD_INPUT, RenderConfig, fill_defaults, handle_listing, run_cli, wan_output_name
 
 DEFAULT_MODELS = {"t2v": "Wan-AI/Wan2.1-T2V-1.3B-Diffusers", "i2v": "Wan-AI/Wan2.1-I2V-14B-480P-Diffusers",
                   "ti2v": "Wan-AI/Wan2.2-TI2V-5B-Diffusers"}
@@ -69,19 +69,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    if args.list_backends:
-        dev = resolve_device(args.device)
-        print(B.capability_table(dev, resolve_dtype(args.dtype, dev)))
-        return 0
-    if args.list_available:
-        dev = resolve_device(args.device)
-        print("\n".join(B.available_names(dev, resolve_dtype(args.dtype, dev))))
+    if handle_listing(args):
         return 0
     model = args.model or DEFAULT_MODELS[args.task]
-    defaults = TINY_DEFAULTS if model.startswith("tiny") else REAL_DEFAULTS
-    for k, v in defaults.items():
-        if getattr(args, k) is None:
-            setattr(args, k, v)
+    fill_defaults(args, model, TINY_DEFAULTS, REAL_DEFAULTS)
     if args.num_repetitions < 1:
         print("error: --num_repetitions must be >= 1", file=sys.stderr)
         return EXIT_BAD_INPUT

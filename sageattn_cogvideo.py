@@ -20,7 +20,7 @@ from pathlib import Path
 
 from vdbench import backends as B
 from vdbench.patching import ON_UNSUPPORTED_CHOICES
-from vdbench.render import (EXIT_BAD_INPUT, RenderConfig, cogvideox_output_name, resolve_device, resolve_dtype,
+from vdbench.render import (EXIT_BAD_INPUT, RenderConfig, cogvideox_output_name, fill_defaults, handle_listing,
                             run_cli)
 
 REAL_DEFAULTS = dict(height=480, width=720, num_frames=49, num_inference_steps=50)
@@ -61,18 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    if args.list_backends:
-        dev = resolve_device(args.device)
-        print(B.capability_table(dev, resolve_dtype(args.dtype, dev)))
+    if handle_listing(args):
         return 0
-    if args.list_available:
-        dev = resolve_device(args.device)
-        print("\n".join(B.available_names(dev, resolve_dtype(args.dtype, dev))))
-        return 0
-    defaults = TINY_DEFAULTS if args.model_path.startswith("tiny") else REAL_DEFAULTS
-    for k, v in defaults.items():
-        if getattr(args, k) is None:
-            setattr(args, k, v)
+    fill_defaults(args, args.model_path, TINY_DEFAULTS, REAL_DEFAULTS)
     if args.num_repetitions < 1:
         print("error: --num_repetitions must be >= 1", file=sys.stderr)
         return EXIT_BAD_INPUT

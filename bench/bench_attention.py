@@ -86,6 +86,22 @@ def quant_prepass(name):
     return None
 
 
+def events_median_ms(fn, n=30, warmup=5):
+    """Median of CUDA-event times around each of ``n`` calls after ``warmup`` calls (no L2 flush)."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(n):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        fn()
+        e.record()
+        e.synchronize()
+        times.append(s.elapsed_time(e))
+    return statistics.median(times)
+
+
 def time_ms(fn, device, warmup_ms=25, rep_ms=100, cpu_reps=5):
     """Median milliseconds of ``fn()`` (GPU: do_bench with L2 flush, or events; CPU: host clock)."""
     if torch.device(device).type == "cuda":
@@ -94,17 +110,7 @@ def time_ms(fn, device, warmup_ms=25, rep_ms=100, cpu_reps=5):
 
             return float(do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
         except ImportError:
-            for _ in range(3):
-                fn()
-            times = []
-            for _ in range(20):
-                s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                s.record()
-                fn()
-                e.record()
-                e.synchronize()
-                times.append(s.elapsed_time(e))
-            return statistics.median(times)
+            return events_median_ms(fn, n=20, warmup=3)
     fn()  # warm-up
     times = []
     for _ in range(cpu_reps):

@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import statistics
 import sys
 from pathlib import Path
 
@@ -25,21 +24,6 @@ ba = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(ba)
 
 from vdbench import backends as B  # noqa: E402
-
-
-def hand_timed(fn, n=30, warmup=5):
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(n):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        fn()
-        e.record()
-        e.synchronize()
-        times.append(s.elapsed_time(e))
-    return statistics.median(times)
 
 
 def main(argv=None):
@@ -59,7 +43,7 @@ def main(argv=None):
         fn = B.get_backend(name).fn
         call = lambda fn=fn: fn(q, k, v)  # noqa: E731
         tool = ba.time_ms(call, "cuda")
-        hand = hand_timed(call)
+        hand = ba.events_median_ms(call)
         rows.append({"kernel": name, "tool_ms": tool, "hand_ms": hand, "ratio": tool / hand,
                      "tool_tflops": 4 * b * h * sq * sk * d / tool / 1e9})
         print(f"{name:12} tool {tool:8.3f} ms  hand {hand:8.3f} ms  ratio {tool / hand:.3f}")

@@ -24,7 +24,7 @@ from .patching import AttentionPatch
 from .timing import Clock, StepTimer, append_timing, peak_memory, reset_peak_memory, summarize_steps, system_info
 
 __all__ = ["RenderConfig", "render", "resolve_device", "resolve_dtype", "preflight", "model_tag",
-           "wan_output_name", "cogvideox_output_name", "run_cli", "EXIT_BAD_INPUT", "EXIT_UNSUPPORTED_CALL"]
+           "wan_output_name", "cogvideox_output_name", "run_cli", "handle_listing", "fill_defaults", "EXIT_BAD_INPUT", "EXIT_UNSUPPORTED_CALL"]
 
 EXIT_BAD_INPUT = 2  # unknown/unavailable backend, bad size, model that can't be loaded
 EXIT_UNSUPPORTED_CALL = 3  # the backend met a call it cannot serve during the run
@@ -290,6 +290,23 @@ def render(cfg: RenderConfig, log=print) -> dict:
         f"{last['vae_decode_time']:.2f} s, kernels: {kernels} -> {cfg.output_path}")
     log(f"output: {cfg.output_path}")
     return summary
+
+
+def handle_listing(args) -> bool:
+    """``--list_backends`` / ``--list_available``, shared by the render CLIs: True when one was printed."""
+    if not (args.list_backends or args.list_available):
+        return False
+    dev = resolve_device(args.device)
+    dtype = resolve_dtype(args.dtype, dev)
+    print(B.capability_table(dev, dtype) if args.list_backends else "\n".join(B.available_names(dev, dtype)))
+    return True
+
+
+def fill_defaults(args, model: str, tiny: dict, real: dict) -> None:
+    """Size/step arguments left unset take the tiny model's CPU-sized defaults or the real model's."""
+    for k, v in (tiny if model.startswith("tiny") else real).items():
+        if getattr(args, k) is None:
+            setattr(args, k, v)
 
 
 def run_cli(cfg: RenderConfig) -> int:
