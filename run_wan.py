@@ -50,6 +50,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--benchmark_output_directory", default="outputs")
     p.add_argument("--num_repetitions", type=int, default=1)
     p.add_argument("--time_attention", action="store_true", help="time every attention call (events)")
+    p.add_argument("--warmup_calls", type=int, default=0,
+                   help="untimed pipeline calls before the timed repetitions (compile, cuDNN plans, Triton JIT)")
+    p.add_argument("--vae_dtype", default="auto", help="auto (the pipeline dtype), fp32, bf16, fp16")
+    p.add_argument("--flow_shift", type=float, default=None,
+                   help="flow-matching shift (default: 3.0 at 480p, 5.0 at 720p and for ti2v)")
+    p.add_argument("--profile_output", default=None,
+                   help="NAME: torch profiler Chrome traces of the first repetition under <dir>/traces/NAME/")
+    p.add_argument("--profile_wait", type=int, default=0, help="denoising steps skipped before profiling")
+    p.add_argument("--profile_warmup", type=int, default=1, help="profiler warm-up steps (not recorded)")
+    p.add_argument("--profile_active", type=int, default=2, help="denoising steps recorded")
     p.add_argument("--save_inputs", action="store_true",
                    help="save Q/K/V of attention calls to <dir>/captures (loadable with weights_only=True)")
     p.add_argument("--max_captures", type=int, default=0, help="with --save_inputs: at most N calls (0 = all)")
@@ -94,7 +104,10 @@ def main(argv=None) -> int:
                        capture_dir=(Path(args.benchmark_output_directory) / "captures"
                                     if args.save_inputs or args.save_latents else None),
                        save_inputs=args.save_inputs, max_captures=args.max_captures, save_latents=args.save_latents, save_frames=args.save_frames,
-                       rank=int(os.environ.get("RANK", 0)))
+                       rank=int(os.environ.get("RANK", 0)), warmup_calls=args.warmup_calls,
+                       vae_dtype=args.vae_dtype, flow_shift=args.flow_shift, profile_output=args.profile_output,
+                       traces_root=Path(args.benchmark_output_directory) / "traces", profile_wait=args.profile_wait,
+                       profile_warmup=args.profile_warmup, profile_active=args.profile_active)
     return run_cli(cfg)
 
 

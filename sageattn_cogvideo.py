@@ -52,6 +52,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--input_dir", default=None, help="where --save_inputs writes (default <output_dir>/captures)")
     p.add_argument("--max_captures", type=int, default=0, help="with --save_inputs: at most N calls (0 = all)")
     p.add_argument("--save_frames", action="store_true", help="also save raw uint8 frames (.npy beside the video)")
+    p.add_argument("--warmup_calls", type=int, default=0, help="untimed pipeline calls before the timed ones")
+    p.add_argument("--vae_dtype", default="auto", help="auto (the pipeline dtype), fp32, bf16, fp16")
+    p.add_argument("--cpu_offload", action="store_true", help="enable_model_cpu_offload (needs a GPU)")
+    p.add_argument("--vae_tiling", action="store_true", help="decode the VAE in spatial tiles (less memory)")
+    p.add_argument("--vae_slicing", action="store_true", help="decode the VAE one batch element at a time")
     p.add_argument("--list_backends", action="store_true")
     p.add_argument("--list_available", action="store_true", help="names of the backends that can run here")
     p.add_argument("--print_output_path", action="store_true",
@@ -82,7 +87,9 @@ def main(argv=None) -> int:
                        time_attention=args.time_attention, save_inputs=args.save_inputs,
                        max_captures=args.max_captures, save_frames=args.save_frames,
                        capture_dir=Path(args.input_dir) if args.input_dir else out_dir / "captures",
-                       rank=int(os.environ.get("RANK", 0)))
+                       rank=int(os.environ.get("RANK", 0)), warmup_calls=args.warmup_calls,
+                       vae_dtype=args.vae_dtype, cpu_offload=args.cpu_offload, vae_tiling=args.vae_tiling,
+                       vae_slicing=args.vae_slicing)
     return run_cli(cfg)
 
 

@@ -57,3 +57,11 @@ def test_render_all_attention_stitches_and_fails_fast_on_unknown(tmp_path):
     assert ok.returncode == 0, ok.stdout + ok.stderr
     assert "2 succeeded (sdpa fp8_emu)" in ok.stdout
     assert probe_video(tmp_path / "comparison_grid.mp4").n_frames == 9
+
+
+def test_memory_options(tmp_path, capsys):
+    assert sageattn_cogvideo.main(SMALL + ["--attention_type", "sdpa", "--output_dir", str(tmp_path),
+                                           "--vae_tiling", "--vae_slicing"]) == 0
+    assert sageattn_cogvideo.main(SMALL + ["--attention_type", "sdpa", "--output_dir", str(tmp_path),
+                                           "--cpu_offload", "--device", "cpu"]) == 2
+    assert "needs a CUDA device" in capsys.readouterr().err

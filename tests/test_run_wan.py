@@ -122,3 +122,29 @@ def test_render_all_unknown_type_fails_fast(tmp_path):
                            "sdpa,bogus"], capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 2 and "unknown attention type 'bogus'" in proc.stderr
     assert "sagev1_emu" in proc.stderr
+
+
+def test_profiler_warmup_vae_dtype_and_flow_shift(tmp_path):
+    assert run_wan.main(SMALL + ["--attention_type", "sdpa", "--benchmark_output_directory", str(tmp_path),
+                                 "--profile_output", "prof", "--profile_wait", "0", "--profile_warmup", "1",
+                                 "--profile_active", "1", "--warmup_calls", "1", "--vae_dtype", "bf16",
+                                 "--flow_shift", "7.5"]) == 0
+    traces = sorted((tmp_path / "traces" / "prof").glob("rank0_step*.json"))
+    assert len(traces) == 1
+    trace = json.loads(traces[0].read_text())
+    assert trace["traceEvents"], "empty Chrome trace"
+    (entry,) = json.loads((tmp_path / "results" / "timing.json").read_text())
+    assert entry["traces"] == [str(traces[0])]
+    assert entry["run"]["resolved"]["vae_dtype"] == "bfloat16" and entry["run"]["resolved"]["flow_shift"] == 7.5
+    assert entry["attention"]["total_calls"] == 16  # the warm-up call is not counted in the timed repetition
+    too_many = SMALL + ["--attention_type", "sdpa", "--benchmark_output_directory", str(tmp_path),
+                        "--profile_output", "p2", "--profile_active", "5"]
+    assert run_wan.main(too_many) == 2
+
+
+def test_default_flow_shift_per_task_and_size():
+    from vdbench.render import default_flow_shift
+
+    assert default_flow_shift("t2v", 480, 832) == 3.0
+    assert default_flow_shift("i2v", 720, 1280) == 5.0
+    assert default_flow_shift("ti2v", 704, 1280) == 5.0

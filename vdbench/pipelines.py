@@ -1024,7 +1024,10 @@ def load_pipeline(
         base = RANDOM_VARIANTS.get(model[len("random:"):], ("",))[0]
         if base and TINY_VARIANTS[base].family != family:
             raise ValueError(f"{model!r} is a {TINY_VARIANTS[base].family} model, but family {family!r} was requested.")
-        return build_random(model[len("random:"):], dtype=dtype, device=device)
+        pipe = build_random(model[len("random:"):], dtype=dtype, device=device)
+        if vae_dtype is not None and vae_dtype != dtype:
+            pipe.vae.to(vae_dtype)
+        return pipe
     tiny = _tiny_variant_name(model, task, family)
     if tiny is not None:
         v = TINY_VARIANTS[tiny]

@@ -113,7 +113,62 @@ class RenderConfig:
     save_latents: bool = False  # save the latents before VAE decode into capture_dir
     save_frames: bool = False  # also save the raw uint8 frames (.npy beside the video): codec-free comparisons
     rank: int = 0
+    warmup_calls: int = 0  # untimed pipeline calls before the timed repetitions (compilation, caches, plans)
+    vae_dtype: str = "auto"  # "auto": the pipeline dtype
+    flow_shift: Optional[float] = None  # Wan: None = per task and size (see default_flow_shift)
+    profile_output: Optional[str] = None  # torch profiler Chrome traces under <traces_root>/<name>/
+    traces_root: Optional[Path] = None
+    profile_wait: int = 0
+    profile_warmup: int = 1
+    profile_active: int = 2
+    cpu_offload: bool = False
+    vae_tiling: bool = False
+    vae_slicing: bool = False
     extra_pipe_kwargs: dict = field(default_factory=dict)
+
+
+def default_flow_shift(task: str, height: int, width: int) -> float:
+    """Wan's recommended flow-matching shift: 3.0 at 480p, 5.0 at 720p and above; TI2V-5B uses 5.0."""
+    if task == "ti2v":
+        return 5.0
+    return 5.0 if height * width >= 720 * 1280 else 3.0
+
+
+def _set_flow_shift(pipe, shift: float) -> Optional[float]:
+    """Rebuild the scheduler with ``flow_shift`` (flow-matching schedulers only); returns what was set."""
+    if "flow_shift" not in pipe.scheduler.config:
+        return None
+    pipe.scheduler = type(pipe.scheduler).from_config(pipe.scheduler.config, flow_shift=shift)
+    return shift
+
+
+class _Profiler:
+    """torch.profiler over denoising steps (scheduled wait/warmup/active), one Chrome trace per rank and cycle."""
+
+    def __init__(self, out_dir: Path, rank: int, wait: int, warmup: int, active: int, device):
+        from torch.profiler import ProfilerActivity, profile, schedule
+
+        out_dir.mkdir(parents=True, exist_ok=True)
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.device(device).type == "cuda" else [])
+        self.paths: list[Path] = []
+
+        def ready(prof):
+            path = out_dir / f"rank{rank}_step{prof.step_num}.json"
+            prof.export_chrome_trace(str(path))
+            self.paths.append(path)
+
+        self.prof = profile(activities=acts, schedule=schedule(wait=wait, warmup=warmup, active=active, repeat=1),
+                            on_trace_ready=ready, record_shapes=True)
+
+    def __enter__(self):
+        self.prof.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self.prof.__exit__(*exc)
+
+    def step(self):
+        self.prof.step()
 
 
 def _load_image(path: str, width: int, height: int):
@@ -178,9 +233,23 @@ def render(cfg: RenderConfig, log=print) -> dict:
     if cfg.task == "i2v" and not cfg.image:
         raise ValueError("task i2v needs --img_file_path (the image to animate)")
 
+    vae_dtype = dtype if cfg.vae_dtype in (None, "auto") else resolve_dtype(cfg.vae_dtype, device)
+    if cfg.cpu_offload and device.type != "cuda":
+        raise ValueError("--cpu_offload moves models between the CPU and a GPU: it needs a CUDA device")
     t_load = time.perf_counter()
-    pipe = load_pipeline(cfg.model, cfg.task, cfg.family, dtype=dtype, device=device)
+    pipe = load_pipeline(cfg.model, cfg.task, cfg.family, dtype=dtype, device="cpu" if cfg.cpu_offload else device,
+                         vae_dtype=vae_dtype)
+    if cfg.cpu_offload:
+        pipe.enable_model_cpu_offload(device=device)
+    if cfg.vae_tiling:
+        pipe.vae.enable_tiling()
+    if cfg.vae_slicing:
+        pipe.vae.enable_slicing()
     load_time = time.perf_counter() - t_load
+    flow_shift = None
+    if cfg.family == "wan":
+        flow_shift = _set_flow_shift(pipe, cfg.flow_shift if cfg.flow_shift is not None
+                                     else default_flow_shift(cfg.task, cfg.height, cfg.width))
     pipe.set_progress_bar_config(disable=not sys.stderr.isatty(), leave=False)
     check_video_size(pipe, cfg.height, cfg.width, cfg.num_frames)
     models = transformers_of(pipe)
@@ -199,7 +268,8 @@ def render(cfg: RenderConfig, log=print) -> dict:
 
     header = {
         "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items()},
-        "resolved": {"device": str(device), "dtype": str(dtype).replace("torch.", ""), "head_dims": head_dims},
+        "resolved": {"device": str(device), "dtype": str(dtype).replace("torch.", ""), "head_dims": head_dims,
+                     "vae_dtype": str(pipe.vae.dtype).replace("torch.", ""), "flow_shift": flow_shift},
         "backend": {"name": backend.name, "kernel": backend.kernel, "emulated": backend.emulated,
                     "description": backend.description},
         "model": model_summary(pipe),
@@ -220,21 +290,46 @@ def render(cfg: RenderConfig, log=print) -> dict:
     def advance(step):
         patch.step = step + 1
 
+    profiler = None
+    if cfg.profile_output:
+        root = cfg.traces_root if cfg.traces_root is not None else cfg.output_path.parent.parent / "traces"
+        profiler = _Profiler(Path(root) / cfg.profile_output, cfg.rank, cfg.profile_wait, cfg.profile_warmup,
+                             cfg.profile_active, device)
+        if cfg.profile_wait + cfg.profile_warmup + cfg.profile_active > cfg.num_inference_steps:
+            raise ValueError(f"--profile_wait + --profile_warmup + --profile_active = "
+                             f"{cfg.profile_wait + cfg.profile_warmup + cfg.profile_active} exceeds the "
+                             f"{cfg.num_inference_steps} denoising steps of the profiled repetition")
+
     try:
         with patch, torch.inference_mode():
             from tqdm.auto import tqdm
 
+            for _ in range(cfg.warmup_calls):  # untimed: compilation, cuDNN plans, Triton JIT, allocator
+                pipe(generator=torch.Generator("cpu").manual_seed(cfg.seed), **kwargs)
             for rep in tqdm(range(cfg.num_repetitions), desc=f"{cfg.attention_type}", unit="rep",
                             disable=cfg.num_repetitions < 2 or not sys.stderr.isatty()):
                 patch.reset_counts()
                 if te_timer:
                     te_timer.total = 0.0
                 reset_peak_memory(device)
-                timer = StepTimer(device, then=advance)
+                prof_now = profiler if (profiler is not None and rep == 0) else None
+
+                def then(step, prof_now=prof_now):
+                    advance(step)
+                    if prof_now is not None:
+                        prof_now.step()
+
+                timer = StepTimer(device, then=then)
+                if prof_now is not None:
+                    prof_now.__enter__()
                 generator = torch.Generator("cpu").manual_seed(cfg.seed)
                 start = Clock(device)
                 timer.start()
-                latents = pipe(generator=generator, callback_on_step_end=timer, **kwargs).frames
+                try:
+                    latents = pipe(generator=generator, callback_on_step_end=timer, **kwargs).frames
+                finally:
+                    if prof_now is not None:
+                        prof_now.__exit__(None, None, None)
                 after_pipe = Clock(device)
                 frames = decode_latents(pipe, latents, cfg.family, num_frames=cfg.num_frames)
                 after_decode = Clock(device)
@@ -259,6 +354,7 @@ def render(cfg: RenderConfig, log=print) -> dict:
                     "attention": patch.stats.as_dict(),
                     "attention_share": (attn_time / sum(step_times)) if attn_time and step_times else None,
                     "peak_memory_bytes": peak_memory(device),
+                    "traces": [str(p) for p in profiler.paths] if (profiler is not None and rep == 0) else None,
                     "capture": ({"saved": capture.stats.saved, "bytes": capture.stats.bytes,
                                  "host_time_s": capture.stats.host_time_s} if capture else None),
                     "output": str(cfg.output_path),
