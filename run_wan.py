@@ -38,6 +38,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompt", default=DEFAULT_PROMPT)
     p.add_argument("--negative_prompt", default=DEFAULT_NEGATIVE)
     p.add_argument("--img_file_path", default=None, help="conditioning image (i2v)")
+    p.add_argument("--force_output_size", action="store_true",
+                   help="i2v: render exactly --height x --width (the image is center-cropped to it); by default the "
+                        "output keeps the image's aspect ratio within the area height*width")
     p.add_argument("--height", type=int, default=None)
     p.add_argument("--width", type=int, default=None)
     p.add_argument("--num_frames", type=int, default=None)
@@ -77,6 +80,22 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def size_from_image(path: str, height: int, width: int, mod: int) -> tuple[int, int]:
+    """Largest (h, w), multiples of ``mod`` (VAE stride x patch size), with the image's aspect ratio and
+    h * w <= height * width — what Wan's image-to-video examples do."""
+    from PIL import Image
+
+    try:
+        with Image.open(path) as img:
+            iw, ih = img.size
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"error: cannot read --img_file_path {path}: {e}")
+    area, aspect = height * width, ih / iw
+    h = max(mod, int(round((area * aspect) ** 0.5)) // mod * mod)
+    w = max(mod, int(round((area / aspect) ** 0.5)) // mod * mod)
+    return h, w
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     if handle_listing(args):
@@ -86,6 +105,11 @@ def main(argv=None) -> int:
     if args.num_repetitions < 1:
         print("error: --num_repetitions must be >= 1", file=sys.stderr)
         return EXIT_BAD_INPUT
+    if args.img_file_path and args.task in ("i2v", "ti2v") and not args.force_output_size:
+        args.height, args.width = size_from_image(args.img_file_path, args.height, args.width,
+                                                  mod=32 if args.task == "ti2v" or "ti2v" in model else 16)
+        print(f"output size {args.height}x{args.width} (the image's aspect ratio; --force_output_size to keep "
+              "--height/--width)", file=sys.stderr)
     results = Path(args.benchmark_output_directory) / "results"
     out = results / wan_output_name(args.task, model, args.num_frames, args.num_inference_steps,
                                     args.attention_type, args.height, args.width)

@@ -148,3 +148,19 @@ def test_default_flow_shift_per_task_and_size():
     assert default_flow_shift("t2v", 480, 832) == 3.0
     assert default_flow_shift("i2v", 720, 1280) == 5.0
     assert default_flow_shift("ti2v", 704, 1280) == 5.0
+
+
+def test_i2v_output_size_follows_the_image_unless_forced(tmp_path):
+    from PIL import Image
+
+    img = tmp_path / "in.png"
+    Image.new("RGB", (300, 100), (200, 30, 30)).save(img)  # 3:1
+    assert run_wan.size_from_image(str(img), 480, 832, 16) == (352, 1088)  # 3:1 within 480*832, multiples of 16
+    base = ["--task", "i2v", "--model", "tiny", "--img_file_path", str(img), "--height", "64", "--width", "96",
+            "--num_frames", "5", "--num_inference_steps", "1", "--benchmark_output_directory", str(tmp_path),
+            "--attention_type", "sdpa"]
+    assert run_wan.main(base) == 0
+    assert probe_video(tmp_path / "results" / "wan_result_i2v_tiny_5f_1s_attn_sdpa_32x128.mp4").n_frames == 5
+    assert run_wan.main(base + ["--force_output_size"]) == 0
+    info = probe_video(tmp_path / "results" / "wan_result_i2v_tiny_5f_1s_attn_sdpa_64x96.mp4")
+    assert (info.width, info.height) == (96, 64)

@@ -1,0 +1,479 @@
+"""One self-contained HTML report (and a CSV) per benchmark run: what each backend cost and what it changed.
+
+    python -m vdbench.report outputs/demo [more run dirs...] [--reference reference] [-o OUT_DIR]
+
+A run dir is a results directory (the per-backend videos, the optional raw ``.npy`` frames that
+``--save_frames`` writes, and ``timing.json``) or a directory holding one as ``results/``. For each backend
+the report gives the time per step, the speedup against ``default``, the attention share of the step, the
+VAE decode time, peak memory, PSNR/SSIM against the reference render, and the kernels that actually ran
+(``attention.calls_by_kernel``, so a silent fallback cannot pass for the kernel that was asked for).
+
+``report.html`` embeds everything (plots as base64 PNG data URIs, inline CSS, no script) so it can be mailed,
+attached to a CI run or opened from an artefact store without the files next to it. Missing pieces (no
+timing.json, no reference render, a backend whose video is gone) leave a visible note rather than an error:
+a report of a half-finished run is still worth reading.
+
+The quality figures prefer the raw frames (codec noise excluded) and fall back to decoded videos; the
+``quality_source`` column says which, because x264 noise can hide or fake a difference of a few dB.
+
+This module also holds the figure labels of ``stitch_comparison.py --reference``
+(:func:`figure_labels`): speedup from timing.json and PSNR of each decoded video against the reference's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import csv
+import html
+import io
+import math
+import os
+import statistics
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from vdbench.video import iter_frames, label_from_filename
+
+__all__ = ["resolve_results", "collect", "load_frames", "speed", "summarize", "write_csv", "write_html",
+           "figure_labels", "video_psnr", "main", "CSV_COLUMNS"]
+
+#: summary.csv columns, in order. ``quality_source`` says whether PSNR/SSIM came from raw frames or from
+#: decoded videos; ``kernels`` is ``kernel×calls; ...`` as counted by the patched attention processors.
+CSV_COLUMNS = ["run", "backend", "step_time_ms", "speedup_vs_default", "attention_share", "vae_decode_s",
+               "peak_memory_gib", "psnr_db", "ssim", "quality_source", "kernels", "fallback_calls", "note"]
+
+
+# --------------------------------------------------------------------------------------------------------
+# Gathering
+# --------------------------------------------------------------------------------------------------------
+
+
+def resolve_results(path) -> Path:
+    """The results directory for ``path``: itself when it holds videos or timing.json, else its ``results/``
+    (what ``--benchmark_output_directory`` gets), so both the run dir and its results dir are accepted."""
+    path = Path(path)
+    if not path.is_dir():
+        raise FileNotFoundError(f"{path}: not a directory")
+    has_own = (path / "timing.json").exists() or any(path.glob("*.mp4")) or any(path.glob("*.npy"))
+    if not has_own and (path / "results").is_dir():
+        return path / "results"
+    return path
+
+
+def load_frames(path: Path):
+    """(frames, source) of a render: the raw uint8 ``.npy`` when given one, else the decoded video."""
+    path = Path(path)
+    if path.suffix == ".npy":
+        return np.load(path, allow_pickle=False), "raw frames (.npy)"
+    return np.stack(list(iter_frames(path))), "decoded video"
+
+
+def collect(results: Path) -> dict[str, Path]:
+    """label -> best available frame source (raw .npy preferred over the mp4). The stitched grid is not a
+    render and is left out."""
+    found: dict[str, Path] = {}
+    for p in sorted(Path(results).glob("*.mp4")) + sorted(Path(results).glob("*.npy")):
+        if p.stem == "comparison_grid":
+            continue
+        label = label_from_filename(p.with_suffix(".mp4"))
+        if p.suffix == ".npy" or label not in found:
+            found[label] = p
+    return found
+
+
+def _videos(results: Path) -> dict[str, Path]:
+    return {label_from_filename(p): p for p in sorted(Path(results).glob("*.mp4")) if p.stem != "comparison_grid"}
+
+
+def _median(values):
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def speed(results: Path) -> dict[str, dict]:
+    """Per backend, from the *last run* of that backend in timing.json (the repetitions that share the last
+    entry's settings, so an older render at another size never mixes in):
+
+    ``step_time_median``: median over the steps after the first of each repetition. The first step pays
+    for lazy initialisation (kernel selection, allocator growth, autotuning), which is not what a backend
+    costs per step in a 50-step render; with a single step per repetition it is all there is and is kept.
+    ``step_times``: the per-step times, median over the repetitions (for the per-step plot).
+    ``vae_decode_time``, ``attention_share`` (medians), ``calls_by_kernel``, ``fallback_calls``,
+    ``peak_memory_bytes`` (of the last repetition) and ``run`` (its header: settings, system, model).
+    """
+    from vdbench.timing import load_timing
+
+    out: dict[str, dict] = {}
+    tpath = Path(results) / "timing.json"
+    if not tpath.exists():
+        return out
+    by: dict[str, list] = {}
+    for e in load_timing(tpath):
+        by.setdefault(e.get("attention_type"), []).append(e)
+    for label, entries in by.items():
+        last_run = [e for e in entries if e.get("run", {}).get("settings") == entries[-1].get("run", {}).get("settings")]
+        steps = [t for e in last_run for t in (e["step_times"][1:] if len(e["step_times"]) > 1 else e["step_times"])]
+        n_steps = max(len(e["step_times"]) for e in last_run)
+        per_step = [_median(e["step_times"][i] for e in last_run if i < len(e["step_times"])) for i in range(n_steps)]
+        att = last_run[-1].get("attention") or {}
+        out[label] = {"step_time_median": statistics.median(steps) if steps else None,
+                      "step_times": per_step,
+                      "vae_decode_time": _median(e.get("vae_decode_time") for e in last_run),
+                      "attention_share": _median(e.get("attention_share") for e in last_run),
+                      "calls_by_kernel": att.get("calls_by_kernel") or {},
+                      "fallback_calls": att.get("fallback_calls"),
+                      "peak_memory_bytes": last_run[-1].get("peak_memory_bytes"),
+                      "run": last_run[-1].get("run") or {}}
+    return out
+
+
+def summarize(run_dir, reference: str = "reference", device=None) -> dict:
+    """Everything the report shows for one run dir: ``rows`` (one per backend, CSV_COLUMNS keys plus
+    ``psnr_per_frame`` and ``step_times``), ``notes`` (what is missing and why), ``header`` (the run's system
+    and settings) and ``poster`` (the video whose first frame illustrates the run, or None)."""
+    results = resolve_results(run_dir)
+    notes: list[str] = []
+    sources = collect(results)
+    sp = speed(results)
+    if not sp:
+        notes.append(f"no timing.json in {results}: no speed figures")
+    if not sources:
+        notes.append(f"no rendered video or raw frames in {results}: no quality figures")
+    ref = ref_src = None
+    if reference in sources:
+        try:
+            ref, ref_src = load_frames(sources[reference])
+        except (OSError, ValueError) as exc:
+            notes.append(f"reference render {sources[reference].name} is unreadable ({exc}): no quality figures")
+    elif sources:
+        notes.append(f"no reference render labelled {reference!r} in {results} (found: {', '.join(sources)}): "
+                     "no quality figures (render one with --attention_type reference)")
+    base = (sp.get("default") or {}).get("step_time_median")
+    if sp and base is None:
+        notes.append("no 'default' backend in timing.json: no speedup column")
+    rows = []
+    for label in list(dict.fromkeys(list(sp) + list(sources))):
+        s = sp.get(label, {})
+        st = s.get("step_time_median")
+        row = {"run": str(run_dir), "backend": label,
+               "step_time_ms": st * 1e3 if st else None,
+               "speedup_vs_default": (base / st) if (base and st) else None,
+               "attention_share": s.get("attention_share"), "vae_decode_s": s.get("vae_decode_time"),
+               "peak_memory_gib": s["peak_memory_bytes"] / 2**30 if s.get("peak_memory_bytes") else None,
+               "psnr_db": None, "ssim": None, "quality_source": None,
+               "kernels": "; ".join(f"{k}×{n}" for k, n in s.get("calls_by_kernel", {}).items()) or None,
+               "fallback_calls": s.get("fallback_calls"), "note": None,
+               "psnr_per_frame": None, "step_times": s.get("step_times")}
+        if label not in sources:
+            row["note"] = "no video or raw frames found (timing only)"
+        elif ref is not None:
+            try:
+                frames, src = load_frames(sources[label])
+            except (OSError, ValueError) as exc:
+                row["note"] = f"unreadable: {exc}"
+            else:
+                if frames.shape != ref.shape:
+                    row["note"] = f"shape {frames.shape} differs from the reference {ref.shape}"
+                else:
+                    from vdbench.metrics import compare_frames
+
+                    q = compare_frames(frames, ref, device=device)
+                    row.update(psnr_db=q["psnr"], ssim=q["ssim"], psnr_per_frame=q["psnr_per_frame"],
+                               quality_source=src if src == ref_src else f"{src} vs {ref_src}")
+        rows.append(row)
+    header = next((s["run"] for s in sp.values() if s.get("run")), {})
+    grid = next((p for p in (results / "comparison_grid.mp4", results.parent / "comparison_grid.mp4") if p.exists()),
+                None)
+    videos = _videos(results)
+    poster = grid or videos.get(reference) or next(iter(videos.values()), None)
+    return {"run": str(run_dir), "results": str(results), "reference": reference, "rows": rows, "notes": notes,
+            "header": header, "poster": str(poster) if poster else None,
+            "poster_kind": "comparison grid" if grid else (f"{reference} render" if poster and poster == videos.get(reference)
+                                                            else "first render")}
+
+
+# --------------------------------------------------------------------------------------------------------
+# Writing
+# --------------------------------------------------------------------------------------------------------
+
+
+def _csv_value(v):
+    if v is None:
+        return ""
+    if isinstance(v, float):
+        return "inf" if math.isinf(v) else f"{v:.6g}"
+    return v
+
+
+def write_csv(summaries: list[dict], path) -> Path:
+    path = Path(path)
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=CSV_COLUMNS, extrasaction="ignore")
+        w.writeheader()
+        for s in summaries:
+            for r in s["rows"]:
+                w.writerow({k: _csv_value(r.get(k)) for k in CSV_COLUMNS})
+    return path
+
+
+def _png_uri(fig) -> str:
+    import matplotlib.pyplot as plt
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
+    plt.close(fig)
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def pareto_front(points: list[tuple[float, float, str]]) -> list[tuple[float, float, str]]:
+    """The (time, psnr, label) points that no other point beats on both axes (faster *and* at least as
+    accurate), sorted by time: the backends worth considering at each speed."""
+    front, best = [], -math.inf
+    for t, q, label in sorted(points, key=lambda p: (p[0], -p[1])):
+        if q > best:
+            front.append((t, q, label))
+            best = q
+    return front
+
+
+def _plots(summary: dict) -> list[tuple[str, str]]:
+    """(caption, data URI) for each plot this run's data supports."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out = []
+    rows = summary["rows"]
+    pts = [(r["step_time_ms"], r["psnr_db"], r["backend"]) for r in rows
+           if r["step_time_ms"] is not None and r["psnr_db"] is not None]
+    if pts:
+        finite = [q for _, q, _ in pts if math.isfinite(q)]
+        cap = (max(finite) + 5.0) if finite else 60.0  # an identical render has infinite PSNR: draw it on top
+        pts = [(t, q if math.isfinite(q) else cap, lab) for t, q, lab in pts]
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        ax.scatter([p[0] for p in pts], [p[1] for p in pts], s=50, color="tab:blue", zorder=3)
+        for t, q, lab in pts:
+            ax.annotate(lab, (t, q), textcoords="offset points", xytext=(5, 5), fontsize=9)
+        front = pareto_front(pts)
+        ax.plot([p[0] for p in front], [p[1] for p in front], "--", color="tab:red", zorder=2,
+                label="Pareto front (faster and at least as accurate)")
+        ax.scatter([p[0] for p in front], [p[1] for p in front], s=120, facecolors="none", edgecolors="tab:red")
+        if not finite or any(q == cap for _, q, _ in pts):
+            ax.axhline(cap, color="grey", lw=0.5)
+            ax.text(ax.get_xlim()[0], cap, " identical to reference (PSNR inf)", va="bottom", fontsize=8)
+        ax.set_xlabel("time per step (ms, median after the first step)")
+        ax.set_ylabel(f"PSNR vs {summary['reference']} (dB)")
+        ax.set_title("speed vs quality")
+        ax.legend(fontsize=8, loc="lower right")
+        ax.grid(alpha=0.3)
+        out.append(("Speed vs quality: lower left is fast, up is accurate; the dashed line is the Pareto front.",
+                    _png_uri(fig)))
+    steps = [(r["backend"], r["step_times"]) for r in rows if r.get("step_times")]
+    if steps:
+        fig, ax = plt.subplots(figsize=(7, 4))
+        for lab, st in steps:
+            ax.plot(range(1, len(st) + 1), [t * 1e3 for t in st], marker="o", label=lab)
+        ax.set_xlabel("denoising step")
+        ax.set_ylabel("time (ms)")
+        ax.set_title("time per step (median over the repetitions of the last run)")
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3)
+        out.append(("Per-step time: the first step includes one-off initialisation.", _png_uri(fig)))
+    frames = [(r["backend"], r["psnr_per_frame"]) for r in rows
+              if r.get("psnr_per_frame") and all(math.isfinite(v) for v in r["psnr_per_frame"])]
+    if frames:
+        fig, ax = plt.subplots(figsize=(7, 4))
+        for lab, pf in frames:
+            ax.plot(range(len(pf)), pf, marker=".", label=lab)
+        ax.set_xlabel("frame")
+        ax.set_ylabel("PSNR (dB)")
+        ax.set_title(f"per-frame PSNR vs {summary['reference']}")
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3)
+        out.append(("Per-frame PSNR: a downward drift means the error grows over time.", _png_uri(fig)))
+    return out
+
+
+def _poster_uri(video) -> str | None:
+    from PIL import Image
+
+    gen = iter_frames(video)
+    try:
+        frame = next(gen)
+    finally:
+        gen.close()
+    buf = io.BytesIO()
+    Image.fromarray(frame).save(buf, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def _fmt(v, spec: str) -> str:
+    if v is None:
+        return "–"
+    if isinstance(v, float) and math.isinf(v):
+        return "inf"
+    return format(v, spec) if spec else str(v)
+
+
+_CSS = """body{font-family:sans-serif;margin:24px;color:#222;max-width:1150px}
+table{border-collapse:collapse;font-size:13px;margin:8px 0}th,td{border:1px solid #bbb;padding:3px 7px}
+th{background:#eee}td.n{text-align:right}.note{background:#fff4d6;border-left:4px solid #e0a800;padding:6px 10px;
+margin:6px 0}figure{margin:12px 0}figcaption{font-size:12px;color:#555}img{max-width:100%;border:1px solid #ddd}
+code{background:#f3f3f3;padding:1px 3px}"""
+
+
+def _header_line(h: dict) -> str:
+    sysinfo, settings = h.get("system") or {}, h.get("settings") or {}
+    device = sysinfo.get("gpu") or sysinfo.get("device") or "unknown device"
+    bits = [f"device: {device}", f"torch {sysinfo.get('torch', '?')}", f"diffusers {sysinfo.get('diffusers', '?')}"]
+    if sysinfo.get("cuda"):
+        bits.append(f"CUDA {sysinfo['cuda']}")
+    for k in ("model", "height", "width", "num_frames", "num_inference_steps"):
+        if settings.get(k) is not None:
+            bits.append(f"{k}={settings[k]}")
+    return " · ".join(bits)
+
+
+def write_html(summaries: list[dict], path) -> Path:
+    """The report page: per run, its header, notes, the summary table, the plots and the poster frame."""
+    esc = html.escape
+    parts = ["<!DOCTYPE html><html><head><meta charset='utf-8'><title>vdbench report</title>",
+             f"<style>{_CSS}</style></head><body>"]
+    first = next((s["header"] for s in summaries if s["header"]), {})
+    parts.append(f"<h1>vdbench report</h1><p class='sub'>{esc(_header_line(first))}</p>")
+    for s in summaries:
+        parts.append(f"<h2>{esc(s['run'])}</h2>")
+        if s["header"] and s["header"] is not first:
+            parts.append(f"<p>{esc(_header_line(s['header']))}</p>")
+        for n in s["notes"]:
+            parts.append(f"<div class='note'>{esc(n)}</div>")
+        has_q = any(r["psnr_db"] is not None for r in s["rows"])
+        cols = [("backend", "backend", ""), ("ms/step", "step_time_ms", ".1f"),
+                ("speedup vs default", "speedup_vs_default", ".2f"), ("attention share", "attention_share", ".1%"),
+                ("VAE decode (s)", "vae_decode_s", ".2f"), ("peak mem (GiB)", "peak_memory_gib", ".2f")]
+        if has_q:
+            cols += [(f"PSNR vs {s['reference']} (dB)", "psnr_db", ".2f"), ("SSIM", "ssim", ".4f"),
+                     ("quality from", "quality_source", "")]
+        cols += [("kernels that ran", "kernels", ""), ("fallback calls", "fallback_calls", ""), ("note", "note", "")]
+        parts.append("<table class='summary'><tr>" + "".join(f"<th>{esc(c[0])}</th>" for c in cols) + "</tr>")
+        for r in s["rows"]:
+            cells = []
+            for _, key, spec in cols:
+                v = r.get(key)
+                cls = " class='n'" if isinstance(v, (int, float)) and not isinstance(v, bool) else ""
+                cells.append(f"<td{cls}>{esc(_fmt(v, spec))}</td>")
+            parts.append("<tr>" + "".join(cells) + "</tr>")
+        parts.append("</table>")
+        for caption, uri in _plots(s):
+            parts.append(f"<figure><img src='{uri}' alt='{esc(caption)}'><figcaption>{esc(caption)}</figcaption></figure>")
+        if s["poster"]:
+            try:
+                uri = _poster_uri(s["poster"])
+            except (OSError, ValueError) as exc:
+                parts.append(f"<div class='note'>poster frame unavailable: {esc(str(exc))}</div>")
+            else:
+                cap = f"first frame of the {s['poster_kind']} ({os.path.basename(s['poster'])})"
+                parts.append(f"<figure><img src='{uri}' alt='poster'><figcaption>{esc(cap)}</figcaption></figure>")
+        else:
+            parts.append("<div class='note'>no video to take a poster frame from</div>")
+    parts.append("</body></html>")
+    path = Path(path)
+    path.write_text("\n".join(parts), encoding="utf-8")
+    return path
+
+
+# --------------------------------------------------------------------------------------------------------
+# Figure labels for stitch_comparison.py --reference
+# --------------------------------------------------------------------------------------------------------
+
+
+def video_psnr(video, ref_video) -> float | None:
+    """PSNR (dB, over all frames) of two decoded videos, streamed frame by frame so two 81-frame 480p clips
+    never sit in memory at once; None when their sizes or frame counts differ (not comparable)."""
+    sq, n = 0, 0
+    a_gen, b_gen = iter_frames(video), iter_frames(ref_video)
+    try:
+        for a in a_gen:
+            b = next(b_gen, None)
+            if b is None or a.shape != b.shape:
+                return None
+            d = a.astype(np.int32) - b.astype(np.int32)
+            sq += int((d * d).sum(dtype=np.int64))
+            n += d.size
+        if next(b_gen, None) is not None:
+            return None
+    finally:
+        a_gen.close()
+        b_gen.close()
+    if sq == 0:
+        return math.inf
+    return 10.0 * math.log10(255.0 ** 2 * n / sq)
+
+
+def figure_labels(inputs, labels, reference: str, timing_dir=None) -> list[str]:
+    """``label · speedup× · PSNR dB`` for each input: speedup from ``timing_dir/timing.json`` (against
+    ``default`` when it was rendered, else against the first input), PSNR of each decoded video against the
+    reference input's decoded video. ``reference`` names an input by its label or by the backend in its file
+    name. Parts that cannot be computed (no timing entry, another size) are left out of that label."""
+    keys = [label_from_filename(p) for p in inputs]
+    if reference in labels:
+        ref_idx = list(labels).index(reference)
+    elif reference in keys:
+        ref_idx = keys.index(reference)
+    else:
+        raise ValueError(f"--reference {reference!r} is none of the inputs ({', '.join(labels)})")
+    sp = speed(Path(timing_dir)) if timing_dir is not None else {}
+    step = {k: (sp.get(k) or {}).get("step_time_median") for k in keys}
+    base = (sp.get("default") or {}).get("step_time_median") or step.get(keys[0])
+    out = []
+    for i, (path, label, key) in enumerate(zip(inputs, labels, keys)):
+        parts = [label]
+        if base and step.get(key):
+            x = base / step[key]
+            parts.append(f"{x:.2f}×" if x < 10 else f"{x:.1f}×")
+        if i == ref_idx:
+            parts.append("ref")
+        else:
+            q = video_psnr(path, inputs[ref_idx])
+            if q is not None:
+                parts.append("∞ dB" if math.isinf(q) else f"{q:.1f} dB")
+        out.append(" · ".join(parts))
+    return out
+
+
+# --------------------------------------------------------------------------------------------------------
+# Command line
+# --------------------------------------------------------------------------------------------------------
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m vdbench.report", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("run_dirs", nargs="+", type=Path, metavar="RUN_DIR",
+                   help="results directory (or a directory holding results/)")
+    p.add_argument("--reference", default="reference", help="label of the reference render (default: reference)")
+    p.add_argument("-o", "--output_dir", type=Path, default=None,
+                   help="where report.html and summary.csv go (default: the first RUN_DIR)")
+    p.add_argument("--device", default=None, help="run the SSIM windows here (e.g. cuda): much faster on 480p")
+    args = p.parse_args(argv)
+    try:
+        summaries = [summarize(d, args.reference, device=args.device) for d in args.run_dirs]
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"vdbench.report: error: {exc}", file=sys.stderr)
+        return 2
+    out = args.output_dir or args.run_dirs[0]
+    out.mkdir(parents=True, exist_ok=True)
+    print(write_csv(summaries, out / "summary.csv"))
+    print(write_html(summaries, out / "report.html"))
+    for s in summaries:
+        for n in s["notes"]:
+            print(f"note: {s['run']}: {n}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
