@@ -171,23 +171,15 @@ class AttentionPatch:
             rebound = types.FunctionType(orig_call.__code__, g, orig_call.__name__, orig_call.__defaults__,
                                          orig_call.__closure__)
             rebound.__kwdefaults__ = orig_call.__kwdefaults__
-            patch = self
-
-            def __call__(self_, attn, hidden_states, *args, **kwargs):
-                ehs = kwargs.get("encoder_hidden_states", args[0] if args else None)
-                kind = "joint" if mode == "sdpa" else ("cross" if ehs is not None else "self")
-                # Wan i2v: a cross-attention module with add_k_proj makes two calls, image context first.
-                if kind == "cross" and getattr(attn, "add_k_proj", None) is not None:
-                    kind = "cross+img"
-                patch._ctx = (self_._vd_model, self_._vd_layer, kind)
-                patch._sub = 0
-                return rebound(self_, attn, hidden_states, *args, **kwargs)
-
-            __call__.__signature__ = inspect.signature(orig_call)
-            self._classes[key] = type(f"Patched{cls.__name__}", (cls,), {"__call__": __call__})
+            # A closure-free copy of _patched_call per class, so it can carry the original signature (diffusers
+            # filters processor kwargs by it) and torch.compile can trace it (it can't guard such closures).
+            call = types.FunctionType(_patched_call.__code__, _patched_call.__globals__, "__call__")
+            call.__signature__ = inspect.signature(orig_call)
+            self._classes[key] = type(f"Patched{cls.__name__}", (cls,), {
+                "__call__": call, "_vd_rebound": staticmethod(rebound), "_vd_mode": mode})
         new = object.__new__(self._classes[key])
         new.__dict__.update(proc.__dict__)
-        new._vd_model, new._vd_layer = model_name, layer
+        new._vd_model, new._vd_layer, new._vd_patch = model_name, layer, self
         return new
 
     # ----- the replacements -----
@@ -261,7 +253,8 @@ class AttentionPatch:
         label = b.kernel
         if b.name == "sdpa":
             label = f"sdpa[{sdpa_kernel_choice(q, k, v, None, 0.0, is_causal, scale)}]"
-        out = self._timed(lambda: b.fn(q, k, v, scale=scale, is_causal=is_causal), q)
+        kernel_fn = b.fn  # a local: torch.compile can't guard a function read off the frozen dataclass
+        out = self._timed(lambda: kernel_fn(q, k, v, scale=scale, is_causal=is_causal), q)
         self._record(label, q, k, v, out, bshd=False, args=args)
         return out
 
@@ -314,6 +307,19 @@ class AttentionPatch:
                             args=args)
             for obs in self.observers:
                 obs(info)
+
+
+def _patched_call(self_, attn, hidden_states, *args, **kwargs):
+    """The patched processors' ``__call__``: note where we are (model, layer, kind), run the rebound original."""
+    ehs = kwargs.get("encoder_hidden_states", args[0] if args else None)
+    kind = "joint" if self_._vd_mode == "sdpa" else ("cross" if ehs is not None else "self")
+    # Wan i2v: a cross-attention module with add_k_proj makes two calls, image context first.
+    if kind == "cross" and getattr(attn, "add_k_proj", None) is not None:
+        kind = "cross+img"
+    patch = self_._vd_patch
+    patch._ctx = (self_._vd_model, self_._vd_layer, kind)
+    patch._sub = 0
+    return type(self_)._vd_rebound(self_, attn, hidden_states, *args, **kwargs)
 
 
 def install_backend(models, backend: str, **kwargs) -> AttentionPatch:
