@@ -206,12 +206,14 @@ class _TextEncoderTimer:
 
 
 def _save_frames(frames, path: Path) -> None:
-    """Raw frames as uint8 (T, H, W, 3), rounded exactly as the video encoder's input; atomic."""
+    """Raw frames as uint8 (T, H, W, 3), converted exactly as the video encoder's input is; atomic."""
     import os
 
     import numpy as np
 
-    arr = np.clip(np.rint(np.asarray(frames) * 255.0), 0, 255).astype(np.uint8)
+    from .video import _frame_to_rgb_uint8
+
+    arr = np.stack([_frame_to_rgb_uint8(f, i) for i, f in enumerate(frames)])
     tmp = path.with_name(f".{path.name}.tmp")
     with open(tmp, "wb") as f:
         np.save(f, arr)
