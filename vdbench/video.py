@@ -16,6 +16,7 @@ Two rules hold for every file this module writes:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import math
@@ -110,19 +111,17 @@ def _frame_to_rgb_uint8(frame, index: int) -> np.ndarray:
         arr = arr[:, :, :3]
     elif arr.shape[2] == 1:
         arr = np.repeat(arr, 3, axis=2)
-    if arr.dtype == np.uint8:
-        pass
-    elif np.issubdtype(arr.dtype, np.floating):
+    if np.issubdtype(arr.dtype, np.floating):
         if not np.isfinite(arr).all():
             raise ValueError(f"frame {index}: contains NaN or inf values")
         arr = (np.clip(arr, 0.0, 1.0) * 255.0 + 0.5).astype(np.uint8)
-    elif np.issubdtype(arr.dtype, np.integer) or arr.dtype == np.bool_:
+    elif arr.dtype != np.uint8 and (np.issubdtype(arr.dtype, np.integer) or arr.dtype == np.bool_):
         if arr.dtype == np.bool_:
             arr = arr.astype(np.uint8) * 255
         elif arr.size and (arr.min() < 0 or arr.max() > 255):
             raise ValueError(f"frame {index}: integer frames must lie in 0..255 (got {arr.min()}..{arr.max()})")
         arr = arr.astype(np.uint8)
-    else:
+    elif arr.dtype != np.uint8:
         raise ValueError(f"frame {index}: unsupported dtype {arr.dtype}")
     return np.ascontiguousarray(arr)
 
@@ -185,10 +184,8 @@ def _probe_result(tmp: str, target: str) -> VideoInfo:
 
 
 def _remove_quietly(path: str) -> None:
-    try:
+    with contextlib.suppress(FileNotFoundError):
         os.remove(path)
-    except FileNotFoundError:
-        pass
 
 
 def write_video(frames, path, fps: float = 16, *, crf: int = DEFAULT_CRF, preset: str = "medium") -> str:
