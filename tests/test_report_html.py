@@ -1,0 +1,65 @@
+"""vdbench.report on a real tiny run: summary.csv figures, a self-contained report.html, rendered in chromium."""
+
+import csv
+import math
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+import run_wan
+from vdbench import report
+
+SMALL = ["--model", "tiny", "--height", "64", "--width", "96", "--num_frames", "9", "--num_inference_steps", "2"]
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("rep")
+    for backend in ("default", "reference", "fp8_emu"):
+        assert run_wan.main(SMALL + ["--attention_type", backend, "--save_frames",
+                                     "--benchmark_output_directory", str(out)]) == 0
+    return out
+
+
+def test_summary_csv_and_html(run_dir, tmp_path):
+    assert report.main([str(run_dir), "-o", str(tmp_path)]) == 0
+    rows = {r["backend"]: r for r in csv.DictReader(open(tmp_path / "summary.csv"))}
+    assert set(rows) == {"default", "reference", "fp8_emu"}
+    assert math.isinf(float(rows["reference"]["psnr_db"]))
+    assert 10 < float(rows["fp8_emu"]["psnr_db"]) < 80 and float(rows["default"]["speedup_vs_default"]) == 1.0
+    assert rows["fp8_emu"]["quality_source"].startswith("raw frames")
+    assert "emu.fp8" in rows["fp8_emu"]["kernels"]
+    page = (tmp_path / "report.html").read_text()
+    assert page.count("data:image/png;base64,") >= 3  # speed-vs-quality, per-step, per-frame PSNR (+ poster)
+    assert "<table" in page and "fp8_emu" in page
+    assert "http://" not in page and "https://" not in page  # self-contained
+
+
+def _chromium():
+    for name in ("chromium", "chromium-browser"):
+        path = shutil.which(name)
+        if path:
+            return path
+    return None
+
+
+@pytest.mark.skipif(_chromium() is None, reason="Debian's chromium is not installed (.ci/run installs it)")
+def test_report_renders_its_plots_in_headless_chromium(run_dir, tmp_path):
+    assert report.main([str(run_dir), "-o", str(tmp_path)]) == 0
+    url = (tmp_path / "report.html").resolve().as_uri()
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync",
+             f"--user-data-dir={tmp_path / 'profile'}"]
+    dom = subprocess.run([_chromium(), *flags, "--dump-dom", url], capture_output=True, text=True, timeout=120)
+    assert dom.returncode == 0, dom.stderr[-500:]
+    assert dom.stdout.count("<img") >= 3
+    shot = tmp_path / "shot.png"
+    subprocess.run([_chromium(), *flags, f"--screenshot={shot}", "--window-size=1200,2400", url],
+                   capture_output=True, timeout=120)
+    from PIL import Image
+
+    img = Image.open(shot).convert("RGB")
+    colours = img.resize((300, 600)).getcolors(maxcolors=1 << 20)
+    assert colours is not None and len(colours) > 200, "the page rendered blank (no plots)"
