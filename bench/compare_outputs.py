@@ -14,55 +14,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from pathlib import Path
-
-import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from vdbench.metrics import compare_frames  # noqa: E402
-from vdbench.timing import load_timing  # noqa: E402
-from vdbench.video import label_from_filename  # noqa: E402
-
-
-def load_frames(path: Path):
-    if path.suffix == ".npy":
-        return np.load(path, allow_pickle=False), "raw frames (.npy)"
-    from vdbench.video import iter_frames
-
-    return np.stack(list(iter_frames(path))), "decoded video"
-
-
-def collect(results: Path) -> dict[str, Path]:
-    """label -> best available frame source (raw .npy preferred over the mp4)."""
-    found: dict[str, Path] = {}
-    for p in sorted(results.glob("*.mp4")) + sorted(results.glob("*.npy")):
-        label = label_from_filename(p.with_suffix(".mp4"))
-        if p.suffix == ".npy" or label not in found:
-            found[label] = p
-    return found
-
-
-def speed(results: Path) -> dict[str, dict]:
-    out: dict[str, dict] = {}
-    tpath = results / "timing.json"
-    if not tpath.exists():
-        return out
-    by: dict[str, list] = {}
-    for e in load_timing(tpath):
-        by.setdefault(e.get("attention_type"), []).append(e)
-    for label, entries in by.items():
-        last_run = [e for e in entries if e["run"]["settings"] == entries[-1]["run"]["settings"]]
-        steps = [t for e in last_run for t in e["step_times"]]
-        out[label] = {"step_time_median": statistics.median(steps) if steps else None,
-                      "vae_decode_time": statistics.median(e["vae_decode_time"] for e in last_run),
-                      "calls_by_kernel": last_run[-1]["attention"]["calls_by_kernel"],
-                      "peak_memory_bytes": last_run[-1].get("peak_memory_bytes")}
-    return out
+from vdbench.report import collect, load_frames, speed  # noqa: E402  (one definition, shared with the report)
 
 
 def main(argv=None) -> int:

@@ -63,3 +63,18 @@ def test_report_renders_its_plots_in_headless_chromium(run_dir, tmp_path):
     img = Image.open(shot).convert("RGB")
     colours = img.resize((300, 600)).getcolors(maxcolors=1 << 20)
     assert colours is not None and len(colours) > 200, "the page rendered blank (no plots)"
+
+
+def test_compare_outputs_cli(run_dir, tmp_path, capsys):
+    import importlib.util
+    import json
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("compare_outputs", root / "bench" / "compare_outputs.py")
+    co = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(co)
+    assert co.main([str(run_dir / "results"), "-o", str(tmp_path / "q.json")]) == 0
+    rows = {r["backend"]: r for r in json.loads((tmp_path / "q.json").read_text())["rows"]}
+    assert rows["reference"]["psnr_db"] == float("inf") and rows["fp8_emu"]["psnr_db"] < 80
+    assert co.main([str(run_dir / "results"), "--reference", "nope"]) == 2
+    assert "no render labelled 'nope'" in capsys.readouterr().err
