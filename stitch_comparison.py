@@ -64,6 +64,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fps", type=_positive_float, default=None,
                    help="output frame rate (default: the first input's)")
     p.add_argument("--labels", default=None, help="comma-separated cell labels, one per input in name order")
+    p.add_argument("--reference", default=None, metavar="LABEL",
+                   help="add figures to each label: speedup (from timing.json next to the videos) and PSNR of the "
+                        "decoded video against this reference input's decoded video (codec noise included), "
+                        "e.g. 'fav3_fp8 · 1.12× · 26.4 dB'")
     p.add_argument("--layout", type=_parse_layout, default=None,
                    help="grid as ROWSxCOLS (default: as square as possible)")
     return p
@@ -109,6 +113,14 @@ def main(argv: list[str] | None = None) -> int:
             return fail(f"--labels gives {len(labels)} labels for {len(inputs)} videos: {names}")
     else:
         labels = [label_from_filename(p) for p in inputs]
+    if args.reference is not None:
+        from vdbench.report import figure_labels
+
+        try:
+            labels = figure_labels(inputs, labels, args.reference,
+                                   timing_dir=args.input_dir or os.path.dirname(os.path.abspath(inputs[0])))
+        except (VideoError, ValueError) as exc:
+            return fail(str(exc).splitlines()[0])
 
     try:
         rows, cols = grid_shape(len(inputs), args.layout)

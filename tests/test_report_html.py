@@ -78,3 +78,16 @@ def test_compare_outputs_cli(run_dir, tmp_path, capsys):
     assert rows["reference"]["psnr_db"] == float("inf") and rows["fp8_emu"]["psnr_db"] < 80
     assert co.main([str(run_dir / "results"), "--reference", "nope"]) == 2
     assert "no render labelled 'nope'" in capsys.readouterr().err
+
+
+def test_grid_labels_carry_speedup_and_psnr(run_dir, tmp_path, capsys):
+    import stitch_comparison
+
+    out = tmp_path / "grid.mp4"
+    assert stitch_comparison.main(["--input_dir", str(run_dir / "results"), "--output", str(out),
+                                   "--reference", "reference"]) == 0
+    printed = capsys.readouterr().out
+    assert "reference · " in printed and "ref" in printed
+    assert "fp8_emu · " in printed and " dB" in printed and "default · 1.00×" in printed
+    assert stitch_comparison.main(["--input_dir", str(run_dir / "results"), "--output", str(out),
+                                   "--reference", "nope"]) == 2
