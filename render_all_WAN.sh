@@ -10,6 +10,7 @@
 #   --model-path M     hub id, local path or tiny (default tiny)
 #   --stitch           stitch the successful renders into DIR/comparison_grid.mp4 (needs two or more)
 #   --reuse            skip a backend whose video already exists (counted as succeeded)
+#   --report           write DIR/report.html and DIR/summary.csv (python -m vdbench.report; quality vs reference)
 #   -h, --help         this help
 #   -- ARGS...         passed to the renderer unchanged (run_wan.py; sageattn_cogvideo.py for render_all_attention.sh)
 # Each render runs in its own process (a crash in one loses no other); its log is DIR/logs/<type>.log.
@@ -29,7 +30,7 @@ else
 fi
 [ -x "$here/.venv/bin/python" ] && [ -z "${PYTHON:-}" ] && py="$here/.venv/bin/python"
 
-out_dir=$default_out; types=""; model=tiny; stitch=0; reuse=0; extra=()
+out_dir=$default_out; types=""; model=tiny; stitch=0; reuse=0; want_report=0; extra=()
 usage() {
   if [ "$family" = cogvideox ]; then sed -n '2,6p' "$here/render_all_attention.sh"; sed -n '7,16p' "$here/render_all_WAN.sh"
   else sed -n '2,16p' "$here/render_all_WAN.sh"; fi | sed 's/^# \{0,1\}//'
@@ -41,6 +42,7 @@ while [ $# -gt 0 ]; do
     --model-path) model=${2:?--model-path needs a value}; shift 2 ;;
     --stitch) stitch=1; shift ;;
     --reuse) reuse=1; shift ;;
+    --report) want_report=1; shift ;;
     -h|--help) usage; exit 0 ;;
     --) shift; extra=("$@"); break ;;
     *) echo "error: unknown option $1 (see --help)" >&2; exit 2 ;;
@@ -97,5 +99,9 @@ if [ "$stitch" = 1 ]; then
   else
     echo "not stitching: fewer than two renders succeeded"
   fi
+fi
+if [ "$want_report" = 1 ]; then
+  if "$py" -m vdbench.report "$results_dir" -o "$out_dir"; then echo "report: $out_dir/report.html"
+  else echo "report failed" >&2; exit 1; fi
 fi
 [ ${#failed[@]} -eq 0 ]

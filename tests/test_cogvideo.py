@@ -53,10 +53,11 @@ def test_render_all_attention_stitches_and_fails_fast_on_unknown(tmp_path):
                          capture_output=True, text=True, env=env, timeout=120)
     assert bad.returncode == 2 and "unknown attention type 'nope'" in bad.stderr and "fp8_emu" in bad.stderr
     ok = subprocess.run(["bash", script, "--output-dir", str(tmp_path), "--types", "sdpa,fp8_emu", "--stitch",
-                         "--", *SMALL[2:]], capture_output=True, text=True, env=env, timeout=600)
+                         "--report", "--", *SMALL[2:]], capture_output=True, text=True, env=env, timeout=600)
     assert ok.returncode == 0, ok.stdout + ok.stderr
     assert "2 succeeded (sdpa fp8_emu)" in ok.stdout
     assert probe_video(tmp_path / "comparison_grid.mp4").n_frames == 9
+    assert (tmp_path / "report.html").exists() and (tmp_path / "summary.csv").exists()
 
 
 def test_memory_options(tmp_path, capsys):
