@@ -32,8 +32,8 @@ fi
 
 out_dir=$default_out; types=""; model=tiny; stitch=0; reuse=0; want_report=0; extra=()
 usage() {
-  if [ "$family" = cogvideox ]; then sed -n '2,6p' "$here/render_all_attention.sh"; sed -n '7,16p' "$here/render_all_WAN.sh"
-  else sed -n '2,16p' "$here/render_all_WAN.sh"; fi | sed 's/^# \{0,1\}//'
+  if [ "$family" = cogvideox ]; then sed -n '2,6p' "$here/render_all_attention.sh"; sed -n '7,17p' "$here/render_all_WAN.sh"
+  else sed -n '2,17p' "$here/render_all_WAN.sh"; fi | sed 's/^# \{0,1\}//'
 }
 while [ $# -gt 0 ]; do
   case "$1" in
