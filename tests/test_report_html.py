@@ -91,3 +91,12 @@ def test_grid_labels_carry_speedup_and_psnr(run_dir, tmp_path, capsys):
     assert "fp8_emu · " in printed and " dB" in printed and "default · 1.00×" in printed
     assert stitch_comparison.main(["--input_dir", str(run_dir / "results"), "--output", str(out),
                                    "--reference", "nope"]) == 2
+
+
+def test_lpips_absence_is_said_not_hidden(run_dir, tmp_path):
+    import importlib.util
+
+    if importlib.util.find_spec("lpips") is not None:
+        pytest.skip("lpips is installed here: the absence note does not apply")
+    s = report.summarize(run_dir)
+    assert any("LPIPS not computed: the optional 'lpips' package is not installed" in n for n in s["notes"])

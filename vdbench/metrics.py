@@ -13,7 +13,7 @@ import math
 import numpy as np
 import torch
 
-__all__ = ["rel_l2", "cosine", "max_abs", "mean_abs", "psnr", "ssim", "compare_frames"]
+__all__ = ["rel_l2", "cosine", "max_abs", "mean_abs", "psnr", "ssim", "compare_frames", "lpips_distance"]
 
 
 def _as_f64(x, keep_device: bool = False) -> torch.Tensor:
@@ -204,3 +204,24 @@ def compare_frames(frames, ref_frames, device=None) -> dict:
         "max_abs": float(np.abs(diff).max()),
         "mean_abs": float(np.abs(diff).mean()),
     }
+
+
+def lpips_distance(frames, ref_frames, max_frames: int = 16):
+    """Mean LPIPS (AlexNet) over up to ``max_frames`` evenly spaced frames: ``(value, None)``, or
+    ``(None, reason)`` when the optional ``lpips`` package or its pretrained weights are not available — the
+    caller reports the reason instead of a number (the weights come from the internet on first use)."""
+    import importlib.util
+
+    if importlib.util.find_spec("lpips") is None:
+        return None, "LPIPS not computed: the optional 'lpips' package is not installed"
+    try:
+        import lpips
+
+        net = lpips.LPIPS(net="alex", verbose=False).eval()
+    except Exception as exc:  # noqa: BLE001 - missing weights offline, incompatible torchvision, ...
+        return None, f"LPIPS not computed: its pretrained weights could not be loaded ({type(exc).__name__})"
+    a, b = _frames_unit(frames), _frames_unit(ref_frames)
+    idx = np.linspace(0, a.shape[0] - 1, num=min(max_frames, a.shape[0])).round().astype(int)
+    to_t = lambda x: torch.from_numpy(np.ascontiguousarray(x[idx])).permute(0, 3, 1, 2).float() * 2 - 1  # noqa: E731
+    with torch.no_grad():
+        return float(net(to_t(a), to_t(b)).mean().item()), None

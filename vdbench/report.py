@@ -136,6 +136,7 @@ def summarize(run_dir, reference: str = "reference", device=None) -> dict:
     and settings) and ``poster`` (the video whose first frame illustrates the run, or None)."""
     results = resolve_results(run_dir)
     notes: list[str] = []
+    lpips_note = None  # None: not tried yet; "": available; else the reason it is not computed
     sources = collect(results)
     sp = speed(results)
     if not sp:
@@ -178,12 +179,19 @@ def summarize(run_dir, reference: str = "reference", device=None) -> dict:
                 if frames.shape != ref.shape:
                     row["note"] = f"shape {frames.shape} differs from the reference {ref.shape}"
                 else:
-                    from vdbench.metrics import compare_frames
+                    from vdbench.metrics import compare_frames, lpips_distance
 
                     q = compare_frames(frames, ref, device=device)
                     row.update(psnr_db=q["psnr"], ssim=q["ssim"], psnr_per_frame=q["psnr_per_frame"],
                                quality_source=src if src == ref_src else f"{src} vs {ref_src}")
+                    if lpips_note is None:
+                        row["lpips"], lpips_note = lpips_distance(frames, ref)
+                        lpips_note = lpips_note or ""
+                    elif not lpips_note:
+                        row["lpips"] = lpips_distance(frames, ref)[0]
         rows.append(row)
+    if lpips_note:
+        notes.append(lpips_note)
     header = next((s["run"] for s in sp.values() if s.get("run")), {})
     grid = next((p for p in (results / "comparison_grid.mp4", results.parent / "comparison_grid.mp4") if p.exists()),
                 None)
