@@ -19,6 +19,7 @@ from pathlib import Path
 
 from vdbench import backends as B
 from vdbench.patching import ON_UNSUPPORTED_CHOICES
+from vdbench.speed import add_speed_args, add_vae_args, speed_kwargs, vae_kwargs
 from vdbench.render import EXIT_BAD_INPUT, RenderConfig, fill_defaults, handle_listing, run_cli, wan_output_name
 
 DEFAULT_MODELS = {"t2v": "Wan-AI/Wan2.1-T2V-1.3B-Diffusers", "i2v": "Wan-AI/Wan2.1-I2V-14B-480P-Diffusers",
@@ -56,6 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup_calls", type=int, default=0,
                    help="untimed pipeline calls before the timed repetitions (compile, cuDNN plans, Triton JIT)")
     p.add_argument("--vae_dtype", default="auto", help="auto (the pipeline dtype), fp32, bf16, fp16")
+    add_speed_args(p, ("--use_torch_compile",))
+    add_vae_args(p, fast_ok=True)
     p.add_argument("--flow_shift", type=float, default=None,
                    help="flow-matching shift (default: 3.0 at 480p, 5.0 at 720p and for ti2v)")
     p.add_argument("--profile_output", default=None,
@@ -69,6 +72,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--save_latents", action="store_true", help="save the latents before VAE decode to <dir>/captures")
     p.add_argument("--save_frames", action="store_true",
                    help="also save the raw uint8 frames (.npy beside the video) for codec-free quality figures")
+    p.add_argument("--parallel_engine", choices=["xfuser", "diffusers"], default="xfuser",
+                   help="under torchrun: xDiT's USP (default; CUDA only) or diffusers' ContextParallelConfig")
+    p.add_argument("--ulysses_degree", type=int, default=1, help="Ulysses sequence-parallel degree (torchrun)")
+    p.add_argument("--ring_degree", type=int, default=1,
+                   help="ring-attention degree (torchrun); the backend must return the log-sum-exp")
+    p.add_argument("--use_cfg_parallel", action="store_true", help="split the guidance batch over 2 ranks")
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="auto", help="auto (bf16 on GPU, fp32 on CPU), bf16, fp16, fp32")
     p.add_argument("--fps", type=int, default=16)
@@ -131,7 +140,10 @@ def main(argv=None) -> int:
                        rank=int(os.environ.get("RANK", 0)), warmup_calls=args.warmup_calls,
                        vae_dtype=args.vae_dtype, flow_shift=args.flow_shift, profile_output=args.profile_output,
                        traces_root=Path(args.benchmark_output_directory) / "traces", profile_wait=args.profile_wait,
-                       profile_warmup=args.profile_warmup, profile_active=args.profile_active)
+                       profile_warmup=args.profile_warmup, profile_active=args.profile_active,
+                       parallel_engine=args.parallel_engine, ulysses_degree=args.ulysses_degree,
+                       ring_degree=args.ring_degree, use_cfg_parallel=args.use_cfg_parallel,
+                       **speed_kwargs(args), **vae_kwargs(args))
     return run_cli(cfg)
 
 

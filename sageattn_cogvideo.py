@@ -20,6 +20,7 @@ from pathlib import Path
 
 from vdbench import backends as B
 from vdbench.patching import ON_UNSUPPORTED_CHOICES
+from vdbench.speed import add_speed_args, add_vae_args, speed_kwargs, vae_kwargs
 from vdbench.render import (EXIT_BAD_INPUT, RenderConfig, cogvideox_output_name, fill_defaults, handle_listing,
                             run_cli)
 
@@ -46,6 +47,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fps", type=int, default=8)
     p.add_argument("--num_repetitions", type=int, default=1)
     p.add_argument("--time_attention", action="store_true")
+    p.add_argument("--parallel_engine", choices=["xfuser", "diffusers"], default="xfuser",
+                   help="under torchrun: xDiT's USP (default; CUDA only) or diffusers' ContextParallelConfig")
+    p.add_argument("--ulysses_degree", type=int, default=1, help="Ulysses sequence-parallel degree (torchrun)")
+    p.add_argument("--ring_degree", type=int, default=1,
+                   help="ring-attention degree (torchrun); the backend must return the log-sum-exp")
+    p.add_argument("--use_cfg_parallel", action="store_true", help="split the guidance batch over 2 ranks")
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="auto")
     p.add_argument("--save_inputs", action="store_true", help="save Q/K/V of attention calls (see run_wan.py)")
@@ -54,6 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--save_frames", action="store_true", help="also save raw uint8 frames (.npy beside the video)")
     p.add_argument("--warmup_calls", type=int, default=0, help="untimed pipeline calls before the timed ones")
     p.add_argument("--vae_dtype", default="auto", help="auto (the pipeline dtype), fp32, bf16, fp16")
+    add_speed_args(p, ("--compile", "--use_torch_compile"))
+    add_vae_args(p, fast_ok=False)
     p.add_argument("--cpu_offload", action="store_true", help="enable_model_cpu_offload (needs a GPU)")
     p.add_argument("--vae_tiling", action="store_true", help="decode the VAE in spatial tiles (less memory)")
     p.add_argument("--vae_slicing", action="store_true", help="decode the VAE one batch element at a time")
@@ -89,7 +98,9 @@ def main(argv=None) -> int:
                        capture_dir=Path(args.input_dir) if args.input_dir else out_dir / "captures",
                        rank=int(os.environ.get("RANK", 0)), warmup_calls=args.warmup_calls,
                        vae_dtype=args.vae_dtype, cpu_offload=args.cpu_offload, vae_tiling=args.vae_tiling,
-                       vae_slicing=args.vae_slicing)
+                       parallel_engine=args.parallel_engine, ulysses_degree=args.ulysses_degree,
+                       ring_degree=args.ring_degree, use_cfg_parallel=args.use_cfg_parallel,
+                       vae_slicing=args.vae_slicing, **speed_kwargs(args), **vae_kwargs(args))
     return run_cli(cfg)
 
 

@@ -28,11 +28,19 @@ from vdbench.report import collect, load_frames, speed  # noqa: E402  (one defin
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("results", type=Path, help="a results directory (videos, .npy frames, timing.json)")
-    p.add_argument("--reference", default="reference", help="label of the reference render")
+    p.add_argument("--reference", default="reference",
+                   help="label of the reference render in RESULTS, or a path to a render (.npy/.mp4) elsewhere "
+                        "(e.g. the eager render when RESULTS holds compiled ones)")
     p.add_argument("-o", "--output", type=Path, help="write the rows as JSON here")
     p.add_argument("--device", default=None, help="run the SSIM windows here (e.g. cuda): much faster on 480p clips")
     args = p.parse_args(argv)
     sources = collect(args.results)
+    if args.reference not in sources and Path(args.reference).suffix in (".npy", ".mp4"):
+        if not Path(args.reference).is_file():
+            print(f"error: reference file {args.reference} does not exist", file=sys.stderr)
+            return 2
+        sources = {"reference-file": Path(args.reference), **sources}
+        args.reference = "reference-file"
     if args.reference not in sources:
         print(f"error: no render labelled {args.reference!r} in {args.results} (found: {', '.join(sources) or 'none'})",
               file=sys.stderr)

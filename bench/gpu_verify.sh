@@ -6,6 +6,8 @@
 #   bash bench/gpu_verify.sh wan       # Wan 1.3B architecture (random weights) 832x480x81: step time per backend
 #   bash bench/gpu_verify.sh wanref    # the same for reference + emulations, then quality vs reference (after wan)
 #   bash bench/gpu_verify.sh overhead  # patching overhead vs the same kernel installed by hand
+#   bash bench/gpu_verify.sh compile   # Wan 1.3B: eager vs --use_torch_compile per backend, + torchao fp8 GEMMs
+#   bash bench/gpu_verify.sh cogvideo  # CogVideoX-2b architecture 720x480x49: step time per backend + PSNR
 # Results go to $OUT (or ./gpu_results).
 set -uo pipefail
 OUT=${OUT:-gpu_results}; mkdir -p "$OUT"
@@ -45,5 +47,35 @@ case "${1:-}" in
     python3 bench/patch_overhead.py --backend fav3 -o "$OUT/patch_overhead_fav3.json"
     python3 bench/patch_overhead.py --backend sdpa_cudnn -o "$OUT/patch_overhead_cudnn.json"
     ;;
-  *) sed -n '2,11p' "$0"; exit 2 ;;
+  compile)
+    # Eager renders of the same backends come first (same dir layout), then compiled ones (own dir): the PSNR of
+    # compiled vs eager says whether compile changed the output; step times say what it bought.
+    CT=${COMPILE_TYPES:-default fav3 sagev1}
+    E=("${W[@]}"); E[${#E[@]}-3]="$RES/eager"
+    C=("${W[@]}"); C[${#C[@]}-3]="$RES/compiled"
+    for t in $CT; do
+      python3 run_wan.py "${E[@]}" --attention_type "$t" 2>&1 | grep -vE 'it/s\]|Warning|warn' | tail -n 2
+      python3 run_wan.py "${C[@]}" --attention_type "$t" --use_torch_compile --warmup_calls 1 2>&1 \
+        | grep -vE 'it/s\]|Warning|warn' | tail -n 2
+      python3 bench/compare_outputs.py "$RES/compiled/results" --device cuda \
+        --reference "$(ls "$RES"/eager/results/*attn_${t}_*.npy)" -o "$OUT/compile_vs_eager_$t.json" | grep -E "^$t "
+    done
+    F=("${W[@]}"); F[${#F[@]}-3]="$RES/fp8gemm"
+    python3 run_wan.py "${F[@]}" --attention_type fav3 --use_fp8_gemms --use_torch_compile --warmup_calls 1 2>&1 \
+      | grep -vE 'it/s\]|Warning|warn' | tail -n 2
+    python3 bench/compare_outputs.py "$RES/fp8gemm/results" --device cuda \
+      --reference "$(ls "$RES"/eager/results/*attn_fav3_*.npy)" -o "$OUT/fp8gemm_vs_eager_fav3.json" | grep -E "^fav3 "
+    for d in eager compiled fp8gemm; do cp "$RES/$d/results/timing.json" "$OUT/${d}_timing.json"; done
+    ;;
+  cogvideo)
+    info
+    CG=(--model_path random:cogvideox-2b --height 480 --width 720 --num_frames 49 --num_inference_steps "$STEPS"
+        --output_dir "$RES/cog" --save_frames --time_attention)
+    for t in ${COG_TYPES:-default sdpa_cudnn sagev1 fav3 fav3_fp8 reference}; do
+      python3 sageattn_cogvideo.py "${CG[@]}" --attention_type "$t" 2>&1 | grep -vE 'it/s\]|Warning|warn' | tail -n 2
+    done
+    python3 bench/compare_outputs.py "$RES/cog" --reference reference --device cuda -o "$OUT/cog_quality.json"
+    cp "$RES/cog/timing.json" "$OUT/cog_timing.json"
+    ;;
+  *) sed -n '2,13p' "$0"; exit 2 ;;
 esac

@@ -78,6 +78,13 @@ def test_compare_outputs_cli(run_dir, tmp_path, capsys):
     assert rows["reference"]["psnr_db"] == float("inf") and rows["fp8_emu"]["psnr_db"] < 80
     assert co.main([str(run_dir / "results"), "--reference", "nope"]) == 2
     assert "no render labelled 'nope'" in capsys.readouterr().err
+    # A reference file from elsewhere (e.g. the eager render when the directory holds compiled renders).
+    ref_file = next((run_dir / "results").glob("*attn_reference_*.npy"))
+    assert co.main([str(run_dir / "results"), "--reference", str(ref_file), "-o", str(tmp_path / "f.json")]) == 0
+    rows_f = {r["backend"]: r for r in json.loads((tmp_path / "f.json").read_text())["rows"]}
+    assert rows_f["reference"]["psnr_db"] == float("inf")
+    assert rows_f["fp8_emu"]["psnr_db"] == rows["fp8_emu"]["psnr_db"]
+    assert co.main([str(run_dir / "results"), "--reference", str(tmp_path / "missing.npy")]) == 2
 
 
 def test_grid_labels_carry_speedup_and_psnr(run_dir, tmp_path, capsys):

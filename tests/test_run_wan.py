@@ -164,3 +164,33 @@ def test_i2v_output_size_follows_the_image_unless_forced(tmp_path):
     assert run_wan.main(base + ["--force_output_size"]) == 0
     info = probe_video(tmp_path / "results" / "wan_result_i2v_tiny_5f_1s_attn_sdpa_64x96.mp4")
     assert (info.width, info.height) == (96, 64)
+
+
+def test_vae_decode_fast_matches_default_and_is_recorded(tmp_path):
+    import numpy as np
+
+    base = SMALL + ["--attention_type", "sdpa", "--save_frames"]
+    assert run_wan.main(base + ["--benchmark_output_directory", str(tmp_path / "d")]) == 0
+    assert run_wan.main(base + ["--benchmark_output_directory", str(tmp_path / "f"), "--vae_decode", "fast"]) == 0
+    name = "wan_result_t2v_tiny_9f_2s_attn_sdpa_64x96.npy"
+    a, b = np.load(tmp_path / "d" / "results" / name), np.load(tmp_path / "f" / "results" / name)
+    assert a.shape == b.shape and np.abs(a.astype(int) - b.astype(int)).max() <= 1
+    entry = json.loads((tmp_path / "f" / "results" / "timing.json").read_text())[-1]
+    assert entry["vae_decode"]["mode"] == "fast" and entry["vae_decode_time"] > 0
+
+
+def test_vae_timeout_reports_a_hung_decode_and_writes_nothing(tmp_path, monkeypatch, capsys):
+    import time
+
+    from diffusers import AutoencoderKLWan
+
+    def stalled_decode(self, *a, **k):  # an injected stall: a decode that never comes back
+        time.sleep(60)
+
+    monkeypatch.setattr(AutoencoderKLWan, "decode", stalled_decode)
+    t0 = time.monotonic()
+    rc = run_wan.main(SMALL + ["--benchmark_output_directory", str(tmp_path), "--vae_timeout", "2"])
+    assert rc == 124 and time.monotonic() - t0 < 45
+    err = capsys.readouterr().err
+    assert "VAE decode hung" in err and "last completed stage" in err
+    assert not list((tmp_path / "results").glob("*.mp4")) if (tmp_path / "results").exists() else True

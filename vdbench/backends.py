@@ -25,7 +25,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Optional, Sequence
 
 import torch
@@ -398,6 +398,27 @@ def _fav3_fp8(q, k, v, *, scale=None, is_causal=False):
     return _fa3_out(out).transpose(1, 2).to(q.dtype)
 
 
+def _triton_kernel(name: str) -> Callable:
+    """The project's own Triton kernels (vdbench/kernels), imported on first call."""
+
+    def fn(q, k, v, *, scale=None, is_causal=False):
+        from vdbench.kernels import attention
+
+        return attention.KERNELS[name](q, k, v, scale=scale, is_causal=is_causal)
+
+    fn.__name__ = name
+    return fn
+
+
+def _triton_probe(name: str) -> Callable:
+    def probe(dev):
+        from vdbench.kernels import probe as kernels_probe  # never imports triton
+
+        return kernels_probe(name, dev)
+
+    return probe
+
+
 # ----------------------------------------------------------------------------------------------------------
 # The registry
 # ----------------------------------------------------------------------------------------------------------
@@ -435,9 +456,17 @@ _ENTRIES = [
             kernel="fa3.flash_attn_func[e4m3]", packages=("flash_attn_interface", "fa3_fwd_interface"),
             cuda_only=True, exact_arch=(9,), dtypes=_HALF, head_dims=(64, 96, 128, 192, 256),
             kernel_layout="BSHD"),
-    Backend("fav3_sage", "SageAttention INT8 Q·K fused on an FA3-class kernel (the project's own Triton kernel)",
-            fn=None, kernel="vdbench.fav3_sage", reserved="reserved for the project's own Triton kernel "
-            "(issue 'Our own portable attention kernels'); not built yet"),
+    Backend("fav3_sage", "the project's Triton kernel: INT8 Q·K per block (K smoothed), exp2 softmax, e4m3 P·V "
+            "with a per-channel V scale", fn=_triton_kernel("fav3_sage"), kernel="vdbench.fav3_sage",
+            packages=("triton",), dtypes=_HALF, head_dims=(64, 128), extra={"probe": _triton_probe("fav3_sage")},
+            notes="quantization pre-pass (Triton) inside the call"),
+    Backend("fp8_triton", "the project's Triton kernel: e4m3 Q/K/V with one scale per tile of tokens (K smoothed), "
+            "e4m3 P", fn=_triton_kernel("fp8_triton"), kernel="vdbench.fp8_triton", packages=("triton",),
+            dtypes=_HALF, head_dims=(64, 128), extra={"probe": _triton_probe("fp8_triton")},
+            notes="quantization pre-pass (Triton) inside the call"),
+    Backend("fav2_triton", "the project's Triton kernel: plain bf16/fp16 flash-attention forward",
+            fn=_triton_kernel("fav2_triton"), kernel="vdbench.fav2_triton", packages=("triton",), dtypes=_HALF,
+            head_dims=(64, 128), extra={"probe": _triton_probe("fav2_triton")}),
     Backend("sagev1_emu", "SageAttention v1 numerics emulated in torch (INT8 per-block Q/K, K smoothing, fp16 P·V)",
             fn=sagev1_emulated, kernel="emu.sagev1", emulated=True, dtypes=_ANY),
     Backend("fp8_emu", "FA3 fp8 numerics emulated in torch (e4m3 Q/K/V per-(batch,head) scales, e4m3 P)",
@@ -475,6 +504,10 @@ def availability(name: str, device=None, dtype: Optional[torch.dtype] = None,
         found = [p for p in b.packages if importlib.util.find_spec(p) is not None]
         if not found:
             return False, f"package not installed: {' or '.join(b.packages)}"
+    if b.extra.get("probe") is not None:  # the project's Triton kernels: GPU, or the interpreter on CPU
+        ok, why = b.extra["probe"](dev)
+        if not ok:
+            return False, why
     if b.cuda_only or (b.name == "sdpa_flash" and dev.type == "cuda"):
         if dev.type != "cuda":
             return False, f"needs a CUDA GPU (device is {dev.type})"
@@ -520,3 +553,95 @@ def capability_table(device=None, dtype=None, head_dim=None) -> str:
     for r in rows:
         lines.append("  ".join(c.ljust(w) for c, w in zip(r[:-1], widths)) + "  " + r[-1])
     return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Log-sum-exp variants (ring attention merges partial results with each block's LSE)
+# ----------------------------------------------------------------------------------------------------------
+# ``lse_function(name, device)`` returns a BHSD callable ``fn(q, k, v, *, scale=None, is_causal=False) ->
+# (out, lse)`` with ``lse`` of shape (batch, heads, seq_q), float32, the natural-log LSE of the scaled scores
+# — the kernel's own LSE, never recomputed beside it — or None with the reason. A backend without one can't
+# serve ring attention; the parallel setup refuses it before any work (vdbench.parallel).
+
+def _lse_reference(q, k, v, *, scale=None, is_causal=False):
+    out, lse = exact_attention(q, k, v, scale=scale, is_causal=is_causal, dtype=torch.float32, return_lse=True)
+    return out.to(q.dtype), lse
+
+
+def _lse_sdpa_flash(q, k, v, *, scale=None, is_causal=False):
+    if q.is_cuda:
+        res = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, is_causal, False, scale=scale)
+    else:  # the CPU flash kernel (what plain sdpa runs on a CPU for unmasked fp32/bf16 inputs)
+        res = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, is_causal, scale=scale)
+    return res[0], res[1].float()
+
+
+def _lse_sdpa_cudnn(q, k, v, *, scale=None, is_causal=False):
+    # contiguous: the cuDNN aten op gives wrong results on non-contiguous inputs (diffusers notes the same)
+    res = torch.ops.aten._scaled_dot_product_cudnn_attention(q.contiguous(), k.contiguous(), v.contiguous(),
+                                                             None, True, 0.0, is_causal, False, scale=scale)
+    lse = res[1]
+    return res[0], (lse.squeeze(-1) if lse.dim() == 4 else lse).float()
+
+
+def _lse_sdpa_efficient(q, k, v, *, scale=None, is_causal=False):
+    res = torch.ops.aten._scaled_dot_product_efficient_attention(q, k, v, None, True, 0.0, is_causal, scale=scale)
+    return res[0], res[1][:, :, :q.shape[2]].float()  # the kernel pads LSE's sequence dim to a multiple of 32
+
+
+def _lse_fav3(q, k, v, *, scale=None, is_causal=False):
+    fa3 = _fa3_module()
+    out, lse = fa3.flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), softmax_scale=scale,
+                                   causal=is_causal, return_attn_probs=True)[:2]
+    return out.transpose(1, 2), lse.float()
+
+
+def _lse_fav3_fp8(q, k, v, *, scale=None, is_causal=False):
+    fa3 = _fa3_module()
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    q8, _, qd = quantize_fp8(q, "bh")
+    k8, _, kd = quantize_fp8(k, "bh")
+    v8, _, vd = quantize_fp8(v, "bh")
+    out, lse = fa3.flash_attn_func(q8.transpose(1, 2), k8.transpose(1, 2), v8.transpose(1, 2), softmax_scale=scale,
+                                   causal=is_causal, q_descale=qd, k_descale=kd, v_descale=vd,
+                                   return_attn_probs=True)[:2]
+    return out.transpose(1, 2).to(q.dtype), lse.float()
+
+
+# name -> (fn, devices it gives an LSE on, label of the kernel that runs)
+_LSE_FUNCTIONS: dict[str, tuple[Callable, tuple[str, ...], str]] = {
+    "reference": (_lse_reference, ("cpu", "cuda"), "reference[lse]"),
+    "sdpa": (_lse_sdpa_flash, ("cpu",), "sdpa[flash][lse]"),  # on CUDA torch may pick cuDNN: name it instead
+    "sdpa_flash": (_lse_sdpa_flash, ("cpu", "cuda"), "sdpa_flash[lse]"),
+    "sdpa_cudnn": (_lse_sdpa_cudnn, ("cuda",), "sdpa_cudnn[lse]"),
+    "sdpa_efficient": (_lse_sdpa_efficient, ("cuda",), "sdpa_efficient[lse]"),
+    "fav3": (_lse_fav3, ("cuda",), "fa3.flash_attn_func[lse]"),
+    "fav3_fp8": (_lse_fav3_fp8, ("cuda",), "fa3.flash_attn_func[e4m3][lse]"),
+}
+
+_NO_LSE_REASONS = {
+    "default": "the pipeline's own attention (diffusers 'native' sdpa) does not return the log-sum-exp",
+    "sdpa_math": "torch's math kernel returns the attention weights, not the log-sum-exp",
+    "sagev1": "sageattention 1.0.6's sageattn() has no log-sum-exp output",
+    "fav2": "the fav2 wrapper does not return flash_attn's log-sum-exp",
+    "sagev1_emu": "the SageAttention emulation does not compute a log-sum-exp",
+    "fp8_emu": "the fp8 emulation does not compute a log-sum-exp",
+}
+
+
+def lse_function(name: str, device=None) -> tuple[Optional[Callable], Optional[str], str]:
+    """(fn, kernel label, reason): the LSE-returning form of backend ``name`` on ``device``, or (None, None, why)."""
+    get_backend(name)
+    dev = _device_of(device).type
+    entry = _LSE_FUNCTIONS.get(name)
+    if entry is None:
+        return None, None, _NO_LSE_REASONS.get(name, f"backend '{name}' has no log-sum-exp-returning form")
+    fn, devices, label = entry
+    if dev not in devices:
+        return None, None, f"backend '{name}' returns the log-sum-exp only on {', '.join(devices)} (device is {dev})"
+    return fn, label, "ok"
+
+
+for _n in _LSE_FUNCTIONS:  # the capability flag --list_backends shows (lse column)
+    if _n in BACKENDS:
+        BACKENDS[_n] = replace(BACKENDS[_n], returns_lse=True)

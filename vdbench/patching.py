@@ -23,6 +23,8 @@ is counted under ``fallback:sdpa`` so the report shows it.
 from __future__ import annotations
 
 import inspect
+import itertools
+import sys
 import time
 import types
 from collections import Counter
@@ -90,6 +92,8 @@ def attention_modules(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module
 def _call_mode(proc) -> str:
     """How this processor reaches attention: 'dispatcher' or 'sdpa' (read from its code, not guessed)."""
     code = type(proc).__call__.__code__
+    if ("attention_function" in code.co_names or "USP" in code.co_names) and "dispatch_attention_fn" not in code.co_names:
+        return "xfuser"  # xDiT's processors call USP (directly, or as self.attention_function) -> its registry
     if "dispatch_attention_fn" in code.co_names:
         return "dispatcher"
     if "F" in code.co_names or "scaled_dot_product_attention" in code.co_names:
@@ -125,6 +129,7 @@ class AttentionPatch:
         self._events: list = []
         self._host_time = 0.0
         self._classes: dict[tuple[type, str], type] = {}
+        self._modules: list[str] = []  # sys.modules entries holding the rebound globals (see _patched_processor)
         self.installed = False
 
     # ----- install / remove -----
@@ -148,6 +153,10 @@ class AttentionPatch:
                 n += 1
         if n == 0:
             raise RuntimeError("no attention processors found in " + ", ".join(m for m, _ in self.models))
+        if any(getattr(m.processor, "_vd_mode", None) == "xfuser" for m, _ in self._saved):
+            self._install_xfuser()
+        self._op_id = next(_OP_IDS)
+        _LIVE_PATCHES[self._op_id] = self
         self.installed = True
         self.n_modules = n
 
@@ -155,6 +164,14 @@ class AttentionPatch:
         for module, proc in reversed(self._saved):
             module.processor = proc
         self._saved.clear()
+        for registry, key, fn in reversed(getattr(self, "_registry_saved", [])):
+            registry[key] = fn
+        self._registry_saved = []
+        _LIVE_PATCHES.pop(getattr(self, "_op_id", None), None)
+        for name in self._modules:
+            sys.modules.pop(name, None)
+        self._modules.clear()
+        self._classes.clear()
         self.installed = False
 
     def _patched_processor(self, proc, model_name: str, layer: str):
@@ -163,11 +180,22 @@ class AttentionPatch:
         key = (cls, mode)
         if key not in self._classes:
             orig_call = cls.__call__
-            g = dict(orig_call.__globals__)
+            # The copied globals live in a module of their own, registered in sys.modules under a unique
+            # name: torch.compile (dynamo) guards globals through ``sys.modules[__name__]``, and with the
+            # original module's name its guards would read the *unpatched* module and fail.
+            mod_name = f"vdbench._patched_{id(self):x}_{cls.__module__.replace('.', '_')}_{cls.__name__}"
+            mod = types.ModuleType(mod_name)
+            g = mod.__dict__
+            g.update(orig_call.__globals__)
+            g["__name__"] = mod_name
             if mode == "dispatcher":
                 g["dispatch_attention_fn"] = self._dispatch
+            elif mode == "xfuser":
+                pass  # its kernel is reached through xfuser's registry, swapped in install() (_install_xfuser)
             else:
                 g["F"] = _FProxy(self._sdpa)
+            sys.modules[mod_name] = mod
+            self._modules.append(mod_name)
             rebound = types.FunctionType(orig_call.__code__, g, orig_call.__name__, orig_call.__defaults__,
                                          orig_call.__closure__)
             rebound.__kwdefaults__ = orig_call.__kwdefaults__
@@ -187,6 +215,12 @@ class AttentionPatch:
     def _dispatch(self, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
                   enable_gqa=False, attention_kwargs=None, *, backend=None, parallel_config=None):
         """Replacement for diffusers' ``dispatch_attention_fn``: BSHD in, BSHD out."""
+        if torch.compiler.is_compiling():
+            if parallel_config is not None or attention_kwargs or backend is not None:
+                raise UnsupportedCall("under torch.compile the patch routes plain attention calls only (got "
+                                      "parallel_config/attention_kwargs/backend)")
+            return self._compiled_call(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
+                                       mode="dispatcher")
         if self.backend.name == "default":
             from diffusers.models.attention_dispatch import _AttentionBackendRegistry, dispatch_attention_fn
 
@@ -208,18 +242,75 @@ class AttentionPatch:
                                    has_mask=attn_mask is not None))
             return out
         if parallel_config is not None:
-            raise UnsupportedCall(f"backend '{self.backend.name}' was asked to run under diffusers context "
-                                  "parallelism, which this patch does not route (use the distributed engine's "
-                                  "integration)")
+            if attention_kwargs:
+                raise UnsupportedCall(f"backend '{self.backend.name}' got attention_kwargs {sorted(attention_kwargs)}")
+            # diffusers context parallelism: its own Ulysses / ring / unified templates run, with our kernel as
+            # the forward op (what a registered diffusers backend does); ring asks it for the log-sum-exp.
+            from diffusers.models.attention_dispatch import _templated_context_parallel_attention
+
+            return _templated_context_parallel_attention(
+                query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, False,
+                forward_op=self._cp_forward_op, backward_op=None, _parallel_config=parallel_config)
         if attention_kwargs:
             raise UnsupportedCall(f"backend '{self.backend.name}' got attention_kwargs {sorted(attention_kwargs)}")
         out = self._serve(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), attn_mask,
                           dropout_p, is_causal, scale, enable_gqa)
         return out.transpose(1, 2)
 
+    def _cp_forward_op(self, ctx, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                       enable_gqa=False, return_lse=False, _save_ctx=True, _parallel_config=None):
+        """diffusers' context-parallel forward op: BSHD in, BSHD out (+ LSE (B, S, H) when asked)."""
+        cp = _parallel_config.context_parallel_config if _parallel_config is not None else None
+        tag = _path_tag(cp.ulysses_degree, cp.ring_degree) if cp is not None else ""
+        out = self._serve(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), attn_mask, dropout_p,
+                          is_causal, scale, enable_gqa, need_lse=return_lse, tag=tag)
+        if return_lse:
+            out, lse = out
+            return out.transpose(1, 2), lse.transpose(1, 2)
+        return out.transpose(1, 2)
+
+    def _install_xfuser(self):
+        """Put our kernel behind xfuser's attention registry for its configured backends (self and cross).
+
+        xfuser's USP calls ``ATTENTION_FUNCTION_REGISTRY[backend]`` for the Ulysses path *and* hands the same
+        function to torch's templated ring attention, so one swap covers Ulysses, ring and hybrid (patching
+        only the Ulysses call site would leave ring on xfuser's default kernel).
+        """
+        from xfuser.core.distributed import get_runtime_state
+        from xfuser.core.distributed.attention_backend import ATTENTION_FUNCTION_REGISTRY as reg
+
+        state = get_runtime_state()
+        keys = {state.attention_backend}
+        cross = getattr(state, "get_cross_attention_backend", lambda: None)()
+        if cross is not None:
+            keys.add(cross)
+        self._registry_saved = []
+        for key in keys:
+            self._registry_saved.append((reg, key, reg.get(key)))
+            reg[key] = self._xfuser_attention
+
+    def _xfuser_attention(self, query, key, value, dropout_p=0.0, is_causal=False, attention_kwargs=None, **_):
+        """xfuser's attention-function contract: BHSD in, (out, lse or None) out; LSE only on the ring path."""
+        if self.backend.name == "default":
+            raise UnsupportedCall("backend 'default' can't be installed into xfuser's registry: name a backend")
+        if attention_kwargs and attention_kwargs.get("attn_mask") is not None:
+            raise UnsupportedCall(f"backend '{self.backend.name}' got an attention mask through xfuser")
+        from xfuser.core.distributed import get_ring_parallel_world_size, get_ulysses_parallel_world_size
+
+        # xfuser's Wan cross-attention calls the registry without USP (local); self-attention goes through USP
+        local = self._ctx[2].startswith("cross")
+        need_lse = not local and get_ring_parallel_world_size() > 1
+        tag = "" if local else _path_tag(get_ulysses_parallel_world_size(), get_ring_parallel_world_size())
+        res = self._serve(query, key, value, None, dropout_p, is_causal, None, False, need_lse=need_lse, tag=tag)
+        return res if need_lse else (res, None)
+
     def _sdpa(self, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
               enable_gqa=False):
         """Replacement for ``F.scaled_dot_product_attention`` (keyword or positional): BHSD."""
+        if torch.compiler.is_compiling():
+            out = self._compiled_call(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2),
+                                      attn_mask, dropout_p, is_causal, scale, enable_gqa, mode="sdpa")
+            return out.transpose(1, 2)
         if self.backend.name == "default":
             label = f"sdpa[{sdpa_kernel_choice(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)}]"
             kw = dict(attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale)
@@ -232,8 +323,48 @@ class AttentionPatch:
             return out
         return self._serve(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
 
-    def _serve(self, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa):
+    def _compiled_call(self, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, *, mode: str):
+        """Under torch.compile: one opaque ``vdbench::attention`` op per call (BSHD in, BSHD out).
+
+        Why an op: dynamo would otherwise trace the bookkeeping (counters, events, observers) into the graph,
+        guard on the counters' values and recompile on every call, and the kernel packages' Python wrappers
+        are not all traceable. An opaque op keeps the kernel and its bookkeeping running for real at every
+        call, with no graph break around it. What the op needs to label the call (model, kind) is resolved
+        here, at trace time, where it is a constant of the call site -- not the layer name, which differs per
+        block and would make dynamo recompile each repeated block (captures therefore run eagerly).
+        """
+        model, _layer, kind = self._ctx
+        if kind == "cross+img":
+            kind = "cross_img" if self._sub == 0 else "cross"
+        self._sub += 1
+        return torch.ops.vdbench.attention(q, k, v, attn_mask, float(dropout_p), bool(is_causal),
+                                           None if scale is None else float(scale), bool(enable_gqa),
+                                           self._op_id, model, kind, mode)
+
+    def _op_call(self, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, model, kind, mode):
+        """The eager body of ``vdbench::attention`` (runs at every call of a compiled graph)."""
+        self._ctx = (model, "?", kind)
+        if mode == "dispatcher":
+            out = self._dispatch(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+        else:
+            out = self._sdpa(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask, dropout_p,
+                             is_causal, scale, enable_gqa).transpose(1, 2)
+        return out.contiguous()  # the layout the op's fake implementation promises
+
+    def _serve(self, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, need_lse=False, tag=""):
         b = self.backend
+        if need_lse:  # ring attention: the kernel's own log-sum-exp, or a refusal (never recomputed beside it)
+            from .backends import lse_function
+
+            fn, label, why = lse_function(b.name, q.device)
+            if fn is None:
+                raise UnsupportedCall(f"ring attention needs the log-sum-exp: {why}")
+            b.check_call(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
+                         enable_gqa=enable_gqa)
+            res = self._timed(lambda: fn(q, k, v, scale=scale, is_causal=is_causal), q)
+            self._record(label + tag, q, k, v, res[0], bshd=False,
+                         args=dict(scale=scale, is_causal=is_causal, dropout_p=dropout_p, has_mask=False))
+            return res
         args = dict(scale=scale, is_causal=is_causal, dropout_p=dropout_p, has_mask=attn_mask is not None)
         try:
             b.check_call(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
@@ -255,7 +386,7 @@ class AttentionPatch:
             label = f"sdpa[{sdpa_kernel_choice(q, k, v, None, 0.0, is_causal, scale)}]"
         kernel_fn = b.fn  # a local: torch.compile can't guard a function read off the frozen dataclass
         out = self._timed(lambda: kernel_fn(q, k, v, scale=scale, is_causal=is_causal), q)
-        self._record(label, q, k, v, out, bshd=False, args=args)
+        self._record(label + tag, q, k, v, out, bshd=False, args=args)
         return out
 
     # ----- bookkeeping -----
@@ -309,6 +440,35 @@ class AttentionPatch:
                 obs(info)
 
 
+_LIVE_PATCHES: dict[int, "AttentionPatch"] = {}
+_OP_IDS = itertools.count(1)
+
+
+@torch.library.custom_op("vdbench::attention", mutates_args=())
+def _attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: Optional[torch.Tensor],
+                  dropout_p: float, is_causal: bool, scale: Optional[float], enable_gqa: bool, patch_id: int,
+                  model: str, kind: str, mode: str) -> torch.Tensor:
+    """An installed patch's attention as one op torch.compile does not trace into (BSHD in and out)."""
+    patch = _LIVE_PATCHES.get(patch_id)
+    if patch is None:
+        raise RuntimeError(f"vdbench::attention called for patch {patch_id}, which is no longer installed "
+                           "(a compiled graph outlived its AttentionPatch)")
+    return patch._op_call(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, model, kind, mode)
+
+
+@_attention_op.register_fake
+def _(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, patch_id, model, kind, mode):
+    return q.new_empty(q.shape[:-1] + (v.shape[-1],))
+
+
+def _path_tag(ulysses: int, ring: int) -> str:
+    """Suffix of a call's kernel label under sequence parallelism: which path ran it ('@ulysses2', '@ring2',
+    '@ulysses2xring2'); nothing for a local call."""
+    parts = [f"ulysses{ulysses}"] if ulysses > 1 else []
+    parts += [f"ring{ring}"] if ring > 1 else []
+    return "@" + "x".join(parts) if parts else ""
+
+
 def _patched_call(self_, attn, hidden_states, *args, **kwargs):
     """The patched processors' ``__call__``: note where we are (model, layer, kind), run the rebound original."""
     ehs = kwargs.get("encoder_hidden_states", args[0] if args else None)
@@ -317,7 +477,9 @@ def _patched_call(self_, attn, hidden_states, *args, **kwargs):
     if kind == "cross" and getattr(attn, "add_k_proj", None) is not None:
         kind = "cross+img"
     patch = self_._vd_patch
-    patch._ctx = (self_._vd_model, self_._vd_layer, kind)
+    # Under compile the layer name is not read: it differs per repeated block and dynamo would guard on it.
+    layer = "?" if torch.compiler.is_compiling() else self_._vd_layer
+    patch._ctx = (self_._vd_model, layer, kind)
     patch._sub = 0
     return type(self_)._vd_rebound(self_, attn, hidden_states, *args, **kwargs)
 

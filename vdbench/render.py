@@ -28,6 +28,11 @@ __all__ = ["RenderConfig", "render", "resolve_device", "resolve_dtype", "preflig
 
 EXIT_BAD_INPUT = 2  # unknown/unavailable backend, bad size, model that can't be loaded
 EXIT_UNSUPPORTED_CALL = 3  # the backend met a call it cannot serve during the run
+EXIT_HUNG = 124  # a watched stage (VAE decode, --vae_timeout) ran past its timeout (timeout(1)'s code)
+
+
+class VAEHang(RuntimeError):
+    """The VAE decode ran past --vae_timeout (the watchdog dumped every thread's stack)."""
 
 DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
           "fp16": torch.float16, "float16": torch.float16}
@@ -124,7 +129,20 @@ class RenderConfig:
     cpu_offload: bool = False
     vae_tiling: bool = False
     vae_slicing: bool = False
+    compile: bool = False  # regional torch.compile of the transformer blocks (vdbench.speed)
+    compile_backend: str = "inductor"
+    compile_mode: Optional[str] = None
+    bf16_te_gemms: bool = False  # text encoder in bfloat16 whatever the pipeline dtype
+    fp8_gemms: bool = False  # torchao float8 GEMMs in the transformer blocks
+    vae_decode: str = "default"  # default | fast | parallel (vdbench.vae)
+    vae_max_memory: Optional[float] = None  # GiB: chunk/tile size chosen from it
+    vae_timeout: Optional[float] = None  # seconds: a decode running longer is reported as hung (watchdog)
     extra_pipe_kwargs: dict = field(default_factory=dict)
+    # multi-process (torchrun): see vdbench.parallel
+    parallel_engine: str = "xfuser"
+    ulysses_degree: int = 1
+    ring_degree: int = 1
+    use_cfg_parallel: bool = False
 
 
 def default_flow_shift(task: str, height: int, width: int) -> float:
@@ -221,17 +239,60 @@ def _save_frames(frames, path: Path) -> None:
 
 
 def render(cfg: RenderConfig, log=print) -> dict:
-    """Run the render described by ``cfg``; returns the summary dict (also appended to timing.json)."""
+    """Run the render described by ``cfg``; returns the summary dict (also appended to timing.json).
+
+    Under torchrun with a parallel degree (``cfg.ulysses_degree`` / ``ring_degree``) every rank renders its
+    share through the chosen engine (vdbench.parallel); rank 0 alone writes the video and the merged timing.
+    """
+    import dataclasses
+
+    from . import parallel as P
+
+    spec = P.ParallelSpec(cfg.parallel_engine, cfg.ulysses_degree, cfg.ring_degree, cfg.use_cfg_parallel)
+    dctx = P.init_distributed(spec, cfg.device)
+    if dctx is None:
+        return _render(cfg, log, None)
+    watch = P.FailureWatch(dctx)
+    try:
+        P.maybe_inject_failure(dctx.rank, "start")
+        out = _render(dataclasses.replace(cfg, rank=dctx.rank), log if dctx.is_main else (lambda *a, **k: None),
+                      dctx)
+    except BaseException as e:
+        P.finish(dctx, watch, e)
+        raise
+    P.finish(dctx, watch, None)
+    return out
+
+
+def _render(cfg: RenderConfig, log, dctx) -> dict:
+    from . import parallel as P
     from .pipelines import check_video_size, load_pipeline, model_summary, transformers_of
     from .vae import decode_latents
+    from .watchdog import WatchdogTimeout
     from .video import write_video
 
-    device = resolve_device(cfg.device)
+    device = dctx.device if dctx is not None else resolve_device(cfg.device)
     dtype = resolve_dtype(cfg.dtype, device)
     if cfg.attention_type not in B.BACKENDS:  # unknown names fail before the (slow) model load
         raise B.BackendUnavailable(f"unknown attention backend {cfg.attention_type!r}; valid: {', '.join(B.names())}")
+    if dctx is not None:  # the backend must serve this parallel path (ring: LSE), on every rank, before any work
+        err = None
+        try:
+            P.check_backend_for_path(dctx.spec, cfg.attention_type, device, cfg.family)
+            if getattr(cfg, "compile", False) and dctx.spec.path != "single":
+                raise ValueError("--use_torch_compile under sequence parallelism isn't supported: the compiled "
+                                 "attention op routes plain calls only (vdbench.patching._compiled_call)")
+            ok, why = B.availability(cfg.attention_type, device, dtype)
+            if not ok:
+                raise B.BackendUnavailable(f"attention backend '{cfg.attention_type}' can't run on {device}: {why}")
+        except (B.BackendUnavailable, ValueError) as e:
+            err = e
+        P.agree(dctx, err)
     if (cfg.save_inputs or cfg.save_latents) and cfg.capture_dir is None:
         raise ValueError("capturing inputs or latents needs a capture directory")
+    if cfg.save_inputs and cfg.compile:
+        raise ValueError("--save_inputs runs eagerly (compiled graphs don't know which layer a call is); drop "
+                         "the compile option for capture runs -- the captured Q/K/V are the same")
     if cfg.task == "i2v" and not cfg.image:
         raise ValueError("task i2v needs --img_file_path (the image to animate)")
 
@@ -256,8 +317,20 @@ def render(cfg: RenderConfig, log=print) -> dict:
     check_video_size(pipe, cfg.height, cfg.width, cfg.num_frames)
     models = transformers_of(pipe)
     head_dims = [m.config.attention_head_dim for _, m in models]
-    preflight(cfg.attention_type, device, dtype, head_dims)
+    err = None
+    try:
+        preflight(cfg.attention_type, device, dtype, head_dims)
+    except B.BackendUnavailable as e:
+        err = e
+    P.agree(dctx, err)  # single process: raises err itself
     backend = B.get_backend(cfg.attention_type)
+    if dctx is not None:
+        models = P.apply_engine(dctx, pipe, models)
+    from .speed import apply_speed_options
+
+    speed = apply_speed_options(pipe, models, device=device, compile=cfg.compile,
+                                compile_backend=cfg.compile_backend, compile_mode=cfg.compile_mode,
+                                bf16_te_gemms=cfg.bf16_te_gemms, fp8_gemms=cfg.fp8_gemms)
 
     kwargs = dict(prompt=cfg.prompt, negative_prompt=cfg.negative_prompt, height=cfg.height, width=cfg.width,
                   num_frames=cfg.num_frames, num_inference_steps=cfg.num_inference_steps,
@@ -271,7 +344,8 @@ def render(cfg: RenderConfig, log=print) -> dict:
     header = {
         "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items()},
         "resolved": {"device": str(device), "dtype": str(dtype).replace("torch.", ""), "head_dims": head_dims,
-                     "vae_dtype": str(pipe.vae.dtype).replace("torch.", ""), "flow_shift": flow_shift},
+                     "vae_dtype": str(pipe.vae.dtype).replace("torch.", ""), "flow_shift": flow_shift,
+                     "speed_options": speed},
         "backend": {"name": backend.name, "kernel": backend.kernel, "emulated": backend.emulated,
                     "description": backend.description},
         "model": model_summary(pipe),
@@ -291,6 +365,8 @@ def render(cfg: RenderConfig, log=print) -> dict:
 
     def advance(step):
         patch.step = step + 1
+        if dctx is not None:
+            P.maybe_inject_failure(dctx.rank, "step")
 
     profiler = None
     if cfg.profile_output:
@@ -333,7 +409,14 @@ def render(cfg: RenderConfig, log=print) -> dict:
                     if prof_now is not None:
                         prof_now.__exit__(None, None, None)
                 after_pipe = Clock(device)
-                frames = decode_latents(pipe, latents, cfg.family, num_frames=cfg.num_frames)
+                vae_info: dict = {}
+                try:
+                    frames = decode_latents(pipe, latents, cfg.family, num_frames=cfg.num_frames,
+                                            mode=cfg.vae_decode, max_memory_gib=cfg.vae_max_memory,
+                                            timeout_s=cfg.vae_timeout, info=vae_info)
+                except WatchdogTimeout as e:  # never wait forever: say where it hung, exit non-zero
+                    raise VAEHang(f"VAE decode hung (> {cfg.vae_timeout} s, --vae_timeout); last completed stage: "
+                                  f"{e.report.last_completed_stage}; all threads' stacks were dumped to stderr") from e
                 after_decode = Clock(device)
                 if cfg.save_latents:
                     from .capture import save_latents
@@ -352,6 +435,8 @@ def render(cfg: RenderConfig, log=print) -> dict:
                     "step_times": step_times,
                     **summarize_steps(step_times),
                     "vae_decode_time": after_pipe.seconds_until(after_decode),
+                    "vae_decode": {"mode": cfg.vae_decode, "max_memory_gib": cfg.vae_max_memory,
+                                   **{k: v for k, v in vae_info.items() if isinstance(v, (int, float, str, bool))}},
                     "total_time": start.seconds_until(after_decode),
                     "attention": patch.stats.as_dict(),
                     "attention_share": (attn_time / sum(step_times)) if attn_time and step_times else None,
@@ -372,6 +457,11 @@ def render(cfg: RenderConfig, log=print) -> dict:
                 f"({capture.stats.bytes / 2**20:.1f} MiB, {capture.stats.host_time_s:.3f} s on the run's thread, "
                 f"{capture.stats.writer_time_s:.3f} s in the writer) -> {meta_path}")
 
+    merged = P.merge_rank_entries(dctx, entries)  # a collective under torchrun; None on ranks other than 0
+    if merged is None:
+        return {"attention_type": cfg.attention_type, "rank": cfg.rank, "output": None,
+                "calls_by_kernel": entries[-1]["attention"]["calls_by_kernel"]}
+    entries = merged
     write_video(frames, cfg.output_path, fps=cfg.fps)
     if cfg.save_frames:
         _save_frames(frames, cfg.output_path.with_suffix(".npy"))
@@ -410,13 +500,17 @@ def fill_defaults(args, model: str, tiny: dict, real: dict) -> None:
 def run_cli(cfg: RenderConfig) -> int:
     """Run a render and turn the project's expected failures into one clear message and an exit code."""
     from .pipelines import ModelLoadError
+    from .speed import SpeedOptionError
 
     try:
         render(cfg)
-    except (B.BackendUnavailable, ModelLoadError, ValueError, FileNotFoundError) as e:
+    except (B.BackendUnavailable, ModelLoadError, SpeedOptionError, ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except B.UnsupportedCall as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_UNSUPPORTED_CALL
+    except VAEHang as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_HUNG
     return 0

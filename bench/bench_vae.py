@@ -1,0 +1,669 @@
+#!/usr/bin/env python3
+"""VAE decode configs side by side: time, peak memory and quality against the fp32 untiled decode.
+
+    python bench/bench_vae.py --model wan2.1 --frames 81 --size 832*480 --configs fp32,bf16,tiled,fast -o vae.json
+    python bench/bench_vae.py --model wan2.1 --latents outputs/x/captures/latents_sdpa_rank0_000.pt --isolate
+    python bench/bench_vae.py --model tiny-wan2.1 --frames 9 --size 64*48 --device cpu        # CI-sized
+
+Models: ``wan2.1``, ``wan2.2`` (TI2V-5B VAE), ``cogvideox``, ``hunyuanvideo`` — the real diffusers classes at
+the real checkpoints' configs with random weights (seeded, built on the device, so every process gets the same
+weights); ``tiny-<those>`` for CI; or a local path / hub id (``vae`` subfolder if there is one).
+
+Configs (``--configs``, comma-separated; ``name@value`` sets its parameter):
+  fp32, bf16 (weights cast), bf16_autocast (fp32 weights, autocast), tiled (``--tile_px``),
+  chunked[@K] (temporal chunks of K latent frames, stock layers), channels_last_3d, cudnn_benchmark, compile
+  (torch.compile of the decoder), fast[@K] (vdbench.vae fast path, bf16), memory[@GiB] (fast path bounded by
+  ``--vae_max_memory``), miopen_fast / miopen_immediate / miopen_naive_off (ROCm MIOpen presets, set in a child
+  process's environment before torch loads; "not applicable" elsewhere).
+Each config: ``--warmup`` untimed decodes, then ``--repeats`` timed (CUDA events after a synchronize; host clock
+on CPU), median with min/max; peak memory (torch allocator) per config. Quality: every config's frames against the
+fp32 untiled decode of the same latents, PSNR and SSIM per frame (min and mean); below ``--min_psnr`` is flagged.
+``--timeout``: each config runs under a watchdog (all stacks dumped, reported as hung with its last stage); with
+``--isolate`` each config runs in its own process and the parent kills a child that outlives the timeout.
+
+Exit code: 0 all ran and passed the quality bound; 1 a config failed, hung or was refused; 2 only quality flags.
+Not applicable configs (e.g. MIOpen presets on CUDA) don't count as failures; they are listed as such.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+# No torch import at module level: a child must get its environment (MIOpen presets) before torch loads.
+
+MODELS = ("wan2.1", "wan2.2", "cogvideox", "hunyuanvideo")
+CONFIGS = ("fp32", "bf16", "bf16_autocast", "tiled", "chunked", "channels_last_3d", "cudnn_benchmark", "compile",
+           "fast", "memory", "miopen_fast", "miopen_immediate", "miopen_naive_off")
+DEFAULT_CONFIGS = "fp32,bf16,bf16_autocast,tiled,chunked,channels_last_3d,cudnn_benchmark,fast,memory"
+
+#: ROCm MIOpen presets: environment variables read by MIOpen when the process loads it.
+MIOPEN_PRESETS: dict[str, dict[str, str]] = {
+    # Find mode FAST: no exhaustive kernel search (the Find phase is what hangs on 3-D convs).
+    "miopen_fast": {"MIOPEN_FIND_MODE": "FAST"},
+    # Immediate mode with fallback: solutions from the find-db / heuristics, no Find at all.
+    "miopen_immediate": {"MIOPEN_FIND_MODE": "FAST", "MIOPEN_DEBUG_CONV_IMMED_FALLBACK": "1",
+                         "MIOPEN_FIND_ENFORCE": "NONE"},
+    # The naive direct convolution kernels off (they are picked for 3-D shapes and are very slow).
+    "miopen_naive_off": {"MIOPEN_DEBUG_CONV_DIRECT_NAIVE_CONV_FWD": "0",
+                         "MIOPEN_DEBUG_CONV_DIRECT_NAIVE_CONV_BWD": "0",
+                         "MIOPEN_DEBUG_CONV_DIRECT_NAIVE_CONV_WRW": "0"},
+}
+
+
+def parse_config(spec: str) -> tuple[str, str | None]:
+    name, _, value = spec.partition("@")
+    name = name.strip()
+    if name not in CONFIGS:
+        raise ValueError(f"unknown config {name!r}; valid: {', '.join(CONFIGS)}")
+    return name, (value.strip() or None)
+
+
+def child_env(config: str, base: dict | None = None) -> dict:
+    """The environment for a child process that runs ``config``: ``base`` (default: os.environ) plus the
+    config's preset variables, which win over inherited ones (they are the point of the config)."""
+    env = dict(os.environ if base is None else base)
+    env.update(MIOPEN_PRESETS.get(parse_config(config)[0], {}))
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
+
+
+def parse_size(s: str) -> tuple[int, int]:
+    """'832*480' or '832x480' -> (width, height)."""
+    for sep in ("*", "x", "X"):
+        if sep in s:
+            w, h = s.split(sep)
+            return int(w), int(h)
+    raise ValueError(f"--size must be W*H (e.g. 832*480), got {s!r}")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# System context
+# ----------------------------------------------------------------------------------------------------------------
+
+def system_context(device: str) -> dict:
+    import torch
+
+    ctx = {"python": sys.version.split()[0], "torch": torch.__version__, "cuda": torch.version.cuda,
+           "hip": getattr(torch.version, "hip", None), "kernel": platform.release(), "machine": platform.machine()}
+    try:
+        for line in Path("/etc/os-release").read_text().splitlines():
+            if line.startswith("PRETTY_NAME="):
+                ctx["distro"] = line.split("=", 1)[1].strip('"')
+    except OSError:
+        ctx["distro"] = platform.platform()
+    try:
+        from importlib.metadata import version
+        ctx["diffusers"] = version("diffusers")
+    except Exception:  # noqa: BLE001
+        ctx["diffusers"] = None
+    if device.startswith("cuda") and torch.cuda.is_available():
+        p = torch.cuda.get_device_properties(torch.device(device))
+        ctx["gpu"] = p.name
+        ctx["gpu_arch"] = getattr(p, "gcnArchName", None) or f"sm_{p.major}{p.minor}"
+        ctx["gpu_memory_gib"] = round(p.total_memory / 2 ** 30, 1)
+        ctx["cudnn"] = torch.backends.cudnn.version()
+    else:
+        ctx["gpu"] = None
+        ctx["cpu"] = platform.processor() or platform.machine()
+    return ctx
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Models and latents
+# ----------------------------------------------------------------------------------------------------------------
+
+def _vae_spec(model: str):
+    """(diffusers class name, config kwargs, family) for a named model."""
+    from vdbench import pipelines as P
+
+    tiny = model.startswith("tiny-")
+    name = model[5:] if tiny else model
+    if name == "wan2.1":
+        return "AutoencoderKLWan", dict(P._WAN21_VAE if tiny else P._WAN21_VAE_REAL), "wan"
+    if name == "wan2.2":
+        return "AutoencoderKLWan", dict(P._WAN22_VAE if tiny else P._WAN22_VAE_REAL), "wan"
+    if name == "cogvideox":
+        return "AutoencoderKLCogVideoX", dict(P._COG_VAE if tiny else P._COG_VAE_REAL), "cogvideox"
+    if name == "hunyuanvideo":
+        cfg = dict(block_out_channels=(8, 16, 16, 16), norm_num_groups=4, layers_per_block=1) if tiny else {}
+        return "AutoencoderKLHunyuanVideo", cfg, "hunyuanvideo"
+    return None
+
+
+def _family_of(vae) -> str:
+    n = type(vae).__name__
+    return {"AutoencoderKLWan": "wan", "AutoencoderKLCogVideoX": "cogvideox",
+            "AutoencoderKLHunyuanVideo": "hunyuanvideo"}.get(n) or _unknown(n)
+
+
+def _unknown(n):
+    raise ValueError(f"unsupported VAE class {n}")
+
+
+def build_vae(model: str, device: str, seed: int = 0):
+    """fp32 VAE on ``device``: a named architecture with seeded random weights, or a checkpoint."""
+    import diffusers
+    import torch
+
+    spec = _vae_spec(model)
+    if spec is not None:
+        cls_name, cfg, _ = spec
+        torch.manual_seed(seed)
+        if device.startswith("cuda"):
+            torch.cuda.manual_seed_all(seed)
+        with torch.device(device):
+            vae = getattr(diffusers, cls_name)(**cfg)
+        return vae.eval().requires_grad_(False)
+    path = Path(model)
+    sub = "vae" if (path / "vae").is_dir() or not path.exists() else None
+    for cls_name in ("AutoencoderKLWan", "AutoencoderKLCogVideoX", "AutoencoderKLHunyuanVideo"):
+        cls = getattr(diffusers, cls_name)
+        try:
+            cfg = cls.load_config(model, subfolder=sub)
+        except Exception:  # noqa: BLE001
+            continue
+        if cfg.get("_class_name") == cls_name:
+            return cls.from_pretrained(model, subfolder=sub, torch_dtype=torch.float32).to(device).eval()
+    raise ValueError(f"--model {model!r}: not one of {', '.join(MODELS)} (or tiny-<name>) and no Wan/CogVideoX/"
+                     "HunyuanVideo VAE found there (local path or hub id with a 'vae' subfolder)")
+
+
+def make_latents(vae, family: str, frames: int, width: int, height: int, seed: int, device: str, latents_file=None):
+    """VAE-space latents (B, C, T, h, w) in fp32: the captured ones, or seeded N(0, 1) in the pipeline's latent
+    space (what a denoiser produces) mapped through the pipeline's un-normalization — never zeros."""
+    import torch
+
+    from vdbench.vae import prepare_latents
+
+    if latents_file:
+        from vdbench.capture import load_latents
+
+        lat, _meta = load_latents(latents_file)
+        lat = lat.float()
+        if lat.dim() != 5:
+            raise ValueError(f"{latents_file}: expected 5-D latents, got shape {tuple(lat.shape)}")
+        if family == "cogvideox" and lat.shape[1] == vae.config.latent_channels != lat.shape[2]:
+            lat = lat.permute(0, 2, 1, 3, 4)  # channel-first capture: to the pipeline layout (B, T, C, h, w)
+    else:
+        if family == "wan":
+            c, ts, ss = vae.config.z_dim, vae.config.scale_factor_temporal, vae.config.scale_factor_spatial
+        else:
+            c, ts, ss = vae.config.latent_channels, vae.config.temporal_compression_ratio, 8
+        if height % ss or width % ss:
+            raise ValueError(f"--size {width}*{height} must be a multiple of the VAE's spatial factor {ss}")
+        g = torch.Generator(device="cpu").manual_seed(seed)
+        lat = torch.randn(1, c, (frames - 1) // ts + 1, height // ss, width // ss, generator=g)
+        if family == "cogvideox":
+            lat = lat.permute(0, 2, 1, 3, 4)  # the pipeline's layout
+    return prepare_latents(vae, lat.to(device), family).float()
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# One config
+# ----------------------------------------------------------------------------------------------------------------
+
+def _to_frames(video):
+    """(1, 3, F, H, W) in [-1, 1] -> (F, H, W, 3) float32 in [0, 1], as diffusers' VideoProcessor does."""
+    return (video[0].permute(1, 2, 3, 0).float() / 2 + 0.5).clamp(0, 1)
+
+
+def quality(frames, ref) -> dict:
+    """PSNR and SSIM per frame of ``frames`` vs ``ref`` ((F, H, W, 3) tensors in [0, 1]), float64."""
+    from vdbench.metrics import _psnr_from_mse, _ssim_per_frame
+
+    if frames.shape != ref.shape:
+        raise ValueError(f"shape mismatch: {tuple(frames.shape)} vs reference {tuple(ref.shape)}")
+    ref = ref.to(frames.device)
+    mse = [float(((frames[i].double() - ref[i].double()) ** 2).mean()) for i in range(frames.shape[0])]
+    psnr = [_psnr_from_mse(m, 1.0) for m in mse]
+    if min(frames.shape[1], frames.shape[2]) >= 11:
+        ssim = _ssim_per_frame(frames, ref, 1.0)
+    else:
+        ssim = []
+    return {"psnr_min": min(psnr), "psnr_mean": statistics.fmean(psnr) if all(map(math.isfinite, psnr)) else
+            (math.inf if all(p == math.inf for p in psnr) else statistics.fmean([p for p in psnr if math.isfinite(p)])),
+            "psnr_all": _psnr_from_mse(statistics.fmean(mse), 1.0),
+            "ssim_min": min(ssim) if ssim else None, "ssim_mean": statistics.fmean(ssim) if ssim else None,
+            "psnr_per_frame": psnr, "ssim_per_frame": ssim}
+
+
+def _injected_stall(name: str) -> float:
+    """``VDBENCH_TEST_STALL=<config>:<seconds>``: that config's decode sleeps first (tests of the watchdog)."""
+    spec = os.environ.get("VDBENCH_TEST_STALL", "")
+    cfg, _, secs = spec.rpartition(":")
+    return float(secs) if spec and cfg == name else 0.0
+
+
+class NotApplicable(Exception):
+    """The config does not apply to this VAE / device (reported, not a failure)."""
+
+
+def prepare_config(name: str, value, vae, family: str, args, device: str):
+    """Apply ``name`` to the fp32 ``vae``: returns (vae, decode_fn(z) -> video, description)."""
+    import contextlib
+
+    import torch
+
+    from vdbench import vae as V
+
+    is_rocm = bool(getattr(torch.version, "hip", None))
+    if name.startswith("miopen_"):
+        if not (is_rocm and device.startswith("cuda")):
+            raise NotApplicable("MIOpen presets apply to ROCm GPUs only")
+        if os.environ.get(next(iter(MIOPEN_PRESETS[name]))) != MIOPEN_PRESETS[name][next(iter(MIOPEN_PRESETS[name]))]:
+            raise RuntimeError(f"{name}: the MIOpen preset is not in this process's environment (needs a child)")
+    bf16 = torch.bfloat16
+    if name == "cudnn_benchmark" and not device.startswith("cuda"):
+        raise NotApplicable("cudnn.benchmark applies to CUDA/ROCm devices only")
+    if name in ("chunked", "fast", "memory") and family != "wan":
+        raise NotApplicable(f"{name}: implemented for the Wan VAE only (its causal-conv cache makes chunking exact; "
+                            f"{type(vae).__name__}'s decode is not chunk-equivalent: CogVideoX's group norms span "
+                            "its frame batches)")
+    if name != "fp32" and name != "bf16_autocast":
+        vae = vae.to(bf16)
+    autocast = (torch.autocast(device_type=torch.device(device).type, dtype=bf16) if name == "bf16_autocast"
+                else contextlib.nullcontext())
+    desc = {"dtype": "float32" if name in ("fp32", "bf16_autocast") else "bfloat16"}
+    if name == "tiled":
+        px = int(value or args.tile_px)
+        kw = {}
+        if px:  # 0: the VAE's own enable_tiling() defaults, as users call it
+            kw = dict(tile_sample_min_height=px, tile_sample_min_width=px)
+            if family in ("wan", "hunyuanvideo"):
+                kw.update(tile_sample_stride_height=px * 3 // 4, tile_sample_stride_width=px * 3 // 4)
+        vae.enable_tiling(**kw)
+        desc["tile_px"] = [getattr(vae, "tile_sample_min_height", None), getattr(vae, "tile_sample_min_width", None)]
+    if name == "channels_last_3d":
+        V.channels_last_3d(vae)
+    if name == "cudnn_benchmark":
+        torch.backends.cudnn.benchmark = True
+    if name == "compile":
+        vae.decoder = torch.compile(vae.decoder, backend=args.compile_backend)
+        desc["compile_backend"] = args.compile_backend
+    info: dict = {}
+    if name == "chunked":
+        k = int(value or args.chunk_frames)
+        desc["chunk_frames"] = k
+        fn = lambda z: V.wan_decode_chunked(vae, z, k, native_upsample=False)  # noqa: E731
+    elif name == "fast":
+        k = int(value or args.chunk_frames)
+        desc["chunk_frames"] = k
+        fn = lambda z: V.decode_video(vae, z, mode="fast", chunk_frames=k, info=info)  # noqa: E731
+    elif name == "memory":
+        gib = float(value or args.vae_max_memory)
+        desc["max_memory_gib"] = gib
+        fn = lambda z: V.decode_video(vae, z, mode="fast", max_memory_gib=gib, info=info)  # noqa: E731
+    else:
+        fn = lambda z: vae.decode(z.to(vae.dtype), return_dict=False)[0]  # noqa: E731
+
+    stall = _injected_stall(name + (f"@{value}" if value else ""))
+
+    def decode(z):
+        if stall:  # test hook (VDBENCH_TEST_STALL): proves the watchdog catches a decode that never returns
+            time.sleep(stall)
+        with autocast:
+            return fn(z.to(vae.dtype))
+
+    return vae, decode, desc, info
+
+
+def run_config(spec: str, args, device: str, ref_frames=None, wd=None) -> tuple[dict, object]:
+    """Build, warm up, time and check one config in this process. Returns (result row, frames)."""
+    import torch
+
+    from vdbench.timing import Clock
+
+    name, value = parse_config(spec)
+    stage = wd.stage if wd is not None else (lambda s: None)
+    res: dict = {"config": spec, "status": "ok"}
+    stage("build vae")
+    vae = build_vae(args.model, device, args.seed)
+    family = _family_of(vae)
+    w, h = parse_size(args.size)
+    stage("latents")
+    z = make_latents(vae, family, args.frames, w, h, args.seed, device, args.latents)
+    res["latent_shape"] = list(z.shape)
+    stage("prepare config")
+    try:
+        vae, decode, desc, info = prepare_config(name, value, vae, family, args, device)
+    except NotApplicable as e:
+        return {**res, "status": "not_applicable", "reason": str(e)}, None
+    res.update(desc)
+    cuda = device.startswith("cuda")
+    times = []
+    with torch.no_grad():
+        for i in range(args.warmup):
+            stage(f"warmup {i + 1}/{args.warmup}")
+            video = decode(z)
+            del video
+        if cuda:
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+        peak = 0
+        video = None
+        for i in range(args.repeats):
+            stage(f"repeat {i + 1}/{args.repeats}")
+            video = None
+            if cuda:
+                torch.cuda.synchronize()
+                torch.cuda.reset_peak_memory_stats()
+            t0 = Clock(torch.device(device))
+            video = decode(z)
+            t1 = Clock(torch.device(device))
+            times.append(t0.seconds_until(t1))
+            if cuda:
+                peak = max(peak, torch.cuda.max_memory_allocated())
+    if name == "compile":
+        from torch._dynamo.utils import counters
+
+        res["graph_breaks"] = int(sum(counters["graph_break"].values()))
+    stage("quality")
+    res.update(time_s_median=statistics.median(times), time_s_min=min(times), time_s_max=max(times), times_s=times,
+               peak_memory_gib=(peak / 2 ** 30) if cuda else None, output_shape=list(video.shape),
+               decode_info=dict(info))
+    frames = _to_frames(video)
+    del video
+    if ref_frames is not None:
+        q = quality(frames, ref_frames)
+        res.update(q)
+        res["quality_flag"] = q["psnr_min"] < args.min_psnr
+    return res, frames
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Drivers: in-process and isolated (child processes)
+# ----------------------------------------------------------------------------------------------------------------
+
+def _run_guarded(spec, args, device, ref_frames):
+    """``run_config`` under the watchdog; errors and hangs become result rows, never exceptions."""
+    from vdbench.watchdog import Watchdog, WatchdogTimeout
+
+    try:
+        with Watchdog(args.timeout, label=f"config {spec}") as wd:
+            return run_config(spec, args, device, ref_frames, wd=wd)
+    except WatchdogTimeout as e:
+        r = e.report
+        return {"config": spec, "status": "hung", "reason": str(e), "last_completed_stage": r.last_completed_stage,
+                "current_stage": r.current_stage, "timeout_s": r.timeout_s}, None
+    except Exception as e:  # noqa: BLE001 - one config's failure (OOM, compile error) must not stop the others
+        import traceback
+
+        traceback.print_exc()
+        return {"config": spec, "status": "error", "reason": f"{type(e).__name__}: {str(e)[:500]}"}, None
+    finally:
+        _free(device)
+
+
+def _free(device):
+    import gc
+
+    gc.collect()
+    if device.startswith("cuda"):
+        import torch
+
+        torch.cuda.empty_cache()
+        torch.backends.cudnn.benchmark = False
+
+
+def child_main(args) -> int:
+    """``--_child SPEC``: run one config, write its row (and frames, for the reference) to the given files."""
+    import torch
+
+    ref = None
+    if args._ref:
+        ref = torch.load(args._ref, map_location="cpu", weights_only=True)["frames"]  # to the GPU only for metrics
+
+    def on_hang(report):  # the process may be ended right after this (stuck in native code): leave the row
+        Path(args._result).write_text(json.dumps({"config": args._child, "status": "hung",
+                                                  "last_completed_stage": report.last_completed_stage,
+                                                  "current_stage": report.current_stage,
+                                                  "timeout_s": report.timeout_s}))
+
+    from vdbench.watchdog import Watchdog, WatchdogTimeout
+
+    try:
+        with Watchdog(args.timeout, label=f"config {args._child}", on_hang=on_hang, grace_s=5) as wd:
+            res, frames = run_config(args._child, args, args.device, ref, wd=wd)
+    except WatchdogTimeout as e:
+        r = e.report
+        res, frames = {"config": args._child, "status": "hung", "reason": str(e),
+                       "last_completed_stage": r.last_completed_stage, "current_stage": r.current_stage,
+                       "timeout_s": r.timeout_s}, None
+    except Exception as e:  # noqa: BLE001
+        import traceback
+
+        traceback.print_exc()
+        res, frames = {"config": args._child, "status": "error", "reason": f"{type(e).__name__}: {str(e)[:500]}"}, None
+    res["pid"] = os.getpid()
+    if args._save_ref and frames is not None:
+        torch.save({"frames": frames.cpu()}, args._save_ref)
+    Path(args._result).write_text(json.dumps(res, default=str))
+    return 0
+
+
+def _child_cmd(spec, args, result, ref=None, save_ref=None):
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--_child", spec, "--_result", str(result),
+           "--model", args.model, "--frames", str(args.frames), "--size", args.size, "--tile_px", str(args.tile_px),
+           "--warmup", str(args.warmup), "--repeats", str(args.repeats), "--min_psnr", str(args.min_psnr),
+           "--device", args.device, "--seed", str(args.seed), "--chunk_frames", str(args.chunk_frames),
+           "--vae_max_memory", str(args.vae_max_memory), "--compile_backend", args.compile_backend]
+    if args.timeout:
+        cmd += ["--timeout", str(args.timeout)]
+    if args.latents:
+        cmd += ["--latents", args.latents]
+    if ref:
+        cmd += ["--_ref", str(ref)]
+    if save_ref:
+        cmd += ["--_save_ref", str(save_ref)]
+    return cmd
+
+
+def _run_child(spec, args, tmp: Path, ref=None, save_ref=None) -> dict:
+    """One config in its own process, with its environment presets; the parent enforces the timeout too (the
+    child's own watchdog dumps stacks first; a child that is stuck beyond it is killed here)."""
+    result = tmp / f"{spec.replace('@', '_')}.json"
+    result.unlink(missing_ok=True)
+    cmd = _child_cmd(spec, args, result, ref, save_ref)
+    limit = (args.timeout + 30) if args.timeout else None
+    t0 = time.monotonic()
+    try:
+        proc = subprocess.run(cmd, env=child_env(spec), timeout=limit, cwd=str(ROOT))
+        rc = proc.returncode
+    except subprocess.TimeoutExpired:
+        rc = None
+    if result.exists():
+        try:
+            res = json.loads(result.read_text())
+        except json.JSONDecodeError:
+            res = {"config": spec, "status": "error", "reason": "child wrote an unreadable result"}
+        if rc not in (0, None) and res.get("status") == "ok":
+            res.update(status="error", reason=f"child exited {rc}")
+        res["child_exit_code"] = rc
+        return res
+    if rc is None:
+        return {"config": spec, "status": "hung", "reason": f"killed by the parent after {limit} s",
+                "last_completed_stage": None, "timeout_s": args.timeout}
+    return {"config": spec, "status": "error", "reason": f"child exited {rc} without a result",
+            "wall_s": time.monotonic() - t0}
+
+
+def run_all(args, on_row=None) -> list[dict]:
+    """The fp32 reference, then every config; ``on_row(rows)`` after each (results are written as they come,
+    so a run killed from outside still leaves every finished config on disk)."""
+    import torch
+
+    specs = [s.strip() for s in args.configs.split(",") if s.strip()]
+    for s in specs:
+        parse_config(s)
+    if "fp32" not in specs:  # the reference is always measured and reported
+        specs.insert(0, "fp32")
+    rows = []
+    device = args.device
+    with tempfile.TemporaryDirectory(prefix="bench_vae_") as td:
+        tmp = Path(td)
+        ref_path = tmp / "ref.pt"
+        needs_child = lambda s: args.isolate or parse_config(s)[0].startswith("miopen_")  # noqa: E731
+        # The reference: fp32, untiled, stock decode of the same latents.
+        print("[bench_vae] reference: fp32 untiled decode", flush=True)
+        if args.isolate:
+            ref_row = _run_child("fp32", args, tmp, save_ref=ref_path)
+            ref_frames = (torch.load(ref_path, map_location="cpu", weights_only=True)["frames"]
+                          if ref_path.exists() else None)
+        else:
+            ref_row, ref_frames = _run_guarded("fp32", args, device, None)
+            if ref_frames is not None:
+                ref_frames = ref_frames.cpu()  # off the GPU: it must not count in later configs' peak memory
+                torch.save({"frames": ref_frames}, ref_path)
+        if ref_frames is None:
+            print(f"[bench_vae] the fp32 reference did not complete: {ref_row.get('reason')}", flush=True)
+        else:
+            ref_row.update(psnr_min=math.inf, psnr_mean=math.inf, ssim_min=1.0, ssim_mean=1.0, quality_flag=False,
+                           reference=True)
+        for spec in specs:
+            if spec == "fp32":
+                rows.append(ref_row)
+                _print_row(ref_row)
+                if on_row:
+                    on_row(rows)
+                continue
+            print(f"[bench_vae] config {spec}", flush=True)
+            if ref_frames is None:
+                row = {"config": spec, "status": "error", "reason": "no fp32 reference to compare with"}
+            elif needs_child(spec):
+                row = _run_child(spec, args, tmp, ref=ref_path)
+            else:
+                row, _frames = _run_guarded(spec, args, device, ref_frames)
+                del _frames
+            rows.append(row)
+            _print_row(row)
+            if on_row:
+                on_row(rows)
+    return rows
+
+
+def _print_row(r):
+    if r.get("status") != "ok":
+        extra = f" (last completed stage: {r.get('last_completed_stage')})" if r.get("status") == "hung" else ""
+        print(f"  {r['config']:<18} {r['status'].upper()}: {r.get('reason', '')}{extra}", flush=True)
+        return
+    mem = f"{r['peak_memory_gib']:.2f} GiB" if r.get("peak_memory_gib") is not None else "n/a (CPU)"
+    q = (f"PSNR min/mean {r.get('psnr_min', float('nan')):.2f}/{r.get('psnr_mean', float('nan')):.2f} dB, "
+         f"SSIM min {r['ssim_min']:.4f}" if r.get("ssim_min") is not None else
+         f"PSNR min {r.get('psnr_min', float('nan')):.2f} dB")
+    flag = "  ** BELOW --min_psnr **" if r.get("quality_flag") else ""
+    print(f"  {r['config']:<18} {r['time_s_median']:.3f} s (min {r['time_s_min']:.3f}, max {r['time_s_max']:.3f})"
+          f"  peak {mem}  {q}{flag}", flush=True)
+
+
+def write_output(path: str, header: dict, rows: list[dict]) -> None:
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    if p.suffix == ".csv":
+        keys = ["config", "status", "dtype", "time_s_median", "time_s_min", "time_s_max", "peak_memory_gib",
+                "psnr_min", "psnr_mean", "ssim_min", "ssim_mean", "quality_flag", "reason", "last_completed_stage"]
+        with open(p, "w", newline="") as f:
+            wr = csv.DictWriter(f, fieldnames=["model", "latents", "output_shape", *keys], extrasaction="ignore")
+            wr.writeheader()
+            a = header["args"]
+            for r in rows:
+                shape = r.get("output_shape")
+                wr.writerow({"model": a["model"], "latents": a.get("latents") or f"random {a['frames']}f {a['size']}",
+                             **r, "output_shape": "x".join(map(str, shape)) if shape else ""})
+    else:
+        tmp = p.with_name(f".{p.name}.tmp")
+        tmp.write_text(json.dumps({**header, "results": rows}, indent=1, default=str))
+        os.replace(tmp, p)
+
+
+def exit_code(rows: list[dict]) -> int:
+    if any(r.get("status") not in ("ok", "not_applicable") for r in rows):
+        return 1
+    if any(r.get("quality_flag") for r in rows):
+        return 2
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="wan2.1", help=f"{', '.join(MODELS)}, tiny-<one of those>, or a path/hub id")
+    ap.add_argument("--frames", type=int, default=81, help="video frames (latent frames = (N-1)/4 + 1)")
+    ap.add_argument("--size", default="832*480", help="W*H in pixels")
+    ap.add_argument("--tile_px", type=int, default=0,
+                    help="tile size of the 'tiled' config in pixels (0: the VAE's enable_tiling() defaults)")
+    ap.add_argument("--warmup", type=int, default=1, help="untimed decodes per config")
+    ap.add_argument("--repeats", type=int, default=3, help="timed decodes per config (median reported)")
+    ap.add_argument("--latents", default=None, help="latents file captured by a render (--save_latents)")
+    ap.add_argument("--configs", default=DEFAULT_CONFIGS, help=f"comma-separated, of: {', '.join(CONFIGS)}")
+    ap.add_argument("--isolate", action="store_true", help="each config in its own process")
+    ap.add_argument("--timeout", type=float, default=None, help="seconds per config (watchdog)")
+    ap.add_argument("--min_psnr", type=float, default=40.0, help="flag configs whose min per-frame PSNR is lower")
+    ap.add_argument("--chunk_frames", type=int, default=4, help="latent frames per call (chunked, fast)")
+    ap.add_argument("--vae_max_memory", type=float, default=1.45, help="GiB budget of the 'memory' config")
+    ap.add_argument("--compile_backend", default="inductor", help="torch.compile backend of the 'compile' config")
+    ap.add_argument("--device", default=None, help="default: cuda if available, else cpu")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("-o", "--output", default=None, help="results .json or .csv")
+    for hidden in ("--_child", "--_result", "--_ref", "--_save_ref"):
+        ap.add_argument(hidden, default=None, help=argparse.SUPPRESS)
+    return ap
+
+
+def _preimport():
+    """Heavy imports before any watchdog starts: a config's timeout measures its own work, not module loading."""
+    import diffusers  # noqa: F401
+    from diffusers import AutoencoderKLCogVideoX, AutoencoderKLHunyuanVideo, AutoencoderKLWan  # noqa: F401
+
+    import vdbench.metrics  # noqa: F401
+    import vdbench.pipelines  # noqa: F401
+    import vdbench.vae  # noqa: F401
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    import torch
+
+    if args.device is None:
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    _preimport()
+    if args._child:
+        return child_main(args)
+    ctx = system_context(args.device)
+    print("[bench_vae] system: " + ", ".join(f"{k}={v}" for k, v in ctx.items() if v is not None), flush=True)
+    w, h = parse_size(args.size)
+    print(f"[bench_vae] model {args.model}, "
+          f"{'latents from ' + args.latents if args.latents else f'{args.frames} frames at {w}x{h}'}; "
+          f"warmup {args.warmup}, repeats {args.repeats}"
+          f"{', isolated' if args.isolate else ''}, timeout {args.timeout or 'none'}", flush=True)
+    header = {"system": ctx, "args": {k: v for k, v in vars(args).items() if not k.startswith("_")}}
+    rows = run_all(args, on_row=(lambda rs: write_output(args.output, header, rs)) if args.output else None)
+    ok = [r for r in rows if r.get("status") == "ok"]
+    if ok:
+        print(f"[bench_vae] shapes: latents {ok[0].get('latent_shape')} -> video {ok[0].get('output_shape')}")
+    if args.output:
+        write_output(args.output, header, rows)
+        print(f"[bench_vae] wrote {args.output}")
+    rc = exit_code(rows)
+    bad = [r["config"] for r in rows if r.get("status") not in ("ok", "not_applicable")]
+    flagged = [r["config"] for r in rows if r.get("quality_flag")]
+    print(f"[bench_vae] exit {rc}" + (f"; failed/hung: {', '.join(bad)}" if bad else "")
+          + (f"; below {args.min_psnr} dB: {', '.join(flagged)}" if flagged else ""))
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())

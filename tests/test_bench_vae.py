@@ -1,0 +1,116 @@
+"""bench/bench_vae.py: every config path on a tiny VAE on CPU, quality figures on known cases, environment
+presets composed for a child process, isolation, and a hung config reported while the run goes on."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+import bench_vae as B  # noqa: E402
+
+SMALL = ["--model", "tiny-wan2.1", "--frames", "5", "--size", "48*32", "--device", "cpu", "--warmup", "0",
+         "--repeats", "1", "--tile_px", "32", "--compile_backend", "eager"]
+
+
+def test_parse_helpers():
+    assert B.parse_size("832*480") == (832, 480) and B.parse_size("64x48") == (64, 48)
+    assert B.parse_config("fast@8") == ("fast", "8") and B.parse_config("bf16") == ("bf16", None)
+    with pytest.raises(ValueError, match="unknown config"):
+        B.parse_config("turbo")
+    with pytest.raises(ValueError):
+        B.parse_size("832")
+
+
+def test_child_env_composes_presets():
+    base = {"PATH": "/bin", "MIOPEN_FIND_MODE": "NORMAL", "HOME": "/h"}
+    env = B.child_env("miopen_fast", base)
+    assert env["MIOPEN_FIND_MODE"] == "FAST" and env["PATH"] == "/bin" and env["HOME"] == "/h"
+    assert base["MIOPEN_FIND_MODE"] == "NORMAL"  # the parent's mapping is not modified
+    env = B.child_env("miopen_immediate", base)
+    assert env["MIOPEN_FIND_MODE"] == "FAST" and env["MIOPEN_DEBUG_CONV_IMMED_FALLBACK"] == "1"
+    env = B.child_env("miopen_naive_off", base)
+    assert {env[f"MIOPEN_DEBUG_CONV_DIRECT_NAIVE_CONV_{d}"] for d in ("FWD", "BWD", "WRW")} == {"0"}
+    assert env["MIOPEN_FIND_MODE"] == "NORMAL"  # untouched by a preset that doesn't set it
+    assert B.child_env("bf16", base) == {**base, "PYTHONUNBUFFERED": "1"}
+    assert "MIOPEN_FIND_MODE" not in os.environ or os.environ["MIOPEN_FIND_MODE"] != "FAST"
+
+
+def test_quality_known_cases():
+    ref = torch.full((3, 16, 16, 3), 0.5)
+    q = B.quality(ref.clone(), ref)
+    assert q["psnr_min"] == math.inf and q["ssim_min"] == pytest.approx(1.0)
+    off = ref.clone()
+    off[1] += 0.01  # MSE 1e-4 on frame 1 only -> 40 dB there, inf elsewhere
+    q = B.quality(off, ref)
+    assert q["psnr_per_frame"][1] == pytest.approx(40.0) and q["psnr_min"] == pytest.approx(40.0)
+    assert q["psnr_per_frame"][0] == math.inf and q["psnr_mean"] == pytest.approx(40.0)
+    assert q["psnr_all"] == pytest.approx(40.0 + 10 * math.log10(3))
+    noisy = (ref + 0.1 * torch.randn(ref.shape, generator=torch.Generator().manual_seed(0))).clamp(0, 1)
+    assert B.quality(noisy, ref)["ssim_min"] < 0.9
+
+
+def test_exit_code():
+    ok = {"status": "ok", "quality_flag": False}
+    assert B.exit_code([ok, {"status": "not_applicable"}]) == 0
+    assert B.exit_code([ok, {"status": "ok", "quality_flag": True}]) == 2
+    assert B.exit_code([ok, {"status": "hung"}, {"status": "ok", "quality_flag": True}]) == 1
+
+
+def test_every_config_in_process(tmp_path, monkeypatch, capsys):
+    out = tmp_path / "r.json"
+    configs = ",".join(["bf16", "bf16_autocast", "tiled", "chunked@2", "channels_last_3d", "cudnn_benchmark",
+                        "compile", "fast@2", "memory@100", "miopen_fast"])
+    rc = B.main(SMALL + ["--configs", configs, "-o", str(out)])
+    data = json.loads(out.read_text())
+    rows = {r["config"]: r for r in data["results"]}
+    assert list(rows)[0] == "fp32" and rows["fp32"]["psnr_min"] == math.inf
+    assert rows["cudnn_benchmark"]["status"] == "not_applicable"
+    assert rows["miopen_fast"]["status"] == "not_applicable" and "ROCm" in rows["miopen_fast"]["reason"]
+    for name in ("bf16", "bf16_autocast", "tiled", "chunked@2", "channels_last_3d", "compile", "fast@2", "memory@100"):
+        r = rows[name]
+        assert r["status"] == "ok", r
+        assert r["time_s_median"] > 0 and r["output_shape"] == [1, 3, 5, 32, 48]
+        assert len(r["psnr_per_frame"]) == 5 and r["ssim_min"] is not None
+    # fp32-exact paths vs bf16 paths: known orders of magnitude
+    assert rows["bf16"]["psnr_min"] > 30 and rows["bf16"]["dtype"] == "bfloat16"
+    assert rows["fast@2"]["psnr_min"] == pytest.approx(rows["bf16"]["psnr_min"], abs=3)
+    assert rows["memory@100"]["decode_info"]["path"] == "chunked"
+    assert rows["compile"]["graph_breaks"] >= 0
+    text = capsys.readouterr().out
+    assert "system:" in text and "torch=" in text and "shapes: latents [1, 16, 2, 4, 6]" in text
+    # a 32-px tile on this tiny random VAE loses far more than 40 dB -> flagged, exit code 2 (nothing failed)
+    assert rows["tiled"]["quality_flag"] is True and rc == 2
+
+
+def test_hung_config_reported_and_run_continues(tmp_path, monkeypatch):
+    monkeypatch.setenv("VDBENCH_TEST_STALL", "bf16:120")
+    out = tmp_path / "r.csv"
+    rc = B.main(SMALL + ["--configs", "bf16,chunked@2", "--timeout", "10", "-o", str(out)])
+    text = out.read_text()
+    assert rc == 1
+    lines = {l.split(",")[3]: l for l in text.splitlines()[1:]}  # model, latents, output_shape, config, status
+    assert "hung" in lines["bf16"] and "repeat 1/1" in lines["bf16"]
+    assert lines["chunked@2"].split(",")[4] == "ok"  # the next config ran
+
+
+def test_isolate_children(tmp_path):
+    """--isolate: the reference and each config run in their own process; a child whose decode stalls is
+    reported as hung (by its own watchdog, with the last completed stage) and the parent still finishes."""
+    out = tmp_path / "r.json"
+    env = {**os.environ, "VDBENCH_TEST_STALL": "fast@2:120"}
+    p = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_vae.py"), *SMALL, "--isolate", "--timeout", "6",
+                        "--configs", "fast@2", "-o", str(out)], capture_output=True, text=True, env=env,
+                       timeout=200, cwd=ROOT)
+    rows = {r["config"]: r for r in json.loads(out.read_text())["results"]}
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert rows["fp32"]["status"] == "ok" and rows["fp32"]["pid"] != os.getpid()
+    assert rows["fast@2"]["status"] == "hung" and rows["fast@2"]["last_completed_stage"] == "prepare config"
+    assert rows["fast@2"]["current_stage"] == "repeat 1/1"
+    assert "[watchdog] config fast@2 exceeded 6 s" in p.stderr and "in decode" in p.stderr  # stacks dumped

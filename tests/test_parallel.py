@@ -1,0 +1,279 @@
+"""Multi-process rendering (vdbench.parallel): torchrun over gloo on the tiny Wan model, against one process.
+
+Engine on CPU: ``diffusers`` (ContextParallelConfig). ``xfuser`` 0.7.0 can't run on a CPU: ``import xfuser``
+itself raises NotImplementedError there (``xfuser/core/distributed/__init__.py`` calls
+``envs.get_device_version()``: "No Accelerators ... available"), its ``envs.get_torch_distributed_backend()``
+raises likewise, and ``layers.usp`` binds yunchang's PROCESS_GROUP only when ``torch.cuda.is_available()``. So
+here it is checked to be refused with that reason before any work; its registry installation is checked against
+xfuser's own lookup where xfuser imports (a GPU machine), and the GPU run is bench/gpu_parallel.sh.
+
+Tolerances, float32 latents before the VAE, rank 0's vs the single process's:
+  Ulysses-2: bit-identical (each head's attention is computed whole, on one rank);
+  ring-2 and hybrid Ulysses-2 x ring-2 (4 processes): relative L2 <= 1e-5 (blocks merged through their
+  log-sum-exp: fp32 rounding only; measured 9e-7 hybrid), frames within 2 levels of 255.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from vdbench import backends as B  # noqa: E402
+from vdbench import parallel as P  # noqa: E402
+
+SMALL = ["--model", "tiny", "--height", "64", "--width", "96", "--num_frames", "9", "--num_inference_steps", "2",
+         "--attention_type", "sdpa", "--save_frames", "--save_latents"]
+VIDEO = "wan_result_t2v_tiny_9f_2s_attn_sdpa_64x96"
+TORCHRUN = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or shutil.which("torchrun")
+
+
+def _env(**extra):
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(k, None)
+    env.update(extra)
+    return env
+
+
+_PORT = [29500 + (os.getpid() % 400)]
+
+
+def torchrun(args, out: Path, nproc=2, timeout=240, **env):
+    _PORT[0] += 1
+    cmd = [TORCHRUN, f"--nproc_per_node={nproc}", f"--master_port={_PORT[0]}", str(ROOT / "run_wan.py"), *args,
+           "--benchmark_output_directory", str(out)]
+    t0 = time.monotonic()
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=_env(**env), timeout=timeout, cwd=str(out.parent))
+    return proc, time.monotonic() - t0
+
+
+def _latents(out: Path, rank=0):
+    from vdbench.capture import load_latents
+
+    files = sorted((out / "captures").glob(f"latents_sdpa_rank{rank}_*.pt"))
+    assert files, f"no latents under {out / 'captures'}"
+    lat, meta = load_latents(files[-1])
+    assert meta["rank"] == rank
+    return lat.float()
+
+
+# ----- units -----
+
+def test_spec_paths_and_lse_need():
+    assert P.ParallelSpec("diffusers", 2, 1).path == "ulysses" and not P.ParallelSpec("diffusers", 2, 1).needs_lse
+    assert P.ParallelSpec("diffusers", 1, 2).path == "ring" and P.ParallelSpec("diffusers", 1, 2).needs_lse
+    assert P.ParallelSpec("xfuser", 2, 2).path == "hybrid" and P.ParallelSpec("xfuser", 2, 2).world_size == 4
+    with pytest.raises(ValueError, match="parallel_engine"):
+        P.ParallelSpec("deepspeed", 2, 1).validate()
+
+
+def test_degrees_must_match_world_size(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ValueError, match="nproc_per_node=4"):
+        P.init_distributed(P.ParallelSpec("diffusers", 2, 2), "cpu")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert P.init_distributed(P.ParallelSpec("diffusers", 1, 1), "cpu") is None
+
+
+def test_xfuser_refused_on_cpu_with_the_reason(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(B.BackendUnavailable, match="xfuser needs CUDA.*get_torch_distributed_backend.*PROCESS_GROUP"):
+        P.init_distributed(P.ParallelSpec("xfuser", 2, 1), "cpu")
+
+
+def test_ring_refuses_backends_without_lse_and_names_those_with():
+    ring = P.ParallelSpec("diffusers", 1, 2)
+    for name in ("sagev1_emu", "fp8_emu", "sdpa_math", "default"):
+        with pytest.raises(B.BackendUnavailable, match="log-sum-exp") as e:
+            P.check_backend_for_path(ring, name, "cpu")
+        assert "sdpa, sdpa_flash, reference" in str(e.value)
+    P.check_backend_for_path(ring, "sdpa", "cpu")  # returns it on CPU
+    P.check_backend_for_path(P.ParallelSpec("diffusers", 2, 1), "sagev1_emu", "cpu")  # Ulysses needs no LSE
+    with pytest.raises(B.BackendUnavailable, match="only on cuda"):
+        P.check_backend_for_path(ring, "sdpa_cudnn", "cpu")
+
+
+def test_cogvideox_under_torchrun_is_refused_with_the_reason():
+    with pytest.raises(B.BackendUnavailable, match="no _cp_plan.*xFuserCogVideoXPipeline"):
+        P.check_backend_for_path(P.ParallelSpec("diffusers", 2, 1), "sdpa", "cpu", family="cogvideox")
+    P.check_backend_for_path(P.ParallelSpec("diffusers", 1, 1), "sdpa", "cpu", family="cogvideox")
+
+
+@pytest.mark.parametrize("name", ["sdpa", "sdpa_flash", "reference"])
+def test_lse_functions_match_exact_attention(name):
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 3, 70, 32, generator=g) for _ in range(3))
+    fn, label, why = B.lse_function(name, "cpu")
+    assert fn is not None, why
+    assert label.endswith("[lse]") and B.get_backend(name).returns_lse
+    out, lse = fn(q, k, v, scale=0.2)
+    ref, ref_lse = B.exact_attention(q, k, v, scale=0.2, return_lse=True)
+    assert lse.shape == (1, 3, 70) and lse.dtype == torch.float32
+    torch.testing.assert_close(out.double(), ref, rtol=0, atol=2e-6)
+    torch.testing.assert_close(lse.double(), ref_lse, rtol=0, atol=2e-6)
+
+
+def test_xfuser_registry_install_serves_ulysses_and_ring_lookups(monkeypatch):
+    """xfuser's USP gets its kernel from ATTENTION_FUNCTION_REGISTRY on both paths (the Ulysses call and the
+    function it hands to torch's templated ring attention): after install, xfuser's own lookup returns our
+    kernel, which gives the LSE exactly when the ring degree is > 1, and remove() restores the entry."""
+    try:
+        import xfuser.core.distributed as xd
+    except ImportError as e:
+        pytest.skip(f"xfuser not installed ({e})")
+    except NotImplementedError as e:
+        pytest.skip("xfuser 0.7.0 can't even be imported without a GPU: xfuser/core/distributed/__init__.py calls "
+                    f"xfuser.envs.get_device_version(), which raises NotImplementedError ({e})")
+    from xfuser.core.distributed.attention_backend import ATTENTION_FUNCTION_REGISTRY as reg
+    from xfuser.core.distributed.attention_backend import AttentionBackendType
+    from xfuser.model_executor.layers import usp
+    from vdbench.patching import AttentionPatch
+
+    class State:
+        attention_backend = AttentionBackendType.SDPA
+
+        def get_cross_attention_backend(self):
+            return None
+
+    monkeypatch.setattr(xd, "get_runtime_state", lambda: State())
+    monkeypatch.setattr(usp, "get_runtime_state", lambda: State())
+    ring = [2]
+    monkeypatch.setattr(xd, "get_ring_parallel_world_size", lambda: ring[0])
+    monkeypatch.setattr(xd, "get_ulysses_parallel_world_size", lambda: 1)
+
+    class Proc:  # the shape of xFuserWanAttnProcessor.__call__: it calls self.attention_function
+        def __init__(self):
+            self.attention_function = None
+
+        def __call__(self, attn, hidden_states, encoder_hidden_states=None):
+            return self.attention_function(hidden_states)
+
+    class Layer(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.processor = Proc()
+
+    original = reg[AttentionBackendType.SDPA]
+    patch = AttentionPatch([("transformer", Layer())], "sdpa")
+    patch.install()
+    try:
+        assert reg[AttentionBackendType.SDPA] == patch._xfuser_attention
+        fn = usp._get_attention_function()  # what USP calls, Ulysses and ring alike
+        q, k, v = (torch.randn(1, 2, 16, 8) for _ in range(3))
+        patch._ctx = ("transformer", "blocks.0.attn1", "self")
+        out, lse = fn(q, k, v, dropout_p=0.0, is_causal=False)
+        assert lse is not None and lse.shape == (1, 2, 16)
+        ring[0] = 1
+        out2, lse2 = fn(q, k, v, dropout_p=0.0, is_causal=False)
+        assert lse2 is None
+        torch.testing.assert_close(out, out2)
+        assert dict(patch.stats.calls) == {"sdpa[flash][lse]@ring2": 1, "sdpa[flash]": 1}
+    finally:
+        patch.remove()
+    assert reg[AttentionBackendType.SDPA] is original
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2,
+                    reason="xfuser needs CUDA + NCCL: xfuser.envs.get_torch_distributed_backend() raises "
+                           "NotImplementedError without a GPU and xfuser.model_executor.layers.usp binds yunchang's "
+                           "PROCESS_GROUP only when torch.cuda.is_available(); run bench/gpu_parallel.sh")
+def test_xfuser_engine_on_gpus(tmp_path):
+    proc, _ = torchrun(["--model", "tiny", "--height", "64", "--width", "96", "--num_frames", "9",
+                        "--num_inference_steps", "2", "--attention_type", "sdpa_cudnn", "--ulysses_degree", "2"],
+                       tmp_path / "x")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+# ----- end to end over gloo -----
+
+@pytest.fixture(scope="module")
+def renders(tmp_path_factory):
+    if TORCHRUN is None:
+        pytest.skip("torchrun not found beside the interpreter")
+    base = tmp_path_factory.mktemp("par")
+    single = base / "single"
+    proc = subprocess.run([sys.executable, str(ROOT / "run_wan.py"), *SMALL, "--benchmark_output_directory",
+                           str(single)], capture_output=True, text=True, env=_env(), timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = {"single": single}
+    for name, flags, n in (("ulysses", ["--ulysses_degree", "2"], 2), ("ring", ["--ring_degree", "2"], 2),
+                           ("hybrid", ["--ulysses_degree", "2", "--ring_degree", "2"], 4)):
+        proc, _ = torchrun(SMALL + ["--parallel_engine", "diffusers", *flags], base / name, nproc=n)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        out[name] = base / name
+    return out
+
+
+def test_ulysses2_over_gloo_is_bit_identical(renders):
+    a, b = _latents(renders["single"]), _latents(renders["ulysses"])
+    assert a.shape == b.shape and torch.equal(a, b)
+    fa = np.load(renders["single"] / "results" / f"{VIDEO}.npy")
+    fb = np.load(renders["ulysses"] / "results" / f"{VIDEO}.npy")
+    assert fa.std() > 1.0 and np.array_equal(fa, fb)
+
+
+@pytest.mark.parametrize("name", ["ring", "hybrid"])
+def test_ring2_and_hybrid_over_gloo_match_within_tolerance(renders, name):
+    a, b = _latents(renders["single"]), _latents(renders[name])
+    rel = ((a - b).norm() / a.norm()).item()
+    assert 0 <= rel <= 1e-5, rel
+    fa = np.load(renders["single"] / "results" / f"{VIDEO}.npy").astype(int)
+    fb = np.load(renders[name] / "results" / f"{VIDEO}.npy").astype(int)
+    assert np.abs(fa - fb).max() <= 2
+
+
+@pytest.mark.parametrize("name,tag,per_rank,ranks", [
+    ("ulysses", "sdpa[flash]@ulysses2", 8, 2),   # 8 self-attention calls (2 layers x 2 cfg x 2 steps), one each
+    ("ring", "sdpa[flash][lse]@ring2", 16, 2),   # each self-attention call = 2 ring blocks, each with its LSE
+    ("hybrid", "sdpa[flash][lse]@ulysses2xring2", 16, 4),  # Ulysses all-to-all, then 2 ring blocks
+])
+def test_rank0_writes_merged_timing_with_per_rank_counts(renders, name, tag, per_rank, ranks):
+    res = renders[name] / "results"
+    assert sorted(p.name for p in res.glob("*.mp4")) == [f"{VIDEO}.mp4"]
+    entries = json.loads((res / "timing.json").read_text())
+    assert len(entries) == 1, "only rank 0 appends (once per repetition)"
+    e = entries[0]
+    assert e["parallel"]["engine"] == "diffusers" and e["parallel"]["pg_backend"] == "gloo"
+    assert [r["rank"] for r in e["ranks"]] == list(range(ranks))
+    for r in e["ranks"]:
+        # cross-attention is local in diffusers' Wan CP plan: plain kernel, 8 calls per rank
+        assert r["attention"]["calls_by_kernel"] == {tag: per_rank, "sdpa[flash]": 8}, r
+        assert len(r["step_times"]) == 2 and all(t > 0 for t in r["step_times"])
+    assert e["attention_all_ranks"]["calls_by_kernel"] == {tag: ranks * per_rank, "sdpa[flash]": 8 * ranks}
+    assert e["step_times"] == [max(r["step_times"][i] for r in e["ranks"]) for i in range(2)]
+    # captures carry the rank
+    caps = renders[name] / "captures"
+    assert {p.name.split("_rank")[1][0] for p in caps.glob("latents_*.pt")} == {str(r) for r in range(ranks)}
+
+
+def test_ring_with_a_backend_without_lse_is_refused_before_work(tmp_path):
+    if TORCHRUN is None:
+        pytest.skip("torchrun not found")
+    args = [a if a != "sdpa" else "sagev1_emu" for a in SMALL]
+    proc, _ = torchrun(args + ["--parallel_engine", "diffusers", "--ring_degree", "2"], tmp_path / "r")
+    assert proc.returncode != 0
+    assert proc.stderr.count("can't serve ring attention") == 2  # both ranks say why
+    assert "exitcode  : 2" in proc.stderr and "Loading pipeline" not in proc.stderr  # before the model load
+    assert not (tmp_path / "r" / "results").exists()
+
+
+def test_one_rank_failing_stops_every_rank_promptly(tmp_path):
+    if TORCHRUN is None:
+        pytest.skip("torchrun not found")
+    proc, wall = torchrun(SMALL + ["--parallel_engine", "diffusers", "--ulysses_degree", "2"], tmp_path / "f",
+                          VDBENCH_TEST_FAIL="1:step", VDBENCH_DIST_TIMEOUT_S="600")
+    assert proc.returncode != 0
+    assert "injected failure on rank 1" in proc.stderr
+    assert "rank 0: stopping because rank 1 failed" in proc.stderr
+    assert wall < 150, f"{wall:.0f} s: the ranks waited for a collective timeout"
+    assert not (tmp_path / "f" / "results" / "timing.json").exists()

@@ -1,0 +1,162 @@
+"""vdbench.vae: the fast Wan decode path is the stock decode (fp32: to float rounding; bf16 upsampling:
+bit-identical), the memory-bounded mode picks its chunk/tile from the budget, modes that can't run say so, and a
+decode can run under the watchdog."""
+
+import sys
+import time
+import types
+
+import pytest
+import torch
+from diffusers import AutoencoderKLCogVideoX, AutoencoderKLWan
+from diffusers.video_processor import VideoProcessor
+
+from vdbench import vae as V
+from vdbench.pipelines import _COG_VAE, _WAN21_VAE, _WAN22_VAE
+from vdbench.watchdog import WatchdogTimeout
+
+
+def _wan(cfg, dtype=torch.float32):
+    torch.manual_seed(0)
+    return AutoencoderKLWan(**cfg).eval().to(dtype)
+
+
+@pytest.fixture(scope="module")
+def wan21():
+    return _wan(_WAN21_VAE)
+
+
+def _z(vae, t=5, h=4, w=6, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(1, vae.config.z_dim, t, h, w, generator=g)
+
+
+@pytest.mark.parametrize("cfg", [_WAN21_VAE, _WAN22_VAE], ids=["wan2.1", "wan2.2"])
+def test_chunked_decode_equals_stock_fp32(cfg):
+    vae = _wan(cfg)
+    z = _z(vae)
+    ref = vae.decode(z, return_dict=False)[0]
+    for k in (1, 2, 3, 4, 8):
+        out = V.wan_decode_chunked(vae, z, k)
+        assert out.shape == ref.shape
+        torch.testing.assert_close(out, ref, atol=1e-4, rtol=0)
+        if k == 1:
+            assert torch.equal(out, ref)  # same calls as diffusers: bit-identical
+
+
+def test_native_dtype_upsample_is_bit_identical_in_bf16(wan21):
+    vae = _wan(_WAN21_VAE, torch.bfloat16)
+    z = _z(vae, t=3).bfloat16()
+    ref = vae.decode(z, return_dict=False)[0]
+    assert torch.equal(V.wan_decode_chunked(vae, z, 1, native_upsample=True), ref)
+    # and the instance patch is removed afterwards
+    assert not any("forward" in m.__dict__ for m in vae.modules() if type(m).__name__ == "WanUpsample")
+
+
+def test_decode_video_modes(wan21):
+    z = _z(wan21)
+    ref = V.decode_video(wan21, z, mode="default")
+    info = {}
+    fast = V.decode_video(wan21, z, mode="fast", chunk_frames=2, info=info)
+    torch.testing.assert_close(fast, ref, atol=1e-4, rtol=0)
+    assert info == {"path": "chunked", "chunk_frames": 2}
+    with pytest.raises(ValueError, match="unknown VAE decode mode"):
+        V.decode_video(wan21, z, mode="turbo")
+
+
+def test_channels_last_3d_same_result(wan21):
+    vae = _wan(_WAN21_VAE)
+    z = _z(vae, t=3)
+    ref = vae.decode(z, return_dict=False)[0]
+    V.channels_last_3d(vae)
+    conv3d = [m for m in vae.modules() if isinstance(m, torch.nn.Conv3d)]
+    assert conv3d and all(m.weight.is_contiguous(memory_format=torch.channels_last_3d) for m in conv3d)
+    torch.testing.assert_close(V.wan_decode_chunked(vae, z, 2), ref, atol=1e-4, rtol=0)
+
+
+def test_fast_and_memory_refused_for_other_vaes():
+    torch.manual_seed(0)
+    cog = AutoencoderKLCogVideoX(**_COG_VAE).eval()
+    z = torch.randn(1, 16, 3, 4, 6)
+    with pytest.raises(ValueError, match="AutoencoderKLWan only"):
+        V.decode_video(cog, z, mode="fast")
+    with pytest.raises(ValueError, match="AutoencoderKLWan only"):
+        V.decode_video(cog, z, max_memory_gib=1.0)
+
+
+def test_parallel_mode_hook(monkeypatch, wan21):
+    calls = []
+    fake = types.ModuleType("vdbench.vae_parallel")
+    fake.decode_video_parallel = lambda vae, z, chunk_frames=None, info=None: calls.append(z.shape) or torch.zeros(1)
+    monkeypatch.setitem(sys.modules, "vdbench.vae_parallel", fake)
+    import vdbench
+
+    monkeypatch.setattr(vdbench, "vae_parallel", fake, raising=False)
+    V.decode_video(wan21, _z(wan21), mode="parallel")
+    assert calls == [torch.Size([1, 16, 5, 4, 6])]
+    monkeypatch.delattr(fake, "decode_video_parallel")
+    with pytest.raises(NotImplementedError, match="decode_video_parallel"):
+        V.decode_video(wan21, _z(wan21), mode="parallel")
+
+
+def test_choose_chunk_frames():
+    assert V.choose_chunk_frames(10e9, 1e9, 21) == 10
+    assert V.choose_chunk_frames(100e9, 1e9, 21) == 20  # never more than the frames after the first
+    assert V.choose_chunk_frames(0.5e9, 1e9, 21) == 0  # below one frame: tile
+    assert V.choose_chunk_frames(-1, 1e9, 21) == 0
+
+
+def test_memory_bounded_picks_chunk_then_tiles(wan21):
+    z = _z(wan21)
+    ref = V.decode_video(wan21, z)
+    per = V._wan_frame_bytes_estimate(wan21, 4, 6)
+    big, small = {}, {}
+    out = V.decode_video(wan21, z, max_memory_gib=100.0, info=big)
+    assert big["path"] == "chunked" and big["chunk_frames"] == 4
+    torch.testing.assert_close(out, ref, atol=1e-4, rtol=0)
+    out = V.decode_video(wan21, z, max_memory_gib=(2.5 * per + 3 * 17 * 32 * 48 * 4) / 2 ** 30, info=small)
+    assert small["path"] == "chunked" and small["chunk_frames"] == 2
+    torch.testing.assert_close(out, ref, atol=1e-4, rtol=0)
+    tiny = {}
+    out = V.decode_video(wan21, z, max_memory_gib=1e-6, info=tiny)
+    assert tiny["path"] == "tiled+chunked" and tiny["tile_px"] == 64 and out.shape == ref.shape
+    assert wan21.use_tiling is False
+
+
+@pytest.mark.parametrize("cfg", [_WAN21_VAE, _WAN22_VAE], ids=["wan2.1", "wan2.2"])
+def test_tiled_chunked_equals_diffusers_tiling(cfg):
+    vae = _wan(cfg)
+    sp = cfg["scale_factor_spatial"]
+    g = torch.Generator().manual_seed(2)
+    z = torch.randn(1, vae.config.z_dim, 2, 64 // sp * 2, 64 // sp * 3, generator=g)
+    vae.enable_tiling(tile_sample_min_height=64, tile_sample_min_width=64, tile_sample_stride_height=48,
+                      tile_sample_stride_width=48)
+    ref = vae.decode(z, return_dict=False)[0]
+    out = V.wan_decode_tiled_chunked(vae, z, 64, 48, 2)
+    assert out.shape == ref.shape
+    torch.testing.assert_close(out, ref, atol=1e-4, rtol=0)
+
+
+def _pipe(vae):
+    return types.SimpleNamespace(vae=vae, video_processor=VideoProcessor(vae_scale_factor=8))
+
+
+def test_decode_latents_fast_matches_default(wan21):
+    pipe = _pipe(wan21)
+    lat = torch.randn(1, 16, 3, 4, 6, generator=torch.Generator().manual_seed(3))
+    a = V.decode_latents(pipe, lat, "wan")
+    info = {}
+    b = V.decode_latents(pipe, lat, "wan", mode="fast", chunk_frames=2, info=info)
+    assert a.shape == b.shape == (9, 32, 48, 3) and abs(a - b).max() < 1e-4 and info["path"] == "chunked"
+
+
+def test_decode_latents_timeout_catches_stall(monkeypatch, wan21):
+    pipe = _pipe(wan21)
+    lat = torch.randn(1, 16, 2, 4, 6)
+    monkeypatch.setattr(wan21.decoder, "forward", lambda *a, **k: time.sleep(30))
+    t0 = time.monotonic()
+    with pytest.raises(WatchdogTimeout) as ei:
+        V.decode_latents(pipe, lat, "wan", mode="fast", timeout_s=0.5)
+    assert time.monotonic() - t0 < 5
+    assert ei.value.report.last_completed_stage == "decode"  # decode_video started; chunk 0 is the stall
+    assert ei.value.report.current_stage == "decode latent frames 0..0"

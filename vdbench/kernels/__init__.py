@@ -1,0 +1,71 @@
+"""The project's own attention kernels, written in Triton (so they can also be built for AMD GPUs).
+
+Three forward kernels, registered as backends in ``vdbench.backends`` (BHSD in, BHSD out, bf16/fp16, D 64/128):
+
+* ``fav3_sage``  INT8 Q·Kᵀ with one scale per block of tokens per head (Q pre-multiplied by scale·log2 e,
+  K mean-smoothed over the sequence), exp2 online softmax, P·V in fp8 e4m3 with a per-channel V scale
+  (P scaled by 448 before rounding); ``pv="fp16"`` keeps P·V in fp16 instead.
+* ``fp8_triton`` e4m3 Q, K, V with one scale per block of tokens per head (Q and K blocks as the tiles,
+  V per BLOCK_N keys), K mean-smoothed, e4m3 P (scaled by 448).
+* ``fav2_triton`` plain bf16/fp16 flash-attention forward (no pre-pass).
+
+The quantized kernels run a Triton pre-pass (``quant.py``) that writes tile-padded int8/e4m3 copies (V
+transposed, so the fp8 P·V operand is K-major, as Hopper's fp8 MMA wants it); the backend callables run it
+every call, so a benchmark of the backend includes the quantization time.
+
+Importing this package never imports triton. The kernel modules are imported lazily by the backends, and
+Triton decides at *decoration* time whether a ``@triton.jit`` function is compiled or interpreted: to run them on
+a CPU, ``TRITON_INTERPRET=1`` must be in the environment before ``vdbench.kernels.attention`` is first imported.
+``probe()`` reports that (and refuses when the module was imported in the other mode).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+
+import torch
+
+KERNEL_NAMES = ("fav3_sage", "fp8_triton", "fav2_triton")
+
+
+def interpret_requested() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
+
+
+def probe(kernel: str, device) -> tuple[bool, str]:
+    """(available, reason) for one of the Triton kernels on ``device`` (never imports triton)."""
+    if importlib.util.find_spec("triton") is None:
+        return False, "package not installed: triton"
+    dev = torch.device(device)
+    mod = sys.modules.get("vdbench.kernels.attention")
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            return False, "needs a CUDA/HIP GPU (torch.cuda.is_available() is False) or TRITON_INTERPRET=1 on CPU"
+        if mod is not None and mod.INTERPRETED:
+            return False, ("vdbench.kernels.attention was imported with TRITON_INTERPRET=1 (interpreter mode): "
+                           "it cannot launch on the GPU in this process")
+        if torch.version.hip is None:
+            cap = torch.cuda.get_device_capability(dev)
+            need = (8, 9) if kernel in ("fav3_sage", "fp8_triton") else (8, 0)
+            if cap < need:
+                what = "fp8 e4m3 MMA" if need == (8, 9) else "bf16 MMA"
+                return False, f"needs compute capability >= {need[0]}.{need[1]} ({what}), GPU is {cap[0]}.{cap[1]}"
+        return True, "ok"
+    if dev.type == "cpu":
+        if not interpret_requested():
+            return False, ("needs a CUDA/HIP GPU; on CPU only under Triton's interpreter "
+                           "(set TRITON_INTERPRET=1 before triton is imported)")
+        if mod is not None and not mod.INTERPRETED:
+            return False, ("TRITON_INTERPRET=1 is set but vdbench.kernels.attention was already imported without it "
+                           "(compiled mode): restart the process with the variable set")
+        return True, "ok (Triton interpreter on CPU: correctness only, very slow)"
+    return False, f"needs a CUDA/HIP GPU or the Triton interpreter on CPU (device is {dev.type})"
+
+
+def prepass(kernel: str):
+    """The quantization pre-pass of a kernel alone, ``fn(q, k, v)`` (None for ``fav2_triton``), to time it apart."""
+    from vdbench.kernels import attention
+
+    return attention.prepass(kernel)

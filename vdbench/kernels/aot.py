@@ -1,0 +1,94 @@
+"""Compile the attention kernels for a GPU target without a GPU (Triton's ahead-of-time path): CI's check that
+they still build to real GPU code (e.g. wgmma on sm_90), not only run under the interpreter.
+
+    python -m vdbench.kernels.aot --target cuda:90 [--d 128 64] [--causal]
+    python -m vdbench.kernels.aot --target hip:gfx950
+
+Prints one line per kernel variant (OK with the MMA instruction count, or ERR with the error) and exits 1 if
+any failed. Must run WITHOUT TRITON_INTERPRET (an interpreted function cannot be compiled).
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import os
+import sys
+import time
+
+VARIANTS = {  # name -> (Q/K/V/Out element types, QK_MODE, PV_MODE, config key)
+    "fav2_triton[bf16]": (("bf16", "bf16", "bf16", "bf16"), 0, 0, "fav2_triton"),
+    "fav2_triton[fp16]": (("fp16", "fp16", "fp16", "fp16"), 0, 0, "fav2_triton"),
+    "fav3_sage": (("i8", "i8", "fp8e4nv", "bf16"), 1, 2, "fav3_sage"),
+    "fav3_sage[pv=fp16]": (("i8", "i8", "bf16", "bf16"), 1, 1, "fav3_sage"),
+    "fp8_triton": (("fp8e4nv", "fp8e4nv", "fp8e4nv", "bf16"), 2, 3, "fp8_triton"),
+}
+_ORDER = (["Q", "K", "V", "QS", "KS", "VS", "Out", "sq_len", "sk_len", "H", "nq_blk", "nk_blk"]
+          + [f"s{t}{x}" for t in "qkvo" for x in "bhsd"] + ["qk_scale", "causal_shift"])
+
+
+def compile_variant(name: str, d: int, target, causal: bool = False, config: dict | None = None):
+    import triton
+    from triton.compiler import ASTSource
+
+    from vdbench.kernels import attention as A
+
+    if A.INTERPRETED:
+        raise RuntimeError("TRITON_INTERPRET is set: cannot compile ahead of time")
+    (qt, kt, vt, ot), qkm, pvm, key = VARIANTS[name]
+    cfg = dict(A.CONFIGS[(key, d)], **(config or {}))
+    types = {"Q": qt, "K": kt, "V": vt, "Out": ot}
+    names = list(inspect.signature(A._attn_fwd.fn).parameters)
+    sig = {}
+    for n, o in zip(names, _ORDER):
+        sig[n] = ("*" + types[o]) if o in types else ("*fp32" if o in ("QS", "KS", "VS") else
+                                                       ("fp32" if o == "qk_scale" else "i32"))
+    consts = dict(D=d, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], QK_MODE=qkm, PV_MODE=pvm, IS_CAUSAL=causal,
+                  P_SC=A.P_SCALE, UPCAST_DOT=False, FIX_FP8=False)
+    for c in consts:
+        sig[c] = "constexpr"
+    src = ASTSource(fn=A._attn_fwd, signature=sig, constexprs={(names.index(k),): v for k, v in consts.items()})
+    return triton.compile(src, target=target, options=dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"]))
+
+
+def mma_count(kernel) -> str:
+    asm = kernel.asm
+    if "ptx" in asm:
+        return f"wgmma={asm['ptx'].count('wgmma.mma_async')} mma.sync={asm['ptx'].count('mma.sync')}"
+    text = asm.get("amdgcn", "")
+    return f"mfma={text.count('v_mfma')}"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--target", default="cuda:90", help="cuda:<sm> (e.g. cuda:90) or hip:<gfx> (e.g. hip:gfx950)")
+    p.add_argument("--d", type=int, nargs="+", default=[128, 64])
+    p.add_argument("--kernels", nargs="+", default=list(VARIANTS))
+    p.add_argument("--causal", action="store_true", help="also the causal variants")
+    args = p.parse_args(argv)
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        print("error: unset TRITON_INTERPRET to compile ahead of time", file=sys.stderr)
+        return 2
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    backend, arch = args.target.split(":")
+    target = GPUTarget(backend, int(arch) if backend == "cuda" else arch, 32 if backend == "cuda" else 64)
+    bad = 0
+    for d in args.d:
+        for name in args.kernels:
+            for causal in (False, True) if args.causal else (False,):
+                t0 = time.time()
+                try:
+                    k = compile_variant(name, d, target, causal)
+                    print(f"OK  {name:20s} D{d} causal={causal}  {mma_count(k)}  shared={k.metadata.shared}  "
+                          f"{time.time() - t0:.1f}s  (triton {triton.__version__}, {args.target})", flush=True)
+                except Exception as e:  # report and go on
+                    bad += 1
+                    print(f"ERR {name:20s} D{d} causal={causal}: {type(e).__name__}: {str(e).splitlines()[0][:300]}",
+                          flush=True)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

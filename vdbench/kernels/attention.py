@@ -1,0 +1,296 @@
+"""Triton attention forward kernels: ``fav3_sage`` (INT8 Q·K, fp8 P·V), ``fp8_triton`` (e4m3 Q/K/V per block),
+``fav2_triton`` (bf16/fp16). One kernel body, specialised at compile time by two constexpr modes:
+
+* QK_MODE 0: half-precision Q/K straight from the caller's tensors (any strides, masked tails);
+  1: INT8 Q/K from the pre-pass (tile-padded), S = (Q8·K8ᵀ in int32) · q_scale · k_scale;
+  2: e4m3 Q/K from the pre-pass, S = (Q8·K8ᵀ in fp32) · q_scale · k_scale.
+  Q is pre-multiplied by softmax_scale·log2 e (by the pre-pass, or via ``qk_scale`` in mode 0), so the
+  online softmax is in base 2 (exp2).
+* PV_MODE 0: P in V's dtype times the caller's V; 1: P and V in fp16 (SageAttention v1's P·V);
+  2: e4m3 P·V on the transposed pre-pass V with a per-channel V scale applied once at the end;
+  3: same with one V scale per BLOCK_N keys, applied to each tile's product.
+  fp8 P is P·448 rounded to e4m3 (P ≤ 1, so the full e4m3 range is used); the row sum l is taken on the
+  unrounded fp32 P. Each tile's fp8 product starts from a fresh fp32 accumulator and is added to the running
+  one (two-level accumulation, as SageAttention 2 does against Hopper's reduced-precision fp8 accumulation).
+
+Non-causal tiles run unmasked except the last K tile when Sk is not a multiple of BLOCK_N; causal attention
+(bottom-right aligned, as sdpa/FlashAttention) masks every tile and skips the tiles above the diagonal.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from vdbench.kernels import quant as Qz
+
+INTERPRETED = os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
+LOG2E = 1.4426950408889634
+P_SCALE = 448.0
+
+# Tile configs per (kernel, head dim) on a GPU; bench/gpu_kernels.sh sweeps alternatives and prints the best.
+CONFIGS = {
+    ("fav3_sage", 128): dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3),
+    ("fav3_sage", 64): dict(BLOCK_M=128, BLOCK_N=64, num_warps=4, num_stages=3),
+    ("fp8_triton", 128): dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=3),
+    ("fp8_triton", 64): dict(BLOCK_M=128, BLOCK_N=64, num_warps=4, num_stages=3),
+    ("fav2_triton", 128): dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3),
+    ("fav2_triton", 64): dict(BLOCK_M=128, BLOCK_N=64, num_warps=4, num_stages=3),
+}
+
+def _load_config_override():
+    """``VDBENCH_KERNEL_CONFIGS=path.json`` ({"fav3_sage:128": {"BLOCK_M": .., "BLOCK_N": .., "num_warps": ..,
+    "num_stages": ..}, ...}) replaces entries of CONFIGS: how bench/gpu_kernels.sh applies its sweep's winners."""
+    path = os.environ.get("VDBENCH_KERNEL_CONFIGS")
+    if not path:
+        return
+    import json
+
+    for key, cfg in json.loads(open(path).read()).items():
+        name, d = key.split(":")
+        CONFIGS[(name, int(d))] = {k: int(cfg[k]) for k in ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")}
+
+
+_load_config_override()
+
+# Small tiles under the interpreter: several K tiles and ragged tails even at tiny sequence lengths.
+INTERPRET_CONFIG = dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=1)
+
+
+@triton.jit
+def _attn_inner(acc, l_i, m_i, q, q_scale, Kb, Vb, KSb, VSb, sks, skd, svs, svd,
+                lo, hi, offs_m, sk_len, causal_shift, qk_scale,
+                D: tl.constexpr, BLOCK_N: tl.constexpr, QK_MODE: tl.constexpr, PV_MODE: tl.constexpr,
+                MASK_N: tl.constexpr, IS_CAUSAL: tl.constexpr, P_SC: tl.constexpr, UPCAST_DOT: tl.constexpr,
+                FIX_FP8: tl.constexpr):
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, D)
+    for start_n in range(lo, hi, BLOCK_N):
+        start_n = tl.multiple_of(start_n, BLOCK_N)
+        cols = start_n + offs_n
+        kt_ptrs = Kb + cols[None, :] * sks + offs_d[:, None] * skd  # K tile loaded as Kᵀ: (D, BLOCK_N)
+        if QK_MODE == 0:
+            if MASK_N:
+                kt = tl.load(kt_ptrs, mask=cols[None, :] < sk_len, other=0.0)
+            else:
+                kt = tl.load(kt_ptrs)
+            if UPCAST_DOT:  # interpreter workaround, see _launch
+                qk = tl.dot(q.to(tl.float32), kt.to(tl.float32)) * qk_scale
+            else:
+                qk = tl.dot(q, kt) * qk_scale
+        else:
+            kt = tl.load(kt_ptrs)  # tile-padded by the pre-pass: no mask
+            k_scale = tl.load(KSb + start_n // BLOCK_N)
+            if QK_MODE == 1:
+                qk = tl.dot(q, kt, out_dtype=tl.int32).to(tl.float32) * (q_scale * k_scale)
+            else:
+                qk = tl.dot(q, kt) * (q_scale * k_scale)
+        if MASK_N:
+            qk = tl.where(cols[None, :] < sk_len, qk, float("-inf"))
+        if IS_CAUSAL:
+            qk = tl.where(cols[None, :] <= offs_m[:, None] + causal_shift, qk, float("-inf"))
+        m_ij = tl.maximum(m_i, tl.max(qk, 1))
+        p = tl.math.exp2(qk - m_ij[:, None])
+        alpha = tl.math.exp2(m_i - m_ij)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None]
+        if PV_MODE <= 1:
+            v_ptrs = Vb + cols[:, None] * svs + offs_d[None, :] * svd
+            if MASK_N:
+                v = tl.load(v_ptrs, mask=cols[:, None] < sk_len, other=0.0)
+            else:
+                v = tl.load(v_ptrs)
+            if PV_MODE == 0:
+                if UPCAST_DOT:  # same operand rounding (P to V's dtype), product taken in fp32
+                    acc = tl.dot(p.to(v.dtype).to(tl.float32), v.to(tl.float32), acc)
+                else:
+                    acc = tl.dot(p.to(v.dtype), v, acc)
+            else:
+                acc = tl.dot(p.to(tl.float16), v.to(tl.float16), acc)
+        else:
+            vt = tl.load(Vb + offs_d[:, None] * svd + cols[None, :] * svs)  # (D, BLOCK_N), keys contiguous
+            p8 = Qz.to_e4m3(p * P_SC, FIX_FP8)
+            pv = tl.dot(p8, tl.trans(vt))
+            if PV_MODE == 3:
+                pv = pv * tl.load(VSb + start_n // BLOCK_N)
+            acc += pv
+        m_i = m_ij
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _attn_fwd(Q, K, V, QS, KS, VS, Out, sq_len, sk_len, H, nq_blk, nk_blk,
+              sqb, sqh, sqs, sqd, skb, skh, sks, skd, svb, svh, svs, svd, sob, soh, sos, sod,
+              qk_scale, causal_shift,
+              D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, QK_MODE: tl.constexpr,
+              PV_MODE: tl.constexpr, IS_CAUSAL: tl.constexpr, P_SC: tl.constexpr, UPCAST_DOT: tl.constexpr,
+                FIX_FP8: tl.constexpr):
+    start_m = tl.program_id(0)
+    off_bh = tl.program_id(1)
+    b = (off_bh // H).to(tl.int64)
+    h = (off_bh % H).to(tl.int64)
+    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, D)
+    Qb = Q + b * sqb + h * sqh
+    Kb = K + b * skb + h * skh
+    Vb = V + b * svb + h * svh
+    q_ptrs = Qb + offs_m[:, None] * sqs + offs_d[None, :] * sqd
+    if QK_MODE == 0:
+        q = tl.load(q_ptrs, mask=offs_m[:, None] < sq_len, other=0.0)
+        q_scale = 1.0
+    else:
+        q = tl.load(q_ptrs)  # tile-padded by the pre-pass
+        q_scale = tl.load(QS + off_bh * nq_blk + start_m)
+    KSb = KS + off_bh * nk_blk
+    VSb = VS + off_bh * nk_blk
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, D], dtype=tl.float32)
+    n_round = tl.cdiv(sk_len, BLOCK_N) * BLOCK_N
+    if IS_CAUSAL:
+        last = (start_m + 1) * BLOCK_M + causal_shift  # one past the last key the tile's last row sees
+        hi = tl.minimum(n_round, tl.cdiv(tl.maximum(last, 0), BLOCK_N) * BLOCK_N)
+        acc, l_i, m_i = _attn_inner(acc, l_i, m_i, q, q_scale, Kb, Vb, KSb, VSb, sks, skd, svs, svd,
+                                    0, hi, offs_m, sk_len, causal_shift, qk_scale,
+                                    D, BLOCK_N, QK_MODE, PV_MODE, True, True, P_SC, UPCAST_DOT, FIX_FP8)
+    else:
+        n_full = (sk_len // BLOCK_N) * BLOCK_N
+        acc, l_i, m_i = _attn_inner(acc, l_i, m_i, q, q_scale, Kb, Vb, KSb, VSb, sks, skd, svs, svd,
+                                    0, n_full, offs_m, sk_len, causal_shift, qk_scale,
+                                    D, BLOCK_N, QK_MODE, PV_MODE, False, False, P_SC, UPCAST_DOT, FIX_FP8)
+        acc, l_i, m_i = _attn_inner(acc, l_i, m_i, q, q_scale, Kb, Vb, KSb, VSb, sks, skd, svs, svd,
+                                    n_full, n_round, offs_m, sk_len, causal_shift, qk_scale,
+                                    D, BLOCK_N, QK_MODE, PV_MODE, True, False, P_SC, UPCAST_DOT, FIX_FP8)
+    if PV_MODE == 2:
+        vs = tl.load(VS + off_bh * D + offs_d)
+        acc = acc * (vs / P_SC)[None, :]
+    elif PV_MODE == 3:
+        acc = acc / P_SC
+    acc = acc / l_i[:, None]
+    o_ptrs = Out + b * sob + h * soh + offs_m[:, None] * sos + offs_d[None, :] * sod
+    tl.store(o_ptrs, acc.to(Out.dtype.element_ty), mask=offs_m[:, None] < sq_len)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Python entry points (BHSD in, BHSD out)
+# ----------------------------------------------------------------------------------------------------------
+
+def _check(q, k, v):
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise ValueError("q, k, v must be (batch, heads, seq, head_dim)")
+    if q.dtype not in (torch.float16, torch.bfloat16) or k.dtype != q.dtype or v.dtype != q.dtype:
+        raise ValueError(f"bf16/fp16 q, k, v of one dtype required, got {q.dtype}, {k.dtype}, {v.dtype}")
+    d = q.shape[-1]
+    if d not in (64, 128) or k.shape[-1] != d or v.shape[-1] != d:
+        raise ValueError(f"head dim must be 64 or 128 (q, k, v alike), got {q.shape[-1]}, {k.shape[-1]}, {v.shape[-1]}")
+    if k.shape[:2] != q.shape[:2] or v.shape[:3] != k.shape[:3]:
+        raise ValueError(f"shapes do not match: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
+    if q.device.type == "cpu" and not INTERPRETED:
+        raise RuntimeError("CPU tensors need Triton's interpreter: TRITON_INTERPRET=1 before triton is imported")
+
+
+def config_for(kernel: str, d: int, device, override: dict | None = None) -> dict:
+    cfg = dict(INTERPRET_CONFIG if INTERPRETED else CONFIGS[(kernel, d)])
+    if override:
+        cfg.update(override)
+    return cfg
+
+
+def _launch(q, kq, kk, vv, qs, ks, vs, *, sq, sk, nq_blk, nk_blk, v_strides, qk_scale, is_causal, qk_mode,
+            pv_mode, cfg, out=None):
+    b, h, _, d = q.shape
+    if out is None:
+        out = torch.empty((b, h, sq, d), device=q.device, dtype=q.dtype)
+    grid = (triton.cdiv(sq, cfg["BLOCK_M"]), b * h)
+    # Triton 3.9's interpreter computes tl.dot on bf16 operands wrongly (it multiplies the raw 16-bit
+    # patterns: errors ~1e10), fp16/fp32/int8/e4m3 are right. Under the interpreter only, bf16 operands are
+    # rounded to bf16 as the GPU kernel rounds them and then multiplied in fp32 (what a bf16 MMA does: exact
+    # products, fp32 accumulation). The compiled GPU kernel never takes this path.
+    upcast = INTERPRETED and q.dtype == torch.bfloat16
+    fix = INTERPRETED  # and its fp32 -> e4m3 conversion drops a carry: see quant._round_to_e4m3_grid
+    _attn_fwd[grid](kq, kk, vv, qs, ks, vs, out, sq, sk, h, nq_blk, nk_blk,
+                    *kq.stride(), *kk.stride(), *v_strides, *out.stride(),
+                    float(qk_scale), sk - sq,
+                    D=d, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], QK_MODE=qk_mode, PV_MODE=pv_mode,
+                    IS_CAUSAL=bool(is_causal), P_SC=P_SCALE, UPCAST_DOT=upcast, FIX_FP8=fix,
+                    num_warps=cfg["num_warps"],
+                    num_stages=cfg["num_stages"])
+    return out
+
+
+def _sage_prepass(q, k, v, scale, cfg, pv):
+    sm = q.shape[-1] ** -0.5 if scale is None else scale
+    q8, qs = Qz.quant_blocks(q, cfg["BLOCK_M"], fp8=False, pre_scale=sm * LOG2E)
+    k8, ks = Qz.quant_blocks(k, cfg["BLOCK_N"], fp8=False, mean=Qz.k_mean(k))
+    if pv == "fp8":
+        v8t, vs = Qz.quant_v_t(v, cfg["BLOCK_N"], per_channel=True)
+        return q8, qs, k8, ks, v8t, vs
+    return q8, qs, k8, ks, v, None
+
+
+def fav3_sage(q, k, v, *, scale=None, is_causal=False, pv="fp8", config=None, out=None):
+    """SageAttention-style INT8 Q·Kᵀ (per-block scales, K smoothed) with e4m3 P·V (per-channel V scale).
+
+    ``pv="fp16"``: P·V in fp16 on the caller's V instead (SageAttention v1's numerics). The quantization
+    pre-pass runs inside this call.
+    """
+    _check(q, k, v)
+    if pv not in ("fp8", "fp16"):
+        raise ValueError(f"pv must be 'fp8' or 'fp16', got {pv!r}")
+    cfg = config_for("fav3_sage", q.shape[-1], q.device, config)
+    q8, qs, k8, ks, vv, vs = _sage_prepass(q, k, v, scale, cfg, pv)
+    sq, sk = q.shape[2], k.shape[2]
+    if pv == "fp8":
+        v_strides, pv_mode = (vv.stride(0), vv.stride(1), 1, vv.stride(2)), 2  # (B, H, D, S_pad)
+    else:
+        v_strides, pv_mode, vs = vv.stride(), 1, qs  # vs unused
+    return _launch(q, q8, k8, vv, qs, ks, vs, sq=sq, sk=sk, nq_blk=qs.shape[-1], nk_blk=ks.shape[-1],
+                   v_strides=v_strides, qk_scale=1.0, is_causal=is_causal, qk_mode=1, pv_mode=pv_mode, cfg=cfg,
+                   out=out)
+
+
+def _fp8_prepass(q, k, v, scale, cfg):
+    sm = q.shape[-1] ** -0.5 if scale is None else scale
+    q8, qs = Qz.quant_blocks(q, cfg["BLOCK_M"], fp8=True, pre_scale=sm * LOG2E)
+    k8, ks = Qz.quant_blocks(k, cfg["BLOCK_N"], fp8=True, mean=Qz.k_mean(k))
+    v8t, vs = Qz.quant_v_t(v, cfg["BLOCK_N"], per_channel=False)
+    return q8, qs, k8, ks, v8t, vs
+
+
+def fp8_triton(q, k, v, *, scale=None, is_causal=False, config=None, out=None):
+    """e4m3 Q, K, V with one scale per tile of tokens per head (K smoothed), e4m3 P. Pre-pass inside the call."""
+    _check(q, k, v)
+    cfg = config_for("fp8_triton", q.shape[-1], q.device, config)
+    q8, qs, k8, ks, v8t, vs = _fp8_prepass(q, k, v, scale, cfg)
+    return _launch(q, q8, k8, v8t, qs, ks, vs, sq=q.shape[2], sk=k.shape[2], nq_blk=qs.shape[-1],
+                   nk_blk=ks.shape[-1], v_strides=(v8t.stride(0), v8t.stride(1), 1, v8t.stride(2)),
+                   qk_scale=1.0, is_causal=is_causal, qk_mode=2, pv_mode=3, cfg=cfg, out=out)
+
+
+def fav2_triton(q, k, v, *, scale=None, is_causal=False, config=None, out=None):
+    """Plain flash-attention forward in the inputs' precision (bf16/fp16), fp32 softmax and accumulator."""
+    _check(q, k, v)
+    cfg = config_for("fav2_triton", q.shape[-1], q.device, config)
+    sm = q.shape[-1] ** -0.5 if scale is None else scale
+    dummy = torch.empty(1, device=q.device, dtype=torch.float32)
+    return _launch(q, q, k, v, dummy, dummy, dummy, sq=q.shape[2], sk=k.shape[2], nq_blk=0, nk_blk=0,
+                   v_strides=v.stride(), qk_scale=sm * LOG2E, is_causal=is_causal, qk_mode=0, pv_mode=0, cfg=cfg,
+                   out=out)
+
+
+KERNELS = {"fav3_sage": fav3_sage, "fp8_triton": fp8_triton, "fav2_triton": fav2_triton}
+
+
+def prepass(kernel: str, config=None):
+    """The quantization pre-pass alone (what the backend call runs before the attention kernel)."""
+    if kernel == "fav3_sage":
+        return lambda q, k, v: _sage_prepass(q, k, v, None, config_for(kernel, q.shape[-1], q.device, config), "fp8")
+    if kernel == "fp8_triton":
+        return lambda q, k, v: _fp8_prepass(q, k, v, None, config_for(kernel, q.shape[-1], q.device, config))
+    if kernel == "fav2_triton":
+        return None
+    raise KeyError(kernel)

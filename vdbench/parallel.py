@@ -1,0 +1,388 @@
+"""Multi-process rendering under ``torchrun``: process group, engine, per-path backend checks, rank handling.
+
+    torchrun --nproc_per_node=2 run_wan.py --ulysses_degree 2 --parallel_engine diffusers ...
+
+Two engines, both the projects' own sequence-parallel code (nothing here re-implements it):
+
+* ``xfuser`` (default) — xDiT: the transformer becomes ``xFuserWanTransformer3DWrapper`` (its processors call
+  xfuser's USP: Ulysses all-to-all, ring via torch's templated ring attention, or both), with xfuser's model
+  parallel groups. The backend is installed behind xfuser's attention registry (``AttentionPatch``), which
+  serves the Ulysses *and* the ring path. Needs CUDA: ``import xfuser`` raises NotImplementedError without an
+  accelerator (``envs.get_device_version()``), ``xfuser.envs.get_torch_distributed_backend()`` raises
+  NotImplementedError on a machine without CUDA/HIP/MUSA/MPS/NPU, and ``xfuser.model_executor.layers.usp``
+  binds yunchang's ``PROCESS_GROUP`` only when ``torch.cuda.is_available()`` (``None`` otherwise, so both its
+  Ulysses all-to-all and its ring attention dereference ``None``).
+* ``diffusers`` — ``transformer.enable_parallelism(config=ContextParallelConfig(...))``: diffusers' own CP
+  hooks split the sequence and its templated Ulysses / ring / unified attention runs, with our kernel as the
+  forward op (``AttentionPatch._cp_forward_op``). Runs on CPU over gloo, which is how CI checks it.
+
+Paths: Ulysses (``--ulysses_degree N``), ring (``--ring_degree N``), hybrid (both > 1). Ring merges partial
+results with each block's log-sum-exp, so the backend must return it (``backends.lse_function``); one that
+can't is refused before the model is loaded. Every rank checks its device and backend and the ranks agree
+(one collective) before any rendering; a rank that fails later sets a flag in the process group's store and
+every other rank exits within ``POLL_S`` seconds (no wait until the NCCL timeout). Only rank 0 writes the video
+and the merged timing.json, which carries every rank's figures (``ranks``).
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import sys
+import threading
+import time
+import traceback
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from . import backends as B
+
+__all__ = ["ParallelSpec", "DistContext", "ENGINES", "init_distributed", "check_backend_for_path", "agree",
+           "apply_engine", "merge_rank_entries", "FailureWatch", "EXIT_PEER_FAILED"]
+
+ENGINES = ("xfuser", "diffusers")
+EXIT_PEER_FAILED = 4  # this rank stopped because another rank failed
+POLL_S = 1.0
+_FAIL_KEY = "vdbench/failed"
+
+
+@dataclass(frozen=True)
+class ParallelSpec:
+    engine: str = "xfuser"
+    ulysses_degree: int = 1
+    ring_degree: int = 1
+    use_cfg_parallel: bool = False
+
+    @property
+    def world_size(self) -> int:
+        return self.ulysses_degree * self.ring_degree * (2 if self.use_cfg_parallel else 1)
+
+    @property
+    def path(self) -> str:
+        u, r = self.ulysses_degree, self.ring_degree
+        return "single" if u == r == 1 else "hybrid" if u > 1 and r > 1 else "ulysses" if u > 1 else "ring"
+
+    @property
+    def needs_lse(self) -> bool:
+        return self.ring_degree > 1
+
+    def validate(self) -> None:
+        if self.engine not in ENGINES:
+            raise ValueError(f"--parallel_engine must be one of {', '.join(ENGINES)}, got {self.engine!r}")
+        if self.ulysses_degree < 1 or self.ring_degree < 1:
+            raise ValueError("--ulysses_degree and --ring_degree must be >= 1")
+        if self.use_cfg_parallel:
+            raise ValueError("--use_cfg_parallel is not implemented by vdbench yet (neither xfuser's Wan "
+                             "transformer wrapper nor diffusers' ContextParallelConfig splits the guidance batch "
+                             "in this integration); run without it")
+
+    def as_dict(self) -> dict:
+        return {"engine": self.engine, "ulysses_degree": self.ulysses_degree, "ring_degree": self.ring_degree,
+                "use_cfg_parallel": self.use_cfg_parallel, "path": self.path, "world_size": self.world_size}
+
+
+@dataclass
+class DistContext:
+    spec: ParallelSpec
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+    pg_backend: str
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def _env_int(name: str, default: int) -> int:
+    v = os.environ.get(name)
+    return default if v in (None, "") else int(v)
+
+
+def init_distributed(spec: ParallelSpec, device_arg: str = "auto") -> Optional[DistContext]:
+    """Join the process group torchrun describes (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT).
+
+    Returns None for a single-process run with no parallel degree asked. Raises ValueError when the degrees
+    don't match the number of processes, before any model is loaded.
+    """
+    spec.validate()
+    world = _env_int("WORLD_SIZE", 1)
+    if world == 1 and spec.world_size == 1:
+        return None
+    if spec.world_size != world:
+        raise ValueError(f"--ulysses_degree {spec.ulysses_degree} x --ring_degree {spec.ring_degree}"
+                         f"{' x 2 (cfg)' if spec.use_cfg_parallel else ''} = {spec.world_size} processes, but "
+                         f"WORLD_SIZE is {world}: launch with torchrun --nproc_per_node={spec.world_size}")
+    rank, local_rank = _env_int("RANK", 0), _env_int("LOCAL_RANK", 0)
+    want_cuda = device_arg in (None, "auto") and torch.cuda.is_available() or str(device_arg).startswith("cuda")
+    if want_cuda:
+        if not torch.cuda.is_available():
+            raise B.BackendUnavailable(f"rank {rank}: --device {device_arg} asked for, but CUDA is not available")
+        if local_rank >= torch.cuda.device_count():
+            raise B.BackendUnavailable(f"rank {rank}: LOCAL_RANK {local_rank} but only "
+                                       f"{torch.cuda.device_count()} CUDA device(s) visible")
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+        pg = "nccl"
+    else:
+        device, pg = torch.device("cpu"), "gloo"
+    if spec.engine == "xfuser" and device.type != "cuda":
+        raise B.BackendUnavailable(
+            "--parallel_engine xfuser needs CUDA: xfuser 0.7.0 can't be imported without an accelerator "
+            "(xfuser/core/distributed/__init__.py calls envs.get_device_version(), which raises "
+            "NotImplementedError), xfuser.envs.get_torch_distributed_backend() raises "
+            "NotImplementedError without a CUDA/HIP/MUSA/MPS/NPU device, and xfuser.model_executor.layers.usp "
+            "binds yunchang's PROCESS_GROUP (the Ulysses and ring groups) only when torch.cuda.is_available(). "
+            "On a CPU use --parallel_engine diffusers")
+    if spec.engine == "xfuser":
+        try:
+            import xfuser.core.distributed  # noqa: F401  (fail here, before any model load, if it can't)
+            import xfuser.model_executor.models.transformers.transformer_wan  # noqa: F401
+        except Exception as e:
+            raise B.BackendUnavailable(f"--parallel_engine xfuser: can't import xfuser ({type(e).__name__}: {e}); "
+                                       "install xfuser, yunchang, distvae and einops (pip install '.[dist]')") from e
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        timeout = datetime.timedelta(seconds=float(os.environ.get("VDBENCH_DIST_TIMEOUT_S", 600)))
+        # no device_id: xfuser notes that NCCL's device-side rendezvous it triggers breaks its new_group() calls;
+        # the device is bound by set_device above
+        dist.init_process_group(pg, rank=rank, world_size=world, timeout=timeout)
+    return DistContext(spec, rank, world, local_rank, device, pg)
+
+
+def check_backend_for_path(spec: ParallelSpec, attention_type: str, device, family: str = "wan") -> None:
+    """Refuse (BackendUnavailable) a backend that can't serve the chosen parallel path, before any work."""
+    if family == "cogvideox" and spec.path != "single":
+        raise B.BackendUnavailable(
+            "CogVideoX under torchrun isn't supported yet: diffusers 0.42 has no context-parallel plan for "
+            "CogVideoXTransformer3DModel (no _cp_plan), and vdbench doesn't wire xfuser's CogVideoX pipeline "
+            "(xFuserCogVideoXPipeline, whose processor calls USP) yet; run it on one GPU")
+    if spec.engine == "xfuser" and spec.path != "single" and attention_type == "default":
+        raise B.BackendUnavailable(
+            "--attention_type default under --parallel_engine xfuser would leave the kernel to xfuser's own "
+            "registry, uncounted; name the backend (e.g. sdpa_cudnn, fav3)")
+    if not spec.needs_lse:
+        return
+    fn, _, why = B.lse_function(attention_type, device)
+    if fn is None:
+        can = [n for n in B.names() if B.lse_function(n, device)[0] is not None
+               and B.availability(n, device)[0]]
+        raise B.BackendUnavailable(
+            f"attention backend '{attention_type}' can't serve {spec.path} attention "
+            f"(--ring_degree {spec.ring_degree}): ring attention merges blocks with the log-sum-exp and {why}.\n"
+            f"Backends that return it here ({torch.device(device).type}): {', '.join(can) or 'none'}; or use "
+            f"--ulysses_degree alone")
+
+
+def agree(ctx: Optional[DistContext], error: Optional[BaseException]) -> None:
+    """Every rank reports its check; if any failed, every rank raises with the failing ranks' messages."""
+    if ctx is None:
+        if error is not None:
+            raise error
+        return
+    import torch.distributed as dist
+
+    mine = None if error is None else f"{type(error).__name__}: {error}"
+    gathered: list = [None] * ctx.world_size
+    dist.all_gather_object(gathered, mine)
+    bad = [(r, m) for r, m in enumerate(gathered) if m is not None]
+    if bad:
+        err = error if error is not None else B.BackendUnavailable(
+            "; ".join(f"rank {r}: {m}" for r, m in bad))
+        err._vd_agreed = True  # every rank raises this one together: no peer-failure flag needed
+        raise err
+
+
+@contextmanager
+def _one_device_presented(device: torch.device):
+    """diffusers 0.42's parallel setup computes ``rank % torch.accelerator.device_count()``, which is 0 on a
+    CPU-only machine; present one device for that call only (the CPU mesh itself is built by torch)."""
+    if device.type != "cpu" or torch.accelerator.device_count() > 0:
+        yield
+        return
+    orig = torch.accelerator.device_count
+    torch.accelerator.device_count = lambda: 1
+    try:
+        yield
+    finally:
+        torch.accelerator.device_count = orig
+
+
+def apply_engine(ctx: DistContext, pipe, models: list) -> list:
+    """Make the pipeline's transformer(s) sequence-parallel with the chosen engine; returns the new models."""
+    spec = ctx.spec
+    if spec.engine == "diffusers":
+        from diffusers import ContextParallelConfig
+
+        for name, m in models:
+            if not hasattr(m, "enable_parallelism") or getattr(m, "_cp_plan", None) is None:
+                raise B.BackendUnavailable(f"{type(m).__name__} has no diffusers context-parallel plan "
+                                           "(use --parallel_engine xfuser)")
+            with _one_device_presented(ctx.device):
+                m.enable_parallelism(config=ContextParallelConfig(ulysses_degree=spec.ulysses_degree,
+                                                                  ring_degree=spec.ring_degree))
+        return models
+    return _apply_xfuser(ctx, pipe, models)
+
+
+def _apply_xfuser(ctx: DistContext, pipe, models: list) -> list:
+    """xDiT's Wan path: its model-parallel groups, its runtime state, its transformer wrapper (USP processors)."""
+    from xfuser.core.distributed import init_distributed_environment, initialize_runtime_state
+    spec = ctx.spec
+    if type(pipe).__name__ not in ("WanPipeline", "WanImageToVideoPipeline"):
+        raise B.BackendUnavailable(f"--parallel_engine xfuser: {type(pipe).__name__} is not wired to xfuser in "
+                                   "vdbench yet (Wan pipelines are); use --parallel_engine diffusers")
+    from xfuser.model_executor.models.transformers.transformer_wan import xFuserWanTransformer3DWrapper
+
+    # xfuser's own order (its runner): world group, engine config, model load, then the runtime state, which
+    # builds the model-parallel groups (Ulysses / ring / cfg) from the engine config.
+    init_distributed_environment(rank=ctx.rank, world_size=ctx.world_size, local_rank=ctx.local_rank)
+    engine_config = _xfuser_engine_config(ctx, pipe)
+    import inspect
+
+    accepted = set(inspect.signature(xFuserWanTransformer3DWrapper.__init__).parameters)
+    new = []
+    for name, m in models:
+        cfg = {k: v for k, v in dict(m.config).items() if k in accepted}
+        # xfuser's wrapper is built the way xfuser builds it (its processors, its head_perm buffers), then takes
+        # the loaded model's own parameter and buffer tensors (assign: no copy, same dtypes, same values).
+        previous = torch.get_default_dtype()
+        try:
+            torch.set_default_dtype(torch.bfloat16 if ctx.device.type == "cuda" else previous)
+            with torch.device(ctx.device):
+                w = xFuserWanTransformer3DWrapper(**cfg)
+        finally:
+            torch.set_default_dtype(previous)
+        w.load_state_dict(m.state_dict(), assign=True, strict=True)
+        own = dict(w.named_buffers())
+        for bname, buf in m.named_buffers():  # non-persistent buffers (RoPE tables) aren't in the state dict
+            mod_name, _, leaf = bname.rpartition(".")
+            if bname in own:
+                w.get_submodule(mod_name)._buffers[leaf] = buf
+        w.eval()
+        setattr(pipe, name, w)
+        new.append((name, w))
+        del m
+    initialize_runtime_state(pipe, engine_config)
+    return new
+
+
+def _xfuser_engine_config(ctx: DistContext, pipe):
+    from xfuser import xFuserArgs
+
+    spec = ctx.spec
+    args = xFuserArgs(model="vdbench", ulysses_degree=spec.ulysses_degree, ring_degree=spec.ring_degree,
+                      use_cfg_parallel=spec.use_cfg_parallel)
+    engine_config, _ = args.create_config()
+    return engine_config
+
+
+def merge_rank_entries(ctx: Optional[DistContext], entries: list[dict]) -> Optional[list[dict]]:
+    """Gather every rank's timing entries; rank 0 gets rank 0's entries with ``ranks`` (per-rank figures) and
+    ``parallel`` added and the call counts summed over ranks; other ranks get None (they write nothing)."""
+    if ctx is None:
+        return entries
+    import torch.distributed as dist
+
+    slim = [{k: e.get(k) for k in ("repetition", "step_times", "step_time_median", "pipe_time", "vae_decode_time",
+                                   "attention", "peak_memory_bytes", "total_time")} for e in entries]
+    gathered: list = [None] * ctx.world_size
+    dist.all_gather_object(gathered, {"rank": ctx.rank, "device": str(ctx.device), "entries": slim})
+    if not ctx.is_main:
+        return None
+    merged = []
+    for i, e in enumerate(entries):
+        per_rank = [{"rank": g["rank"], "device": g["device"], **g["entries"][i]} for g in gathered]
+        total: dict = {}
+        for pr in per_rank:
+            for k, n in pr["attention"]["calls_by_kernel"].items():
+                total[k] = total.get(k, 0) + n
+        e = dict(e)
+        e["parallel"] = {**ctx.spec.as_dict(), "pg_backend": ctx.pg_backend}
+        e["ranks"] = per_rank
+        e["attention_all_ranks"] = {"calls_by_kernel": total, "total_calls": sum(total.values())}
+        # the step is done when the slowest rank is done
+        e["step_times"] = [max(pr["step_times"][j] for pr in per_rank) for j in range(len(e["step_times"]))]
+        from .timing import summarize_steps
+
+        e.update(summarize_steps(e["step_times"]))
+        merged.append(e)
+    return merged
+
+
+class FailureWatch:
+    """Bounded failure propagation: a failing rank sets a flag in the process group's store; a thread on every
+    rank polls it and ends its process (exit EXIT_PEER_FAILED) within POLL_S seconds of a peer's failure,
+    instead of waiting in a collective until the NCCL/gloo timeout. torchrun then stops the group."""
+
+    def __init__(self, ctx: Optional[DistContext]):
+        self.ctx = ctx
+        self.store = None
+        self._stop = threading.Event()
+        self._thread = None
+        if ctx is None:
+            return
+        from torch.distributed import distributed_c10d as c10d
+
+        self.store = c10d._get_default_store()
+        self._thread = threading.Thread(target=self._poll, name="vdbench-failure-watch", daemon=True)
+        self._thread.start()
+
+    def _poll(self):
+        while not self._stop.wait(POLL_S):
+            try:
+                if self.store.check([_FAIL_KEY]):
+                    who = self.store.get(_FAIL_KEY).decode(errors="replace")
+                    print(f"error: rank {self.ctx.rank}: stopping because {who}", file=sys.stderr, flush=True)
+                    os._exit(EXIT_PEER_FAILED)
+            except Exception:  # the store went away (a peer's exit took the master down): stop as well
+                if not self._stop.is_set():
+                    print(f"error: rank {self.ctx.rank}: lost the process group's store; stopping",
+                          file=sys.stderr, flush=True)
+                    os._exit(EXIT_PEER_FAILED)
+
+    def fail(self, exc: BaseException) -> None:
+        if self.store is None:
+            return
+        self._stop.set()  # this rank's own poller must not take its own flag for a peer's failure
+        try:
+            self.store.set(_FAIL_KEY, f"rank {self.ctx.rank} failed: {type(exc).__name__}: {exc}"[:2000])
+        except Exception:
+            pass
+
+    def close(self) -> None:
+        self._stop.set()
+
+
+def maybe_inject_failure(rank: int, where: str) -> None:
+    """Test hook: ``VDBENCH_TEST_FAIL=<rank>:<where>`` makes that rank raise there (tests of propagation)."""
+    spec = os.environ.get("VDBENCH_TEST_FAIL")
+    if spec and spec == f"{rank}:{where}":
+        raise RuntimeError(f"injected failure on rank {rank} at {where} (VDBENCH_TEST_FAIL)")
+
+
+def finish(ctx: Optional[DistContext], watch: FailureWatch, error: Optional[BaseException]) -> None:
+    """End of a run: on error flag it for the peers; on success leave the group cleanly."""
+    if ctx is None:
+        return
+    if error is not None and getattr(error, "_vd_agreed", False):
+        watch.close()  # all ranks stop here together, each with the message (exit code of the error's kind)
+        return
+    if error is not None:
+        watch.fail(error)
+        traceback.print_exception(error, file=sys.stderr)
+        sys.stderr.flush()
+        # Let the peers see the flag before this process (possibly the store's host) goes away.
+        time.sleep(2 * POLL_S + 0.5)
+        return
+    watch.close()
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()

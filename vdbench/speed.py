@@ -1,0 +1,161 @@
+"""Speed options applied to a loaded pipeline: regional compile, bf16 text-encoder GEMMs, fp8 GEMMs (torchao).
+
+Each option either takes effect or refuses with a reason before any rendering (``SpeedOptionError``): a run
+that asked for fp8 GEMMs and silently ran bf16 would report a speed that belongs to another configuration.
+``apply_speed_options`` returns what it did, for the run's timing.json.
+
+* **compile** -- *regional* compile: the repeated transformer blocks are compiled once and the compiled code
+  is shared by all blocks (diffusers' ``compile_repeated_blocks`` where the model declares its blocks, e.g.
+  Wan; otherwise each block of ``transformer_blocks`` is compiled in place, e.g. CogVideoX). Compile time stays
+  seconds instead of minutes and the speed is that of a whole-model compile. The attention patch survives
+  compile because each call is one opaque ``vdbench::attention`` op (see ``vdbench.patching``), so every
+  backend keeps running its own kernel and its calls are still counted. ``fullgraph=True``: a graph break
+  would be a silent slowdown, so it is an error instead.
+* **bf16 text-encoder GEMMs** -- the text encoder (UMT5 for Wan, T5 for CogVideoX) runs in bfloat16 whatever
+  the pipeline dtype: T5-family encoders overflow in float16 and are needlessly slow in float32. The
+  embeddings are cast to the transformer's dtype by the pipelines, as they are anyway.
+* **fp8 GEMMs** -- torchao's float8 dynamic-activation/float8-weight quantization (per-row scales by default)
+  of the Linear layers inside the transformer blocks, the layers that carry the FLOPs. torchao needs a GPU with
+  fp8 (CUDA compute capability >= 8.9, MI300+); anywhere else this refuses.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+__all__ = ["SpeedOptionError", "apply_speed_options", "compile_blocks", "quantize_fp8_gemms",
+           "COMPILE_BACKENDS"]
+
+COMPILE_BACKENDS = ("inductor", "aot_eager", "eager")  # eager/aot_eager: debugging what dynamo traces
+
+
+class SpeedOptionError(RuntimeError):
+    """A requested speed option cannot take effect here (package, device, model)."""
+
+
+def _blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
+    for attr in ("blocks", "transformer_blocks"):
+        blocks = getattr(model, attr, None)
+        if isinstance(blocks, torch.nn.ModuleList) and len(blocks):
+            return list(blocks)
+    raise SpeedOptionError(f"{type(model).__name__} has no list of repeated blocks to compile regionally")
+
+
+def compile_blocks(models, backend: str = "inductor", mode: Optional[str] = None) -> dict:
+    """Regionally compile each model's repeated blocks in place; returns a description for timing.json."""
+    if backend not in COMPILE_BACKENDS:
+        raise SpeedOptionError(f"compile backend must be one of {COMPILE_BACKENDS}, got {backend!r}")
+    kwargs = dict(backend=backend, fullgraph=True)
+    if mode and backend == "inductor":
+        kwargs["mode"] = mode
+    done = {}
+    for name, model in models:
+        if getattr(model, "_repeated_blocks", None) and hasattr(model, "compile_repeated_blocks"):
+            model.compile_repeated_blocks(**kwargs)
+            n = sum(1 for m in model.modules() if type(m).__name__ in model._repeated_blocks)
+            done[name] = {"how": "compile_repeated_blocks", "blocks": n}
+        else:
+            blocks = _blocks(model)
+            for b in blocks:
+                b.compile(**kwargs)
+            done[name] = {"how": "block.compile", "blocks": len(blocks)}
+    return {"backend": backend, "mode": kwargs.get("mode"), "fullgraph": True, "models": done}
+
+
+def _fp8_support_reason(device: torch.device) -> Optional[str]:
+    """None when torchao's float8 GEMMs can run on ``device``, else why not."""
+    try:
+        import torchao  # noqa: F401
+    except ImportError:
+        return "package not installed: torchao (pip install 'vdbench[fp8]')"
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return f"float8 GEMMs need a GPU with fp8 support; this run is on {device.type}"
+    if torch.version.hip is None and torch.cuda.get_device_capability(device) < (8, 9):
+        cc = ".".join(map(str, torch.cuda.get_device_capability(device)))
+        return f"float8 GEMMs need CUDA compute capability >= 8.9 (this GPU: {cc})"
+    return None
+
+
+def quantize_fp8_gemms(models, device: torch.device, granularity: str = "row") -> dict:
+    """float8 dynamic-activation/weight quantization of the Linear layers inside the transformer blocks."""
+    reason = _fp8_support_reason(device)
+    if reason:
+        raise SpeedOptionError(f"--use_fp8_gemms can't run here: {reason}")
+    from torchao.quantization import Float8DynamicActivationFloat8WeightConfig, PerRow, PerTensor, quantize_
+
+    gran = {"row": PerRow(), "tensor": PerTensor()}[granularity]
+    done = {}
+    for name, model in models:
+        blocks = {id(m) for b in _blocks(model) for m in b.modules()}
+        picked = []
+
+        def pick(mod, fqn, blocks=blocks, picked=picked):
+            # fp8 GEMM kernels want both dims multiples of 16; the tiny layers outside blocks carry no FLOPs.
+            ok = (isinstance(mod, torch.nn.Linear) and id(mod) in blocks and mod.in_features % 16 == 0
+                  and mod.out_features % 16 == 0)
+            if ok:
+                picked.append(fqn)
+            return ok
+
+        quantize_(model, Float8DynamicActivationFloat8WeightConfig(granularity=gran), filter_fn=pick)
+        done[name] = len(picked)
+    return {"granularity": granularity, "linear_layers": done}
+
+
+def apply_speed_options(pipe, models, *, device: torch.device, compile: bool = False,
+                        compile_backend: str = "inductor", compile_mode: Optional[str] = None,
+                        bf16_te_gemms: bool = False, fp8_gemms: bool = False) -> dict:
+    """Apply the requested options in the order that works (quantize, then compile); return what was done."""
+    done: dict = {}
+    if bf16_te_gemms:
+        te = getattr(pipe, "text_encoder", None)
+        if te is None:
+            raise SpeedOptionError("--use_bf16_te_gemms: this pipeline has no text encoder")
+        done["text_encoder_dtype"] = {"from": str(te.dtype).replace("torch.", ""), "to": "bfloat16"}
+        te.to(torch.bfloat16)
+    if fp8_gemms:
+        done["fp8_gemms"] = quantize_fp8_gemms(models, device)
+    if compile:
+        done["compile"] = compile_blocks(models, compile_backend, compile_mode)
+    return done
+
+
+def add_speed_args(p, compile_flags=("--use_torch_compile",)) -> None:
+    """The speed flags, shared by run_wan.py (``--use_torch_compile``) and sageattn_cogvideo.py (``--compile``)."""
+    p.add_argument(*compile_flags, dest="compile", action="store_true",
+                   help="regional torch.compile of the transformer blocks (every backend survives it: each "
+                        "attention call is one opaque op, still counted); pair with --warmup_calls 1")
+    p.add_argument("--compile_backend", choices=COMPILE_BACKENDS, default="inductor",
+                   help="torch.compile backend (eager/aot_eager: check what dynamo traces, fast to build)")
+    p.add_argument("--compile_mode", default=None,
+                   help="inductor mode, e.g. max-autotune-no-cudagraphs (default: inductor's default)")
+    p.add_argument("--use_bf16_te_gemms", action="store_true",
+                   help="run the text encoder's GEMMs in bfloat16 whatever --dtype is (T5 overflows in fp16)")
+    p.add_argument("--use_fp8_gemms", action="store_true",
+                   help="torchao float8 GEMMs (dynamic activation + weight, per-row scales) in the transformer "
+                        "blocks; needs torchao and a GPU with fp8 (CUDA cc >= 8.9, MI300+)")
+
+
+def speed_kwargs(args) -> dict:
+    """RenderConfig fields from the flags of ``add_speed_args``."""
+    return dict(compile=args.compile, compile_backend=args.compile_backend, compile_mode=args.compile_mode,
+                bf16_te_gemms=args.use_bf16_te_gemms, fp8_gemms=args.use_fp8_gemms)
+
+
+def add_vae_args(p, fast_ok: bool = True) -> None:
+    """VAE decode flags shared by both render CLIs (see vdbench.vae and vdbench.vae_parallel)."""
+    modes = ["default", "fast", "parallel"] if fast_ok else ["default", "parallel"]
+    p.add_argument("--vae_decode", choices=modes, default="default",
+                   help="default: diffusers' decode; fast: several latent frames per decoder call into one "
+                        "preallocated output (Wan VAEs); parallel: split rows across the torchrun ranks with "
+                        "halo exchange (matches the one-GPU decode)")
+    p.add_argument("--vae_max_memory", type=float, default=None, metavar="GIB",
+                   help="bound the decode's memory: the frame chunk (or tiles) is chosen from this budget (Wan VAEs)")
+    p.add_argument("--vae_timeout", type=float, default=None, metavar="S",
+                   help="watchdog: a decode running longer is reported as hung (stacks dumped, exit 124)")
+
+
+def vae_kwargs(args) -> dict:
+    return dict(vae_decode=args.vae_decode, vae_max_memory=args.vae_max_memory, vae_timeout=args.vae_timeout)
