@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 from vdbench import backends as B
+from vdbench.parallel import add_parallel_args, parallel_kwargs
 from vdbench.patching import ON_UNSUPPORTED_CHOICES
 from vdbench.speed import add_speed_args, add_vae_args, speed_kwargs, vae_kwargs
 from vdbench.render import EXIT_BAD_INPUT, RenderConfig, fill_defaults, handle_listing, run_cli, wan_output_name
@@ -72,12 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--save_latents", action="store_true", help="save the latents before VAE decode to <dir>/captures")
     p.add_argument("--save_frames", action="store_true",
                    help="also save the raw uint8 frames (.npy beside the video) for codec-free quality figures")
-    p.add_argument("--parallel_engine", choices=["xfuser", "diffusers"], default="xfuser",
-                   help="under torchrun: xDiT's USP (default; CUDA only) or diffusers' ContextParallelConfig")
-    p.add_argument("--ulysses_degree", type=int, default=1, help="Ulysses sequence-parallel degree (torchrun)")
-    p.add_argument("--ring_degree", type=int, default=1,
-                   help="ring-attention degree (torchrun); the backend must return the log-sum-exp")
-    p.add_argument("--use_cfg_parallel", action="store_true", help="split the guidance batch over 2 ranks")
+    add_parallel_args(p)
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="auto", help="auto (bf16 on GPU, fp32 on CPU), bf16, fp16, fp32")
     p.add_argument("--fps", type=int, default=16)
@@ -141,8 +137,7 @@ def main(argv=None) -> int:
                        vae_dtype=args.vae_dtype, flow_shift=args.flow_shift, profile_output=args.profile_output,
                        traces_root=Path(args.benchmark_output_directory) / "traces", profile_wait=args.profile_wait,
                        profile_warmup=args.profile_warmup, profile_active=args.profile_active,
-                       parallel_engine=args.parallel_engine, ulysses_degree=args.ulysses_degree,
-                       ring_degree=args.ring_degree, use_cfg_parallel=args.use_cfg_parallel,
+                       **parallel_kwargs(args),
                        **speed_kwargs(args), **vae_kwargs(args))
     return run_cli(cfg)
 

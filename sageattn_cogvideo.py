@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 from vdbench import backends as B
+from vdbench.parallel import add_parallel_args, parallel_kwargs
 from vdbench.patching import ON_UNSUPPORTED_CHOICES
 from vdbench.speed import add_speed_args, add_vae_args, speed_kwargs, vae_kwargs
 from vdbench.render import (EXIT_BAD_INPUT, RenderConfig, cogvideox_output_name, fill_defaults, handle_listing,
@@ -47,12 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fps", type=int, default=8)
     p.add_argument("--num_repetitions", type=int, default=1)
     p.add_argument("--time_attention", action="store_true")
-    p.add_argument("--parallel_engine", choices=["xfuser", "diffusers"], default="xfuser",
-                   help="under torchrun: xDiT's USP (default; CUDA only) or diffusers' ContextParallelConfig")
-    p.add_argument("--ulysses_degree", type=int, default=1, help="Ulysses sequence-parallel degree (torchrun)")
-    p.add_argument("--ring_degree", type=int, default=1,
-                   help="ring-attention degree (torchrun); the backend must return the log-sum-exp")
-    p.add_argument("--use_cfg_parallel", action="store_true", help="split the guidance batch over 2 ranks")
+    add_parallel_args(p)
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="auto")
     p.add_argument("--save_inputs", action="store_true", help="save Q/K/V of attention calls (see run_wan.py)")
@@ -98,8 +94,7 @@ def main(argv=None) -> int:
                        capture_dir=Path(args.input_dir) if args.input_dir else out_dir / "captures",
                        rank=int(os.environ.get("RANK", 0)), warmup_calls=args.warmup_calls,
                        vae_dtype=args.vae_dtype, cpu_offload=args.cpu_offload, vae_tiling=args.vae_tiling,
-                       parallel_engine=args.parallel_engine, ulysses_degree=args.ulysses_degree,
-                       ring_degree=args.ring_degree, use_cfg_parallel=args.use_cfg_parallel,
+                       **parallel_kwargs(args),
                        vae_slicing=args.vae_slicing, **speed_kwargs(args), **vae_kwargs(args))
     return run_cli(cfg)
 

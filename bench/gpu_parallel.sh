@@ -8,7 +8,7 @@
 # whole script (summary included) stays under 8 min; runs.tsv says which ran, failed (rc) or were skipped.
 set -uo pipefail
 OUT=${OUT:-gpu_results}; mkdir -p "$OUT/logs"
-RES=${RES:-/tmp/vdbench_par}; rm -rf "$RES"; mkdir -p "$RES"
+RES=${RES:-/tmp/vdbench_par}; [[ -n "${KEEP_RES:-}" ]] || rm -rf "$RES"; mkdir -p "$RES"  # KEEP_RES=1: 1-GPU runs made elsewhere
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 OMP_NUM_THREADS=8
 BUDGET_S=${BUDGET_S:-420}; RUN_TIMEOUT_S=${RUN_TIMEOUT_S:-150}; T0=$(date +%s); PORT=29650
 # WAN_ARGS overrides the model/size (a CPU dry run of this script: WAN_ARGS="--model tiny --height 64 ...")
@@ -54,8 +54,8 @@ run a2a 30 "${TR2[@]}" --master_port=$((PORT++)) "$RES/a2a.py" "$OUT/a2a.json"
 # 1. one GPU per backend (two at a time, one per GPU: independent devices)
 one() { CUDA_VISIBLE_DEVICES=$1 python3 run_wan.py "${W[@]}" --benchmark_output_directory "$RES/1gpu" --attention_type "$2"; }
 ONE1=(${ONE_GPU_1:-sdpa_cudnn fav3}); ONE2=(${ONE_GPU_2:-sagev1 fav3_fp8})
-run "1gpu_${ONE1[0]}+${ONE1[1]}" 60 bash -c "$(declare -f one); W=(${W[*]}); RES=$RES; one 0 ${ONE1[0]} & a=\$!; one 1 ${ONE1[1]} & b=\$!; wait \$a; r=\$?; wait \$b; exit \$(( r | \$? ))"
-run "1gpu_${ONE2[0]}+${ONE2[1]}" 60 bash -c "$(declare -f one); W=(${W[*]}); RES=$RES; one 0 ${ONE2[0]} & a=\$!; one 1 ${ONE2[1]} & b=\$!; wait \$a; r=\$?; wait \$b; exit \$(( r | \$? ))"
+[[ -n "${SKIP_1GPU:-}" ]] || run "1gpu_${ONE1[0]}+${ONE1[1]}" 60 bash -c "$(declare -f one); W=(${W[*]}); RES=$RES; one 0 ${ONE1[0]} & a=\$!; one 1 ${ONE1[1]} & b=\$!; wait \$a; r=\$?; wait \$b; exit \$(( r | \$? ))"
+[[ -n "${SKIP_1GPU:-}" ]] || run "1gpu_${ONE2[0]}+${ONE2[1]}" 60 bash -c "$(declare -f one); W=(${W[*]}); RES=$RES; one 0 ${ONE2[0]} & a=\$!; one 1 ${ONE2[1]} & b=\$!; wait \$a; r=\$?; wait \$b; exit \$(( r | \$? ))"
 
 # 2. two GPUs: Ulysses-2 and ring-2, both engines (most wanted first; sagev1 under ring is refused: no LSE)
 par() {  # par ENGINE ulysses|ring DEGREE BACKEND

@@ -938,8 +938,9 @@ _WAN_14B = dict(_WAN_TRANSFORMER, num_attention_heads=40, attention_head_dim=128
                 num_layers=40)
 _WAN_5B = dict(_WAN_TRANSFORMER, num_attention_heads=24, attention_head_dim=128, text_dim=4096, ffn_dim=14336,
                num_layers=30, in_channels=48, out_channels=48)
-_WAN21_VAE_REAL = dict(_WAN21_VAE, base_dim=96)
-_WAN22_VAE_REAL = dict(_WAN22_VAE, base_dim=160, decoder_base_dim=256)
+# The released Wan 2.1 / 2.2 VAEs have 2 residual blocks per stage (diffusers' default); the tiny ones have 1.
+_WAN21_VAE_REAL = dict(_WAN21_VAE, base_dim=96, num_res_blocks=2)
+_WAN22_VAE_REAL = dict(_WAN22_VAE, base_dim=160, decoder_base_dim=256, num_res_blocks=2)
 _UMT5_XXL_WIDTH = dict(_UMT5_TEXT_ENCODER, d_model=4096, d_kv=64, d_ff=10240, num_heads=64, num_layers=2)
 _T5_XXL_WIDTH = dict(_UMT5_XXL_WIDTH, **{"class": "T5EncoderModel"})
 _COG_2B = dict(_COG_TRANSFORMER, num_attention_heads=30, attention_head_dim=64, time_embed_dim=512,

@@ -37,6 +37,7 @@ def compile_variant(name: str, d: int, target, causal: bool = False, config: dic
         raise RuntimeError("TRITON_INTERPRET is set: cannot compile ahead of time")
     (qt, kt, vt, ot), qkm, pvm, key = VARIANTS[name]
     cfg = dict(A.CONFIGS[(key, d)], **(config or {}))
+    tma = bool(cfg.get("TMA", 0))
     types = {"Q": qt, "K": kt, "V": vt, "Out": ot}
     names = list(inspect.signature(A._attn_fwd.fn).parameters)
     sig = {}
@@ -44,11 +45,35 @@ def compile_variant(name: str, d: int, target, causal: bool = False, config: dic
         sig[n] = ("*" + types[o]) if o in types else ("*fp32" if o in ("QS", "KS", "VS") else
                                                        ("fp32" if o == "qk_scale" else "i32"))
     consts = dict(D=d, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], QK_MODE=qkm, PV_MODE=pvm, IS_CAUSAL=causal,
-                  P_SC=A.P_SCALE, UPCAST_DOT=False, FIX_FP8=False)
+                  P_SC=A.P_SCALE, UPCAST_DOT=False, FIX_FP8=False,
+                  TMA_QK=tma, TMA_V=tma, PV_ACC=bool(cfg.get("PV_ACC", 0)) and pvm >= 2,
+                  FOLD=bool(cfg.get("FOLD", 0)),
+                  P_SHIFT=A.P_SHIFT if cfg.get("FOLD", 0) and pvm >= 2 else 0.0)
     for c in consts:
         sig[c] = "constexpr"
     src = ASTSource(fn=A._attn_fwd, signature=sig, constexprs={(names.index(k),): v for k, v in consts.items()})
     return triton.compile(src, target=target, options=dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"]))
+
+
+def resource_usage(kernel) -> str:
+    """Registers / spill bytes of the compiled cubin (cuobjdump bundled with Triton), '' when unavailable."""
+    import os as _os
+    import re
+    import subprocess
+    import tempfile
+
+    import triton
+
+    cubin = kernel.asm.get("cubin")
+    tool = _os.path.join(_os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    if not cubin or not _os.path.exists(tool):
+        return ""
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        res = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True).stdout
+    m = re.search(r"REG:(\d+).*?STACK:(\d+).*?LOCAL:(\d+)", res)
+    return f"regs={m.group(1)} stack={m.group(2)} local={m.group(3)}" if m else ""
 
 
 def mma_count(kernel) -> str:
@@ -65,6 +90,8 @@ def main(argv=None) -> int:
     p.add_argument("--d", type=int, nargs="+", default=[128, 64])
     p.add_argument("--kernels", nargs="+", default=list(VARIANTS))
     p.add_argument("--causal", action="store_true", help="also the causal variants")
+    p.add_argument("--sweep", action="store_true",
+                   help="compile every config of attention.SWEEP (what bench/gpu_kernels.sh's sweep runs) instead")
     args = p.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         print("error: unset TRITON_INTERPRET to compile ahead of time", file=sys.stderr)
@@ -75,6 +102,23 @@ def main(argv=None) -> int:
     backend, arch = args.target.split(":")
     target = GPUTarget(backend, int(arch) if backend == "cuda" else arch, 32 if backend == "cuda" else 64)
     bad = 0
+    if args.sweep:
+        from vdbench.kernels import attention as A
+
+        for d in args.d:
+            for kname, cfgs in A.SWEEP[d].items():
+                for cfg in cfgs:
+                    name = {"fav2_triton": "fav2_triton[bf16]"}.get(kname, kname)
+                    t0 = time.time()
+                    try:
+                        k = compile_variant(name, d, target, False, cfg)
+                        print(f"OK  {name:20s} D{d} {A.config_label(cfg)}  {mma_count(k)}  shared={k.metadata.shared}"
+                              f"  {resource_usage(k)}  {time.time() - t0:.1f}s  (triton {triton.__version__})", flush=True)
+                    except Exception as e:  # report and go on
+                        bad += 1
+                        print(f"ERR {name:20s} D{d} {A.config_label(cfg)}: {type(e).__name__}: "
+                              f"{str(e).splitlines()[0][:300] if str(e) else ''}", flush=True)
+        return 1 if bad else 0
     for d in args.d:
         for name in args.kernels:
             for causal in (False, True) if args.causal else (False,):
@@ -82,6 +126,7 @@ def main(argv=None) -> int:
                 try:
                     k = compile_variant(name, d, target, causal)
                     print(f"OK  {name:20s} D{d} causal={causal}  {mma_count(k)}  shared={k.metadata.shared}  "
+                          f"{resource_usage(k)}  "
                           f"{time.time() - t0:.1f}s  (triton {triton.__version__}, {args.target})", flush=True)
                 except Exception as e:  # report and go on
                     bad += 1

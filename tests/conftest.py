@@ -1,0 +1,27 @@
+"""Session-wide test setup.
+
+Triton decides at decoration time whether a ``@triton.jit`` function is compiled or interpreted, and Triton's own
+standard library (``tl.max``, ``tl.cdiv`` ...) is decorated when ``triton`` is first imported. Some tests import
+triton indirectly (torch.compile, torchao) before tests/test_kernels.py turns the interpreter on for the project's
+kernels; an interpreted kernel calling a compiled standard-library function then fails ("Cannot call @triton.jit'd
+outside of the scope of a kernel"). On a machine without a GPU -- where only the interpreter can run Triton at all --
+triton is therefore imported once here with the interpreter on; the variable itself is restored at once, so every
+other test sees the environment it expects (the kernels' availability probes read it).
+"""
+
+import importlib.util
+import os
+
+import torch
+
+if not torch.cuda.is_available() and importlib.util.find_spec("triton") is not None:
+    _old = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        import triton  # noqa: F401
+        import triton.language  # noqa: F401
+    finally:
+        if _old is None:
+            os.environ.pop("TRITON_INTERPRET", None)
+        else:
+            os.environ["TRITON_INTERPRET"] = _old
