@@ -21,6 +21,10 @@ W13=(--model random:wan2.1-t2v-1.3b --height 480 --width 832 --num_frames 81 --n
 W14=(--model random:wan2.1-t2v-14b --height 720 --width 1280 --num_frames 81 --num_inference_steps "$STEPS14"
      --save_frames --time_attention)
 T0=$(date +%s); el() { echo $(( $(date +%s) - T0 )); }
+# The device tool brings back a limited number of files from $OUT: pack everything (but frames/videos) into one
+# archive after every phase, so a cut call still returns what finished.
+pack() { (cd "$OUT" && tar czf ../vdbench_x4_results.tgz --exclude='*.npy' --exclude='*.mp4' --exclude='*.pt' --exclude='*.tgz' . \
+          && mv ../vdbench_x4_results.tgz results.tgz; cd "$RES" && find . -name timing.json | tar czf "$OUT/timing.tgz" -T -) 2>/dev/null; }
 lim() { local l=$(( A_S - $(el) - 5 )); (( l < 10 )) && l=1; echo $l; }  # what is left of phase A
 nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader > "$OUT/gpu.txt" 2>&1
 nvidia-smi topo -m >> "$OUT/gpu.txt" 2>&1
@@ -40,6 +44,7 @@ echo "== phase A ($(el) s)"
     --attention_type fav3 2>&1 | grep -E '^\[|^error' | tail -n 2 ) > "$OUT/phaseA_gpu3.log" 2>&1 &
 wait
 tail -n 4 "$OUT"/phaseA_gpu*.log
+pack
 
 echo "== phase B ($(el) s)"
 ( CUDA_VISIBLE_DEVICES=0,1 OUT="$OUT/par" RES="$RES/par" KEEP_RES=1 SKIP_1GPU=1 BUDGET_S=$(( B_S - 10 )) \
@@ -49,6 +54,7 @@ echo "== phase B ($(el) s)"
   bash bench/gpu_vae_parallel.sh > "$OUT/phaseB_vae_par.log" 2>&1 ) &
 wait
 tail -n 30 "$OUT/par/summary.txt" 2>/dev/null; tail -n 12 "$OUT/phaseB_vae_par.log"
+pack
 
 echo "== phase C ($(el) s)"
 TR4=(python3 -m torch.distributed.run --standalone --nproc_per_node=4)
@@ -65,4 +71,5 @@ for pair in "w14/u4 w14/1gpu" "par/diffusers_u4 par/1gpu"; do
   [ -n "$ref" ] && [ -d "$RES/$1/results" ] && python3 bench/compare_outputs.py "$RES/$1/results" --reference "$ref" \
     --device cuda -o "$OUT/quality_${1//\//_}_vs_1gpu.json" 2>&1 | tail -n 2
 done
+pack
 echo "== done ($(el) s)"
