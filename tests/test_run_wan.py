@@ -177,6 +177,8 @@ def test_vae_decode_fast_matches_default_and_is_recorded(tmp_path):
     assert a.shape == b.shape and np.abs(a.astype(int) - b.astype(int)).max() <= 1
     entry = json.loads((tmp_path / "f" / "results" / "timing.json").read_text())[-1]
     assert entry["vae_decode"]["mode"] == "fast" and entry["vae_decode_time"] > 0
+    # bounded by default: 2 latent frames per decoder call (the measured trade-off), never all frames at once
+    assert entry["vae_decode"]["path"] == "chunked" and entry["vae_decode"]["chunk_frames"] == 2
 
 
 def test_vae_timeout_reports_a_hung_decode_and_writes_nothing(tmp_path, monkeypatch, capsys):
