@@ -20,7 +20,8 @@ from pathlib import Path
 from vdbench import backends as B
 from vdbench.parallel import add_parallel_args, parallel_kwargs
 from vdbench.patching import ON_UNSUPPORTED_CHOICES
-from vdbench.speed import add_speed_args, add_vae_args, speed_kwargs, vae_kwargs
+from vdbench.speed import add_speed_args, speed_kwargs
+from vdbench.vae import add_vae_args, vae_kwargs
 from vdbench.render import EXIT_BAD_INPUT, RenderConfig, fill_defaults, handle_listing, run_cli, wan_output_name
 
 DEFAULT_MODELS = {"t2v": "Wan-AI/Wan2.1-T2V-1.3B-Diffusers", "i2v": "Wan-AI/Wan2.1-I2V-14B-480P-Diffusers",

@@ -379,23 +379,36 @@ def _fa3_out(res):
     return res[0] if isinstance(res, tuple) else res
 
 
-def _fav3(q, k, v, *, scale=None, is_causal=False):
+def _fa3_call(q, k, v, scale, is_causal, *, fp8: bool, lse: bool):
+    """FA3 on BHSD inputs: bf16, or e4m3 with one scale per (batch, head) (the finest FA3's descale arguments
+    take); with ``lse`` also its log-sum-exp (B, H, S) fp32, for ring attention. One call site for all four
+    backends (plain / fp8, with / without LSE), so they can't drift apart."""
     fa3 = _fa3_module()
-    out = fa3.flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), softmax_scale=scale,
-                              causal=is_causal)
-    return _fa3_out(out).transpose(1, 2)
+    kw = dict(causal=is_causal)
+    if fp8:
+        scale = q.shape[-1] ** -0.5 if scale is None else scale
+        (q8, _, qd), (k8, _, kd), (v8, _, vd) = (quantize_fp8(t, "bh") for t in (q, k, v))
+        q_, k_, v_ = q8, k8, v8
+        kw.update(q_descale=qd, k_descale=kd, v_descale=vd)
+    else:
+        q_, k_, v_ = q, k, v
+    if lse:
+        kw["return_attn_probs"] = True
+    res = fa3.flash_attn_func(q_.transpose(1, 2), k_.transpose(1, 2), v_.transpose(1, 2), softmax_scale=scale,
+                              **kw)
+    out = (res[0] if lse else _fa3_out(res)).transpose(1, 2)
+    if fp8:
+        out = out.to(q.dtype)
+    return (out, res[1].float()) if lse else out
+
+
+def _fav3(q, k, v, *, scale=None, is_causal=False):
+    return _fa3_call(q, k, v, scale, is_causal, fp8=False, lse=False)
 
 
 def _fav3_fp8(q, k, v, *, scale=None, is_causal=False):
     """FA3 on e4m3 inputs, one scale per (batch, head) (the finest FA3's descale arguments take)."""
-    fa3 = _fa3_module()
-    scale = q.shape[-1] ** -0.5 if scale is None else scale
-    q8, _, qd = quantize_fp8(q, "bh")
-    k8, _, kd = quantize_fp8(k, "bh")
-    v8, _, vd = quantize_fp8(v, "bh")
-    out = fa3.flash_attn_func(q8.transpose(1, 2), k8.transpose(1, 2), v8.transpose(1, 2), softmax_scale=scale,
-                              causal=is_causal, q_descale=qd, k_descale=kd, v_descale=vd)
-    return _fa3_out(out).transpose(1, 2).to(q.dtype)
+    return _fa3_call(q, k, v, scale, is_causal, fp8=True, lse=False)
 
 
 def _triton_kernel(name: str) -> Callable:
@@ -590,22 +603,11 @@ def _lse_sdpa_efficient(q, k, v, *, scale=None, is_causal=False):
 
 
 def _lse_fav3(q, k, v, *, scale=None, is_causal=False):
-    fa3 = _fa3_module()
-    out, lse = fa3.flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), softmax_scale=scale,
-                                   causal=is_causal, return_attn_probs=True)[:2]
-    return out.transpose(1, 2), lse.float()
+    return _fa3_call(q, k, v, scale, is_causal, fp8=False, lse=True)
 
 
 def _lse_fav3_fp8(q, k, v, *, scale=None, is_causal=False):
-    fa3 = _fa3_module()
-    scale = q.shape[-1] ** -0.5 if scale is None else scale
-    q8, _, qd = quantize_fp8(q, "bh")
-    k8, _, kd = quantize_fp8(k, "bh")
-    v8, _, vd = quantize_fp8(v, "bh")
-    out, lse = fa3.flash_attn_func(q8.transpose(1, 2), k8.transpose(1, 2), v8.transpose(1, 2), softmax_scale=scale,
-                                   causal=is_causal, q_descale=qd, k_descale=kd, v_descale=vd,
-                                   return_attn_probs=True)[:2]
-    return out.transpose(1, 2).to(q.dtype), lse.float()
+    return _fa3_call(q, k, v, scale, is_causal, fp8=True, lse=True)
 
 
 # name -> (fn, devices it gives an LSE on, label of the kernel that runs)

@@ -333,10 +333,8 @@ class AttentionPatch:
         here, at trace time, where it is a constant of the call site -- not the layer name, which differs per
         block and would make dynamo recompile each repeated block (captures therefore run eagerly).
         """
-        model, _layer, kind = self._ctx
-        if kind == "cross+img":
-            kind = "cross_img" if self._sub == 0 else "cross"
-        self._sub += 1
+        model = self._ctx[0]
+        kind = self._next_kind()
         return torch.ops.vdbench.attention(q, k, v, attn_mask, float(dropout_p), bool(is_causal),
                                            None if scale is None else float(scale), bool(enable_gqa),
                                            self._op_id, model, kind, mode)
@@ -424,11 +422,18 @@ class AttentionPatch:
         self._host_time = 0.0
         self.step = 0
 
-    def _record(self, label, q, k, v, out, *, bshd: bool, args: dict):
-        model, layer, kind = self._ctx
+    def _next_kind(self) -> str:
+        """The kind of the attention call in progress; counts it within its processor call. A Wan i2v
+        cross-attention processor makes two calls, image context first ("cross+img" -> cross_img, cross)."""
+        kind = self._ctx[2]
         if kind == "cross+img":
             kind = "cross_img" if self._sub == 0 else "cross"
         self._sub += 1
+        return kind
+
+    def _record(self, label, q, k, v, out, *, bshd: bool, args: dict):
+        model, layer, _ = self._ctx
+        kind = self._next_kind()
         self.stats.calls[label] += 1
         self.stats.calls_by_kind[kind] += 1
         if self.observers:

@@ -279,12 +279,10 @@ def _render(cfg: RenderConfig, log, dctx) -> dict:
         err = None
         try:
             P.check_backend_for_path(dctx.spec, cfg.attention_type, device, cfg.family)
-            if getattr(cfg, "compile", False) and dctx.spec.path != "single":
+            if cfg.compile and dctx.spec.path != "single":
                 raise ValueError("--use_torch_compile under sequence parallelism isn't supported: the compiled "
                                  "attention op routes plain calls only (vdbench.patching._compiled_call)")
-            ok, why = B.availability(cfg.attention_type, device, dtype)
-            if not ok:
-                raise B.BackendUnavailable(f"attention backend '{cfg.attention_type}' can't run on {device}: {why}")
+            preflight(cfg.attention_type, device, dtype, [])  # head dims are checked again after the load
         except (B.BackendUnavailable, ValueError) as e:
             err = e
         P.agree(dctx, err)

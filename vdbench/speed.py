@@ -143,19 +143,3 @@ def speed_kwargs(args) -> dict:
     return dict(compile=args.compile, compile_backend=args.compile_backend, compile_mode=args.compile_mode,
                 bf16_te_gemms=args.use_bf16_te_gemms, fp8_gemms=args.use_fp8_gemms)
 
-
-def add_vae_args(p, fast_ok: bool = True) -> None:
-    """VAE decode flags shared by both render CLIs (see vdbench.vae and vdbench.vae_parallel)."""
-    modes = ["default", "fast", "parallel"] if fast_ok else ["default", "parallel"]
-    p.add_argument("--vae_decode", choices=modes, default="default",
-                   help="default: diffusers' decode; fast: several latent frames per decoder call into one "
-                        "preallocated output (Wan VAEs); parallel: split rows across the torchrun ranks with "
-                        "halo exchange (matches the one-GPU decode)")
-    p.add_argument("--vae_max_memory", type=float, default=None, metavar="GIB",
-                   help="bound the decode's memory: the frame chunk (or tiles) is chosen from this budget (Wan VAEs)")
-    p.add_argument("--vae_timeout", type=float, default=None, metavar="S",
-                   help="watchdog: a decode running longer is reported as hung (stacks dumped, exit 124)")
-
-
-def vae_kwargs(args) -> dict:
-    return dict(vae_decode=args.vae_decode, vae_max_memory=args.vae_max_memory, vae_timeout=args.vae_timeout)

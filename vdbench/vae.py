@@ -366,3 +366,21 @@ def wan_decode_tiled_chunked(vae, z: torch.Tensor, tile_px: int, stride_px: int,
     if p is not None:
         dec = unpatchify(dec, patch_size=p)
     return torch.clamp(dec, min=-1.0, max=1.0)
+
+
+def add_vae_args(p, fast_ok: bool = True) -> None:
+    """VAE decode flags shared by both render CLIs (see this module and vdbench.vae_parallel)."""
+    modes = ["default", "fast", "parallel"] if fast_ok else ["default", "parallel"]
+    p.add_argument("--vae_decode", choices=modes, default="default",
+                   help="default: diffusers' decode; fast: several latent frames per decoder call into one "
+                        "preallocated output (Wan VAEs); parallel: split rows across the torchrun ranks with "
+                        "halo exchange (matches the one-GPU decode)")
+    p.add_argument("--vae_max_memory", type=float, default=None, metavar="GIB",
+                   help="bound the decode's memory: the frame chunk (or tiles) is chosen from this budget (Wan VAEs)")
+    p.add_argument("--vae_timeout", type=float, default=None, metavar="S",
+                   help="watchdog: a decode running longer is reported as hung (stacks dumped, exit 124)")
+
+
+def vae_kwargs(args) -> dict:
+    """RenderConfig fields from the flags of ``add_vae_args``."""
+    return dict(vae_decode=args.vae_decode, vae_max_memory=args.vae_max_memory, vae_timeout=args.vae_timeout)

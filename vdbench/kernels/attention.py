@@ -364,14 +364,19 @@ def _ensure_allocator():
     """tl.make_tensor_descriptor inside a kernel needs a global scratch allocator (Triton >= 3.3). Triton keeps
     it in a ContextVar (per thread / context), so this checks every launch and sets ours only where none is set
     (an allocator set by the caller is kept)."""
+    if not _allocator_is_set():
+        triton.set_allocator(_scratch_alloc)
+
+
+def _allocator_is_set() -> bool:
+    """Whether this thread/context already has a Triton allocator (False where Triton's internals differ:
+    then ours is set)."""
     try:
         from triton.runtime import _allocation as _al
 
-        if not isinstance(_al._allocator.get(), _al.NullAllocator):
-            return
-    except (ImportError, AttributeError):  # another layout of Triton's internals: set ours
-        pass
-    triton.set_allocator(_scratch_alloc)
+        return not isinstance(_al._allocator.get(), _al.NullAllocator)
+    except (ImportError, AttributeError):
+        return False
 
 
 LAST_LAUNCH: dict = {}  # the specialisation the last launch used (tests and the sweep read it)

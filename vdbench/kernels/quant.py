@@ -53,19 +53,25 @@ def to_e4m3(x, FIX: tl.constexpr):
 
 
 @triton.jit
-def _quant_blocks_kernel(X, Out, Scale, Mean, s_len, s_pad, n_blk, H, pre_scale,
-                         sxb, sxh, sxs, sxd,
-                         BLK: tl.constexpr, D: tl.constexpr, HAS_MEAN: tl.constexpr, FP8: tl.constexpr,
-                         FIX: tl.constexpr):
+def _load_block(X, s_len, H, sxb, sxh, sxs, sxd, BLK: tl.constexpr, D: tl.constexpr):
+    """This program's (block, head, batch) tile of a strided (B, H, S, D) tensor, in fp32 (rows past the end: 0).
+    Returns (tile, block index, b*H + h, row indices, column indices, in-sequence mask)."""
     blk = tl.program_id(0)
     h = tl.program_id(1)
     b = tl.program_id(2)
-    bh = b * H + h
     rows = blk * BLK + tl.arange(0, BLK)
     cols = tl.arange(0, D)
     inside = rows[:, None] < s_len
     x = tl.load(X + b * sxb + h * sxh + rows[:, None] * sxs + cols[None, :] * sxd, mask=inside, other=0.0)
-    x = x.to(tl.float32)
+    return x.to(tl.float32), blk, b * H + h, rows, cols, inside
+
+
+@triton.jit
+def _quant_blocks_kernel(X, Out, Scale, Mean, s_len, s_pad, n_blk, H, pre_scale,
+                         sxb, sxh, sxs, sxd,
+                         BLK: tl.constexpr, D: tl.constexpr, HAS_MEAN: tl.constexpr, FP8: tl.constexpr,
+                         FIX: tl.constexpr):
+    x, blk, bh, rows, cols, inside = _load_block(X, s_len, H, sxb, sxh, sxs, sxd, BLK, D)
     if HAS_MEAN:
         mu = tl.load(Mean + bh * D + cols)
         x = tl.where(inside, x - mu[None, :], 0.0)
@@ -89,15 +95,7 @@ def _quant_blocks_kernel(X, Out, Scale, Mean, s_len, s_pad, n_blk, H, pre_scale,
 def _quant_v_t_kernel(X, Out, Scale, ChanScale, s_len, s_pad, n_blk, H,
                       sxb, sxh, sxs, sxd,
                       BLK: tl.constexpr, D: tl.constexpr, PER_CHANNEL: tl.constexpr, FIX: tl.constexpr):
-    blk = tl.program_id(0)
-    h = tl.program_id(1)
-    b = tl.program_id(2)
-    bh = b * H + h
-    rows = blk * BLK + tl.arange(0, BLK)
-    cols = tl.arange(0, D)
-    inside = rows[:, None] < s_len
-    x = tl.load(X + b * sxb + h * sxh + rows[:, None] * sxs + cols[None, :] * sxd, mask=inside, other=0.0)
-    x = x.to(tl.float32)
+    x, blk, bh, rows, cols, inside = _load_block(X, s_len, H, sxb, sxh, sxs, sxd, BLK, D)
     if PER_CHANNEL:
         sc = tl.load(ChanScale + bh * D + cols)  # already safe (> 0)
         y = x / sc[None, :]
