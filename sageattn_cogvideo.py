@@ -56,6 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--input_dir", default=None, help="where --save_inputs writes (default <output_dir>/captures)")
     p.add_argument("--max_captures", type=int, default=0, help="with --save_inputs: at most N calls (0 = all)")
     p.add_argument("--save_frames", action="store_true", help="also save raw uint8 frames (.npy beside the video)")
+    p.add_argument("--save_latents", action="store_true", help="save the latents before the VAE decode (captures)")
     p.add_argument("--warmup_calls", type=int, default=0, help="untimed pipeline calls before the timed ones")
     p.add_argument("--vae_dtype", default="auto", help="auto (the pipeline dtype), fp32, bf16, fp16")
     add_speed_args(p, ("--compile", "--use_torch_compile"))
@@ -92,6 +93,7 @@ def main(argv=None) -> int:
                        device=args.device, dtype=args.dtype, fps=args.fps, on_unsupported=args.on_unsupported,
                        time_attention=args.time_attention, save_inputs=args.save_inputs,
                        max_captures=args.max_captures, save_frames=args.save_frames,
+                       save_latents=args.save_latents,
                        capture_dir=Path(args.input_dir) if args.input_dir else out_dir / "captures",
                        rank=int(os.environ.get("RANK", 0)), warmup_calls=args.warmup_calls,
                        vae_dtype=args.vae_dtype, cpu_offload=args.cpu_offload, vae_tiling=args.vae_tiling,

@@ -48,10 +48,10 @@ def _env(**extra):
 _PORT = [29500 + (os.getpid() % 400)]
 
 
-def torchrun(args, out: Path, nproc=2, timeout=240, **env):
+def torchrun(args, out: Path, nproc=2, timeout=240, script="run_wan.py", **env):
     _PORT[0] += 1
-    cmd = [TORCHRUN, f"--nproc_per_node={nproc}", f"--master_port={_PORT[0]}", str(ROOT / "run_wan.py"), *args,
-           "--benchmark_output_directory", str(out)]
+    where = ["--benchmark_output_directory" if script == "run_wan.py" else "--output_dir", str(out)]
+    cmd = [TORCHRUN, f"--nproc_per_node={nproc}", f"--master_port={_PORT[0]}", str(ROOT / script), *args, *where]
     t0 = time.monotonic()
     proc = subprocess.run(cmd, capture_output=True, text=True, env=_env(**env), timeout=timeout, cwd=str(out.parent))
     return proc, time.monotonic() - t0
@@ -103,10 +103,51 @@ def test_ring_refuses_backends_without_lse_and_names_those_with():
         P.check_backend_for_path(ring, "sdpa_cudnn", "cpu")
 
 
-def test_cogvideox_under_torchrun_is_refused_with_the_reason():
-    with pytest.raises(B.BackendUnavailable, match="no _cp_plan.*xFuserCogVideoXPipeline"):
+def test_cogvideox_under_torchrun_needs_xfuser():
+    with pytest.raises(B.BackendUnavailable, match="no _cp_plan.*--parallel_engine xfuser"):
         P.check_backend_for_path(P.ParallelSpec("diffusers", 2, 1), "sdpa", "cpu", family="cogvideox")
     P.check_backend_for_path(P.ParallelSpec("diffusers", 1, 1), "sdpa", "cpu", family="cogvideox")
+    # xfuser's CogVideoX pipeline splits sequence and guidance: accepted (it runs on CUDA only, see below)
+    P.check_backend_for_path(P.ParallelSpec("xfuser", 2, 1), "sdpa", "cpu", family="cogvideox")
+    P.check_backend_for_path(P.ParallelSpec("xfuser", 1, 1, True), "sdpa", "cpu", family="cogvideox")
+
+
+def test_cfg_parallel_is_xfusers_and_only_where_xfuser_splits_guidance():
+    with pytest.raises(ValueError, match="needs --parallel_engine xfuser.*no guidance split"):
+        P.ParallelSpec("diffusers", 1, 1, True).validate()
+    spec = P.ParallelSpec("xfuser", 2, 1, True)
+    spec.validate()
+    assert spec.world_size == 4 and spec.path == "ulysses" and spec.label == "ulysses2+cfg2"
+    assert P.ParallelSpec("xfuser", 1, 1, True).label == "cfg2"
+    assert P.ParallelSpec("xfuser", 2, 2).label == "ulysses2xring2"
+    assert P.ParallelSpec("xfuser", 1, 1, True).as_dict()["label"] == "cfg2"
+    for task in ("t2v", "ti2v"):  # xfuser runs Wan text-to-video through diffusers' WanPipeline: no split
+        with pytest.raises(B.BackendUnavailable, match=f"Wan {task}.*WanPipeline.*I2V models only"):
+            P.check_backend_for_path(P.ParallelSpec("xfuser", 1, 1, True), "sdpa", "cpu", "wan", task)
+    P.check_backend_for_path(P.ParallelSpec("xfuser", 1, 1, True), "sdpa", "cpu", "wan", "i2v")
+    # refused before any model load: the degrees include the 2 guidance ranks
+    with pytest.raises(ValueError, match="x 2 \\(cfg\\) = 4 processes.*nproc_per_node=4"):
+        import os
+        os.environ["WORLD_SIZE"] = "2"
+        try:
+            P.init_distributed(spec, "cpu")
+        finally:
+            del os.environ["WORLD_SIZE"]
+
+
+def test_i2v_pipeline_rebuilds_from_its_components():
+    """CFG parallel swaps the I2V pipeline for xfuser's direct subclass (same constructor); the rebuild must carry
+    every module and config value (checked here with the diffusers class itself)."""
+    from diffusers import WanImageToVideoPipeline
+    from vdbench.pipelines import load_pipeline
+
+    pipe = load_pipeline("tiny:wan2.2-i2v-a14b", "i2v", "wan", dtype=torch.float32, device="cpu")
+    assert pipe.config.boundary_ratio is not None  # the config-only value that pipe.components drops
+    again = P.rebuild_pipeline_as(WanImageToVideoPipeline, pipe)
+    for k, v in pipe.components.items():
+        assert getattr(again, k) is v, k
+    assert {k: v for k, v in again.config.items() if k != "_name_or_path"} == \
+        {k: v for k, v in pipe.config.items() if k != "_name_or_path"}
 
 
 @pytest.mark.parametrize("name", ["sdpa", "sdpa_flash", "reference"])
@@ -194,6 +235,55 @@ def test_xfuser_engine_on_gpus(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
+_XFUSER_CASES = {  # name: (script, args, parallel flags, expected label)
+    "cogvideox_ulysses2": ("sageattn_cogvideo.py", ["--model_path", "tiny", "--height", "64", "--width", "96",
+                                                     "--num_frames", "9"], ["--ulysses_degree", "2"], "ulysses2"),
+    "cogvideox_cfg2": ("sageattn_cogvideo.py", ["--model_path", "tiny", "--height", "64", "--width", "96",
+                                                 "--num_frames", "9"], ["--use_cfg_parallel"], "cfg2"),
+    "wan_i2v_cfg2": ("run_wan.py", ["--model", "tiny", "--task", "i2v", "--height", "64", "--width", "96",
+                                    "--num_frames", "9"], ["--use_cfg_parallel"], "cfg2"),
+}
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="xfuser's CogVideoX "
+                    "and CFG-parallel pipelines need 2 CUDA GPUs + NCCL (see test_xfuser_engine_on_gpus)")
+@pytest.mark.parametrize("case", sorted(_XFUSER_CASES))
+def test_xfuser_pipelines_match_one_gpu(tmp_path, case):
+    """xfuser's own CogVideoX pipeline (Ulysses, CFG) and Wan I2V pipeline (CFG) against one process, fp32:
+    the latents before the VAE agree to fp32 rounding (GEMMs over half the tokens or one guidance branch may
+    pick other kernels), the merged timing names the layout, and every rank ran our kernel."""
+    from PIL import Image
+
+    script, args, flags, label = _XFUSER_CASES[case]
+    args = args + ["--num_inference_steps", "2", "--attention_type", "sdpa", "--dtype", "fp32", "--save_latents"]
+    if "i2v" in case:
+        img = tmp_path / "in.png"
+        Image.fromarray((np.arange(64 * 96 * 3) % 251).astype(np.uint8).reshape(64, 96, 3)).save(img)
+        args += ["--img_file_path", str(img)]
+    where = "--benchmark_output_directory" if script == "run_wan.py" else "--output_dir"
+    single = subprocess.run([sys.executable, str(ROOT / script), *args, where, str(tmp_path / "one")],
+                            capture_output=True, text=True, env=_env(CUDA_VISIBLE_DEVICES="0"), timeout=300)
+    assert single.returncode == 0, single.stderr[-3000:]
+    proc, _ = torchrun(args + flags + ["--parallel_engine", "xfuser"], tmp_path / "two", script=script, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+    def lat(d):
+        from vdbench.capture import load_latents
+
+        f = sorted(d.rglob("latents_sdpa_rank0_*.pt"))
+        assert f, f"no latents under {d}"
+        return load_latents(f[-1])[0].float()
+
+    a, b = lat(tmp_path / "one"), lat(tmp_path / "two")
+    rel = float((a - b).norm() / a.norm())
+    print(f"{case}: latent relative L2 vs one GPU {rel:.2e}")
+    assert rel < 2e-3, rel
+    timing = json.loads(next((tmp_path / "two").rglob("timing.json")).read_text())[-1]
+    assert timing["parallel"]["label"] == label
+    for r in timing["ranks"]:
+        assert sum(r["attention"]["calls_by_kernel"].values()) > 0 and r["attention"]["fallback_calls"] == 0
+
+
 # ----- end to end over gloo -----
 
 @pytest.fixture(scope="module")
@@ -220,6 +310,26 @@ def test_ulysses2_over_gloo_is_bit_identical(renders):
     fa = np.load(renders["single"] / "results" / f"{VIDEO}.npy")
     fb = np.load(renders["ulysses"] / "results" / f"{VIDEO}.npy")
     assert fa.std() > 1.0 and np.array_equal(fa, fb)
+
+
+def test_parallel_summary_table_reads_layouts_from_the_timing(renders, tmp_path):
+    sys.path.insert(0, str(ROOT / "bench"))
+    import parallel_summary as S
+
+    group = tmp_path / "res" / "w"
+    group.mkdir(parents=True)
+    for name, src in (("1gpu", "single"), ("a", "ulysses"), ("b", "hybrid")):
+        (group / name).symlink_to(renders[src], target_is_directory=True)
+    rows = {r["config"]: r for r in S.summarize(tmp_path / "res")}
+    assert set(rows) == {"1 GPU", "ulysses2 (diffusers)", "ulysses2xring2 (diffusers)"}
+    u, h = rows["ulysses2 (diffusers)"], rows["ulysses2xring2 (diffusers)"]
+    assert u["gpus"] == 2 and h["gpus"] == 4
+    assert u["identical_frames"] and u["latent_rel_l2_vs_1gpu"] == 0.0 and u["psnr_vs_1gpu_db"] == float("inf")
+    assert 0 < h["latent_rel_l2_vs_1gpu"] <= 1e-5
+    assert u["speedup"] == pytest.approx(rows["1 GPU"]["step_ms"] / u["step_ms"])
+    assert u["efficiency"] == pytest.approx(u["speedup"] / 2)
+    assert "2 ranks" in u["kernels"] and "ulysses2" in u["kernels"]
+    assert "ulysses2xring2 (diffusers)" in S.table(list(rows.values()))
 
 
 @pytest.mark.parametrize("name", ["ring", "hybrid"])

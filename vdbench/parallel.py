@@ -74,14 +74,24 @@ class ParallelSpec:
             raise ValueError(f"--parallel_engine must be one of {', '.join(ENGINES)}, got {self.engine!r}")
         if self.ulysses_degree < 1 or self.ring_degree < 1:
             raise ValueError("--ulysses_degree and --ring_degree must be >= 1")
+        if self.use_cfg_parallel and self.engine != "xfuser":
+            raise ValueError("--use_cfg_parallel needs --parallel_engine xfuser: diffusers 0.42's "
+                             "ContextParallelConfig has ring and Ulysses degrees only (no guidance split)")
+
+    @property
+    def label(self) -> str:
+        """Human-readable layout, e.g. 'ulysses2', 'ring2', 'ulysses2xring2', 'cfg2', 'ulysses2+cfg2'."""
+        parts = [f"ulysses{self.ulysses_degree}"] if self.ulysses_degree > 1 else []
+        parts += [f"ring{self.ring_degree}"] if self.ring_degree > 1 else []
+        sp = "x".join(parts)
         if self.use_cfg_parallel:
-            raise ValueError("--use_cfg_parallel is not implemented by vdbench yet (neither xfuser's Wan "
-                             "transformer wrapper nor diffusers' ContextParallelConfig splits the guidance batch "
-                             "in this integration); run without it")
+            return f"{sp}+cfg2" if sp else "cfg2"
+        return sp or "single"
 
     def as_dict(self) -> dict:
         return {"engine": self.engine, "ulysses_degree": self.ulysses_degree, "ring_degree": self.ring_degree,
-                "use_cfg_parallel": self.use_cfg_parallel, "path": self.path, "world_size": self.world_size}
+                "use_cfg_parallel": self.use_cfg_parallel, "path": self.path, "label": self.label,
+                "world_size": self.world_size}
 
 
 @dataclass
@@ -155,14 +165,35 @@ def init_distributed(spec: ParallelSpec, device_arg: str = "auto") -> Optional[D
     return DistContext(spec, rank, world, local_rank, device, pg)
 
 
-def check_backend_for_path(spec: ParallelSpec, attention_type: str, device, family: str = "wan") -> None:
-    """Refuse (BackendUnavailable) a backend that can't serve the chosen parallel path, before any work."""
-    if family == "cogvideox" and spec.path != "single":
+def check_backend_for_path(spec: ParallelSpec, attention_type: str, device, family: str = "wan",
+                           task: str = "t2v") -> None:
+    """Refuse (BackendUnavailable) what the chosen engine and path can't run, before any work.
+
+    What each engine can split, as shipped (diffusers 0.42.1, xfuser 0.7.0):
+
+    ==================  ==========================  ===========================================
+    pipeline            diffusers (context parallel) xfuser
+    ==================  ==========================  ===========================================
+    Wan T2V / TI2V      Ulysses, ring, hybrid        Ulysses, ring, hybrid (no CFG split: its runner
+                                                     lists ``use_cfg_parallel`` for I2V only)
+    Wan I2V             Ulysses, ring, hybrid        + CFG (``xFuserWanImageToVideoPipeline``)
+    CogVideoX           none (no ``_cp_plan``)       Ulysses, ring, hybrid, CFG (``xFuserCogVideoXPipeline``)
+    ==================  ==========================  ===========================================
+    """
+    if family == "cogvideox" and spec.world_size > 1 and task == "i2v":
         raise B.BackendUnavailable(
-            "CogVideoX under torchrun isn't supported yet: diffusers 0.42 has no context-parallel plan for "
-            "CogVideoXTransformer3DModel (no _cp_plan), and vdbench doesn't wire xfuser's CogVideoX pipeline "
-            "(xFuserCogVideoXPipeline, whose processor calls USP) yet; run it on one GPU")
-    if spec.engine == "xfuser" and spec.path != "single" and attention_type == "default":
+            "CogVideoX image-to-video under torchrun: neither engine splits it (xfuser 0.7 wraps CogVideoXPipeline "
+            "only; diffusers 0.42 has no _cp_plan for CogVideoX); run it on one GPU")
+    if family == "cogvideox" and spec.world_size > 1 and spec.engine != "xfuser":
+        raise B.BackendUnavailable(
+            "CogVideoX under --parallel_engine diffusers: diffusers 0.42 has no context-parallel plan for "
+            "CogVideoXTransformer3DModel (no _cp_plan); use --parallel_engine xfuser (xFuserCogVideoXPipeline)")
+    if spec.use_cfg_parallel and family == "wan" and task != "i2v":
+        raise B.BackendUnavailable(
+            f"--use_cfg_parallel with Wan {task}: xfuser 0.7 runs Wan text-to-video through diffusers' own "
+            "WanPipeline, which evaluates both guidance branches on every rank (xfuser's runner lists "
+            "use_cfg_parallel for its I2V models only); CFG parallel works for --task i2v and for CogVideoX")
+    if spec.engine == "xfuser" and spec.world_size > 1 and attention_type == "default":
         raise B.BackendUnavailable(
             "--attention_type default under --parallel_engine xfuser would leave the kernel to xfuser's own "
             "registry, uncounted; name the backend (e.g. sdpa_cudnn, fav3)")
@@ -213,8 +244,9 @@ def _one_device_presented(device: torch.device):
         torch.accelerator.device_count = orig
 
 
-def apply_engine(ctx: DistContext, pipe, models: list) -> list:
-    """Make the pipeline's transformer(s) sequence-parallel with the chosen engine; returns the new models."""
+def apply_engine(ctx: DistContext, pipe, models: list) -> tuple:
+    """Make the pipeline parallel with the chosen engine; returns ``(pipe, models)`` (both may be new objects:
+    xfuser wraps the transformers, and for CFG parallel / CogVideoX the pipeline itself)."""
     spec = ctx.spec
     if spec.engine == "diffusers":
         from diffusers import ContextParallelConfig
@@ -226,23 +258,38 @@ def apply_engine(ctx: DistContext, pipe, models: list) -> list:
             with _one_device_presented(ctx.device):
                 m.enable_parallelism(config=ContextParallelConfig(ulysses_degree=spec.ulysses_degree,
                                                                   ring_degree=spec.ring_degree))
-        return models
+        return pipe, models
     return _apply_xfuser(ctx, pipe, models)
 
 
-def _apply_xfuser(ctx: DistContext, pipe, models: list) -> list:
-    """xDiT's Wan path: its model-parallel groups, its runtime state, its transformer wrapper (USP processors)."""
+def _apply_xfuser(ctx: DistContext, pipe, models: list) -> tuple:
+    """xDiT's own integration of each pipeline, in xfuser's order: world group, engine config, its wrappers, then
+    the runtime state (which builds the Ulysses / ring / CFG groups from the engine config).
+
+    * Wan: xfuser's ``xFuserWanTransformer3DWrapper`` (USP processors) takes the loaded transformers' tensors;
+      the pipeline stays diffusers' (what xfuser's runner does for T2V), or becomes xfuser's
+      ``xFuserWanImageToVideoPipeline`` for I2V with CFG parallel (its rank split of the guidance branches).
+    * CogVideoX: xfuser's ``xFuserCogVideoXPipeline`` wrapper (sequence split of the latents, CFG split, its
+      transformer wrapper with USP processors).
+    """
     from xfuser.core.distributed import init_distributed_environment, initialize_runtime_state
     spec = ctx.spec
-    if type(pipe).__name__ not in ("WanPipeline", "WanImageToVideoPipeline"):
-        raise B.BackendUnavailable(f"--parallel_engine xfuser: {type(pipe).__name__} is not wired to xfuser in "
-                                   "vdbench yet (Wan pipelines are); use --parallel_engine diffusers")
-    from xfuser.model_executor.models.transformers.transformer_wan import xFuserWanTransformer3DWrapper
-
-    # xfuser's own order (its runner): world group, engine config, model load, then the runtime state, which
-    # builds the model-parallel groups (Ulysses / ring / cfg) from the engine config.
+    kind = type(pipe).__name__
+    if kind not in ("WanPipeline", "WanImageToVideoPipeline", "CogVideoXPipeline"):
+        raise B.BackendUnavailable(f"--parallel_engine xfuser: {kind} is not wired to xfuser in vdbench "
+                                   "(Wan and CogVideoX pipelines are); use --parallel_engine diffusers")
     init_distributed_environment(rank=ctx.rank, world_size=ctx.world_size, local_rank=ctx.local_rank)
     engine_config = _xfuser_engine_config(ctx, pipe)
+    if kind == "CogVideoXPipeline":
+        from xfuser.model_executor.pipelines import xFuserCogVideoXPipeline
+
+        progress = getattr(pipe, "_progress_bar_config", None)
+        wrapped = xFuserCogVideoXPipeline(pipe, engine_config)  # initializes the runtime state itself
+        if progress is not None:
+            pipe._progress_bar_config = progress
+        return wrapped, [(name, getattr(wrapped, name)) for name, _ in models]
+
+    from xfuser.model_executor.models.transformers.transformer_wan import xFuserWanTransformer3DWrapper
     import inspect
 
     accepted = set(inspect.signature(xFuserWanTransformer3DWrapper.__init__).parameters)
@@ -268,8 +315,31 @@ def _apply_xfuser(ctx: DistContext, pipe, models: list) -> list:
         setattr(pipe, name, w)
         new.append((name, w))
         del m
+    if spec.use_cfg_parallel:  # checked before the load: Wan I2V only (check_backend_for_path)
+        from xfuser.model_executor.pipelines.pipeline_wan_i2v import xFuserWanImageToVideoPipeline
+
+        progress = getattr(pipe, "_progress_bar_config", None)
+        pipe = rebuild_pipeline_as(xFuserWanImageToVideoPipeline, pipe)  # a direct subclass: its __call__
+        pipe.engine_config = engine_config
+        if progress is not None:
+            pipe._progress_bar_config = progress
     initialize_runtime_state(pipe, engine_config)
-    return new
+    return pipe, new
+
+
+def rebuild_pipeline_as(cls, pipe):
+    """``cls`` (a pipeline class with the same constructor, e.g. xfuser's subclass) built from ``pipe``'s own
+    modules and its config-only values (``pipe.components`` alone drops e.g. Wan 2.2's ``boundary_ratio``)."""
+    import inspect
+
+    kwargs = {}
+    comps = pipe.components
+    for name in list(inspect.signature(cls.__init__).parameters)[1:]:
+        if name in comps:
+            kwargs[name] = comps[name]
+        elif name in pipe.config:
+            kwargs[name] = pipe.config[name]
+    return cls(**kwargs)
 
 
 def _xfuser_engine_config(ctx: DistContext, pipe):

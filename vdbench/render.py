@@ -278,10 +278,10 @@ def _render(cfg: RenderConfig, log, dctx) -> dict:
     if dctx is not None:  # the backend must serve this parallel path (ring: LSE), on every rank, before any work
         err = None
         try:
-            P.check_backend_for_path(dctx.spec, cfg.attention_type, device, cfg.family)
-            if cfg.compile and dctx.spec.path != "single":
-                raise ValueError("--use_torch_compile under sequence parallelism isn't supported: the compiled "
-                                 "attention op routes plain calls only (vdbench.patching._compiled_call)")
+            P.check_backend_for_path(dctx.spec, cfg.attention_type, device, cfg.family, cfg.task)
+            if cfg.compile:
+                raise ValueError("--use_torch_compile under torchrun isn't supported: the compiled attention op "
+                                 "routes plain single-process calls only (vdbench.patching._compiled_call)")
             preflight(cfg.attention_type, device, dtype, [])  # head dims are checked again after the load
         except (B.BackendUnavailable, ValueError) as e:
             err = e
@@ -323,7 +323,7 @@ def _render(cfg: RenderConfig, log, dctx) -> dict:
     P.agree(dctx, err)  # single process: raises err itself
     backend = B.get_backend(cfg.attention_type)
     if dctx is not None:
-        models = P.apply_engine(dctx, pipe, models)
+        pipe, models = P.apply_engine(dctx, pipe, models)
     from .speed import apply_speed_options
 
     speed = apply_speed_options(pipe, models, device=device, compile=cfg.compile,

@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# The multi-GPU table for every backend (issues 8 and 10) and the VAE table (issue 7), on one 4-GPU machine
+# (nvidia-h200-x4) in two calls of <= 10 min each, chained so the machine (and /tmp) stays the same:
+#
+#   CALL=1 bash bench/gpu_x4b.sh   # three tracks side by side on separate GPUs:
+#       GPU 3     the VAE table (bench/gpu_vae.sh: every config x Wan 2.1 / 2.2 / CogVideoX)
+#       GPU 2     one-GPU baselines: Wan 1.3B 480p x 5 backends, CogVideoX-2b, Wan 14B 720p
+#       GPU 0-1   GPU-only tests (xfuser CogVideoX / CFG pipelines vs one GPU), then Wan 1.3B Ulysses-2 and
+#                 ring-2 with both engines for sdpa_cudnn, sagev1, fav3_fp8, fav3_sage
+#   CALL=2 bash bench/gpu_x4b.sh   # 4 GPUs: Wan 1.3B Ulysses-4 / ring-4 / Ulysses-2 x ring-2 per backend,
+#                 Wan 14B Ulysses-4, CogVideoX-2b Ulysses-2 / CFG-2 / both (xfuser), the 4-GPU VAE decode
+#
+# Every run has its own time limit and each track a deadline, so a failing or slow piece costs only itself;
+# runs.tsv says which ran (rc, wall) and which were skipped. Everything but frames/latents is packed into
+# $OUT/results_<call>.tgz (the device tool returns few files) with summary_<call>.txt beside it.
+# Run from the repo root after the wheel install + PYTHONPATH export.
+set -uo pipefail
+CALL=${CALL:-1}
+OUT=${OUT:-gpu_results}; mkdir -p "$OUT"
+RES=${RES:-/tmp/vd3/res}; W=${W:-/tmp/vd3/out}; mkdir -p "$RES" "$W/logs"
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 OMP_NUM_THREADS=8
+LIMIT_S=${LIMIT_S:-560}  # this call's deadline (the device tool stops a command at 600 s)
+T0=$(date +%s); el() { echo $(( $(date +%s) - T0 )); }
+W13=(--model random:wan2.1-t2v-1.3b --height 480 --width 832 --num_frames 81 --num_inference_steps 3
+     --save_frames --save_latents --time_attention)
+W14=(--model random:wan2.1-t2v-14b --height 720 --width 1280 --num_frames 81 --num_inference_steps 2
+     --save_frames --save_latents --time_attention)
+COG=(--model_path random:cogvideox-2b --height 480 --width 720 --num_frames 49 --num_inference_steps 3
+     --save_frames --save_latents --time_attention)
+# CPU dry run of the plumbing: W13_ARGS / COG_ARGS replace the model arguments (e.g. the tiny models)
+[ -n "${W13_ARGS:-}" ] && read -r -a W13 <<< "$W13_ARGS" && W14=("${W13[@]}")
+[ -n "${COG_ARGS:-}" ] && read -r -a COG <<< "$COG_ARGS"
+[ -f "$W/runs.tsv" ] || printf 'call\trun\trc\twall_s\n' > "$W/runs.tsv"
+
+# r NAME NEED_S LIMIT_S CMD...: run unless fewer than NEED_S seconds are left before the deadline
+r() {
+  local name=$1 need=$2 lim=$3; shift 3
+  local left=$(( LIMIT_S - $(el) - 5 ))
+  if (( left < need )); then printf '%s\t%s\tskip(deadline)\t0\n' "$CALL" "$name" >> "$W/runs.tsv"; return 0; fi
+  (( lim > left )) && lim=$left
+  local s=$(date +%s)
+  # a child bash gets the arrays and functions (timeout runs programs, not shell functions)
+  timeout -k 5 "$lim" bash -c "$(declare -p W13 W14 COG RES); $(declare -f wan cog); \"\$@\"" _ "$@" \
+    > "$W/logs/$name.log" 2>&1; local rc=$?
+  printf '%s\t%s\t%s\t%s\n' "$CALL" "$name" "$rc" "$(( $(date +%s) - s ))" >> "$W/runs.tsv"
+  echo "[$(el)s] $name rc=$rc: $(grep -E '^\[[a-z0-9_]+\] |^error|passed|failed' "$W/logs/$name.log" | tail -n 1 | cut -c1-200)"
+  return 0
+}
+wan() {  # wan GROUP CFG BACKEND GPUS NPROC [flags...]
+  local g=$1 c=$2 b=$3 gpus=$4 n=$5; shift 5
+  local args=("${W13[@]}"); [ "$g" = w14 ] && args=("${W14[@]}")
+  if [ "$n" = 1 ]; then
+    CUDA_VISIBLE_DEVICES=$gpus python3 run_wan.py "${args[@]}" --benchmark_output_directory "$RES/$g/$c/$b" \
+      --attention_type "$b" "$@"
+  else
+    CUDA_VISIBLE_DEVICES=$gpus python3 -m torch.distributed.run --standalone --nproc_per_node="$n" run_wan.py \
+      "${args[@]}" --benchmark_output_directory "$RES/$g/$c/$b" --attention_type "$b" "$@"
+  fi
+}
+cog() {  # cog CFG BACKEND GPUS NPROC [flags...]
+  local c=$1 b=$2 gpus=$3 n=$4; shift 4
+  if [ "$n" = 1 ]; then
+    CUDA_VISIBLE_DEVICES=$gpus python3 sageattn_cogvideo.py "${COG[@]}" --output_dir "$RES/cog/$c/$b" --attention_type "$b" "$@"
+  else
+    CUDA_VISIBLE_DEVICES=$gpus python3 -m torch.distributed.run --standalone --nproc_per_node="$n" sageattn_cogvideo.py \
+      "${COG[@]}" --output_dir "$RES/cog/$c/$b" --attention_type "$b" "$@"
+  fi
+}
+pack() {
+  python3 bench/parallel_summary.py "$RES" -o "$W/parallel_summary.json" > "$W/summary_parallel.txt" 2>&1
+  (cd "$W" && tar czf "$OUT/results_$CALL.tgz" --exclude='*.npy' --exclude='*.pt' --exclude='*.mp4' .)
+  (cd "$RES" && find . -name timing.json | tar czf "$OUT/timing_$CALL.tgz" -T -) 2>/dev/null
+  { cat "$W/runs.tsv"; echo; cat "$W/summary_parallel.txt"; } > "$OUT/summary_$CALL.txt"
+}
+nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader > "$W/gpu_$CALL.txt" 2>&1
+python3 -c 'import torch, diffusers, xfuser; print("torch", torch.__version__, torch.version.cuda, "diffusers", diffusers.__version__, "xfuser", xfuser.__version__)' >> "$W/gpu_$CALL.txt" 2>&1
+
+if [ "$CALL" = 1 ]; then
+  ( CUDA_VISIBLE_DEVICES=3 OUT="$W/vae" timeout -k 5 $(( LIMIT_S - 20 )) bash bench/gpu_vae.sh all > "$W/logs/vae.log" 2>&1
+    echo "[$(el)s] vae table rc=$?" ) &
+  ( for b in fav3 sdpa_cudnn sagev1 fav3_fp8 fav3_sage; do r "w13_1gpu_$b" 40 90 wan w13 1gpu $b 2 1; done
+    for b in fav3 sdpa_cudnn; do r "cog_1gpu_$b" 40 80 cog 1gpu $b 2 1; done
+    for b in sdpa_cudnn sagev1; do r "w14_1gpu_$b" 110 150 wan w14 1gpu $b 2 1; done
+  ) > "$W/logs/track_gpu2.log" 2>&1 &
+  ( r gpu_tests 60 170 env CUDA_VISIBLE_DEVICES=0,1 python3 -m pytest -q -rs tests/test_parallel.py \
+        -k "gpus or match_one_gpu" -p no:cacheprovider -s
+    for b in sdpa_cudnn sagev1 fav3_fp8 fav3_sage; do
+      for e in diffusers xfuser; do r "w13_${e}_u2_$b" 35 90 wan w13 ${e}_u2 $b 0,1 2 --parallel_engine $e --ulysses_degree 2; done
+    done
+    for b in sdpa_cudnn fav3_fp8 fav3_sage; do r "w13_diffusers_r2_$b" 35 90 wan w13 diffusers_r2 $b 0,1 2 --parallel_engine diffusers --ring_degree 2; done
+    r w13_diffusers_r2_sagev1_refused 15 60 wan w13 diffusers_r2 sagev1 0,1 2 --parallel_engine diffusers --ring_degree 2
+    for b in sdpa_cudnn fav3_fp8; do r "w13_xfuser_r2_$b" 35 90 wan w13 xfuser_r2 $b 0,1 2 --parallel_engine xfuser --ring_degree 2; done
+  ) > "$W/logs/track_gpu01.log" 2>&1 &
+  wait
+  cat "$W/logs/track_gpu2.log" "$W/logs/track_gpu01.log" "$W/logs/vae.log" | grep -E '^\[' | cut -c1-220
+  tail -n 40 "$W/vae/"*.log 2>/dev/null | grep -vE '^\s*$' | tail -n 45
+fi
+
+if [ "$CALL" = 2 ]; then
+  ( r cog_xfuser_u2_fav3 40 90 cog xfuser_u2 fav3 0,1 2 --parallel_engine xfuser --ulysses_degree 2 ) > "$W/logs/c2_a.log" 2>&1 &
+  ( r cog_xfuser_cfg2_fav3 40 90 cog xfuser_cfg2 fav3 2,3 2 --parallel_engine xfuser --use_cfg_parallel ) > "$W/logs/c2_b.log" 2>&1 &
+  wait; cat "$W"/logs/c2_[ab].log
+  r cog_xfuser_u2cfg2_fav3 40 90 cog xfuser_u2cfg2 fav3 0,1,2,3 4 --parallel_engine xfuser --ulysses_degree 2 --use_cfg_parallel
+  for b in sdpa_cudnn sagev1 fav3_fp8 fav3_sage; do r "w13_diffusers_u4_$b" 30 80 wan w13 diffusers_u4 $b 0,1,2,3 4 --parallel_engine diffusers --ulysses_degree 4; done
+  r w13_xfuser_u4_fav3 30 80 wan w13 xfuser_u4 fav3 0,1,2,3 4 --parallel_engine xfuser --ulysses_degree 4
+  r w13_diffusers_r4_fav3 30 80 wan w13 diffusers_r4 fav3 0,1,2,3 4 --parallel_engine diffusers --ring_degree 4
+  r w13_diffusers_u2r2_fav3 30 80 wan w13 diffusers_u2r2 fav3 0,1,2,3 4 --parallel_engine diffusers --ulysses_degree 2 --ring_degree 2
+  r w13_xfuser_u2r2_fav3 30 80 wan w13 xfuser_u2r2 fav3 0,1,2,3 4 --parallel_engine xfuser --ulysses_degree 2 --ring_degree 2
+  for b in sdpa_cudnn sagev1; do r "w14_diffusers_u4_$b" 75 120 wan w14 diffusers_u4 $b 0,1,2,3 4 --parallel_engine diffusers --ulysses_degree 4; done
+  r w13_diffusers_u2r2_sdpa_cudnn 30 80 wan w13 diffusers_u2r2 sdpa_cudnn 0,1,2,3 4 --parallel_engine diffusers --ulysses_degree 2 --ring_degree 2
+  r vae_parallel4 60 150 env NPROC=4 BUDGET_S=100 OUT="$W/vae_par4" bash bench/gpu_vae_parallel.sh
+  tail -n 12 "$W/logs/vae_parallel4.log" 2>/dev/null
+fi
+pack
+cat "$W/summary_parallel.txt"
+echo "== call $CALL done ($(el) s)"

@@ -1,0 +1,124 @@
+#!/usr/bin/env python3
+"""Multi-GPU table from render outputs: step time, speedup and scaling efficiency against one GPU, and the output
+against the one-GPU output of the same backend (frames PSNR, latents relative L2).
+
+    python bench/parallel_summary.py RES [-o summary.json]
+
+``RES`` holds one folder per model/size group (e.g. ``w13``, ``w14``, ``cog``), each holding one folder per
+configuration (``1gpu`` = the baseline; any other name, e.g. ``diffusers_u2``, ``xfuser_cfg2``) with what
+``run_wan.py`` / ``sageattn_cogvideo.py`` wrote there (``timing.json``, ``--save_frames`` .npy,
+``--save_latents`` captures). The configuration's label and GPU count are read from the merged timing
+(``parallel``: engine, Ulysses/ring/CFG layout), not from the folder name.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+
+
+def _entries(cfg_dir: Path) -> dict:
+    out = {}
+    for p in sorted(cfg_dir.rglob("timing.json")):
+        for e in json.loads(p.read_text()):
+            out[e["attention_type"]] = e  # the last entry of a backend wins (its latest repetition)
+    return out
+
+
+def _frames(cfg_dir: Path, backend: str):
+    f = sorted(cfg_dir.rglob(f"*attn_{backend}_*.npy")) or sorted(cfg_dir.rglob(f"*_{backend}.npy"))
+    return np.load(f[0]) if f else None
+
+
+def _latents(cfg_dir: Path, backend: str):
+    import torch
+
+    f = sorted(cfg_dir.rglob(f"latents_{backend}_rank0_*.pt"))
+    return torch.load(f[-1], weights_only=True)["latents"].float() if f else None
+
+
+def psnr(a, b) -> float:
+    mse = float(((a.astype(np.float64) - b.astype(np.float64)) ** 2).mean())
+    return math.inf if mse == 0 else 10 * math.log10(255.0 ** 2 / mse)
+
+
+def _kernels(e: dict) -> str:
+    ranks = e.get("ranks") or [{"rank": 0, "attention": e["attention"]}]
+    r0 = ranks[0]["attention"]["calls_by_kernel"]
+    same = all(r["attention"]["calls_by_kernel"] == r0 for r in ranks)
+    k = ",".join(f"{n}x{c}" for n, c in r0.items())
+    return f"{len(ranks)} ranks: {k}" + ("" if same else " (rank 0; others differ)")
+
+
+def summarize(res: Path) -> list[dict]:
+    rows = []
+    for group in sorted(p for p in res.iterdir() if p.is_dir()):
+        base_dir = group / "1gpu"
+        base = _entries(base_dir) if base_dir.is_dir() else {}
+        cfgs = [base_dir] if base_dir.is_dir() else []
+        cfgs += sorted(p for p in group.iterdir() if p.is_dir() and p.name != "1gpu")
+        ref_cache: dict = {}
+        for cfg_dir in cfgs:
+            for b, e in _entries(cfg_dir).items():
+                par = e.get("parallel") or {}
+                n = par.get("world_size", 1)
+                label = "1 GPU" if not par else f"{par.get('label')} ({par.get('engine')})"
+                r = {"group": group.name, "config_dir": cfg_dir.name, "backend": b, "config": label, "gpus": n,
+                     "step_ms": 1e3 * e["step_time_median"], "step_times_ms": [1e3 * t for t in e["step_times"]],
+                     "decode_s": e.get("vae_decode_time"), "kernels": _kernels(e),
+                     "peak_memory_gib": (e.get("peak_memory_bytes") or 0) / 2**30}
+                if e.get("ranks"):
+                    r["step_ms_per_rank"] = [1e3 * x["step_time_median"] for x in e["ranks"]]
+                ref = base.get(b)
+                if ref is not None and cfg_dir != base_dir:
+                    r["speedup"] = ref["step_time_median"] / e["step_time_median"]
+                    r["efficiency"] = r["speedup"] / n
+                    if b not in ref_cache:
+                        ref_cache[b] = (_frames(base_dir, b), _latents(base_dir, b))
+                    rf, rl = ref_cache[b]
+                    f, lat = _frames(cfg_dir, b), _latents(cfg_dir, b)
+                    if f is not None and rf is not None and f.shape == rf.shape:
+                        r["psnr_vs_1gpu_db"] = psnr(f, rf)
+                        r["identical_frames"] = bool(np.array_equal(f, rf))
+                    if lat is not None and rl is not None and lat.shape == rl.shape:
+                        r["latent_rel_l2_vs_1gpu"] = float((lat - rl).norm() / rl.norm())
+                rows.append(r)
+    return rows
+
+
+def table(rows: list[dict]) -> str:
+    lines = [f"{'group':6s} {'backend':10s} {'config':28s} {'gpus':>4s} {'ms/step':>8s} {'speedup':>7s} {'eff':>5s} "
+             f"{'PSNR dB':>8s} {'lat RL2':>9s}  kernels"]
+    for r in rows:
+        p = r.get("psnr_vs_1gpu_db")
+        ps = "ident" if r.get("identical_frames") else ("" if p is None else f"{p:.2f}")
+        lines.append(f"{r['group']:6s} {r['backend']:10s} {r['config']:28s} {r['gpus']:4d} {r['step_ms']:8.1f} "
+                     f"{(format(r['speedup'], '.2f') + 'x') if 'speedup' in r else '':>7s} "
+                     f"{format(r['efficiency'], '.2f') if 'efficiency' in r else '':>5s} {ps:>8s} "
+                     f"{format(r['latent_rel_l2_vs_1gpu'], '.2e') if 'latent_rel_l2_vs_1gpu' in r else '':>9s}  "
+                     f"{r['kernels']}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("res", type=Path)
+    ap.add_argument("-o", "--output", type=Path, default=None, help="write the rows as JSON here")
+    args = ap.parse_args(argv)
+    if not args.res.is_dir():
+        print(f"error: {args.res} is not a directory", file=sys.stderr)
+        return 2
+    rows = summarize(args.res)
+    print(table(rows))
+    if args.output:
+        args.output.write_text(json.dumps(rows, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
