@@ -66,7 +66,14 @@ cog() {  # cog CFG BACKEND GPUS NPROC [flags...]
       "${COG[@]}" --output_dir "$RES/cog/$c/$b" --attention_type "$b" "$@"
   fi
 }
+# one profiled step (the third) per run, in runs of their own (group _prof: not in the table), for where the
+# parallel overhead goes: GPU time per kernel category (vdbench.render.kernel_summary)
+PROF="--profile_output p --profile_wait 1 --profile_warmup 1 --profile_active 1"
 pack() {
+  mkdir -p "$W/prof"
+  for f in $(find "$RES/_prof" -name 'kernels_*.json' 2>/dev/null); do
+    cp "$f" "$W/prof/$(echo "${f#$RES/_prof/}" | tr '/' '_')"
+  done
   python3 bench/parallel_summary.py "$RES" -o "$W/parallel_summary.json" > "$W/summary_parallel.txt" 2>&1
   (cd "$W" && tar czf "$OUT/results_$CALL.tgz" --exclude='*.npy' --exclude='*.pt' --exclude='*.mp4' .)
   (cd "$RES" && find . -name timing.json | tar czf "$OUT/timing_$CALL.tgz" -T -) 2>/dev/null
@@ -79,6 +86,7 @@ if [ "$CALL" = 1 ]; then
   ( CUDA_VISIBLE_DEVICES=3 OUT="$W/vae" timeout -k 5 $(( LIMIT_S - 20 )) bash bench/gpu_vae.sh all > "$W/logs/vae.log" 2>&1
     echo "[$(el)s] vae table rc=$?" ) &
   ( for b in fav3 sdpa_cudnn sagev1 fav3_fp8 fav3_sage; do r "w13_1gpu_$b" 40 90 wan w13 1gpu $b 2 1; done
+    r w13_prof_1gpu_fav3 40 90 wan _prof 1gpu fav3 2 1 $PROF
     for b in fav3 sdpa_cudnn; do r "cog_1gpu_$b" 40 80 cog 1gpu $b 2 1; done
     for b in sdpa_cudnn sagev1; do r "w14_1gpu_$b" 110 150 wan w14 1gpu $b 2 1; done
   ) > "$W/logs/track_gpu2.log" 2>&1 &
@@ -87,6 +95,7 @@ if [ "$CALL" = 1 ]; then
     for b in sdpa_cudnn sagev1 fav3_fp8 fav3_sage; do
       for e in diffusers xfuser; do r "w13_${e}_u2_$b" 35 90 wan w13 ${e}_u2 $b 0,1 2 --parallel_engine $e --ulysses_degree 2; done
     done
+    r w13_prof_diffusers_u2_fav3 40 90 wan _prof diffusers_u2 fav3 0,1 2 --parallel_engine diffusers --ulysses_degree 2 $PROF
     for b in sdpa_cudnn fav3_fp8 fav3_sage; do r "w13_diffusers_r2_$b" 35 90 wan w13 diffusers_r2 $b 0,1 2 --parallel_engine diffusers --ring_degree 2; done
     r w13_diffusers_r2_sagev1_refused 15 60 wan w13 diffusers_r2 sagev1 0,1 2 --parallel_engine diffusers --ring_degree 2
     for b in sdpa_cudnn fav3_fp8; do r "w13_xfuser_r2_$b" 35 90 wan w13 xfuser_r2 $b 0,1 2 --parallel_engine xfuser --ring_degree 2; done

@@ -8,7 +8,8 @@ against the one-GPU output of the same backend (frames PSNR, latents relative L2
 configuration (``1gpu`` = the baseline; any other name, e.g. ``diffusers_u2``, ``xfuser_cfg2``) with what
 ``run_wan.py`` / ``sageattn_cogvideo.py`` wrote there (``timing.json``, ``--save_frames`` .npy,
 ``--save_latents`` captures). The configuration's label and GPU count are read from the merged timing
-(``parallel``: engine, Ulysses/ring/CFG layout), not from the folder name.
+(``parallel``: engine, Ulysses/ring/CFG layout), not from the folder name. Groups named ``_*`` are skipped
+(e.g. profiled runs, whose step times include the profiler).
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ def _kernels(e: dict) -> str:
 
 def summarize(res: Path) -> list[dict]:
     rows = []
-    for group in sorted(p for p in res.iterdir() if p.is_dir()):
+    for group in sorted(p for p in res.iterdir() if p.is_dir() and not p.name.startswith("_")):
         base_dir = group / "1gpu"
         base = _entries(base_dir) if base_dir.is_dir() else {}
         cfgs = [base_dir] if base_dir.is_dir() else []

@@ -133,6 +133,10 @@ def test_profiler_warmup_vae_dtype_and_flow_shift(tmp_path):
     assert len(traces) == 1
     trace = json.loads(traces[0].read_text())
     assert trace["traceEvents"], "empty Chrome trace"
+    summary = json.loads((traces[0].parent / f"kernels_{traces[0].name}").read_text())
+    assert summary["source"] == "cpu operators (self time)" and summary["total_ms"] > 0
+    assert summary["categories_ms"]["gemm"] > 0 and summary["top"][0]["ms"] >= summary["top"][-1]["ms"]
+    assert abs(sum(summary["categories_ms"].values()) - summary["total_ms"]) < 1e-6 * summary["total_ms"] + 1e-9
     (entry,) = json.loads((tmp_path / "results" / "timing.json").read_text())
     assert entry["traces"] == [str(traces[0])]
     assert entry["run"]["resolved"]["vae_dtype"] == "bfloat16" and entry["run"]["resolved"]["flow_shift"] == 7.5
@@ -140,6 +144,19 @@ def test_profiler_warmup_vae_dtype_and_flow_shift(tmp_path):
     too_many = SMALL + ["--attention_type", "sdpa", "--benchmark_output_directory", str(tmp_path),
                         "--profile_output", "p2", "--profile_active", "5"]
     assert run_wan.main(too_many) == 2
+
+
+def test_kernel_categories():
+    from vdbench.render import kernel_category
+
+    assert kernel_category("ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)") == "communication"
+    assert kernel_category("void flash::FlashAttnFwdSm90<...>") == "attention"
+    assert kernel_category("cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16") == "attention"
+    assert kernel_category("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64") == "gemm"
+    assert kernel_category("nvjet_tst_192x192_64x3_1x2_h_bz_coopA_NTN") == "gemm"
+    assert kernel_category("void at::native::elementwise_kernel<128, 2, ...>") == "elementwise/norm"
+    assert kernel_category("Memcpy DtoD (Device -> Device)") == "copy"
+    assert kernel_category("something_else") == "other"
 
 
 def test_default_flow_shift_per_task_and_size():

@@ -10,6 +10,7 @@ repetitions are appended to ``timing.json`` in the results directory.
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 import time
@@ -160,6 +161,55 @@ def _set_flow_shift(pipe, shift: float) -> Optional[float]:
     return shift
 
 
+#: Kernel-name patterns per category, first match wins (lower-case substrings). What a step's GPU time goes to
+#: -- attention kernels, GEMMs, communication, the rest -- is what decides where parallel overhead comes from.
+KERNEL_CATEGORIES = (
+    ("communication", ("nccl", "all_to_all", "alltoall", "allgather", "all_gather", "reducescatter", "allreduce")),
+    ("attention", ("flash", "fmha", "attn", "attention", "sdpa", "sage", "_fwd_kernel", "vdbench")),
+    ("gemm", ("gemm", "cutlass", "xmma", "nvjet", "cublas", "matmul", "sm90_", "sm80_", "aten::mm", "aten::addmm",
+              "aten::bmm", "aten::linear")),
+    ("conv", ("conv", "cudnn", "implicit")),
+    ("copy", ("memcpy", "memset", "copy", "cat", "transpose", "permute", "contiguous")),
+    ("elementwise/norm", ("elementwise", "vectorized", "reduce", "norm", "softmax", "silu", "gelu", "mul", "add")),
+)
+
+
+def kernel_category(name: str) -> str:
+    low = name.lower()
+    for cat, pats in KERNEL_CATEGORIES:
+        if any(p in low for p in pats):
+            return cat
+    return "other"
+
+
+def kernel_summary(events, top: int = 40) -> dict:
+    """GPU time by kernel and by category from profiler events (device-side events; on a CPU-only run, the CPU
+    operators' self time). Times in ms summed over the profiled steps."""
+    dev = [e for e in events if getattr(e, "device_type", None) is not None and e.device_type.name in ("CUDA", "PrivateUse1")]
+    source = "device kernels" if dev else "cpu operators (self time)"
+    by: dict = {}
+    if dev:
+        for e in dev:
+            t = e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
+            n, c = by.get(e.name, (0.0, 0))
+            by[e.name] = (n + t / 1e3, c + 1)
+    else:
+        for e in events:
+            if e.name.startswith("aten::"):
+                n, c = by.get(e.name, (0.0, 0))
+                by[e.name] = (n + e.self_cpu_time_total / 1e3, c + 1)
+    total = sum(t for t, _ in by.values())
+    cats: dict = {}
+    for name, (t, _) in by.items():
+        k = kernel_category(name)
+        cats[k] = cats.get(k, 0.0) + t
+    rows = sorted(by.items(), key=lambda kv: -kv[1][0])[:top]
+    return {"source": source, "total_ms": total,
+            "categories_ms": dict(sorted(cats.items(), key=lambda kv: -kv[1])),
+            "top": [{"name": n, "calls": c, "ms": t, "share": t / total if total else 0.0, "category": kernel_category(n)}
+                    for n, (t, c) in rows]}
+
+
 class _Profiler:
     """torch.profiler over denoising steps (scheduled wait/warmup/active), one Chrome trace per rank and cycle."""
 
@@ -174,6 +224,9 @@ class _Profiler:
             path = out_dir / f"rank{rank}_step{prof.step_num}.json"
             prof.export_chrome_trace(str(path))
             self.paths.append(path)
+            summary = kernel_summary(prof.events())
+            summary["active_steps"] = active
+            (out_dir / f"kernels_rank{rank}_step{prof.step_num}.json").write_text(json.dumps(summary, indent=1))
 
         self.prof = profile(activities=acts, schedule=schedule(wait=wait, warmup=warmup, active=active, repeat=1),
                             on_trace_ready=ready, record_shapes=True)
