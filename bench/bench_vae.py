@@ -9,15 +9,26 @@ Models: ``wan2.1``, ``wan2.2`` (TI2V-5B VAE), ``cogvideox``, ``hunyuanvideo`` â€
 the real checkpoints' configs with random weights (seeded, built on the device, so every process gets the same
 weights); ``tiny-<those>`` for CI; or a local path / hub id (``vae`` subfolder if there is one).
 
-Configs (``--configs``, comma-separated; ``name@value`` sets its parameter):
+Configs (``--configs``, comma-separated; ``name@value`` sets its parameter; ``name+modifier`` composes):
   fp32, bf16 (weights cast), bf16_autocast (fp32 weights, autocast), tiled (``--tile_px``),
   chunked[@K] (temporal chunks of K latent frames, stock layers), channels_last_3d, cudnn_benchmark, compile
-  (torch.compile of the decoder), fast[@K] (vdbench.vae fast path, bf16), memory[@GiB] (fast path bounded by
-  ``--vae_max_memory``), miopen_fast / miopen_immediate / miopen_naive_off (ROCm MIOpen presets, set in a child
-  process's environment before torch loads; "not applicable" elsewhere).
+  (torch.compile of the decoder), fast[@K] (vdbench.vae fast path, bf16: lean layers + channels_last, K latent
+  frames per decoder call, default ``vdbench.vae.FAST_DEFAULT_CHUNK`` as in ``--vae_decode fast``), fast_nocl[@K]
+  (the same without channels_last), memory[@GiB] (fast path bounded by ``--vae_max_memory``), miopen_fast /
+  miopen_immediate / miopen_naive_off (ROCm MIOpen presets, set in a child process's environment before torch
+  loads; "not applicable" elsewhere).
+  Modifiers ``+cudnn_benchmark`` (cudnn.benchmark on) and ``+compile`` (fast/fast_nocl: the fast path's
+  norm/SiLU glue compiled, convs stay cuDNN's; other configs: torch.compile of the decoder) compose with any
+  config, e.g. ``fast+cudnn_benchmark@2``, ``fast+compile``, ``channels_last_3d+cudnn_benchmark``. Compiling
+  configs report their graph breaks and graphs (``graph_breaks``, ``compiled_graphs``; compile time is in the
+  warm-up, keep ``--warmup`` >= 1).
 Each config: ``--warmup`` untimed decodes, then ``--repeats`` timed (CUDA events after a synchronize; host clock
 on CPU), median with min/max; peak memory (torch allocator) per config. Quality: every config's frames against the
 fp32 untiled decode of the same latents, PSNR and SSIM per frame (min and mean); below ``--min_psnr`` is flagged.
+``--profile N``: after the timed repeats, one more decode under ``torch.profiler`` (CUDA activities on a GPU);
+the top N kernels by self device time (self CPU time of aten ops on the CPU) with calls, total ms and % of the
+total go into the row (``profile``) and are printed; ``--profile_configs 'bf16,fast*'`` limits it to matching
+configs.
 ``--timeout``: each config runs under a watchdog (all stacks dumped, reported as hung with its last stage); with
 ``--isolate`` each config runs in its own process and the parent kills a child that outlives the timeout.
 
@@ -48,7 +59,10 @@ if str(ROOT) not in sys.path:
 
 MODELS = ("wan2.1", "wan2.2", "cogvideox", "hunyuanvideo")
 CONFIGS = ("fp32", "bf16", "bf16_autocast", "tiled", "chunked", "channels_last_3d", "cudnn_benchmark", "compile",
-           "fast", "memory", "miopen_fast", "miopen_immediate", "miopen_naive_off")
+           "fast", "fast_nocl", "memory", "miopen_fast", "miopen_immediate", "miopen_naive_off")
+#: Modifiers that compose with any config: ``fast+cudnn_benchmark``, ``fast+compile``, ``bf16+cudnn_benchmark``...
+MODIFIERS = ("cudnn_benchmark", "compile")
+_WAN_ONLY = ("chunked", "fast", "fast_nocl", "memory")
 DEFAULT_CONFIGS = "fp32,bf16,bf16_autocast,tiled,chunked,channels_last_3d,cudnn_benchmark,fast,memory"
 
 #: ROCm MIOpen presets: environment variables read by MIOpen when the process loads it.
@@ -66,18 +80,29 @@ MIOPEN_PRESETS: dict[str, dict[str, str]] = {
 
 
 def parse_config(spec: str) -> tuple[str, str | None]:
+    """``name[+modifier...][@value]`` -> (name with its modifiers, value)."""
     name, _, value = spec.partition("@")
     name = name.strip()
-    if name not in CONFIGS:
-        raise ValueError(f"unknown config {name!r}; valid: {', '.join(CONFIGS)}")
+    split_config(name)
     return name, (value.strip() or None)
+
+
+def split_config(name: str) -> tuple[str, tuple[str, ...]]:
+    """``fast+compile+cudnn_benchmark`` -> ("fast", ("compile", "cudnn_benchmark")); unknown parts refused."""
+    base, *mods = [p.strip() for p in name.split("+")]
+    if base not in CONFIGS:
+        raise ValueError(f"unknown config {base!r}; valid: {', '.join(CONFIGS)} (optionally +{'/+'.join(MODIFIERS)})")
+    for m in mods:
+        if m not in MODIFIERS or mods.count(m) > 1 or m == base:
+            raise ValueError(f"config {name!r}: {m!r} is not a modifier (valid: {', '.join(MODIFIERS)}, each once)")
+    return base, tuple(mods)
 
 
 def child_env(config: str, base: dict | None = None) -> dict:
     """The environment for a child process that runs ``config``: ``base`` (default: os.environ) plus the
     config's preset variables, which win over inherited ones (they are the point of the config)."""
     env = dict(os.environ if base is None else base)
-    env.update(MIOPEN_PRESETS.get(parse_config(config)[0], {}))
+    env.update(MIOPEN_PRESETS.get(split_config(parse_config(config)[0])[0], {}))
     env.setdefault("PYTHONUNBUFFERED", "1")
     return env
 
@@ -254,32 +279,38 @@ class NotApplicable(Exception):
 
 
 def prepare_config(name: str, value, vae, family: str, args, device: str):
-    """Apply ``name`` to the fp32 ``vae``: returns (vae, decode_fn(z) -> video, description)."""
+    """Apply config ``name`` (with its ``+modifiers``) to the fp32 ``vae``: returns (vae, decode_fn(z) -> video,
+    description, decode info)."""
     import contextlib
 
     import torch
 
     from vdbench import vae as V
 
+    base, mods = split_config(name)
+    bench = base == "cudnn_benchmark" or "cudnn_benchmark" in mods
+    comp = base == "compile" or "compile" in mods
     is_rocm = bool(getattr(torch.version, "hip", None))
-    if name.startswith("miopen_"):
+    if base.startswith("miopen_"):
         if not (is_rocm and device.startswith("cuda")):
             raise NotApplicable("MIOpen presets apply to ROCm GPUs only")
-        if os.environ.get(next(iter(MIOPEN_PRESETS[name]))) != MIOPEN_PRESETS[name][next(iter(MIOPEN_PRESETS[name]))]:
+        if os.environ.get(next(iter(MIOPEN_PRESETS[base]))) != MIOPEN_PRESETS[base][next(iter(MIOPEN_PRESETS[base]))]:
             raise RuntimeError(f"{name}: the MIOpen preset is not in this process's environment (needs a child)")
     bf16 = torch.bfloat16
-    if name == "cudnn_benchmark" and not device.startswith("cuda"):
+    if bench and not device.startswith("cuda"):
         raise NotApplicable("cudnn.benchmark applies to CUDA/ROCm devices only")
-    if name in ("chunked", "fast", "memory") and family != "wan":
-        raise NotApplicable(f"{name}: implemented for the Wan VAE only (its causal-conv cache makes chunking exact; "
+    if base in _WAN_ONLY and family != "wan":
+        raise NotApplicable(f"{base}: implemented for the Wan VAE only (its causal-conv cache makes chunking exact; "
                             f"{type(vae).__name__}'s decode is not chunk-equivalent: CogVideoX's group norms span "
                             "its frame batches)")
-    if name != "fp32" and name != "bf16_autocast":
+    if comp and base == "memory":
+        raise NotApplicable("memory+compile: the memory-bounded decode has no compiled variant")
+    if base != "fp32" and base != "bf16_autocast":
         vae = vae.to(bf16)
-    autocast = (torch.autocast(device_type=torch.device(device).type, dtype=bf16) if name == "bf16_autocast"
+    autocast = (torch.autocast(device_type=torch.device(device).type, dtype=bf16) if base == "bf16_autocast"
                 else contextlib.nullcontext())
-    desc = {"dtype": "float32" if name in ("fp32", "bf16_autocast") else "bfloat16"}
-    if name == "tiled":
+    desc = {"dtype": "float32" if base in ("fp32", "bf16_autocast") else "bfloat16"}
+    if base == "tiled":
         px = int(value or args.tile_px)
         kw = {}
         if px:  # 0: the VAE's own enable_tiling() defaults, as users call it
@@ -288,23 +319,31 @@ def prepare_config(name: str, value, vae, family: str, args, device: str):
                 kw.update(tile_sample_stride_height=px * 3 // 4, tile_sample_stride_width=px * 3 // 4)
         vae.enable_tiling(**kw)
         desc["tile_px"] = [getattr(vae, "tile_sample_min_height", None), getattr(vae, "tile_sample_min_width", None)]
-    if name == "channels_last_3d":
+    if base == "channels_last_3d":
         V.channels_last_3d(vae)
-    if name == "cudnn_benchmark":
+    if bench:
         torch.backends.cudnn.benchmark = True
-    if name == "compile":
-        vae.decoder = torch.compile(vae.decoder, backend=args.compile_backend)
+        desc["cudnn_benchmark"] = True
+    fast = base in ("fast", "fast_nocl")
+    if comp:
         desc["compile_backend"] = args.compile_backend
+        # fast paths: the norm/SiLU glue of the lean layers compiled (convs stay cuDNN's); others: the decoder
+        desc["compiled"] = "fast-path glue (vdbench.vae._norm_silu_cat)" if fast else "vae.decoder"
+        if not fast:
+            vae.decoder = torch.compile(vae.decoder, backend=args.compile_backend)
     info: dict = {}
-    if name == "chunked":
-        k = int(value or args.chunk_frames)
+    if base == "chunked":
+        k = int(value or args.chunk_frames or 4)
         desc["chunk_frames"] = k
         fn = lambda z: V.wan_decode_chunked(vae, z, k, native_upsample=False)  # noqa: E731
-    elif name == "fast":
-        k = int(value or args.chunk_frames)
-        desc["chunk_frames"] = k
-        fn = lambda z: V.decode_video(vae, z, mode="fast", chunk_frames=k, info=info)  # noqa: E731
-    elif name == "memory":
+    elif fast:
+        k = int(value or args.chunk_frames or V.FAST_DEFAULT_CHUNK)
+        cl = base == "fast"
+        desc.update(chunk_frames=k, channels_last=cl)
+        backend = args.compile_backend if comp else None
+        fn = lambda z: V.decode_video(vae, z, mode="fast", chunk_frames=k, channels_last=cl,  # noqa: E731
+                                      compile_backend=backend, info=info)
+    elif base == "memory":
         gib = float(value or args.vae_max_memory)
         desc["max_memory_gib"] = gib
         fn = lambda z: V.decode_video(vae, z, mode="fast", max_memory_gib=gib, info=info)  # noqa: E731
@@ -320,6 +359,48 @@ def prepare_config(name: str, value, vae, family: str, args, device: str):
             return fn(z.to(vae.dtype))
 
     return vae, decode, desc, info
+
+
+def profile_wanted(spec: str, patterns) -> bool:
+    """``--profile_configs``: comma-separated shell patterns matched against the config spec (None: all)."""
+    import fnmatch
+
+    if not patterns:
+        return True
+    return any(fnmatch.fnmatchcase(spec, p.strip()) for p in patterns.split(",") if p.strip())
+
+
+def profile_decode(decode, z, device: str, top: int) -> dict:
+    """One decode under ``torch.profiler``: the ``top`` kernels by self device time (CUDA/HIP kernels, memcpy and
+    memset on a GPU; aten ops by self CPU time on the CPU), with calls, total ms and % of the total."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = device.startswith("cuda")
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with torch.no_grad(), profile(activities=acts) as prof:
+        video = decode(z)
+        if cuda:
+            torch.cuda.synchronize()
+    del video
+    events = prof.key_averages()
+    if cuda:
+        from torch.autograd import DeviceType
+
+        def t_us(e):
+            return getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0)
+
+        rows = [e for e in events if e.device_type in (DeviceType.CUDA, getattr(DeviceType, "HIP", DeviceType.CUDA))]
+    else:
+        def t_us(e):
+            return e.self_cpu_time_total
+
+        rows = list(events)
+    total = sum(t_us(e) for e in rows) or 1.0
+    rows.sort(key=t_us, reverse=True)
+    return {"time_kind": "self device time" if cuda else "self CPU time", "total_ms": total / 1e3,
+            "kernels": [{"name": e.key, "calls": int(e.count), "total_ms": round(t_us(e) / 1e3, 3),
+                         "pct": round(100.0 * t_us(e) / total, 2)} for e in rows[:top]]}
 
 
 def run_config(spec: str, args, device: str, ref_frames=None, wd=None) -> tuple[dict, object]:
@@ -339,6 +420,12 @@ def run_config(spec: str, args, device: str, ref_frames=None, wd=None) -> tuple[
     z = make_latents(vae, family, args.frames, w, h, args.seed, device, args.latents)
     res["latent_shape"] = list(z.shape)
     stage("prepare config")
+    comp = "compile" in (split_config(name)[0], *split_config(name)[1])
+    if comp:
+        from torch._dynamo.utils import counters
+
+        breaks0 = dict(counters["graph_break"])
+        graphs0 = counters["stats"]["unique_graphs"]
     try:
         vae, decode, desc, info = prepare_config(name, value, vae, family, args, device)
     except NotApplicable as e:
@@ -368,16 +455,20 @@ def run_config(spec: str, args, device: str, ref_frames=None, wd=None) -> tuple[
             times.append(t0.seconds_until(t1))
             if cuda:
                 peak = max(peak, torch.cuda.max_memory_allocated())
-    if name == "compile":
-        from torch._dynamo.utils import counters
-
-        res["graph_breaks"] = int(sum(counters["graph_break"].values()))
-    stage("quality")
+    if comp:  # this config's compilations only (counters are per process)
+        new = {k: v - breaks0.get(k, 0) for k, v in counters["graph_break"].items() if v > breaks0.get(k, 0)}
+        res["graph_breaks"] = int(sum(new.values()))
+        res["compiled_graphs"] = int(counters["stats"]["unique_graphs"] - graphs0)
+        res["graph_break_reasons"] = sorted(str(k)[:200] for k in new)[:10]
     res.update(time_s_median=statistics.median(times), time_s_min=min(times), time_s_max=max(times), times_s=times,
                peak_memory_gib=(peak / 2 ** 30) if cuda else None, output_shape=list(video.shape),
                decode_info=dict(info))
     frames = _to_frames(video)
     del video
+    if getattr(args, "profile", 0) and profile_wanted(spec, getattr(args, "profile_configs", None)):
+        stage("profile")
+        res["profile"] = profile_decode(decode, z, device, args.profile)
+    stage("quality")
     if ref_frames is not None:
         q = quality(frames, ref_frames)
         res.update(q)
@@ -460,8 +551,12 @@ def _child_cmd(spec, args, result, ref=None, save_ref=None):
     cmd = [sys.executable, str(Path(__file__).resolve()), "--_child", spec, "--_result", str(result),
            "--model", args.model, "--frames", str(args.frames), "--size", args.size, "--tile_px", str(args.tile_px),
            "--warmup", str(args.warmup), "--repeats", str(args.repeats), "--min_psnr", str(args.min_psnr),
-           "--device", args.device, "--seed", str(args.seed), "--chunk_frames", str(args.chunk_frames),
-           "--vae_max_memory", str(args.vae_max_memory), "--compile_backend", args.compile_backend]
+           "--device", args.device, "--seed", str(args.seed), "--vae_max_memory", str(args.vae_max_memory),
+           "--compile_backend", args.compile_backend, "--profile", str(args.profile)]
+    if args.chunk_frames:
+        cmd += ["--chunk_frames", str(args.chunk_frames)]
+    if args.profile_configs:
+        cmd += ["--profile_configs", args.profile_configs]
     if args.timeout:
         cmd += ["--timeout", str(args.timeout)]
     if args.latents:
@@ -518,6 +613,7 @@ def run_all(args, on_row=None) -> list[dict]:
         tmp = Path(td)
         ref_path = tmp / "ref.pt"
         needs_child = lambda s: args.isolate or parse_config(s)[0].startswith("miopen_")  # noqa: E731
+        # (a miopen_* base is always first in the name, so the prefix test covers its composites too)
         # The reference: fp32, untiled, stock decode of the same latents.
         print("[bench_vae] reference: fp32 untiled decode", flush=True)
         if args.isolate:
@@ -568,6 +664,13 @@ def _print_row(r):
     flag = "  ** BELOW --min_psnr **" if r.get("quality_flag") else ""
     print(f"  {r['config']:<18} {r['time_s_median']:.3f} s (min {r['time_s_min']:.3f}, max {r['time_s_max']:.3f})"
           f"  peak {mem}  {q}{flag}", flush=True)
+    if "graph_breaks" in r:
+        print(f"    compile: {r['graph_breaks']} graph breaks, {r.get('compiled_graphs')} graphs", flush=True)
+    prof = r.get("profile")
+    if prof:
+        print(f"    top {len(prof['kernels'])} by {prof['time_kind']} (total {prof['total_ms']:.1f} ms):", flush=True)
+        for k in prof["kernels"]:
+            print(f"    {k['pct']:5.1f}% {k['total_ms']:9.2f} ms {k['calls']:6d}x  {k['name'][:110]}", flush=True)
 
 
 def write_output(path: str, header: dict, rows: list[dict]) -> None:
@@ -608,13 +711,22 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--warmup", type=int, default=1, help="untimed decodes per config")
     ap.add_argument("--repeats", type=int, default=3, help="timed decodes per config (median reported)")
     ap.add_argument("--latents", default=None, help="latents file captured by a render (--save_latents)")
-    ap.add_argument("--configs", default=DEFAULT_CONFIGS, help=f"comma-separated, of: {', '.join(CONFIGS)}")
+    ap.add_argument("--configs", default=DEFAULT_CONFIGS,
+                    help=f"comma-separated, of: {', '.join(CONFIGS)}; each optionally +{' / +'.join(MODIFIERS)}")
     ap.add_argument("--isolate", action="store_true", help="each config in its own process")
     ap.add_argument("--timeout", type=float, default=None, help="seconds per config (watchdog)")
     ap.add_argument("--min_psnr", type=float, default=40.0, help="flag configs whose min per-frame PSNR is lower")
-    ap.add_argument("--chunk_frames", type=int, default=4, help="latent frames per call (chunked, fast)")
+    ap.add_argument("--chunk_frames", type=int, default=None,
+                    help="latent frames per call of chunked (default 4) and fast/fast_nocl (default: "
+                         "vdbench.vae.FAST_DEFAULT_CHUNK, what --vae_decode fast uses); name@K overrides")
     ap.add_argument("--vae_max_memory", type=float, default=1.45, help="GiB budget of the 'memory' config")
     ap.add_argument("--compile_backend", default="inductor", help="torch.compile backend of the 'compile' config")
+    ap.add_argument("--profile", type=int, default=0, metavar="N",
+                    help="after each config's timed repeats, one more decode under torch.profiler: its top N kernels "
+                         "by self device time go into the row ('profile') and are printed (0: off)")
+    ap.add_argument("--profile_configs", default=None, metavar="PATTERNS",
+                    help="with --profile: only the configs matching these comma-separated shell patterns "
+                         "(e.g. 'bf16,fast*'; default: every config)")
     ap.add_argument("--device", default=None, help="default: cuda if available, else cpu")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("-o", "--output", default=None, help="results .json or .csv")

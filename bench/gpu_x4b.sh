@@ -120,6 +120,24 @@ if [ "$CALL" = 2 ]; then
   r vae_parallel4 60 150 env NPROC=4 BUDGET_S=100 OUT="$W/vae_par4" bash bench/gpu_vae_parallel.sh
   tail -n 12 "$W/logs/vae_parallel4.log" 2>/dev/null
 fi
+if [ "$CALL" = 3 ]; then  # after fixes: xfuser CogVideoX / CFG tests and the CogVideoX-2b rows; whole-decoder VAE compile
+  ( CUDA_VISIBLE_DEVICES=3 OUT="$W/vae_compile" timeout -k 5 300 bash bench/gpu_vae.sh compile > "$W/logs/vae_compile.log" 2>&1 ) &
+  vae=$!
+  ( r cog_1gpu_fav3 40 80 cog 1gpu fav3 2 1 ) > "$W/logs/c3_gpu2.log" 2>&1 &
+  r gpu_tests 60 200 env CUDA_VISIBLE_DEVICES=0,1 python3 -m pytest -q -rs tests/test_parallel.py \
+        -k "gpus or match_one_gpu" -p no:cacheprovider -s
+  r cog_xfuser_u2_fav3 40 90 cog xfuser_u2 fav3 0,1 2 --parallel_engine xfuser --ulysses_degree 2
+  r cog_xfuser_cfg2_fav3 40 90 cog xfuser_cfg2 fav3 0,1 2 --parallel_engine xfuser --use_cfg_parallel
+  wait; cat "$W/logs/c3_gpu2.log"; grep -E 'passed|failed|relative L2' "$W/logs/gpu_tests.log" | tail -n 5
+  r cog_xfuser_u2cfg2_fav3 40 90 cog xfuser_u2cfg2 fav3 0,1,2,3 4 --parallel_engine xfuser --ulysses_degree 2 --use_cfg_parallel
+  tail -n 30 "$W/vae_compile/"*.log 2>/dev/null
+fi
+if [ "$CALL" = 4 ]; then  # CogVideoX under xfuser: joint attention through USP (path-tagged counts), ring with LSE
+  ( r cog_1gpu_fav3 40 80 cog 1gpu fav3 2 1 ) > "$W/logs/c4_gpu2.log" 2>&1 &
+  r cog_xfuser_u2_fav3 40 90 cog xfuser_u2 fav3 0,1 2 --parallel_engine xfuser --ulysses_degree 2
+  r cog_xfuser_r2_fav3 40 90 cog xfuser_r2 fav3 0,1 2 --parallel_engine xfuser --ring_degree 2
+  wait; cat "$W/logs/c4_gpu2.log"
+fi
 pack
 cat "$W/summary_parallel.txt"
 echo "== call $CALL done ($(el) s)"

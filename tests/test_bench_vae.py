@@ -114,3 +114,40 @@ def test_isolate_children(tmp_path):
     assert rows["fast@2"]["status"] == "hung" and rows["fast@2"]["last_completed_stage"] == "prepare config"
     assert rows["fast@2"]["current_stage"] == "repeat 1/1"
     assert "[watchdog] config fast@2 exceeded 6 s" in p.stderr and "in decode" in p.stderr  # stacks dumped
+
+
+def test_composite_configs_parse():
+    assert B.parse_config("fast+cudnn_benchmark@2") == ("fast+cudnn_benchmark", "2")
+    assert B.split_config("fast+compile+cudnn_benchmark") == ("fast", ("compile", "cudnn_benchmark"))
+    assert B.split_config("fast_nocl") == ("fast_nocl", ())
+    for bad in ("fast+turbo", "fast+compile+compile", "turbo+compile", "compile+compile"):
+        with pytest.raises(ValueError):
+            B.parse_config(bad)
+    assert B.child_env("miopen_fast+cudnn_benchmark", {})["MIOPEN_FIND_MODE"] == "FAST"
+    assert B.profile_wanted("fast@2", "bf16,fast*") and not B.profile_wanted("tiled", "bf16,fast*")
+    assert B.profile_wanted("tiled", None)
+
+
+def test_fast_variants_compile_and_profile(tmp_path):
+    from vdbench.vae import FAST_DEFAULT_CHUNK
+
+    out = tmp_path / "r.json"
+    rc = B.main(SMALL + ["--configs", "bf16,fast,fast_nocl@2,fast+compile,fast+cudnn_benchmark,tiled",
+                         "--profile", "4", "--profile_configs", "bf16,fast*", "-o", str(out)])
+    rows = {r["config"]: r for r in json.loads(out.read_text())["results"]}
+    assert rc == 2  # only the tiny 32-px tiles are flagged
+    assert rows["fast"]["chunk_frames"] == FAST_DEFAULT_CHUNK and rows["fast"]["channels_last"] is True
+    assert rows["fast_nocl@2"]["chunk_frames"] == 2 and rows["fast_nocl@2"]["channels_last"] is False
+    assert rows["fast+cudnn_benchmark"]["status"] == "not_applicable"  # CPU
+    comp = rows["fast+compile"]
+    assert comp["status"] == "ok" and comp["graph_breaks"] == 0 and comp["compile_backend"] == "eager"
+    assert comp["decode_info"]["compile_backend"] == "eager"
+    for name in ("fast", "fast_nocl@2", "fast+compile"):  # the same arithmetic as bf16 up to bf16 rounding
+        assert rows[name]["psnr_min"] == pytest.approx(rows["bf16"]["psnr_min"], abs=3), name
+    for name in ("bf16", "fast", "fast_nocl@2", "fast+compile"):
+        prof = rows[name]["profile"]
+        assert prof["time_kind"] == "self CPU time" and 1 <= len(prof["kernels"]) <= 4
+        k = prof["kernels"][0]
+        assert set(k) == {"name", "calls", "total_ms", "pct"} and k["calls"] >= 1 and 0 < k["pct"] <= 100
+        assert prof["kernels"] == sorted(prof["kernels"], key=lambda e: -e["total_ms"])
+    assert "profile" not in rows["tiled"] and "profile" not in rows["fp32"]

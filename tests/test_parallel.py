@@ -387,3 +387,26 @@ def test_one_rank_failing_stops_every_rank_promptly(tmp_path):
     assert "rank 0: stopping because rank 1 failed" in proc.stderr
     assert wall < 150, f"{wall:.0f} s: the ranks waited for a collective timeout"
     assert not (tmp_path / "f" / "results" / "timing.json").exists()
+
+
+def _share_worker(rank, port, out):
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=3)
+    ctx = P.DistContext(P.ParallelSpec("xfuser", 3, 1), rank, 3, rank, torch.device("cpu"), "gloo")
+    mine = torch.arange(24, dtype=torch.bfloat16).reshape(2, 3, 4) if rank == 2 else [None]  # xfuser: last rank only
+    got = P.share_output(ctx, mine)
+    same = P.share_output(ctx, got)  # already everywhere: returned as is
+    torch.save({"got": got, "same_is_got": same is got}, f"{out}/r{rank}.pt")
+    dist.destroy_process_group()
+
+
+def test_share_output_hands_the_last_ranks_latents_to_every_rank(tmp_path):
+    import torch.multiprocessing as mp
+
+    mp.spawn(_share_worker, args=(29000 + os.getpid() % 900, str(tmp_path)), nprocs=3, join=True)
+    want = torch.arange(24, dtype=torch.bfloat16).reshape(2, 3, 4)
+    for r in range(3):
+        d = torch.load(tmp_path / f"r{r}.pt")
+        assert d["got"].dtype == torch.bfloat16 and torch.equal(d["got"], want) and d["same_is_got"]
+    assert P.share_output(None, [None]) == [None]  # single process: untouched

@@ -182,3 +182,23 @@ def test_bad_options_and_double_install():
             p.install()
     with pytest.raises(RuntimeError, match="no attention processors"):
         AttentionPatch([("mlp", torch.nn.Linear(2, 2))], "sdpa").install()
+
+
+def test_call_kind_joint_self_cross():
+    """CogVideoX hands its text as encoder_hidden_states but attends jointly (its Attention says
+    is_cross_attention=False); under xfuser that decides the path (joint -> USP, cross -> local)."""
+    from types import SimpleNamespace
+
+    from vdbench.patching import _call_kind
+
+    ehs = torch.zeros(1)
+    assert _call_kind("sdpa", SimpleNamespace(), ehs) == "joint"  # stock CogVideoX processor
+    assert _call_kind("xfuser", SimpleNamespace(is_cross_attention=False), ehs) == "joint"  # xfuser's CogVideoX
+    assert _call_kind("xfuser", SimpleNamespace(is_cross_attention=True), ehs) == "cross"  # Wan attn2
+    assert _call_kind("dispatcher", SimpleNamespace(is_cross_attention=False), None) == "self"  # Wan attn1
+    assert _call_kind("dispatcher", SimpleNamespace(), ehs) == "cross"  # unknown: cross when given a context
+    from vdbench.pipelines import load_pipeline
+
+    pipe = load_pipeline("tiny:cogvideox-t2v", "t2v", "cogvideox", dtype=torch.float32, device="cpu")
+    attn = pipe.transformer.transformer_blocks[0].attn1
+    assert attn.is_cross_attention is False  # what the rule reads, on the real class

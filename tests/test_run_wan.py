@@ -195,7 +195,7 @@ def test_vae_decode_fast_matches_default_and_is_recorded(tmp_path):
     entry = json.loads((tmp_path / "f" / "results" / "timing.json").read_text())[-1]
     assert entry["vae_decode"]["mode"] == "fast" and entry["vae_decode_time"] > 0
     # bounded by default: 2 latent frames per decoder call (the measured trade-off), never all frames at once
-    assert entry["vae_decode"]["path"] == "chunked" and entry["vae_decode"]["chunk_frames"] == 2
+    assert entry["vae_decode"]["path"] == "chunked" and entry["vae_decode"]["chunk_frames"] == 1
 
 
 def test_vae_timeout_reports_a_hung_decode_and_writes_nothing(tmp_path, monkeypatch, capsys):

@@ -1,6 +1,8 @@
 """vdbench.vae: the fast Wan decode path is the stock decode (fp32: to float rounding; bf16 upsampling:
-bit-identical), the memory-bounded mode picks its chunk/tile from the budget, modes that can't run say so, and a
-decode can run under the watchdog."""
+bit-identical; bf16 lean layers: as close to fp32 as diffusers' bf16), its lean layers and channels_last weights
+are swapped in for the duration of a decode only (restored on error too, foreign hooks left alone), the
+memory-bounded mode picks its chunk/tile from the budget, modes that can't run say so, and a decode can run under
+the watchdog. Peak memory: tests/test_vae_memory.py."""
 
 import sys
 import time
@@ -59,7 +61,7 @@ def test_decode_video_modes(wan21):
     info = {}
     fast = V.decode_video(wan21, z, mode="fast", chunk_frames=2, info=info)
     torch.testing.assert_close(fast, ref, atol=1e-4, rtol=0)
-    assert info == {"path": "chunked", "chunk_frames": 2}
+    assert info == {"path": "chunked", "chunk_frames": 2, "channels_last": True}
     with pytest.raises(ValueError, match="unknown VAE decode mode"):
         V.decode_video(wan21, z, mode="turbo")
 
@@ -160,3 +162,132 @@ def test_decode_latents_timeout_catches_stall(monkeypatch, wan21):
     assert time.monotonic() - t0 < 5
     assert ei.value.report.last_completed_stage == "decode"  # decode_video started; chunk 0 is the stall
     assert ei.value.report.current_stage == "decode latent frames 0..0"
+
+
+# ------------------------------------------------------------------------------------------------------------
+# fast path: lean layers (fast_layers) and channels_last, scoped
+# ------------------------------------------------------------------------------------------------------------
+
+def _instance_forwards(vae):
+    return [n for n, m in vae.named_modules() if "forward" in m.__dict__]
+
+
+def _weight_layouts(vae):
+    return [m.weight.is_contiguous() for m in vae.modules() if isinstance(m, (torch.nn.Conv2d, torch.nn.Conv3d))]
+
+
+@pytest.mark.parametrize("cfg", [_WAN21_VAE, _WAN22_VAE], ids=["wan2.1", "wan2.2"])
+def test_fast_path_equals_stock_fp32_and_is_undone(cfg, monkeypatch):
+    from diffusers.models.autoencoders import autoencoder_kl_wan as W
+
+    vae = _wan(cfg)
+    # 1 chunk after frame 0; uneven chunks (5 latent frames -> 17 video frames); odd latent sizes
+    zs = {t: _z(vae, t=t, h=3, w=5, seed=t) for t in (2, 5)}
+    refs = {t: vae.decode(z, return_dict=False)[0] for t, z in zs.items()}
+    # Wan 2.2: the DupUp3D shortcut must go through the in-place 8-D add, not diffusers' module
+    monkeypatch.setattr(W.DupUp3D, "forward", lambda *a, **k: (_ for _ in ()).throw(AssertionError("DupUp3D")))
+    for t, z in zs.items():
+        for k in (1, 2, 3):
+            for cl in (True, False):
+                info = {}
+                out = V.decode_video(vae, z, mode="fast", chunk_frames=k, channels_last=None if cl else False,
+                                     info=info)
+                assert out.shape == refs[t].shape and out.is_contiguous()
+                torch.testing.assert_close(out, refs[t], atol=5e-5, rtol=0, msg=f"t={t} K={k} channels_last={cl}")
+                assert info == {"path": "chunked", "chunk_frames": k, "channels_last": cl}
+                assert _instance_forwards(vae) == [] and all(_weight_layouts(vae))
+    monkeypatch.undo()
+    for t, z in zs.items():  # a later stock decode: bit-identical to the one before
+        assert torch.equal(vae.decode(z, return_dict=False)[0], refs[t])
+
+
+def test_fast_layers_swap_and_restore_even_on_error(wan21):
+    from diffusers.models.autoencoders import autoencoder_kl_wan as W
+
+    vae = _wan(_WAN21_VAE)
+    z = _z(vae, t=3)
+    ref = vae.decode(z, return_dict=False)[0]
+    before = [p.detach().clone() for p in vae.parameters()]
+    with V.fast_layers(vae) as patched:
+        kinds = {type(m).__name__ for m in patched}
+        assert {"WanCausalConv3d", "WanRMS_norm", "WanResidualBlock", "WanDecoder3d", "WanResample"} <= kinds
+        convs = [m for m in vae.decoder.modules() if isinstance(m, torch.nn.Conv3d)]
+        assert all(m.weight.is_contiguous(memory_format=torch.channels_last_3d) for m in convs)
+        assert not any("forward" in m.__dict__ for m in vae.encoder.modules())  # only the decode path
+    assert _instance_forwards(vae) == [] and all(_weight_layouts(vae))
+    # an error inside the decode (here: in the third decoder call) still restores everything
+    calls = []
+
+    class Boom:
+        def stage(self, name):
+            calls.append(name)
+            if len(calls) == 3:
+                raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        V.wan_decode_chunked(vae, z, 1, lean=True, channels_last=True, watchdog=Boom())
+    assert _instance_forwards(vae) == [] and all(_weight_layouts(vae))
+    assert all(torch.equal(a, b) for a, b in zip(before, vae.parameters()))
+    assert torch.equal(vae.decode(z, return_dict=False)[0], ref)
+    # the class is never touched; another VAE is never touched
+    other = _wan(_WAN21_VAE)
+    with V.fast_layers(vae):
+        assert W.WanCausalConv3d.forward is not V._lean_causal_conv3d and _instance_forwards(other) == []
+
+
+def test_fast_layers_leave_foreign_hooks_alone(wan21):
+    """A module that already has an instance forward (another hook) is neither replaced nor bypassed."""
+    vae = _wan(_WAN21_VAE)
+    z = _z(vae, t=2)
+    conv = vae.decoder.up_blocks[0].resnets[0].conv1
+    seen = []
+
+    def hook(x, cache_x=None):
+        seen.append(x.shape)
+        return type(conv).forward(conv, x, cache_x)
+
+    conv.forward = hook
+    ref = vae.decode(z, return_dict=False)[0]
+    n_stock = len(seen)
+    out = V.decode_video(vae, z, mode="fast", chunk_frames=1)
+    assert len(seen) == 2 * n_stock and conv.forward is hook  # called for every chunk, still installed
+    torch.testing.assert_close(out, ref, atol=5e-5, rtol=0)
+
+
+def test_fast_path_bf16_quality_matches_stock_bf16():
+    """Lean RMS norm (fp32-accumulated, native-dtype passes): as close to fp32 as diffusers' bf16 decode."""
+    vae = _wan(_WAN21_VAE)
+    z = _z(vae, t=3, h=8, w=12)
+    ref = vae.decode(z, return_dict=False)[0]
+    vb = _wan(_WAN21_VAE, torch.bfloat16)
+    stock = vb.decode(z.bfloat16(), return_dict=False)[0]
+    fast = V.decode_video(vb, z.bfloat16(), mode="fast")
+
+    def psnr(a):
+        return float(10 * torch.log10(1 / (((a.float() - ref) / 2) ** 2).mean().detach()))
+
+    assert psnr(fast) > 45 and psnr(fast) > psnr(stock) - 1.0
+
+
+def test_fast_default_chunk_is_one(wan21):
+    info = {}
+    V.decode_video(wan21, _z(wan21, t=3), mode="fast", info=info)
+    assert V.FAST_DEFAULT_CHUNK == 1 and info["chunk_frames"] == 1
+
+
+def test_fast_path_compiled_glue_equals_stock_fp32():
+    """compile_backend: the norm -> SiLU -> conv-input glue through torch.compile ('eager' backend here: the
+    same traced graph, no C++ toolchain needed); same result, no graph break, nothing left installed."""
+    from torch._dynamo.utils import counters
+
+    vae = _wan(_WAN21_VAE)
+    z = _z(vae, t=4, h=3, w=5)
+    ref = vae.decode(z, return_dict=False)[0]
+    breaks = sum(counters["graph_break"].values())
+    info = {}
+    out = V.decode_video(vae, z, mode="fast", compile_backend="eager", info=info)
+    torch.testing.assert_close(out, ref, atol=5e-5, rtol=0)
+    assert info["compile_backend"] == "eager" and sum(counters["graph_break"].values()) == breaks
+    assert V._GLUE.get() is None and _instance_forwards(vae) == []
+    with pytest.raises(ValueError, match="compile_backend"):
+        V.decode_video(vae, z, mode="default", compile_backend="eager")

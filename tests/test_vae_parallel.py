@@ -100,3 +100,29 @@ def test_torchrun_parallel_decode_matches_single_process(tmp_path):
         # Without the halo exchange the bands' edges are wrong: the comparison must see it.
         ablation = e["runs"][0]["ablation_no_halo_vs_single"]
         assert ablation["psnr_db"] is not None and ablation["psnr_db"] < 40, ablation
+
+
+def test_harness_reference_decodes_record_no_autograd_graph():
+    """Regression (CogVideoX harness at 3x20x30 on CPU: 19 GB RSS instead of ~4): the single-device reference
+    ``vae.decode`` ran with grad enabled on a VAE whose parameters required grad, so every activation stayed
+    alive with its output. Now the harness's VAE requires no grad and every timed call runs in inference mode."""
+    from diffusers import AutoencoderKLCogVideoX
+
+    from vdbench.pipelines import _COG_VAE
+    from vdbench.vae_parallel import _make_vae, _timed
+
+    vae = _make_vae(_COG_VAE, torch.device("cpu"), torch.float32, 0)
+    assert not any(p.requires_grad for p in vae.parameters())
+    torch.manual_seed(0)
+    grad_vae = AutoencoderKLCogVideoX(**_COG_VAE).eval()  # as diffusers builds it: parameters require grad
+    assert all(p.requires_grad for p in grad_vae.parameters())
+    z = torch.randn(1, 16, 2, 4, 6)
+    modes = []
+
+    def ref():
+        modes.append(torch.is_inference_mode_enabled())
+        return grad_vae.decode(z, return_dict=False)[0]
+
+    out, t, times = _timed(ref, torch.device("cpu"), warmup=1, repeats=2, barrier=False)
+    assert modes == [True, True, True] and len(times) == 2 and t > 0
+    assert out.grad_fn is None and not out.requires_grad and torch.is_inference(out)

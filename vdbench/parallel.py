@@ -41,7 +41,7 @@ import torch
 from . import backends as B
 
 __all__ = ["ParallelSpec", "DistContext", "ENGINES", "init_distributed", "check_backend_for_path", "agree",
-           "apply_engine", "merge_rank_entries", "FailureWatch", "EXIT_PEER_FAILED"]
+           "apply_engine", "share_output", "merge_rank_entries", "FailureWatch", "EXIT_PEER_FAILED"]
 
 ENGINES = ("xfuser", "diffusers")
 EXIT_PEER_FAILED = 4  # this rank stopped because another rank failed
@@ -350,6 +350,34 @@ def _xfuser_engine_config(ctx: DistContext, pipe):
                       use_cfg_parallel=spec.use_cfg_parallel)
     engine_config, _ = args.create_config()
     return engine_config
+
+
+def share_output(ctx: Optional[DistContext], latents):
+    """Give every rank the pipeline's output latents.
+
+    xfuser's CogVideoX pipeline returns them on its last data-parallel group only (the last sequence-parallel
+    and last CFG rank); the others get ``[None]``. Rank 0 writes the video, so the latents go from a rank that has
+    them to all (a broadcast on the ranks' devices). Outputs already on every rank are returned as they are.
+    """
+    if ctx is None:
+        return latents
+    import torch.distributed as dist
+
+    have = isinstance(latents, torch.Tensor)
+    info = (have, tuple(latents.shape), str(latents.dtype).replace("torch.", "")) if have else (False, None, None)
+    flags: list = [None] * ctx.world_size
+    dist.all_gather_object(flags, info)
+    if all(f[0] for f in flags):
+        return latents
+    holders = [r for r, f in enumerate(flags) if f[0]]
+    if not holders:
+        raise RuntimeError("the pipeline returned no latents on any rank")
+    src = holders[-1]
+    if not have:
+        latents = torch.empty(flags[src][1], dtype=getattr(torch, flags[src][2]), device=ctx.device)
+    latents = latents.contiguous()
+    dist.broadcast(latents, src)
+    return latents
 
 
 def merge_rank_entries(ctx: Optional[DistContext], entries: list[dict]) -> Optional[list[dict]]:

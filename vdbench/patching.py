@@ -474,10 +474,25 @@ def _path_tag(ulysses: int, ring: int) -> str:
     return "@" + "x".join(parts) if parts else ""
 
 
+def _call_kind(mode: str, attn, encoder_hidden_states) -> str:
+    """'self', 'cross' or 'joint' for one processor call.
+
+    CogVideoX's processors attend over text and video tokens together (joint) although they are handed the text as
+    ``encoder_hidden_states``; their ``Attention`` says ``is_cross_attention=False``. Wan's cross-attention modules
+    say True. The stock CogVideoX processor (F.scaled_dot_product_attention, mode 'sdpa') is always joint.
+    Under xfuser the kind decides the path: cross-attention is local, joint/self goes through USP (Ulysses, ring).
+    """
+    if mode == "sdpa":
+        return "joint"
+    if encoder_hidden_states is None:
+        return "self"
+    return "joint" if getattr(attn, "is_cross_attention", True) is False else "cross"
+
+
 def _patched_call(self_, attn, hidden_states, *args, **kwargs):
     """The patched processors' ``__call__``: note where we are (model, layer, kind), run the rebound original."""
     ehs = kwargs.get("encoder_hidden_states", args[0] if args else None)
-    kind = "joint" if self_._vd_mode == "sdpa" else ("cross" if ehs is not None else "self")
+    kind = _call_kind(self_._vd_mode, attn, ehs)
     # Wan i2v: a cross-attention module with add_k_proj makes two calls, image context first.
     if kind == "cross" and getattr(attn, "add_k_proj", None) is not None:
         kind = "cross+img"

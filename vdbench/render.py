@@ -185,7 +185,11 @@ def kernel_category(name: str) -> str:
 def kernel_summary(events, top: int = 40) -> dict:
     """GPU time by kernel and by category from profiler events (device-side events; on a CPU-only run, the CPU
     operators' self time). Times in ms summed over the profiled steps."""
-    dev = [e for e in events if getattr(e, "device_type", None) is not None and e.device_type.name in ("CUDA", "PrivateUse1")]
+    # kernels only: GPU-side user annotations (ProfilerStep#N, nccl:all_to_all, record_function ranges) span
+    # kernels that are counted themselves
+    dev = [e for e in events if getattr(e, "device_type", None) is not None
+           and e.device_type.name in ("CUDA", "PrivateUse1") and not getattr(e, "is_user_annotation", False)
+           and not e.name.startswith(("ProfilerStep", "nccl:"))]
     source = "device kernels" if dev else "cpu operators (self time)"
     by: dict = {}
     if dev:
@@ -456,6 +460,7 @@ def _render(cfg: RenderConfig, log, dctx) -> dict:
                 timer.start()
                 try:
                     latents = pipe(generator=generator, callback_on_step_end=timer, **kwargs).frames
+                    latents = P.share_output(dctx, latents)  # xfuser's CogVideoX: only its last ranks return them
                 finally:
                     if prof_now is not None:
                         prof_now.__exit__(None, None, None)
