@@ -21,7 +21,9 @@ Configs (``--configs``, comma-separated; ``name@value`` sets its parameter; ``na
   norm/SiLU glue compiled, convs stay cuDNN's; other configs: torch.compile of the decoder) compose with any
   config, e.g. ``fast+cudnn_benchmark@2``, ``fast+compile``, ``channels_last_3d+cudnn_benchmark``. Compiling
   configs report their graph breaks and graphs (``graph_breaks``, ``compiled_graphs``; compile time is in the
-  warm-up, keep ``--warmup`` >= 1).
+  warm-up, keep ``--warmup`` >= 1). ``+fused`` (fast/fast_nocl): that glue as one Triton kernel
+  (``vdbench.kernels.glue``: one read and one write per norm instead of four passes; a GPU, or Triton's
+  interpreter on a CPU).
 Each config: ``--warmup`` untimed decodes, then ``--repeats`` timed (CUDA events after a synchronize; host clock
 on CPU), median with min/max; peak memory (torch allocator) per config. Quality: every config's frames against the
 fp32 untiled decode of the same latents, PSNR and SSIM per frame (min and mean); below ``--min_psnr`` is flagged.
@@ -61,7 +63,7 @@ MODELS = ("wan2.1", "wan2.2", "cogvideox", "hunyuanvideo")
 CONFIGS = ("fp32", "bf16", "bf16_autocast", "tiled", "chunked", "channels_last_3d", "cudnn_benchmark", "compile",
            "fast", "fast_nocl", "memory", "miopen_fast", "miopen_immediate", "miopen_naive_off")
 #: Modifiers that compose with any config: ``fast+cudnn_benchmark``, ``fast+compile``, ``bf16+cudnn_benchmark``...
-MODIFIERS = ("cudnn_benchmark", "compile")
+MODIFIERS = ("cudnn_benchmark", "compile", "fused")
 _WAN_ONLY = ("chunked", "fast", "fast_nocl", "memory")
 DEFAULT_CONFIGS = "fp32,bf16,bf16_autocast,tiled,chunked,channels_last_3d,cudnn_benchmark,fast,memory"
 
@@ -290,6 +292,10 @@ def prepare_config(name: str, value, vae, family: str, args, device: str):
     base, mods = split_config(name)
     bench = base == "cudnn_benchmark" or "cudnn_benchmark" in mods
     comp = base == "compile" or "compile" in mods
+    fused = "fused" in mods
+    if fused and (base not in ("fast", "fast_nocl") or comp):
+        raise NotApplicable("+fused: the fast path's norm/SiLU glue as one Triton kernel (fast / fast_nocl, "
+                            "not with +compile)")
     is_rocm = bool(getattr(torch.version, "hip", None))
     if base.startswith("miopen_"):
         if not (is_rocm and device.startswith("cuda")):
@@ -341,8 +347,10 @@ def prepare_config(name: str, value, vae, family: str, args, device: str):
         cl = base == "fast"
         desc.update(chunk_frames=k, channels_last=cl)
         backend = args.compile_backend if comp else None
+        if fused:
+            desc["glue"] = "triton (vdbench.kernels.glue)"
         fn = lambda z: V.decode_video(vae, z, mode="fast", chunk_frames=k, channels_last=cl,  # noqa: E731
-                                      compile_backend=backend, info=info)
+                                      compile_backend=backend, fused_glue=fused, info=info)
     elif base == "memory":
         gib = float(value or args.vae_max_memory)
         desc["max_memory_gib"] = gib

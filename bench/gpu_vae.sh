@@ -37,14 +37,14 @@ if [ "$what" = all ] || [ "$what" = wan2.1 ]; then
   # Wan 2.1 VAE (also Wan 2.2 A14B's). Profiles: bf16 and every fast* config (the best one is among them).
   # memory@4.5: a budget at the stock bf16 peak (4.63 GiB), i.e. an untiled chunk.
   run wan21 170 --model wan2.1 --frames 81 --size 832*480 --timeout 60 --profile 15 --profile_configs 'bf16,fast*' \
-    --configs fp32,bf16,fast,fast@2,fast+cudnn_benchmark,fast_nocl,channels_last_3d,fast@4,fast+compile,\
+    --configs fp32,bf16,fast,fast+fused,fast@2,fast+cudnn_benchmark,fast_nocl,channels_last_3d,fast@4,fast+compile,\
 cudnn_benchmark,fast+cudnn_benchmark@2,fast_nocl@2,memory@4.5,tiled,bf16_autocast,chunked@4
 fi
 if [ "$what" = all ] || [ "$what" = wan2.2 ]; then
   # Wan 2.2 TI2V-5B VAE (48 latent channels, 16x spatial), 832x480 (the 5B model's 480p is 1280x704; 832x480
   # keeps the table at one resolution), 81 frames.
   run wan22 80 --model wan2.2 --frames 81 --size 832*480 --timeout 40 \
-    --configs fp32,bf16,fast,fast@2,fast+cudnn_benchmark,fast_nocl,channels_last_3d,fast@4,cudnn_benchmark,tiled,\
+    --configs fp32,bf16,fast,fast+fused,fast@2,fast+cudnn_benchmark,fast_nocl,channels_last_3d,fast@4,cudnn_benchmark,tiled,\
 fast+compile
 fi
 if [ "$what" = all ] || [ "$what" = cogvideox ]; then

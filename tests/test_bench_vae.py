@@ -151,3 +151,16 @@ def test_fast_variants_compile_and_profile(tmp_path):
         assert set(k) == {"name", "calls", "total_ms", "pct"} and k["calls"] >= 1 and 0 < k["pct"] <= 100
         assert prof["kernels"] == sorted(prof["kernels"], key=lambda e: -e["total_ms"])
     assert "profile" not in rows["tiled"] and "profile" not in rows["fp32"]
+
+
+def test_fused_glue_config_is_refused_with_the_reason_where_it_cant_run(tmp_path, monkeypatch):
+    """+fused runs the Triton glue kernel (tests/test_vae_glue.py checks its numbers); on a CPU without Triton's
+    interpreter the row says why it didn't run -- never a silent eager fallback; other bases: not applicable."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    assert B.split_config("fast+fused") == ("fast", ("fused",))
+    out = tmp_path / "r.json"
+    B.main(SMALL + ["--configs", "fast+fused,bf16+fused,fast+fused+compile", "-o", str(out)])
+    rows = {r["config"]: r for r in json.loads(out.read_text())["results"]}
+    assert rows["fast+fused"]["status"] == "error" and "interpreter" in rows["fast+fused"]["reason"]
+    assert rows["bf16+fused"]["status"] == "not_applicable"
+    assert rows["fast+fused+compile"]["status"] == "not_applicable"

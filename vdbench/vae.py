@@ -12,20 +12,51 @@ Decode modes (``mode=``):
 ``fast`` (Wan VAEs: ``AutoencoderKLWan``, Wan 2.1 and 2.2)
     The same diffusers modules and weights, driven differently (see :func:`wan_decode_chunked`):
 
-    * **several latent frames per decoder call** instead of one. Every temporal op of the Wan decoder is a
-      causal convolution whose cache holds the last ``CACHE_T`` (2) input frames, and every norm/attention is
-      per frame, so a chunk of K frames after the first gives the same result as K single-frame calls (tested
-      in fp32 on CPU against the stock decode). Fewer, larger kernels; K x fewer cache copies and ``clear_cache``.
     * **the output is written into one preallocated tensor** instead of diffusers' ``torch.cat`` of the growing
-      output after every frame (quadratic copying, and two copies of the output alive at once).
+      output after every frame (quadratic copying, and two copies of the output alive at once); clamped in place.
+    * **lean layers** (:func:`fast_layers`): for the duration of the decode this VAE's decoder instances get
+      their own ``forward`` (set on the instance, deleted on exit, also on error; the class, other VAEs and a
+      later stock decode are untouched -- tested bit-exact), the same ops in the same order without diffusers'
+      glue copies:
+
+      - ``WanCausalConv3d``: diffusers concatenates the cache and then pads time *and* space with ``F.pad``:
+        two full copies of the activation per conv. Here the spatial zero padding is the conv's own
+        (``padding=(0, ph, pw)``, same weights) and only the causal time context (cached frames; zero frames
+        for the first chunk) is concatenated in front, in the input's memory format.
+      - ``WanResidualBlock`` and the decoder head: norm -> SiLU is written straight into the conv's input
+        buffer behind the cached frames (no separate SiLU output, no cat, no pad); the old cache is released
+        before the conv instead of after; the conv1 output is released before conv2 runs; the residual is
+        added in place. ``WanUpBlock.forward`` is inlined in the decoder so that no caller keeps a block's input
+        alive (one full-size activation less at the peak).
+      - ``WanRMS_norm``: diffusers upcasts to fp32 (``x.float()``, fp32 quotient) and then does three more
+        full-size passes (cast, ``* scale``, ``* gamma``). Here: the norm is an fp32-accumulated reduction (on
+        CUDA read straight from bf16, no fp32 copy), ``x / norm`` is computed in fp32 and rounded once into
+        the output, then ``* (gamma * sqrt(dim))`` in place: fewer roundings than diffusers, PSNR vs the fp32
+        decode unchanged (tiny and real-width CPU checks: within 0.1 dB of diffusers' bf16).
+      - ``WanResample`` (upsampling): the frame interleave of ``time_conv``'s output (diffusers: ``stack`` then
+        ``permute().reshape()``, two copies, the first dropping channels_last) is one copy straight into the
+        per-frame buffer of the 2-D stage; in channels_last the per-frame view is free.
+      - ``WanResidualUpBlock`` (Wan 2.2): no ``clone()`` of the block input (nothing writes into it), and the
+        ``DupUp3D`` shortcut added in place into the block output through an 8-D view (not materialized).
     * **nearest upsampling in the working dtype**: diffusers' ``WanUpsample`` upcasts to fp32 before a
       ``nearest-exact`` interpolation and casts back. Nearest interpolation only copies values, so the result
-      is bit-identical in bf16, without the fp32 temporary that is the single largest tensor of a bf16 decode
-      (2x the size of the upsampled activation).
-    * conv3d weights in ``channels_last_3d`` when ``channels_last=True``.
+      is bit-identical in bf16, without the fp32 temporary.
+    * **channels_last**: conv weights in channels_last(_3d) for the duration of the decode (put back afterwards)
+      and activations in that layout throughout, unless ``channels_last=False``.
+    * **chunks of latent frames per decoder call** (``chunk_frames``). Every temporal op of the Wan decoder is a
+      causal convolution whose cache holds the last ``CACHE_T`` (2) input frames, and every norm/attention is
+      per frame, so a chunk of K frames after the first gives the same result as K single-frame calls (tested
+      in fp32 on CPU against the stock decode).
 
-    The dtype is the VAE's: load it in bf16 (``--vae_dtype bf16``) for speed. Its RMS norms already normalize
-    in fp32 (diffusers does that for half dtypes), which is where bf16 loses precision otherwise.
+    **Default chunk** (``FAST_DEFAULT_CHUNK`` = 1, what ``--vae_decode fast`` uses): peak memory grows with the
+    chunk (the activations of K latent frames = 4K output frames are live at once, on top of the fixed causal
+    caches: 1.76 GiB for Wan 2.1 at 480p, 1.33 GiB for Wan 2.2). Peak live-tensor bytes at 832x480, 81 frames,
+    bf16, counted op by op on the meta device (no cuDNN workspace): Wan 2.1 diffusers 3.95 GiB, fast@1 3.09,
+    fast@2 3.95, fast@3 4.95, fast@4 5.95; Wan 2.2 (TI2V-5B VAE) diffusers 4.19, fast@1 2.85, fast@2 3.99
+    (tests/test_vae_memory.py counts the same way at a smaller size). So only K = 1 stays below the stock
+    decode; larger chunks are an explicit choice (``chunk_frames``, the bench's ``fast@K``), to be measured.
+
+    The dtype is the VAE's: load it in bf16 (``--vae_dtype bf16``) for speed.
     Other VAE classes: ``fast`` is refused (ValueError), never silently replaced by ``default``.
 ``parallel``
     Multi-GPU decode (every rank computes a band of rows), :func:`vdbench.vae_parallel.decode_video_parallel`;
@@ -41,6 +72,7 @@ says which happened. ``timeout_s`` runs the decode under :class:`vdbench.watchdo
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import math
 from typing import Optional
 
@@ -48,10 +80,10 @@ import torch
 import torch.nn.functional as F
 
 __all__ = ["decode_latents", "decode_video", "wan_decode_chunked", "choose_chunk_frames", "prepare_latents",
-           "MODES", "channels_last_3d"]
+           "MODES", "channels_last_3d", "fast_layers", "FAST_DEFAULT_CHUNK"]
 
 MODES = ("default", "fast", "parallel")
-FAST_DEFAULT_CHUNK = 2  # latent frames per decoder call in mode "fast" when no chunk size is given
+FAST_DEFAULT_CHUNK = 1  # latent frames per decoder call in mode "fast" when no chunk size is given (module doc)
 _GIB = 1024 ** 3
 
 
@@ -127,9 +159,17 @@ def decode_latents(pipe, latents: torch.Tensor, family: str, num_frames: int | N
 
 @torch.no_grad()
 def decode_video(vae, z: torch.Tensor, *, mode: str = "default", chunk_frames: Optional[int] = None,
-                 max_memory_gib: Optional[float] = None, channels_last: bool = False, watchdog=None,
-                 info: Optional[dict] = None) -> torch.Tensor:
-    """Decode VAE-space latents ``z`` (B, C, T, H, W) -> video (B, 3, F, H', W') in [-1, 1]."""
+                 max_memory_gib: Optional[float] = None, channels_last: Optional[bool] = None, watchdog=None,
+                 info: Optional[dict] = None, compile_backend: Optional[str] = None,
+                 fused_glue: bool = False) -> torch.Tensor:
+    """Decode VAE-space latents ``z`` (B, C, T, H, W) -> video (B, 3, F, H', W') in [-1, 1].
+
+    ``channels_last``: None (default) = on for ``mode="fast"`` (and the memory-bounded Wan decode), for the
+    duration of the call only; off for ``mode="default"``. False: off (the fast path's layers in the
+    contiguous layout). True with ``mode="default"``: :func:`channels_last_3d` on the VAE (kept afterwards).
+    ``compile_backend`` (``mode="fast"`` only): the fast path's norm/SiLU glue compiled (:func:`fast_layers`).
+    ``fused_glue`` (``mode="fast"`` only): that glue as one Triton kernel
+    (:mod:`vdbench.kernels.glue`; a CUDA/ROCm GPU, or Triton's interpreter)."""
     info = {} if info is None else info
     if mode == "parallel":
         try:
@@ -145,7 +185,12 @@ def decode_video(vae, z: torch.Tensor, *, mode: str = "default", chunk_frames: O
         return fn(vae, z, chunk_frames=chunk_frames, info=info)
     if mode not in ("default", "fast"):
         raise ValueError(f"unknown VAE decode mode {mode!r}; valid: {', '.join(MODES)}")
-    if channels_last:
+    if compile_backend and (mode != "fast" or max_memory_gib is not None):
+        raise ValueError("compile_backend applies to mode='fast' (without max_memory_gib) only")
+    if fused_glue and (mode != "fast" or max_memory_gib is not None or compile_backend):
+        raise ValueError("fused_glue applies to mode='fast', without max_memory_gib or compile_backend")
+    fast_cl = channels_last is not False
+    if channels_last and mode == "default":
         channels_last_3d(vae)
     if not _is_wan(vae):
         if mode == "fast":
@@ -157,16 +202,19 @@ def decode_video(vae, z: torch.Tensor, *, mode: str = "default", chunk_frames: O
         info["path"] = "diffusers"
         return vae.decode(z.to(vae.dtype), return_dict=False)[0]
     if max_memory_gib is not None:
-        return _wan_decode_bounded(vae, z, max_memory_gib, watchdog=watchdog, info=info)
+        return _wan_decode_bounded(vae, z, max_memory_gib, watchdog=watchdog, info=info, channels_last=fast_cl)
     if mode == "default":
         info["path"] = "diffusers"
         return vae.decode(z, return_dict=False)[0]
-    # Default chunk: 2 latent frames per call -- measured on an H200 (Wan 2.1 VAE, 480p, 81 frames, bf16): 1.70 s
-    # vs diffusers' 1.83 s at 6.6 GiB; larger chunks gain little (K=4: 1.66 s) and cost memory (K=4 10.6 GiB, all
-    # 21 frames far more), so a render never takes the unbounded choice by default (docs/PERFORMANCE.md §6).
+    # Default chunk (FAST_DEFAULT_CHUNK): see the module doc ("Default chunk").
     k = chunk_frames or min(FAST_DEFAULT_CHUNK, z.shape[2])
-    info.update(path="chunked", chunk_frames=k)
-    return wan_decode_chunked(vae, z, k, watchdog=watchdog)
+    info.update(path="chunked", chunk_frames=k, channels_last=fast_cl)
+    if compile_backend:
+        info["compile_backend"] = compile_backend
+    if fused_glue:
+        info["glue"] = "triton (vdbench.kernels.glue)"
+    return wan_decode_chunked(vae, z, k, watchdog=watchdog, lean=True, channels_last=fast_cl,
+                              compile_backend=compile_backend, fused_glue=fused_glue)
 
 
 def channels_last_3d(vae) -> None:
@@ -188,7 +236,8 @@ def _native_dtype_upsample(vae):
     """Temporarily replace the nearest-upsample forward of this VAE's instances only (nothing global)."""
     patched = []
     for m in vae.modules():
-        if type(m).__name__ == "WanUpsample" and m.mode in ("nearest", "nearest-exact"):
+        if (type(m).__name__ == "WanUpsample" and m.mode in ("nearest", "nearest-exact")
+                and "forward" not in m.__dict__):
             m.forward = _nearest_native.__get__(m)
             patched.append(m)
     try:
@@ -196,6 +245,367 @@ def _native_dtype_upsample(vae):
     finally:
         for m in patched:
             del m.forward
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Lean layers of the fast path (installed per instance by fast_layers(), removed on exit)
+# ---------------------------------------------------------------------------------------------------------------
+
+_CACHE_T = 2  # diffusers' CACHE_T: input frames a causal conv keeps for the next chunk
+
+# The compiled norm -> SiLU -> conv-input builder in use inside fast_layers(compile_backend=...), else None.
+_GLUE: contextvars.ContextVar = contextvars.ContextVar("vdbench_vae_glue", default=None)
+_COMPILED_GLUE: dict = {}
+
+
+def _norm_silu_cat(x, ctx, g):
+    """The glue in front of every residual-block conv as one function for torch.compile: RMS norm over channels
+    (fp32 math), * gamma*sqrt(dim), SiLU, rounded once, concatenated behind the causal context frames ``ctx``.
+    Inductor fuses it into one kernel that writes straight into the conv's input buffer (layout kept)."""
+    n = torch.linalg.vector_norm(x, dim=1, keepdim=True, dtype=torch.float32).clamp_min(1e-12)
+    y = F.silu(x.float() / n * g).to(x.dtype)
+    return torch.cat([ctx, y], 2)
+
+
+def _compiled_glue(backend: str):
+    """One compiled :func:`_norm_silu_cat` per backend and process (dynamic shapes: a handful of graphs for all
+    stages and chunk sizes of a decoder -- size-1 frame counts and memory layouts are specialized -- and no graph
+    breaks: a pure tensor function). :func:`fast_layers` raises dynamo's recompile limit while it is active."""
+    fn = _COMPILED_GLUE.get(backend)
+    if fn is None:
+        fn = _COMPILED_GLUE[backend] = torch.compile(_norm_silu_cat, backend=backend, dynamic=True)
+    return fn
+
+
+def _fused_glue(vae):
+    """The Triton form of :func:`_norm_silu_cat` (:mod:`vdbench.kernels.glue`), refused with the reason where it
+    can't run (no silent fallback to the eager glue)."""
+    import importlib.util
+
+    from . import kernels as K
+
+    if importlib.util.find_spec("triton") is None:
+        raise RuntimeError("fused_glue needs triton (package not installed)")
+    dev = next(vae.parameters()).device
+    if dev.type != "cuda" and not K.interpret_requested():
+        raise RuntimeError(f"fused_glue runs on a CUDA/ROCm GPU (the VAE is on {dev}); on a CPU only under "
+                           "Triton's interpreter (TRITON_INTERPRET=1 before triton is imported)")
+    from .kernels.glue import norm_silu_cat
+
+    return norm_silu_cat
+
+
+def _layout(x: torch.Tensor):
+    """The memory format to give new tensors that meet ``x`` (channels_last_3d if ``x`` is in it)."""
+    if x.dim() == 5 and not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last_3d):
+        return torch.channels_last_3d
+    return torch.contiguous_format
+
+
+def _lean_causal_conv3d(self, x, cache_x=None):
+    """WanCausalConv3d.forward without its ``F.pad`` copy: the spatial zero padding is done by the convolution
+    (``padding=(0, ph, pw)``, same weights, same result); only the causal time context is concatenated in front
+    of ``x`` (the cached frames, and zero frames where the cache is short or absent, as ``F.pad`` adds them), in
+    ``x``'s memory format."""
+    pw, _, ph, _, pt, _ = self._padding
+    if pt > 0:
+        parts = []
+        have = 0 if cache_x is None else cache_x.shape[2]
+        if have > pt:  # F.pad with a negative front pad crops the cache
+            cache_x, have = cache_x[:, :, have - pt:], pt
+        if pt > have:
+            b, c, _, h, w = x.shape
+            parts.append(torch.empty((b, c, pt - have, h, w), dtype=x.dtype, device=x.device,
+                                     memory_format=_layout(x)).zero_())
+        if have:
+            parts.append(cache_x.to(x.device))
+        x = torch.cat([*parts, x], 2)
+    return F.conv3d(x, self.weight, self.bias, self.stride, (0, ph, pw), self.dilation, self.groups)
+
+
+def _rms_norm_into(norm, x, out):
+    """WanRMS_norm(x) written into ``out`` (a tensor of x's shape, any layout, e.g. a slice of a conv's input
+    buffer) in one fp32-accumulated reduction and two passes in the input dtype: the norm over channels is
+    accumulated in fp32 (on CUDA straight from bf16: no fp32 copy of ``x``), ``x / norm`` is computed in
+    fp32 and rounded once into ``out``, then scaled by ``gamma * sqrt(dim)`` in place. diffusers materializes
+    ``x.float()``, the fp32 quotient and three more full-size tensors (cast back, ``* scale``, ``* gamma``,
+    ``+ bias``)."""
+    dim = 1 if norm.channel_first else -1
+    n = torch.linalg.vector_norm(x, dim=dim, keepdim=True, dtype=torch.float32).clamp_min_(1e-12)
+    torch.div(x, n, out=out)  # F.normalize's x / max(||x||, eps), in fp32, rounded once into out
+    del n
+    out.mul_(_gain(norm))
+    if isinstance(norm.bias, torch.Tensor):
+        out.add_(norm.bias)
+    return out
+
+
+def _gain(norm):
+    """``gamma * sqrt(dim)`` in fp32, computed once per :func:`fast_layers` scope (cached on the instance)."""
+    g = norm.__dict__.get("_vdbench_gain")
+    if g is None:
+        g = norm.gamma.detach().float() * norm.scale
+    return g
+
+
+def _lean_rms_norm(self, x):
+    """WanRMS_norm.forward via :func:`_rms_norm_into` (a fresh tensor in x's dtype and layout)."""
+    return _rms_norm_into(self, x, torch.empty_like(x))
+
+
+def _cached_conv(conv, x, feat_cache, feat_idx):
+    """The cache bookkeeping diffusers repeats before each causal conv (last CACHE_T input frames kept)."""
+    if feat_cache is None:
+        return conv(x)
+    idx = feat_idx[0]
+    cache_x = x[:, :, -_CACHE_T:].clone()
+    if cache_x.shape[2] < _CACHE_T and feat_cache[idx] is not None:
+        cache_x = torch.cat([feat_cache[idx][:, :, -1:].to(cache_x.device), cache_x], dim=2)
+    x = conv(x, feat_cache[idx])
+    feat_cache[idx] = cache_x
+    feat_idx[0] += 1
+    return x
+
+
+def _lean_norm_ok(norm, act, conv) -> bool:
+    """The fused norm -> SiLU -> causal conv applies: this VAE's modules, swapped by fast_layers (not hooked
+    by anyone else), SiLU activation, eval mode."""
+    return (norm.__dict__.get("forward") is not None and getattr(norm.forward, "__func__", None) is _lean_rms_norm
+            and getattr(conv.__dict__.get("forward"), "__func__", None) is _lean_causal_conv3d
+            and type(act) is torch.nn.SiLU and not norm.training)
+
+
+def _norm_act_conv_input(norm, act, conv, x, feat_cache, feat_idx):
+    """The input buffer of ``conv(act(norm(x)))`` with diffusers' cache bookkeeping, built without the
+    intermediate tensors: one buffer of ``pad_t + T`` frames gets the causal context (cached frames of the
+    previous chunk, zero frames where there are fewer than ``pad_t``) and the norm output written straight
+    into its last ``T`` frames (SiLU in place there); the new cache (last CACHE_T frames) is cloned from it and
+    replaces the old one before the conv runs. Returns the buffer for :func:`_conv_valid_t`."""
+    b, c, t, h, w = x.shape
+    pt = conv._padding[4]
+    old = None
+    if feat_cache is not None:
+        idx = feat_idx[0]
+        old = feat_cache[idx]
+    have = 0 if old is None else min(old.shape[2], pt)
+    glue = _GLUE.get()
+    if glue is not None and norm.channel_first and not isinstance(norm.bias, torch.Tensor):
+        if have and have == pt:
+            ctx = old[:, :, old.shape[2] - pt:]
+        else:
+            ctx = torch.empty((b, c, pt - have, h, w), dtype=x.dtype, device=x.device,
+                              memory_format=_layout(x)).zero_()
+            if have:
+                ctx = torch.cat([ctx, old[:, :, -have:].to(x.device)], 2)
+        buf = glue(x, ctx, _gain(norm))
+        del ctx
+    else:
+        buf = torch.empty((b, c, pt + t, h, w), dtype=x.dtype, device=x.device, memory_format=_layout(x))
+        if pt > have:
+            buf[:, :, :pt - have].zero_()
+        if have:
+            buf[:, :, pt - have:pt].copy_(old[:, :, -have:])
+        _rms_norm_into(norm, x, buf[:, :, pt:])
+        F.silu(buf[:, :, pt:], inplace=True)
+    y = buf[:, :, pt:]
+    if feat_cache is not None:
+        cache_x = y[:, :, -_CACHE_T:].clone()
+        if cache_x.shape[2] < _CACHE_T and old is not None:
+            cache_x = torch.cat([old[:, :, -1:].to(cache_x.device), cache_x], dim=2)
+        feat_cache[idx] = cache_x
+        feat_idx[0] += 1
+    return buf
+
+
+def _conv_valid_t(conv, buf):
+    """The causal conv on a buffer that already holds its time context (spatial padding by the conv)."""
+    pw, _, ph, _, _, _ = conv._padding
+    return F.conv3d(buf, conv.weight, conv.bias, conv.stride, (0, ph, pw), conv.dilation, conv.groups)
+
+
+def _lean_residual_block(self, x, feat_cache=None, feat_idx=[0]):  # noqa: B006 - diffusers' signature
+    """WanResidualBlock.forward with norm -> SiLU written straight into each conv's input buffer (no SiLU
+    output, no cat with the cache, no padded copy), the old cache released before the conv instead of after,
+    the conv1 output released before conv2 runs, and the residual added in place into conv2's output."""
+    h = self.conv_shortcut(x)
+    if not (_lean_norm_ok(self.norm1, self.nonlinearity, self.conv1)
+            and _lean_norm_ok(self.norm2, self.nonlinearity, self.conv2)
+            and (not self.dropout.training or self.dropout.p == 0)):
+        x = self.nonlinearity(self.norm1(x))
+        x = _cached_conv(self.conv1, x, feat_cache, feat_idx)
+        x = self.dropout(self.nonlinearity(self.norm2(x)))
+        x = _cached_conv(self.conv2, x, feat_cache, feat_idx)
+        return x + h
+    buf = _norm_act_conv_input(self.norm1, self.nonlinearity, self.conv1, x, feat_cache, feat_idx)
+    y = _conv_valid_t(self.conv1, buf)
+    del buf
+    buf = _norm_act_conv_input(self.norm2, self.nonlinearity, self.conv2, y, feat_cache, feat_idx)
+    del y
+    y = _conv_valid_t(self.conv2, buf)
+    del buf
+    return y.add_(h)
+
+
+def _lean_decoder(self, x, feat_cache=None, feat_idx=[0], first_chunk=False):  # noqa: B006
+    """WanDecoder3d.forward with the head (norm_out -> SiLU -> conv_out) through the fused conv input buffer."""
+    x = _cached_conv(self.conv_in, x, feat_cache, feat_idx)
+    x = self.mid_block(x, feat_cache=feat_cache, feat_idx=feat_idx)
+    for up_block in self.up_blocks:
+        if type(up_block).__name__ == "WanUpBlock" and "forward" not in up_block.__dict__:
+            # WanUpBlock.forward inlined, so that no frame keeps the block's input alive while its residual
+            # blocks run (a called block's caller would hold it: one full-size activation more at the peak)
+            for resnet in up_block.resnets:
+                x = resnet(x, feat_cache=feat_cache, feat_idx=feat_idx)
+            if up_block.upsamplers is not None:
+                x = up_block.upsamplers[0](x, feat_cache=feat_cache, feat_idx=feat_idx)
+        else:
+            x = up_block(x, feat_cache=feat_cache, feat_idx=feat_idx, first_chunk=first_chunk)
+    if not _lean_norm_ok(self.norm_out, self.nonlinearity, self.conv_out):
+        return _cached_conv(self.conv_out, self.nonlinearity(self.norm_out(x)), feat_cache, feat_idx)
+    buf = _norm_act_conv_input(self.norm_out, self.nonlinearity, self.conv_out, x, feat_cache, feat_idx)
+    del x
+    return _conv_valid_t(self.conv_out, buf)
+
+
+def _lean_resample(self, x, feat_cache=None, feat_idx=[0]):  # noqa: B006
+    """WanResample.forward (upsample modes) with the frame interleave of ``time_conv``'s output (diffusers:
+    reshape, ``torch.stack``, then ``permute(...).reshape`` for the 2-D conv: two copies, the first of which
+    drops channels_last) done as one copy straight into the (B*T, C, H, W) buffer the 2-D stage reads, in the
+    input's layout (for channels_last_3d input the per-frame view is then free)."""
+    b, c, t, h, w = x.shape
+    cl = _layout(x) is torch.channels_last_3d
+    frames = None
+    if self.mode == "upsample3d" and feat_cache is not None:
+        idx = feat_idx[0]
+        if feat_cache[idx] is None:
+            feat_cache[idx] = "Rep"
+            feat_idx[0] += 1
+        else:
+            rep = isinstance(feat_cache[idx], str)
+            cache_x = x[:, :, -_CACHE_T:].clone()
+            if cache_x.shape[2] < 2 and not rep:
+                cache_x = torch.cat([feat_cache[idx][:, :, -1:].to(cache_x.device), cache_x], dim=2)
+            if cache_x.shape[2] < 2 and rep:
+                cache_x = torch.cat([torch.zeros_like(cache_x), cache_x], dim=2)
+            y = self.time_conv(x) if rep else self.time_conv(x, feat_cache[idx])
+            feat_cache[idx] = cache_x
+            feat_idx[0] += 1
+            # frame 2i+j of the result = channels [j*c, (j+1)*c) of y's frame i
+            t = 2 * t
+            frames = torch.empty((b * t, c, h, w), dtype=y.dtype, device=y.device,
+                                 memory_format=torch.channels_last if cl else torch.contiguous_format)
+            frames.view(b, t // 2, 2, c, h, w).copy_(y.unflatten(1, (2, c)).permute(0, 3, 1, 2, 4, 5))
+            del y
+    if frames is None:
+        frames = x.permute(0, 2, 1, 3, 4).reshape(b * t, c, h, w)  # a view for channels_last_3d input
+    x = self.resample(frames)
+    del frames
+    return x.view(b, t, x.size(1), x.size(2), x.size(3)).permute(0, 2, 1, 3, 4)
+
+
+def _lean_residual_up_block(self, x, feat_cache=None, feat_idx=[0], first_chunk=False):  # noqa: B006
+    """WanResidualUpBlock.forward (Wan 2.2) without the ``x.clone()`` of the block input (nothing writes into
+    it: every in-place op of the lean layers is on a tensor they just made), with the ``DupUp3D`` shortcut
+    added in place into the block output through an 8-D view (no materialized shortcut, no layout mismatch)."""
+    x_in = x
+    for resnet in self.resnets:
+        x = resnet(x, feat_cache=feat_cache, feat_idx=feat_idx) if feat_cache is not None else resnet(x)
+    if self.upsampler is not None:
+        x = (self.upsampler(x, feat_cache=feat_cache, feat_idx=feat_idx) if feat_cache is not None
+             else self.upsampler(x))
+    if self.avg_shortcut is None:
+        return x
+    up = self.avg_shortcut
+    b, _, t, h, w = x_in.shape
+    ft, fs, co = up.factor_t, up.factor_s, up.out_channels
+    if (first_chunk and t != 1) or x is x_in or x.shape != (b, co, (t * ft - (ft - 1) if first_chunk else t * ft),
+                                                             h * fs, w * fs):
+        return x + up(x_in, first_chunk=first_chunk)  # not the shapes of the Wan 2.2 decoder: diffusers' way
+    src = x_in.repeat_interleave(up.repeats, dim=1).view(b, co, ft, fs, fs, t, h, w).permute(0, 1, 5, 2, 6, 3, 7, 4)
+    if first_chunk:  # t == 1: the last of the ft duplicated frames (diffusers' x[:, :, ft - 1:])
+        src, ft = src[:, :, :, ft - 1:], 1
+    x8 = x.unflatten(4, (w, fs)).unflatten(3, (h, fs)).unflatten(2, (t, ft))
+    x8.add_(src)
+    return x
+
+
+def _weights_channels_last(vae, modules):
+    """Conv3d weights -> channels_last_3d and Conv2d weights -> channels_last where they are not already;
+    returns the converted parameters (to be made contiguous again on exit)."""
+    changed = []
+    for m in modules:
+        if isinstance(m, torch.nn.Conv3d):
+            fmt = torch.channels_last_3d
+        elif isinstance(m, torch.nn.Conv2d):
+            fmt = torch.channels_last
+        else:
+            continue
+        w = m.weight
+        if w.is_contiguous(memory_format=fmt) and not w.is_contiguous():
+            continue
+        changed.append(w)
+        w.data = w.data.contiguous(memory_format=fmt)
+    return changed
+
+
+@contextlib.contextmanager
+def fast_layers(vae, *, channels_last: bool = True, lean: bool = True, compile_backend: Optional[str] = None,
+                fused_glue: bool = False):
+    """Scoped swap of the fast path (Wan VAEs): for the duration, this VAE's decoder instances (and its
+    ``post_quant_conv``) run the lean forwards above instead of diffusers' (``forward`` set on the instance,
+    deleted on exit -- also on error -- so the class and every other VAE are untouched); ``channels_last``:
+    conv weights in channels_last(_3d) for the duration, put back in their original (contiguous) layout on exit
+    (bit-exact copies both ways). A module that already has an instance-level ``forward`` (another hook, e.g.
+    the band-parallel decode's) is left alone. ``compile_backend`` (with ``lean``): the norm -> SiLU -> conv
+    input glue of the residual blocks and the head runs as one function compiled by ``torch.compile``
+    (:func:`_norm_silu_cat`; convs stay cuDNN's). ``fused_glue`` (with ``lean``): the same
+    glue as one Triton kernel (:func:`_fused_glue`). Yields the list of swapped modules."""
+    from diffusers.models.autoencoders import autoencoder_kl_wan as W
+
+    swaps = {}
+    if lean:
+        swaps = {W.WanCausalConv3d: _lean_causal_conv3d, W.WanRMS_norm: _lean_rms_norm,
+                 W.WanResidualBlock: _lean_residual_block, W.WanDecoder3d: _lean_decoder}
+        if hasattr(W, "WanResidualUpBlock"):
+            swaps[W.WanResidualUpBlock] = _lean_residual_up_block
+    modules = [*vae.decoder.modules(), *vae.post_quant_conv.modules()]
+    patched, weights = [], []
+    if fused_glue and (not lean or compile_backend):
+        raise ValueError("fused_glue needs lean=True and excludes compile_backend")
+    glue = _fused_glue(vae) if fused_glue else _compiled_glue(compile_backend) if (lean and compile_backend) else None
+    token = _GLUE.set(glue)
+    limit = contextlib.nullcontext()
+    if lean and compile_backend:
+        import torch._dynamo
+
+        key = "recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit") else "cache_size_limit"
+        limit = torch._dynamo.config.patch(**{key: max(64, getattr(torch._dynamo.config, key))})
+    try:
+        limit.__enter__()
+        for m in modules:
+            if "forward" in m.__dict__:
+                continue
+            fn = swaps.get(type(m))
+            if type(m) is W.WanCausalConv3d and m.padding_mode != "zeros":
+                fn = None
+            if lean and type(m) is W.WanResample and m.mode in ("upsample2d", "upsample3d"):
+                fn = _lean_resample
+            if fn is not None:
+                m.forward = fn.__get__(m)
+                patched.append(m)
+                if fn is _lean_rms_norm:
+                    m._vdbench_gain = m.gamma.detach().float() * m.scale
+        if channels_last:
+            weights = _weights_channels_last(vae, modules)
+        yield patched
+    finally:
+        limit.__exit__(None, None, None)
+        _GLUE.reset(token)
+        for m in patched:
+            del m.forward
+            m.__dict__.pop("_vdbench_gain", None)
+        for w in weights:
+            w.data = w.data.contiguous()
 
 
 def _chunk_bounds(num_frames: int, k: int):
@@ -209,23 +619,35 @@ def _chunk_bounds(num_frames: int, k: int):
 
 @torch.no_grad()
 def wan_decode_chunked(vae, z: torch.Tensor, chunk_frames: int, *, watchdog=None, native_upsample: bool = True,
-                       on_chunk=None, finalize: bool = True) -> torch.Tensor:
+                       lean: bool = False, channels_last: bool = False, compile_backend: Optional[str] = None,
+                       fused_glue: bool = False, on_chunk=None, finalize: bool = True) -> torch.Tensor:
     """diffusers' ``AutoencoderKLWan._decode`` (untiled) with ``chunk_frames`` latent frames per decoder call and
     a preallocated output (see the module doc for why this is equivalent). ``on_chunk(i, start, end)`` is called
-    after each chunk (memory calibration); ``watchdog.stage`` names each chunk, so a hang reports where."""
+    after each chunk (memory calibration); ``watchdog.stage`` names each chunk, so a hang reports where.
+
+    ``lean``: the fast path's layers (:func:`fast_layers`: no ``F.pad`` copies, native-dtype RMS norm, in-place
+    SiLU/residual adds, one-copy frame interleave) for the duration of the call; ``channels_last``: conv weights
+    and activations in channels_last(_3d) for the duration. Both default off here (diffusers' layers: what the
+    bench's ``chunked`` config and the band-parallel decode drive); ``decode_video(mode="fast")`` turns them on.
+    ``compile_backend``, ``fused_glue`` (with ``lean``): see :func:`fast_layers`.
+    """
     from diffusers.models.autoencoders.autoencoder_kl_wan import unpatchify
 
     if chunk_frames < 1:
         raise ValueError(f"chunk_frames must be >= 1, got {chunk_frames}")
     z = z.to(vae.dtype)
-    if any(isinstance(m, torch.nn.Conv3d) and m.weight.is_contiguous(memory_format=torch.channels_last_3d)
-           and not m.weight.is_contiguous() for m in vae.modules()):
-        z = z.contiguous(memory_format=torch.channels_last_3d)
     n = z.shape[2]
-    ctx = _native_dtype_upsample(vae) if native_upsample else contextlib.nullcontext()
     out = None
     t_out = 0
-    with ctx:
+    with contextlib.ExitStack() as stack:
+        if native_upsample:
+            stack.enter_context(_native_dtype_upsample(vae))
+        if lean or channels_last:
+            stack.enter_context(fast_layers(vae, channels_last=channels_last, lean=lean,
+                                            compile_backend=compile_backend, fused_glue=fused_glue))
+        if any(isinstance(m, torch.nn.Conv3d) and m.weight.is_contiguous(memory_format=torch.channels_last_3d)
+               and not m.weight.is_contiguous() for m in vae.modules()):
+            z = z.contiguous(memory_format=torch.channels_last_3d)
         vae.clear_cache()
         try:
             x = vae.post_quant_conv(z)
@@ -257,12 +679,14 @@ def wan_decode_chunked(vae, z: torch.Tensor, chunk_frames: int, *, watchdog=None
                     on_chunk(i, s, e)
         finally:
             vae.clear_cache()
+            x = None
     out = out[:, :, :t_out]
     if not finalize:  # raw decoder output (tiles are blended before unpatchify/clamp, as diffusers does)
         return out
     if vae.config.patch_size is not None:
         out = unpatchify(out, patch_size=vae.config.patch_size)
-    return torch.clamp(out, min=-1.0, max=1.0)
+    # in place: ``out`` is this function's own tensor (the preallocated buffer, a cat, or the decoder's output)
+    return out.contiguous().clamp_(min=-1.0, max=1.0)
 
 
 def _wan_frame_bytes_estimate(vae, h: int, w: int) -> int:
@@ -285,14 +709,16 @@ def choose_chunk_frames(budget_bytes: float, per_frame_bytes: float, num_frames:
     return int(max(0, min(num_frames - 1 if num_frames > 1 else 1, budget_bytes // per_frame_bytes)))
 
 
-def _wan_decode_bounded(vae, z, max_memory_gib: float, *, watchdog=None, info: dict) -> torch.Tensor:
+def _wan_decode_bounded(vae, z, max_memory_gib: float, *, watchdog=None, info: dict,
+                        channels_last: bool = True) -> torch.Tensor:
     """Temporal chunk (and, below one frame, spatial tile) chosen from the memory budget."""
     budget = float(max_memory_gib) * _GIB
     dev = z.device
     n, h, w = z.shape[2], z.shape[3], z.shape[4]
     elem = torch.finfo(vae.dtype).bits // 8
     out_bytes = 3 * ((n - 1) * 4 + 1) * h * w * vae.config.scale_factor_spatial ** 2 * elem
-    key = (h, w, str(vae.dtype), str(dev))
+    key = (h, w, str(vae.dtype), str(dev), channels_last)
+    fast = dict(lean=True, channels_last=channels_last)
     cache = vae.__dict__.setdefault("_vdbench_frame_bytes", {})
     if key in cache:
         per_frame = cache[key]
@@ -303,7 +729,7 @@ def _wan_decode_bounded(vae, z, max_memory_gib: float, *, watchdog=None, info: d
         base = torch.cuda.memory_allocated(dev)
         torch.cuda.reset_peak_memory_stats(dev)
         probe = min(n, 2)
-        _ = wan_decode_chunked(vae, z[:, :, :probe], 1, watchdog=watchdog)
+        _ = wan_decode_chunked(vae, z[:, :, :probe], 1, watchdog=watchdog, **fast)
         torch.cuda.synchronize(dev)
         per_frame = torch.cuda.max_memory_allocated(dev) - base
         del _
@@ -317,7 +743,7 @@ def _wan_decode_bounded(vae, z, max_memory_gib: float, *, watchdog=None, info: d
     info.update(per_frame_bytes=int(per_frame), budget_bytes=int(budget), output_bytes=int(out_bytes))
     if k >= 1:
         info.update(path="chunked", chunk_frames=k)
-        return wan_decode_chunked(vae, z, k, watchdog=watchdog)
+        return wan_decode_chunked(vae, z, k, watchdog=watchdog, **fast)
     # Below one frame at full size: spatial tiles (diffusers' tiling geometry and blending), each decoded in
     # temporal chunks sized from the budget scaled by the tile's area.
     sp = vae.config.scale_factor_spatial
@@ -327,12 +753,12 @@ def _wan_decode_bounded(vae, z, max_memory_gib: float, *, watchdog=None, info: d
     per_tile = per_frame * min(1.0, (tile_px / sp) ** 2 / (h * w))
     k = max(1, choose_chunk_frames(avail, per_tile, n))
     info.update(path="tiled+chunked", tile_px=tile_px, stride_px=stride_px, chunk_frames=k)
-    return wan_decode_tiled_chunked(vae, z, tile_px, stride_px, k, watchdog=watchdog)
+    return wan_decode_tiled_chunked(vae, z, tile_px, stride_px, k, watchdog=watchdog, **fast)
 
 
 @torch.no_grad()
 def wan_decode_tiled_chunked(vae, z: torch.Tensor, tile_px: int, stride_px: int, chunk_frames: int, *,
-                             watchdog=None) -> torch.Tensor:
+                             watchdog=None, lean: bool = False, channels_last: bool = False) -> torch.Tensor:
     """diffusers' ``AutoencoderKLWan.tiled_decode`` (same tiles, same blending) with each tile decoded by
     :func:`wan_decode_chunked` instead of one latent frame per call."""
     from diffusers.models.autoencoders.autoencoder_kl_wan import unpatchify
@@ -345,13 +771,17 @@ def wan_decode_tiled_chunked(vae, z: torch.Tensor, tile_px: int, stride_px: int,
     blend = (tile_px - stride_px) // p if p else tile_px - stride_px
     sample_h, sample_w = height * sp // (p or 1), width * sp // (p or 1)
     rows = []
-    for i in range(0, height, sl):
-        row = []
-        for j in range(0, width, sl):
-            if watchdog is not None:
-                watchdog.stage(f"tile {i},{j}")
-            row.append(wan_decode_chunked(vae, z[:, :, :, i:i + tl, j:j + tl], chunk_frames, finalize=False))
-        rows.append(row)
+    # one swap for all tiles (the per-tile calls find the layers swapped and the weights converted already)
+    with fast_layers(vae, channels_last=channels_last, lean=lean) if (lean or channels_last) else \
+            contextlib.nullcontext():
+        for i in range(0, height, sl):
+            row = []
+            for j in range(0, width, sl):
+                if watchdog is not None:
+                    watchdog.stage(f"tile {i},{j}")
+                row.append(wan_decode_chunked(vae, z[:, :, :, i:i + tl, j:j + tl], chunk_frames, finalize=False,
+                                              lean=lean, channels_last=channels_last))
+            rows.append(row)
     result_rows = []
     for i, row in enumerate(rows):
         result_row = []
@@ -372,9 +802,10 @@ def add_vae_args(p, fast_ok: bool = True) -> None:
     """VAE decode flags shared by both render CLIs (see this module and vdbench.vae_parallel)."""
     modes = ["default", "fast", "parallel"] if fast_ok else ["default", "parallel"]
     p.add_argument("--vae_decode", choices=modes, default="default",
-                   help="default: diffusers' decode; fast: several latent frames per decoder call into one "
-                        "preallocated output (Wan VAEs); parallel: split rows across the torchrun ranks with "
-                        "halo exchange (matches the one-GPU decode)")
+                   help="default: diffusers' decode; fast (Wan VAEs): the same layers without diffusers' pad/cat/"
+                        "fp32 copies, channels_last, one preallocated output, FAST_DEFAULT_CHUNK latent frames per "
+                        "decoder call (peak memory below the default decode); parallel: split rows across the "
+                        "torchrun ranks with halo exchange (matches the one-GPU decode)")
     p.add_argument("--vae_max_memory", type=float, default=None, metavar="GIB",
                    help="bound the decode's memory: the frame chunk (or tiles) is chosen from this budget (Wan VAEs)")
     p.add_argument("--vae_timeout", type=float, default=None, metavar="S",
