@@ -283,10 +283,8 @@ def _apply_xfuser(ctx: DistContext, pipe, models: list) -> tuple:
     if kind == "CogVideoXPipeline":
         from xfuser.model_executor.pipelines import xFuserCogVideoXPipeline
 
-        progress = getattr(pipe, "_progress_bar_config", None)
-        wrapped = xFuserCogVideoXPipeline(pipe, engine_config)  # initializes the runtime state itself
-        if progress is not None:
-            pipe._progress_bar_config = progress
+        # a wrapper around the loaded pipeline (attributes read through to it); it builds the runtime state itself
+        wrapped = xFuserCogVideoXPipeline(pipe, engine_config)
         return wrapped, [(name, getattr(wrapped, name)) for name, _ in models]
 
     from xfuser.model_executor.models.transformers.transformer_wan import xFuserWanTransformer3DWrapper
