@@ -379,7 +379,7 @@ def profile_wanted(spec: str, patterns) -> bool:
 
 
 def profile_decode(decode, z, device: str, top: int) -> dict:
-    """One decode under ``torch.profiler``: the ``top`` kernels by self device time (CUDA/HIP kernels, memcpy and
+    """One decode under ``torch.profiler``: the ``top`` kernels by device time (CUDA/HIP kernels, memcpy and
     memset on a GPU; aten ops by self CPU time on the CPU), with calls, total ms and % of the total."""
     import torch
     from torch.profiler import ProfilerActivity, profile
@@ -391,24 +391,15 @@ def profile_decode(decode, z, device: str, top: int) -> dict:
         if cuda:
             torch.cuda.synchronize()
     del video
-    events = prof.key_averages()
-    if cuda:
-        from torch.autograd import DeviceType
+    # one aggregation for every profile the project writes (vdbench.render.kernel_summary: device kernels without
+    # the GPU-side annotations, or aten ops' self CPU time on a CPU)
+    from vdbench.render import kernel_summary
 
-        def t_us(e):
-            return getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0)
-
-        rows = [e for e in events if e.device_type in (DeviceType.CUDA, getattr(DeviceType, "HIP", DeviceType.CUDA))]
-    else:
-        def t_us(e):
-            return e.self_cpu_time_total
-
-        rows = list(events)
-    total = sum(t_us(e) for e in rows) or 1.0
-    rows.sort(key=t_us, reverse=True)
-    return {"time_kind": "self device time" if cuda else "self CPU time", "total_ms": total / 1e3,
-            "kernels": [{"name": e.key, "calls": int(e.count), "total_ms": round(t_us(e) / 1e3, 3),
-                         "pct": round(100.0 * t_us(e) / total, 2)} for e in rows[:top]]}
+    summary = kernel_summary(prof.events(), top=top)
+    return {"time_kind": "self device time" if summary["source"] == "device kernels" else "self CPU time",
+            "total_ms": summary["total_ms"],
+            "kernels": [{"name": k["name"], "calls": int(k["calls"]), "total_ms": round(k["ms"], 3),
+                         "pct": round(100.0 * k["share"], 2)} for k in summary["top"]]}
 
 
 def run_config(spec: str, args, device: str, ref_frames=None, wd=None) -> tuple[dict, object]:

@@ -16,11 +16,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from pathlib import Path
 
 import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
 
 
 def _entries(cfg_dir: Path) -> dict:
@@ -43,11 +46,6 @@ def _latents(cfg_dir: Path, backend: str):
     return torch.load(f[-1], weights_only=True)["latents"].float() if f else None
 
 
-def psnr(a, b) -> float:
-    mse = float(((a.astype(np.float64) - b.astype(np.float64)) ** 2).mean())
-    return math.inf if mse == 0 else 10 * math.log10(255.0 ** 2 / mse)
-
-
 def _kernels(e: dict) -> str:
     ranks = e.get("ranks") or [{"rank": 0, "attention": e["attention"]}]
     r0 = ranks[0]["attention"]["calls_by_kernel"]
@@ -57,6 +55,8 @@ def _kernels(e: dict) -> str:
 
 
 def summarize(res: Path) -> list[dict]:
+    from vdbench import metrics as M
+
     rows = []
     for group in sorted(p for p in res.iterdir() if p.is_dir() and not p.name.startswith("_")):
         base_dir = group / "1gpu"
@@ -84,10 +84,10 @@ def summarize(res: Path) -> list[dict]:
                     rf, rl = ref_cache[b]
                     f, lat = _frames(cfg_dir, b), _latents(cfg_dir, b)
                     if f is not None and rf is not None and f.shape == rf.shape:
-                        r["psnr_vs_1gpu_db"] = psnr(f, rf)
+                        r["psnr_vs_1gpu_db"] = M.psnr(f, rf, data_range=255)
                         r["identical_frames"] = bool(np.array_equal(f, rf))
                     if lat is not None and rl is not None and lat.shape == rl.shape:
-                        r["latent_rel_l2_vs_1gpu"] = float((lat - rl).norm() / rl.norm())
+                        r["latent_rel_l2_vs_1gpu"] = M.rel_l2(lat, rl)
                 rows.append(r)
     return rows
 

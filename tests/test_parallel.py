@@ -143,7 +143,9 @@ def test_i2v_pipeline_rebuilds_from_its_components():
 
     pipe = load_pipeline("tiny:wan2.2-i2v-a14b", "i2v", "wan", dtype=torch.float32, device="cpu")
     assert pipe.config.boundary_ratio is not None  # the config-only value that pipe.components drops
+    pipe.set_progress_bar_config(disable=True, leave=False)
     again = P.rebuild_pipeline_as(WanImageToVideoPipeline, pipe)
+    assert again._progress_bar_config == {"disable": True, "leave": False}
     for k, v in pipe.components.items():
         assert getattr(again, k) is v, k
     assert {k: v for k, v in again.config.items() if k != "_name_or_path"} == \
@@ -407,6 +409,6 @@ def test_share_output_hands_the_last_ranks_latents_to_every_rank(tmp_path):
     mp.spawn(_share_worker, args=(29000 + os.getpid() % 900, str(tmp_path)), nprocs=3, join=True)
     want = torch.arange(24, dtype=torch.bfloat16).reshape(2, 3, 4)
     for r in range(3):
-        d = torch.load(tmp_path / f"r{r}.pt")
+        d = torch.load(tmp_path / f"r{r}.pt", weights_only=True)
         assert d["got"].dtype == torch.bfloat16 and torch.equal(d["got"], want) and d["same_is_got"]
     assert P.share_output(None, [None]) == [None]  # single process: untouched

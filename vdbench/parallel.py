@@ -41,12 +41,21 @@ import torch
 from . import backends as B
 
 __all__ = ["ParallelSpec", "DistContext", "ENGINES", "init_distributed", "check_backend_for_path", "agree",
-           "apply_engine", "share_output", "merge_rank_entries", "FailureWatch", "EXIT_PEER_FAILED"]
+           "apply_engine", "share_output", "sequence_layout", "merge_rank_entries", "FailureWatch",
+           "EXIT_PEER_FAILED"]
 
 ENGINES = ("xfuser", "diffusers")
 EXIT_PEER_FAILED = 4  # this rank stopped because another rank failed
 POLL_S = 1.0
 _FAIL_KEY = "vdbench/failed"
+
+
+def sequence_layout(ulysses: int, ring: int) -> str:
+    """The sequence-parallel layout as one name: 'ulysses2', 'ring2', 'ulysses2xring2'; '' for none. The same
+    name labels runs (``ParallelSpec.label``) and the kernel calls that ran on that path (``@ulysses2``)."""
+    parts = [f"ulysses{ulysses}"] if ulysses > 1 else []
+    parts += [f"ring{ring}"] if ring > 1 else []
+    return "x".join(parts)
 
 
 @dataclass(frozen=True)
@@ -81,9 +90,7 @@ class ParallelSpec:
     @property
     def label(self) -> str:
         """Human-readable layout, e.g. 'ulysses2', 'ring2', 'ulysses2xring2', 'cfg2', 'ulysses2+cfg2'."""
-        parts = [f"ulysses{self.ulysses_degree}"] if self.ulysses_degree > 1 else []
-        parts += [f"ring{self.ring_degree}"] if self.ring_degree > 1 else []
-        sp = "x".join(parts)
+        sp = sequence_layout(self.ulysses_degree, self.ring_degree)
         if self.use_cfg_parallel:
             return f"{sp}+cfg2" if sp else "cfg2"
         return sp or "single"
@@ -316,18 +323,16 @@ def _apply_xfuser(ctx: DistContext, pipe, models: list) -> tuple:
     if spec.use_cfg_parallel:  # checked before the load: Wan I2V only (check_backend_for_path)
         from xfuser.model_executor.pipelines.pipeline_wan_i2v import xFuserWanImageToVideoPipeline
 
-        progress = getattr(pipe, "_progress_bar_config", None)
         pipe = rebuild_pipeline_as(xFuserWanImageToVideoPipeline, pipe)  # a direct subclass: its __call__
         pipe.engine_config = engine_config
-        if progress is not None:
-            pipe._progress_bar_config = progress
     initialize_runtime_state(pipe, engine_config)
     return pipe, new
 
 
 def rebuild_pipeline_as(cls, pipe):
     """``cls`` (a pipeline class with the same constructor, e.g. xfuser's subclass) built from ``pipe``'s own
-    modules and its config-only values (``pipe.components`` alone drops e.g. Wan 2.2's ``boundary_ratio``)."""
+    modules and its config-only values (``pipe.components`` alone drops e.g. Wan 2.2's ``boundary_ratio``), with
+    ``pipe``'s progress-bar settings."""
     import inspect
 
     kwargs = {}
@@ -337,7 +342,10 @@ def rebuild_pipeline_as(cls, pipe):
             kwargs[name] = comps[name]
         elif name in pipe.config:
             kwargs[name] = pipe.config[name]
-    return cls(**kwargs)
+    new = cls(**kwargs)
+    if hasattr(pipe, "_progress_bar_config"):
+        new._progress_bar_config = dict(pipe._progress_bar_config)
+    return new
 
 
 def _xfuser_engine_config(ctx: DistContext, pipe):
@@ -448,8 +456,9 @@ class FailureWatch:
         self._stop.set()  # this rank's own poller must not take its own flag for a peer's failure
         try:
             self.store.set(_FAIL_KEY, f"rank {self.ctx.rank} failed: {type(exc).__name__}: {exc}"[:2000])
-        except Exception:
-            pass
+        except Exception as e:  # the store is gone (its host rank exited): the peers see the process group fail
+            print(f"warning: rank {self.ctx.rank}: could not post its failure to the store ({type(e).__name__}: "
+                  f"{e}); the other ranks stop when the process group breaks", file=sys.stderr, flush=True)
 
     def close(self) -> None:
         self._stop.set()

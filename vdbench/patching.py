@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from .backends import Backend, UnsupportedCall, get_backend, sdpa_kernel_choice
+from .parallel import sequence_layout
 
 __all__ = ["AttentionPatch", "CallInfo", "PatchStats", "install_backend", "attention_modules",
            "ON_UNSUPPORTED_CHOICES"]
@@ -468,10 +469,9 @@ def _(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, patch_id, mod
 
 def _path_tag(ulysses: int, ring: int) -> str:
     """Suffix of a call's kernel label under sequence parallelism: which path ran it ('@ulysses2', '@ring2',
-    '@ulysses2xring2'); nothing for a local call."""
-    parts = [f"ulysses{ulysses}"] if ulysses > 1 else []
-    parts += [f"ring{ring}"] if ring > 1 else []
-    return "@" + "x".join(parts) if parts else ""
+    '@ulysses2xring2', named by vdbench.parallel.sequence_layout); nothing for a local call."""
+    layout = sequence_layout(ulysses, ring)
+    return "@" + layout if layout else ""
 
 
 def _call_kind(mode: str, attn, encoder_hidden_states) -> str:

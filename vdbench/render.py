@@ -188,7 +188,7 @@ def kernel_summary(events, top: int = 40) -> dict:
     # kernels only: GPU-side user annotations (ProfilerStep#N, nccl:all_to_all, record_function ranges) span
     # kernels that are counted themselves
     dev = [e for e in events if getattr(e, "device_type", None) is not None
-           and e.device_type.name in ("CUDA", "PrivateUse1") and not getattr(e, "is_user_annotation", False)
+           and e.device_type.name in ("CUDA", "HIP", "PrivateUse1") and not getattr(e, "is_user_annotation", False)
            and not e.name.startswith(("ProfilerStep", "nccl:"))]
     source = "device kernels" if dev else "cpu operators (self time)"
     by: dict = {}

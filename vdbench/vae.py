@@ -280,16 +280,12 @@ def _compiled_glue(backend: str):
 def _fused_glue(vae):
     """The Triton form of :func:`_norm_silu_cat` (:mod:`vdbench.kernels.glue`), refused with the reason where it
     can't run (no silent fallback to the eager glue)."""
-    import importlib.util
-
     from . import kernels as K
 
-    if importlib.util.find_spec("triton") is None:
-        raise RuntimeError("fused_glue needs triton (package not installed)")
     dev = next(vae.parameters()).device
-    if dev.type != "cuda" and not K.interpret_requested():
-        raise RuntimeError(f"fused_glue runs on a CUDA/ROCm GPU (the VAE is on {dev}); on a CPU only under "
-                           "Triton's interpreter (TRITON_INTERPRET=1 before triton is imported)")
+    ok, why = K.probe("vae_glue", dev)
+    if not ok:
+        raise RuntimeError(f"fused_glue can't run here (the VAE is on {dev}): {why}")
     from .kernels.glue import norm_silu_cat
 
     return norm_silu_cat
@@ -307,7 +303,7 @@ def _lean_causal_conv3d(self, x, cache_x=None):
     (``padding=(0, ph, pw)``, same weights, same result); only the causal time context is concatenated in front
     of ``x`` (the cached frames, and zero frames where the cache is short or absent, as ``F.pad`` adds them), in
     ``x``'s memory format."""
-    pw, _, ph, _, pt, _ = self._padding
+    pt = self._padding[4]
     if pt > 0:
         parts = []
         have = 0 if cache_x is None else cache_x.shape[2]
@@ -320,7 +316,7 @@ def _lean_causal_conv3d(self, x, cache_x=None):
         if have:
             parts.append(cache_x.to(x.device))
         x = torch.cat([*parts, x], 2)
-    return F.conv3d(x, self.weight, self.bias, self.stride, (0, ph, pw), self.dilation, self.groups)
+    return _conv_valid_t(self, x)
 
 
 def _rms_norm_into(norm, x, out):

@@ -28,6 +28,12 @@ import sys
 import torch
 
 KERNEL_NAMES = ("fav3_sage", "fp8_triton", "fav2_triton")
+#: Which module holds each kernel (its decoration mode -- compiled or interpreted -- is the module's), and the
+#: compute capability it needs on NVIDIA (None: any GPU Triton supports). ``vae_glue``: the VAE fast path's
+#: norm -> SiLU glue (vdbench.kernels.glue), not an attention backend.
+_MODULES = {"fav3_sage": "vdbench.kernels.attention", "fp8_triton": "vdbench.kernels.attention",
+            "fav2_triton": "vdbench.kernels.attention", "vae_glue": "vdbench.kernels.glue"}
+_MIN_CAPABILITY = {"fav3_sage": (8, 9), "fp8_triton": (8, 9), "fav2_triton": (8, 0), "vae_glue": None}
 
 
 def interpret_requested() -> bool:
@@ -35,20 +41,22 @@ def interpret_requested() -> bool:
 
 
 def probe(kernel: str, device) -> tuple[bool, str]:
-    """(available, reason) for one of the Triton kernels on ``device`` (never imports triton)."""
+    """(available, reason) for one of the Triton kernels (``KERNEL_NAMES`` or ``vae_glue``) on ``device`` (never
+    imports triton)."""
     if importlib.util.find_spec("triton") is None:
         return False, "package not installed: triton"
     dev = torch.device(device)
-    mod = sys.modules.get("vdbench.kernels.attention")
+    mod_name = _MODULES[kernel]
+    mod = sys.modules.get(mod_name)
     if dev.type == "cuda":
         if not torch.cuda.is_available():
             return False, "needs a CUDA/HIP GPU (torch.cuda.is_available() is False) or TRITON_INTERPRET=1 on CPU"
         if mod is not None and mod.INTERPRETED:
-            return False, ("vdbench.kernels.attention was imported with TRITON_INTERPRET=1 (interpreter mode): "
+            return False, (f"{mod_name} was imported with TRITON_INTERPRET=1 (interpreter mode): "
                            "it cannot launch on the GPU in this process")
-        if torch.version.hip is None:
+        need = _MIN_CAPABILITY[kernel]
+        if torch.version.hip is None and need is not None:
             cap = torch.cuda.get_device_capability(dev)
-            need = (8, 9) if kernel in ("fav3_sage", "fp8_triton") else (8, 0)
             if cap < need:
                 what = "fp8 e4m3 MMA" if need == (8, 9) else "bf16 MMA"
                 return False, f"needs compute capability >= {need[0]}.{need[1]} ({what}), GPU is {cap[0]}.{cap[1]}"
@@ -58,7 +66,7 @@ def probe(kernel: str, device) -> tuple[bool, str]:
             return False, ("needs a CUDA/HIP GPU; on CPU only under Triton's interpreter "
                            "(set TRITON_INTERPRET=1 before triton is imported)")
         if mod is not None and not mod.INTERPRETED:
-            return False, ("TRITON_INTERPRET=1 is set but vdbench.kernels.attention was already imported without it "
+            return False, (f"TRITON_INTERPRET=1 is set but {mod_name} was already imported without it "
                            "(compiled mode): restart the process with the variable set")
         return True, "ok (Triton interpreter on CPU: correctness only, very slow)"
     return False, f"needs a CUDA/HIP GPU or the Triton interpreter on CPU (device is {dev.type})"
