@@ -21,9 +21,11 @@ Configs (``--configs``, comma-separated; ``name@value`` sets its parameter; ``na
   norm/SiLU glue compiled, convs stay cuDNN's; other configs: torch.compile of the decoder) compose with any
   config, e.g. ``fast+cudnn_benchmark@2``, ``fast+compile``, ``channels_last_3d+cudnn_benchmark``. Compiling
   configs report their graph breaks and graphs (``graph_breaks``, ``compiled_graphs``; compile time is in the
-  warm-up, keep ``--warmup`` >= 1). ``+fused`` (fast/fast_nocl): that glue as one Triton kernel
-  (``vdbench.kernels.glue``: one read and one write per norm instead of four passes; a GPU, or Triton's
-  interpreter on a CPU).
+  warm-up, keep ``--warmup`` >= 1). The fast configs (fast, fast_nocl, memory) run the glue as
+  ``--vae_decode fast`` does by default: ``vdbench.kernels.glue``'s Triton row kernels where they run (a GPU:
+  one read and one write per norm instead of four passes, conv biases folded into the next pass), else the
+  eager glue -- ``decode_info.glue`` says which ran. ``+fused`` requires the Triton glue (an error where it
+  can't run; Triton's interpreter on a CPU), ``+eager_glue`` forces the PyTorch ops (the fast path before them).
 Each config: ``--warmup`` untimed decodes, then ``--repeats`` timed (CUDA events after a synchronize; host clock
 on CPU), median with min/max; peak memory (torch allocator) per config. Quality: every config's frames against the
 fp32 untiled decode of the same latents, PSNR and SSIM per frame (min and mean); below ``--min_psnr`` is flagged.
@@ -63,7 +65,7 @@ MODELS = ("wan2.1", "wan2.2", "cogvideox", "hunyuanvideo")
 CONFIGS = ("fp32", "bf16", "bf16_autocast", "tiled", "chunked", "channels_last_3d", "cudnn_benchmark", "compile",
            "fast", "fast_nocl", "memory", "miopen_fast", "miopen_immediate", "miopen_naive_off")
 #: Modifiers that compose with any config: ``fast+cudnn_benchmark``, ``fast+compile``, ``bf16+cudnn_benchmark``...
-MODIFIERS = ("cudnn_benchmark", "compile", "fused")
+MODIFIERS = ("cudnn_benchmark", "compile", "fused", "eager_glue")
 _WAN_ONLY = ("chunked", "fast", "fast_nocl", "memory")
 DEFAULT_CONFIGS = "fp32,bf16,bf16_autocast,tiled,chunked,channels_last_3d,cudnn_benchmark,fast,memory"
 
@@ -292,10 +294,11 @@ def prepare_config(name: str, value, vae, family: str, args, device: str):
     base, mods = split_config(name)
     bench = base == "cudnn_benchmark" or "cudnn_benchmark" in mods
     comp = base == "compile" or "compile" in mods
-    fused = "fused" in mods
-    if fused and (base not in ("fast", "fast_nocl") or comp):
-        raise NotApplicable("+fused: the fast path's norm/SiLU glue as one Triton kernel (fast / fast_nocl, "
-                            "not with +compile)")
+    fused, eager_glue = "fused" in mods, "eager_glue" in mods
+    if (fused or eager_glue) and (base not in ("fast", "fast_nocl", "memory") or comp or (fused and eager_glue)):
+        raise NotApplicable("+fused / +eager_glue: the fast path's glue as Triton kernels (required) / as PyTorch "
+                            "ops (fast / fast_nocl / memory; one of them, not with +compile)")
+    glue = True if fused else False if eager_glue else None  # None: --vae_decode fast's default (auto)
     is_rocm = bool(getattr(torch.version, "hip", None))
     if base.startswith("miopen_"):
         if not (is_rocm and device.startswith("cuda")):
@@ -347,14 +350,13 @@ def prepare_config(name: str, value, vae, family: str, args, device: str):
         cl = base == "fast"
         desc.update(chunk_frames=k, channels_last=cl)
         backend = args.compile_backend if comp else None
-        if fused:
-            desc["glue"] = "triton (vdbench.kernels.glue)"
         fn = lambda z: V.decode_video(vae, z, mode="fast", chunk_frames=k, channels_last=cl,  # noqa: E731
-                                      compile_backend=backend, fused_glue=fused, info=info)
+                                      compile_backend=backend, fused_glue=glue, info=info)
     elif base == "memory":
         gib = float(value or args.vae_max_memory)
         desc["max_memory_gib"] = gib
-        fn = lambda z: V.decode_video(vae, z, mode="fast", max_memory_gib=gib, info=info)  # noqa: E731
+        fn = lambda z: V.decode_video(vae, z, mode="fast", max_memory_gib=gib, fused_glue=glue,  # noqa: E731
+                                      info=info)
     else:
         fn = lambda z: vae.decode(z.to(vae.dtype), return_dict=False)[0]  # noqa: E731
 
@@ -665,6 +667,9 @@ def _print_row(r):
           f"  peak {mem}  {q}{flag}", flush=True)
     if "graph_breaks" in r:
         print(f"    compile: {r['graph_breaks']} graph breaks, {r.get('compiled_graphs')} graphs", flush=True)
+    glue = (r.get("decode_info") or {}).get("glue")
+    if glue:
+        print(f"    glue: {glue}", flush=True)
     prof = r.get("profile")
     if prof:
         print(f"    top {len(prof['kernels'])} by {prof['time_kind']} (total {prof['total_ms']:.1f} ms):", flush=True)

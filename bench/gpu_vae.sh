@@ -15,7 +15,8 @@
 #   bash bench/gpu_vae.sh wan2.1     # one of: wan2.1 wan2.2 cogvideox compile
 #
 # Config names (bench/bench_vae.py): fast = the render's --vae_decode fast (lean layers + channels_last, 1 latent
-# frame per decoder call); fast@K = K latent frames per call; fast_nocl = fast without channels_last;
+# frame per decoder call, the Triton glue where it runs: decode_info.glue says which ran); fast@K = K latent frames
+# per call; fast+eager_glue = the fast path with the PyTorch-op glue; fast_nocl = fast without channels_last;
 # +cudnn_benchmark / +compile compose (fast+compile: the fast path's norm/SiLU glue compiled by inductor, convs
 # stay cuDNN's; graph breaks reported); memory@GiB = fast path bounded by a memory budget.
 set -uo pipefail
@@ -48,16 +49,16 @@ what=${1:-all}
 if [ "$what" = all ] || [ "$what" = wan2.1 ]; then
   # Wan 2.1 VAE (also Wan 2.2 A14B's). Profiles: bf16 and every fast* config (the best one is among them).
   # memory@4.5: a budget at the stock bf16 peak (4.63 GiB), i.e. an untiled chunk.
-  run wan21 230 --model wan2.1 --frames 81 --size 832*480 --timeout 60 --profile 15 --profile_configs 'bf16,fast*' \
-    --configs fp32,bf16,fast,fast+fused,fast@2,fast+cudnn_benchmark,fast_nocl,channels_last_3d,fast@4,fast+compile,\
-cudnn_benchmark,fast+cudnn_benchmark@2,fast_nocl@2,memory@4.5,tiled,bf16_autocast,chunked@4
+  run wan21 230 --model wan2.1 --frames 81 --size 832*480 --timeout 60 --profile 20 \
+    --profile_configs 'bf16,fast,fast@2,fast+eager_glue' \
+    --configs fp32,bf16,fast,fast@2,fast+eager_glue,fast@4,fast_nocl,fast+cudnn_benchmark,memory@4.5,channels_last_3d,\
+fast+compile,cudnn_benchmark,fast+eager_glue@2,tiled,bf16_autocast,chunked@4
 fi
 if [ "$what" = all ] || [ "$what" = wan2.2 ]; then
   # Wan 2.2 TI2V-5B VAE (48 latent channels, 16x spatial), 832x480 (the 5B model's 480p is 1280x704; 832x480
   # keeps the table at one resolution), 81 frames.
   run wan22 110 --model wan2.2 --frames 81 --size 832*480 --timeout 40 \
-    --configs fp32,bf16,fast,fast+fused,fast@2,fast+cudnn_benchmark,fast_nocl,channels_last_3d,fast@4,cudnn_benchmark,tiled,\
-fast+compile
+    --configs fp32,bf16,fast,fast@2,fast+eager_glue,fast_nocl,channels_last_3d,fast@4,cudnn_benchmark,tiled,fast+compile
 fi
 if [ "$what" = all ] || [ "$what" = cogvideox ]; then
   # CogVideoX VAE (2b/5b), 720x480, 49 frames (its native size). fast*: Wan only (reported n/a, no time spent).
@@ -85,6 +86,8 @@ for r in d["results"]:
         continue
     info = r.get("decode_info") or {}
     extra = " ".join(f"{k}={info[k]}" for k in ("path", "chunk_frames", "tile_px") if k in info)
+    if "glue" in info:
+        extra += " glue=" + info["glue"].split(" ")[0]
     if "graph_breaks" in r:
         extra += f" graph_breaks={r['graph_breaks']} graphs={r.get('compiled_graphs')}"
     print(f"  {r['config']:<24} {r['time_s_median']:6.3f} s [{r['time_s_min']:.3f}-{r['time_s_max']:.3f}]"

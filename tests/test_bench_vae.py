@@ -154,13 +154,19 @@ def test_fast_variants_compile_and_profile(tmp_path):
 
 
 def test_fused_glue_config_is_refused_with_the_reason_where_it_cant_run(tmp_path, monkeypatch):
-    """+fused runs the Triton glue kernel (tests/test_vae_glue.py checks its numbers); on a CPU without Triton's
-    interpreter the row says why it didn't run -- never a silent eager fallback; other bases: not applicable."""
+    """+fused requires the Triton glue kernels (tests/test_vae_glue.py checks their numbers); on a CPU without
+    Triton's interpreter the row says why it didn't run -- never a silent eager fallback; other bases: not
+    applicable. The default (auto) glue records which glue ran."""
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     assert B.split_config("fast+fused") == ("fast", ("fused",))
     out = tmp_path / "r.json"
-    B.main(SMALL + ["--configs", "fast+fused,bf16+fused,fast+fused+compile", "-o", str(out)])
+    B.main(SMALL + ["--configs", "fast+fused,bf16+fused,fast+fused+compile,fast+fused+eager_glue,fast,"
+                    "fast+eager_glue", "-o", str(out)])
     rows = {r["config"]: r for r in json.loads(out.read_text())["results"]}
     assert rows["fast+fused"]["status"] == "error" and "interpreter" in rows["fast+fused"]["reason"]
-    assert rows["bf16+fused"]["status"] == "not_applicable"
-    assert rows["fast+fused+compile"]["status"] == "not_applicable"
+    for name in ("bf16+fused", "fast+fused+compile", "fast+fused+eager_glue"):
+        assert rows[name]["status"] == "not_applicable", name
+    # fast as --vae_decode fast runs it (auto): here on a CPU the eager glue, recorded with why; +eager_glue: asked
+    assert rows["fast"]["decode_info"]["glue"].startswith("eager (Triton glue not used: the VAE is on cpu")
+    assert rows["fast+eager_glue"]["decode_info"]["glue"] == "eager (asked for)"
+    assert rows["fast"]["status"] == rows["fast+eager_glue"]["status"] == "ok"

@@ -194,8 +194,21 @@ def test_vae_decode_fast_matches_default_and_is_recorded(tmp_path):
     assert a.shape == b.shape and np.abs(a.astype(int) - b.astype(int)).max() <= 1
     entry = json.loads((tmp_path / "f" / "results" / "timing.json").read_text())[-1]
     assert entry["vae_decode"]["mode"] == "fast" and entry["vae_decode_time"] > 0
-    # bounded by default: 2 latent frames per decoder call (the measured trade-off), never all frames at once
+    # bounded by default: 1 latent frame per decoder call (FAST_DEFAULT_CHUNK), never all frames at once
     assert entry["vae_decode"]["path"] == "chunked" and entry["vae_decode"]["chunk_frames"] == 1
+    # --vae_glue auto on a CPU: the eager glue, and the record says so and why (the Triton glue needs a GPU here)
+    assert entry["vae_decode"]["glue"].startswith("eager (Triton glue not used: the VAE is on cpu")
+
+
+def test_vae_glue_triton_is_refused_before_the_load_where_it_cant_apply_or_run(tmp_path, capsys):
+    """--vae_glue triton asked for: without --vae_decode fast it doesn't apply, on a CPU it can't run -- both
+    refused before the model loads, nothing written; never a silent eager glue."""
+    out = tmp_path / "o"
+    for extra, msg in ((["--vae_glue", "triton"], "needs --vae_decode fast"),
+                       (["--vae_glue", "triton", "--vae_decode", "fast"], "--vae_glue triton can't run on cpu")):
+        rc = run_wan.main(SMALL + ["--attention_type", "sdpa", "--benchmark_output_directory", str(out), *extra])
+        assert rc != 0 and msg in capsys.readouterr().err
+        assert not list(out.rglob("*.mp4")) and not list(out.rglob("timing.json"))
 
 
 def test_vae_timeout_reports_a_hung_decode_and_writes_nothing(tmp_path, monkeypatch, capsys):

@@ -61,7 +61,8 @@ def test_decode_video_modes(wan21):
     info = {}
     fast = V.decode_video(wan21, z, mode="fast", chunk_frames=2, info=info)
     torch.testing.assert_close(fast, ref, atol=1e-4, rtol=0)
-    assert info == {"path": "chunked", "chunk_frames": 2, "channels_last": True}
+    assert info == {"path": "chunked", "chunk_frames": 2, "channels_last": True,
+                    "glue": "eager (Triton glue not used: the VAE is on cpu)"}
     with pytest.raises(ValueError, match="unknown VAE decode mode"):
         V.decode_video(wan21, z, mode="turbo")
 
@@ -194,7 +195,8 @@ def test_fast_path_equals_stock_fp32_and_is_undone(cfg, monkeypatch):
                                      info=info)
                 assert out.shape == refs[t].shape and out.is_contiguous()
                 torch.testing.assert_close(out, refs[t], atol=5e-5, rtol=0, msg=f"t={t} K={k} channels_last={cl}")
-                assert info == {"path": "chunked", "chunk_frames": k, "channels_last": cl}
+                assert info == {"path": "chunked", "chunk_frames": k, "channels_last": cl,
+                                "glue": "eager (Triton glue not used: the VAE is on cpu)"}
                 assert _instance_forwards(vae) == [] and all(_weight_layouts(vae))
     monkeypatch.undo()
     for t, z in zs.items():  # a later stock decode: bit-identical to the one before

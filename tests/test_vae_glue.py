@@ -38,6 +38,19 @@ def interpreter():
 
 
 
+#: Where the kernel runs: the GPU when there is one (compiled Triton), else the CPU under the interpreter.
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@pytest.fixture
+def exact_fp32():
+    """fp32 references on a GPU: no TF32 in cuDNN's convolutions or matmuls for the comparison's duration."""
+    old = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    yield
+    torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = old
+
+
 def _eager(x, ctx, g):
     n = torch.linalg.vector_norm(x.float(), dim=1, keepdim=True).clamp_min(1e-12)
     return torch.cat([ctx, torch.nn.functional.silu(x.float() / n * g.view(1, -1, 1, 1, 1)).to(x.dtype)], 2)
@@ -49,9 +62,9 @@ def test_norm_silu_cat_matches_eager(c, dtype):
     from vdbench.kernels.glue import norm_silu_cat
 
     g = torch.Generator().manual_seed(c)
-    x = (torch.randn(2, c, 3, 5, 7, generator=g) * 3).to(dtype).contiguous(memory_format=torch.channels_last_3d)
-    ctx = torch.randn(2, c, 2, 5, 7, generator=g).to(dtype)
-    gain = torch.rand(c, generator=g) + 0.5
+    x = (torch.randn(2, c, 3, 5, 7, generator=g) * 3).to(DEV, dtype).contiguous(memory_format=torch.channels_last_3d)
+    ctx = torch.randn(2, c, 2, 5, 7, generator=g).to(DEV, dtype)
+    gain = (torch.rand(c, generator=g) + 0.5).to(DEV)
     out = norm_silu_cat(x, ctx, gain)
     assert out.is_contiguous(memory_format=torch.channels_last_3d) and out.dtype == dtype
     tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)
@@ -64,30 +77,30 @@ def test_norm_silu_cat_layouts():
     from vdbench.kernels.glue import norm_silu_cat, rms_silu_rows
 
     g = torch.Generator().manual_seed(5)
-    x = torch.randn(1, 8, 2, 3, 4, generator=g)  # contiguous NCDHW (CPU convs): rows strided by T*H*W
-    ctx, gain = torch.zeros(1, 8, 2, 3, 4), torch.rand(8, generator=g) + 0.5
+    x = torch.randn(1, 8, 2, 3, 4, generator=g).to(DEV)  # contiguous NCDHW (CPU convs): rows strided by T*H*W
+    ctx, gain = torch.zeros(1, 8, 2, 3, 4, device=DEV), (torch.rand(8, generator=g) + 0.5).to(DEV)
     out = norm_silu_cat(x, ctx, gain)
     assert out.is_contiguous()
     torch.testing.assert_close(out, _eager(x, ctx, gain), atol=1e-5, rtol=1e-5)
     with pytest.raises(ValueError, match="one strided dimension"):  # voxels that don't form one dimension
-        norm_silu_cat(torch.randn(1, 8, 2, 5, 4)[:, :, :, :3], ctx, gain)
+        norm_silu_cat(torch.randn(1, 8, 2, 5, 4, device=DEV)[:, :, :, :3], ctx, gain)
     with pytest.raises(ValueError, match="gain has 3 values for 8"):
         rms_silu_rows(torch.randn(5, 8), torch.ones(3), torch.empty(5, 8))
 
 
 
 @pytest.mark.parametrize("cfg", [_WAN21_VAE, _WAN22_VAE], ids=["wan2.1", "wan2.2"])
-def test_fast_decode_with_fused_glue_equals_stock_fp32(cfg):
+def test_fast_decode_with_fused_glue_equals_stock_fp32(cfg, exact_fp32):
     torch.manual_seed(0)
     from diffusers import AutoencoderKLWan
 
-    vae = AutoencoderKLWan(**cfg).eval()
-    z = torch.randn(1, vae.config.z_dim, 4, 3, 5, generator=torch.Generator().manual_seed(1))
+    vae = AutoencoderKLWan(**cfg).eval().to(DEV)
+    z = torch.randn(1, vae.config.z_dim, 4, 3, 5, generator=torch.Generator().manual_seed(1)).to(DEV)
     ref = vae.decode(z, return_dict=False)[0]
     info = {}
     out = V.decode_video(vae, z, mode="fast", fused_glue=True, info=info)
     torch.testing.assert_close(out, ref, atol=5e-5, rtol=0)
-    assert info["glue"].startswith("triton") and V._GLUE.get() is None
+    assert info["glue"] == V.GLUE_TRITON and V._GLUE.get() is None and V._ROWS.get() is None
 
 
 def test_fused_glue_refusals():
@@ -95,7 +108,83 @@ def test_fused_glue_refusals():
 
     vae = AutoencoderKLWan(**_WAN21_VAE).eval()
     z = torch.randn(1, vae.config.z_dim, 2, 3, 5)
-    for kw in (dict(mode="default"), dict(mode="fast", compile_backend="eager"),
-               dict(mode="fast", max_memory_gib=1.0)):
+    for kw in (dict(mode="default"), dict(mode="fast", compile_backend="eager")):
         with pytest.raises(ValueError, match="fused_glue"):
             V.decode_video(vae, z, fused_glue=True, **kw)
+
+
+def test_memory_bounded_decode_with_fused_glue_equals_stock_fp32(exact_fp32):
+    """The memory-bounded mode runs the same Triton glue (chunks sized from the budget), recorded in info."""
+    from diffusers import AutoencoderKLWan
+
+    torch.manual_seed(0)
+    vae = AutoencoderKLWan(**_WAN21_VAE).eval().to(DEV)
+    z = torch.randn(1, vae.config.z_dim, 3, 3, 5, generator=torch.Generator().manual_seed(3)).to(DEV)
+    ref = vae.decode(z, return_dict=False)[0]
+    info = {}
+    out = V.decode_video(vae, z, mode="fast", max_memory_gib=4.0, fused_glue=True, info=info)
+    torch.testing.assert_close(out, ref, atol=5e-5, rtol=0)
+    assert info["glue"] == V.GLUE_TRITON and info["path"] == "chunked"
+
+
+@pytest.mark.parametrize("shape,fmt", [((1, 40, 3, 5, 7), torch.channels_last_3d), ((2, 12, 3, 5, 7), None),
+                                       ((6, 24, 5, 7), torch.channels_last), ((3, 8, 5, 7), None)],
+                         ids=["5d-cl", "5d-contig", "4d-cl", "4d-contig"])
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_add_rows_matches_eager(shape, fmt, with_residual):
+    """y += bias (+ residual) in one pass, any batch size and layout (channels_last: one launch for the batch)."""
+    from vdbench.kernels.glue import add_rows_
+
+    g = torch.Generator().manual_seed(len(shape) * 10 + shape[1])
+    y = torch.randn(*shape, generator=g).to(DEV)
+    res = torch.randn(*shape, generator=g).to(DEV)
+    bias = torch.randn(shape[1], generator=g).to(DEV)
+    if fmt is not None:
+        y, res = y.contiguous(memory_format=fmt), res.contiguous(memory_format=fmt)
+    if with_residual:  # the residual in the other layout than y: per batch element, still right
+        res = res.contiguous()
+    view = [1, -1] + [1] * (len(shape) - 2)
+    want = y + bias.view(view) + (res if with_residual else 0)
+    ptr = y.data_ptr()
+    out = add_rows_(y, bias, res if with_residual else None)
+    assert out is y and y.data_ptr() == ptr  # in place
+    torch.testing.assert_close(y, want, atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="residual"):
+        add_rows_(y, bias, res[:1] if shape[0] > 1 else res[:, :, :1])
+    with pytest.raises(ValueError, match="bias has 3 values"):
+        add_rows_(y, bias[:3])
+
+
+def test_norm_silu_cat_with_bias_matches_eager():
+    from vdbench.kernels.glue import norm_silu_cat
+
+    g = torch.Generator().manual_seed(9)
+    x = torch.randn(1, 24, 3, 4, 5, generator=g).to(DEV).contiguous(memory_format=torch.channels_last_3d)
+    ctx = torch.randn(1, 24, 2, 4, 5, generator=g).to(DEV)
+    gain, bias = (torch.rand(24, generator=g) + 0.5).to(DEV), torch.randn(24, generator=g).to(DEV)
+    out = norm_silu_cat(x, ctx, gain, bias=bias)
+    torch.testing.assert_close(out, _eager(x + bias.view(1, -1, 1, 1, 1), ctx, gain), atol=1e-5, rtol=1e-5)
+
+
+def test_fused_decode_runs_convs_without_bias(monkeypatch):
+    """With the fused glue every 3-D conv of the decoder and the upsamplers' 3x3 2-D convs run without their bias
+    (added by the row kernels): the mechanism behind the speed-up is in effect. (The mid-block attention's 1x1
+    projections keep theirs: latent resolution, a negligible pass.)"""
+    from diffusers import AutoencoderKLWan
+
+    torch.manual_seed(0)
+    vae = AutoencoderKLWan(**_WAN21_VAE).eval().to(DEV)
+    z = torch.randn(1, vae.config.z_dim, 3, 3, 5, generator=torch.Generator().manual_seed(2)).to(DEV)
+    seen = {"with_bias": 0, "without": 0}
+    for name in ("conv3d", "conv2d"):
+        real = getattr(V.F, name)
+
+        def spy(inp, weight, bias=None, *a, _real=real, **kw):
+            if weight.dim() == 5 or weight.shape[-1] > 1:
+                seen["without" if bias is None else "with_bias"] += 1
+            return _real(inp, weight, bias, *a, **kw)
+
+        monkeypatch.setattr(V.F, name, spy)
+    with torch.no_grad():
+        V.decode_video(vae, z, mode="fast", fused_glue=True)
+    assert seen["without"] > 10 and seen["with_bias"] == 0, seen

@@ -138,6 +138,7 @@ class RenderConfig:
     vae_decode: str = "default"  # default | fast | parallel (vdbench.vae)
     vae_max_memory: Optional[float] = None  # GiB: chunk/tile size chosen from it
     vae_timeout: Optional[float] = None  # seconds: a decode running longer is reported as hung (watchdog)
+    vae_glue: str = "auto"  # auto | triton | eager: the fast decode's glue (vdbench.vae.GLUES)
     extra_pipe_kwargs: dict = field(default_factory=dict)
     # multi-process (torchrun): see vdbench.parallel
     parallel_engine: str = "xfuser"
@@ -324,7 +325,7 @@ def render(cfg: RenderConfig, log=print) -> dict:
 def _render(cfg: RenderConfig, log, dctx) -> dict:
     from . import parallel as P
     from .pipelines import check_video_size, load_pipeline, model_summary, transformers_of
-    from .vae import decode_latents
+    from .vae import GLUES, decode_latents
     from .watchdog import WatchdogTimeout
     from .video import write_video
 
@@ -350,6 +351,17 @@ def _render(cfg: RenderConfig, log, dctx) -> dict:
                          "the compile option for capture runs -- the captured Q/K/V are the same")
     if cfg.task == "i2v" and not cfg.image:
         raise ValueError("task i2v needs --img_file_path (the image to animate)")
+    if cfg.vae_glue not in GLUES:
+        raise ValueError(f"unknown --vae_glue {cfg.vae_glue!r}; valid: {', '.join(GLUES)}")
+    if cfg.vae_glue == "triton":  # asked for: refused before the load where it can't apply or can't run
+        if cfg.vae_decode != "fast" or cfg.family != "wan":
+            raise ValueError("--vae_glue triton is the Wan fast decode's glue: it needs --vae_decode fast and a Wan "
+                             f"model (got --vae_decode {cfg.vae_decode}, family {cfg.family})")
+        from . import kernels as K
+
+        ok, why = K.probe("vae_glue", device)
+        if not ok:
+            raise B.BackendUnavailable(f"--vae_glue triton can't run on {device}: {why}")
 
     vae_dtype = dtype if cfg.vae_dtype in (None, "auto") else resolve_dtype(cfg.vae_dtype, device)
     if cfg.cpu_offload and device.type != "cuda":
@@ -469,7 +481,8 @@ def _render(cfg: RenderConfig, log, dctx) -> dict:
                 try:
                     frames = decode_latents(pipe, latents, cfg.family, num_frames=cfg.num_frames,
                                             mode=cfg.vae_decode, max_memory_gib=cfg.vae_max_memory,
-                                            timeout_s=cfg.vae_timeout, info=vae_info)
+                                            timeout_s=cfg.vae_timeout, info=vae_info,
+                                            fused_glue=GLUES[cfg.vae_glue])
                 except WatchdogTimeout as e:  # never wait forever: say where it hung, exit non-zero
                     raise VAEHang(f"VAE decode hung (> {cfg.vae_timeout} s, --vae_timeout); last completed stage: "
                                   f"{e.report.last_completed_stage}; all threads' stacks were dumped to stderr") from e

@@ -113,7 +113,8 @@ def prepare_latents(vae, latents: torch.Tensor, family: str) -> torch.Tensor:
 @torch.no_grad()
 def decode_latents(pipe, latents: torch.Tensor, family: str, num_frames: int | None = None, *,
                    mode: str = "default", max_memory_gib: Optional[float] = None, timeout_s: Optional[float] = None,
-                   chunk_frames: Optional[int] = None, info: Optional[dict] = None):
+                   chunk_frames: Optional[int] = None, info: Optional[dict] = None,
+                   fused_glue: Optional[bool] = None):
     """Latents from ``pipe(..., output_type="latent")`` -> float frames (T, H, W, 3) in [0, 1] (numpy).
 
     ``num_frames`` (CogVideoX only): the requested frame count, to drop the padding latent frames that
@@ -121,7 +122,8 @@ def decode_latents(pipe, latents: torch.Tensor, family: str, num_frames: int | N
     ``mode``, ``max_memory_gib``, ``chunk_frames``: see the module doc. ``timeout_s``: the decode runs under a
     :class:`~vdbench.watchdog.Watchdog`; on expiry all stacks are dumped and
     :class:`~vdbench.watchdog.WatchdogTimeout` is raised (its ``report`` names the last completed stage).
-    ``info`` (a dict, optional) receives what the decode did (path, chunk size, tiles).
+    ``info`` (a dict, optional) receives what the decode did (path, chunk size, tiles, which glue ran).
+    ``fused_glue``: the fast path's glue (:func:`decode_video`; None = the Triton kernels where they run).
     """
     from vdbench.watchdog import Watchdog
 
@@ -144,12 +146,12 @@ def decode_latents(pipe, latents: torch.Tensor, family: str, num_frames: int | N
                 z = prepare_latents(vae, latents, family)
                 wd.stage("decode")
                 video = decode_video(vae, z, mode=mode, max_memory_gib=max_memory_gib, chunk_frames=chunk_frames,
-                                     watchdog=wd, info=info)
+                                     watchdog=wd, info=info, fused_glue=fused_glue)
         elif family == "wan":
             z = prepare_latents(vae, latents, family)
             wd.stage("decode")
             video = decode_video(vae, z, mode=mode, max_memory_gib=max_memory_gib, chunk_frames=chunk_frames,
-                                 watchdog=wd, info=info)
+                                 watchdog=wd, info=info, fused_glue=fused_glue)
         else:
             raise ValueError(f"unknown pipeline family {family!r}")
         wd.stage("postprocess")
@@ -161,15 +163,18 @@ def decode_latents(pipe, latents: torch.Tensor, family: str, num_frames: int | N
 def decode_video(vae, z: torch.Tensor, *, mode: str = "default", chunk_frames: Optional[int] = None,
                  max_memory_gib: Optional[float] = None, channels_last: Optional[bool] = None, watchdog=None,
                  info: Optional[dict] = None, compile_backend: Optional[str] = None,
-                 fused_glue: bool = False) -> torch.Tensor:
+                 fused_glue: Optional[bool] = None) -> torch.Tensor:
     """Decode VAE-space latents ``z`` (B, C, T, H, W) -> video (B, 3, F, H', W') in [-1, 1].
 
     ``channels_last``: None (default) = on for ``mode="fast"`` (and the memory-bounded Wan decode), for the
     duration of the call only; off for ``mode="default"``. False: off (the fast path's layers in the
     contiguous layout). True with ``mode="default"``: :func:`channels_last_3d` on the VAE (kept afterwards).
     ``compile_backend`` (``mode="fast"`` only): the fast path's norm/SiLU glue compiled (:func:`fast_layers`).
-    ``fused_glue`` (``mode="fast"`` only): that glue as one Triton kernel
-    (:mod:`vdbench.kernels.glue`; a CUDA/ROCm GPU, or Triton's interpreter)."""
+    ``fused_glue`` (``mode="fast"``, also memory-bounded): the glue as Triton row kernels
+    (:mod:`vdbench.kernels.glue`: norm -> SiLU -> conv input in one pass, conv biases folded into the next pass).
+    None (default): on when the VAE is on a GPU where those kernels run, else the eager glue -- which one ran is
+    in ``info["glue"]``; True: required (refused with the reason where it can't run, e.g. no Triton); False: the
+    eager glue. (Ignored by ``mode="default"`` / ``"parallel"`` when None.)"""
     info = {} if info is None else info
     if mode == "parallel":
         try:
@@ -187,8 +192,8 @@ def decode_video(vae, z: torch.Tensor, *, mode: str = "default", chunk_frames: O
         raise ValueError(f"unknown VAE decode mode {mode!r}; valid: {', '.join(MODES)}")
     if compile_backend and (mode != "fast" or max_memory_gib is not None):
         raise ValueError("compile_backend applies to mode='fast' (without max_memory_gib) only")
-    if fused_glue and (mode != "fast" or max_memory_gib is not None or compile_backend):
-        raise ValueError("fused_glue applies to mode='fast', without max_memory_gib or compile_backend")
+    if fused_glue and (mode != "fast" or compile_backend):
+        raise ValueError("fused_glue applies to mode='fast' (not with compile_backend)")
     fast_cl = channels_last is not False
     if channels_last and mode == "default":
         channels_last_3d(vae)
@@ -201,20 +206,48 @@ def decode_video(vae, z: torch.Tensor, *, mode: str = "default", chunk_frames: O
                              "use the VAE's enable_tiling()")
         info["path"] = "diffusers"
         return vae.decode(z.to(vae.dtype), return_dict=False)[0]
-    if max_memory_gib is not None:
-        return _wan_decode_bounded(vae, z, max_memory_gib, watchdog=watchdog, info=info, channels_last=fast_cl)
-    if mode == "default":
+    if mode == "default" and max_memory_gib is None:
         info["path"] = "diffusers"
         return vae.decode(z, return_dict=False)[0]
+    fused = resolve_glue(vae, fused_glue, compile_backend, info)
+    if max_memory_gib is not None:
+        return _wan_decode_bounded(vae, z, max_memory_gib, watchdog=watchdog, info=info, channels_last=fast_cl,
+                                   fused_glue=fused)
     # Default chunk (FAST_DEFAULT_CHUNK): see the module doc ("Default chunk").
     k = chunk_frames or min(FAST_DEFAULT_CHUNK, z.shape[2])
     info.update(path="chunked", chunk_frames=k, channels_last=fast_cl)
     if compile_backend:
         info["compile_backend"] = compile_backend
-    if fused_glue:
-        info["glue"] = "triton (vdbench.kernels.glue)"
     return wan_decode_chunked(vae, z, k, watchdog=watchdog, lean=True, channels_last=fast_cl,
-                              compile_backend=compile_backend, fused_glue=fused_glue)
+                              compile_backend=compile_backend, fused_glue=fused)
+
+
+#: ``info["glue"]`` of the fast path's Triton glue (what the bench and timing.json record).
+GLUE_TRITON = "triton (vdbench.kernels.glue)"
+
+
+def resolve_glue(vae, fused_glue: Optional[bool], compile_backend: Optional[str], info: dict) -> bool:
+    """Which norm/SiLU glue the fast path runs (see :func:`decode_video`'s ``fused_glue``), recorded in
+    ``info["glue"]``: the Triton kernels where asked for (refused with the reason where they can't run) or,
+    by default, where the VAE is on a GPU they run on; else the eager glue (with why, when by default) or the
+    compiled one."""
+    if compile_backend:
+        info["glue"] = f"torch.compile ({compile_backend})"
+        return False
+    if fused_glue is False:
+        info["glue"] = "eager (asked for)"
+        return False
+    dev = next(vae.parameters()).device
+    if fused_glue is None:
+        from . import kernels as K
+
+        ok, why = K.probe("vae_glue", dev) if dev.type == "cuda" else (False, f"the VAE is on {dev.type}")
+        if not ok:
+            info["glue"] = f"eager (Triton glue not used: {why})"
+            return False
+    _fused_glue(vae)  # required: raises with the reason where the kernels can't run
+    info["glue"] = GLUE_TRITON
+    return True
 
 
 def channels_last_3d(vae) -> None:
@@ -256,6 +289,9 @@ _CACHE_T = 2  # diffusers' CACHE_T: input frames a causal conv keeps for the nex
 # The compiled norm -> SiLU -> conv-input builder in use inside fast_layers(compile_backend=...), else None.
 _GLUE: contextvars.ContextVar = contextvars.ContextVar("vdbench_vae_glue", default=None)
 _COMPILED_GLUE: dict = {}
+# The Triton row kernels (vdbench.kernels.glue) inside fast_layers(fused_glue=True), else None: convs then run
+# without their bias, added by those kernels where the output is read next (see _conv_valid_t).
+_ROWS: contextvars.ContextVar = contextvars.ContextVar("vdbench_vae_rows", default=None)
 
 
 def _norm_silu_cat(x, ctx, g):
@@ -289,6 +325,13 @@ def _fused_glue(vae):
     from .kernels.glue import norm_silu_cat
 
     return norm_silu_cat
+
+
+def _fused_rows():
+    """The Triton row kernels module (conv bias / residual adds) used with the fused glue."""
+    from .kernels import glue
+
+    return glue
 
 
 def _layout(x: torch.Tensor):
@@ -371,12 +414,13 @@ def _lean_norm_ok(norm, act, conv) -> bool:
             and type(act) is torch.nn.SiLU and not norm.training)
 
 
-def _norm_act_conv_input(norm, act, conv, x, feat_cache, feat_idx):
+def _norm_act_conv_input(norm, act, conv, x, feat_cache, feat_idx, x_bias=None):
     """The input buffer of ``conv(act(norm(x)))`` with diffusers' cache bookkeeping, built without the
     intermediate tensors: one buffer of ``pad_t + T`` frames gets the causal context (cached frames of the
     previous chunk, zero frames where there are fewer than ``pad_t``) and the norm output written straight
     into its last ``T`` frames (SiLU in place there); the new cache (last CACHE_T frames) is cloned from it and
-    replaces the old one before the conv runs. Returns the buffer for :func:`_conv_valid_t`."""
+    replaces the old one before the conv runs. Returns the buffer for :func:`_conv_valid_t`. ``x_bias``: the
+    bias of the conv that produced ``x`` and ran without it (fused glue only), added before the norm."""
     b, c, t, h, w = x.shape
     pt = conv._padding[4]
     old = None
@@ -393,9 +437,11 @@ def _norm_act_conv_input(norm, act, conv, x, feat_cache, feat_idx):
                               memory_format=_layout(x)).zero_()
             if have:
                 ctx = torch.cat([ctx, old[:, :, -have:].to(x.device)], 2)
-        buf = glue(x, ctx, _gain(norm))
+        buf = glue(x, ctx, _gain(norm)) if x_bias is None else glue(x, ctx, _gain(norm), bias=x_bias)
         del ctx
     else:
+        if x_bias is not None:
+            x = _ROWS.get().add_rows_(x, x_bias)
         buf = torch.empty((b, c, pt + t, h, w), dtype=x.dtype, device=x.device, memory_format=_layout(x))
         if pt > have:
             buf[:, :, :pt - have].zero_()
@@ -413,10 +459,16 @@ def _norm_act_conv_input(norm, act, conv, x, feat_cache, feat_idx):
     return buf
 
 
-def _conv_valid_t(conv, buf):
-    """The causal conv on a buffer that already holds its time context (spatial padding by the conv)."""
+def _conv_valid_t(conv, buf, defer_bias: bool = False):
+    """The causal conv on a buffer that already holds its time context (spatial padding by the conv). With the
+    fused glue (:data:`_ROWS` set) the conv runs without its bias, which is added by one Triton row pass, or not
+    at all with ``defer_bias`` (the caller adds it where it reads the output next: the glue, the residual)."""
     pw, _, ph, _, _, _ = conv._padding
-    return F.conv3d(buf, conv.weight, conv.bias, conv.stride, (0, ph, pw), conv.dilation, conv.groups)
+    rows = _ROWS.get()
+    if rows is None or conv.bias is None:
+        return F.conv3d(buf, conv.weight, conv.bias, conv.stride, (0, ph, pw), conv.dilation, conv.groups)
+    y = F.conv3d(buf, conv.weight, None, conv.stride, (0, ph, pw), conv.dilation, conv.groups)
+    return y if defer_bias else rows.add_rows_(y, conv.bias)
 
 
 def _lean_residual_block(self, x, feat_cache=None, feat_idx=[0]):  # noqa: B006 - diffusers' signature
@@ -432,13 +484,17 @@ def _lean_residual_block(self, x, feat_cache=None, feat_idx=[0]):  # noqa: B006 
         x = self.dropout(self.nonlinearity(self.norm2(x)))
         x = _cached_conv(self.conv2, x, feat_cache, feat_idx)
         return x + h
+    rows = _ROWS.get()
     buf = _norm_act_conv_input(self.norm1, self.nonlinearity, self.conv1, x, feat_cache, feat_idx)
-    y = _conv_valid_t(self.conv1, buf)
+    y = _conv_valid_t(self.conv1, buf, defer_bias=rows is not None)
     del buf
-    buf = _norm_act_conv_input(self.norm2, self.nonlinearity, self.conv2, y, feat_cache, feat_idx)
+    buf = _norm_act_conv_input(self.norm2, self.nonlinearity, self.conv2, y, feat_cache, feat_idx,
+                               x_bias=self.conv1.bias if rows is not None else None)
     del y
-    y = _conv_valid_t(self.conv2, buf)
+    y = _conv_valid_t(self.conv2, buf, defer_bias=rows is not None)
     del buf
+    if rows is not None and self.conv2.bias is not None:
+        return rows.add_rows_(y, self.conv2.bias, h)  # y + bias + h in one pass
     return y.add_(h)
 
 
@@ -494,8 +550,19 @@ def _lean_resample(self, x, feat_cache=None, feat_idx=[0]):  # noqa: B006
             del y
     if frames is None:
         frames = x.permute(0, 2, 1, 3, 4).reshape(b * t, c, h, w)  # a view for channels_last_3d input
-    x = self.resample(frames)
-    del frames
+    rows = _ROWS.get()
+    seq = self.resample
+    if (rows is not None and len(seq) == 2 and type(seq[1]) is torch.nn.Conv2d and seq[1].bias is not None
+            and seq[1].padding_mode == "zeros" and "forward" not in seq[1].__dict__):
+        conv = seq[1]  # upsample, then the 2-D conv without its bias; the bias in one Triton row pass
+        up = seq[0](frames)
+        del frames
+        x = rows.add_rows_(F.conv2d(up, conv.weight, None, conv.stride, conv.padding, conv.dilation, conv.groups),
+                           conv.bias)
+        del up
+    else:
+        x = self.resample(frames)
+        del frames
     return x.view(b, t, x.size(1), x.size(2), x.size(3)).permute(0, 2, 1, 3, 4)
 
 
@@ -570,6 +637,7 @@ def fast_layers(vae, *, channels_last: bool = True, lean: bool = True, compile_b
         raise ValueError("fused_glue needs lean=True and excludes compile_backend")
     glue = _fused_glue(vae) if fused_glue else _compiled_glue(compile_backend) if (lean and compile_backend) else None
     token = _GLUE.set(glue)
+    rows_token = _ROWS.set(_fused_rows() if fused_glue else None)
     limit = contextlib.nullcontext()
     if lean and compile_backend:
         import torch._dynamo
@@ -597,6 +665,7 @@ def fast_layers(vae, *, channels_last: bool = True, lean: bool = True, compile_b
     finally:
         limit.__exit__(None, None, None)
         _GLUE.reset(token)
+        _ROWS.reset(rows_token)
         for m in patched:
             del m.forward
             m.__dict__.pop("_vdbench_gain", None)
@@ -706,15 +775,15 @@ def choose_chunk_frames(budget_bytes: float, per_frame_bytes: float, num_frames:
 
 
 def _wan_decode_bounded(vae, z, max_memory_gib: float, *, watchdog=None, info: dict,
-                        channels_last: bool = True) -> torch.Tensor:
+                        channels_last: bool = True, fused_glue: bool = False) -> torch.Tensor:
     """Temporal chunk (and, below one frame, spatial tile) chosen from the memory budget."""
     budget = float(max_memory_gib) * _GIB
     dev = z.device
     n, h, w = z.shape[2], z.shape[3], z.shape[4]
     elem = torch.finfo(vae.dtype).bits // 8
     out_bytes = 3 * ((n - 1) * 4 + 1) * h * w * vae.config.scale_factor_spatial ** 2 * elem
-    key = (h, w, str(vae.dtype), str(dev), channels_last)
-    fast = dict(lean=True, channels_last=channels_last)
+    key = (h, w, str(vae.dtype), str(dev), channels_last, fused_glue)
+    fast = dict(lean=True, channels_last=channels_last, fused_glue=fused_glue)
     cache = vae.__dict__.setdefault("_vdbench_frame_bytes", {})
     if key in cache:
         per_frame = cache[key]
@@ -754,7 +823,8 @@ def _wan_decode_bounded(vae, z, max_memory_gib: float, *, watchdog=None, info: d
 
 @torch.no_grad()
 def wan_decode_tiled_chunked(vae, z: torch.Tensor, tile_px: int, stride_px: int, chunk_frames: int, *,
-                             watchdog=None, lean: bool = False, channels_last: bool = False) -> torch.Tensor:
+                             watchdog=None, lean: bool = False, channels_last: bool = False,
+                             fused_glue: bool = False) -> torch.Tensor:
     """diffusers' ``AutoencoderKLWan.tiled_decode`` (same tiles, same blending) with each tile decoded by
     :func:`wan_decode_chunked` instead of one latent frame per call."""
     from diffusers.models.autoencoders.autoencoder_kl_wan import unpatchify
@@ -768,15 +838,15 @@ def wan_decode_tiled_chunked(vae, z: torch.Tensor, tile_px: int, stride_px: int,
     sample_h, sample_w = height * sp // (p or 1), width * sp // (p or 1)
     rows = []
     # one swap for all tiles (the per-tile calls find the layers swapped and the weights converted already)
-    with fast_layers(vae, channels_last=channels_last, lean=lean) if (lean or channels_last) else \
-            contextlib.nullcontext():
+    with fast_layers(vae, channels_last=channels_last, lean=lean, fused_glue=fused_glue) if (lean or channels_last) \
+            else contextlib.nullcontext():
         for i in range(0, height, sl):
             row = []
             for j in range(0, width, sl):
                 if watchdog is not None:
                     watchdog.stage(f"tile {i},{j}")
                 row.append(wan_decode_chunked(vae, z[:, :, :, i:i + tl, j:j + tl], chunk_frames, finalize=False,
-                                              lean=lean, channels_last=channels_last))
+                                              lean=lean, channels_last=channels_last, fused_glue=fused_glue))
             rows.append(row)
     result_rows = []
     for i, row in enumerate(rows):
@@ -806,8 +876,18 @@ def add_vae_args(p, fast_ok: bool = True) -> None:
                    help="bound the decode's memory: the frame chunk (or tiles) is chosen from this budget (Wan VAEs)")
     p.add_argument("--vae_timeout", type=float, default=None, metavar="S",
                    help="watchdog: a decode running longer is reported as hung (stacks dumped, exit 124)")
+    if fast_ok:
+        p.add_argument("--vae_glue", choices=GLUES, default="auto",
+                       help="the fast decode's norm/SiLU glue (and conv biases): triton = vdbench.kernels.glue's row "
+                            "kernels (refused where they can't run), eager = PyTorch ops, auto = triton on a GPU where "
+                            "it runs, else eager; which one ran is in timing.json (vae_decode.glue)")
+
+
+#: ``--vae_glue`` choices -> decode_video's ``fused_glue``.
+GLUES = {"auto": None, "triton": True, "eager": False}
 
 
 def vae_kwargs(args) -> dict:
     """RenderConfig fields from the flags of ``add_vae_args``."""
-    return dict(vae_decode=args.vae_decode, vae_max_memory=args.vae_max_memory, vae_timeout=args.vae_timeout)
+    return dict(vae_decode=args.vae_decode, vae_max_memory=args.vae_max_memory, vae_timeout=args.vae_timeout,
+                vae_glue=getattr(args, "vae_glue", "auto"))
