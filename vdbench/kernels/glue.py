@@ -67,25 +67,39 @@ def _add_rows_kernel(y_ptr, b_ptr, r_ptr, n_rows, C, ys_r, ys_c, rs_r, rs_c,
     tl.store(ptr, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
-def _rows(t: torch.Tensor) -> torch.Tensor:
-    """(C, *S) -> a (prod(S), C) *view* (rows = voxels): strides (C, 1) in channels_last(_3d) (the GPU fast
-    path: every row one contiguous load), (1, prod(S)) in the contiguous layout. Never a copy: the output rows
-    must alias the tensor written."""
-    c = t.shape[0]
+def _try_rows(t: torch.Tensor):
+    """(C, *S) -> a (prod(S), C) *view* (rows = voxels) or None where the voxels don't form one strided dimension.
+    channels_last(_3d) (the GPU fast path): strides (C, 1), every row one contiguous load; contiguous: (1, prod(S))."""
     try:
-        return t.movedim(0, -1).view(-1, c)
-    except RuntimeError as e:
-        raise ValueError(f"the fused VAE glue needs the voxels of a (C, ...) tensor to form one strided "
-                         f"dimension; got strides {t.stride()} for shape {tuple(t.shape)}") from e
-
-
-def _row_views(y: torch.Tensor) -> list[torch.Tensor]:
-    """(B, C, *S) -> its rows: one (B*prod(S), C) view where the layout allows it (channels_last: one launch for
-    a batch of frames), else one view per batch element."""
-    try:
-        return [y.movedim(1, -1).view(-1, y.shape[1])]
+        return t.movedim(0, -1).view(-1, t.shape[0])
     except RuntimeError:
-        return [_rows(y[i]) for i in range(y.shape[0])]
+        return None
+
+
+def _paired_rows(a: torch.Tensor, b: torch.Tensor | None):
+    """(rows of ``a``, rows of ``b``) views of two (C, *S) tensors of one shape, split along their first voxel
+    dimension until both are one strided dimension (e.g. frames of a permuted 2-D conv output: one launch per
+    frame instead of one per tensor). Never a copy: the rows alias the tensors written."""
+    ra, rb = _try_rows(a), (None if b is None else _try_rows(b))
+    if ra is not None and (b is None or rb is not None):
+        yield ra, rb
+        return
+    for j in range(a.shape[1]):  # (C, L) always has a rows view: the recursion ends
+        yield from _paired_rows(a[:, j], None if b is None else b[:, j])
+
+
+def _batched_rows(y: torch.Tensor, r: torch.Tensor | None):
+    """Row-view pairs of two (B, C, *S) tensors: one pair for the whole batch where both layouts allow it
+    (channels_last: a batch of frames in one launch), else per batch element (:func:`_paired_rows`)."""
+    both = [t.movedim(1, -1) for t in ((y,) if r is None else (y, r))]
+    try:
+        views = [t.view(-1, y.shape[1]) for t in both]
+        yield views[0], (views[1] if r is not None else None)
+        return
+    except RuntimeError:
+        pass
+    for i in range(y.shape[0]):
+        yield from _paired_rows(y[i], None if r is None else r[i])
 
 
 def _blocks(c: int) -> tuple[int, int, int]:
@@ -126,13 +140,7 @@ def add_rows_(y: torch.Tensor, bias: torch.Tensor, residual: torch.Tensor | None
     if residual is not None and residual.shape != y.shape:
         raise ValueError(f"add_rows_: residual {tuple(residual.shape)} for output {tuple(y.shape)}")
     block_c, block_r, warps = _blocks(c)
-    ys = _row_views(y)
-    rs = [None] * len(ys)
-    if residual is not None:
-        rs = _row_views(residual)
-        if len(rs) != len(ys):  # one layout batched, the other not: per batch element for both
-            ys, rs = [_rows(y[i]) for i in range(y.shape[0])], [_rows(residual[i]) for i in range(y.shape[0])]
-    for yv, rv in zip(ys, rs):
+    for yv, rv in _batched_rows(y, residual):
         n = yv.shape[0]
         r = yv if rv is None else rv
         _add_rows_kernel[(triton.cdiv(n, block_r),)](
@@ -158,6 +166,7 @@ def norm_silu_cat(x: torch.Tensor, ctx: torch.Tensor, g: torch.Tensor,
     buf = torch.empty((b, c, p + t, h, w), dtype=x.dtype, device=x.device, memory_format=fmt)
     if p:
         buf[:, :, :p].copy_(ctx)
-    for i in range(b):  # one launch per batch element (B = 1 in the decoders)
-        rms_silu_rows(_rows(x[i]), g, _rows(buf[i, :, p:]), bias=bias)
+    for i in range(b):  # one launch per batch element (B = 1 in the decoders) where the layout allows
+        for xr, outr in _paired_rows(x[i], buf[i, :, p:]):
+            rms_silu_rows(xr, g, outr, bias=bias)
     return buf
