@@ -38,6 +38,12 @@ Decode modes (``mode=``):
         per-frame buffer of the 2-D stage; in channels_last the per-frame view is free.
       - ``WanResidualUpBlock`` (Wan 2.2): no ``clone()`` of the block input (nothing writes into it), and the
         ``DupUp3D`` shortcut added in place into the block output through an 8-D view (not materialized).
+    * **the glue as Triton row kernels** (``fused_glue``; by default on a GPU where they run, see
+      :func:`resolve_glue`): RMS norm -> gain -> SiLU read once and written once into the conv's input buffer
+      (:mod:`vdbench.kernels.glue`), and every conv run *without* its bias, which is added where the output is
+      read next (inside that glue, with the residual in one pass, or in one vectorized row pass): PyTorch's own
+      bias add is a non-vectorized broadcast pass over channels_last rows. On an H200 the glue went from 543 to
+      85 ms of a Wan 2.1 480p x 81 decode (docs/PERFORMANCE.md §6).
     * **nearest upsampling in the working dtype**: diffusers' ``WanUpsample`` upcasts to fp32 before a
       ``nearest-exact`` interpolation and casts back. Nearest interpolation only copies values, so the result
       is bit-identical in bf16, without the fp32 temporary.
@@ -80,7 +86,7 @@ import torch
 import torch.nn.functional as F
 
 __all__ = ["decode_latents", "decode_video", "wan_decode_chunked", "choose_chunk_frames", "prepare_latents",
-           "MODES", "channels_last_3d", "fast_layers", "FAST_DEFAULT_CHUNK"]
+           "MODES", "channels_last_3d", "fast_layers", "FAST_DEFAULT_CHUNK", "GLUES", "resolve_glue"]
 
 MODES = ("default", "fast", "parallel")
 FAST_DEFAULT_CHUNK = 1  # latent frames per decoder call in mode "fast" when no chunk size is given (module doc)
