@@ -9,6 +9,8 @@
 #                 ring-2 with both engines for sdpa_cudnn, sagev1, fav3_fp8, fav3_sage
 #   CALL=2 bash bench/gpu_x4b.sh   # 4 GPUs: Wan 1.3B Ulysses-4 / ring-4 / Ulysses-2 x ring-2 per backend,
 #                 Wan 14B Ulysses-4, CogVideoX-2b Ulysses-2 / CFG-2 / both (xfuser), the 4-GPU VAE decode
+#   CALL=3, 4: re-runs after fixes (session 3); CALL=5 (session 4): Wan 14B 720p one GPU and Ulysses-4 for
+#                 fav3_fp8 and fav3_sage
 #
 # Every run has its own time limit and each track a deadline, so a failing or slow piece costs only itself;
 # runs.tsv says which ran (rc, wall) and which were skipped. Everything but frames/latents is packed into
@@ -75,6 +77,14 @@ if [ "$CALL" = 4 ]; then  # CogVideoX under xfuser: joint attention through USP 
   r cog_xfuser_u2_fav3 40 90 cog xfuser_u2 fav3 0,1 2 --parallel_engine xfuser --ulysses_degree 2
   r cog_xfuser_r2_fav3 40 90 cog xfuser_r2 fav3 0,1 2 --parallel_engine xfuser --ring_degree 2
   wait; cat "$W/logs/c4_gpu2.log"
+fi
+if [ "$CALL" = 5 ]; then  # session 4: Wan 14B 720p at 4 GPUs for the quantized backends (fav3_fp8, fav3_sage)
+  ( r w14_1gpu_fav3_fp8 100 170 wan w14 1gpu fav3_fp8 0 1 ) > "$W/logs/c5_gpu0.log" 2>&1 &
+  ( r w14_1gpu_fav3_sage 100 170 wan w14 1gpu fav3_sage 1 1 ) > "$W/logs/c5_gpu1.log" 2>&1 &
+  wait; cat "$W"/logs/c5_gpu[01].log
+  for b in fav3_fp8 fav3_sage; do
+    r "w14_diffusers_u4_$b" 50 110 wan w14 diffusers_u4 $b 0,1,2,3 4 --parallel_engine diffusers --ulysses_degree 4
+  done
 fi
 pack
 cat "$W/summary_parallel.txt"
