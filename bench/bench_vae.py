@@ -102,6 +102,13 @@ def split_config(name: str) -> tuple[str, tuple[str, ...]]:
     return base, tuple(mods)
 
 
+def uses(name: str, part: str) -> bool:
+    """Whether config ``name`` is ``part`` or carries it as a modifier (``compile`` for both ``compile`` and
+    ``fast+compile``)."""
+    base, mods = split_config(name)
+    return part in (base, *mods)
+
+
 def child_env(config: str, base: dict | None = None) -> dict:
     """The environment for a child process that runs ``config``: ``base`` (default: os.environ) plus the
     config's preset variables, which win over inherited ones (they are the point of the config)."""
@@ -292,8 +299,7 @@ def prepare_config(name: str, value, vae, family: str, args, device: str):
     from vdbench import vae as V
 
     base, mods = split_config(name)
-    bench = base == "cudnn_benchmark" or "cudnn_benchmark" in mods
-    comp = base == "compile" or "compile" in mods
+    bench, comp = uses(name, "cudnn_benchmark"), uses(name, "compile")
     fused, eager_glue = "fused" in mods, "eager_glue" in mods
     if (fused or eager_glue) and (base not in ("fast", "fast_nocl", "memory") or comp or (fused and eager_glue)):
         raise NotApplicable("+fused / +eager_glue: the fast path's glue as Triton kernels (required) / as PyTorch "
@@ -421,7 +427,7 @@ def run_config(spec: str, args, device: str, ref_frames=None, wd=None) -> tuple[
     z = make_latents(vae, family, args.frames, w, h, args.seed, device, args.latents)
     res["latent_shape"] = list(z.shape)
     stage("prepare config")
-    comp = "compile" in (split_config(name)[0], *split_config(name)[1])
+    comp = uses(name, "compile")
     if comp:
         from torch._dynamo.utils import counters
 

@@ -25,8 +25,8 @@ export PYTHONUNBUFFERED=1
 B=(python3 bench/bench_vae.py --warmup 1 --repeats 2)
 rcs=()
 
-# SKIP=REGEX drops the configs whose names match (e.g. SKIP=fused when the glue kernel's GPU tests failed: a kernel
-# fault would end the whole in-process run and lose every config after it)
+# SKIP=REGEX drops the configs whose names match (e.g. SKIP='^(fast|memory)' when the Triton glue's GPU tests
+# failed: a kernel fault would end the whole in-process run and lose every config after it)
 SKIP=${SKIP:-}
 run() {  # name, wall limit (s), bench args...
   local name=$1 limit=$2; shift 2

@@ -251,7 +251,7 @@ def resolve_glue(vae, fused_glue: Optional[bool], compile_backend: Optional[str]
         if not ok:
             info["glue"] = f"eager (Triton glue not used: {why})"
             return False
-    _fused_glue(vae)  # required: raises with the reason where the kernels can't run
+    _fused_kernels(vae)  # required: raises with the reason where the kernels can't run
     info["glue"] = GLUE_TRITON
     return True
 
@@ -319,22 +319,16 @@ def _compiled_glue(backend: str):
     return fn
 
 
-def _fused_glue(vae):
-    """The Triton form of :func:`_norm_silu_cat` (:mod:`vdbench.kernels.glue`), refused with the reason where it
-    can't run (no silent fallback to the eager glue)."""
+def _fused_kernels(vae):
+    """The Triton glue module (:mod:`vdbench.kernels.glue`: ``norm_silu_cat``, the Triton form of
+    :func:`_norm_silu_cat`, and ``add_rows_`` for the conv biases), refused with the reason where it can't run on
+    the VAE's device (no silent fallback to the eager glue)."""
     from . import kernels as K
 
     dev = next(vae.parameters()).device
     ok, why = K.probe("vae_glue", dev)
     if not ok:
         raise RuntimeError(f"fused_glue can't run here (the VAE is on {dev}): {why}")
-    from .kernels.glue import norm_silu_cat
-
-    return norm_silu_cat
-
-
-def _fused_rows():
-    """The Triton row kernels module (conv bias / residual adds) used with the fused glue."""
     from .kernels import glue
 
     return glue
@@ -628,7 +622,8 @@ def fast_layers(vae, *, channels_last: bool = True, lean: bool = True, compile_b
     the band-parallel decode's) is left alone. ``compile_backend`` (with ``lean``): the norm -> SiLU -> conv
     input glue of the residual blocks and the head runs as one function compiled by ``torch.compile``
     (:func:`_norm_silu_cat`; convs stay cuDNN's). ``fused_glue`` (with ``lean``): the same
-    glue as one Triton kernel (:func:`_fused_glue`). Yields the list of swapped modules."""
+    glue as one Triton kernel, conv biases added by the Triton row pass (:func:`_fused_kernels`). Yields the list of
+    swapped modules."""
     from diffusers.models.autoencoders import autoencoder_kl_wan as W
 
     swaps = {}
@@ -641,9 +636,10 @@ def fast_layers(vae, *, channels_last: bool = True, lean: bool = True, compile_b
     patched, weights = [], []
     if fused_glue and (not lean or compile_backend):
         raise ValueError("fused_glue needs lean=True and excludes compile_backend")
-    glue = _fused_glue(vae) if fused_glue else _compiled_glue(compile_backend) if (lean and compile_backend) else None
+    rows = _fused_kernels(vae) if fused_glue else None
+    glue = rows.norm_silu_cat if fused_glue else _compiled_glue(compile_backend) if (lean and compile_backend) else None
     token = _GLUE.set(glue)
-    rows_token = _ROWS.set(_fused_rows() if fused_glue else None)
+    rows_token = _ROWS.set(rows)
     limit = contextlib.nullcontext()
     if lean and compile_backend:
         import torch._dynamo

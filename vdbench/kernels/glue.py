@@ -67,39 +67,29 @@ def _add_rows_kernel(y_ptr, b_ptr, r_ptr, n_rows, C, ys_r, ys_c, rs_r, rs_c,
     tl.store(ptr, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
-def _try_rows(t: torch.Tensor):
-    """(C, *S) -> a (prod(S), C) *view* (rows = voxels) or None where the voxels don't form one strided dimension.
-    channels_last(_3d) (the GPU fast path): strides (C, 1), every row one contiguous load; contiguous: (1, prod(S))."""
+def _try_rows(t: torch.Tensor, dim: int = 0):
+    """``t`` with its channel dimension ``dim`` moved last, as a (voxels, C) *view* (rows = voxels), or None where
+    the voxels don't form one strided dimension. channels_last(_3d) (the GPU fast path): strides (C, 1), every row
+    one contiguous load; contiguous: (1, voxels)."""
     try:
-        return t.movedim(0, -1).view(-1, t.shape[0])
+        return t.movedim(dim, -1).view(-1, t.shape[dim])
     except RuntimeError:
         return None
 
 
-def _paired_rows(a: torch.Tensor, b: torch.Tensor | None):
-    """(rows of ``a``, rows of ``b``) views of two (C, *S) tensors of one shape, split along their first voxel
-    dimension until both are one strided dimension (e.g. frames of a permuted 2-D conv output: one launch per
-    frame instead of one per tensor). Never a copy: the rows alias the tensors written."""
-    ra, rb = _try_rows(a), (None if b is None else _try_rows(b))
+def _paired_rows(a: torch.Tensor, b: torch.Tensor | None, dim: int = 0):
+    """(rows of ``a``, rows of ``b``) views of two tensors of one shape whose channels are dimension ``dim`` (0:
+    (C, *S); 1: (B, C, *S)): one pair where both layouts allow it (channels_last: a batch of frames in one launch),
+    else split along the first other dimension -- the batch, then voxel dimensions -- until both are one strided
+    dimension (e.g. frames of a permuted 2-D conv output: one launch per frame). Never a copy: the rows alias the
+    tensors written."""
+    ra, rb = _try_rows(a, dim), (None if b is None else _try_rows(b, dim))
     if ra is not None and (b is None or rb is not None):
         yield ra, rb
         return
-    for j in range(a.shape[1]):  # (C, L) always has a rows view: the recursion ends
-        yield from _paired_rows(a[:, j], None if b is None else b[:, j])
-
-
-def _batched_rows(y: torch.Tensor, r: torch.Tensor | None):
-    """Row-view pairs of two (B, C, *S) tensors: one pair for the whole batch where both layouts allow it
-    (channels_last: a batch of frames in one launch), else per batch element (:func:`_paired_rows`)."""
-    both = [t.movedim(1, -1) for t in ((y,) if r is None else (y, r))]
-    try:
-        views = [t.view(-1, y.shape[1]) for t in both]
-        yield views[0], (views[1] if r is not None else None)
-        return
-    except RuntimeError:
-        pass
-    for i in range(y.shape[0]):
-        yield from _paired_rows(y[i], None if r is None else r[i])
+    split = 0 if dim == 1 else 1  # (C, L) always has a rows view: the recursion ends
+    for j in range(a.shape[split]):
+        yield from _paired_rows(a.select(split, j), None if b is None else b.select(split, j))
 
 
 def _blocks(c: int) -> tuple[int, int, int]:
@@ -108,7 +98,9 @@ def _blocks(c: int) -> tuple[int, int, int]:
 
 
 def _vec(v: torch.Tensor, c: int, what: str, device) -> torch.Tensor:
-    v = v.reshape(-1).to(device=device, dtype=torch.float32).contiguous()
+    """A per-channel vector (gain, bias) as the kernels read it: flat, contiguous, on ``device``, in its own dtype
+    (the kernels load it as fp32; no cast pass per call for a bf16 conv bias)."""
+    v = v.reshape(-1).to(device=device).contiguous()
     if v.numel() != c:
         raise ValueError(f"{what} has {v.numel()} values for {c} channels")
     return v
@@ -140,7 +132,7 @@ def add_rows_(y: torch.Tensor, bias: torch.Tensor, residual: torch.Tensor | None
     if residual is not None and residual.shape != y.shape:
         raise ValueError(f"add_rows_: residual {tuple(residual.shape)} for output {tuple(y.shape)}")
     block_c, block_r, warps = _blocks(c)
-    for yv, rv in _batched_rows(y, residual):
+    for yv, rv in _paired_rows(y, residual, dim=1):
         n = yv.shape[0]
         r = yv if rv is None else rv
         _add_rows_kernel[(triton.cdiv(n, block_r),)](
@@ -166,7 +158,6 @@ def norm_silu_cat(x: torch.Tensor, ctx: torch.Tensor, g: torch.Tensor,
     buf = torch.empty((b, c, p + t, h, w), dtype=x.dtype, device=x.device, memory_format=fmt)
     if p:
         buf[:, :, :p].copy_(ctx)
-    for i in range(b):  # one launch per batch element (B = 1 in the decoders) where the layout allows
-        for xr, outr in _paired_rows(x[i], buf[i, :, p:]):
-            rms_silu_rows(xr, g, outr, bias=bias)
+    for xr, outr in _paired_rows(x, buf[:, :, p:], dim=1):  # one launch where the layouts allow
+        rms_silu_rows(xr, g, outr, bias=bias)
     return buf
