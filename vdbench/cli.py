@@ -1,0 +1,285 @@
+"""The one command line of the render CLIs (``run_wan.py``, ``sageattn_cogvideo.py``): parser, config, exit codes.
+
+Why one module: the two scripts had grown 25 flags twice and drifted apart (flags only one had, one option under two
+names, memory flags for one family only although the renderer served both). Here every flag is declared once, the
+model family supplies only its defaults and its rules (``vdbench.families``), and the scripts are three-line shims.
+
+Spellings: every flag is accepted as ``--a_b`` and ``--a-b``; the names users of the original scripts type are kept
+as aliases of one option (``--model``/``--model_path``, ``--img_file_path``/``--image``,
+``--benchmark_output_directory``/``--output_dir``, ``--use_torch_compile``/``--compile``,
+``--save_inputs --max_captures --input_dir``). Where the two original scripts laid out their outputs differently
+(Wan under ``<dir>/results/``, CogVideoX directly in ``<dir>``) the family keeps its layout, so existing scripts
+find their files where they did.
+
+Exit codes (also in ``--help``): 0 ok; 2 bad input (unknown or unavailable backend, bad size, a model that can't
+be loaded, a refused option), 3 an attention call the backend can't serve (see ``--on_unsupported``), 4 another
+torchrun rank failed, 124 a watched stage (``--vae_timeout``) hung.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Optional
+
+from . import backends as B
+from . import families
+from .parallel import ENGINES, EXIT_PEER_FAILED
+from .patching import ON_UNSUPPORTED_CHOICES
+from .speed import COMPILE_BACKENDS
+
+__all__ = ["build_parser", "config_from_args", "main", "EXIT_OK", "EXIT_BAD_INPUT", "EXIT_UNSUPPORTED_CALL",
+           "EXIT_PEER_FAILED", "EXIT_HUNG"]
+
+EXIT_OK = 0
+EXIT_BAD_INPUT = 2  # unknown/unavailable backend, bad size, model that can't be loaded, refused option
+EXIT_UNSUPPORTED_CALL = 3  # the backend met a call it cannot serve during the run
+EXIT_HUNG = 124  # a watched stage (--vae_timeout) ran past its timeout (timeout(1)'s code)
+
+EPILOG = ("exit codes: 0 ok, 2 bad input (unknown or unavailable backend, bad size, model not loadable, refused "
+          f"option), 3 an attention call the backend can't serve (see --on_unsupported), {EXIT_PEER_FAILED} another "
+          f"torchrun rank failed, {EXIT_HUNG} a watched stage hung (--vae_timeout)")
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with both spellings of every long flag (``--num_frames`` and ``--num-frames``)."""
+
+    def add(self, *names: str, **kw):
+        spelled: list[str] = []
+        for n in names:
+            for s in (n, n.replace("_", "-"), n.replace("-", "_")) if n.startswith("--") else (n,):
+                if s not in spelled:
+                    spelled.append(s)
+        if "dest" not in kw and names[0].startswith("--"):
+            kw["dest"] = names[0][2:].replace("-", "_")
+        return self.add_argument(*spelled, **kw)
+
+
+def build_parser(family: str | families.Family, prog: Optional[str] = None,
+                 description: Optional[str] = None) -> argparse.ArgumentParser:
+    """The parser of one family's render CLI: the same flags for every family, the family's defaults."""
+    from .decode import GLUES, MODES
+
+    fam = families.get(family) if isinstance(family, str) else family
+    p = _Parser(prog=prog, description=description, epilog=EPILOG,
+                formatter_class=argparse.RawDescriptionHelpFormatter)
+    add = p.add
+    g = p.add_argument_group("what to render")
+    g.add = p.add  # type: ignore[attr-defined]  (one spelling helper for every group)
+    add("--model", "--model_path", default=None,
+        help="hub id, local diffusers directory, 'tiny' / 'tiny:<variant>' (embedded tiny model) or "
+             "'random:<name>' (real shapes, random weights); default: the family's checkpoint for the task")
+    add("--task", choices=fam.tasks, default=fam.tasks[0], help="what to render (default: %(default)s)")
+    add("--prompt", default=fam.default_prompt, help="text prompt (default: a fixed prompt, for comparable runs)")
+    add("--negative_prompt", default=fam.default_negative_prompt, help="negative prompt (default: %(default)r)")
+    add("--img_file_path", "--image", default=None, help="conditioning image (image-to-video tasks)")
+    add("--force_output_size", action="store_true",
+        help="image-to-video: render exactly --height x --width (the image is center-cropped to it); by default the "
+             "output keeps the image's aspect ratio within the area height*width")
+    add("--height", type=int, default=None, help="frame height in pixels (default: the model's; the tiny model's is "
+                                                 "smaller)")
+    add("--width", type=int, default=None, help="frame width in pixels (default: the model's)")
+    add("--num_frames", type=int, default=None, help="frames to render (default: the model's)")
+    add("--num_inference_steps", type=int, default=None, help="denoising steps (default: the model's)")
+    add("--guidance_scale", type=float, default=fam.default_guidance_scale,
+        help="classifier-free guidance scale (default: %(default)s)")
+    add("--seed", type=int, default=42, help="random seed: same seed, same video (default: %(default)s)")
+    add("--flow_shift", type=float, default=None,
+        help="flow-matching shift, for families with a flow-matching scheduler (default: the family's rule)")
+    add("--fps", type=int, default=fam.default_fps, help="frames per second of the written video (default: %(default)s)")
+
+    add("--attention_type", default="default",
+        help="the attention backend (see --list_backends; diffusers' and SGLang's names are accepted); default: "
+             "%(default)s = the pipeline's own attention, counted")
+    add("--on_unsupported", choices=ON_UNSUPPORTED_CHOICES, default="error",
+        help="an attention call the backend can't serve: stop (error, the default) or run it on torch sdpa and "
+             "count it (fallback:sdpa)")
+    add("--device", default="auto", help="auto (CUDA when available, else CPU), cpu, cuda, cuda:N (default: auto)")
+    add("--dtype", default="auto", help="auto (bf16 on a GPU, fp32 on a CPU), bf16, fp16, fp32 (default: auto)")
+    add("--vae_dtype", default="auto", help="auto (the pipeline's dtype), fp32, bf16, fp16 (default: auto)")
+
+    add("--benchmark_output_directory", "--output_dir", dest="output_dir", default=fam.default_output_dir,
+        help="where the video, timing.json, captures and traces go "
+             + (f"(videos and timing.json under DIR/{fam.results_subdir}/) " if fam.results_subdir else "")
+             + "(default: %(default)s)")
+    add("--num_repetitions", type=int, default=1, help="timed renders, each reported (default: %(default)s)")
+    add("--warmup_calls", type=int, default=0,
+        help="untimed pipeline calls before the timed ones: compilation, cuDNN plans, Triton JIT (default: 0)")
+    add("--time_attention", action="store_true", help="time every attention call (CUDA events on a GPU)")
+    add("--save_inputs", action="store_true",
+        help="save Q/K/V of attention calls (.pt, loadable with weights_only=True) to --input_dir")
+    add("--input_dir", default=None, help="where captures go (default: DIR/captures)")
+    add("--max_captures", type=int, default=0, help="with --save_inputs: at most N calls (default: 0 = all)")
+    add("--save_latents", action="store_true", help="save the latents before the VAE decode to --input_dir")
+    add("--save_frames", action="store_true",
+        help="also save the raw uint8 frames (.npy beside the video), for codec-free quality figures")
+    add("--profile_output", default=None, metavar="NAME",
+        help="torch profiler Chrome traces of the first repetition under DIR/traces/NAME/")
+    add("--profile_wait", type=int, default=0, help="denoising steps skipped before profiling (default: 0)")
+    add("--profile_warmup", type=int, default=1, help="profiler warm-up steps, not recorded (default: 1)")
+    add("--profile_active", type=int, default=2, help="denoising steps recorded (default: 2)")
+
+    add("--use_torch_compile", "--compile", dest="compile", action="store_true",
+        help="regional torch.compile of the transformer blocks (every backend survives it: each attention call is "
+             "one opaque op, still counted); pair with --warmup_calls 1")
+    add("--compile_backend", choices=COMPILE_BACKENDS, default="inductor",
+        help="torch.compile backend; eager/aot_eager check what dynamo traces, fast to build (default: inductor)")
+    add("--compile_mode", default=None,
+        help="inductor mode, e.g. max-autotune-no-cudagraphs (default: inductor's default)")
+    add("--use_bf16_te_gemms", action="store_true",
+        help="run the text encoder in bfloat16 whatever --dtype is (T5 overflows in fp16)")
+    add("--use_fp8_gemms", action="store_true",
+        help="torchao float8 GEMMs (dynamic activation + weight, per-row scales) in the transformer blocks; needs "
+             "torchao and a GPU with fp8")
+
+    add("--vae_decode", choices=tuple(MODES), default="default",
+        help="; ".join(f"{name}: {mode.help}" for name, mode in MODES.items()) + " (default: default)")
+    add("--vae_glue", choices=tuple(GLUES), default="auto",
+        help="the fast decode's norm/SiLU glue: triton (vdbench.kernels.glue, refused where it can't run), eager "
+             "(PyTorch ops), auto (triton on a GPU where it runs, else eager; recorded in timing.json) "
+             "(default: auto)")
+    add("--vae_max_memory", type=float, default=None, metavar="GIB",
+        help="bound the decode's memory: the frame chunk (or tiles) is chosen from this budget (Wan VAEs)")
+    add("--vae_timeout", type=float, default=None, metavar="S",
+        help="watchdog: a decode running longer is reported as hung (stacks dumped, exit 124)")
+    add("--vae_tiling", action="store_true", help="diffusers' tiled VAE decode (less memory, seams blended)")
+    add("--vae_slicing", action="store_true", help="diffusers' sliced VAE decode (one batch element at a time)")
+    add("--cpu_offload", action="store_true", help="diffusers' enable_model_cpu_offload (needs a GPU)")
+
+    add("--parallel_engine", choices=ENGINES, default=ENGINES[0],
+        help="under torchrun: xDiT's USP (xfuser; CUDA only) or diffusers' ContextParallelConfig (default: "
+             "%(default)s)")
+    add("--ulysses_degree", type=int, default=1, help="Ulysses sequence-parallel degree under torchrun (default: 1)")
+    add("--ring_degree", type=int, default=1,
+        help="ring-attention degree under torchrun; the backend must return the log-sum-exp (default: 1)")
+    add("--use_cfg_parallel", action="store_true", help="split the guidance batch over 2 ranks (xfuser)")
+
+    add("--list_backends", action="store_true", help="print the backend table for this device and dtype, and exit")
+    add("--list_available", action="store_true",
+        help="print the names of the backends that can run on this device and dtype, one per line, and exit")
+    add("--print_output_path", action="store_true",
+        help="print the video path(s) these arguments would write (comma-separated --attention_type), and exit")
+    return p
+
+
+def _model(fam: families.Family, args) -> str:
+    return args.model or fam.default_model(args.task)
+
+
+def _fill_defaults(fam: families.Family, args, model: str) -> None:
+    """Size and step arguments left unset take the tiny model's CPU-sized defaults or the real model's."""
+    for k, v in fam.cli_defaults(model, args.task).items():
+        if getattr(args, k, None) is None:
+            setattr(args, k, v)
+
+
+def results_dir(fam: families.Family, args) -> Path:
+    out = Path(args.output_dir)
+    return out / fam.results_subdir if fam.results_subdir else out
+
+
+def output_path(fam: families.Family, args, model: str, attention_type: str) -> Path:
+    return results_dir(fam, args) / fam.output_name(task=args.task, model=model, num_frames=args.num_frames,
+                                                    steps=args.num_inference_steps, attention_type=attention_type,
+                                                    height=args.height, width=args.width)
+
+
+def config_from_args(fam: families.Family, args):
+    """The RenderConfig these arguments describe (defaults filled in, the image-conditioned size resolved)."""
+    from .render import RenderConfig
+
+    model = _model(fam, args)
+    out = Path(args.output_dir)
+    capture_dir = Path(args.input_dir) if args.input_dir else out / "captures"
+    return RenderConfig(
+        family=fam.name, task=args.task, model=model, prompt=args.prompt, negative_prompt=args.negative_prompt,
+        image=args.img_file_path, height=args.height, width=args.width, num_frames=args.num_frames,
+        num_inference_steps=args.num_inference_steps, guidance_scale=args.guidance_scale, seed=args.seed,
+        attention_type=args.attention_type, output_path=output_path(fam, args, model, args.attention_type),
+        timing_path=results_dir(fam, args) / "timing.json", num_repetitions=args.num_repetitions,
+        device=args.device, dtype=args.dtype, fps=args.fps, on_unsupported=args.on_unsupported,
+        time_attention=args.time_attention, capture_dir=capture_dir, save_inputs=args.save_inputs,
+        max_captures=args.max_captures, save_latents=args.save_latents, save_frames=args.save_frames,
+        rank=int(os.environ.get("RANK", 0)), warmup_calls=args.warmup_calls, vae_dtype=args.vae_dtype,
+        flow_shift=args.flow_shift, profile_output=args.profile_output, traces_root=out / "traces",
+        profile_wait=args.profile_wait, profile_warmup=args.profile_warmup, profile_active=args.profile_active,
+        cpu_offload=args.cpu_offload, vae_tiling=args.vae_tiling, vae_slicing=args.vae_slicing,
+        compile=args.compile, compile_backend=args.compile_backend, compile_mode=args.compile_mode,
+        bf16_te_gemms=args.use_bf16_te_gemms, fp8_gemms=args.use_fp8_gemms, vae_decode=args.vae_decode,
+        vae_max_memory=args.vae_max_memory, vae_timeout=args.vae_timeout, vae_glue=args.vae_glue,
+        parallel_engine=args.parallel_engine, ulysses_degree=args.ulysses_degree, ring_degree=args.ring_degree,
+        use_cfg_parallel=args.use_cfg_parallel)
+
+
+def _listing(args) -> None:
+    from .render import resolve_device, resolve_dtype
+
+    dev = resolve_device(args.device)
+    dtype = resolve_dtype(args.dtype, dev)
+    print(B.capability_table(dev, dtype) if args.list_backends else "\n".join(B.available_names(dev, dtype)))
+
+
+def size_from_image(path: str, height: int, width: int, mod: int) -> tuple[int, int]:
+    """Largest (h, w), multiples of ``mod`` (VAE stride x patch size), with the image's aspect ratio and
+    h * w <= height * width -- what Wan's image-to-video examples do."""
+    from PIL import Image
+
+    try:
+        with Image.open(path) as img:
+            iw, ih = img.size
+    except (OSError, ValueError) as e:
+        raise ValueError(f"cannot read the conditioning image {path}: {e}") from None
+    area, aspect = height * width, ih / iw
+    h = max(mod, int(round((area * aspect) ** 0.5)) // mod * mod)
+    w = max(mod, int(round((area / aspect) ** 0.5)) // mod * mod)
+    return h, w
+
+
+def run(cfg, log=print) -> int:
+    """Run a render and turn the project's expected failures into one clear line and an exit code."""
+    from .pipelines import ModelLoadError
+    from .render import VAEHang, render
+    from .speed import SpeedOptionError
+
+    try:
+        render(cfg, log=log)
+    except (B.BackendUnavailable, ModelLoadError, SpeedOptionError, ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except B.UnsupportedCall as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_UNSUPPORTED_CALL
+    except VAEHang as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_HUNG
+    return EXIT_OK
+
+
+def main(family: str, argv=None, *, prog: Optional[str] = None, description: Optional[str] = None) -> int:
+    """The whole CLI of one family: parse, list or print paths, or render."""
+    fam = families.get(family)
+    args = build_parser(fam, prog=prog, description=description).parse_args(argv)
+    try:
+        if args.list_backends or args.list_available:
+            _listing(args)
+            return EXIT_OK
+        model = _model(fam, args)
+        _fill_defaults(fam, args, model)
+        if args.num_repetitions < 1:
+            raise ValueError("--num_repetitions must be >= 1")
+        if args.img_file_path and fam.image_conditioned(args.task, model) and not args.force_output_size:
+            args.height, args.width = size_from_image(args.img_file_path, args.height, args.width,
+                                                      mod=fam.image_size_multiple(args.task, model))
+            print(f"output size {args.height}x{args.width} (the image's aspect ratio; --force_output_size to keep "
+                  "--height/--width)", file=sys.stderr)
+        if args.print_output_path:  # comma-separated types: one path per line (one process for a whole sweep)
+            for t in args.attention_type.split(","):
+                print(output_path(fam, args, model, t))
+            return EXIT_OK
+        cfg = config_from_args(fam, args)
+    except (B.BackendUnavailable, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    return run(cfg)
