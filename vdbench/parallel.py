@@ -461,7 +461,12 @@ class FailureWatch:
                   f"{e}); the other ranks stop when the process group breaks", file=sys.stderr, flush=True)
 
     def close(self) -> None:
+        """Stop polling and wait for the poller to be out of the store: a thread still inside a store call while
+        the process group is torn down (or the interpreter exits) is what ended a rank with SIGABRT ("terminate
+        called without an active exception") about once in seven refused runs."""
         self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=POLL_S + 5.0)
 
 
 def maybe_inject_failure(rank: int, where: str) -> None:
@@ -476,7 +481,10 @@ def finish(ctx: Optional[DistContext], watch: FailureWatch, error: Optional[Base
     if ctx is None:
         return
     if error is not None and getattr(error, "_vd_agreed", False):
-        watch.close()  # all ranks stop here together, each with the message (exit code of the error's kind)
+        # every rank stops here together, each with the message (exit code of the error's kind); they leave the
+        # group together too, so no rank's exit (rank 0 hosts the store) pulls the store from under a peer
+        watch.close()
+        _leave_group()
         return
     if error is not None:
         watch.fail(error)
@@ -486,6 +494,11 @@ def finish(ctx: Optional[DistContext], watch: FailureWatch, error: Optional[Base
         time.sleep(2 * POLL_S + 0.5)
         return
     watch.close()
+    _leave_group()
+
+
+def _leave_group() -> None:
+    """All ranks at the same point: a barrier, then the process group destroyed (its threads joined) before exit."""
     import torch.distributed as dist
 
     if dist.is_initialized():
