@@ -189,14 +189,14 @@ def test_call_kind_joint_self_cross():
     is_cross_attention=False); under xfuser that decides the path (joint -> USP, cross -> local)."""
     from types import SimpleNamespace
 
-    from vdbench.patching import _call_kind
+    from vdbench.patching.calls import call_kind
 
     ehs = torch.zeros(1)
-    assert _call_kind("sdpa", SimpleNamespace(), ehs) == "joint"  # stock CogVideoX processor
-    assert _call_kind("xfuser", SimpleNamespace(is_cross_attention=False), ehs) == "joint"  # xfuser's CogVideoX
-    assert _call_kind("xfuser", SimpleNamespace(is_cross_attention=True), ehs) == "cross"  # Wan attn2
-    assert _call_kind("dispatcher", SimpleNamespace(is_cross_attention=False), None) == "self"  # Wan attn1
-    assert _call_kind("dispatcher", SimpleNamespace(), ehs) == "cross"  # unknown: cross when given a context
+    assert call_kind("sdpa", SimpleNamespace(), ehs) == "joint"  # stock CogVideoX processor
+    assert call_kind("xfuser", SimpleNamespace(is_cross_attention=False), ehs) == "joint"  # xfuser's CogVideoX
+    assert call_kind("xfuser", SimpleNamespace(is_cross_attention=True), ehs) == "cross"  # Wan attn2
+    assert call_kind("dispatcher", SimpleNamespace(is_cross_attention=False), None) == "self"  # Wan attn1
+    assert call_kind("dispatcher", SimpleNamespace(), ehs) == "cross"  # unknown: cross when given a context
     from vdbench.pipelines import load_pipeline
 
     pipe = load_pipeline("tiny:cogvideox-t2v", "t2v", "cogvideox", dtype=torch.float32, device="cpu")
