@@ -214,7 +214,8 @@ class AttentionPatch:
             where = f"{self.context[0]}.{self.context[1]} ({self.context[2]}-attention), step {self.step}"
             if self.on_unsupported == "error":
                 raise UnsupportedCall(f"{e} — in {where}. Refusing rather than falling back silently; "
-                                      "pass --on_unsupported fallback:sdpa to run such calls on torch sdpa "
+                                      "pass --on_unsupported fallback:sdpa (on_unsupported='fallback:sdpa' in "
+                                      "vdbench.use_backend) to run such calls on torch sdpa "
                                       "(they are counted and reported)") from None
             self.stats.fallbacks += 1
             out = self.timed(lambda: torch_sdpa(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa), q)

@@ -17,7 +17,7 @@ import torch
 from ..backends import Backend, availability
 from ..pipelines import transformers_of
 
-__all__ = ["Target", "as_models", "target_of", "availability_problem"]
+__all__ = ["Target", "as_models", "target_of", "runs_on", "availability_problem"]
 
 _ACCEPTED = "a diffusers pipeline, a transformer (torch.nn.Module) or (name, module) pairs"
 
@@ -34,7 +34,8 @@ class Target:
     def __str__(self) -> str:
         dtype = str(self.dtype).replace("torch.", "") if self.dtype is not None else "dtype unknown"
         head = f", head dim {self.head_dim}" if self.head_dim is not None else ""
-        return f"{self.model} on {self.device if self.device is not None else 'the default device'} ({dtype}{head})"
+        device = self.device if self.device is not None else "default device"
+        return f"{self.model} ({device}, {dtype}{head})"
 
 
 def as_models(obj) -> list[tuple[str, torch.nn.Module]]:
@@ -80,11 +81,17 @@ def target_of(name: str, model: torch.nn.Module) -> Target:
                   head_dim if isinstance(head_dim, int) else None)
 
 
+def runs_on(backend: Backend, target: Target) -> tuple[bool, str]:
+    """(available, the registry's reason) for one backend on one target (unknown fields are not checked; an
+    unknown device is the default one: CUDA when there is one)."""
+    return availability(backend.name, target.device, target.dtype, target.head_dim)
+
+
 def availability_problem(backend: Backend, models) -> Optional[tuple[Target, str]]:
     """The first model the backend can't run on, with the registry's reason; None when it runs on all."""
     for name, model in models:
         target = target_of(name, model)
-        ok, reason = availability(backend.name, target.device, target.dtype, target.head_dim)
+        ok, reason = runs_on(backend, target)
         if not ok:
             return target, reason
     return None
