@@ -210,10 +210,10 @@ def test_xfuser_registry_install_serves_ulysses_and_ring_lookups(monkeypatch):
     patch = AttentionPatch([("transformer", Layer())], "sdpa")
     patch.install()
     try:
-        assert reg[AttentionBackendType.SDPA] == patch._xfuser_attention
+        assert reg[AttentionBackendType.SDPA] == patch.adapters["xfuser"].attention
         fn = usp._get_attention_function()  # what USP calls, Ulysses and ring alike
         q, k, v = (torch.randn(1, 2, 16, 8) for _ in range(3))
-        patch._ctx = ("transformer", "blocks.0.attn1", "self")
+        patch.context = ("transformer", "blocks.0.attn1", "self")
         out, lse = fn(q, k, v, dropout_p=0.0, is_causal=False)
         assert lse is not None and lse.shape == (1, 2, 16)
         ring[0] = 1

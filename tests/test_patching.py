@@ -189,16 +189,53 @@ def test_call_kind_joint_self_cross():
     is_cross_attention=False); under xfuser that decides the path (joint -> USP, cross -> local)."""
     from types import SimpleNamespace
 
-    from vdbench.patching import _call_kind
+    from vdbench.patching.calls import call_kind
 
     ehs = torch.zeros(1)
-    assert _call_kind("sdpa", SimpleNamespace(), ehs) == "joint"  # stock CogVideoX processor
-    assert _call_kind("xfuser", SimpleNamespace(is_cross_attention=False), ehs) == "joint"  # xfuser's CogVideoX
-    assert _call_kind("xfuser", SimpleNamespace(is_cross_attention=True), ehs) == "cross"  # Wan attn2
-    assert _call_kind("dispatcher", SimpleNamespace(is_cross_attention=False), None) == "self"  # Wan attn1
-    assert _call_kind("dispatcher", SimpleNamespace(), ehs) == "cross"  # unknown: cross when given a context
+    assert call_kind("sdpa", SimpleNamespace(), ehs) == "joint"  # stock CogVideoX processor
+    assert call_kind("xfuser", SimpleNamespace(is_cross_attention=False), ehs) == "joint"  # xfuser's CogVideoX
+    assert call_kind("xfuser", SimpleNamespace(is_cross_attention=True), ehs) == "cross"  # Wan attn2
+    assert call_kind("dispatcher", SimpleNamespace(is_cross_attention=False), None) == "self"  # Wan attn1
+    assert call_kind("dispatcher", SimpleNamespace(), ehs) == "cross"  # unknown: cross when given a context
     from vdbench.pipelines import load_pipeline
 
     pipe = load_pipeline("tiny:cogvideox-t2v", "t2v", "cogvideox", dtype=torch.float32, device="cpu")
     attn = pipe.transformer.transformer_blocks[0].attn1
     assert attn.is_cross_attention is False  # what the rule reads, on the real class
+
+
+def test_each_processor_is_served_by_the_adapter_of_its_route():
+    """The route is read from the processor's code: dispatcher (Wan), F.sdpa (CogVideoX), xfuser's registry."""
+    from vdbench.patching.core import adapter_for
+
+    class XfuserShaped:  # xFuserWanAttnProcessor calls self.attention_function (USP, xfuser's registry)
+        def __call__(self, attn, hidden_states):
+            return self.attention_function(hidden_states)
+
+    class Unknown:
+        def __call__(self, attn, hidden_states):
+            return hidden_states
+
+    wan = small_wan().blocks[0].attn1.processor
+    cog = small_cogvideox().transformer_blocks[0].attn1.processor
+    assert [adapter_for(p).mode for p in (wan, cog, XfuserShaped())] == ["dispatcher", "sdpa", "xfuser"]
+    with pytest.raises(TypeError, match="don't know how attention processor Unknown calls attention"):
+        adapter_for(Unknown())
+
+
+def test_targets_read_device_dtype_and_head_dim_from_the_model():
+    """Where availability is checked at install: accelerate's offload hook names the execution device (the weights
+    wait on the CPU), diffusers' dtype skips the fp32-kept modules, the head dim is the config's."""
+    from types import SimpleNamespace
+
+    from vdbench.patching.targets import target_of
+
+    model = small_wan().to(torch.bfloat16)
+    model.condition_embedder.time_embedder.float()  # one of Wan's _keep_in_fp32_modules, as from_pretrained does
+    t = target_of("transformer", model)
+    assert (t.device, t.dtype, t.head_dim) == (torch.device("cpu"), torch.bfloat16, 16)
+    assert str(t) == "transformer (cpu, bfloat16, head dim 16)"
+    model._hf_hook = SimpleNamespace(execution_device=torch.device("cuda", 0))  # enable_model_cpu_offload's hook
+    assert target_of("transformer", model).device == torch.device("cuda", 0)
+    bare = target_of("mlp", torch.nn.Linear(2, 2))
+    assert (bare.device, bare.dtype, bare.head_dim) == (torch.device("cpu"), torch.float32, None)

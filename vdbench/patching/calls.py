@@ -1,0 +1,74 @@
+"""What a patch records of the attention calls it serves: counts (``PatchStats``), what an observer sees of one
+call (``CallInfo``), and how a call is classified (``call_kind``) -- shared by the core and the adapters.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["CallInfo", "PatchStats", "call_kind", "call_args", "torch_sdpa"]
+
+
+@dataclass
+class CallInfo:
+    """What an observer (capture, bench recorders) sees of one attention call. Tensors are BHSD."""
+
+    index: int
+    layer: str
+    kind: str  # "self", "cross", "cross_img" (Wan i2v image context), "joint" (CogVideoX text+video)
+    step: int
+    model: str  # "transformer" / "transformer_2"
+    kernel: str
+    query: torch.Tensor
+    key: torch.Tensor
+    value: torch.Tensor
+    output: torch.Tensor
+    args: dict  # the call's non-tensor arguments (scale, is_causal, dropout_p, has_mask, ...)
+
+
+@dataclass
+class PatchStats:
+    """The calls of one run: by the kernel that actually ran (its label) and by kind (self/cross/joint)."""
+
+    backend: str
+    calls: Counter = field(default_factory=Counter)  # by kernel label
+    calls_by_kind: Counter = field(default_factory=Counter)
+    fallbacks: int = 0
+    attention_time_s: Optional[float] = None  # filled by ``finish_timing`` when timing was asked
+
+    def as_dict(self) -> dict:
+        return {"backend": self.backend, "calls_by_kernel": dict(self.calls),
+                "calls_by_kind": dict(self.calls_by_kind), "total_calls": sum(self.calls.values()),
+                "fallback_calls": self.fallbacks, "attention_time_s": self.attention_time_s}
+
+
+def call_kind(mode: str, attn, encoder_hidden_states) -> str:
+    """'self', 'cross' or 'joint' for one processor call (``mode``: the adapter that serves the processor).
+
+    CogVideoX's processors attend over text and video tokens together (joint) although they are handed the text as
+    ``encoder_hidden_states``; their ``Attention`` says ``is_cross_attention=False``. Wan's cross-attention modules
+    say True. The stock CogVideoX processor (F.scaled_dot_product_attention, mode 'sdpa') is always joint.
+    Under xfuser the kind decides the path: cross-attention is local, joint/self goes through USP (Ulysses, ring).
+    """
+    if mode == "sdpa":
+        return "joint"
+    if encoder_hidden_states is None:
+        return "self"
+    return "joint" if getattr(attn, "is_cross_attention", True) is False else "cross"
+
+
+def call_args(attn_mask, dropout_p, is_causal, scale) -> dict:
+    """A call's non-tensor arguments as observers see them (``CallInfo.args``; captures save them)."""
+    return dict(scale=scale, is_causal=is_causal, dropout_p=dropout_p, has_mask=attn_mask is not None)
+
+
+def torch_sdpa(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa):
+    """torch's own sdpa on one call's arguments (BHSD): what the 'default' pass-through and the explicit
+    ``fallback:sdpa`` run. ``enable_gqa`` is passed only when asked, as the processors themselves do."""
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
+                                          scale=scale, **({"enable_gqa": True} if enable_gqa else {}))

@@ -1,0 +1,359 @@
+"""``AttentionPatch``: install a backend into a model's attention processors, count what ran, remove it after.
+
+For each attention module of the model (``module.processor``), the patch makes a copy of the processor whose
+``__call__`` is the *same code* rebound to a globals dict of its own, in which the processor's route to attention
+is ours. The route is read from the processor's code and served by one adapter (``adapter.py``): diffusers'
+dispatcher, ``F.scaled_dot_product_attention`` or xfuser's registry. Nothing global is mutated (xfuser's
+registry aside, which the patch restores): other models of the process keep their attention, and removing the
+patch is putting the original processor objects back. The rebound copy keeps the original signature, so
+diffusers' keyword filtering of processor arguments sees no difference, and the cost per call is one extra
+Python function call.
+
+Here live the parts every route shares: install / remove, the bookkeeping (counts by kernel and kind, timing,
+observers), the refusal of calls the backend can't serve (``serve``) and the path under torch.compile (one
+opaque ``vdbench::attention`` op per call).
+"""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+import sys
+import time
+import types
+from collections import Counter
+from typing import Any, Callable, Optional
+
+import torch
+
+from ..backends import Backend, BackendUnavailable, UnsupportedCall, get_backend, lse_function, sdpa_kernel_choice
+from .adapter import Adapter
+from .calls import CallInfo, PatchStats, call_args, call_kind, torch_sdpa
+from .dispatcher import DispatcherAdapter
+from .sdpa import SdpaAdapter
+from .targets import as_models, availability_problem
+from .xfuser import XfuserAdapter
+
+__all__ = ["AttentionPatch", "install_backend", "attention_modules", "adapter_for", "ADAPTERS",
+           "ON_UNSUPPORTED_CHOICES"]
+
+ON_UNSUPPORTED_CHOICES = ("error", "fallback:sdpa")
+
+# Tried in this order: an xfuser processor may read F too, a dispatcher processor may too (F.gelu ...), so the
+# sdpa route is asked last.
+ADAPTERS: tuple[type[Adapter], ...] = (XfuserAdapter, DispatcherAdapter, SdpaAdapter)
+
+
+def attention_modules(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
+    """Modules of ``model`` that carry a diffusers attention processor."""
+    return [(n, m) for n, m in model.named_modules() if getattr(m, "processor", None) is not None
+            and callable(getattr(m, "processor"))]
+
+
+def adapter_for(proc) -> type[Adapter]:
+    """The adapter of the route by which this processor reaches attention (read from its code, not guessed)."""
+    names = type(proc).__call__.__code__.co_names
+    for adapter in ADAPTERS:
+        if adapter.reaches(names):
+            return adapter
+    raise TypeError(f"don't know how attention processor {type(proc).__name__} calls attention "
+                    "(neither dispatch_attention_fn nor F.scaled_dot_product_attention in its code)")
+
+
+class AttentionPatch:
+    """Context manager: ``with AttentionPatch(pipe, "sagev1_emu") as patch: pipe(...)``.
+
+    ``models``: a diffusers pipeline (its ``transformer`` and ``transformer_2``), one transformer, or
+    ``(name, module)`` pairs, e.g. ``[("transformer", pipe.transformer), ("transformer_2", ...)]``.
+    ``observers``: callables receiving a ``CallInfo`` after every call (capture uses this).
+    ``time_attention``: time every attention call (CUDA events on GPU, a host clock on CPU where calls are
+    synchronous); ``finish_timing()`` sums them after the run.
+
+    ``install()`` refuses (``BackendUnavailable``, with the reason) a backend that can't run on the models'
+    device, dtype or head dim, before touching them. A call the backend cannot serve exactly as asked (a mask,
+    dropout, a dtype or head dim it lacks) raises ``UnsupportedCall`` -- there is no silent fallback -- unless
+    ``on_unsupported="fallback:sdpa"``, in which case the call runs on torch sdpa and is counted under
+    ``fallback:sdpa`` so the report shows it.
+
+    What the adapters use: ``serve`` (run one call on the backend), ``timed``, ``record``, ``compiled_call``,
+    ``passthrough`` and ``context`` (model, layer, kind of the processor call in progress).
+    """
+
+    def __init__(self, models, backend: str | Backend, on_unsupported: str = "error",
+                 observers: Optional[list[Callable[[CallInfo], Any]]] = None, time_attention: bool = False):
+        if on_unsupported not in ON_UNSUPPORTED_CHOICES:
+            raise ValueError(f"on_unsupported must be one of {ON_UNSUPPORTED_CHOICES}, got {on_unsupported!r}")
+        self.backend = backend if isinstance(backend, Backend) else get_backend(backend)
+        # 'default' installs as a counting pass-through: the pipeline's own attention call runs
+        self.passthrough = self.backend.name == "default"
+        self.models = as_models(models)
+        self.on_unsupported = on_unsupported
+        self.observers = list(observers or [])
+        self.time_attention = time_attention
+        self.stats = PatchStats(self.backend.name)
+        self.step = 0
+        self.context = ("?", "?", "?")  # (model, layer, kind) of the processor call in progress
+        self.adapters: dict[str, Adapter] = {}  # by mode, those this patch's processors use
+        self._saved: list[tuple[torch.nn.Module, Any]] = []
+        self._sub = 0  # attention calls so far inside the current processor call
+        self._events: list = []
+        self._host_time = 0.0
+        self._classes: dict[type, type] = {}
+        self._modules: list[str] = []  # sys.modules entries holding the rebound globals (see _patched_processor)
+        self.installed = False
+
+    @property
+    def calls(self) -> Counter:
+        """Calls so far by the label of the kernel that ran (``stats.calls``)."""
+        return self.stats.calls
+
+    # ----- install / remove -----
+
+    def __enter__(self):
+        if not self.installed:  # install_backend() hands back a patch already installed
+            self.install()
+        return self
+
+    def __exit__(self, *exc):
+        self.remove()
+        return False
+
+    def install(self):
+        if self.installed:
+            raise RuntimeError("AttentionPatch is already installed")
+        problem = availability_problem(self.backend, self.models)
+        if problem is not None:
+            target, reason = problem
+            raise BackendUnavailable(f"attention backend '{self.backend.name}' can't run on {target}: {reason}")
+        n = 0
+        try:
+            for model_name, model in self.models:
+                for layer, module in attention_modules(model):
+                    self._saved.append((module, module.processor))
+                    module.processor = self._patched_processor(module.processor, model_name, layer)
+                    n += 1
+            if n == 0:
+                raise RuntimeError("no attention processors found in " + ", ".join(m for m, _ in self.models))
+            for adapter in self.adapters.values():
+                adapter.install()
+        except BaseException:
+            self.remove()
+            raise
+        self._op_id = next(_OP_IDS)
+        _LIVE_PATCHES[self._op_id] = self
+        self.installed = True
+        self.n_modules = n
+
+    def remove(self):
+        for module, proc in reversed(self._saved):
+            module.processor = proc
+        self._saved.clear()
+        for adapter in self.adapters.values():
+            adapter.remove()
+        self.adapters.clear()
+        _LIVE_PATCHES.pop(getattr(self, "_op_id", None), None)
+        for name in self._modules:
+            sys.modules.pop(name, None)
+        self._modules.clear()
+        self._classes.clear()
+        self.installed = False
+
+    def _patched_processor(self, proc, model_name: str, layer: str):
+        cls = type(proc)
+        if cls not in self._classes:
+            route = adapter_for(proc)
+            adapter = self.adapters.get(route.mode)
+            if adapter is None:
+                adapter = self.adapters[route.mode] = route(self)
+            orig_call = cls.__call__
+            # The copied globals live in a module of their own, registered in sys.modules under a unique
+            # name: torch.compile (dynamo) guards globals through ``sys.modules[__name__]``, and with the
+            # original module's name its guards would read the *unpatched* module and fail.
+            mod_name = f"vdbench._patched_{id(self):x}_{cls.__module__.replace('.', '_')}_{cls.__name__}"
+            mod = types.ModuleType(mod_name)
+            g = mod.__dict__
+            g.update(orig_call.__globals__)
+            g["__name__"] = mod_name
+            adapter.rebind(g)
+            sys.modules[mod_name] = mod
+            self._modules.append(mod_name)
+            rebound = types.FunctionType(orig_call.__code__, g, orig_call.__name__, orig_call.__defaults__,
+                                         orig_call.__closure__)
+            rebound.__kwdefaults__ = orig_call.__kwdefaults__
+            # A closure-free copy of _patched_call per class, so it can carry the original signature (diffusers
+            # filters processor kwargs by it) and torch.compile can trace it (it can't guard such closures).
+            call = types.FunctionType(_patched_call.__code__, _patched_call.__globals__, "__call__")
+            call.__signature__ = inspect.signature(orig_call)
+            self._classes[cls] = type(f"Patched{cls.__name__}", (cls,), {
+                "__call__": call, "_vd_rebound": staticmethod(rebound), "_vd_mode": adapter.mode})
+        new = object.__new__(self._classes[cls])
+        new.__dict__.update(proc.__dict__)
+        new._vd_model, new._vd_layer, new._vd_patch = model_name, layer, self
+        return new
+
+    # ----- serving one call -----
+
+    def serve(self, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, need_lse=False, tag=""):
+        """Run one call (BHSD) on the backend and count it; with ``need_lse``, return (out, lse) from the
+        kernel's own log-sum-exp form (ring attention), or refuse. ``tag``: the parallel path (``path_tag``)."""
+        b = self.backend
+        if need_lse:  # ring attention: the kernel's own log-sum-exp, or a refusal (never recomputed beside it)
+            fn, label, why = lse_function(b.name, q.device)
+            if fn is None:
+                raise UnsupportedCall(f"ring attention needs the log-sum-exp: {why}")
+            b.check_call(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
+                         enable_gqa=enable_gqa)
+            res = self.timed(lambda: fn(q, k, v, scale=scale, is_causal=is_causal), q)
+            self.record(label + tag, q, k, v, res[0], bshd=False, args=call_args(None, dropout_p, is_causal, scale))
+            return res
+        args = call_args(attn_mask, dropout_p, is_causal, scale)
+        try:
+            b.check_call(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
+                         enable_gqa=enable_gqa)
+        except UnsupportedCall as e:
+            where = f"{self.context[0]}.{self.context[1]} ({self.context[2]}-attention), step {self.step}"
+            if self.on_unsupported == "error":
+                raise UnsupportedCall(f"{e} — in {where}. Refusing rather than falling back silently; "
+                                      "pass --on_unsupported fallback:sdpa (on_unsupported='fallback:sdpa' in "
+                                      "vdbench.use_backend) to run such calls on torch sdpa "
+                                      "(they are counted and reported)") from None
+            self.stats.fallbacks += 1
+            out = self.timed(lambda: torch_sdpa(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa), q)
+            self.record("fallback:sdpa", q, k, v, out, bshd=False, args=args)
+            return out
+        label = self._kernel_label(q, k, v, is_causal, scale)
+        kernel_fn = b.fn  # a local: torch.compile can't guard a function read off the frozen dataclass
+        out = self.timed(lambda: kernel_fn(q, k, v, scale=scale, is_causal=is_causal), q)
+        self.record(label + tag, q, k, v, out, bshd=False, args=args)
+        return out
+
+    def _kernel_label(self, q, k, v, is_causal, scale) -> str:
+        """What a call is counted under: the entry's kernel; for torch's auto sdpa, the kernel torch picks."""
+        if self.backend.name == "sdpa":
+            return f"sdpa[{sdpa_kernel_choice(q, k, v, None, 0.0, is_causal, scale)}]"
+        return self.backend.kernel
+
+    def compiled_call(self, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, *, mode: str):
+        """Under torch.compile: one opaque ``vdbench::attention`` op per call (BSHD in, BSHD out).
+
+        Why an op: dynamo would otherwise trace the bookkeeping (counters, events, observers) into the graph,
+        guard on the counters' values and recompile on every call, and the kernel packages' Python wrappers
+        are not all traceable. An opaque op keeps the kernel and its bookkeeping running for real at every
+        call, with no graph break around it. What the op needs to label the call (model, kind) is resolved
+        here, at trace time, where it is a constant of the call site -- not the layer name, which differs per
+        block and would make dynamo recompile each repeated block (captures therefore run eagerly).
+        """
+        model = self.context[0]
+        kind = self._next_kind()
+        return torch.ops.vdbench.attention(q, k, v, attn_mask, float(dropout_p), bool(is_causal),
+                                           None if scale is None else float(scale), bool(enable_gqa),
+                                           self._op_id, model, kind, mode)
+
+    def _op_call(self, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, model, kind, mode):
+        """The eager body of ``vdbench::attention`` (runs at every call of a compiled graph)."""
+        self.context = (model, "?", kind)
+        out = self.adapters[mode].op_call(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+        return out.contiguous()  # the layout the op's fake implementation promises
+
+    # ----- bookkeeping -----
+
+    def timed(self, fn, like: torch.Tensor):
+        """Run ``fn()``; when timing was asked, time it (CUDA events on ``like``'s GPU, else a host clock)."""
+        if not self.time_attention:
+            return fn()
+        if like.is_cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            out = fn()
+            end.record()
+            self._events.append((start, end))
+            return out
+        t0 = time.perf_counter()
+        out = fn()
+        self._host_time += time.perf_counter() - t0
+        return out
+
+    def finish_timing(self) -> Optional[float]:
+        """Total attention time in seconds (synchronizes the device once, after the run)."""
+        if not self.time_attention:
+            return None
+        total = self._host_time
+        if self._events:
+            torch.cuda.synchronize()
+            total += sum(s.elapsed_time(e) for s, e in self._events) / 1000.0
+        self.stats.attention_time_s = total
+        return total
+
+    def reset_counts(self):
+        """Start a new repetition: counts, timing and step back to zero."""
+        self.stats = PatchStats(self.backend.name)
+        self._events.clear()
+        self._host_time = 0.0
+        self.step = 0
+
+    def _next_kind(self) -> str:
+        """The kind of the attention call in progress; counts it within its processor call. A Wan i2v
+        cross-attention processor makes two calls, image context first ("cross+img" -> cross_img, cross)."""
+        kind = self.context[2]
+        if kind == "cross+img":
+            kind = "cross_img" if self._sub == 0 else "cross"
+        self._sub += 1
+        return kind
+
+    def record(self, label, q, k, v, out, *, bshd: bool, args: dict):
+        """Count one call under ``label`` and its kind, and hand it to the observers (as BHSD)."""
+        model, layer, _ = self.context
+        kind = self._next_kind()
+        self.stats.calls[label] += 1
+        self.stats.calls_by_kind[kind] += 1
+        if self.observers:
+            tr = (lambda t: t.transpose(1, 2)) if bshd else (lambda t: t)
+            info = CallInfo(index=sum(self.stats.calls.values()) - 1, layer=layer, kind=kind, step=self.step,
+                            model=model, kernel=label, query=tr(q), key=tr(k), value=tr(v), output=tr(out),
+                            args=args)
+            for obs in self.observers:
+                obs(info)
+
+
+_LIVE_PATCHES: dict[int, "AttentionPatch"] = {}
+_OP_IDS = itertools.count(1)
+
+
+@torch.library.custom_op("vdbench::attention", mutates_args=())
+def _attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: Optional[torch.Tensor],
+                  dropout_p: float, is_causal: bool, scale: Optional[float], enable_gqa: bool, patch_id: int,
+                  model: str, kind: str, mode: str) -> torch.Tensor:
+    """An installed patch's attention as one op torch.compile does not trace into (BSHD in and out)."""
+    patch = _LIVE_PATCHES.get(patch_id)
+    if patch is None:
+        raise RuntimeError(f"vdbench::attention called for patch {patch_id}, which is no longer installed "
+                           "(a compiled graph outlived its AttentionPatch)")
+    return patch._op_call(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, model, kind, mode)
+
+
+@_attention_op.register_fake
+def _(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, patch_id, model, kind, mode):
+    return q.new_empty(q.shape[:-1] + (v.shape[-1],))
+
+
+def _patched_call(self_, attn, hidden_states, *args, **kwargs):
+    """The patched processors' ``__call__``: note where we are (model, layer, kind), run the rebound original."""
+    ehs = kwargs.get("encoder_hidden_states", args[0] if args else None)
+    kind = call_kind(self_._vd_mode, attn, ehs)
+    # Wan i2v: a cross-attention module with add_k_proj makes two calls, image context first.
+    if kind == "cross" and getattr(attn, "add_k_proj", None) is not None:
+        kind = "cross+img"
+    patch = self_._vd_patch
+    # Under compile the layer name is not read: it differs per repeated block and dynamo would guard on it.
+    layer = "?" if torch.compiler.is_compiling() else self_._vd_layer
+    patch.context = (self_._vd_model, layer, kind)
+    patch._sub = 0
+    return type(self_)._vd_rebound(self_, attn, hidden_states, *args, **kwargs)
+
+
+def install_backend(models, backend: str | Backend, **kwargs) -> AttentionPatch:
+    """Build and install an ``AttentionPatch`` now; ``remove()`` it after (or use it in a ``with`` block, which
+    removes it on exit). ``vdbench.use_backend`` is the context-manager form for library callers."""
+    p = AttentionPatch(models, backend, **kwargs)
+    p.install()
+    return p

@@ -1,0 +1,92 @@
+"""Processors that call diffusers' attention dispatcher (Wan's ``WanAttnProcessor``): ``dispatch_attention_fn``.
+
+The rebound ``__call__`` finds our ``dispatch_attention_fn`` in its globals instead of diffusers'; it takes and
+returns BSHD tensors like the original. Under diffusers' context parallelism (``parallel_config``) diffusers'
+own Ulysses / ring / unified templates still run, with our kernel as their forward op -- what a registered
+diffusers backend does -- so the chosen backend serves every path.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..backends import UnsupportedCall, sdpa_kernel_choice
+from .adapter import Adapter, path_tag
+from .calls import call_args
+
+__all__ = ["DispatcherAdapter"]
+
+
+class DispatcherAdapter(Adapter):
+    mode = "dispatcher"
+
+    @classmethod
+    def reaches(cls, names: tuple[str, ...]) -> bool:
+        return "dispatch_attention_fn" in names
+
+    def rebind(self, g: dict) -> None:
+        g["dispatch_attention_fn"] = self.dispatch_attention_fn
+
+    def op_call(self, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa):
+        return self.dispatch_attention_fn(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+
+    def dispatch_attention_fn(self, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                              enable_gqa=False, attention_kwargs=None, *, backend=None, parallel_config=None):
+        """Replacement for diffusers' ``dispatch_attention_fn``: BSHD in, BSHD out."""
+        patch = self.patch
+        if torch.compiler.is_compiling():
+            if parallel_config is not None or attention_kwargs or backend is not None:
+                raise UnsupportedCall("under torch.compile the patch routes plain attention calls only (got "
+                                      "parallel_config/attention_kwargs/backend)")
+            return patch.compiled_call(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
+                                       mode=self.mode)
+        if patch.passthrough:
+            return self._pass_through(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
+                                      attention_kwargs, backend, parallel_config)
+        if attention_kwargs:
+            raise UnsupportedCall(f"backend '{patch.backend.name}' got attention_kwargs {sorted(attention_kwargs)}")
+        if parallel_config is not None:
+            # diffusers context parallelism: its own Ulysses / ring / unified templates run, with our kernel as the
+            # forward op (what a registered diffusers backend does); ring asks it for the log-sum-exp.
+            from diffusers.models.attention_dispatch import _templated_context_parallel_attention
+
+            return _templated_context_parallel_attention(
+                query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, False,
+                forward_op=self.cp_forward_op, backward_op=None, _parallel_config=parallel_config)
+        out = patch.serve(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), attn_mask, dropout_p,
+                          is_causal, scale, enable_gqa)
+        return out.transpose(1, 2)
+
+    def _pass_through(self, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
+                      attention_kwargs, backend, parallel_config):
+        """The pipeline's own dispatcher call, counted under the diffusers backend that ran it."""
+        from diffusers.models.attention_dispatch import _AttentionBackendRegistry, dispatch_attention_fn
+
+        name = backend if backend is not None else _AttentionBackendRegistry.get_active_backend()[0]
+        name = getattr(name, "value", str(name))
+        label = f"diffusers.{name}"
+        if name == "native" and parallel_config is None:
+            label += f"[{sdpa_kernel_choice(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), attn_mask, dropout_p, is_causal, scale, enable_gqa)}]"
+
+        def run():
+            return dispatch_attention_fn(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
+                                         is_causal=is_causal, scale=scale, enable_gqa=enable_gqa,
+                                         attention_kwargs=attention_kwargs, backend=backend,
+                                         parallel_config=parallel_config)
+
+        out = self.patch.timed(run, query)
+        self.patch.record(label, query, key, value, out, bshd=True,
+                          args=call_args(attn_mask, dropout_p, is_causal, scale))
+        return out
+
+    def cp_forward_op(self, ctx, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                      enable_gqa=False, return_lse=False, _save_ctx=True, _parallel_config=None):
+        """diffusers' context-parallel forward op: BSHD in, BSHD out (+ LSE (B, S, H) when asked)."""
+        cp = _parallel_config.context_parallel_config if _parallel_config is not None else None
+        tag = path_tag(cp.ulysses_degree, cp.ring_degree) if cp is not None else ""
+        out = self.patch.serve(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), attn_mask,
+                               dropout_p, is_causal, scale, enable_gqa, need_lse=return_lse, tag=tag)
+        if return_lse:
+            out, lse = out
+            return out.transpose(1, 2), lse.transpose(1, 2)
+        return out.transpose(1, 2)
