@@ -34,7 +34,7 @@ from typing import Any, Callable, Iterable, Optional
 import torch
 import torch.nn.functional as F
 
-from .backends import Backend, UnsupportedCall, get_backend, sdpa_kernel_choice
+from .backends import Backend, BackendUnavailable, LSEForm, UnsupportedCall, resolve, sdpa_kernel_choice
 from .parallel import sequence_layout
 
 __all__ = ["AttentionPatch", "CallInfo", "PatchStats", "install_backend", "attention_modules",
@@ -117,7 +117,7 @@ class AttentionPatch:
                  time_attention: bool = False):
         if on_unsupported not in ON_UNSUPPORTED_CHOICES:
             raise ValueError(f"on_unsupported must be one of {ON_UNSUPPORTED_CHOICES}, got {on_unsupported!r}")
-        self.backend = backend if isinstance(backend, Backend) else get_backend(backend)
+        self.backend = resolve(backend)
         self.models = list(models)
         self.on_unsupported = on_unsupported
         self.observers = list(observers or [])
@@ -131,6 +131,7 @@ class AttentionPatch:
         self._host_time = 0.0
         self._classes: dict[tuple[type, str], type] = {}
         self._modules: list[str] = []  # sys.modules entries holding the rebound globals (see _patched_processor)
+        self._lse: dict[str, LSEForm] = {}  # device type -> the backend's log-sum-exp form, resolved at first use
         self.installed = False
 
     # ----- install / remove -----
@@ -222,7 +223,7 @@ class AttentionPatch:
                                       "parallel_config/attention_kwargs/backend)")
             return self._compiled_call(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
                                        mode="dispatcher")
-        if self.backend.name == "default":
+        if self.backend.passthrough:
             from diffusers.models.attention_dispatch import _AttentionBackendRegistry, dispatch_attention_fn
 
             name = backend if backend is not None else _AttentionBackendRegistry.get_active_backend()[0]
@@ -292,8 +293,9 @@ class AttentionPatch:
 
     def _xfuser_attention(self, query, key, value, dropout_p=0.0, is_causal=False, attention_kwargs=None, **_):
         """xfuser's attention-function contract: BHSD in, (out, lse or None) out; LSE only on the ring path."""
-        if self.backend.name == "default":
-            raise UnsupportedCall("backend 'default' can't be installed into xfuser's registry: name a backend")
+        if self.backend.passthrough:
+            raise UnsupportedCall(f"backend '{self.backend.name}' can't be installed into xfuser's registry: "
+                                  "name a backend")
         if attention_kwargs and attention_kwargs.get("attn_mask") is not None:
             raise UnsupportedCall(f"backend '{self.backend.name}' got an attention mask through xfuser")
         from xfuser.core.distributed import get_ring_parallel_world_size, get_ulysses_parallel_world_size
@@ -312,8 +314,8 @@ class AttentionPatch:
             out = self._compiled_call(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2),
                                       attn_mask, dropout_p, is_causal, scale, enable_gqa, mode="sdpa")
             return out.transpose(1, 2)
-        if self.backend.name == "default":
-            label = f"sdpa[{sdpa_kernel_choice(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)}]"
+        if self.backend.passthrough:
+            label = self.backend.call_label(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
             kw = dict(attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale)
             if enable_gqa:
                 kw["enable_gqa"] = True
@@ -353,15 +355,12 @@ class AttentionPatch:
     def _serve(self, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, need_lse=False, tag=""):
         b = self.backend
         if need_lse:  # ring attention: the kernel's own log-sum-exp, or a refusal (never recomputed beside it)
-            from .backends import lse_function
-
-            fn, label, why = lse_function(b.name, q.device)
-            if fn is None:
-                raise UnsupportedCall(f"ring attention needs the log-sum-exp: {why}")
+            form = self._lse_form(q.device)
             b.check_call(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
                          enable_gqa=enable_gqa)
-            res = self._timed(lambda: fn(q, k, v, scale=scale, is_causal=is_causal), q)
-            self._record(label + tag, q, k, v, res[0], bshd=False,
+            lse_fn = form.fn
+            res = self._timed(lambda: lse_fn(q, k, v, scale=scale, is_causal=is_causal), q)
+            self._record(form.label + tag, q, k, v, res[0], bshd=False,
                          args=dict(scale=scale, is_causal=is_causal, dropout_p=dropout_p, has_mask=False))
             return res
         args = dict(scale=scale, is_causal=is_causal, dropout_p=dropout_p, has_mask=attn_mask is not None)
@@ -380,13 +379,21 @@ class AttentionPatch:
                 **({"enable_gqa": True} if enable_gqa else {})), q)
             self._record("fallback:sdpa", q, k, v, out, bshd=False, args=args)
             return out
-        label = b.kernel
-        if b.name == "sdpa":
-            label = f"sdpa[{sdpa_kernel_choice(q, k, v, None, 0.0, is_causal, scale)}]"
+        label = b.call_label(q, k, v, None, 0.0, is_causal, scale)
         kernel_fn = b.fn  # a local: torch.compile can't guard a function read off the frozen dataclass
         out = self._timed(lambda: kernel_fn(q, k, v, scale=scale, is_causal=is_causal), q)
         self._record(label + tag, q, k, v, out, bshd=False, args=args)
         return out
+
+    def _lse_form(self, device: torch.device) -> LSEForm:
+        """The backend's log-sum-exp form on ``device``, looked up once per patch (not per ring-attention call)."""
+        form = self._lse.get(device.type)
+        if form is None:
+            try:
+                form = self._lse[device.type] = self.backend.lse_form(device)
+            except BackendUnavailable as e:
+                raise UnsupportedCall(f"ring attention needs the log-sum-exp: {e}") from None
+        return form
 
     # ----- bookkeeping -----
 
