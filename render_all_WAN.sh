@@ -50,7 +50,7 @@ while [ $# -gt 0 ]; do
 done
 
 export PYTHONPATH="$here${PYTHONPATH:+:$PYTHONPATH}"
-valid=$("$py" -c 'from vdbench.backends import names; print(" ".join(names()))') || { echo "error: cannot import vdbench with $py" >&2; exit 2; }
+valid=$("$py" -c 'from vdbench.backends import aliases, names; print(" ".join(names() + list(aliases())))') || { echo "error: cannot import vdbench with $py" >&2; exit 2; }
 if [ -z "$types" ]; then
   types=$("$py" "$runner" --list_available "${extra[@]}" | tr '\n' ',' ) || { echo "error: could not list backends" >&2; exit 2; }
 fi

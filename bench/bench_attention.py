@@ -8,11 +8,13 @@
 Per input x kernel:
 * time: median latency. GPU: triton.testing.do_bench (CUDA events, warm-up, L2 flushed between runs);
   CPU: host clock (CPU calls are synchronous), median of repeats. The timed callable is the backend as the
-  pipeline calls it, so quantization pre-passes (sagev1, fav3_fp8) are INSIDE the figure; their time alone is
-  also measured and reported (quant_ms) so the two can be told apart.
+  pipeline calls it, so quantization pre-passes (sagev1, fav3_fp8, fav3_sage, fp8_triton, ...) are INSIDE the
+  figure; the pre-pass alone (the entry's ``prepass``, where it can be run alone) is also timed and reported
+  (quant_ms) so the two can be told apart.
 * throughput: TFLOP/s with FLOPs = 4*B*H*Sq*Sk*D (two matmuls, forward, non-causal; causal halves nothing here).
-* bandwidth: GB/s over the bytes each kernel really moves: Q/K/V read and O written at the precision the
-  kernel reads them (int8/fp8 count 1 byte), plus its quantization pre-pass (reads bf16 Q/K(/V), writes 1 byte).
+* bandwidth: GB/s over the bytes each kernel really moves (the entry's bytes model): Q/K/V read and O written
+  at the precision the kernel reads them (int8/fp8 count 1 byte), plus its quantization pre-pass (reads bf16
+  Q/K(/V), writes 1 byte).
 * arithmetic_intensity: FLOPs / those bytes.
 * accuracy: against exact attention in fp64 — relative L2, cosine, max abs, share of elements beyond
   atol + rtol*|ref|, NaN/Inf count — and a poison check: the output memory is pre-filled with NaN (Python
@@ -65,25 +67,6 @@ def synthetic(shape, dtype, device, seed=0, k_bias=3.0):
     k = torch.randn(b, h, sk, d, generator=g) + k_bias * torch.randn(1, h, 1, d, generator=g)
     v = torch.randn(b, h, sk, d, generator=g)
     return [t.to(device=device, dtype=dtype) for t in (q, k, v)]
-
-
-def kernel_bytes(name, b, h, sq, sk, d, itemsize):
-    """(bytes the attention kernel moves, bytes its quantization pre-pass moves)."""
-    q_elems, kv_elems, o_elems = b * h * sq * d, b * h * sk * d, b * h * sq * d
-    if name in ("sagev1", "sagev1_emu"):  # int8 Q/K, fp16 V, pre-pass reads Q/K and writes int8 (+ V cast)
-        return q_elems + kv_elems + 2 * kv_elems + o_elems * itemsize, (q_elems + kv_elems) * (itemsize + 1)
-    if name in ("fav3_fp8", "fp8_emu"):
-        return q_elems + 2 * kv_elems + o_elems * itemsize, (q_elems + 2 * kv_elems) * (itemsize + 1)
-    return (q_elems + 2 * kv_elems + o_elems) * itemsize, 0
-
-
-def quant_prepass(name):
-    """The quantization alone, to report its time next to the full figure (None: no pre-pass)."""
-    if name in ("fav3_fp8", "fp8_emu"):
-        return lambda q, k, v: [B.quantize_fp8(t, "bh") for t in (q, k, v)]
-    if name in ("sagev1", "sagev1_emu"):
-        return lambda q, k, v: (B.quantize_int8_per_block(q, B.SAGE_BLKQ), B.quantize_int8_per_block(k, B.SAGE_BLKK))
-    return None
 
 
 def events_median_ms(fn, n=30, warmup=5):
@@ -187,9 +170,10 @@ def load_inputs(args, device, dtype):
 def run(args) -> int:
     device = torch.device(args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "capture": None}[args.dtype]
-    kernels = B.names() if args.kernel == "all" else args.kernel.split(",")
-    for k in kernels:
-        B.get_backend(k) if k in B.BACKENDS else sys.exit(f"error: unknown kernel {k!r}; valid: {', '.join(B.names())}")
+    try:
+        backends = list(B.BACKENDS.values()) if args.kernel == "all" else [B.resolve(k) for k in args.kernel.split(",")]
+    except B.BackendUnavailable as e:
+        sys.exit(f"error: {e}")
     inputs, skipped = load_inputs(args, device, dtype or torch.bfloat16)
     want = set(METRICS[1:]) if args.metric == "all" else {args.metric}
     timed = want & {"time", "throughput", "bandwidth"}
@@ -199,12 +183,11 @@ def run(args) -> int:
         sk = k.shape[2]
         ref = B.exact_attention(q, k, v, dtype=torch.float64) if ("accuracy" in want) else None
         flops = 4 * b * h * sq * sk * d
-        for kname in kernels:
-            be = B.get_backend(kname)
+        for be in backends:
             row = dict.fromkeys(COLUMNS, "")
-            row.update(input=name, kernel=kname, kernel_label=be.kernel, B=b, H=h, Sq=sq, Sk=sk, D=d,
+            row.update(input=name, kernel=be.name, kernel_label=be.kernel, B=b, H=h, Sq=sq, Sk=sk, D=d,
                        dtype=str(q.dtype).replace("torch.", ""))
-            ok, reason = B.availability(kname, device, q.dtype, d)
+            ok, reason = be.availability(device, q.dtype, d)
             if not ok:
                 row["status"] = f"unavailable: {reason}"
                 rows.append(row)
@@ -221,13 +204,11 @@ def run(args) -> int:
                     row["status"] = "ok (emulation: accuracy only, not timed)"
                 elif timed:
                     t = time_ms(lambda: fn(q, k, v), device)
-                    nbytes, pre = kernel_bytes(kname, b, h, sq, sk, d, q.element_size())
-                    row.update(time_ms=t, tflops=flops / t / 1e9, bytes=nbytes + pre,
-                               gbps=(nbytes + pre) / t / 1e6, arith_intensity=flops / (nbytes + pre),
-                               quant_in_time=bool(pre))
-                    qp = quant_prepass(kname)
-                    if qp is not None:
-                        row["quant_ms"] = time_ms(lambda: qp(q, k, v), device)
+                    moved = be.bytes_moved(b, h, sq, sk, d, q.element_size())
+                    row.update(time_ms=t, tflops=flops / t / 1e9, bytes=moved.total, gbps=moved.total / t / 1e6,
+                               arith_intensity=flops / moved.total, quant_in_time=bool(moved.prepass))
+                    if be.prepass is not None:
+                        row["quant_ms"] = time_ms(lambda: be.prepass(q, k, v, args.scale), device)
                 if not row["status"]:
                     row["status"] = "ok"
                 if row.get("unwritten"):

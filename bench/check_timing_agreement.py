@@ -35,12 +35,13 @@ def main(argv=None):
     b, h, sq, sk, d = ba.PRESETS[args.preset]
     q, k, v = ba.synthetic((b, h, sq, sk, d), torch.bfloat16, "cuda")
     rows = []
-    for name in args.kernel.split(","):
-        ok, reason = B.availability(name, "cuda", torch.bfloat16, d)
+    for be in map(B.resolve, args.kernel.split(",")):
+        name = be.name
+        ok, reason = be.availability("cuda", torch.bfloat16, d)
         if not ok:
             rows.append({"kernel": name, "status": reason})
             continue
-        fn = B.get_backend(name).fn
+        fn = be.fn
         call = lambda fn=fn: fn(q, k, v)  # noqa: E731
         tool = ba.time_ms(call, "cuda")
         hand = ba.events_median_ms(call)

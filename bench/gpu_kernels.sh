@@ -41,7 +41,8 @@ cat > "$OUT/kernels_gpu.py" <<'PYEOF'
 import csv, json, os, sys, time
 import torch
 from vdbench import backends as B
-from vdbench.kernels import attention as A, reference as R
+from vdbench import numerics as N
+from vdbench.kernels import attention as A
 OUT = os.environ["OUT"]
 DRY = os.environ.get("DRY") == "1"  # CPU dry run of this script's logic under TRITON_INTERPRET=1, tiny shapes
 dev = torch.device("cpu" if DRY else "cuda")
@@ -68,9 +69,9 @@ def inputs(b, h, s, d, seed=0, k_bias=3.0, dtype=torch.bfloat16):
 
 def emu(name, q, k, v, cfg, **kw):
     if name == "fav3_sage":
-        return R.fav3_sage_emulated(q, k, v, block_m=cfg["BLOCK_M"], block_n=cfg["BLOCK_N"], **kw)
+        return N.fav3_sage_emulated(q, k, v, block_m=cfg["BLOCK_M"], block_n=cfg["BLOCK_N"], **kw)
     if name == "fp8_triton":
-        return R.fp8_triton_emulated(q, k, v, block_m=cfg["BLOCK_M"], block_n=cfg["BLOCK_N"], **kw)
+        return N.fp8_triton_emulated(q, k, v, block_m=cfg["BLOCK_M"], block_n=cfg["BLOCK_N"], **kw)
     return None
 
 

@@ -37,11 +37,11 @@ def lazy_kernel(q, k, v, *, scale=None, is_causal=False):
     return out
 
 
-def test_poison_catches_a_lazy_kernel(monkeypatch, tmp_path, capsys):
-    lazy = B.Backend("lazy", "writes half its output", fn=lazy_kernel, kernel="lazy")
-    monkeypatch.setitem(B.BACKENDS, "lazy", lazy)
-    rc = ba.main(["--preset", "cogvideox-2b", "--max_seq", "64", "--device", "cpu", "--kernel", "sdpa,lazy",
-                  "-metric", "accuracy", "-o", str(tmp_path / "r.csv")])
+def test_poison_catches_a_lazy_kernel(tmp_path, capsys):
+    lazy = B.Backend("lazy", "writes half its output", fn=lazy_kernel, kernel="lazy", no_lse_reason="a test kernel")
+    with B.registered(lazy):
+        rc = ba.main(["--preset", "cogvideox-2b", "--max_seq", "64", "--device", "cpu", "--kernel", "sdpa,lazy",
+                      "-metric", "accuracy", "-o", str(tmp_path / "r.csv")])
     assert rc == 1
     rows = list(csv.DictReader(open(tmp_path / "r.csv")))
     lazy_rows = [r for r in rows if r["kernel"] == "lazy"]
@@ -69,10 +69,22 @@ def test_preset_run_csv_schema_and_plot(tmp_path):
 
 
 def test_bytes_count_one_byte_for_quantized_inputs():
-    bf16, pre = ba.kernel_bytes("sdpa", 1, 1, 10, 10, 8, 2)
+    bf16, pre = B.resolve("sdpa").bytes_moved(1, 1, 10, 10, 8, 2)
     assert bf16 == 4 * 80 * 2 and pre == 0
-    fp8, pre = ba.kernel_bytes("fav3_fp8", 1, 1, 10, 10, 8, 2)
+    fp8, pre = B.resolve("fav3_fp8").bytes_moved(1, 1, 10, 10, 8, 2)
     assert fp8 == 3 * 80 * 1 + 80 * 2 and pre == 3 * 80 * 3
+    # the Triton kernels' pre-pass reads K (and fav3_sage's V) twice: a mean / amax, then the quantization
+    sage, pre = B.resolve("fav3_sage").bytes_moved(1, 1, 10, 10, 8, 2)
+    assert sage == fp8 and pre == 80 * 3 + 2 * 80 * 5
+
+
+def test_kernels_resolve_by_alias_and_unknown_ones_suggest(tmp_path):
+    rc = ba.main(["--preset", "cogvideox-2b", "--max_seq", "32", "--device", "cpu", "--kernel", "native",
+                  "-metric", "accuracy", "-o", str(tmp_path / "n.csv")])
+    assert rc == 0
+    assert {r["kernel"] for r in csv.DictReader(open(tmp_path / "n.csv"))} == {"sdpa"}
+    with pytest.raises(SystemExit, match="did you mean 'sagev1'"):
+        ba.main(["--preset", "cogvideox-2b", "--device", "cpu", "--kernel", "sagev2"])
 
 
 def test_captures_hostile_and_truncated_are_skipped_with_exit_code(tmp_path, capsys):

@@ -23,6 +23,7 @@ import pytest
 import torch
 
 from vdbench import backends as B
+from vdbench import numerics as N
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
                                 reason="triton not installed (pip install -e '.[test]' installs it)")
@@ -33,18 +34,18 @@ NAMES = ("fav3_sage", "fp8_triton", "fav2_triton")
 
 @pytest.fixture(scope="module")
 def K():
-    """(attention module, quant module, reference module, device) with the interpreter on when there is no GPU."""
+    """(attention module, quant module, numerics module, device) with the interpreter on when there is no GPU."""
     old = os.environ.get("TRITON_INTERPRET")
     on_gpu = torch.cuda.is_available()
     if not on_gpu:
         os.environ["TRITON_INTERPRET"] = "1"
     try:
-        from vdbench.kernels import quant, attention, reference
+        from vdbench.kernels import quant, attention
 
         if not on_gpu and not attention.INTERPRETED:  # imported earlier in compiled mode: re-decorate
             quant = importlib.reload(quant)
             attention = importlib.reload(attention)
-        yield attention, quant, reference, torch.device("cuda" if on_gpu else "cpu")
+        yield attention, quant, N, torch.device("cuda" if on_gpu else "cpu")
     finally:
         if old is None:
             os.environ.pop("TRITON_INTERPRET", None)
@@ -98,7 +99,7 @@ def emulation(R, A, name, q, k, v, **kw):
         return R.fav3_sage_emulated(q, k, v, block_m=cfg["BLOCK_M"], block_n=cfg["BLOCK_N"], **kw)
     if name == "fp8_triton":
         return R.fp8_triton_emulated(q, k, v, block_m=cfg["BLOCK_M"], block_n=cfg["BLOCK_N"], **kw)
-    return B.exact_attention(q, k, v, **kw).to(q.dtype)
+    return N.exact_attention(q, k, v, **kw).to(q.dtype)
 
 
 # rel L2 vs fp64 on these tiny inputs; e4m3 P and V put a floor of ~3-4e-2 under the fp8 P·V kernels on random
@@ -123,7 +124,7 @@ def test_kernel_against_emulation_and_fp64(K, name, d, s):
     q, k, v = random_qkv(s=s, d=d, seed=s + d, device=dev)
     out = poisoned_run(A, name, q, k, v)
     assert out.shape == q.shape and out.dtype == q.dtype
-    ref = B.exact_attention(q, k, v)
+    ref = N.exact_attention(q, k, v)
     emu = emulation(R, A, name, q, k, v)
     e_ref, e_emu = rel_l2(out, ref), rel_l2(out, emu)
     assert e_ref < FP64_BOUND[name], f"{name} S={s} D={d}: rel L2 vs fp64 {e_ref:.3e}"
@@ -140,7 +141,7 @@ def test_captured_like_inputs_batch2_noncontiguous(K, name):
     q, k, v = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v))
     assert not q.is_contiguous()
     out = poisoned_run(A, name, q, k, v)
-    ref = B.exact_attention(q, k, v)
+    ref = N.exact_attention(q, k, v)
     assert rel_l2(out, ref) < FP64_BOUND[name]
     assert rel_l2(out, emulation(R, A, name, q, k, v)) < EMU_BOUND[name]
 
@@ -148,7 +149,7 @@ def test_captured_like_inputs_batch2_noncontiguous(K, name):
 def test_sage_pv_fp16_option_matches_sagev1_numerics(K):
     A, _, R, dev = K
     q, k, v = random_qkv(s=130, d=128, seed=3, device=dev)
-    ref = B.exact_attention(q, k, v)
+    ref = N.exact_attention(q, k, v)
     out = poisoned_run(A, "fav3_sage", q, k, v, pv="fp16")
     emu = emulation(R, A, "fav3_sage", q, k, v, pv="fp16")
     assert rel_l2(out, emu) < 1e-2
@@ -166,7 +167,7 @@ def test_fp16_cross_attention_and_scale(K, name):
     q, k, v = random_qkv(s=37, sk=77, d=64, dtype=torch.float16, seed=11, device=dev)
     out = poisoned_run(A, name, q, k, v, scale=0.2)
     assert out.dtype == torch.float16
-    assert rel_l2(out, B.exact_attention(q, k, v, scale=0.2)) < FP64_BOUND[name]
+    assert rel_l2(out, N.exact_attention(q, k, v, scale=0.2)) < FP64_BOUND[name]
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -174,7 +175,7 @@ def test_causal(K, name):
     A, _, R, dev = K
     q, k, v = random_qkv(s=70, d=64, seed=5, device=dev)
     out = poisoned_run(A, name, q, k, v, is_causal=True)
-    ref = B.exact_attention(q, k, v, is_causal=True)
+    ref = N.exact_attention(q, k, v, is_causal=True)
     assert rel_l2(out, ref) < FP64_BOUND[name]
     assert rel_l2(out, emulation(R, A, name, q, k, v, is_causal=True)) < EMU_BOUND[name]
     # the first query sees only the first key
@@ -184,8 +185,8 @@ def test_causal(K, name):
 def test_int8_prepass_matches_torch_quantization(K):
     A, Qz, R, dev = K
     q, k, _ = random_qkv(b=2, s=37, d=64, seed=2, device=dev)
-    q8, qs = Qz.quant_blocks(q, 16, fp8=False, pre_scale=0.125 * B.LOG2E)
-    rq, rs = B.quantize_int8_per_block(q, 16, pre_scale=0.125 * B.LOG2E)
+    q8, qs = Qz.quant_blocks(q, 16, fp8=False, pre_scale=0.125 * N.LOG2E)
+    rq, rs = N.quantize_int8_per_block(q, 16, pre_scale=0.125 * N.LOG2E)
     assert q8.dtype == torch.int8 and q8.shape == (2, 2, 48, 64) and qs.shape == (2, 2, 3)
     torch.testing.assert_close(qs, rs[..., 0])
     assert (q8.float() - rq).abs().max() <= 1  # division may differ by an ulp at a .5 tie
@@ -193,7 +194,7 @@ def test_int8_prepass_matches_torch_quantization(K):
     assert (q8[:, :, 37:] == 0).all()  # padding rows written as zeros
     mean = Qz.k_mean(k)
     k8, ks = Qz.quant_blocks(k, 32, fp8=False, mean=mean)
-    rk, rks = B.quantize_int8_per_block(k.float() - k.float().mean(2, keepdim=True), 32)
+    rk, rks = N.quantize_int8_per_block(k.float() - k.float().mean(2, keepdim=True), 32)
     torch.testing.assert_close(ks, rks[..., 0])
     assert (k8.float() - rk).abs().max() <= 1
 
@@ -231,7 +232,7 @@ def test_e4m3_rounding_matches_torch(K):
 def test_registered_backends_and_their_availability(K, monkeypatch):
     A, _, R, dev = K
     q, k, v = random_qkv(s=37, d=128, seed=9, device=dev)
-    ref = B.exact_attention(q, k, v)
+    ref = N.exact_attention(q, k, v)
     for name in NAMES:
         ok, reason = B.availability(name, dev, torch.bfloat16, 128)
         assert ok, reason
@@ -268,6 +269,22 @@ def test_registered_backends_and_their_availability(K, monkeypatch):
         assert KP.probe("fav2_triton", "cuda") == (True, "ok")
     finally:
         sys.modules["vdbench.kernels.attention"] = A
+
+
+def test_registry_prepass_is_the_kernels_pass_with_the_callers_scale(K):
+    """What the bench times as a backend's pre-pass is the Triton pass its call runs first, softmax scale included
+    (Q is quantized pre-multiplied by scale·log2 e); fav2_triton quantizes nothing."""
+    A, _, N_, dev = K
+    q, k, v = random_qkv(s=37, d=64, seed=11, device=dev)
+    for name in ("fav3_sage", "fp8_triton"):
+        be = B.resolve(name)
+        qs = be.prepass(q, k, v, 0.2)[1]
+        block = A.config_for(name, 64, dev)["BLOCK_M"]
+        quantize = N_.quantize_int8_per_block if name == "fav3_sage" else N_.quantize_fp8_per_block
+        ref = quantize(q, block, pre_scale=0.2 * N_.LOG2E)[1]
+        torch.testing.assert_close(qs, ref[..., 0] if ref.dim() == 4 else ref)
+        assert be.bytes_moved(1, 2, 37, 37, 64, 2).prepass > 0
+    assert B.resolve("fav2_triton").prepass is None
 
 
 def test_bench_attention_runs_them_by_name(K, tmp_path, monkeypatch):
@@ -324,7 +341,7 @@ def test_v2_flags_match_v1_kernel(K, name, flags):
     A, _, R, dev = K
     q, k, v = random_qkv(s=130, d=64, seed=21, device=dev)
     v[:, :, 64:96] *= 20.0
-    ref = B.exact_attention(q, k, v)
+    ref = N.exact_attention(q, k, v)
     base = poisoned_run(A, name, q, k, v)
     out = poisoned_run(A, name, q, k, v, config=flags)
     got = A.LAST_LAUNCH
@@ -338,7 +355,7 @@ def test_v2_flags_match_v1_kernel(K, name, flags):
     assert rel_l2(out_c, poisoned_run(A, name, qc, kc, vc, is_causal=True)) < 2e-3
     qx, kx, vx = random_qkv(s=37, sk=77, d=64, dtype=torch.float16, seed=23, device=dev)
     out_x = poisoned_run(A, name, qx, kx, vx, config=flags, scale=0.2)
-    assert rel_l2(out_x, B.exact_attention(qx, kx, vx, scale=0.2)) < FP64_BOUND[name]
+    assert rel_l2(out_x, N.exact_attention(qx, kx, vx, scale=0.2)) < FP64_BOUND[name]
     # an all-zero K block (k_scale 0) and an all-zero Q block (q_scale 0) stay finite
     qz, kz, vz = (t.clone() for t in (q, k, v))
     qz[:, :, :32] = 0
@@ -354,7 +371,7 @@ def test_tma_on_strided_views_and_fallback(K, name):
     A, _, R, dev = K
     q, k, v = captured_like(b=2, s=130, d=128, device=dev)
     q, k, v = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v))
-    ref = B.exact_attention(q, k, v)
+    ref = N.exact_attention(q, k, v)
     out = poisoned_run(A, name, q, k, v, config=dict(TMA=1))
     assert A.LAST_LAUNCH["tma_qk"] and A.LAST_LAUNCH["tma_v"], A.LAST_LAUNCH
     assert rel_l2(out, poisoned_run(A, name, q, k, v)) < 2e-3
@@ -365,7 +382,7 @@ def test_tma_on_strided_views_and_fallback(K, name):
     out = poisoned_run(A, name, qs_, ks_, vs_, config=dict(TMA=1))
     # fav2_triton reads the caller's tensors: pointer loads; fav3_sage reads the pre-pass's contiguous buffers
     assert A.LAST_LAUNCH["tma_qk"] == A.LAST_LAUNCH["tma_v"] == (name == "fav3_sage"), A.LAST_LAUNCH
-    assert rel_l2(out, B.exact_attention(qs_, ks_, vs_)) < FP64_BOUND[name]
+    assert rel_l2(out, N.exact_attention(qs_, ks_, vs_)) < FP64_BOUND[name]
 
 
 def test_config_table_sweep_and_overrides(K, tmp_path, monkeypatch):
@@ -447,7 +464,7 @@ def test_tma_in_a_fresh_thread(K):
     t.start()
     t.join()
     assert "err" not in res, res.get("err")
-    assert rel_l2(res["out"], B.exact_attention(q, k, v)) < FP64_BOUND["fav2_triton"]
+    assert rel_l2(res["out"], N.exact_attention(q, k, v)) < FP64_BOUND["fav2_triton"]
     from triton.runtime import _allocation as al
 
     def mine(size, alignment, stream):

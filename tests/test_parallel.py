@@ -153,13 +153,12 @@ def test_i2v_pipeline_rebuilds_from_its_components():
 
 
 @pytest.mark.parametrize("name", ["sdpa", "sdpa_flash", "reference"])
-def test_lse_functions_match_exact_attention(name):
+def test_lse_forms_match_exact_attention(name):
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, 3, 70, 32, generator=g) for _ in range(3))
-    fn, label, why = B.lse_function(name, "cpu")
-    assert fn is not None, why
-    assert label.endswith("[lse]") and B.get_backend(name).returns_lse
-    out, lse = fn(q, k, v, scale=0.2)
+    form = B.resolve(name).lse_form("cpu")
+    assert form.label.endswith("[lse]") and B.resolve(name).has_lse("cpu")
+    out, lse = form.fn(q, k, v, scale=0.2)
     ref, ref_lse = B.exact_attention(q, k, v, scale=0.2, return_lse=True)
     assert lse.shape == (1, 3, 70) and lse.dtype == torch.float32
     torch.testing.assert_close(out.double(), ref, rtol=0, atol=2e-6)

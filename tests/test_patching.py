@@ -170,11 +170,29 @@ def test_time_attention_on_cpu():
     assert t is not None and t > 0 and patch.stats.as_dict()["attention_time_s"] == t
 
 
+def test_ring_path_resolves_the_lse_form_once_per_patch(monkeypatch):
+    """The log-sum-exp form is looked up once (the first ring call), not on every attention call; a backend
+    without one is refused at the call with its reason."""
+    looked_up = []
+    lse_form = B.Backend.lse_form
+    monkeypatch.setattr(B.Backend, "lse_form", lambda self, device=None: looked_up.append(device) or
+                        lse_form(self, device))
+    patch = AttentionPatch([("transformer", small_cogvideox())], "sdpa")
+    q, k, v = (torch.randn(1, 8, 2, 16) for _ in range(3))  # BSHD, as diffusers' context-parallel templates pass
+    for _ in range(3):
+        out, lse = patch._cp_forward_op(None, q, k, v, return_lse=True)
+    assert len(looked_up) == 1 and out.shape == q.shape and lse.shape == (1, 8, 2)
+    assert dict(patch.stats.calls) == {"sdpa[flash][lse]": 3}
+    with pytest.raises(B.UnsupportedCall, match="ring attention needs the log-sum-exp: torch's math kernel"):
+        AttentionPatch([("transformer", small_cogvideox())], "sdpa_math")._cp_forward_op(None, q, k, v,
+                                                                                       return_lse=True)
+
+
 def test_bad_options_and_double_install():
     model = small_wan()
     with pytest.raises(ValueError, match="on_unsupported"):
         AttentionPatch([("transformer", model)], "sdpa", on_unsupported="ignore")
-    with pytest.raises(KeyError):
+    with pytest.raises(B.BackendUnavailable, match="unknown attention backend 'nope'"):
         AttentionPatch([("transformer", model)], "nope")
     p = AttentionPatch([("transformer", model)], "sdpa")
     with p:

@@ -13,11 +13,12 @@ which names run where. The CLIs use the same machinery (``vdbench.patching``) wi
 
 from __future__ import annotations
 
-import importlib.util
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Optional
 
-from .backends import Backend, BackendUnavailable, get_backend, names
+import torch
+
+from .backends import Backend, BackendUnavailable, RequiresPackage, resolve, names
 from .patching import AttentionPatch, CallInfo
 from .patching.targets import Target, as_models, availability_problem, runs_on
 
@@ -56,11 +57,11 @@ def list_backends(pipe_or_module=None, *, device=None, dtype=None, head_dim=None
     ``head_dim`` where given."""
     if pipe_or_module is None:
         target = Target("", device, dtype, head_dim)
-        return {name: runs_on(get_backend(name), target) for name in names()}
+        return {name: runs_on(resolve(name), target) for name in names()}
     models = as_models(pipe_or_module)
     out = {}
     for name in names():
-        problem = availability_problem(get_backend(name), models)
+        problem = availability_problem(resolve(name), models)
         out[name] = (True, "ok") if problem is None else (False, f"{problem[0]}: {problem[1]}")
     return out
 
@@ -69,12 +70,11 @@ def unavailable_message(backend: Backend, target: Target, reason: str, models) -
     """One line for a library user: what can't run and why, then what to try -- the entry's emulated twin, its
     install hint (registry fields where present), the backends that do run on this model."""
     tries = []
-    twin = getattr(backend, "twin", None)
+    twin = backend.twin
     if twin:
         tries.append(f"'{twin}' (its numerics emulated in torch, runs anywhere)")
     if _installing_would_help(backend, target):
-        hint = getattr(backend, "install_hint", "") or f"the {' or '.join(backend.packages)} package"
-        tries.append(f"installing {hint}")
+        tries.append(f"installing it ({backend.install_hint})")
     here = [name for name, (ok, _) in list_backends(models).items() if ok]
     tries.append(f"one that runs here: {', '.join(here)}" if here else "vdbench.list_backends() on another device")
     return (f"vdbench.use_backend: '{backend.name}' ({backend.description}) can't run on {target}: {reason}. "
@@ -84,6 +84,7 @@ def unavailable_message(backend: Backend, target: Target, reason: str, models) -
 def _installing_would_help(backend: Backend, target: Target) -> bool:
     """Whether the missing piece is the kernel's package: none of its modules is importable, and the model is on
     a device the kernel can use at all (no point suggesting a CUDA-only package for a CPU model)."""
-    if not backend.packages or any(importlib.util.find_spec(p) is not None for p in backend.packages):
-        return False
-    return not (backend.cuda_only and target.device is not None and target.device.type != "cuda")
+    device = target.device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    missing = [c for c in backend.constraints if isinstance(c, RequiresPackage) and c(device, None, None)]
+    others = [c for c in backend.constraints if not isinstance(c, RequiresPackage)]
+    return bool(missing) and not any(c(device, target.dtype, target.head_dim) for c in others)

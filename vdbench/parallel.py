@@ -17,7 +17,7 @@ Two engines, both the projects' own sequence-parallel code (nothing here re-impl
   forward op (``AttentionPatch._cp_forward_op``). Runs on CPU over gloo, which is how CI checks it.
 
 Paths: Ulysses (``--ulysses_degree N``), ring (``--ring_degree N``), hybrid (both > 1). Ring merges partial
-results with each block's log-sum-exp, so the backend must return it (``backends.lse_function``); one that
+results with each block's log-sum-exp, so the backend must return it (``Backend.lse_form``); one that
 can't is refused before the model is loaded. Every rank checks its device and backend and the ranks agree
 (one collective) before any rendering; a rank that fails later sets a flag in the process group's store and
 every other rank exits within ``POLL_S`` seconds (no wait until the NCCL timeout). Only rank 0 writes the video
@@ -200,21 +200,22 @@ def check_backend_for_path(spec: ParallelSpec, attention_type: str, device, fami
             f"--use_cfg_parallel with Wan {task}: xfuser 0.7 runs Wan text-to-video through diffusers' own "
             "WanPipeline, which evaluates both guidance branches on every rank (xfuser's runner lists "
             "use_cfg_parallel for its I2V models only); CFG parallel works for --task i2v and for CogVideoX")
-    if spec.engine == "xfuser" and spec.world_size > 1 and attention_type == "default":
+    backend = B.resolve(attention_type)
+    if spec.engine == "xfuser" and spec.world_size > 1 and backend.passthrough:
         raise B.BackendUnavailable(
-            "--attention_type default under --parallel_engine xfuser would leave the kernel to xfuser's own "
+            f"--attention_type {backend.name} under --parallel_engine xfuser would leave the kernel to xfuser's own "
             "registry, uncounted; name the backend (e.g. sdpa_cudnn, fav3)")
     if not spec.needs_lse:
         return
-    fn, _, why = B.lse_function(attention_type, device)
-    if fn is None:
-        can = [n for n in B.names() if B.lse_function(n, device)[0] is not None
-               and B.availability(n, device)[0]]
+    try:
+        backend.lse_form(device)
+    except B.BackendUnavailable as e:
+        can = [n for n, b in B.BACKENDS.items() if b.has_lse(device) and b.availability(device)[0]]
         raise B.BackendUnavailable(
-            f"attention backend '{attention_type}' can't serve {spec.path} attention "
-            f"(--ring_degree {spec.ring_degree}): ring attention merges blocks with the log-sum-exp and {why}.\n"
+            f"attention backend '{backend.name}' can't serve {spec.path} attention "
+            f"(--ring_degree {spec.ring_degree}): ring attention merges blocks with the log-sum-exp and {e}.\n"
             f"Backends that return it here ({torch.device(device).type}): {', '.join(can) or 'none'}; or use "
-            f"--ulysses_degree alone")
+            f"--ulysses_degree alone") from None
 
 
 def agree(ctx: Optional[DistContext], error: Optional[BaseException]) -> None:

@@ -14,7 +14,7 @@ import json
 import re
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Optional
 
@@ -65,29 +65,27 @@ def model_tag(model: str) -> str:
 
 
 def wan_output_name(task, model, num_frames, steps, attention_type, height, width) -> str:
-    return (f"wan_result_{task}_{model_tag(model)}_{num_frames}f_{steps}s_attn_{attention_type}_"
+    return (f"wan_result_{task}_{model_tag(model)}_{num_frames}f_{steps}s_attn_{B.canonical_name(attention_type)}_"
             f"{height}x{width}.mp4")
 
 
 def cogvideox_output_name(model, attention_type) -> str:
-    return f"cogvideox-{model_tag(model)}_{attention_type}.mp4"
+    return f"cogvideox-{model_tag(model)}_{B.canonical_name(attention_type)}.mp4"
 
 
-def preflight(attention_type: str, device, dtype, head_dims) -> None:
-    """Raise BackendUnavailable (with what *can* run here) unless the backend serves every head dim."""
+def preflight(attention_type: str | B.Backend, device, dtype, head_dims) -> B.Backend:
+    """The backend's entry (what travels down from here), or BackendUnavailable with what *can* run here unless it
+    serves every head dim."""
+    backend = B.resolve(attention_type)
     try:
-        B.get_backend(attention_type)
-    except KeyError as e:
-        raise B.BackendUnavailable(str(e.args[0])) from None
-    for hd in sorted(set(head_dims)) or [None]:
-        ok, reason = B.availability(attention_type, device, dtype, hd)
-        if not ok:
-            can = [n for n in B.names() if all(B.availability(n, device, dtype, h)[0] for h in (head_dims or [None]))]
-            dims = ",".join(map(str, sorted(set(head_dims))))
-            raise B.BackendUnavailable(
-                f"attention backend '{attention_type}' can't run here: {reason}.\n"
-                f"Backends that can run here ({device}, {str(dtype).replace('torch.', '')}, head dim {dims}): "
-                f"{', '.join(can)}")
+        return backend.require(device, dtype, head_dims)
+    except B.BackendUnavailable as e:
+        can = [n for n, b in B.BACKENDS.items()
+               if all(b.availability(device, dtype, h)[0] for h in (head_dims or [None]))]
+        dims = ",".join(map(str, sorted(set(head_dims))))
+        raise B.BackendUnavailable(
+            f"{e}.\nBackends that can run here ({device}, {str(dtype).replace('torch.', '')}, head dim {dims}): "
+            f"{', '.join(can)}") from None
 
 
 @dataclass
@@ -331,16 +329,16 @@ def _render(cfg: RenderConfig, log, dctx) -> dict:
 
     device = dctx.device if dctx is not None else resolve_device(cfg.device)
     dtype = resolve_dtype(cfg.dtype, device)
-    if cfg.attention_type not in B.BACKENDS:  # unknown names fail before the (slow) model load
-        raise B.BackendUnavailable(f"unknown attention backend {cfg.attention_type!r}; valid: {', '.join(B.names())}")
+    backend = B.resolve(cfg.attention_type)  # unknown names fail before the (slow) model load
+    cfg = replace(cfg, attention_type=backend.name)  # an alias (diffusers' / SGLang's name) is recorded as ours
     if dctx is not None:  # the backend must serve this parallel path (ring: LSE), on every rank, before any work
         err = None
         try:
-            P.check_backend_for_path(dctx.spec, cfg.attention_type, device, cfg.family, cfg.task)
+            P.check_backend_for_path(dctx.spec, backend, device, cfg.family, cfg.task)
             if cfg.compile:
                 raise ValueError("--use_torch_compile under torchrun isn't supported: the compiled attention op "
                                  "routes plain single-process calls only (vdbench.patching._compiled_call)")
-            preflight(cfg.attention_type, device, dtype, [])  # head dims are checked again after the load
+            preflight(backend, device, dtype, [])  # head dims are checked again after the load
         except (B.BackendUnavailable, ValueError) as e:
             err = e
         P.agree(dctx, err)
@@ -386,11 +384,10 @@ def _render(cfg: RenderConfig, log, dctx) -> dict:
     head_dims = [m.config.attention_head_dim for _, m in models]
     err = None
     try:
-        preflight(cfg.attention_type, device, dtype, head_dims)
+        preflight(backend, device, dtype, head_dims)
     except B.BackendUnavailable as e:
         err = e
     P.agree(dctx, err)  # single process: raises err itself
-    backend = B.get_backend(cfg.attention_type)
     if dctx is not None:
         pipe, models = P.apply_engine(dctx, pipe, models)
     from .speed import apply_speed_options

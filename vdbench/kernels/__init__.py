@@ -1,6 +1,7 @@
 """The project's own attention kernels, written in Triton (so they can also be built for AMD GPUs).
 
-Three forward kernels, registered as backends in ``vdbench.backends`` (BHSD in, BHSD out, bf16/fp16, D 64/128):
+Three forward kernels, registered as backends in ``vdbench.backends.triton_kernels`` (BHSD in, BHSD out,
+bf16/fp16, D 64/128):
 
 * ``fav3_sage``  INT8 Q·Kᵀ with one scale per block of tokens per head (Q pre-multiplied by scale·log2 e,
   K mean-smoothed over the sequence), exp2 online softmax, P·V in fp8 e4m3 with a per-channel V scale
@@ -11,10 +12,11 @@ Three forward kernels, registered as backends in ``vdbench.backends`` (BHSD in, 
 
 The quantized kernels run a Triton pre-pass (``quant.py``) that writes tile-padded int8/e4m3 copies (V
 transposed, so the fp8 P·V operand is K-major, as Hopper's fp8 MMA wants it); the backend callables run it
-every call, so a benchmark of the backend includes the quantization time.
+every call, so a benchmark of the backend includes the quantization time (``prepass()`` runs it alone). Their
+pure-torch emulations are in ``vdbench.numerics``.
 
-Importing this package never imports triton. The kernel modules are imported lazily by the backends, and
-Triton decides at *decoration* time whether a ``@triton.jit`` function is compiled or interpreted: to run them on
+Importing this package never imports triton (``forward`` / ``prepass`` import the kernel modules on first use),
+and Triton decides at *decoration* time whether a ``@triton.jit`` function is compiled or interpreted: to run them on
 a CPU, ``TRITON_INTERPRET=1`` must be in the environment before ``vdbench.kernels.attention`` is first imported.
 ``probe()`` reports that (and refuses when the module was imported in the other mode).
 """
@@ -72,8 +74,16 @@ def probe(kernel: str, device) -> tuple[bool, str]:
     return False, f"needs a CUDA/HIP GPU or the Triton interpreter on CPU (device is {dev.type})"
 
 
+def forward(kernel: str):
+    """One kernel's forward, ``fn(q, k, v, *, scale=None, is_causal=False)`` (imports triton on first use)."""
+    from vdbench.kernels import attention
+
+    return attention.KERNELS[kernel]
+
+
 def prepass(kernel: str):
-    """The quantization pre-pass of a kernel alone, ``fn(q, k, v)`` (None for ``fav2_triton``), to time it apart."""
+    """The quantization pre-pass of a kernel alone, ``fn(q, k, v, scale=None)`` (None for ``fav2_triton``), to time
+    it apart."""
     from vdbench.kernels import attention
 
     return attention.prepass(kernel)

@@ -480,11 +480,14 @@ KERNELS = {"fav3_sage": fav3_sage, "fp8_triton": fp8_triton, "fav2_triton": fav2
 
 
 def prepass(kernel: str, config=None):
-    """The quantization pre-pass alone (what the backend call runs before the attention kernel)."""
+    """The quantization pre-pass alone, ``fn(q, k, v, scale=None)`` (what the backend call runs before the attention
+    kernel)."""
     if kernel == "fav3_sage":
-        return lambda q, k, v: _sage_prepass(q, k, v, None, config_for(kernel, q.shape[-1], q.device, config), "fp8")
+        return lambda q, k, v, scale=None: _sage_prepass(q, k, v, scale, config_for(kernel, q.shape[-1], q.device,
+                                                                                     config), "fp8")
     if kernel == "fp8_triton":
-        return lambda q, k, v: _fp8_prepass(q, k, v, None, config_for(kernel, q.shape[-1], q.device, config))
+        return lambda q, k, v, scale=None: _fp8_prepass(q, k, v, scale, config_for(kernel, q.shape[-1], q.device,
+                                                                                    config))
     if kernel == "fav2_triton":
         return None
     raise KeyError(kernel)

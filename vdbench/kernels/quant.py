@@ -6,7 +6,7 @@ so the attention kernel loads K/V tiles without masks) and contiguous:
 * ``quant_blocks``: (B, H, S, D) -> (B, H, S_pad, D) int8 or e4m3, plus one fp32 scale per ``block`` tokens per
   head, (B, H, n_blocks). Optional mean subtraction (K smoothing) and pre-scale (softmax scale·log2 e on Q).
   INT8 rounds half away from zero (``x/scale ± 0.5`` then truncation), as SageAttention's kernel and
-  ``vdbench.backends.quantize_int8_per_block`` do; e4m3 rounds to nearest (saturating at ±448).
+  ``vdbench.numerics.quantize_int8_per_block`` do; e4m3 rounds to nearest (saturating at ±448).
 * ``quant_v_t``: V -> e4m3 **transposed**, (B, H, D, S_pad), so the P·V operand is K-major (what Hopper's fp8
   MMA takes without a shared-memory transpose), with either a per-channel scale (B, H, D) computed by a torch
   reduction, or one scale per ``block`` keys (B, H, n_blocks) computed in the kernel.

@@ -26,7 +26,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from ..backends import Backend, BackendUnavailable, UnsupportedCall, get_backend, lse_function, sdpa_kernel_choice
+from ..backends import Backend, BackendUnavailable, LSEForm, UnsupportedCall, resolve
 from .adapter import Adapter
 from .calls import CallInfo, PatchStats, call_args, call_kind, torch_sdpa
 from .dispatcher import DispatcherAdapter
@@ -83,9 +83,10 @@ class AttentionPatch:
                  observers: Optional[list[Callable[[CallInfo], Any]]] = None, time_attention: bool = False):
         if on_unsupported not in ON_UNSUPPORTED_CHOICES:
             raise ValueError(f"on_unsupported must be one of {ON_UNSUPPORTED_CHOICES}, got {on_unsupported!r}")
-        self.backend = backend if isinstance(backend, Backend) else get_backend(backend)
-        # 'default' installs as a counting pass-through: the pipeline's own attention call runs
-        self.passthrough = self.backend.name == "default"
+        self.backend = resolve(backend)
+        # a pass-through entry ('default') installs as counting only: the pipeline's own attention call runs
+        self.passthrough = self.backend.passthrough
+        self._lse: dict[str, LSEForm] = {}  # device type -> the backend's log-sum-exp form, resolved at first use
         self.models = as_models(models)
         self.on_unsupported = on_unsupported
         self.observers = list(observers or [])
@@ -198,13 +199,12 @@ class AttentionPatch:
         kernel's own log-sum-exp form (ring attention), or refuse. ``tag``: the parallel path (``path_tag``)."""
         b = self.backend
         if need_lse:  # ring attention: the kernel's own log-sum-exp, or a refusal (never recomputed beside it)
-            fn, label, why = lse_function(b.name, q.device)
-            if fn is None:
-                raise UnsupportedCall(f"ring attention needs the log-sum-exp: {why}")
+            form = self._lse_form(q.device)
             b.check_call(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
                          enable_gqa=enable_gqa)
-            res = self.timed(lambda: fn(q, k, v, scale=scale, is_causal=is_causal), q)
-            self.record(label + tag, q, k, v, res[0], bshd=False, args=call_args(None, dropout_p, is_causal, scale))
+            lse_fn = form.fn
+            res = self.timed(lambda: lse_fn(q, k, v, scale=scale, is_causal=is_causal), q)
+            self.record(form.label + tag, q, k, v, res[0], bshd=False, args=call_args(None, dropout_p, is_causal, scale))
             return res
         args = call_args(attn_mask, dropout_p, is_causal, scale)
         try:
@@ -221,17 +221,21 @@ class AttentionPatch:
             out = self.timed(lambda: torch_sdpa(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa), q)
             self.record("fallback:sdpa", q, k, v, out, bshd=False, args=args)
             return out
-        label = self._kernel_label(q, k, v, is_causal, scale)
+        label = b.call_label(q, k, v, None, 0.0, is_causal, scale)
         kernel_fn = b.fn  # a local: torch.compile can't guard a function read off the frozen dataclass
         out = self.timed(lambda: kernel_fn(q, k, v, scale=scale, is_causal=is_causal), q)
         self.record(label + tag, q, k, v, out, bshd=False, args=args)
         return out
 
-    def _kernel_label(self, q, k, v, is_causal, scale) -> str:
-        """What a call is counted under: the entry's kernel; for torch's auto sdpa, the kernel torch picks."""
-        if self.backend.name == "sdpa":
-            return f"sdpa[{sdpa_kernel_choice(q, k, v, None, 0.0, is_causal, scale)}]"
-        return self.backend.kernel
+    def _lse_form(self, device: torch.device) -> LSEForm:
+        """The backend's log-sum-exp form on ``device``, looked up once per patch (not per ring-attention call)."""
+        form = self._lse.get(device.type)
+        if form is None:
+            try:
+                form = self._lse[device.type] = self.backend.lse_form(device)
+            except BackendUnavailable as e:
+                raise UnsupportedCall(f"ring attention needs the log-sum-exp: {e}") from None
+        return form
 
     def compiled_call(self, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, *, mode: str):
         """Under torch.compile: one opaque ``vdbench::attention`` op per call (BSHD in, BSHD out).

@@ -13,7 +13,6 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from ..backends import sdpa_kernel_choice
 from .adapter import Adapter
 from .calls import call_args, torch_sdpa
 
@@ -52,7 +51,7 @@ class SdpaAdapter(Adapter):
                                       dropout_p, is_causal, scale, enable_gqa, mode=self.mode)
             return out.transpose(1, 2)
         if patch.passthrough:
-            label = f"sdpa[{sdpa_kernel_choice(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)}]"
+            label = patch.backend.call_label(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
             out = patch.timed(lambda: torch_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale,
                                                  enable_gqa), query)
             patch.record(label, query, key, value, out, bshd=False,

@@ -14,7 +14,7 @@ from typing import Optional
 
 import torch
 
-from ..backends import Backend, availability
+from ..backends import Backend
 from ..pipelines import transformers_of
 
 __all__ = ["Target", "as_models", "target_of", "runs_on", "availability_problem"]
@@ -84,7 +84,7 @@ def target_of(name: str, model: torch.nn.Module) -> Target:
 def runs_on(backend: Backend, target: Target) -> tuple[bool, str]:
     """(available, the registry's reason) for one backend on one target (unknown fields are not checked; an
     unknown device is the default one: CUDA when there is one)."""
-    return availability(backend.name, target.device, target.dtype, target.head_dim)
+    return backend.availability(target.device, target.dtype, target.head_dim)
 
 
 def availability_problem(backend: Backend, models) -> Optional[tuple[Target, str]]:

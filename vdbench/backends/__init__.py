@@ -1,0 +1,36 @@
+"""The attention backends: the registry (``registry.py``) and its entries, one module per kernel family.
+
+Importing the package imports every module in it (pkgutil): each registers its entries next to their wrappers,
+and its module-level ``ORDER`` places them in ``names()`` (torch_sdpa, sage, flash, triton_kernels, emulated).
+Adding a kernel is one ``register(Backend(...))`` in a new or existing module here; no caller changes, because
+callers ask the entry (``resolve(name)``) instead of comparing names. Optional kernel packages (sageattention,
+flash_attn, FA3, triton) are imported at call time only: importing this package imports none of them.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+
+from vdbench.numerics import exact_attention, reference_attention
+
+from .registry import (ANY_FLOAT, BACKENDS, HALF, Backend, BackendUnavailable, BytesMoved, LSEForm, RequiresPackage,
+                       UnsupportedCall, aliases, availability, available_names, canonical_name, capability_table, cuda,
+                       cuda_dtypes, get_backend, names, probe, register, registered, requires_package, resolve,
+                       traffic, unregister)
+from .torch_sdpa import sdpa_kernel_choice
+
+__all__ = ["Backend", "BackendUnavailable", "UnsupportedCall", "LSEForm", "BytesMoved", "traffic", "HALF",
+           "ANY_FLOAT", "RequiresPackage", "requires_package", "cuda", "cuda_dtypes", "probe", "register", "unregister", "registered",
+           "resolve", "get_backend", "canonical_name", "names", "aliases", "availability", "available_names",
+           "capability_table", "BACKENDS", "sdpa_kernel_choice", "exact_attention", "reference_attention"]
+
+
+def _import_entry_modules() -> None:
+    """Every module of this package but the registry registers entries when imported; their order is ORDER's."""
+    for info in pkgutil.iter_modules(__path__):
+        if info.name != "registry":
+            importlib.import_module(f"{__name__}.{info.name}")
+
+
+_import_entry_modules()

@@ -1,0 +1,459 @@
+"""The registry: ``Backend`` (one entry carries everything about one attention backend), its composable checks,
+and ``register()`` / ``resolve()``.
+
+Every CLI of the project (run_wan.py, sageattn_cogvideo.py, bench/) takes the same names. A backend is a
+callable with ONE layout convention, the one of ``torch.nn.functional.scaled_dot_product_attention``::
+
+    out = backend(q, k, v, scale=None, is_causal=False)      # q, k, v, out: (batch, heads, seq, head_dim)
+
+``out`` has q's dtype. A kernel that wants another layout (FlashAttention's BSHD) transposes views inside its
+wrapper; ``Backend.layout`` records the one the kernel itself uses.
+
+Why an entry carries every fact about its backend: availability needs a *reason* (package missing, no CUDA,
+wrong architecture, unsupported head dim or dtype) so that a run asking for a backend that can't run stops
+before any work saying why, and every caller (patching, parallel, render, the bench, ``--list_backends``) must
+agree on what a name means. Callers ask the entry -- ``passthrough``, ``lse_form(device)``, ``call_label(...)``,
+``bytes_moved(...)``, ``prepass`` -- and never compare names, so adding a kernel is one ``register(Backend(...))``
+next to its wrapper in one module of this package, and no caller changes.
+
+What this deliberately does not copy from diffusers' ``_AttentionBackendRegistry``: there is no global active
+backend (``vdbench.patching`` installs one backend into one pipeline for one run), and a call a backend cannot
+serve exactly as asked raises ``UnsupportedCall`` instead of dropping the argument.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import importlib.util
+import itertools
+import sys
+from dataclasses import dataclass, field
+from typing import Callable, NamedTuple, Optional, Sequence
+
+import torch
+
+__all__ = ["Backend", "BackendUnavailable", "UnsupportedCall", "LSEForm", "BytesMoved", "traffic", "HALF",
+           "ANY_FLOAT", "RequiresPackage", "requires_package", "cuda", "cuda_dtypes", "probe", "register", "unregister",
+           "registered", "resolve", "get_backend", "canonical_name", "names", "aliases", "availability",
+           "available_names", "capability_table", "BACKENDS"]
+
+HALF = (torch.float16, torch.bfloat16)
+ANY_FLOAT = (torch.float16, torch.bfloat16, torch.float32)
+_ARCH_NAMES = {7: "Volta/Turing", 8: "Ampere/Ada", 9: "Hopper", 10: "Blackwell", 12: "Blackwell"}
+
+
+class BackendUnavailable(RuntimeError):
+    """A requested backend cannot run here (unknown name, package, device, architecture, dtype or head dim)."""
+
+
+class UnsupportedCall(RuntimeError):
+    """One attention call has arguments the backend cannot serve (a mask, dropout, a dtype, a head dim)."""
+
+
+def _dtype_names(dtypes: Sequence[torch.dtype]) -> str:
+    return ", ".join(str(d).replace("torch.", "") for d in dtypes)
+
+
+def _device_of(device) -> torch.device:
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# What an entry carries besides its callable
+# ----------------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class LSEForm:
+    """The log-sum-exp-returning form of a backend, which ring attention needs to merge partial results.
+
+    ``fn(q, k, v, *, scale=None, is_causal=False) -> (out, lse)``, BHSD, ``lse`` (batch, heads, seq_q) float32,
+    the natural-log LSE of the scaled scores -- the kernel's own, never recomputed beside it. ``devices``: the
+    device types it gives one on; ``label``: the kernel label its calls are counted under.
+    """
+
+    fn: Callable
+    devices: tuple[str, ...]
+    label: str
+
+
+class BytesMoved(NamedTuple):
+    """Bytes one attention call really moves: by the kernel (Q/K/V read, O written) and by its quantization
+    pre-pass (0 where there is none), so a bandwidth figure can count both and say whether the time holds both."""
+
+    kernel: int
+    prepass: int
+
+    @property
+    def total(self) -> int:
+        return self.kernel + self.prepass
+
+
+def traffic(widths: tuple = (None, None, None), prepass_reads: tuple = (0, 0, 0)) -> Callable[..., BytesMoved]:
+    """A bytes model ``(b, h, sq, sk, d, itemsize) -> BytesMoved``.
+
+    The kernel reads Q, K, V at ``widths`` bytes per element (None: the input's itemsize; int8/fp8 count 1) and
+    writes O at the itemsize. The pre-pass reads tensor i ``prepass_reads[i]`` times at the itemsize (a K mean or
+    a V amax is one more read) and writes it once at its kernel width. Tile padding and the per-block scales are
+    left out (well under 1 % at the models' sizes).
+    """
+
+    def model(b: int, h: int, sq: int, sk: int, d: int, itemsize: int) -> BytesMoved:
+        elems = (b * h * sq * d, b * h * sk * d, b * h * sk * d)
+        width = [itemsize if w is None else w for w in widths]
+        kernel = sum(n * w for n, w in zip(elems, width)) + elems[0] * itemsize
+        pre = sum(n * (reads * itemsize + w) for n, w, reads in zip(elems, width, prepass_reads) if reads)
+        return BytesMoved(kernel, pre)
+
+    return model
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Composable checks: each is ``check(device, dtype, head_dim) -> reason or None``, run in the order given
+# ----------------------------------------------------------------------------------------------------------
+
+def _cuda_problem(device: torch.device, min_arch: Optional[tuple[int, int]], major: Optional[int]) -> Optional[str]:
+    if not torch.cuda.is_available():
+        return "needs a CUDA GPU (torch.cuda.is_available() is False)"
+    cap = torch.cuda.get_device_capability(device)
+    if min_arch and cap < min_arch:
+        return f"needs compute capability >= {min_arch[0]}.{min_arch[1]}, GPU is {cap[0]}.{cap[1]}"
+    if major is not None and cap[0] != major:
+        return f"built for sm_{major}0 ({_ARCH_NAMES.get(major, 'one architecture')}) only, GPU is sm_{cap[0]}{cap[1]}"
+    return None
+
+
+@dataclass(frozen=True)
+class RequiresPackage:
+    """Any one of ``modules`` importable (checked without importing it); ``hint`` says how to install it."""
+
+    modules: tuple[str, ...]
+    hint: Optional[str] = None
+
+    def __call__(self, device, dtype, head_dim) -> Optional[str]:
+        if any(importlib.util.find_spec(m) is not None for m in self.modules):
+            return None
+        return f"package not installed: {' or '.join(self.modules)}" + (f" ({self.hint})" if self.hint else "")
+
+
+@dataclass(frozen=True)
+class Cuda:
+    """A CUDA device with a working CUDA runtime, at least ``min_arch``, or exactly ``major`` (kernels built for
+    one architecture, FA3's Hopper)."""
+
+    min_arch: Optional[tuple[int, int]] = None
+    major: Optional[int] = None
+
+    def __call__(self, device, dtype, head_dim) -> Optional[str]:
+        if device.type != "cuda":
+            return f"needs a CUDA GPU (device is {device.type})"
+        return _cuda_problem(device, self.min_arch, self.major)
+
+
+@dataclass(frozen=True)
+class CudaDtypes:
+    """On a CUDA device only: a working CUDA runtime and one of ``dtypes`` (torch's flash kernel: half only on
+    CUDA, fp32 too on a CPU). Off CUDA it says nothing: the entry's own dtypes decide."""
+
+    dtypes: tuple[torch.dtype, ...]
+
+    def __call__(self, device, dtype, head_dim) -> Optional[str]:
+        if device.type != "cuda":
+            return None
+        problem = _cuda_problem(device, None, None)
+        if problem is None and dtype is not None and dtype not in self.dtypes:
+            problem = f"dtype {_dtype_names([dtype])} unsupported (supports {_dtype_names(self.dtypes)})"
+        return problem
+
+
+@dataclass(frozen=True)
+class Probe:
+    """A runtime probe ``fn(device) -> (ok, why)`` (the Triton kernels: GPU, or the interpreter on a CPU)."""
+
+    fn: Callable[[torch.device], tuple[bool, str]]
+
+    def __call__(self, device, dtype, head_dim) -> Optional[str]:
+        ok, why = self.fn(device)
+        return None if ok else why
+
+
+# The spellings entries use; the classes above stay inspectable (the install hint is read off RequiresPackage).
+
+def requires_package(*modules: str, hint: Optional[str] = None) -> RequiresPackage:
+    return RequiresPackage(tuple(modules), hint)
+
+
+def cuda(min_arch: Optional[tuple[int, int]] = None, major: Optional[int] = None) -> Cuda:
+    return Cuda(min_arch, major)
+
+
+def cuda_dtypes(*dtypes: torch.dtype) -> CudaDtypes:
+    return CudaDtypes(tuple(dtypes))
+
+
+def probe(fn: Callable[[torch.device], tuple[bool, str]]) -> Probe:
+    return Probe(fn)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The entry
+# ----------------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Backend:
+    """A registry entry. ``fn`` follows the layout convention (BHSD in, BHSD out).
+
+    ``constraints`` are checked in order by ``availability`` before the call-level capabilities (``dtypes``,
+    ``head_dims``, ``max_head_dim``), which ``check_call`` enforces per call with ``supports_mask`` and
+    ``supports_causal``. ``passthrough``: installing it leaves the pipeline's own attention running (counted).
+    ``twin``: the registered emulation of this kernel's numerics; ``install_hint`` defaults to the hint of a
+    ``requires_package`` constraint. ``bytes_model`` and ``prepass(q, k, v, scale)`` serve the bench (``prepass``
+    None: no pre-pass that can be timed on its own). ``label(q, k, v, attn_mask, dropout_p, is_causal, scale,
+    enable_gqa)`` names the kernel of one call where that is decided per call (torch sdpa's choice).
+    """
+
+    name: str
+    description: str
+    fn: Callable[..., torch.Tensor]
+    kernel: str  # label of the kernel that runs; call counts are keyed by it
+    layout: str = "BHSD"
+    constraints: tuple = ()
+    dtypes: tuple[torch.dtype, ...] = ANY_FLOAT
+    head_dims: Optional[tuple[int, ...]] = None  # None: any
+    max_head_dim: Optional[int] = None
+    supports_mask: bool = False
+    supports_causal: bool = True
+    lse: Optional[LSEForm] = None
+    no_lse_reason: str = ""
+    passthrough: bool = False
+    emulated: bool = False
+    twin: Optional[str] = None
+    install_hint: Optional[str] = None
+    bytes_model: Callable[..., BytesMoved] = field(default=traffic(), compare=False)
+    prepass: Optional[Callable] = None
+    label: Optional[Callable[..., str]] = None
+    aliases: tuple[str, ...] = ()
+    notes: str = ""
+
+    def __post_init__(self):
+        if self.layout not in ("BHSD", "BSHD"):
+            raise ValueError(f"backend '{self.name}': layout must be BHSD or BSHD, got {self.layout!r}")
+        object.__setattr__(self, "constraints", tuple(self.constraints))
+        object.__setattr__(self, "aliases", tuple(self.aliases))
+        if self.install_hint is None:
+            hints = [c.hint for c in self.constraints if isinstance(c, RequiresPackage) and c.hint]
+            object.__setattr__(self, "install_hint", hints[0] if hints else None)
+
+    # ----- can it run here -----
+
+    def availability(self, device=None, dtype: Optional[torch.dtype] = None,
+                     head_dim: Optional[int] = None) -> tuple[bool, str]:
+        """(available, reason): the first check that fails says why; "ok" when none does."""
+        dev = _device_of(device)
+        for check in self.constraints:
+            why = check(dev, dtype, head_dim)
+            if why:
+                return False, why
+        if dtype is not None and dtype not in self.dtypes:
+            return False, f"dtype {_dtype_names([dtype])} unsupported (supports {_dtype_names(self.dtypes)})"
+        if head_dim is not None:
+            problem = self._head_dim_problem(head_dim)
+            if problem:
+                return False, problem
+        return True, "ok"
+
+    def require(self, device=None, dtype: Optional[torch.dtype] = None, head_dims: Sequence[int] = ()) -> "Backend":
+        """This entry, or BackendUnavailable with the reason (the install hint in it) and the emulation to use."""
+        for hd in sorted(set(head_dims)) or [None]:
+            ok, reason = self.availability(device, dtype, hd)
+            if not ok:
+                twin = f"; '{self.twin}' emulates its numerics on any device" if self.twin else ""
+                raise BackendUnavailable(f"attention backend '{self.name}' can't run here: {reason}{twin}")
+        return self
+
+    def _head_dim_problem(self, head_dim: int) -> Optional[str]:
+        if self.head_dims is not None and head_dim not in self.head_dims:
+            return f"does not support head dim {head_dim} (supports {list(self.head_dims)})"
+        if self.max_head_dim is not None and head_dim > self.max_head_dim:
+            return f"supports head dims up to {self.max_head_dim}, got {head_dim}"
+        return None
+
+    def check_call(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask=None,
+                   dropout_p: float = 0.0, is_causal: bool = False, enable_gqa: bool = False) -> None:
+        """Raise UnsupportedCall if this backend cannot serve the call exactly as asked."""
+        if attn_mask is not None and not self.supports_mask:
+            raise UnsupportedCall(f"backend '{self.name}' does not support an attention mask "
+                                  f"(got mask of shape {tuple(attn_mask.shape)})")
+        if dropout_p:
+            raise UnsupportedCall(f"backend '{self.name}' does not support dropout (dropout_p={dropout_p})")
+        if is_causal and not self.supports_causal:
+            raise UnsupportedCall(f"backend '{self.name}' does not support causal attention")
+        if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+            raise UnsupportedCall(f"backend '{self.name}' needs 4-D (batch, heads, seq, dim) inputs, got "
+                                  f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+        if k.shape[1] != q.shape[1] and not enable_gqa:
+            raise UnsupportedCall(f"backend '{self.name}': query has {q.shape[1]} heads, key {k.shape[1]} "
+                                  "(grouped-query attention not requested)")
+        if q.dtype not in self.dtypes:
+            raise UnsupportedCall(f"backend '{self.name}' does not support dtype {q.dtype} "
+                                  f"(supports {_dtype_names(self.dtypes)})")
+        problem = self._head_dim_problem(q.shape[-1])
+        if problem:
+            raise UnsupportedCall(f"backend '{self.name}' {problem}")
+
+    # ----- what callers ask instead of comparing names -----
+
+    def lse_form(self, device=None) -> LSEForm:
+        """The log-sum-exp form on ``device``, or BackendUnavailable saying why there is none. Resolve it once
+        per run and keep it: the answer does not change between calls."""
+        if self.lse is None:
+            raise BackendUnavailable(self.no_lse_reason)
+        dev = _device_of(device).type
+        if dev not in self.lse.devices:
+            raise BackendUnavailable(f"backend '{self.name}' returns the log-sum-exp only on "
+                                     f"{', '.join(self.lse.devices)} (device is {dev})")
+        return self.lse
+
+    def has_lse(self, device=None) -> bool:
+        return self.lse is not None and _device_of(device).type in self.lse.devices
+
+    def call_label(self, q, k, v, attn_mask=None, dropout_p: float = 0.0, is_causal: bool = False, scale=None,
+                   enable_gqa: bool = False) -> str:
+        """The kernel label one call is counted under."""
+        if self.label is None:
+            return self.kernel
+        return self.label(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+
+    def bytes_moved(self, b: int, h: int, sq: int, sk: int, d: int, itemsize: int) -> BytesMoved:
+        return self.bytes_model(b, h, sq, sk, d, itemsize)
+
+    def __call__(self, q, k, v, *, scale=None, is_causal=False):
+        return self.fn(q, k, v, scale=scale, is_causal=is_causal)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The registry
+# ----------------------------------------------------------------------------------------------------------
+
+BACKENDS: dict[str, Backend] = {}  # canonical name -> entry, in names() order (kept sorted in place)
+_ALIASES: dict[str, str] = {}  # alias -> canonical name
+_PLACE: dict[str, tuple[int, int]] = {}  # canonical name -> (its module's ORDER, registration sequence)
+_SEQ = itertools.count()
+LAST = 1000  # the ORDER of entries registered from a module that defines none
+
+
+def register(backend: Backend, *, order: Optional[int] = None) -> Backend:
+    """Add ``backend`` to the registry; refuses a name or alias already taken.
+
+    ``order`` places it in ``names()``; by default the ``ORDER`` of the module calling ``register`` (read from
+    the caller's globals, as ``collections.namedtuple`` reads its caller's ``__name__``), so an entry module
+    states its place once and every entry of it follows, in the order they are registered.
+    """
+    wanted = (backend.name, *backend.aliases)
+    taken = sorted({n for n in wanted if n in BACKENDS or n in _ALIASES or wanted.count(n) > 1})
+    if taken:
+        raise ValueError(f"can't register backend '{backend.name}': name or alias already taken: {', '.join(taken)}")
+    if backend.lse is None and not backend.no_lse_reason:
+        raise ValueError(f"backend '{backend.name}' gives neither a log-sum-exp form (lse) nor the reason it has "
+                         "none (no_lse_reason): ring attention needs one or the other")
+    if order is None:
+        order = sys._getframe(1).f_globals.get("ORDER", LAST)
+    _PLACE[backend.name] = (order, next(_SEQ))
+    BACKENDS[backend.name] = backend
+    _ALIASES.update((a, backend.name) for a in backend.aliases)
+    ordered = sorted(BACKENDS.items(), key=lambda kv: _PLACE[kv[0]])
+    BACKENDS.clear()
+    BACKENDS.update(ordered)
+    return backend
+
+
+def unregister(name: str) -> Backend:
+    """Remove an entry and its aliases (tests registering a toy backend take it out again)."""
+    backend = BACKENDS.pop(name)
+    del _PLACE[name]
+    for a in backend.aliases:
+        del _ALIASES[a]
+    return backend
+
+
+@contextlib.contextmanager
+def registered(backend: Backend, *, order: int = LAST):
+    """``with registered(Backend(...)):`` -- registered inside the block only."""
+    register(backend, order=order)
+    try:
+        yield backend
+    finally:
+        unregister(backend.name)
+
+
+def resolve(name_or_backend) -> Backend:
+    """The entry for a canonical name, an alias (diffusers' or SGLang's name) or an entry itself."""
+    if isinstance(name_or_backend, Backend):
+        return name_or_backend
+    name = _ALIASES.get(name_or_backend, name_or_backend)
+    try:
+        return BACKENDS[name]
+    except KeyError:
+        raise BackendUnavailable(_unknown(name_or_backend)) from None
+
+
+get_backend = resolve
+
+
+def canonical_name(name: str) -> str:
+    """The registry's name for ``name`` or an alias of it, for naming outputs (a file typed with ``native`` is
+    the ``sdpa`` render); a name the registry doesn't know comes back as given -- ``resolve`` refuses it."""
+    return _ALIASES.get(name, name)
+
+
+def _unknown(name: str) -> str:
+    close = difflib.get_close_matches(str(name), [*BACKENDS, *_ALIASES], n=1)
+    guess = "; "
+    if close:
+        target = _ALIASES.get(close[0])
+        guess = f"; did you mean '{close[0]}'" + (f" (= '{target}')" if target else "") + "? "
+    return (f"unknown attention backend {name!r}{guess}valid: {', '.join(BACKENDS)} "
+            "(or an alias: diffusers' and SGLang's names, see --list_backends)")
+
+
+def names() -> list[str]:
+    return list(BACKENDS)
+
+
+def aliases() -> dict[str, str]:
+    """alias -> canonical name, in names() order."""
+    return {a: b.name for b in BACKENDS.values() for a in b.aliases}
+
+
+def availability(name: str, device=None, dtype: Optional[torch.dtype] = None,
+                 head_dim: Optional[int] = None) -> tuple[bool, str]:
+    return resolve(name).availability(device, dtype, head_dim)
+
+
+def available_names(device=None, dtype=None, head_dim=None) -> list[str]:
+    return [n for n, b in BACKENDS.items() if b.availability(device, dtype, head_dim)[0]]
+
+
+def capability_table(device=None, dtype=None, head_dim=None) -> str:
+    """What ``--list_backends`` prints: per backend availability and reason, kernel, dtypes, head dims, mask,
+    causal, log-sum-exp, layout; then the aliases."""
+    dev = _device_of(device)
+    rows = [("backend", "available", "kernel", "dtypes", "head dims", "mask", "causal", "lse", "layout",
+             "reason / notes")]
+    for b in BACKENDS.values():
+        ok, reason = b.availability(dev, dtype, head_dim)
+        hd = ",".join(map(str, b.head_dims)) if b.head_dims else (f"<={b.max_head_dim}" if b.max_head_dim else "any")
+        note = reason if not ok else (b.notes or ("emulated, slow" if b.emulated else ""))
+        rows.append((b.name, "yes" if ok else "no", b.kernel, _dtype_names(b.dtypes).replace("float", "f"), hd,
+                     "y" if b.supports_mask else "-", "y" if b.supports_causal else "-",
+                     "y" if b.lse is not None else "-", b.layout, note))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    lines = [f"attention backends on {dev}" + (f", dtype {dtype}" if dtype else "")
+             + (f", head dim {head_dim}" if head_dim else "") + " (layout convention: BHSD)"]
+    for r in rows:
+        lines.append("  ".join(c.ljust(w) for c, w in zip(r[:-1], widths)) + "  " + r[-1])
+    lines.append("aliases (diffusers' and SGLang's names for the same kernels):")
+    lines += [f"  {', '.join(b.aliases)} -> {b.name}" for b in BACKENDS.values() if b.aliases]
+    return "\n".join(lines)
