@@ -5,6 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from vdbench import backends as B
+from vdbench.patching.dispatcher import DispatcherAdapter
 from vdbench.patching import AttentionPatch, attention_modules
 
 
@@ -180,12 +181,12 @@ def test_ring_path_resolves_the_lse_form_once_per_patch(monkeypatch):
     patch = AttentionPatch([("transformer", small_cogvideox())], "sdpa")
     q, k, v = (torch.randn(1, 8, 2, 16) for _ in range(3))  # BSHD, as diffusers' context-parallel templates pass
     for _ in range(3):
-        out, lse = patch._cp_forward_op(None, q, k, v, return_lse=True)
+        out, lse = DispatcherAdapter(patch).cp_forward_op(None, q, k, v, return_lse=True)
     assert len(looked_up) == 1 and out.shape == q.shape and lse.shape == (1, 8, 2)
     assert dict(patch.stats.calls) == {"sdpa[flash][lse]": 3}
     with pytest.raises(B.UnsupportedCall, match="ring attention needs the log-sum-exp: torch's math kernel"):
-        AttentionPatch([("transformer", small_cogvideox())], "sdpa_math")._cp_forward_op(None, q, k, v,
-                                                                                       return_lse=True)
+        DispatcherAdapter(AttentionPatch([("transformer", small_cogvideox())], "sdpa_math")).cp_forward_op(
+            None, q, k, v, return_lse=True)
 
 
 def test_bad_options_and_double_install():
