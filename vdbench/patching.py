@@ -110,11 +110,14 @@ class AttentionPatch:
     ``observers``: callables receiving a ``CallInfo`` after every call (capture uses this).
     ``time_attention``: time every attention call (CUDA events on GPU, a host clock on CPU where calls are
     synchronous); ``finish_timing()`` sums them after the run.
+    ``call_kind``: ``(mode, attn, encoder_hidden_states) -> 'self' | 'cross' | 'joint'`` for one processor call,
+    the model family's classifier (``vdbench.families.Family.call_kind``); default :func:`_call_kind`, which
+    tells the two families' modules apart by their ``is_cross_attention``.
     """
 
     def __init__(self, models: Iterable[tuple[str, torch.nn.Module]], backend: str | Backend,
                  on_unsupported: str = "error", observers: Optional[list[Callable[[CallInfo], Any]]] = None,
-                 time_attention: bool = False):
+                 time_attention: bool = False, call_kind: Optional[Callable[[str, Any, Any], str]] = None):
         if on_unsupported not in ON_UNSUPPORTED_CHOICES:
             raise ValueError(f"on_unsupported must be one of {ON_UNSUPPORTED_CHOICES}, got {on_unsupported!r}")
         self.backend = backend if isinstance(backend, Backend) else get_backend(backend)
@@ -122,6 +125,7 @@ class AttentionPatch:
         self.on_unsupported = on_unsupported
         self.observers = list(observers or [])
         self.time_attention = time_attention
+        self.call_kind = call_kind or _call_kind
         self.stats = PatchStats(self.backend.name)
         self.step = 0
         self._saved: list[tuple[torch.nn.Module, Any]] = []
@@ -492,11 +496,11 @@ def _call_kind(mode: str, attn, encoder_hidden_states) -> str:
 def _patched_call(self_, attn, hidden_states, *args, **kwargs):
     """The patched processors' ``__call__``: note where we are (model, layer, kind), run the rebound original."""
     ehs = kwargs.get("encoder_hidden_states", args[0] if args else None)
-    kind = _call_kind(self_._vd_mode, attn, ehs)
+    patch = self_._vd_patch
+    kind = patch.call_kind(self_._vd_mode, attn, ehs)
     # Wan i2v: a cross-attention module with add_k_proj makes two calls, image context first.
     if kind == "cross" and getattr(attn, "add_k_proj", None) is not None:
         kind = "cross+img"
-    patch = self_._vd_patch
     # Under compile the layer name is not read: it differs per repeated block and dynamo would guard on it.
     layer = "?" if torch.compiler.is_compiling() else self_._vd_layer
     patch._ctx = (self_._vd_model, layer, kind)
