@@ -18,28 +18,24 @@ import sys
 from pathlib import Path
 
 from vdbench import backends as B
+from vdbench import families
 from vdbench.parallel import add_parallel_args, parallel_kwargs
 from vdbench.patching import ON_UNSUPPORTED_CHOICES
 from vdbench.speed import add_speed_args, speed_kwargs
 from vdbench.vae import add_vae_args, vae_kwargs
-from vdbench.render import EXIT_BAD_INPUT, RenderConfig, fill_defaults, handle_listing, run_cli, wan_output_name
+from vdbench.render import EXIT_BAD_INPUT, RenderConfig, fill_defaults, handle_listing, run_cli
 
-DEFAULT_MODELS = {"t2v": "Wan-AI/Wan2.1-T2V-1.3B-Diffusers", "i2v": "Wan-AI/Wan2.1-I2V-14B-480P-Diffusers",
-                  "ti2v": "Wan-AI/Wan2.2-TI2V-5B-Diffusers"}
-# Real checkpoints render 480x832, 81 frames, 50 steps; the tiny model defaults to a CPU-sized clip.
-REAL_DEFAULTS = dict(height=480, width=832, num_frames=81, num_inference_steps=50)
-TINY_DEFAULTS = dict(height=128, width=192, num_frames=17, num_inference_steps=4)
-DEFAULT_PROMPT = "A cat walks on the grass, realistic, daylight"
-DEFAULT_NEGATIVE = "blurry, low quality, distorted, static"
+#: The Wan family: default checkpoints, sizes, prompts and output names (vdbench/families/wan.py).
+WAN = families.get("wan")
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--task", choices=["t2v", "i2v", "ti2v"], default="t2v")
+    p.add_argument("--task", choices=list(WAN.tasks), default="t2v")
     p.add_argument("--model", default=None, help="hub id, local path, 'tiny' or 'tiny:<variant>' "
                    "(default: the Wan-AI checkpoint for the task)")
-    p.add_argument("--prompt", default=DEFAULT_PROMPT)
-    p.add_argument("--negative_prompt", default=DEFAULT_NEGATIVE)
+    p.add_argument("--prompt", default=WAN.cli.prompt)
+    p.add_argument("--negative_prompt", default=WAN.cli.negative_prompt)
     p.add_argument("--img_file_path", default=None, help="conditioning image (i2v)")
     p.add_argument("--force_output_size", action="store_true",
                    help="i2v: render exactly --height x --width (the image is center-cropped to it); by default the "
@@ -48,12 +44,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--width", type=int, default=None)
     p.add_argument("--num_frames", type=int, default=None)
     p.add_argument("--num_inference_steps", type=int, default=None)
-    p.add_argument("--guidance_scale", type=float, default=5.0)
+    p.add_argument("--guidance_scale", type=float, default=WAN.cli.guidance_scale)
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--attention_type", default="default", help=f"one of: {', '.join(B.names())}")
     p.add_argument("--on_unsupported", choices=ON_UNSUPPORTED_CHOICES, default="error",
                    help="an attention call the backend can't serve: stop (default) or run it on sdpa, counted")
-    p.add_argument("--benchmark_output_directory", default="outputs")
+    p.add_argument("--benchmark_output_directory", default=WAN.cli.output_dir)
     p.add_argument("--num_repetitions", type=int, default=1)
     p.add_argument("--time_attention", action="store_true", help="time every attention call (events)")
     p.add_argument("--warmup_calls", type=int, default=0,
@@ -77,7 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_parallel_args(p)
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="auto", help="auto (bf16 on GPU, fp32 on CPU), bf16, fp16, fp32")
-    p.add_argument("--fps", type=int, default=16)
+    p.add_argument("--fps", type=int, default=WAN.cli.fps)
     p.add_argument("--list_backends", action="store_true", help="print the backend table and exit")
     p.add_argument("--list_available", action="store_true",
                    help="print the names of the backends that can run on this device/dtype, one per line")
@@ -106,25 +102,25 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     if handle_listing(args):
         return 0
-    model = args.model or DEFAULT_MODELS[args.task]
-    fill_defaults(args, model, TINY_DEFAULTS, REAL_DEFAULTS)
+    model = args.model or WAN.default_models[args.task]
+    fill_defaults(args, model, WAN.cli.tiny, WAN.cli.real)
     if args.num_repetitions < 1:
         print("error: --num_repetitions must be >= 1", file=sys.stderr)
         return EXIT_BAD_INPUT
     if args.img_file_path and args.task in ("i2v", "ti2v") and not args.force_output_size:
         args.height, args.width = size_from_image(args.img_file_path, args.height, args.width,
-                                                  mod=32 if args.task == "ti2v" or "ti2v" in model else 16)
+                                                  mod=WAN.image_size_multiple(args.task, model))
         print(f"output size {args.height}x{args.width} (the image's aspect ratio; --force_output_size to keep "
               "--height/--width)", file=sys.stderr)
-    results = Path(args.benchmark_output_directory) / "results"
-    out = results / wan_output_name(args.task, model, args.num_frames, args.num_inference_steps,
+    results = Path(args.benchmark_output_directory) / WAN.cli.results_subdir
+    out = results / WAN.output_name(args.task, model, args.num_frames, args.num_inference_steps,
                                     args.attention_type, args.height, args.width)
     if args.print_output_path:  # comma-separated types: one path per line (one process for a whole sweep)
         for t in args.attention_type.split(","):
-            print(results / wan_output_name(args.task, model, args.num_frames, args.num_inference_steps, t,
+            print(results / WAN.output_name(args.task, model, args.num_frames, args.num_inference_steps, t,
                                             args.height, args.width))
         return 0
-    cfg = RenderConfig(family="wan", task=args.task, model=model, prompt=args.prompt,
+    cfg = RenderConfig(family=WAN.name, task=args.task, model=model, prompt=args.prompt,
                        negative_prompt=args.negative_prompt, image=args.img_file_path, height=args.height,
                        width=args.width, num_frames=args.num_frames, num_inference_steps=args.num_inference_steps,
                        guidance_scale=args.guidance_scale, seed=args.seed, attention_type=args.attention_type,

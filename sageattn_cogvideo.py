@@ -19,34 +19,35 @@ import sys
 from pathlib import Path
 
 from vdbench import backends as B
+from vdbench import families
 from vdbench.parallel import add_parallel_args, parallel_kwargs
 from vdbench.patching import ON_UNSUPPORTED_CHOICES
 from vdbench.speed import add_speed_args, speed_kwargs
 from vdbench.vae import add_vae_args, vae_kwargs
-from vdbench.render import (EXIT_BAD_INPUT, RenderConfig, cogvideox_output_name, fill_defaults, handle_listing,
-                            run_cli)
+from vdbench.render import EXIT_BAD_INPUT, RenderConfig, fill_defaults, handle_listing, run_cli
 
-REAL_DEFAULTS = dict(height=480, width=720, num_frames=49, num_inference_steps=50)
-TINY_DEFAULTS = dict(height=128, width=192, num_frames=9, num_inference_steps=4)
+#: The CogVideoX family: default checkpoint, sizes, prompts and output names (vdbench/families/cogvideox.py).
+COG = families.get("cogvideox")
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model_path", default="THUDM/CogVideoX-2b", help="hub id, local path, 'tiny' or 'tiny:<variant>'")
-    p.add_argument("--task", choices=["t2v", "i2v"], default="t2v")
+    p.add_argument("--model_path", default=COG.default_models["t2v"],
+                   help="hub id, local path, 'tiny' or 'tiny:<variant>'")
+    p.add_argument("--task", choices=list(COG.tasks), default="t2v")
     p.add_argument("--image", default=None, help="conditioning image (i2v)")
     p.add_argument("--attention_type", default="default", help=f"one of: {', '.join(B.names())}")
     p.add_argument("--on_unsupported", choices=ON_UNSUPPORTED_CHOICES, default="error")
-    p.add_argument("--prompt", default="A panda playing a guitar in a bamboo forest, cinematic")
-    p.add_argument("--negative_prompt", default="")
+    p.add_argument("--prompt", default=COG.cli.prompt)
+    p.add_argument("--negative_prompt", default=COG.cli.negative_prompt)
     p.add_argument("--num_frames", type=int, default=None)
     p.add_argument("--height", type=int, default=None)
     p.add_argument("--width", type=int, default=None)
     p.add_argument("--num_inference_steps", type=int, default=None)
-    p.add_argument("--guidance_scale", type=float, default=6.0)
+    p.add_argument("--guidance_scale", type=float, default=COG.cli.guidance_scale)
     p.add_argument("--seed", type=int, default=42)
-    p.add_argument("--output_dir", default="outputs/cogvideox")
-    p.add_argument("--fps", type=int, default=8)
+    p.add_argument("--output_dir", default=COG.cli.output_dir)
+    p.add_argument("--fps", type=int, default=COG.cli.fps)
     p.add_argument("--num_repetitions", type=int, default=1)
     p.add_argument("--time_attention", action="store_true")
     add_parallel_args(p)
@@ -75,26 +76,31 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     if handle_listing(args):
         return 0
-    fill_defaults(args, args.model_path, TINY_DEFAULTS, REAL_DEFAULTS)
+    fill_defaults(args, args.model_path, COG.cli.tiny, COG.cli.real)
     if args.num_repetitions < 1:
         print("error: --num_repetitions must be >= 1", file=sys.stderr)
         return EXIT_BAD_INPUT
-    out_dir = Path(args.output_dir)
+    out_dir = Path(args.output_dir) / COG.cli.results_subdir
+
+    def output(attention_type):
+        return out_dir / COG.output_name(args.task, args.model_path, args.num_frames, args.num_inference_steps,
+                                         attention_type, args.height, args.width)
+
     if args.print_output_path:
         for t in args.attention_type.split(","):
-            print(out_dir / cogvideox_output_name(args.model_path, t))
+            print(output(t))
         return 0
-    cfg = RenderConfig(family="cogvideox", task=args.task, model=args.model_path, prompt=args.prompt,
+    cfg = RenderConfig(family=COG.name, task=args.task, model=args.model_path, prompt=args.prompt,
                        negative_prompt=args.negative_prompt, image=args.image, height=args.height, width=args.width,
                        num_frames=args.num_frames, num_inference_steps=args.num_inference_steps,
                        guidance_scale=args.guidance_scale, seed=args.seed, attention_type=args.attention_type,
-                       output_path=out_dir / cogvideox_output_name(args.model_path, args.attention_type),
+                       output_path=output(args.attention_type),
                        timing_path=out_dir / "timing.json", num_repetitions=args.num_repetitions,
                        device=args.device, dtype=args.dtype, fps=args.fps, on_unsupported=args.on_unsupported,
                        time_attention=args.time_attention, save_inputs=args.save_inputs,
                        max_captures=args.max_captures, save_frames=args.save_frames,
                        save_latents=args.save_latents,
-                       capture_dir=Path(args.input_dir) if args.input_dir else out_dir / "captures",
+                       capture_dir=Path(args.input_dir) if args.input_dir else Path(args.output_dir) / "captures",
                        rank=int(os.environ.get("RANK", 0)), warmup_calls=args.warmup_calls,
                        vae_dtype=args.vae_dtype, cpu_offload=args.cpu_offload, vae_tiling=args.vae_tiling,
                        **parallel_kwargs(args),

@@ -164,31 +164,20 @@ def system_context(device: str) -> dict:
 # ----------------------------------------------------------------------------------------------------------------
 
 def _vae_spec(model: str):
-    """(diffusers class name, config kwargs, family) for a named model."""
-    from vdbench import pipelines as P
-
+    """(diffusers class name, config kwargs) of HunyuanVideo's VAE, the one named model that is no render family's
+    (the families' VAEs come from ``vdbench.pipelines.build_vae``); None for another name."""
     tiny = model.startswith("tiny-")
-    name = model[5:] if tiny else model
-    if name == "wan2.1":
-        return "AutoencoderKLWan", dict(P._WAN21_VAE if tiny else P._WAN21_VAE_REAL), "wan"
-    if name == "wan2.2":
-        return "AutoencoderKLWan", dict(P._WAN22_VAE if tiny else P._WAN22_VAE_REAL), "wan"
-    if name == "cogvideox":
-        return "AutoencoderKLCogVideoX", dict(P._COG_VAE if tiny else P._COG_VAE_REAL), "cogvideox"
-    if name == "hunyuanvideo":
+    if (model[5:] if tiny else model) == "hunyuanvideo":
         cfg = dict(block_out_channels=(8, 16, 16, 16), norm_num_groups=4, layers_per_block=1) if tiny else {}
-        return "AutoencoderKLHunyuanVideo", cfg, "hunyuanvideo"
+        return "AutoencoderKLHunyuanVideo", cfg
     return None
 
 
 def _family_of(vae) -> str:
-    n = type(vae).__name__
-    return {"AutoencoderKLWan": "wan", "AutoencoderKLCogVideoX": "cogvideox",
-            "AutoencoderKLHunyuanVideo": "hunyuanvideo"}.get(n) or _unknown(n)
+    """The latent handling ``vae`` needs: its render family's name, or ``hunyuanvideo``."""
+    from vdbench import families
 
-
-def _unknown(n):
-    raise ValueError(f"unsupported VAE class {n}")
+    return "hunyuanvideo" if type(vae).__name__ == "AutoencoderKLHunyuanVideo" else families.for_vae(vae).name
 
 
 def build_vae(model: str, device: str, seed: int = 0):
@@ -196,9 +185,15 @@ def build_vae(model: str, device: str, seed: int = 0):
     import diffusers
     import torch
 
+    from vdbench import pipelines as P
+
+    tiny = model.startswith("tiny-")
+    name = model[5:] if tiny else model
+    if name in P.vae_names():
+        return P.build_vae(name, device=device, seed=seed, tiny=tiny)
     spec = _vae_spec(model)
     if spec is not None:
-        cls_name, cfg, _ = spec
+        cls_name, cfg = spec
         torch.manual_seed(seed)
         if device.startswith("cuda"):
             torch.cuda.manual_seed_all(seed)

@@ -160,8 +160,9 @@ def test_kernel_categories():
 
 
 def test_default_flow_shift_per_task_and_size():
-    from vdbench.render import default_flow_shift
+    from vdbench import families
 
+    default_flow_shift = families.get("wan").flow_shift
     assert default_flow_shift("t2v", 480, 832) == 3.0
     assert default_flow_shift("i2v", 720, 1280) == 5.0
     assert default_flow_shift("ti2v", 704, 1280) == 5.0

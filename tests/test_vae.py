@@ -14,7 +14,8 @@ from diffusers import AutoencoderKLCogVideoX, AutoencoderKLWan
 from diffusers.video_processor import VideoProcessor
 
 from vdbench import vae as V
-from vdbench.pipelines import _COG_VAE, _WAN21_VAE, _WAN22_VAE
+from vdbench.families.cogvideox import COG_VAE as _COG_VAE
+from vdbench.families.wan import WAN21_VAE as _WAN21_VAE, WAN22_VAE as _WAN22_VAE
 from vdbench.watchdog import WatchdogTimeout
 
 

@@ -8,7 +8,7 @@ pytest.importorskip("triton")
 
 from vdbench import kernels as K  # noqa: E402
 from vdbench import vae as V  # noqa: E402
-from vdbench.pipelines import _WAN21_VAE, _WAN22_VAE  # noqa: E402
+from vdbench.families.wan import WAN21_VAE as _WAN21_VAE, WAN22_VAE as _WAN22_VAE  # noqa: E402
 
 
 

@@ -15,7 +15,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from vdbench import vae as V
-from vdbench.pipelines import _WAN21_VAE_REAL, _WAN22_VAE_REAL
+from vdbench.families.wan import WAN21_VAE_REAL as _WAN21_VAE_REAL, WAN22_VAE_REAL as _WAN22_VAE_REAL
 
 
 class PeakBytes(TorchDispatchMode):

@@ -108,13 +108,14 @@ def test_harness_reference_decodes_record_no_autograd_graph():
     alive with its output. Now the harness's VAE requires no grad and every timed call runs in inference mode."""
     from diffusers import AutoencoderKLCogVideoX
 
-    from vdbench.pipelines import _COG_VAE
-    from vdbench.vae_parallel import _make_vae, _timed
+    from vdbench.families.cogvideox import COG_VAE
+    from vdbench.pipelines import build_vae
+    from vdbench.vae_parallel import _timed
 
-    vae = _make_vae(_COG_VAE, torch.device("cpu"), torch.float32, 0)
+    vae = build_vae("cogvideox", device=torch.device("cpu"), dtype=torch.float32, seed=0, tiny=True)
     assert not any(p.requires_grad for p in vae.parameters())
     torch.manual_seed(0)
-    grad_vae = AutoencoderKLCogVideoX(**_COG_VAE).eval()  # as diffusers builds it: parameters require grad
+    grad_vae = AutoencoderKLCogVideoX(**COG_VAE).eval()  # as diffusers builds it: parameters require grad
     assert all(p.requires_grad for p in grad_vae.parameters())
     z = torch.randn(1, 16, 2, 4, 6)
     modes = []

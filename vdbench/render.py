@@ -11,7 +11,6 @@ repetitions are appended to ``timing.json`` in the results directory.
 from __future__ import annotations
 
 import json
-import re
 import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
@@ -21,11 +20,12 @@ from typing import Optional
 import torch
 
 from . import backends as B
+from . import families
 from .patching import AttentionPatch
 from .timing import Clock, StepTimer, append_timing, peak_memory, reset_peak_memory, summarize_steps, system_info
 
-__all__ = ["RenderConfig", "render", "resolve_device", "resolve_dtype", "preflight", "model_tag",
-           "wan_output_name", "cogvideox_output_name", "run_cli", "handle_listing", "fill_defaults", "EXIT_BAD_INPUT", "EXIT_UNSUPPORTED_CALL"]
+__all__ = ["RenderConfig", "render", "resolve_device", "resolve_dtype", "preflight", "run_cli", "handle_listing",
+           "fill_defaults", "EXIT_BAD_INPUT", "EXIT_UNSUPPORTED_CALL"]
 
 EXIT_BAD_INPUT = 2  # unknown/unavailable backend, bad size, model that can't be loaded
 EXIT_UNSUPPORTED_CALL = 3  # the backend met a call it cannot serve during the run
@@ -58,21 +58,6 @@ def resolve_dtype(arg: str, device: torch.device) -> torch.dtype:
         raise ValueError(f"unknown dtype {arg!r}; choose from auto, {', '.join(DTYPES)}") from None
 
 
-def model_tag(model: str) -> str:
-    """A file-name-safe tag for a model argument (no underscores, so file names parse unambiguously)."""
-    base = model.rstrip("/").split("/")[-1] if not model.startswith("tiny") else model
-    return re.sub(r"[^A-Za-z0-9.\-]+", "-", base).strip("-") or "model"
-
-
-def wan_output_name(task, model, num_frames, steps, attention_type, height, width) -> str:
-    return (f"wan_result_{task}_{model_tag(model)}_{num_frames}f_{steps}s_attn_{B.canonical_name(attention_type)}_"
-            f"{height}x{width}.mp4")
-
-
-def cogvideox_output_name(model, attention_type) -> str:
-    return f"cogvideox-{model_tag(model)}_{B.canonical_name(attention_type)}.mp4"
-
-
 def preflight(attention_type: str | B.Backend, device, dtype, head_dims) -> B.Backend:
     """The backend's entry (what travels down from here), or BackendUnavailable with what *can* run here unless it
     serves every head dim."""
@@ -90,7 +75,7 @@ def preflight(attention_type: str | B.Backend, device, dtype, head_dims) -> B.Ba
 
 @dataclass
 class RenderConfig:
-    family: str  # "wan" | "cogvideox"
+    family: str  # a vdbench.families name: "wan" | "cogvideox"
     task: str
     model: str
     prompt: str
@@ -119,7 +104,7 @@ class RenderConfig:
     rank: int = 0
     warmup_calls: int = 0  # untimed pipeline calls before the timed repetitions (compilation, caches, plans)
     vae_dtype: str = "auto"  # "auto": the pipeline dtype
-    flow_shift: Optional[float] = None  # Wan: None = per task and size (see default_flow_shift)
+    flow_shift: Optional[float] = None  # None = the family's default per task and size (Family.flow_shift)
     profile_output: Optional[str] = None  # torch profiler Chrome traces under <traces_root>/<name>/
     traces_root: Optional[Path] = None
     profile_wait: int = 0
@@ -143,13 +128,6 @@ class RenderConfig:
     ulysses_degree: int = 1
     ring_degree: int = 1
     use_cfg_parallel: bool = False
-
-
-def default_flow_shift(task: str, height: int, width: int) -> float:
-    """Wan's recommended flow-matching shift: 3.0 at 480p, 5.0 at 720p and above; TI2V-5B uses 5.0."""
-    if task == "ti2v":
-        return 5.0
-    return 5.0 if height * width >= 720 * 1280 else 3.0
 
 
 def _set_flow_shift(pipe, shift: float) -> Optional[float]:
@@ -347,8 +325,9 @@ def _render(cfg: RenderConfig, log, dctx) -> dict:
     if cfg.save_inputs and cfg.compile:
         raise ValueError("--save_inputs runs eagerly (compiled graphs don't know which layer a call is); drop "
                          "the compile option for capture runs -- the captured Q/K/V are the same")
-    if cfg.task == "i2v" and not cfg.image:
-        raise ValueError("task i2v needs --img_file_path (the image to animate)")
+    family = families.get(cfg.family)
+    if cfg.task in family.image_tasks and not cfg.image:
+        raise ValueError(f"task {cfg.task} needs --img_file_path (the image to animate)")
     if cfg.vae_glue not in GLUES:
         raise ValueError(f"unknown --vae_glue {cfg.vae_glue!r}; valid: {', '.join(GLUES)}")
     if cfg.vae_glue == "triton":  # asked for: refused before the load where it can't apply or can't run
@@ -375,11 +354,11 @@ def _render(cfg: RenderConfig, log, dctx) -> dict:
         pipe.vae.enable_slicing()
     load_time = time.perf_counter() - t_load
     flow_shift = None
-    if cfg.family == "wan":
+    if family.flow_shift is not None:
         flow_shift = _set_flow_shift(pipe, cfg.flow_shift if cfg.flow_shift is not None
-                                     else default_flow_shift(cfg.task, cfg.height, cfg.width))
+                                     else family.flow_shift(cfg.task, cfg.height, cfg.width))
     pipe.set_progress_bar_config(disable=not sys.stderr.isatty(), leave=False)
-    check_video_size(pipe, cfg.height, cfg.width, cfg.num_frames)
+    check_video_size(pipe, cfg.height, cfg.width, cfg.num_frames, family=cfg.family)
     models = transformers_of(pipe)
     head_dims = [m.config.attention_head_dim for _, m in models]
     err = None
@@ -399,10 +378,9 @@ def _render(cfg: RenderConfig, log, dctx) -> dict:
     kwargs = dict(prompt=cfg.prompt, negative_prompt=cfg.negative_prompt, height=cfg.height, width=cfg.width,
                   num_frames=cfg.num_frames, num_inference_steps=cfg.num_inference_steps,
                   guidance_scale=cfg.guidance_scale, output_type="latent", **cfg.extra_pipe_kwargs)
-    if cfg.task == "i2v" or (cfg.task == "ti2v" and cfg.image):
-        if cfg.family == "wan" and cfg.task == "ti2v":
-            raise ValueError("ti2v with an image runs the image-to-video pipeline: use --task i2v with the "
-                             "TI2V model")
+    if cfg.image and cfg.task in family.image_refusals:
+        raise ValueError(family.image_refusals[cfg.task])
+    if cfg.task in family.image_tasks:
         kwargs["image"] = _load_image(cfg.image, cfg.width, cfg.height)
 
     header = {
@@ -424,7 +402,7 @@ def _render(cfg: RenderConfig, log, dctx) -> dict:
 
         capture = AttentionCapture(cfg.capture_dir, cfg.attention_type, rank=cfg.rank, max_captures=cfg.max_captures)
     patch = AttentionPatch(models, backend, on_unsupported=cfg.on_unsupported, time_attention=cfg.time_attention,
-                           observers=[capture] if capture else None)
+                           observers=[capture] if capture else None, call_kind=family.call_kind)
     entries, frames = [], None
 
     def advance(step):

@@ -85,6 +85,8 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
+from . import families
+
 __all__ = ["decode_latents", "decode_video", "wan_decode_chunked", "choose_chunk_frames", "prepare_latents",
            "MODES", "channels_last_3d", "fast_layers", "FAST_DEFAULT_CHUNK", "GLUES", "resolve_glue"]
 
@@ -100,20 +102,13 @@ def _is_wan(vae) -> bool:
 def prepare_latents(vae, latents: torch.Tensor, family: str) -> torch.Tensor:
     """Pipeline latents -> what ``vae.decode`` takes, exactly as the diffusers pipeline does it.
 
-    Wan: ``latents * std + mean`` (channel-first (B, C, T, H, W) already). CogVideoX: (B, T, C, H, W) ->
-    (B, C, T, H, W) and divide by the scaling factor. HunyuanVideo: divide by the scaling factor.
+    The family's :attr:`~vdbench.families.Family.prepare_latents` (Wan: ``latents * std + mean``, channel-first
+    (B, C, T, H, W) already; CogVideoX: (B, T, C, H, W) -> (B, C, T, H, W) and divide by the scaling factor).
+    HunyuanVideo (a VAE the VAE bench builds, no render family): divide by the scaling factor.
     """
-    if family == "wan":
-        latents = latents.to(vae.dtype)
-        z = vae.config.z_dim
-        mean = torch.tensor(vae.config.latents_mean).view(1, z, 1, 1, 1).to(latents.device, latents.dtype)
-        inv_std = 1.0 / torch.tensor(vae.config.latents_std).view(1, z, 1, 1, 1).to(latents.device, latents.dtype)
-        return latents / inv_std + mean
-    if family == "cogvideox":
-        return (latents.permute(0, 2, 1, 3, 4) / vae.config.scaling_factor).to(vae.dtype)
     if family == "hunyuanvideo":
         return (latents / vae.config.scaling_factor).to(vae.dtype)
-    raise ValueError(f"unknown pipeline family {family!r}")
+    return families.get(family).prepare_latents(vae, latents)
 
 
 @torch.no_grad()
@@ -123,8 +118,9 @@ def decode_latents(pipe, latents: torch.Tensor, family: str, num_frames: int | N
                    fused_glue: Optional[bool] = None):
     """Latents from ``pipe(..., output_type="latent")`` -> float frames (T, H, W, 3) in [0, 1] (numpy).
 
-    ``num_frames`` (CogVideoX only): the requested frame count, to drop the padding latent frames that
-    CogVideoX 1.5 (temporal patch size) adds, as its pipeline does before decoding.
+    ``family``: a :mod:`vdbench.families` name (how its latents reach the VAE, and whether the default decode is
+    the pipeline's own ``decode_latents``). ``num_frames``: the requested frame count, for the family's
+    ``trim_latents`` (CogVideoX 1.5 drops the padding latent frames its temporal patch size adds).
     ``mode``, ``max_memory_gib``, ``chunk_frames``: see the module doc. ``timeout_s``: the decode runs under a
     :class:`~vdbench.watchdog.Watchdog`; on expiry all stacks are dumped and
     :class:`~vdbench.watchdog.WatchdogTimeout` is raised (its ``report`` names the last completed stage).
@@ -136,30 +132,19 @@ def decode_latents(pipe, latents: torch.Tensor, family: str, num_frames: int | N
     if mode not in MODES:
         raise ValueError(f"unknown VAE decode mode {mode!r}; valid: {', '.join(MODES)}")
     vae = pipe.vae
+    fam = families.get(family)
     info = {} if info is None else info
     with Watchdog(timeout_s, label=f"vae decode ({mode})") as wd:
         wd.stage("prepare latents")
-        if family == "cogvideox":
-            patch_t = getattr(pipe.transformer.config, "patch_size_t", None)
-            if patch_t and num_frames is not None:
-                latent_frames = (num_frames - 1) // pipe.vae_scale_factor_temporal + 1
-                extra = (patch_t - latent_frames % patch_t) % patch_t
-                latents = latents[:, extra:]
-            if mode == "default" and max_memory_gib is None:
-                wd.stage("decode")
-                video = pipe.decode_latents(latents.to(vae.dtype))  # the pipeline's own method, untouched
-            else:
-                z = prepare_latents(vae, latents, family)
-                wd.stage("decode")
-                video = decode_video(vae, z, mode=mode, max_memory_gib=max_memory_gib, chunk_frames=chunk_frames,
-                                     watchdog=wd, info=info, fused_glue=fused_glue)
-        elif family == "wan":
-            z = prepare_latents(vae, latents, family)
+        latents = fam.trim_latents(pipe, latents, num_frames)
+        if fam.pipeline_decode and mode == "default" and max_memory_gib is None:
+            wd.stage("decode")
+            video = pipe.decode_latents(latents.to(vae.dtype))  # the pipeline's own method, untouched
+        else:
+            z = fam.prepare_latents(vae, latents)
             wd.stage("decode")
             video = decode_video(vae, z, mode=mode, max_memory_gib=max_memory_gib, chunk_frames=chunk_frames,
                                  watchdog=wd, info=info, fused_glue=fused_glue)
-        else:
-            raise ValueError(f"unknown pipeline family {family!r}")
         wd.stage("postprocess")
         frames = pipe.video_processor.postprocess_video(video, output_type="np")[0]
     return frames

@@ -372,44 +372,21 @@ def decode_video_parallel(vae, z: torch.Tensor, *, group=None, chunk_frames: Opt
 # Self-check / benchmark under torchrun
 # ---------------------------------------------------------------------------------------------------------------
 
-def _vae_config(case: str, num_res_blocks: Optional[int]) -> dict:
-    from vdbench import pipelines as P
-
-    cfgs = {
-        "tiny-wan2.1": P._WAN21_VAE,
-        "tiny-wan2.2": P._WAN22_VAE,
-        "wan2.1": P._WAN21_VAE_REAL,
-        "wan2.2": P._WAN22_VAE_REAL,
-        "tiny-cogvideox": P._COG_VAE,
-        "cogvideox": P._COG_VAE_REAL,
-    }
-    if case not in cfgs:
-        raise SystemExit(f"unknown case {case!r}; valid: {', '.join(cfgs)}")
-    cfg = dict(cfgs[case])
-    if num_res_blocks is not None and "cogvideox" not in case:
-        cfg["num_res_blocks"] = num_res_blocks
-    return cfg
-
-
-def _make_vae(cfg: dict, device, dtype, seed: int):
-    """The real diffusers class with seeded random weights, for inference only: no parameter requires grad.
-    (diffusers builds them requiring grad; then any decode outside ``no_grad`` -- diffusers' own ``vae.decode``
-    is not decorated -- records the autograd graph and keeps every intermediate activation alive with its
-    output: CogVideoX VAE, 3x20x30 latent, fp32, CPU, 1 rank: 19.1 GB max RSS before, 4.1 GB after.)"""
-    import diffusers
-
-    cls = diffusers.AutoencoderKLWan if "z_dim" in cfg else diffusers.AutoencoderKLCogVideoX
-    torch.manual_seed(seed)
-    with torch.device(device):
-        vae = cls(**cfg)
-    return vae.to(dtype).eval().requires_grad_(False)
-
-
-def _build_vae(cfg: dict, device, dtype, seed: int, comm_group=None):
-    """:func:`_make_vae`, then the weights broadcast from rank 0 so all ranks hold the same."""
+def _build_vae(case: str, device, dtype, seed: int, num_res_blocks: Optional[int] = None, comm_group=None):
+    """``case`` (``[tiny-]<name>``, a name of :func:`vdbench.pipelines.vae_names`) from the one VAE builder
+    (:func:`vdbench.pipelines.build_vae`: seeded random weights, no parameter requiring grad), ``num_res_blocks``
+    overriding the Wan VAEs' depth; then the weights broadcast from rank 0 so all ranks hold the same."""
     import torch.distributed as dist
 
-    vae = _make_vae(cfg, device, dtype, seed)
+    from vdbench.pipelines import build_vae, vae_names
+
+    tiny = case.startswith("tiny-")
+    name = case[5:] if tiny else case
+    if name not in vae_names():
+        cases = [prefix + n for n in vae_names() for prefix in ("tiny-", "")]
+        raise SystemExit(f"unknown case {case!r}; valid: {', '.join(cases)}")
+    depth = {} if num_res_blocks is None or "cogvideox" in case else {"num_res_blocks": num_res_blocks}
+    vae = build_vae(name, device=device, dtype=dtype, seed=seed, tiny=tiny, **depth)
     for p in list(vae.parameters()) + list(vae.buffers()):
         dist.broadcast(p.data, src=0, group=comm_group)
     return vae
@@ -575,8 +552,8 @@ def _main(argv=None) -> int:
         # for the band and the full-frame shapes. Half-precision cases keep the defaults (what a render runs).
         torch.backends.cudnn.allow_tf32 = tf32_default[0] and dname != "fp32"
         torch.backends.cuda.matmul.allow_tf32 = tf32_default[1] and dname != "fp32"
-        cfg = _vae_config(case, a.num_res_blocks)
-        vae = _build_vae(cfg, device, dtype, a.seed)
+        vae = _build_vae(case, device, dtype, a.seed, a.num_res_blocks)
+        cfg = vae.config
         g = torch.Generator().manual_seed(a.seed + 1)
         is_cog = "z_dim" not in cfg  # CogVideoX: diffusers' decode loop is both the reference and the driver
         z = torch.randn((1, cfg.get("z_dim") or cfg["latent_channels"], t, h, w), generator=g).to(device, dtype)

@@ -35,6 +35,8 @@ except ImportError:  # reading and stitching need it; writing can use OpenCV ins
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
+from . import families
+
 __all__ = [
     "VideoError",
     "VideoInfo",
@@ -388,24 +390,16 @@ def iter_frames(path) -> Iterator[np.ndarray]:
 # Labels
 # --------------------------------------------------------------------------------------------------------
 
-# run_wan.py: wan_result_{task}_{model_tag}_{frames}f_{steps}s_attn_{type}_{H}x{W}.mp4. Anchoring on the
-# "<frames>f_<steps>s_attn_" run keeps a model tag that itself contains "_attn_" from being taken for the
-# start of the type; the looser pattern covers names written without the frames/steps part.
-_WAN_RE = re.compile(r"^wan_result_.+?_\d+f_\d+s_attn_(?P<type>.+)_\d+x\d+$")
-_WAN_LOOSE_RE = re.compile(r"^wan_result_.*?_attn_(?P<type>.+)_\d+x\d+$")
-# run_cogvideox: cogvideox-{model}_{type}.mp4 where the model (2b, 5b-i2v, 1.5-5b, tiny) has no underscore.
-_COG_RE = re.compile(r"^cogvideox-[^_]+_(?P<type>.+)$")
-
-
 def label_from_filename(path) -> str:
-    """The attention type a benchmark video was rendered with, recovered from its file name:
+    """The attention type a benchmark video was rendered with, recovered from its file name by the family that
+    wrote it (:attr:`vdbench.families.Family.parse_label`, each registered family asked in turn):
     ``wan_result_t2v_1.3B_81f_30s_attn_sdpa_cudnn_480x832.mp4`` -> ``sdpa_cudnn``,
     ``cogvideox-2b_fav3_fp8.mp4`` -> ``fav3_fp8``; any other name -> its stem."""
     stem = Path(os.fspath(path)).stem
-    for pattern in (_WAN_RE, _WAN_LOOSE_RE, _COG_RE):
-        m = pattern.match(stem)
-        if m:
-            return m.group("type")
+    for name in families.names():
+        label = families.get(name).parse_label(stem)
+        if label is not None:
+            return label
     return stem
 
 
