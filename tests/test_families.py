@@ -256,7 +256,7 @@ def test_xfuser_wiring_follows_the_family(fake_xfuser, tmp_path, monkeypatch):
 
 
 def test_attention_call_kinds():
-    from vdbench.patching import _call_kind
+    from vdbench.patching.calls import call_kind as _call_kind
 
     wan_cross = types.SimpleNamespace(is_cross_attention=True)
     cog_attn = types.SimpleNamespace(is_cross_attention=False)
