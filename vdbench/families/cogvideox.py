@@ -239,7 +239,7 @@ FAMILY = Family(
     pipeline_classes={"t2v": "CogVideoXPipeline", "i2v": "CogVideoXImageToVideoPipeline"},
     vae_class="AutoencoderKLCogVideoX",
     # the render command line's --model_path default, for either task
-    default_models={"t2v": "THUDM/CogVideoX-2b", "i2v": "THUDM/CogVideoX-2b"},
+    default_models={"t2v": "THUDM/CogVideoX-2b", "i2v": "THUDM/CogVideoX-5b-I2V"},
     default_tiny={"t2v": "cogvideox-t2v", "i2v": "cogvideox-i2v"},
     cli=CliDefaults(real=dict(height=480, width=720, num_frames=49, num_inference_steps=50),
                     tiny=dict(height=128, width=192, num_frames=9, num_inference_steps=4),
