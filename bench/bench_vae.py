@@ -260,20 +260,20 @@ def _to_frames(video):
 
 def quality(frames, ref) -> dict:
     """PSNR and SSIM per frame of ``frames`` vs ``ref`` ((F, H, W, 3) tensors in [0, 1]), float64."""
-    from vdbench.metrics import _psnr_from_mse, _ssim_per_frame
+    from vdbench.metrics import psnr_from_mse, ssim_per_frame
 
     if frames.shape != ref.shape:
         raise ValueError(f"shape mismatch: {tuple(frames.shape)} vs reference {tuple(ref.shape)}")
     ref = ref.to(frames.device)
     mse = [float(((frames[i].double() - ref[i].double()) ** 2).mean()) for i in range(frames.shape[0])]
-    psnr = [_psnr_from_mse(m, 1.0) for m in mse]
+    psnr = [psnr_from_mse(m, 1.0) for m in mse]
     if min(frames.shape[1], frames.shape[2]) >= 11:
-        ssim = _ssim_per_frame(frames, ref, 1.0)
+        ssim = ssim_per_frame(frames, ref, 1.0)
     else:
         ssim = []
     return {"psnr_min": min(psnr), "psnr_mean": statistics.fmean(psnr) if all(map(math.isfinite, psnr)) else
             (math.inf if all(p == math.inf for p in psnr) else statistics.fmean([p for p in psnr if math.isfinite(p)])),
-            "psnr_all": _psnr_from_mse(statistics.fmean(mse), 1.0),
+            "psnr_all": psnr_from_mse(statistics.fmean(mse), 1.0),
             "ssim_min": min(ssim) if ssim else None, "ssim_mean": statistics.fmean(ssim) if ssim else None,
             "psnr_per_frame": psnr, "ssim_per_frame": ssim}
 

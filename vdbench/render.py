@@ -287,9 +287,9 @@ def _save_frames(frames, path: Path) -> None:
 
     import numpy as np
 
-    from .video import _frame_to_rgb_uint8
+    from .video import frame_to_rgb_uint8
 
-    arr = np.stack([_frame_to_rgb_uint8(f, i) for i, f in enumerate(frames)])
+    arr = np.stack([frame_to_rgb_uint8(f, i) for i, f in enumerate(frames)])
     tmp = path.with_name(f".{path.name}.tmp")
     with open(tmp, "wb") as f:
         np.save(f, arr)

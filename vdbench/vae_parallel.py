@@ -475,12 +475,12 @@ class _Peak:
 def _quality(x: torch.Tensor, ref: torch.Tensor) -> dict:
     """PSNR of the video mapped [-1, 1] -> [0, 1] (the saved frames' range, data range 1) and the largest
     absolute difference, in float64 on the tensors' device (metrics.psnr's formula; no 1 GB host copies)."""
-    from vdbench.metrics import _psnr_from_mse
+    from vdbench.metrics import psnr_from_mse
 
     if x.shape != ref.shape:
         raise ValueError(f"shape mismatch: {tuple(x.shape)} vs reference {tuple(ref.shape)}")
     d = x.double() - ref.double()
-    p = _psnr_from_mse(float(((d / 2) ** 2).mean().item()), 1.0)
+    p = psnr_from_mse(float(((d / 2) ** 2).mean().item()), 1.0)
     return {"psnr_db": None if p == float("inf") else round(p, 2), "identical": p == float("inf"),
             "max_abs": float(d.abs().max().item())}
 
