@@ -399,9 +399,9 @@ def profile_decode(decode, z, device: str, top: int) -> dict:
         if cuda:
             torch.cuda.synchronize()
     del video
-    # one aggregation for every profile the project writes (vdbench.render.kernel_summary: device kernels without
+    # one aggregation for every profile the project writes (vdbench.timing.kernel_summary: device kernels without
     # the GPU-side annotations, or aten ops' self CPU time on a CPU)
-    from vdbench.render import kernel_summary
+    from vdbench.timing import kernel_summary
 
     summary = kernel_summary(prof.events(), top=top)
     return {"time_kind": "self device time" if summary["source"] == "device kernels" else "self CPU time",

@@ -56,7 +56,7 @@ cog() {
   fi
 }
 # one profiled step (the third) per run, in runs of their own (group _prof: not in the table), for where the
-# parallel overhead goes: GPU time per kernel category (vdbench.render.kernel_summary)
+# parallel overhead goes: GPU time per kernel category (vdbench.timing.kernel_summary)
 PROF="--profile_output p --profile_wait 1 --profile_warmup 1 --profile_active 1"
 pack() {
   mkdir -p "$W/prof"
