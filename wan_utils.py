@@ -10,4 +10,4 @@
 from vdbench.pipelines import check_video_size, load_pipeline, resolve_model, transformers_of  # noqa: F401
 from vdbench.patching import AttentionPatch as install_backend  # noqa: F401
 from vdbench.render import model_tag, wan_output_name  # noqa: F401
-from vdbench.vae import decode_latents  # noqa: F401
+from vdbench.decode import decode_latents  # noqa: F401

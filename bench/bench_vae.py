@@ -66,7 +66,6 @@ CONFIGS = ("fp32", "bf16", "bf16_autocast", "tiled", "chunked", "channels_last_3
            "fast", "fast_nocl", "memory", "miopen_fast", "miopen_immediate", "miopen_naive_off")
 #: Modifiers that compose with any config: ``fast+cudnn_benchmark``, ``fast+compile``, ``bf16+cudnn_benchmark``...
 MODIFIERS = ("cudnn_benchmark", "compile", "fused", "eager_glue")
-_WAN_ONLY = ("chunked", "fast", "fast_nocl", "memory")
 DEFAULT_CONFIGS = "fp32,bf16,bf16_autocast,tiled,chunked,channels_last_3d,cudnn_benchmark,fast,memory"
 
 #: ROCm MIOpen presets: environment variables read by MIOpen when the process loads it.
@@ -293,9 +292,11 @@ def prepare_config(name: str, value, vae, family: str, args, device: str):
     """Apply config ``name`` (with its ``+modifiers``) to the fp32 ``vae``: returns (vae, decode_fn(z) -> video,
     description, decode info)."""
     import contextlib
+    import dataclasses
 
     import torch
 
+    from vdbench import decode as D
     from vdbench import vae as V
 
     base, mods = split_config(name)
@@ -314,12 +315,23 @@ def prepare_config(name: str, value, vae, family: str, args, device: str):
     bf16 = torch.bfloat16
     if bench and not device.startswith("cuda"):
         raise NotApplicable("cudnn.benchmark applies to CUDA/ROCm devices only")
-    if base in _WAN_ONLY and family != "wan":
+    if base == "chunked" and family != "wan":
         raise NotApplicable(f"{base}: implemented for the Wan VAE only (its causal-conv cache makes chunking exact; "
                             f"{type(vae).__name__}'s decode is not chunk-equivalent: CogVideoX's group norms span "
                             "its frame batches)")
-    if comp and base == "memory":
-        raise NotApplicable("memory+compile: the memory-bounded decode has no compiled variant")
+    # the configs that run --vae_decode fast: its options, refused by the render's own check where they don't apply
+    decode_opts = None
+    if base in ("fast", "fast_nocl"):
+        decode_opts = D.DecodeOptions(chunk_frames=int(value or args.chunk_frames or V.FAST_DEFAULT_CHUNK),
+                                      channels_last=base == "fast", fused_glue=glue,
+                                      compile_backend=args.compile_backend if comp else None)
+    elif base == "memory":
+        decode_opts = D.DecodeOptions(max_memory_gib=float(value or args.vae_max_memory), fused_glue=glue)
+    if decode_opts is not None:
+        try:
+            D.check_decode("fast", decode_opts, vae=vae)
+        except ValueError as e:
+            raise NotApplicable(str(e)) from None
     if base != "fp32" and base != "bf16_autocast":
         vae = vae.to(bf16)
     autocast = (torch.autocast(device_type=torch.device(device).type, dtype=bf16) if base == "bf16_autocast"
@@ -339,7 +351,7 @@ def prepare_config(name: str, value, vae, family: str, args, device: str):
     if bench:
         torch.backends.cudnn.benchmark = True
         desc["cudnn_benchmark"] = True
-    fast = base in ("fast", "fast_nocl")
+    fast = decode_opts is not None and decode_opts.max_memory_gib is None
     if comp:
         desc["compile_backend"] = args.compile_backend
         # fast paths: the norm/SiLU glue of the lean layers compiled (convs stay cuDNN's); others: the decoder
@@ -351,18 +363,13 @@ def prepare_config(name: str, value, vae, family: str, args, device: str):
         k = int(value or args.chunk_frames or 4)
         desc["chunk_frames"] = k
         fn = lambda z: V.wan_decode_chunked(vae, z, k, native_upsample=False)  # noqa: E731
-    elif fast:
-        k = int(value or args.chunk_frames or V.FAST_DEFAULT_CHUNK)
-        cl = base == "fast"
-        desc.update(chunk_frames=k, channels_last=cl)
-        backend = args.compile_backend if comp else None
-        fn = lambda z: V.decode_video(vae, z, mode="fast", chunk_frames=k, channels_last=cl,  # noqa: E731
-                                      compile_backend=backend, fused_glue=glue, info=info)
-    elif base == "memory":
-        gib = float(value or args.vae_max_memory)
-        desc["max_memory_gib"] = gib
-        fn = lambda z: V.decode_video(vae, z, mode="fast", max_memory_gib=gib, fused_glue=glue,  # noqa: E731
-                                      info=info)
+    elif decode_opts is not None:
+        if fast:
+            desc.update(chunk_frames=decode_opts.chunk_frames, channels_last=decode_opts.channels_last)
+        else:
+            desc["max_memory_gib"] = decode_opts.max_memory_gib
+        opts = dataclasses.asdict(decode_opts)
+        fn = lambda z: D.decode_video(vae, z, mode="fast", info=info, **opts)  # noqa: E731
     else:
         fn = lambda z: vae.decode(z.to(vae.dtype), return_dict=False)[0]  # noqa: E731
 
@@ -750,6 +757,7 @@ def _preimport():
     import diffusers  # noqa: F401
     from diffusers import AutoencoderKLCogVideoX, AutoencoderKLHunyuanVideo, AutoencoderKLWan  # noqa: F401
 
+    import vdbench.decode  # noqa: F401
     import vdbench.metrics  # noqa: F401
     import vdbench.pipelines  # noqa: F401
     import vdbench.vae  # noqa: F401

@@ -135,7 +135,7 @@ class RenderConfig:
     compile_mode: Optional[str] = None
     bf16_te_gemms: bool = False  # text encoder in bfloat16 whatever the pipeline dtype
     fp8_gemms: bool = False  # torchao float8 GEMMs in the transformer blocks
-    vae_decode: str = "default"  # default | fast | parallel (vdbench.vae)
+    vae_decode: str = "default"  # default | fast | parallel (vdbench.decode.MODES)
     vae_max_memory: Optional[float] = None  # GiB: chunk/tile size chosen from it
     vae_timeout: Optional[float] = None  # seconds: a decode running longer is reported as hung (watchdog)
     vae_glue: str = "auto"  # auto | triton | eager: the fast decode's glue (vdbench.vae.GLUES)
@@ -240,7 +240,8 @@ def render(cfg: RenderConfig, log=print) -> dict:
 def _render(cfg: RenderConfig, log, dctx) -> dict:
     from . import parallel as P
     from .pipelines import check_video_size, load_pipeline, model_summary, transformers_of
-    from .vae import GLUES, decode_latents
+    from .decode import DecodeOptions, check_decode, decode_latents
+    from .vae import GLUES
     from .watchdog import WatchdogTimeout
     from .video import write_video
 
@@ -268,15 +269,9 @@ def _render(cfg: RenderConfig, log, dctx) -> dict:
         raise ValueError("task i2v needs --img_file_path (the image to animate)")
     if cfg.vae_glue not in GLUES:
         raise ValueError(f"unknown --vae_glue {cfg.vae_glue!r}; valid: {', '.join(GLUES)}")
-    if cfg.vae_glue == "triton":  # asked for: refused before the load where it can't apply or can't run
-        if cfg.vae_decode != "fast" or cfg.family != "wan":
-            raise ValueError("--vae_glue triton is the Wan fast decode's glue: it needs --vae_decode fast and a Wan "
-                             f"model (got --vae_decode {cfg.vae_decode}, family {cfg.family})")
-        from . import kernels as K
-
-        ok, why = K.probe("vae_glue", device)
-        if not ok:
-            raise B.BackendUnavailable(f"--vae_glue triton can't run on {device}: {why}")
+    # the decode asked for, refused before the load where it can't apply to this family or can't run here
+    check_decode(cfg.vae_decode, DecodeOptions(max_memory_gib=cfg.vae_max_memory, fused_glue=GLUES[cfg.vae_glue]),
+                 family=cfg.family, device=device)
 
     vae_dtype = dtype if cfg.vae_dtype in (None, "auto") else resolve_dtype(cfg.vae_dtype, device)
     if cfg.cpu_offload and device.type != "cuda":

@@ -53,7 +53,10 @@ from typing import Optional, Sequence
 import torch
 import torch.nn.functional as F
 
-__all__ = ["decode_video_parallel", "band_sizes", "BandComm"]
+__all__ = ["decode_video_parallel", "band_sizes", "BandComm", "VAES"]
+
+#: The VAE classes whose decoder layers the band decode knows how to split (every H-coupled layer hooked).
+VAES = ("AutoencoderKLWan", "AutoencoderKLCogVideoX")
 
 
 def band_sizes(rows: int, world: int) -> list[int]:
@@ -335,7 +338,7 @@ def decode_video_parallel(vae, z: torch.Tensor, *, group=None, chunk_frames: Opt
     from vdbench.vae import wan_decode_chunked
 
     name = type(vae).__name__
-    if name not in ("AutoencoderKLWan", "AutoencoderKLCogVideoX"):
+    if name not in VAES:
         raise NotImplementedError(f"parallel VAE decode is implemented for AutoencoderKLWan (Wan 2.1/2.2) and "
                                   f"AutoencoderKLCogVideoX only, not {name}; use --vae_decode default")
     is_wan = name == "AutoencoderKLWan"
