@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Multi-GPU VAE decode (vdbench.vae_parallel) on 2 GPUs: exactness and time vs the single-GPU decode.
+# Multi-GPU VAE decode (vdbench.vae_parallel, measured by bench/bench_vae_parallel.py) on 2 GPUs: exactness and time vs the single-GPU decode.
 # Run from the repo root on a 2-GPU machine (e.g. 2x H200), after the wheels are on PYTHONPATH:
 #
 #   bash bench/gpu_vae_parallel.sh            # results: $OUT/vae_parallel.json, $OUT/vae_parallel.log
@@ -25,7 +25,7 @@ BUDGET_S=${BUDGET_S:-120}   # inside python: remaining cases are skipped (and re
   python3 -c 'import torch, diffusers; print("torch", torch.__version__, "cuda", torch.version.cuda, "diffusers", diffusers.__version__)'
 } > "$OUT/vae_parallel_env.txt" 2>&1
 cat "$OUT/vae_parallel_env.txt"
-timeout -k 10 170 python3 -m torch.distributed.run --standalone --nproc_per_node="$NPROC" -m vdbench.vae_parallel \
+timeout -k 10 170 python3 -m torch.distributed.run --standalone --nproc_per_node="$NPROC" bench/bench_vae_parallel.py \
   --num_res_blocks 2 --warmup 1 --repeats "$REPEATS" --budget_s "$BUDGET_S" --json "$OUT/vae_parallel.json" \
   --case wan2.1:5x30x52:fp32:1,0 \
   --case wan2.1:21x60x104:bf16:1,0 \
