@@ -55,9 +55,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+ROOT = Path(__file__).resolve().parents[1]  # the working directory of --isolate's children
 
 # No torch import at module level: a child must get its environment (MIOpen presets) before torch loads.
 

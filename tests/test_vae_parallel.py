@@ -58,11 +58,9 @@ def _db(q: dict) -> float:
     return float("inf") if q["identical"] else q["psnr_db"]
 
 
-def test_torchrun_parallel_decode_matches_single_process(tmp_path):
+def test_torchrun_parallel_decode_matches_single_process(tmp_path, checkout_env):
     out = tmp_path / "vae_parallel.json"
-    # the script imports this checkout's vdbench (as a device run does with PYTHONPATH=$PWD)
-    env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="",
-               PYTHONPATH=os.pathsep.join([ROOT, *filter(None, [os.environ.get("PYTHONPATH")])]))
+    env = dict(checkout_env, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=3",
            os.path.join(ROOT, "bench", "bench_vae_parallel.py"), "--case", "tiny-wan2.1",
            "--case", "tiny-wan2.2:3x7x6:fp32:0", "--case", "tiny-cogvideox:5x7x6", "--latent", "3x7x6",
