@@ -36,14 +36,10 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from vdbench import backends as B  # noqa: E402
-from vdbench import families  # noqa: E402
-from vdbench import metrics as M  # noqa: E402
-from vdbench.capture import CaptureError, list_captures, load_capture  # noqa: E402
+from vdbench import backends as B
+from vdbench import families
+from vdbench import metrics as M
+from vdbench.capture import CaptureError, list_captures, load_capture
 
 # (B, H, Sq, Sk, D): self-attention of the real models at their usual sizes
 #: Real models' attention shapes (B, H, Sq, Sk, D), by name: each family's ``attention_presets``.

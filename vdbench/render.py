@@ -10,7 +10,6 @@ repetitions are appended to ``timing.json`` in the results directory.
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
@@ -22,7 +21,8 @@ import torch
 from . import backends as B
 from . import families
 from .patching import AttentionPatch
-from .timing import Clock, StepTimer, append_timing, peak_memory, reset_peak_memory, summarize_steps, system_info
+from .timing import (Clock, StepProfiler, StepTimer, append_timing, peak_memory, reset_peak_memory, summarize_steps,
+                     system_info)
 
 __all__ = ["RenderConfig", "render", "resolve_device", "resolve_dtype", "preflight", "run_cli", "handle_listing",
            "fill_defaults", "EXIT_BAD_INPUT", "EXIT_UNSUPPORTED_CALL"]
@@ -118,7 +118,7 @@ class RenderConfig:
     compile_mode: Optional[str] = None
     bf16_te_gemms: bool = False  # text encoder in bfloat16 whatever the pipeline dtype
     fp8_gemms: bool = False  # torchao float8 GEMMs in the transformer blocks
-    vae_decode: str = "default"  # default | fast | parallel (vdbench.vae)
+    vae_decode: str = "default"  # default | fast | parallel (vdbench.decode.MODES)
     vae_max_memory: Optional[float] = None  # GiB: chunk/tile size chosen from it
     vae_timeout: Optional[float] = None  # seconds: a decode running longer is reported as hung (watchdog)
     vae_glue: str = "auto"  # auto | triton | eager: the fast decode's glue (vdbench.vae.GLUES)
@@ -136,91 +136,6 @@ def _set_flow_shift(pipe, shift: float) -> Optional[float]:
         return None
     pipe.scheduler = type(pipe.scheduler).from_config(pipe.scheduler.config, flow_shift=shift)
     return shift
-
-
-#: Kernel-name patterns per category, first match wins (lower-case substrings). What a step's GPU time goes to
-#: -- attention kernels, GEMMs, communication, the rest -- is what decides where parallel overhead comes from.
-KERNEL_CATEGORIES = (
-    ("communication", ("nccl", "all_to_all", "alltoall", "allgather", "all_gather", "reducescatter", "allreduce")),
-    ("attention", ("flash", "fmha", "attn", "attention", "sdpa", "sage", "_fwd_kernel", "vdbench")),
-    ("gemm", ("gemm", "cutlass", "xmma", "nvjet", "cublas", "matmul", "sm90_", "sm80_", "aten::mm", "aten::addmm",
-              "aten::bmm", "aten::linear")),
-    ("conv", ("conv", "cudnn", "implicit")),
-    ("copy", ("memcpy", "memset", "copy", "cat", "transpose", "permute", "contiguous")),
-    ("elementwise/norm", ("elementwise", "vectorized", "reduce", "norm", "softmax", "silu", "gelu", "mul", "add")),
-)
-
-
-def kernel_category(name: str) -> str:
-    low = name.lower()
-    for cat, pats in KERNEL_CATEGORIES:
-        if any(p in low for p in pats):
-            return cat
-    return "other"
-
-
-def kernel_summary(events, top: int = 40) -> dict:
-    """GPU time by kernel and by category from profiler events (device-side events; on a CPU-only run, the CPU
-    operators' self time). Times in ms summed over the profiled steps."""
-    # kernels only: GPU-side user annotations (ProfilerStep#N, nccl:all_to_all, record_function ranges) span
-    # kernels that are counted themselves
-    dev = [e for e in events if getattr(e, "device_type", None) is not None
-           and e.device_type.name in ("CUDA", "HIP", "PrivateUse1") and not getattr(e, "is_user_annotation", False)
-           and not e.name.startswith(("ProfilerStep", "nccl:"))]
-    source = "device kernels" if dev else "cpu operators (self time)"
-    by: dict = {}
-    if dev:
-        for e in dev:
-            t = e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
-            n, c = by.get(e.name, (0.0, 0))
-            by[e.name] = (n + t / 1e3, c + 1)
-    else:
-        for e in events:
-            if e.name.startswith("aten::"):
-                n, c = by.get(e.name, (0.0, 0))
-                by[e.name] = (n + e.self_cpu_time_total / 1e3, c + 1)
-    total = sum(t for t, _ in by.values())
-    cats: dict = {}
-    for name, (t, _) in by.items():
-        k = kernel_category(name)
-        cats[k] = cats.get(k, 0.0) + t
-    rows = sorted(by.items(), key=lambda kv: -kv[1][0])[:top]
-    return {"source": source, "total_ms": total,
-            "categories_ms": dict(sorted(cats.items(), key=lambda kv: -kv[1])),
-            "top": [{"name": n, "calls": c, "ms": t, "share": t / total if total else 0.0, "category": kernel_category(n)}
-                    for n, (t, c) in rows]}
-
-
-class _Profiler:
-    """torch.profiler over denoising steps (scheduled wait/warmup/active), one Chrome trace per rank and cycle."""
-
-    def __init__(self, out_dir: Path, rank: int, wait: int, warmup: int, active: int, device):
-        from torch.profiler import ProfilerActivity, profile, schedule
-
-        out_dir.mkdir(parents=True, exist_ok=True)
-        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.device(device).type == "cuda" else [])
-        self.paths: list[Path] = []
-
-        def ready(prof):
-            path = out_dir / f"rank{rank}_step{prof.step_num}.json"
-            prof.export_chrome_trace(str(path))
-            self.paths.append(path)
-            summary = kernel_summary(prof.events())
-            summary["active_steps"] = active
-            (out_dir / f"kernels_rank{rank}_step{prof.step_num}.json").write_text(json.dumps(summary, indent=1))
-
-        self.prof = profile(activities=acts, schedule=schedule(wait=wait, warmup=warmup, active=active, repeat=1),
-                            on_trace_ready=ready, record_shapes=True)
-
-    def __enter__(self):
-        self.prof.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        return self.prof.__exit__(*exc)
-
-    def step(self):
-        self.prof.step()
 
 
 def _load_image(path: str, width: int, height: int):
@@ -263,9 +178,9 @@ def _save_frames(frames, path: Path) -> None:
 
     import numpy as np
 
-    from .video import _frame_to_rgb_uint8
+    from .video import frame_to_rgb_uint8
 
-    arr = np.stack([_frame_to_rgb_uint8(f, i) for i, f in enumerate(frames)])
+    arr = np.stack([frame_to_rgb_uint8(f, i) for i, f in enumerate(frames)])
     tmp = path.with_name(f".{path.name}.tmp")
     with open(tmp, "wb") as f:
         np.save(f, arr)
@@ -301,7 +216,8 @@ def render(cfg: RenderConfig, log=print) -> dict:
 def _render(cfg: RenderConfig, log, dctx) -> dict:
     from . import parallel as P
     from .pipelines import check_video_size, load_pipeline, model_summary, transformers_of
-    from .vae import GLUES, decode_latents
+    from .decode import DecodeOptions, check_decode, decode_latents
+    from .vae import GLUES
     from .watchdog import WatchdogTimeout
     from .video import write_video
 
@@ -330,15 +246,9 @@ def _render(cfg: RenderConfig, log, dctx) -> dict:
         raise ValueError(f"task {cfg.task} needs --img_file_path (the image to animate)")
     if cfg.vae_glue not in GLUES:
         raise ValueError(f"unknown --vae_glue {cfg.vae_glue!r}; valid: {', '.join(GLUES)}")
-    if cfg.vae_glue == "triton":  # asked for: refused before the load where it can't apply or can't run
-        if cfg.vae_decode != "fast" or cfg.family != "wan":
-            raise ValueError("--vae_glue triton is the Wan fast decode's glue: it needs --vae_decode fast and a Wan "
-                             f"model (got --vae_decode {cfg.vae_decode}, family {cfg.family})")
-        from . import kernels as K
-
-        ok, why = K.probe("vae_glue", device)
-        if not ok:
-            raise B.BackendUnavailable(f"--vae_glue triton can't run on {device}: {why}")
+    # the decode asked for, refused before the load where it can't apply to this family or can't run here
+    check_decode(cfg.vae_decode, DecodeOptions(max_memory_gib=cfg.vae_max_memory, fused_glue=GLUES[cfg.vae_glue]),
+                 family=cfg.family, device=device)
 
     vae_dtype = dtype if cfg.vae_dtype in (None, "auto") else resolve_dtype(cfg.vae_dtype, device)
     if cfg.cpu_offload and device.type != "cuda":
@@ -413,7 +323,7 @@ def _render(cfg: RenderConfig, log, dctx) -> dict:
     profiler = None
     if cfg.profile_output:
         root = cfg.traces_root if cfg.traces_root is not None else cfg.output_path.parent.parent / "traces"
-        profiler = _Profiler(Path(root) / cfg.profile_output, cfg.rank, cfg.profile_wait, cfg.profile_warmup,
+        profiler = StepProfiler(Path(root) / cfg.profile_output, cfg.rank, cfg.profile_wait, cfg.profile_warmup,
                              cfg.profile_active, device)
         if cfg.profile_wait + cfg.profile_warmup + cfg.profile_active > cfg.num_inference_steps:
             raise ValueError(f"--profile_wait + --profile_warmup + --profile_active = "

@@ -41,6 +41,7 @@ __all__ = [
     "VideoError",
     "VideoInfo",
     "write_video",
+    "frame_to_rgb_uint8",
     "probe_video",
     "iter_frames",
     "label_from_filename",
@@ -93,8 +94,9 @@ class VideoInfo:
 # --------------------------------------------------------------------------------------------------------
 
 
-def _frame_to_rgb_uint8(frame, index: int) -> np.ndarray:
-    """One frame as a C-contiguous (H, W, 3) uint8 array.
+def frame_to_rgb_uint8(frame, index: int) -> np.ndarray:
+    """One frame as a C-contiguous (H, W, 3) uint8 array: exactly what the video encoder is fed, so raw frames
+    saved beside a video (the render's ``--save_frames``) compare equal to its input.
 
     Floats are taken as [0, 1] (what diffusers returns with ``output_type="np"``), clipped and rounded;
     NaN/inf are refused rather than silently written as black, because a NaN frame from a broken kernel is
@@ -211,7 +213,7 @@ def write_video(frames, path, fps: float = 16, *, crf: int = DEFAULT_CRF, preset
         first = next(frame_iter)
     except StopIteration:
         raise ValueError(f"{path}: no frames to write") from None
-    first = _frame_to_rgb_uint8(first, 0)
+    first = frame_to_rgb_uint8(first, 0)
     src_h, src_w = first.shape[:2]
     first = _pad_to_even(first)
     out_h, out_w = first.shape[:2]
@@ -235,7 +237,7 @@ def write_video(frames, path, fps: float = 16, *, crf: int = DEFAULT_CRF, preset
         writer.send(first)
         n_sent = 1
         for i, frame in enumerate(frame_iter, start=1):
-            arr = _frame_to_rgb_uint8(frame, i)
+            arr = frame_to_rgb_uint8(frame, i)
             if arr.shape[:2] != (src_h, src_w):
                 raise ValueError(f"frame {i}: size {arr.shape[1]}x{arr.shape[0]} differs from "
                                  f"the first frame's {src_w}x{src_h}")
@@ -266,7 +268,7 @@ def _write_video_cv2(frames, path: str, fps: float) -> str:
     try:
         n = 0
         for i, frame in enumerate(_iter_input_frames(frames)):
-            arr = _frame_to_rgb_uint8(frame, i)
+            arr = frame_to_rgb_uint8(frame, i)
             if writer is None:
                 h, w = arr.shape[:2]
                 writer = cv2.VideoWriter(tmp, cv2.VideoWriter_fourcc(*"mp4v"), float(fps), (w, h))
