@@ -40,14 +40,6 @@ def test_diffusers_and_sglang_names_resolve_to_ours(alias, name):
     assert B.canonical_name(alias) == name and B.canonical_name("nope") == "nope"
 
 
-def test_outputs_of_an_alias_are_named_as_ours():
-    from vdbench.render import cogvideox_output_name, wan_output_name
-
-    assert wan_output_name("t2v", "tiny", 9, 2, "_native_math", 64, 96) == \
-        "wan_result_t2v_tiny_9f_2s_attn_sdpa_math_64x96.mp4"
-    assert cogvideox_output_name("tiny", "fa3") == "cogvideox-tiny_fav3.mp4"
-
-
 def test_aliases_are_listed_and_unknown_names_get_a_suggestion():
     table = B.capability_table("cpu")
     assert "aliases" in table and "_flash_3, _flash_3_hub, fa3 -> fav3" in table

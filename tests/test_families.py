@@ -100,14 +100,13 @@ def test_tasks_classes_and_defaults():
 
 
 def test_the_render_clis_take_their_defaults_from_the_family():
-    import run_wan
-    import sageattn_cogvideo
+    from vdbench import cli
 
-    wan_args = run_wan.build_parser().parse_args([])
+    wan_args = cli.build_parser("wan").parse_args([])
     assert (wan_args.prompt, wan_args.negative_prompt, wan_args.guidance_scale, wan_args.fps,
-            wan_args.benchmark_output_directory) == (WAN.cli.prompt, WAN.cli.negative_prompt, 5.0, 16, "outputs")
-    cog_args = sageattn_cogvideo.build_parser().parse_args([])
-    assert (cog_args.model_path, cog_args.guidance_scale, cog_args.fps, cog_args.output_dir) == (
+            wan_args.output_dir) == (WAN.cli.prompt, WAN.cli.negative_prompt, 5.0, 16, "outputs")
+    cog_args = cli.build_parser("cogvideox").parse_args([])
+    assert (cli._model(COG, cog_args), cog_args.guidance_scale, cog_args.fps, cog_args.output_dir) == (
         "THUDM/CogVideoX-2b", 6.0, 8, "outputs/cogvideox")
 
 

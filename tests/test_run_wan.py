@@ -204,14 +204,17 @@ def test_vae_decode_fast_matches_default_and_is_recorded(tmp_path):
 def test_vae_glue_triton_is_refused_before_the_load_where_it_cant_apply_or_run(tmp_path, capsys):
     """--vae_glue triton asked for: without --vae_decode fast it doesn't apply, on a CPU it can't run -- both
     refused before the model loads, nothing written; never a silent eager glue. An unknown --vae_decode likewise
-    (vdbench.decode.check_decode, the one check of a decode mode)."""
+    (the CLI's choices are vdbench.decode.MODES, the one table of decode modes)."""
     out = tmp_path / "o"
     for extra, msg in ((["--vae_glue", "triton"], "needs --vae_decode fast"),
-                       (["--vae_glue", "triton", "--vae_decode", "fast"], "--vae_glue triton can't run on cpu"),
-                       (["--vae_decode", "turbo"], "unknown VAE decode mode 'turbo'; valid: default, fast, parallel")):
+                       (["--vae_glue", "triton", "--vae_decode", "fast"], "--vae_glue triton can't run on cpu")):
         rc = run_wan.main(SMALL + ["--attention_type", "sdpa", "--benchmark_output_directory", str(out), *extra])
         assert rc != 0 and msg in capsys.readouterr().err
         assert not list(out.rglob("*.mp4")) and not list(out.rglob("timing.json"))
+    with pytest.raises(SystemExit) as exit_:
+        run_wan.main(SMALL + ["--benchmark_output_directory", str(out), "--vae_decode", "turbo"])
+    assert exit_.value.code == 2 and "invalid choice: 'turbo' (choose from 'default', 'fast', 'parallel')" in \
+        capsys.readouterr().err
 
 
 def test_vae_timeout_reports_a_hung_decode_and_writes_nothing(tmp_path, monkeypatch, capsys):

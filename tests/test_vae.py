@@ -119,7 +119,8 @@ def test_check_decode_is_the_one_check(wan21):
         (("turbo",), {}, "unknown VAE decode mode 'turbo'; valid: default, fast, parallel"),
         (("fast",), dict(family="cogvideox"), "mode='fast' is implemented for AutoencoderKLWan only, not "
                                                "AutoencoderKLCogVideoX"),
-        (("parallel",), dict(family="hunyuanvideo"), "not AutoencoderKLHunyuanVideo; use mode='default'"),
+        (("parallel",), dict(vae=type("AutoencoderKLHunyuanVideo", (), {})()),
+         "not AutoencoderKLHunyuanVideo; use mode='default'"),
         (("default", D.DecodeOptions(max_memory_gib=1.0)), dict(family="cogvideox"),
          "max_memory_gib is implemented for AutoencoderKLWan only"),
         (("default", D.DecodeOptions(fused_glue=True)), dict(family="wan"),

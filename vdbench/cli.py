@@ -61,7 +61,7 @@ class _Parser(argparse.ArgumentParser):
 def build_parser(family: str | families.Family, prog: Optional[str] = None,
                  description: Optional[str] = None) -> argparse.ArgumentParser:
     """The parser of one family's render CLI: the same flags for every family, the family's defaults."""
-    from .vae import GLUES, MODES
+    from .decode import GLUES, MODES
 
     fam = families.get(family) if isinstance(family, str) else family
     p = _Parser(prog=prog, description=description, epilog=EPILOG,

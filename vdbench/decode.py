@@ -36,7 +36,10 @@ from . import vae as V
 from . import vae_parallel
 from .watchdog import Watchdog
 
-__all__ = ["DecodeOptions", "DecodeMode", "MODES", "check_decode", "decode_video", "decode_latents"]
+__all__ = ["DecodeOptions", "DecodeMode", "MODES", "GLUES", "check_decode", "decode_video", "decode_latents"]
+
+#: ``--vae_glue`` choices -> :class:`DecodeOptions`' ``fused_glue`` (None: the Triton glue where it runs).
+GLUES = {"auto": None, "triton": True, "eager": False}
 
 
 @dataclass(frozen=True)

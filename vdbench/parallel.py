@@ -509,19 +509,3 @@ def _leave_group() -> None:
     if dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
-
-
-def add_parallel_args(p) -> None:
-    """The torchrun flags, shared by run_wan.py and sageattn_cogvideo.py."""
-    p.add_argument("--parallel_engine", choices=["xfuser", "diffusers"], default="xfuser",
-                   help="under torchrun: xDiT's USP (default; CUDA only) or diffusers' ContextParallelConfig")
-    p.add_argument("--ulysses_degree", type=int, default=1, help="Ulysses sequence-parallel degree (torchrun)")
-    p.add_argument("--ring_degree", type=int, default=1,
-                   help="ring-attention degree (torchrun); the backend must return the log-sum-exp")
-    p.add_argument("--use_cfg_parallel", action="store_true", help="split the guidance batch over 2 ranks")
-
-
-def parallel_kwargs(args) -> dict:
-    """RenderConfig fields from the flags of ``add_parallel_args``."""
-    return dict(parallel_engine=args.parallel_engine, ulysses_degree=args.ulysses_degree,
-                ring_degree=args.ring_degree, use_cfg_parallel=args.use_cfg_parallel)

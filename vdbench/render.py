@@ -1,11 +1,16 @@
 """Render one video with one attention backend, timed: the shared body of run_wan.py and sageattn_cogvideo.py.
 
-Sequence per run: load the pipeline (real id, local path or the embedded tiny model), check the requested
-size, check the backend can run here for this model's dtype and head dims (exit before any work if not),
-install the backend (``patching.AttentionPatch``), then per repetition: denoise with
-``output_type="latent"`` (per-step times from events at each step boundary), decode with the VAE timed on
-its own, record calls per kernel. The video of the last repetition is written atomically, and the
-repetitions are appended to ``timing.json`` in the results directory.
+Four stages, each a function with one job, so a refusal can never come after work it could have spared:
+
+* :func:`validate` -- every refusal that needs no weights (unknown or unavailable backend, a parallel path the
+  backend or the family can't serve, a decode mode that doesn't apply, options that exclude each other) before
+  anything loads; returns a :class:`Plan` (the resolved backend, family, device and dtypes travel down in it).
+* :func:`load` -- the pipeline (real id, local path, tiny or random-weight model), its size and head-dim checks,
+  the parallel engine, the speed options; returns a :class:`Loaded`.
+* :func:`run_repetitions` -- per repetition: denoise with ``output_type="latent"`` (per-step times from events at
+  each step boundary), decode with the VAE timed on its own, count calls per kernel.
+* :func:`finish` -- rank 0 writes the video of the last repetition (atomically) and appends the repetitions to
+  ``timing.json``.
 """
 
 from __future__ import annotations
@@ -24,12 +29,8 @@ from .patching import AttentionPatch
 from .timing import (Clock, StepProfiler, StepTimer, append_timing, peak_memory, reset_peak_memory, summarize_steps,
                      system_info)
 
-__all__ = ["RenderConfig", "render", "resolve_device", "resolve_dtype", "preflight", "run_cli", "handle_listing",
-           "fill_defaults", "EXIT_BAD_INPUT", "EXIT_UNSUPPORTED_CALL"]
-
-EXIT_BAD_INPUT = 2  # unknown/unavailable backend, bad size, model that can't be loaded
-EXIT_UNSUPPORTED_CALL = 3  # the backend met a call it cannot serve during the run
-EXIT_HUNG = 124  # a watched stage (VAE decode, --vae_timeout) ran past its timeout (timeout(1)'s code)
+__all__ = ["RenderConfig", "Plan", "Loaded", "render", "validate", "load", "run_repetitions", "finish",
+           "resolve_device", "resolve_dtype", "preflight", "VAEHang"]
 
 
 class VAEHang(RuntimeError):
@@ -193,19 +194,16 @@ def render(cfg: RenderConfig, log=print) -> dict:
     Under torchrun with a parallel degree (``cfg.ulysses_degree`` / ``ring_degree``) every rank renders its
     share through the chosen engine (vdbench.parallel); rank 0 alone writes the video and the merged timing.
     """
-    import dataclasses
-
     from . import parallel as P
 
     spec = P.ParallelSpec(cfg.parallel_engine, cfg.ulysses_degree, cfg.ring_degree, cfg.use_cfg_parallel)
     dctx = P.init_distributed(spec, cfg.device)
     if dctx is None:
-        return _render(cfg, log, None)
+        return _stages(cfg, log, None)
     watch = P.FailureWatch(dctx)
     try:
         P.maybe_inject_failure(dctx.rank, "start")
-        out = _render(dataclasses.replace(cfg, rank=dctx.rank), log if dctx.is_main else (lambda *a, **k: None),
-                      dctx)
+        out = _stages(replace(cfg, rank=dctx.rank), log if dctx.is_main else (lambda *a, **k: None), dctx)
     except BaseException as e:
         P.finish(dctx, watch, e)
         raise
@@ -213,13 +211,33 @@ def render(cfg: RenderConfig, log=print) -> dict:
     return out
 
 
-def _render(cfg: RenderConfig, log, dctx) -> dict:
+def _stages(cfg: RenderConfig, log, dctx) -> dict:
+    plan = validate(cfg, dctx)
+    loaded = load(plan)
+    entries, frames = run_repetitions(plan, loaded, log)
+    return finish(plan, entries, frames, log)
+
+
+@dataclass
+class Plan:
+    """What :func:`validate` settled before any weight loads: the backend entry (resolved once, the object that
+    travels down), the family, the device and dtypes, the decode's glue choice, the torchrun context."""
+
+    cfg: RenderConfig
+    family: families.Family
+    backend: B.Backend
+    device: torch.device
+    dtype: torch.dtype
+    vae_dtype: torch.dtype
+    fused_glue: Optional[bool]
+    dctx: object = None
+
+
+def validate(cfg: RenderConfig, dctx=None) -> Plan:
+    """Every refusal that needs no weights, before anything loads (under torchrun every rank checks and the
+    ranks agree, so all stop together with the reason)."""
     from . import parallel as P
-    from .pipelines import check_video_size, load_pipeline, model_summary, transformers_of
-    from .decode import DecodeOptions, check_decode, decode_latents
-    from .vae import GLUES
-    from .watchdog import WatchdogTimeout
-    from .video import write_video
+    from .decode import GLUES, DecodeOptions, check_decode
 
     device = dctx.device if dctx is not None else resolve_device(cfg.device)
     dtype = resolve_dtype(cfg.dtype, device)
@@ -231,7 +249,8 @@ def _render(cfg: RenderConfig, log, dctx) -> dict:
             P.check_backend_for_path(dctx.spec, backend, device, cfg.family, cfg.task)
             if cfg.compile:
                 raise ValueError("--use_torch_compile under torchrun isn't supported: the compiled attention op "
-                                 "routes plain single-process calls only (vdbench.patching._compiled_call)")
+                                 "routes plain single-process calls only (vdbench.patching.AttentionPatch."
+                                 "compiled_call)")
             preflight(backend, device, dtype, [])  # head dims are checked again after the load
         except (B.BackendUnavailable, ValueError) as e:
             err = e
@@ -249,13 +268,37 @@ def _render(cfg: RenderConfig, log, dctx) -> dict:
     # the decode asked for, refused before the load where it can't apply to this family or can't run here
     check_decode(cfg.vae_decode, DecodeOptions(max_memory_gib=cfg.vae_max_memory, fused_glue=GLUES[cfg.vae_glue]),
                  family=cfg.family, device=device)
-
     vae_dtype = dtype if cfg.vae_dtype in (None, "auto") else resolve_dtype(cfg.vae_dtype, device)
     if cfg.cpu_offload and device.type != "cuda":
         raise ValueError("--cpu_offload moves models between the CPU and a GPU: it needs a CUDA device")
+    steps_profiled = cfg.profile_wait + cfg.profile_warmup + cfg.profile_active
+    if cfg.profile_output and steps_profiled > cfg.num_inference_steps:
+        raise ValueError(f"--profile_wait + --profile_warmup + --profile_active = {steps_profiled} exceeds the "
+                         f"{cfg.num_inference_steps} denoising steps of the profiled repetition")
+    return Plan(cfg, family, backend, device, dtype, vae_dtype, GLUES[cfg.vae_glue], dctx)
+
+
+@dataclass
+class Loaded:
+    """What :func:`load` made: the pipeline (parallel and sped up as asked), its denoisers, the call's keyword
+    arguments and the run's header (settings, resolved values, backend, model, system) recorded with every entry."""
+
+    pipe: object
+    models: list
+    kwargs: dict
+    header: dict
+
+
+def load(plan: Plan) -> Loaded:
+    """Load the pipeline and check what only the loaded model can tell (its exact size rules, its head dims)."""
+    from . import parallel as P
+    from .pipelines import check_video_size, load_pipeline, model_summary, transformers_of
+    from .speed import apply_speed_options
+
+    cfg, family, device, dctx = plan.cfg, plan.family, plan.device, plan.dctx
     t_load = time.perf_counter()
-    pipe = load_pipeline(cfg.model, cfg.task, cfg.family, dtype=dtype, device="cpu" if cfg.cpu_offload else device,
-                         vae_dtype=vae_dtype)
+    pipe = load_pipeline(cfg.model, cfg.task, cfg.family, dtype=plan.dtype,
+                         device="cpu" if cfg.cpu_offload else device, vae_dtype=plan.vae_dtype)
     if cfg.cpu_offload:
         pipe.enable_model_cpu_offload(device=device)
     if cfg.vae_tiling:
@@ -273,14 +316,12 @@ def _render(cfg: RenderConfig, log, dctx) -> dict:
     head_dims = [m.config.attention_head_dim for _, m in models]
     err = None
     try:
-        preflight(backend, device, dtype, head_dims)
+        preflight(plan.backend, device, plan.dtype, head_dims)
     except B.BackendUnavailable as e:
         err = e
     P.agree(dctx, err)  # single process: raises err itself
     if dctx is not None:
         pipe, models = P.apply_engine(dctx, pipe, models)
-    from .speed import apply_speed_options
-
     speed = apply_speed_options(pipe, models, device=device, compile=cfg.compile,
                                 compile_backend=cfg.compile_backend, compile_mode=cfg.compile_mode,
                                 bf16_te_gemms=cfg.bf16_te_gemms, fp8_gemms=cfg.fp8_gemms)
@@ -292,10 +333,10 @@ def _render(cfg: RenderConfig, log, dctx) -> dict:
         raise ValueError(family.image_refusals[cfg.task])
     if cfg.task in family.image_tasks:
         kwargs["image"] = _load_image(cfg.image, cfg.width, cfg.height)
-
+    backend = plan.backend
     header = {
         "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items()},
-        "resolved": {"device": str(device), "dtype": str(dtype).replace("torch.", ""), "head_dims": head_dims,
+        "resolved": {"device": str(device), "dtype": str(plan.dtype).replace("torch.", ""), "head_dims": head_dims,
                      "vae_dtype": str(pipe.vae.dtype).replace("torch.", ""), "flow_shift": flow_shift,
                      "speed_options": speed},
         "backend": {"name": backend.name, "kernel": backend.kernel, "emulated": backend.emulated,
@@ -304,15 +345,25 @@ def _render(cfg: RenderConfig, log, dctx) -> dict:
         "system": system_info(device),
         "load_time": load_time,
     }
+    return Loaded(pipe, models, kwargs, header)
 
+
+def run_repetitions(plan: Plan, loaded: Loaded, log) -> tuple[list[dict], object]:
+    """The untimed warm-up calls, then the timed repetitions: one timing entry each, and the last one's frames."""
+    from . import parallel as P
+    from .decode import decode_latents
+    from .watchdog import WatchdogTimeout
+
+    cfg, device, dctx, pipe, header = plan.cfg, plan.device, plan.dctx, loaded.pipe, loaded.header
     te_timer = _TextEncoderTimer(pipe.text_encoder, device) if getattr(pipe, "text_encoder", None) else None
     capture = None
     if cfg.save_inputs:
         from .capture import AttentionCapture
 
         capture = AttentionCapture(cfg.capture_dir, cfg.attention_type, rank=cfg.rank, max_captures=cfg.max_captures)
-    patch = AttentionPatch(models, backend, on_unsupported=cfg.on_unsupported, time_attention=cfg.time_attention,
-                           observers=[capture] if capture else None, call_kind=family.call_kind)
+    patch = AttentionPatch(loaded.models, plan.backend, on_unsupported=cfg.on_unsupported,
+                           time_attention=cfg.time_attention, observers=[capture] if capture else None,
+                           call_kind=plan.family.call_kind)
     entries, frames = [], None
 
     def advance(step):
@@ -324,18 +375,13 @@ def _render(cfg: RenderConfig, log, dctx) -> dict:
     if cfg.profile_output:
         root = cfg.traces_root if cfg.traces_root is not None else cfg.output_path.parent.parent / "traces"
         profiler = StepProfiler(Path(root) / cfg.profile_output, cfg.rank, cfg.profile_wait, cfg.profile_warmup,
-                             cfg.profile_active, device)
-        if cfg.profile_wait + cfg.profile_warmup + cfg.profile_active > cfg.num_inference_steps:
-            raise ValueError(f"--profile_wait + --profile_warmup + --profile_active = "
-                             f"{cfg.profile_wait + cfg.profile_warmup + cfg.profile_active} exceeds the "
-                             f"{cfg.num_inference_steps} denoising steps of the profiled repetition")
-
+                                cfg.profile_active, device)
     try:
         with patch, torch.inference_mode():
             from tqdm.auto import tqdm
 
             for _ in range(cfg.warmup_calls):  # untimed: compilation, cuDNN plans, Triton JIT, allocator
-                pipe(generator=torch.Generator("cpu").manual_seed(cfg.seed), **kwargs)
+                pipe(generator=torch.Generator("cpu").manual_seed(cfg.seed), **loaded.kwargs)
             for rep in tqdm(range(cfg.num_repetitions), desc=f"{cfg.attention_type}", unit="rep",
                             disable=cfg.num_repetitions < 2 or not sys.stderr.isatty()):
                 patch.reset_counts()
@@ -356,7 +402,7 @@ def _render(cfg: RenderConfig, log, dctx) -> dict:
                 start = Clock(device)
                 timer.start()
                 try:
-                    latents = pipe(generator=generator, callback_on_step_end=timer, **kwargs).frames
+                    latents = pipe(generator=generator, callback_on_step_end=timer, **loaded.kwargs).frames
                     latents = P.share_output(dctx, latents)  # xfuser's CogVideoX: only its last ranks return them
                 finally:
                     if prof_now is not None:
@@ -366,8 +412,7 @@ def _render(cfg: RenderConfig, log, dctx) -> dict:
                 try:
                     frames = decode_latents(pipe, latents, cfg.family, num_frames=cfg.num_frames,
                                             mode=cfg.vae_decode, max_memory_gib=cfg.vae_max_memory,
-                                            timeout_s=cfg.vae_timeout, info=vae_info,
-                                            fused_glue=GLUES[cfg.vae_glue])
+                                            timeout_s=cfg.vae_timeout, info=vae_info, fused_glue=plan.fused_glue)
                 except WatchdogTimeout as e:  # never wait forever: say where it hung, exit non-zero
                     raise VAEHang(f"VAE decode hung (> {cfg.vae_timeout} s, --vae_timeout); last completed stage: "
                                   f"{e.report.last_completed_stage}; all threads' stacks were dumped to stderr") from e
@@ -410,8 +455,16 @@ def _render(cfg: RenderConfig, log, dctx) -> dict:
             log(f"captured {capture.stats.saved} of {capture.stats.seen} attention calls "
                 f"({capture.stats.bytes / 2**20:.1f} MiB, {capture.stats.host_time_s:.3f} s on the run's thread, "
                 f"{capture.stats.writer_time_s:.3f} s in the writer) -> {meta_path}")
+    return entries, frames
 
-    merged = P.merge_rank_entries(dctx, entries)  # a collective under torchrun; None on ranks other than 0
+
+def finish(plan: Plan, entries: list[dict], frames, log) -> dict:
+    """Merge the ranks' entries; rank 0 writes the video (and raw frames) and appends to timing.json."""
+    from . import parallel as P
+    from .video import write_video
+
+    cfg = plan.cfg
+    merged = P.merge_rank_entries(plan.dctx, entries)  # a collective under torchrun; None on ranks other than 0
     if merged is None:
         return {"attention_type": cfg.attention_type, "rank": cfg.rank, "output": None,
                 "calls_by_kernel": entries[-1]["attention"]["calls_by_kernel"]}
@@ -432,39 +485,3 @@ def _render(cfg: RenderConfig, log, dctx) -> dict:
         f"{last['vae_decode_time']:.2f} s, kernels: {kernels} -> {cfg.output_path}")
     log(f"output: {cfg.output_path}")
     return summary
-
-
-def handle_listing(args) -> bool:
-    """``--list_backends`` / ``--list_available``, shared by the render CLIs: True when one was printed."""
-    if not (args.list_backends or args.list_available):
-        return False
-    dev = resolve_device(args.device)
-    dtype = resolve_dtype(args.dtype, dev)
-    print(B.capability_table(dev, dtype) if args.list_backends else "\n".join(B.available_names(dev, dtype)))
-    return True
-
-
-def fill_defaults(args, model: str, tiny: dict, real: dict) -> None:
-    """Size/step arguments left unset take the tiny model's CPU-sized defaults or the real model's."""
-    for k, v in (tiny if model.startswith("tiny") else real).items():
-        if getattr(args, k) is None:
-            setattr(args, k, v)
-
-
-def run_cli(cfg: RenderConfig) -> int:
-    """Run a render and turn the project's expected failures into one clear message and an exit code."""
-    from .pipelines import ModelLoadError
-    from .speed import SpeedOptionError
-
-    try:
-        render(cfg)
-    except (B.BackendUnavailable, ModelLoadError, SpeedOptionError, ValueError, FileNotFoundError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except B.UnsupportedCall as e:
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_UNSUPPORTED_CALL
-    except VAEHang as e:
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_HUNG
-    return 0

@@ -120,26 +120,3 @@ def apply_speed_options(pipe, models, *, device: torch.device, compile: bool = F
     if compile:
         done["compile"] = compile_blocks(models, compile_backend, compile_mode)
     return done
-
-
-def add_speed_args(p, compile_flags=("--use_torch_compile",)) -> None:
-    """The speed flags, shared by run_wan.py (``--use_torch_compile``) and sageattn_cogvideo.py (``--compile``)."""
-    p.add_argument(*compile_flags, dest="compile", action="store_true",
-                   help="regional torch.compile of the transformer blocks (every backend survives it: each "
-                        "attention call is one opaque op, still counted); pair with --warmup_calls 1")
-    p.add_argument("--compile_backend", choices=COMPILE_BACKENDS, default="inductor",
-                   help="torch.compile backend (eager/aot_eager: check what dynamo traces, fast to build)")
-    p.add_argument("--compile_mode", default=None,
-                   help="inductor mode, e.g. max-autotune-no-cudagraphs (default: inductor's default)")
-    p.add_argument("--use_bf16_te_gemms", action="store_true",
-                   help="run the text encoder's GEMMs in bfloat16 whatever --dtype is (T5 overflows in fp16)")
-    p.add_argument("--use_fp8_gemms", action="store_true",
-                   help="torchao float8 GEMMs (dynamic activation + weight, per-row scales) in the transformer "
-                        "blocks; needs torchao and a GPU with fp8 (CUDA cc >= 8.9, MI300+)")
-
-
-def speed_kwargs(args) -> dict:
-    """RenderConfig fields from the flags of ``add_speed_args``."""
-    return dict(compile=args.compile, compile_backend=args.compile_backend, compile_mode=args.compile_mode,
-                bf16_te_gemms=args.use_bf16_te_gemms, fp8_gemms=args.use_fp8_gemms)
-

@@ -75,14 +75,15 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import math
 from typing import Optional
 
 import torch
 import torch.nn.functional as F
 
+from . import families
+
 __all__ = ["wan_decode_fast", "wan_decode_chunked", "choose_chunk_frames", "prepare_latents", "FAST_VAES",
-           "channels_last_3d", "fast_layers", "FAST_DEFAULT_CHUNK", "GLUES", "resolve_glue"]
+           "channels_last_3d", "fast_layers", "FAST_DEFAULT_CHUNK", "resolve_glue"]
 
 #: The VAE classes this module's fast decode (and its memory bound) drives: the Wan decoder's causal-conv cache is
 #: what makes chunking exact.
@@ -764,38 +765,3 @@ def wan_decode_tiled_chunked(vae, z: torch.Tensor, tile_px: int, stride_px: int,
     if p is not None:
         dec = unpatchify(dec, patch_size=p)
     return torch.clamp(dec, min=-1.0, max=1.0)
-
-
-def add_vae_args(p, fast_ok: bool = True) -> None:
-    """VAE decode flags shared by both render CLIs (see vdbench.decode, this module and vdbench.vae_parallel).
-
-    ``--vae_decode`` names a mode of :data:`vdbench.decode.MODES`; it is not checked here (no argparse choices):
-    :func:`vdbench.decode.check_decode` is the one check of a mode and what it applies to, and the render runs it
-    before the model loads (an unknown or inapplicable mode: exit 2, nothing loaded). ``fast_ok``: whether the
-    CLI's models have a VAE the fast decode drives (the help and ``--vae_glue`` are for those)."""
-    p.add_argument("--vae_decode", default="default", metavar="MODE",
-                   help="default: diffusers' decode; "
-                        + ("fast (Wan VAEs): the same layers without diffusers' pad/cat/fp32 copies, channels_last, "
-                           "one preallocated output, FAST_DEFAULT_CHUNK latent frames per decoder call (peak memory "
-                           "below the default decode); " if fast_ok else "")
-                        + "parallel: split rows across the torchrun ranks with halo exchange (matches the one-GPU "
-                          "decode)")
-    p.add_argument("--vae_max_memory", type=float, default=None, metavar="GIB",
-                   help="bound the decode's memory: the frame chunk (or tiles) is chosen from this budget (Wan VAEs)")
-    p.add_argument("--vae_timeout", type=float, default=None, metavar="S",
-                   help="watchdog: a decode running longer is reported as hung (stacks dumped, exit 124)")
-    if fast_ok:
-        p.add_argument("--vae_glue", choices=GLUES, default="auto",
-                       help="the fast decode's norm/SiLU glue (and conv biases): triton = vdbench.kernels.glue's row "
-                            "kernels (refused where they can't run), eager = PyTorch ops, auto = triton on a GPU where "
-                            "it runs, else eager; which one ran is in timing.json (vae_decode.glue)")
-
-
-#: ``--vae_glue`` choices -> :func:`vdbench.decode.decode_video`'s ``fused_glue``.
-GLUES = {"auto": None, "triton": True, "eager": False}
-
-
-def vae_kwargs(args) -> dict:
-    """RenderConfig fields from the flags of ``add_vae_args``."""
-    return dict(vae_decode=args.vae_decode, vae_max_memory=args.vae_max_memory, vae_timeout=args.vae_timeout,
-                vae_glue=getattr(args, "vae_glue", "auto"))
