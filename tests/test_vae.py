@@ -127,7 +127,7 @@ def test_check_decode_is_the_one_check(wan21):
          "fused_glue (--vae_glue triton) needs --vae_decode fast, not mode 'default'"),
         (("default", D.DecodeOptions(chunk_frames=2)), {}, "chunk_frames needs --vae_decode fast or parallel"),
         (("fast", D.DecodeOptions(compile_backend="eager", max_memory_gib=1.0)), {}, "exclude each other"),
-        (("default",), dict(family="sd"), "unknown pipeline family 'sd'"),
+        (("default",), dict(family="sd"), "Unknown model family 'sd'; expected one of wan, cogvideox"),
     ]
     for args, kw, msg in refused:
         with pytest.raises(ValueError) as e:
