@@ -10,10 +10,13 @@ inputs (1.x did), (5) that the log-sum-exp it returns (what ring attention needs
 Per shape (B=1, bf16, K with a per-(head, channel) bias, the case smoothing exists for) and per variant:
   time: CUDA events around each call after warm-up; median, p20, p80 and n; TFLOP/s = 4·B·H·S²·D / t
   rel_l2: vs fp64 attention on a sample of heads x 128-aligned query blocks (the reference is chunked on the GPU)
-  rel_l2_emu: the emulation of the same numerics on the same rows; emu_ratio = rel_l2_emu / rel_l2
+  rel_l2_emu: the emulation of the same numerics on the same rows; emu_ratio = rel_l2_emu / rel_l2;
+    emu_vs_kernel_rel_l2: the two outputs against each other (small when the emulation rounds like the kernel);
+    *_fp22: the same under the paper's FP22 fp8-MMA accumulator (mma_acc="fp22"), for fp8 P·V
   lse_*: |lse - fp64 logsumexp| (max, mean) of the kernel's return_lse=True output and of the emulation's
   inputs_unchanged: torch.equal of q, k, v before/after both calls
-  zero_v_channel_finite: whether an all-zero V channel leaves the output finite (fp8 scales it by 0·inf upstream)
+  edge (first shape only): causal with an odd length, head dim 72 with q_len != kv_len (kernel, emulation, fp64),
+    and whether an all-zero V channel leaves the output finite (fp8 scales it by 0·inf upstream)
 Writes $OUT/sage2_bench.json after every variant (a time-out keeps what was measured).
 
 CPU dry run (tests/test_bench_sage2.py): ``--dry_run`` uses tiny shapes on the CPU; the kernels run only if a
@@ -60,7 +63,6 @@ class Variant:
     function: str
     kwargs: dict = field(default_factory=dict)
     emu: dict = field(default_factory=dict)
-    max_seq_emu: int = 0  # >0: skip the emulation above this kv length (its cost grows with kv_len/32 steps)
 
 
 VARIANTS = [
@@ -82,7 +84,7 @@ VARIANTS = [
             dict(pv="fp8", arch="sm89", qk_gran="per_thread", pv_accum="fp32+fp32")),
     Variant("fp8_sm89_per_thread_fp32", "sageattn_qk_int8_pv_fp8_cuda",
             dict(qk_quant_gran="per_thread", pv_accum_dtype="fp32"),
-            dict(pv="fp8", arch="sm89", qk_gran="per_thread", pv_accum="fp32"), max_seq_emu=40000),
+            dict(pv="fp8", arch="sm89", qk_gran="per_thread", pv_accum="fp32")),
     Variant("fp16_cuda_per_thread_fp32", "sageattn_qk_int8_pv_fp16_cuda",
             dict(qk_quant_gran="per_thread", pv_accum_dtype="fp32"),
             dict(pv="fp16", qk_gran="per_thread", pv_accum="fp32")),
@@ -226,23 +228,27 @@ def run_variant(var, sage, emu_cfg, inputs, sub, ref, lref, args, emu_cache, flo
     qs, ks, vs = (t[:, heads] for t in (q, k, v))
     qs = qs[:, :, rows]
     row = {"name": var.name, "function": var.function, "kwargs": var.kwargs, "emulation": emu_cfg}
-    # the emulation of the same numerics on the sampled rows
+    # the emulation of the same numerics on the sampled rows (fp8 P·V: also under the paper's FP22 accumulator)
+    emus = {}
     if emu_cfg is None:
         row["emu_status"] = "no emulation for this dispatch"
-    elif var.max_seq_emu and k.shape[2] > var.max_seq_emu:
-        row["emu_status"] = f"skipped: kv_len {k.shape[2]} > {var.max_seq_emu} (sequential FP22 emulation cost)"
     else:
-        key = json.dumps(emu_cfg, sort_keys=True)
-        try:
-            if key not in emu_cache:
-                t0 = time.perf_counter()
-                o_e, l_e = sagev2_emulated(qs, ks, vs, return_lse=True, **emu_cfg)
-                emu_cache[key] = (rel_l2(o_e, ref), lse_errors(l_e, lref), time.perf_counter() - t0)
-                del o_e, l_e
-            row["rel_l2_emu"], row["lse_emu"], row["emu_s"] = emu_cache[key]
-            row["emu_status"] = "ok"
-        except Exception as e:
-            row["emu_status"] = f"error: {type(e).__name__}: {e}"
+        models = {"": emu_cfg}
+        if emu_cfg.get("pv") == "fp8":
+            models["fp22"] = dict(emu_cfg, mma_acc="fp22")
+        for tag, cfg in models.items():
+            key = json.dumps(cfg, sort_keys=True)
+            try:
+                if key not in emu_cache:
+                    t0 = time.perf_counter()
+                    o_e, l_e = sagev2_emulated(qs, ks, vs, return_lse=True, **cfg)
+                    emu_cache[key] = (o_e, l_e, rel_l2(o_e, ref), lse_errors(l_e, lref), time.perf_counter() - t0)
+                emus[tag] = emu_cache[key]
+                pre = "emu" if not tag else f"emu_{tag}"
+                row["rel_l2_" + pre], row["lse_" + pre], row[pre + "_s"] = emus[tag][2:]
+                row[pre + "_status"] = "ok"
+            except Exception as e:
+                row[("emu" if not tag else f"emu_{tag}") + "_status"] = f"error: {type(e).__name__}: {e}"
     if sage is None:
         row["status"] = f"unavailable: {sage_reason or 'sageattention does not import'}"
         return row
@@ -255,13 +261,20 @@ def run_variant(var, sage, emu_cfg, inputs, sub, ref, lref, args, emu_cache, flo
     try:
         out = call(q, k, v)
         unchanged = all(torch.equal(a, b) for a, b in zip(before, (q, k, v)))
-        row["rel_l2"] = rel_l2(out[:, heads][:, :, rows], ref)
+        out_sub = out[:, heads][:, :, rows]
+        row["rel_l2"] = rel_l2(out_sub, ref)
         row["nan_inf"] = int((~torch.isfinite(out)).sum().item())
         del out
+        # kernel vs emulation directly: far below rel_l2 when the emulation rounds the same values the same way
+        for tag, emu in emus.items():
+            row["emu_vs_kernel_rel_l2" + (f"_{tag}" if tag else "")] = rel_l2(emu[0], out_sub)
         res = call(q, k, v, return_lse=True)
         unchanged = unchanged and all(torch.equal(a, b) for a, b in zip(before, (q, k, v)))
         if isinstance(res, tuple) and len(res) == 2:
-            row["lse"] = lse_errors(res[1][:, heads][:, :, rows], lref)
+            lse_sub = res[1][:, heads][:, :, rows]
+            row["lse"] = lse_errors(lse_sub, lref)
+            if "" in emus:
+                row["lse_emu_vs_kernel_max_abs"] = (emus[""][1].double() - lse_sub.double()).abs().max().item()
         else:
             row["lse"] = "no (out, lse) tuple returned"
         del res
@@ -271,6 +284,8 @@ def run_variant(var, sage, emu_cfg, inputs, sub, ref, lref, args, emu_cache, flo
         if "rel_l2_emu" in row and row["rel_l2"] > 0:
             row["emu_ratio"] = row["rel_l2_emu"] / row["rel_l2"]
             row["emu_within_10pct"] = abs(row["emu_ratio"] - 1.0) <= 0.10
+        if "rel_l2_emu_fp22" in row and row["rel_l2"] > 0:
+            row["emu_fp22_ratio"] = row["rel_l2_emu_fp22"] / row["rel_l2"]
         row["status"] = "ok"
     except Exception as e:
         row["status"] = f"error: {type(e).__name__}: {e}"
@@ -286,19 +301,52 @@ def run_variant(var, sage, emu_cfg, inputs, sub, ref, lref, args, emu_cache, flo
     return row
 
 
-def zero_v_channel_check(sage, var, emu_cfg, dim, device, dtype):
-    """Whether an all-zero V channel leaves the output finite, for the kernel and for its emulation."""
-    q, k, v = make_inputs(2, 512, dim, device=device, dtype=dtype, k_bias=0.0, seed=1)
-    v[..., 0] = 0
+EDGE_CASES = {  # name -> (heads, q_len, kv_len, head_dim, is_causal): paths the video shapes do not take
+    "causal_odd": (4, 3001, 3001, 128, True),
+    "d72_sq_ne_sk": (4, 1000, 2333, 72, False),
+}
+DRY_EDGE_CASES = {"causal_odd": (2, 301, 301, 128, True), "d72_sq_ne_sk": (2, 100, 233, 72, False)}
+
+
+def edge_checks(sage, var, emu_cfg, device, dtype, cases=EDGE_CASES):
+    """Causal masking with an odd length, and a padded head dim with q_len != kv_len: kernel and emulation vs fp64.
+
+    Also an all-zero V channel (the fp8 kernels scale it by 0·inf): does the output stay finite?
+    """
     res = {}
-    if emu_cfg is not None:
-        res["emulation_finite"] = bool(torch.isfinite(sagev2_emulated(q, k, v, **emu_cfg)).all())
     fn = getattr(sage, var.function, None) if sage is not None else None
+    for name, (h, sq, sk, d, causal) in cases.items():
+        g = torch.Generator(device=device).manual_seed(2)
+        q = torch.randn((1, h, sq, d), generator=g, device=device).to(dtype)
+        k = (torch.randn((1, h, sk, d), generator=g, device=device) + 2.0).to(dtype)
+        v = torch.randn((1, h, sk, d), generator=g, device=device).to(dtype)
+        ref = exact_attention_fp64(q, k, v, is_causal=causal)
+        case = {}
+        o_e = None
+        if emu_cfg is not None:
+            o_e = sagev2_emulated(q, k, v, is_causal=causal, **emu_cfg)
+            case["rel_l2_emu"] = rel_l2(o_e, ref)
+        if fn is not None:
+            try:
+                o = fn(q, k, v, tensor_layout="HND", is_causal=causal, **var.kwargs)
+                case["rel_l2"] = rel_l2(o, ref)
+                if o_e is not None:
+                    case["emu_vs_kernel_rel_l2"] = rel_l2(o_e, o)
+            except Exception as e:
+                case["error"] = f"{type(e).__name__}: {e}"
+        res[name] = case
+    q, k, v = make_inputs(2, 512 if cases is EDGE_CASES else 128, 128, device=device, dtype=dtype, k_bias=0.0,
+                          seed=1)
+    v[..., 0] = 0
+    zero = {}
+    if emu_cfg is not None:
+        zero["emulation_finite"] = bool(torch.isfinite(sagev2_emulated(q, k, v, **emu_cfg)).all())
     if fn is not None:
         try:
-            res["kernel_finite"] = bool(torch.isfinite(fn(q, k, v, tensor_layout="HND", **var.kwargs)).all())
+            zero["kernel_finite"] = bool(torch.isfinite(fn(q, k, v, tensor_layout="HND", **var.kwargs)).all())
         except Exception as e:
-            res["kernel_finite"] = f"error: {type(e).__name__}: {e}"
+            zero["kernel_finite"] = f"error: {type(e).__name__}: {e}"
+    res["zero_v_channel"] = zero
     return res
 
 
@@ -316,6 +364,7 @@ def main(argv=None):
     p.add_argument("--deadline_s", type=float, default=0, help="skip what is left after this many seconds")
     p.add_argument("--device", default=None)
     p.add_argument("--dry_run", action="store_true", help="CPU, tiny shapes, 1 warm-up, 2 reps")
+    p.add_argument("--no_edge", action="store_true", help="skip the causal / padded-head-dim / zero-V checks")
     args = p.parse_args(argv)
     t_start = time.perf_counter()
     shapes = DRY_SHAPES if args.dry_run else SHAPES
@@ -395,14 +444,16 @@ def main(argv=None):
             t0 = time.perf_counter()
             row = run_variant(var, sage, emu_cfg, (q, k, v), (heads, rows), ref, lref, args, emu_cache, flops,
                               sage_reason=import_error)
-            if shape_name == next(iter(shapes)):
-                row["zero_v_channel"] = zero_v_channel_check(sage, var, emu_cfg, dim, device, dtype)
+            if shape_name == next(iter(shapes)) and not args.no_edge:
+                row["edge"] = edge_checks(sage, var, emu_cfg, device, dtype,
+                                          DRY_EDGE_CASES if args.dry_run else EDGE_CASES)
             row["wall_s"] = time.perf_counter() - t0
             entry["variants"].append(row)
             save()
             print(f"[{shape_name}] {var.name}: {row.get('status')} "
                   f"t={row.get('time', {}).get('median_ms', float('nan')):.3f} ms "
                   f"rel_l2={row.get('rel_l2', float('nan')):.5f} emu={row.get('rel_l2_emu', float('nan')):.5f} "
+                  f"emu_vs_kernel={row.get('emu_vs_kernel_rel_l2', float('nan')):.2e} "
                   f"unchanged={row.get('inputs_unchanged')} ({row['wall_s']:.1f} s)", flush=True)
         del q, k, v, ref, lref
         if device.type == "cuda":

@@ -2,7 +2,8 @@
 # SageAttention 2 on the GPU machine: bench/bench_sage2.py at Wan 1.3B 480p, Wan 14B 720p and CogVideoX-2b (speed,
 # rel L2 vs fp64, the emulation's rel L2 on the same rows, LSE, input purity, the dispatch of sageattn), after a
 # check that sageattention >= 2 imports. Run from the repo root; everything goes under $OUT (default
-# outputs/gpu_sage2). About 2-3 min on an H200 once sageattention is installed.
+# outputs/gpu_sage2). About 75 s on an H200 once sageattention is installed (results of 2026-11-23:
+# docs/gpu_results/sage2/, summarized in docs/notes/sageattention2.md).
 #
 # This script does not build SageAttention: the package must already be importable, from $SAGE_SITE (default
 # /tmp/site, e.g. a wheel installed there with pip's --target) or from the environment. The repository never carries

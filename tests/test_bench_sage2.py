@@ -95,7 +95,12 @@ def test_dry_run_without_sageattention_reports_emulation_only(tmp_path, monkeypa
             assert r["lse_emu"]["max_abs"] < 0.2 and r["emu_s"] > 0
             assert "time" not in r and "rel_l2" not in r
     first = saved["shapes"][0]["variants"]
-    assert all(r["zero_v_channel"]["emulation_finite"] is (r["emulation"]["pv"] == "fp16") for r in first)
+    assert all(r["edge"]["zero_v_channel"]["emulation_finite"] is (r["emulation"]["pv"] == "fp16") for r in first)
+    for r in first:
+        for case in bs.EDGE_CASES:
+            lim = 0.05 if r["emulation"]["pv"] == "fp8" else 0.02
+            assert 0.003 < r["edge"][case]["rel_l2_emu"] < lim and "rel_l2" not in r["edge"][case]
+    assert all("edge" not in r for r in saved["shapes"][1]["variants"])
 
 
 def test_dry_run_with_a_fake_sageattention(tmp_path, fake_sage):
@@ -110,10 +115,14 @@ def test_dry_run_with_a_fake_sageattention(tmp_path, fake_sage):
         assert r["status"] == "ok" and r["inputs_unchanged"] is True and r["nan_inf"] == 0
         # the fake IS the emulation, so sampled-row emulation must reproduce the full run's error
         assert r["emu_ratio"] == pytest.approx(1.0, abs=0.01) and r["emu_within_10pct"]
+        assert r["emu_vs_kernel_rel_l2"] < 2e-3 and r["lse_emu_vs_kernel_max_abs"] < 1e-3
+        assert r["emu_fp22_status"] == "ok" and r["emu_vs_kernel_rel_l2_fp22"] > r["emu_vs_kernel_rel_l2"]
+        assert r["emu_fp22_ratio"] == pytest.approx(1.0, abs=0.05)
         assert r["time"]["n"] == 2 and r["time"]["p20_ms"] <= r["time"]["median_ms"] <= r["time"]["p80_ms"]
         assert r["tflops"] > 0 and r["lse"]["max_abs"] < 0.2
     for name in ("fp16_cuda_per_thread_fp32", "fp16_cuda_per_warp_fp32", "fp16_cuda_per_thread_fp16+fp32"):
         assert rows[name]["status"] == "ok" and rows[name]["inputs_unchanged"] is False
+        assert "emu_fp22_status" not in rows[name]  # the FP22 question is the fp8 MMA's only
     for name in ("fp8_sm89_per_thread_fp32+fp16", "fp8_sm89_per_thread_fp32"):
         assert rows[name]["status"] == "refused: the installed sageattention has no sageattn_qk_int8_pv_fp8_cuda"
         assert rows[name]["emu_status"] == "ok"  # the emulation still reports what the kernel would do
@@ -122,9 +131,12 @@ def test_dry_run_with_a_fake_sageattention(tmp_path, fake_sage):
     fresh = tuple(t.double().sum().item()
                   for t in bs.make_inputs(2, 300, 128, device="cpu", dtype=torch.bfloat16, k_bias=2.0, seed=0))
     seen = sys.modules["sageattention.core"].SEEN
-    assert len(seen) == 2 + 1 + 2 + 1  # two checked calls, 1 warm-up + 2 timed, then the zero-V-channel check
-    assert all(s == fresh for s in seen[:5]) and seen[5] != fresh
-    assert rows["fp8_sm90_per_thread"]["zero_v_channel"] == {"emulation_finite": False, "kernel_finite": False}
+    assert len(seen) == 2 + 1 + 2 + 3  # two checked calls, 1 warm-up + 2 timed, then the three edge checks
+    assert all(s == fresh for s in seen[:5]) and all(s != fresh for s in seen[5:])
+    edge = rows["fp8_sm90_per_thread"]["edge"]
+    assert edge["zero_v_channel"] == {"emulation_finite": False, "kernel_finite": False}
+    for case in bs.EDGE_CASES:  # the fake is the emulation: identical outputs
+        assert edge[case]["rel_l2"] == edge[case]["rel_l2_emu"] and edge[case]["emu_vs_kernel_rel_l2"] == 0
 
 
 def test_sampled_rows_are_128_aligned_blocks():

@@ -134,6 +134,7 @@ CONFIGS = {
     "sm89_fp32+fp16": dict(pv="fp8", arch="sm89", qk_gran="per_thread"),
     "sm89_fp32+fp32": dict(pv="fp8", arch="sm89", qk_gran="per_warp", pv_accum="fp32+fp32"),
     "sm89_fp32": dict(pv="fp8", arch="sm89", qk_gran="per_thread", pv_accum="fp32"),
+    "sm89_fp32_fp22": dict(pv="fp8", arch="sm89", qk_gran="per_thread", pv_accum="fp32", mma_acc="fp22"),
     "sm80_fp32": dict(pv="fp16", qk_gran="per_thread"),
     "sm80_fp16+fp32": dict(pv="fp16", qk_gran="per_warp", pv_accum="fp16+fp32"),
     "triton": dict(pv="fp16", qk_gran="per_block"),
@@ -178,18 +179,28 @@ def test_k_smoothing_helps_when_k_has_a_bias():
 
 
 def test_fp22_throughout_loses_mass_the_fp32_buffer_keeps():
-    # positive V: every truncation toward zero lowers the numerator; "fp32" (sm89, no fp32 buffer) truncates at all
-    # kv_len/32 steps, "fp32+fp32" only inside each 64-key block
+    # the paper's FP22 model (mma_acc="fp22"), positive V: every truncation toward zero lowers the numerator;
+    # "fp32" (sm89, no fp32 buffer) truncates at all kv_len/32 steps, "fp32+fp32" only inside each 64-key block
     g = torch.Generator().manual_seed(3)
     q = torch.randn(1, 2, 512, 64, generator=g).bfloat16()
     k = torch.randn(1, 2, 1024, 64, generator=g).bfloat16()
     v = (torch.rand(1, 2, 1024, 64, generator=g) + 1).bfloat16()
     ref = exact_attention_fp64(q, k, v)
-    full = sagev2_emulated(q, k, v, pv="fp8", arch="sm89", pv_accum="fp32").double()
-    buf = sagev2_emulated(q, k, v, pv="fp8", arch="sm89", pv_accum="fp32+fp32").double()
+    full = sagev2_emulated(q, k, v, pv="fp8", arch="sm89", pv_accum="fp32", mma_acc="fp22").double()
+    buf = sagev2_emulated(q, k, v, pv="fp8", arch="sm89", pv_accum="fp32+fp32", mma_acc="fp22").double()
     assert (full <= buf).all()
     bias_full, bias_buf = ((full - ref) / ref).mean().item(), ((buf - ref) / ref).mean().item()
     assert bias_full < bias_buf < 0 and bias_full < -5e-4
+
+
+def test_fp32_mma_accumulator_makes_the_fp32_buffer_a_no_op():
+    # what the H200 measures: sm89's "fp32" (no buffer) and "fp32+fp32" outputs agree to 1e-6 in rel L2 vs fp64
+    q, k, v = make_qkv(12, sq=256, sk=1024, d=64)
+    a = sagev2_emulated(q, k, v, pv="fp8", arch="sm89", pv_accum="fp32")
+    b = sagev2_emulated(q, k, v, pv="fp8", arch="sm89", pv_accum="fp32+fp32")
+    assert torch.equal(a, b)
+    c = sagev2_emulated(q, k, v, pv="fp8", arch="sm89", pv_accum="fp32+fp32", mma_acc="fp22")
+    assert not torch.equal(b, c) and rel_l2(c, b) < 2e-3  # in-block truncation: small but not nothing
 
 
 # ---- the LSE --------------------------------------------------------------------------------------------------------
@@ -253,7 +264,8 @@ def test_gqa_equals_repeated_kv_heads():
 
 def test_chunking_does_not_change_the_result():
     q, k, v = make_qkv(7, sq=260, d=64)
-    for cfg in (dict(pv="fp8"), dict(pv="fp8", arch="sm89", pv_accum="fp32"), dict(pv="fp16")):
+    for cfg in (dict(pv="fp8"), dict(pv="fp8", arch="sm89", pv_accum="fp32", mma_acc="fp22"), dict(pv="fp16"),
+                dict(pv="fp8", arch="sm89")):
         a, la = sagev2_emulated(q, k, v, return_lse=True, **cfg)
         b, lb = sagev2_emulated(q, k, v, return_lse=True, chunk_bytes=1, **cfg)  # one row at a time
         assert torch.allclose(a.float(), b.float(), atol=1e-2, rtol=0) and rel_l2(a, b) < 1e-3
@@ -292,6 +304,7 @@ def test_scale_argument_is_used():
     (dict(pv="fp8", qk_gran="per_block"), ["Triton", "fp16"]),
     (dict(qk_gran="per_lane"), ["per_thread"]),
     (dict(pv="int4"), ["fp8"]),
+    (dict(mma_acc="fp16"), ["fp32", "fp22"]),
 ])
 def test_unemulated_variants_are_refused_by_name(cfg, words):
     q, k, v = make_qkv(0, sq=16, d=64)

@@ -1,11 +1,12 @@
 """SageAttention 2's numerics in pure torch: the twin the ``sagev2*`` backends are checked against.
 
 Why an emulation: SageAttention 2 runs only on CUDA GPUs after a from-source build, yet what users trade for
-its speed is its accuracy -- what INT8 Q·Kᵀ with K smoothing, an fp8 (e4m3) P·V with a per-channel V scale and an
-~FP22 MMA accumulator do to an attention output. Reproducing that arithmetic step by step in torch lets the
+its speed is its accuracy -- what INT8 Q·Kᵀ with K smoothing and an fp8 (e4m3) P·V with a per-channel V scale
+do to an attention output. Reproducing that arithmetic step by step in torch lets the
 numerics be tested on a CPU, lets a pipeline be rendered with SageAttention 2's error on any device
 (``sagev2_emu``), and lets the GPU bench tell the algorithm's error from a kernel bug: the emulation's rel L2
-against fp64 should be within ~10% of the kernel's own.
+against fp64 should be within ~10% of the kernel's own (on an H200 it is within 0.05% for every variant at the
+Wan and CogVideoX shapes, docs/notes/sageattention2.md).
 
 What each step does and where it comes from (thu-ml/SageAttention 2.2.0) is written up in
 docs/notes/sageattention2.md; in short, per kernel (``geometry``):
@@ -17,9 +18,9 @@ docs/notes/sageattention2.md; in short, per kernel (``geometry``):
 3. Base-2 scores ``s = (Q_int·K_intᵀ) * q_scale * k_scale * sm_scale * log2(e)``, exact integer dot products.
 4. Online softmax over blocks of ``block_kv`` keys: the running max per block; for fp8 P·V the max is lowered by
    log2(448) so that P = exp2(s - m) fills e4m3's range, then P is rounded to e4m3 (or to fp16 for fp16 P·V).
-5. P·V with the kernel's accumulation: an accumulator rounded after every MMA k-step (FP22 = 13 mantissa bits,
-   modelled as round toward zero, or fp16), flushed into fp32 every block ("fp32+fp32", "fp32+fp16",
-   "fp16+fp32") or never ("fp32" on sm89: FP22 throughout); fp16 P·V "fp32" is a true fp32 accumulation.
+5. P·V with the kernel's accumulation: an fp16 accumulator rounded after every MMA k-step and flushed into fp32
+   every block ("fp32+fp16", "fp16+fp32"), or fp32 ("fp32", "fp32+fp32"; with ``mma_acc="fp22"`` the fp8 MMA
+   accumulator keeps 13 mantissa bits, the SageAttention 2 paper's account, which the H200 does not show).
 6. ``O = num / den`` (the denominator sums unrounded P for the fp8 kernels and the Triton one, rounded P for the
    sm80 fp16 kernel), times the per-channel V scale, rounded to the input dtype.
 7. LSE in the library's convention: natural log of sum exp(scale·q·k), i.e. ``(log2(den) + m) / 1.44269504`` plus
@@ -158,10 +159,10 @@ def e4m3_round(x: torch.Tensor) -> torch.Tensor:
 
 
 def fp22_truncate(x: torch.Tensor) -> torch.Tensor:
-    """fp32 rounded toward zero to 13 mantissa bits: the model of the fp8 MMA's FP22 accumulator.
+    """fp32 rounded toward zero to 13 mantissa bits: the paper's FP22 fp8-MMA accumulator (``mma_acc="fp22"``).
 
-    The SageAttention 2 paper reports 1 sign, 8 exponent and 13 mantissa bits; truncation (rather than rounding)
-    is an assumption, checked against the real kernel's error by bench/bench_sage2.py.
+    The SageAttention 2 paper reports 1 sign, 8 exponent and 13 mantissa bits (measured on Ada); truncation rather
+    than rounding is our assumption. On an H200 neither shows: see ``sagev2_emulated``'s ``mma_acc``.
     """
     return (x.float().contiguous().view(torch.int32) & _FP22_MASK).view(torch.float32)
 
@@ -182,7 +183,7 @@ def _round_fp16(x: torch.Tensor) -> torch.Tensor:
     return x.half().float()
 
 
-def _pv_numerators(pq, vq, g: SageGeometry, pv_accum: str, m: torch.Tensor):
+def _pv_numerators(pq, vq, g: SageGeometry, pv_accum: str, m: torch.Tensor, mma_acc: str):
     """Sum of rounded P times rounded V with the kernel's accumulation, relative to the last running max.
 
     pq: (R, nb, block_kv) rounded P; vq: (nb*block_kv, D) rounded V; m: (R, nb) running max after each block.
@@ -191,8 +192,9 @@ def _pv_numerators(pq, vq, g: SageGeometry, pv_accum: str, m: torch.Tensor):
     rows, nb, bkv = pq.shape
     d = vq.shape[-1]
     w = torch.exp2(m - m[:, -1:])  # what the block-by-block rescaling of the fp32 buffer multiplies each block by
-    if pv_accum == "fp32" and not g.p_fp8:
-        # fp16 MMA with an fp32 accumulator: a plain fp32 product per block
+    if pv_accum in ("fp32", "fp32+fp32") and (not g.p_fp8 or mma_acc == "fp32"):
+        # an fp32 MMA accumulator (fp16 MMAs; fp8 MMAs as measured on H200): a plain fp32 product per block, and
+        # whether it is flushed into a separate fp32 buffer every block changes nothing
         blocks = torch.bmm(pq.transpose(0, 1), vq.view(nb, bkv, d))  # (nb, R, D)
         return torch.einsum("rb,brd->rd", w, blocks)
     steps = bkv // g.mma_k
@@ -216,7 +218,9 @@ def _pv_numerators(pq, vq, g: SageGeometry, pv_accum: str, m: torch.Tensor):
     return torch.einsum("rb,brd->rd", w, acc)
 
 
-def _check_args(q, k, v, qk_gran, pv, arch, pv_accum):
+def _check_args(q, k, v, qk_gran, pv, arch, pv_accum, mma_acc):
+    if mma_acc not in ("fp32", "fp22"):
+        raise ValueError(f"mma_acc must be 'fp32' or 'fp22', got {mma_acc!r}")
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         raise ValueError("q, k, v must be (batch, heads, seq, head_dim)")
     if not (q.dtype == k.dtype == v.dtype) or not q.dtype.is_floating_point:
@@ -248,7 +252,7 @@ def _check_args(q, k, v, qk_gran, pv, arch, pv_accum):
 def sagev2_emulated(q, k, v, *, scale: Optional[float] = None, is_causal: bool = False,
                     qk_gran: str = "per_thread", pv: str = "fp8", arch: Optional[str] = None,
                     pv_accum: Optional[str] = None, smooth_k: bool = True, return_lse: bool = False,
-                    q_offset: int = 0, chunk_bytes: int = 512 << 20):
+                    mma_acc: str = "fp32", q_offset: int = 0, chunk_bytes: int = 512 << 20):
     """SageAttention 2 attention computed with the kernel's numerics; q, k, v and the output are (B, H, S, D).
 
     qk_gran: "per_thread" (the library's default), "per_warp", or "per_block" (the Triton fp16 kernel).
@@ -260,13 +264,17 @@ def sagev2_emulated(q, k, v, *, scale: Optional[float] = None, is_causal: bool =
     is_causal: top-left aligned like the kernels (query i sees keys j <= i + q_offset).
     return_lse: also return the fp32 (B, H, Sq) natural-log logsumexp of scale·q·kᵀ in the library's convention
         (base-2 kernel LSE / 1.44269504 plus the smoothing correction (q @ kmᵀ)·scale in the input dtype).
+    mma_acc: the fp8 MMA's accumulator. "fp32" (default) is what an H200 shows: its sm89 kernel without the fp32
+        buffer (pv_accum "fp32") has the same error as with it, to 1e-6 at the three video shapes. "fp22" is the
+        SageAttention 2 paper's account (13 mantissa bits; modelled as truncation after every 32-key MMA step), which
+        on the H200 overstates the "fp32" mode's error by 6-20%; kept for GPUs where it may hold (Ada).
     q_offset: absolute index of q's first row, so a caller can emulate a slice of the rows (at a multiple of
         128, Q's scale groups are the kernel's; only the causal mask reads it).
     chunk_bytes: budget for the per-chunk temporaries; the output does not depend on it beyond fp32 rounding.
     Inputs are never modified.
     """
     arch = (("sm80" if pv == "fp16" else "sm90") if arch is None else arch)
-    family, pv_accum = _check_args(q, k, v, qk_gran, pv, arch, pv_accum)
+    family, pv_accum = _check_args(q, k, v, qk_gran, pv, arch, pv_accum, mma_acc)
     g = geometry(pv, family, pv_accum, q.shape[-1])
     bsz, hq, sq, dim = q.shape
     hkv, sk = k.shape[1], k.shape[2]
@@ -339,7 +347,7 @@ def sagev2_emulated(q, k, v, *, scale: Optional[float] = None, is_causal: bool =
                 pq = e4m3_round(p) if g.p_fp8 else _round_fp16(p)
                 den_blocks = (pq if g.den_rounded_p else p).sum(dim=-1)
                 den = (den_blocks * torch.exp2(m - m[:, -1:])).sum(dim=-1)
-                num = _pv_numerators(pq, vh, g, pv_accum, m)
+                num = _pv_numerators(pq, vh, g, pv_accum, m, mma_acc)
                 o = num * (1.0 / den).unsqueeze(-1)
                 if v_sc is not None:
                     o = o * v_sc[b, hk]
