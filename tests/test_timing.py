@@ -77,3 +77,27 @@ def test_append_timing_keeps_the_new_keys(tmp_path):
                             **T.step_stats([2.0, 1.0, 1.0, 1.0], "cuda")}])
     (e,) = json.loads(path.read_text())
     assert e["warm_step_median"] == 1.0 and e["first_step"] == 2.0 and e["speed_figure"] is True
+
+
+def test_warm_steps_script_recomputes_recorded_runs(tmp_path, capsys):
+    """bench/warm_steps.py: the numbers docs/PERFORMANCE.md was corrected with, from both raw formats."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("warm_steps", Path(__file__).resolve().parents[1] / "bench" /
+                                                  "warm_steps.py")
+    ws = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ws)
+    (tmp_path / "timing.json").write_text(json.dumps([{"attention_type": "fav3", "step_times": [1.5519, 1.0889, 1.1167]}]))
+    (tmp_path / "ps.json").write_text(json.dumps([
+        {"group": "w", "backend": "fav3", "config": "1 GPU", "gpus": 1, "step_times_ms": [1739.1, 1110.4, 1187.8]},
+        {"group": "w", "backend": "fav3", "config": "u4", "gpus": 4, "step_times_ms": [2442.7, 355.1, 390.5]}]))
+    assert ws.main([str(tmp_path / "timing.json"), str(tmp_path / "ps.json"), "-o", str(tmp_path / "o.json")]) == 0
+    rows = json.loads((tmp_path / "o.json").read_text())
+    assert rows[0]["first_included_median_ms"] == pytest.approx(1116.7)
+    assert rows[0]["warm_step_ms"] == pytest.approx(1102.8) and rows[0]["warm_step_n"] == 2
+    one, four = rows[1], rows[2]
+    assert one["warm_step_ms"] == pytest.approx(1149.1) and "speedup_vs_1gpu" not in one
+    assert four["speedup_vs_1gpu"] == pytest.approx(1149.1 / 372.8)
+    assert four["efficiency"] == pytest.approx(four["speedup_vs_1gpu"] / 4)
+    assert "3.08x" in capsys.readouterr().out
