@@ -68,7 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="add figures to each label: speedup of the warm steps (median of the steps after the "
                         "first, from timing.json next to the videos; 'emulated' for an emulation, flagged when "
                         "not a speed figure) and PSNR of the decoded video against this reference input's decoded "
-                        "video (codec noise included), e.g. 'fav3_fp8 · 1.12× · 26.4 dB'")
+                        "video (codec noise included), e.g. 'fav3_fp8 · 1.12× (n=49) · 26.4 dB'")
     p.add_argument("--layout", type=_parse_layout, default=None,
                    help="grid as ROWSxCOLS (default: as square as possible)")
     return p

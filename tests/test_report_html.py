@@ -117,7 +117,7 @@ def test_grid_labels_carry_speedup_and_psnr(run_dir, tmp_path, capsys):
     assert "reference · " in printed and "ref" in printed
     assert "fp8_emu · emulated · " in printed and " dB" in printed
     assert "×" not in printed.split("fp8_emu · ")[1].splitlines()[0]  # no speedup for an emulation
-    assert "default · 1.00× (not a speed figure)" in printed
+    assert "default · 1.00× (n=1: not a speed figure)" in printed
     assert "warning: default: speedup 1.00× is not a speed figure: CPU timing" in captured.err
     assert stitch_comparison.main(["--input_dir", str(run_dir / "results"), "--output", str(out),
                                    "--reference", "nope"]) == 2

@@ -553,13 +553,14 @@ def video_psnr(video, ref_video) -> float | None:
 
 
 def figure_labels(inputs, labels, reference: str, timing_dir=None, warnings: list | None = None) -> list[str]:
-    """``label · speedup× · PSNR dB`` for each input: speedup of the warm steps (``vdbench.timing``'s definition:
+    """``label · speedup× (n=…) · PSNR dB`` for each input: speedup of the warm steps (``vdbench.timing``'s definition:
     median of the steps after the first) from ``timing_dir/timing.json`` (against ``default`` when it was rendered,
     else against the first input), PSNR of each decoded video against the reference input's decoded video.
     ``reference`` names an input by its label or by the backend in its file name. Parts that cannot be computed
-    (no timing entry, another size) are left out of that label. An emulated backend gets "emulated" instead of a
-    speedup; a speedup from timings that are not speed figures (a CPU, n < 3) says so in the label, and the reason
-    is appended to ``warnings`` when a list is given (the caller prints it)."""
+    (no timing entry, another size) are left out of that label. The speedup carries the n of the backend's warm
+    steps; an emulated backend gets "emulated" instead of a speedup; a speedup from timings that are not speed
+    figures (a CPU, n < 3) says so in the label, and the reason is appended to ``warnings`` when a list is given
+    (the caller prints it)."""
     keys = [label_from_filename(p) for p in inputs]
     if reference in labels:
         ref_idx = list(labels).index(reference)
@@ -582,10 +583,9 @@ def figure_labels(inputs, labels, reference: str, timing_dir=None, warnings: lis
             x = base / step[key]
             text = f"{x:.2f}×" if x < 10 else f"{x:.1f}×"
             why = "; ".join(dict.fromkeys(w for w in (s.get("why_not_speed"), base_why) if w))
-            if why:
-                text += " (not a speed figure)"
-                if warnings is not None:
-                    warnings.append(f"{label}: speedup {x:.2f}× is not a speed figure: {why}")
+            text += f" (n={s.get('warm_step_n')}" + (": not a speed figure)" if why else ")")
+            if why and warnings is not None:
+                warnings.append(f"{label}: speedup {x:.2f}× is not a speed figure: {why}")
             parts.append(text)
         if i == ref_idx:
             parts.append("ref")
