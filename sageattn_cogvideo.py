@@ -1,105 +1,24 @@
 #!/usr/bin/env python3
 """Render a CogVideoX video with a chosen attention backend, timed.
 
-CogVideoX's attention processor calls F.scaled_dot_product_attention directly (not diffusers' dispatcher):
-the backend is installed into that model's processors only, nothing else in the process is touched.
+CogVideoX's attention processor calls F.scaled_dot_product_attention directly (not diffusers' dispatcher): the
+backend is installed into that model's processors only, nothing else in the process is touched.
 
     python sageattn_cogvideo.py --model_path tiny --attention_type sagev1_emu
     python sageattn_cogvideo.py --model_path THUDM/CogVideoX-2b --attention_type sagev1
+    torchrun --nproc_per_node=2 sageattn_cogvideo.py --model_path THUDM/CogVideoX-2b --attention_type fav3 --use_cfg_parallel
 
-Writes <output_dir>/cogvideox-<model>_<type>.mp4 and appends to <output_dir>/timing.json (the run_wan.py
-schema). Exit codes as run_wan.py: 2 bad input / unavailable backend, 3 an attention call the backend can't serve.
+Writes DIR/cogvideox-<model>_<type>.mp4 and appends to DIR/timing.json (DIR: --output_dir, alias
+--benchmark_output_directory). The flags are vdbench.cli's, the same for run_wan.py.
 """
 
-from __future__ import annotations
-
-import argparse
-import os
 import sys
-from pathlib import Path
 
-from vdbench import backends as B
-from vdbench.parallel import add_parallel_args, parallel_kwargs
-from vdbench.patching import ON_UNSUPPORTED_CHOICES
-from vdbench.speed import add_speed_args, speed_kwargs
-from vdbench.vae import add_vae_args, vae_kwargs
-from vdbench.render import (EXIT_BAD_INPUT, RenderConfig, cogvideox_output_name, fill_defaults, handle_listing,
-                            run_cli)
-
-REAL_DEFAULTS = dict(height=480, width=720, num_frames=49, num_inference_steps=50)
-TINY_DEFAULTS = dict(height=128, width=192, num_frames=9, num_inference_steps=4)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model_path", default="THUDM/CogVideoX-2b", help="hub id, local path, 'tiny' or 'tiny:<variant>'")
-    p.add_argument("--task", choices=["t2v", "i2v"], default="t2v")
-    p.add_argument("--image", default=None, help="conditioning image (i2v)")
-    p.add_argument("--attention_type", default="default", help=f"one of: {', '.join(B.names())}")
-    p.add_argument("--on_unsupported", choices=ON_UNSUPPORTED_CHOICES, default="error")
-    p.add_argument("--prompt", default="A panda playing a guitar in a bamboo forest, cinematic")
-    p.add_argument("--negative_prompt", default="")
-    p.add_argument("--num_frames", type=int, default=None)
-    p.add_argument("--height", type=int, default=None)
-    p.add_argument("--width", type=int, default=None)
-    p.add_argument("--num_inference_steps", type=int, default=None)
-    p.add_argument("--guidance_scale", type=float, default=6.0)
-    p.add_argument("--seed", type=int, default=42)
-    p.add_argument("--output_dir", default="outputs/cogvideox")
-    p.add_argument("--fps", type=int, default=8)
-    p.add_argument("--num_repetitions", type=int, default=1)
-    p.add_argument("--time_attention", action="store_true")
-    add_parallel_args(p)
-    p.add_argument("--device", default="auto")
-    p.add_argument("--dtype", default="auto")
-    p.add_argument("--save_inputs", action="store_true", help="save Q/K/V of attention calls (see run_wan.py)")
-    p.add_argument("--input_dir", default=None, help="where --save_inputs writes (default <output_dir>/captures)")
-    p.add_argument("--max_captures", type=int, default=0, help="with --save_inputs: at most N calls (0 = all)")
-    p.add_argument("--save_frames", action="store_true", help="also save raw uint8 frames (.npy beside the video)")
-    p.add_argument("--save_latents", action="store_true", help="save the latents before the VAE decode (captures)")
-    p.add_argument("--warmup_calls", type=int, default=0, help="untimed pipeline calls before the timed ones")
-    p.add_argument("--vae_dtype", default="auto", help="auto (the pipeline dtype), fp32, bf16, fp16")
-    add_speed_args(p, ("--compile", "--use_torch_compile"))
-    add_vae_args(p, fast_ok=False)
-    p.add_argument("--cpu_offload", action="store_true", help="enable_model_cpu_offload (needs a GPU)")
-    p.add_argument("--vae_tiling", action="store_true", help="decode the VAE in spatial tiles (less memory)")
-    p.add_argument("--vae_slicing", action="store_true", help="decode the VAE one batch element at a time")
-    p.add_argument("--list_backends", action="store_true")
-    p.add_argument("--list_available", action="store_true", help="names of the backends that can run here")
-    p.add_argument("--print_output_path", action="store_true",
-                   help="print the video path(s) these arguments would write (comma-separated types allowed)")
-    return p
+from vdbench import cli
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
-    if handle_listing(args):
-        return 0
-    fill_defaults(args, args.model_path, TINY_DEFAULTS, REAL_DEFAULTS)
-    if args.num_repetitions < 1:
-        print("error: --num_repetitions must be >= 1", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    out_dir = Path(args.output_dir)
-    if args.print_output_path:
-        for t in args.attention_type.split(","):
-            print(out_dir / cogvideox_output_name(args.model_path, t))
-        return 0
-    cfg = RenderConfig(family="cogvideox", task=args.task, model=args.model_path, prompt=args.prompt,
-                       negative_prompt=args.negative_prompt, image=args.image, height=args.height, width=args.width,
-                       num_frames=args.num_frames, num_inference_steps=args.num_inference_steps,
-                       guidance_scale=args.guidance_scale, seed=args.seed, attention_type=args.attention_type,
-                       output_path=out_dir / cogvideox_output_name(args.model_path, args.attention_type),
-                       timing_path=out_dir / "timing.json", num_repetitions=args.num_repetitions,
-                       device=args.device, dtype=args.dtype, fps=args.fps, on_unsupported=args.on_unsupported,
-                       time_attention=args.time_attention, save_inputs=args.save_inputs,
-                       max_captures=args.max_captures, save_frames=args.save_frames,
-                       save_latents=args.save_latents,
-                       capture_dir=Path(args.input_dir) if args.input_dir else out_dir / "captures",
-                       rank=int(os.environ.get("RANK", 0)), warmup_calls=args.warmup_calls,
-                       vae_dtype=args.vae_dtype, cpu_offload=args.cpu_offload, vae_tiling=args.vae_tiling,
-                       **parallel_kwargs(args),
-                       vae_slicing=args.vae_slicing, **speed_kwargs(args), **vae_kwargs(args))
-    return run_cli(cfg)
+    return cli.main("cogvideox", argv, prog="sageattn_cogvideo.py", description=__doc__)
 
 
 if __name__ == "__main__":

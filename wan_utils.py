@@ -13,5 +13,6 @@ to ``remove()`` after (or to use in a ``with`` block, which removes it on exit).
 from vdbench.api import use_backend  # noqa: F401
 from vdbench.patching import install_backend  # noqa: F401
 from vdbench.pipelines import check_video_size, load_pipeline, resolve_model, transformers_of  # noqa: F401
-from vdbench.render import model_tag, wan_output_name  # noqa: F401
-from vdbench.vae import decode_latents  # noqa: F401
+from vdbench.families import model_tag  # noqa: F401
+from vdbench.families.wan import output_name as wan_output_name  # noqa: F401
+from vdbench.decode import decode_latents  # noqa: F401

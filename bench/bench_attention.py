@@ -48,23 +48,15 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from vdbench import backends as B  # noqa: E402
-from vdbench import metrics as M  # noqa: E402
-from vdbench.capture import CaptureError, list_captures, load_capture  # noqa: E402
-from vdbench.timing import speed_verdict, spread  # noqa: E402
+from vdbench import backends as B
+from vdbench import families
+from vdbench import metrics as M
+from vdbench.capture import CaptureError, list_captures, load_capture
+from vdbench.timing import speed_verdict, spread
 
 # (B, H, Sq, Sk, D): self-attention of the real models at their usual sizes
-PRESETS = {
-    "wan2.1-1.3b-480p": (1, 12, 32760, 32760, 128),  # 832x480, 81 frames: 21x30x52 latent tokens
-    "wan2.1-14b-720p": (1, 40, 75600, 75600, 128),  # 1280x720, 81 frames: 21x45x80
-    "wan2.2-a14b-720p": (1, 40, 75600, 75600, 128),
-    "cogvideox-2b": (1, 30, 17776, 17776, 64),  # 720x480, 49 frames: 13x30x45 + 226 text tokens
-    "cogvideox-5b": (1, 48, 17776, 17776, 64),
-}
+#: Real models' attention shapes (B, H, Sq, Sk, D), by name: each family's ``attention_presets``.
+PRESETS = families.attention_presets()
 METRICS = ("all", "time", "throughput", "bandwidth", "arithmetic_intensity", "accuracy")
 ATOL, RTOL = 1e-2, 1e-2
 COLUMNS = ["input", "kernel", "kernel_label", "B", "H", "Sq", "Sk", "D", "dtype", "cast_from", "time_ms",

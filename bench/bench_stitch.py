@@ -25,11 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from vdbench.video import stitch_grid, write_video  # noqa: E402
+from vdbench.video import stitch_grid, write_video
 
 
 def make_inputs(directory: Path, n: int, frames: int, width: int, height: int) -> list[Path]:

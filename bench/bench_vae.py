@@ -55,9 +55,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+ROOT = Path(__file__).resolve().parents[1]  # the working directory of --isolate's children
 
 # No torch import at module level: a child must get its environment (MIOpen presets) before torch loads.
 
@@ -66,7 +64,6 @@ CONFIGS = ("fp32", "bf16", "bf16_autocast", "tiled", "chunked", "channels_last_3
            "fast", "fast_nocl", "memory", "miopen_fast", "miopen_immediate", "miopen_naive_off")
 #: Modifiers that compose with any config: ``fast+cudnn_benchmark``, ``fast+compile``, ``bf16+cudnn_benchmark``...
 MODIFIERS = ("cudnn_benchmark", "compile", "fused", "eager_glue")
-_WAN_ONLY = ("chunked", "fast", "fast_nocl", "memory")
 DEFAULT_CONFIGS = "fp32,bf16,bf16_autocast,tiled,chunked,channels_last_3d,cudnn_benchmark,fast,memory"
 
 #: ROCm MIOpen presets: environment variables read by MIOpen when the process loads it.
@@ -164,31 +161,20 @@ def system_context(device: str) -> dict:
 # ----------------------------------------------------------------------------------------------------------------
 
 def _vae_spec(model: str):
-    """(diffusers class name, config kwargs, family) for a named model."""
-    from vdbench import pipelines as P
-
+    """(diffusers class name, config kwargs) of HunyuanVideo's VAE, the one named model that is no render family's
+    (the families' VAEs come from ``vdbench.pipelines.build_vae``); None for another name."""
     tiny = model.startswith("tiny-")
-    name = model[5:] if tiny else model
-    if name == "wan2.1":
-        return "AutoencoderKLWan", dict(P._WAN21_VAE if tiny else P._WAN21_VAE_REAL), "wan"
-    if name == "wan2.2":
-        return "AutoencoderKLWan", dict(P._WAN22_VAE if tiny else P._WAN22_VAE_REAL), "wan"
-    if name == "cogvideox":
-        return "AutoencoderKLCogVideoX", dict(P._COG_VAE if tiny else P._COG_VAE_REAL), "cogvideox"
-    if name == "hunyuanvideo":
+    if (model[5:] if tiny else model) == "hunyuanvideo":
         cfg = dict(block_out_channels=(8, 16, 16, 16), norm_num_groups=4, layers_per_block=1) if tiny else {}
-        return "AutoencoderKLHunyuanVideo", cfg, "hunyuanvideo"
+        return "AutoencoderKLHunyuanVideo", cfg
     return None
 
 
 def _family_of(vae) -> str:
-    n = type(vae).__name__
-    return {"AutoencoderKLWan": "wan", "AutoencoderKLCogVideoX": "cogvideox",
-            "AutoencoderKLHunyuanVideo": "hunyuanvideo"}.get(n) or _unknown(n)
+    """The latent handling ``vae`` needs: its render family's name, or ``hunyuanvideo``."""
+    from vdbench import families
 
-
-def _unknown(n):
-    raise ValueError(f"unsupported VAE class {n}")
+    return "hunyuanvideo" if type(vae).__name__ == "AutoencoderKLHunyuanVideo" else families.for_vae(vae).name
 
 
 def build_vae(model: str, device: str, seed: int = 0):
@@ -196,9 +182,15 @@ def build_vae(model: str, device: str, seed: int = 0):
     import diffusers
     import torch
 
+    from vdbench import pipelines as P
+
+    tiny = model.startswith("tiny-")
+    name = model[5:] if tiny else model
+    if name in P.vae_names():
+        return P.build_vae(name, device=device, seed=seed, tiny=tiny)
     spec = _vae_spec(model)
     if spec is not None:
-        cls_name, cfg, _ = spec
+        cls_name, cfg = spec
         torch.manual_seed(seed)
         if device.startswith("cuda"):
             torch.cuda.manual_seed_all(seed)
@@ -260,20 +252,20 @@ def _to_frames(video):
 
 def quality(frames, ref) -> dict:
     """PSNR and SSIM per frame of ``frames`` vs ``ref`` ((F, H, W, 3) tensors in [0, 1]), float64."""
-    from vdbench.metrics import _psnr_from_mse, _ssim_per_frame
+    from vdbench.metrics import psnr_from_mse, ssim_per_frame
 
     if frames.shape != ref.shape:
         raise ValueError(f"shape mismatch: {tuple(frames.shape)} vs reference {tuple(ref.shape)}")
     ref = ref.to(frames.device)
     mse = [float(((frames[i].double() - ref[i].double()) ** 2).mean()) for i in range(frames.shape[0])]
-    psnr = [_psnr_from_mse(m, 1.0) for m in mse]
+    psnr = [psnr_from_mse(m, 1.0) for m in mse]
     if min(frames.shape[1], frames.shape[2]) >= 11:
-        ssim = _ssim_per_frame(frames, ref, 1.0)
+        ssim = ssim_per_frame(frames, ref, 1.0)
     else:
         ssim = []
     return {"psnr_min": min(psnr), "psnr_mean": statistics.fmean(psnr) if all(map(math.isfinite, psnr)) else
             (math.inf if all(p == math.inf for p in psnr) else statistics.fmean([p for p in psnr if math.isfinite(p)])),
-            "psnr_all": _psnr_from_mse(statistics.fmean(mse), 1.0),
+            "psnr_all": psnr_from_mse(statistics.fmean(mse), 1.0),
             "ssim_min": min(ssim) if ssim else None, "ssim_mean": statistics.fmean(ssim) if ssim else None,
             "psnr_per_frame": psnr, "ssim_per_frame": ssim}
 
@@ -293,9 +285,11 @@ def prepare_config(name: str, value, vae, family: str, args, device: str):
     """Apply config ``name`` (with its ``+modifiers``) to the fp32 ``vae``: returns (vae, decode_fn(z) -> video,
     description, decode info)."""
     import contextlib
+    import dataclasses
 
     import torch
 
+    from vdbench import decode as D
     from vdbench import vae as V
 
     base, mods = split_config(name)
@@ -314,12 +308,23 @@ def prepare_config(name: str, value, vae, family: str, args, device: str):
     bf16 = torch.bfloat16
     if bench and not device.startswith("cuda"):
         raise NotApplicable("cudnn.benchmark applies to CUDA/ROCm devices only")
-    if base in _WAN_ONLY and family != "wan":
+    if base == "chunked" and family != "wan":
         raise NotApplicable(f"{base}: implemented for the Wan VAE only (its causal-conv cache makes chunking exact; "
                             f"{type(vae).__name__}'s decode is not chunk-equivalent: CogVideoX's group norms span "
                             "its frame batches)")
-    if comp and base == "memory":
-        raise NotApplicable("memory+compile: the memory-bounded decode has no compiled variant")
+    # the configs that run --vae_decode fast: its options, refused by the render's own check where they don't apply
+    decode_opts = None
+    if base in ("fast", "fast_nocl"):
+        decode_opts = D.DecodeOptions(chunk_frames=int(value or args.chunk_frames or V.FAST_DEFAULT_CHUNK),
+                                      channels_last=base == "fast", fused_glue=glue,
+                                      compile_backend=args.compile_backend if comp else None)
+    elif base == "memory":
+        decode_opts = D.DecodeOptions(max_memory_gib=float(value or args.vae_max_memory), fused_glue=glue)
+    if decode_opts is not None:
+        try:
+            D.check_decode("fast", decode_opts, vae=vae)
+        except ValueError as e:
+            raise NotApplicable(str(e)) from None
     if base != "fp32" and base != "bf16_autocast":
         vae = vae.to(bf16)
     autocast = (torch.autocast(device_type=torch.device(device).type, dtype=bf16) if base == "bf16_autocast"
@@ -339,7 +344,7 @@ def prepare_config(name: str, value, vae, family: str, args, device: str):
     if bench:
         torch.backends.cudnn.benchmark = True
         desc["cudnn_benchmark"] = True
-    fast = base in ("fast", "fast_nocl")
+    fast = decode_opts is not None and decode_opts.max_memory_gib is None
     if comp:
         desc["compile_backend"] = args.compile_backend
         # fast paths: the norm/SiLU glue of the lean layers compiled (convs stay cuDNN's); others: the decoder
@@ -351,18 +356,13 @@ def prepare_config(name: str, value, vae, family: str, args, device: str):
         k = int(value or args.chunk_frames or 4)
         desc["chunk_frames"] = k
         fn = lambda z: V.wan_decode_chunked(vae, z, k, native_upsample=False)  # noqa: E731
-    elif fast:
-        k = int(value or args.chunk_frames or V.FAST_DEFAULT_CHUNK)
-        cl = base == "fast"
-        desc.update(chunk_frames=k, channels_last=cl)
-        backend = args.compile_backend if comp else None
-        fn = lambda z: V.decode_video(vae, z, mode="fast", chunk_frames=k, channels_last=cl,  # noqa: E731
-                                      compile_backend=backend, fused_glue=glue, info=info)
-    elif base == "memory":
-        gib = float(value or args.vae_max_memory)
-        desc["max_memory_gib"] = gib
-        fn = lambda z: V.decode_video(vae, z, mode="fast", max_memory_gib=gib, fused_glue=glue,  # noqa: E731
-                                      info=info)
+    elif decode_opts is not None:
+        if fast:
+            desc.update(chunk_frames=decode_opts.chunk_frames, channels_last=decode_opts.channels_last)
+        else:
+            desc["max_memory_gib"] = decode_opts.max_memory_gib
+        opts = dataclasses.asdict(decode_opts)
+        fn = lambda z: D.decode_video(vae, z, mode="fast", info=info, **opts)  # noqa: E731
     else:
         fn = lambda z: vae.decode(z.to(vae.dtype), return_dict=False)[0]  # noqa: E731
 
@@ -399,9 +399,9 @@ def profile_decode(decode, z, device: str, top: int) -> dict:
         if cuda:
             torch.cuda.synchronize()
     del video
-    # one aggregation for every profile the project writes (vdbench.render.kernel_summary: device kernels without
+    # one aggregation for every profile the project writes (vdbench.timing.kernel_summary: device kernels without
     # the GPU-side annotations, or aten ops' self CPU time on a CPU)
-    from vdbench.render import kernel_summary
+    from vdbench.timing import kernel_summary
 
     summary = kernel_summary(prof.events(), top=top)
     return {"time_kind": "self device time" if summary["source"] == "device kernels" else "self CPU time",
@@ -750,6 +750,7 @@ def _preimport():
     import diffusers  # noqa: F401
     from diffusers import AutoencoderKLCogVideoX, AutoencoderKLHunyuanVideo, AutoencoderKLWan  # noqa: F401
 
+    import vdbench.decode  # noqa: F401
     import vdbench.metrics  # noqa: F401
     import vdbench.pipelines  # noqa: F401
     import vdbench.vae  # noqa: F401

@@ -13,19 +13,17 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-spec = importlib.util.spec_from_file_location("bench_attention", ROOT / "bench" / "bench_attention.py")
+from vdbench import backends as B
+from vdbench.timing import spread
+
+# the attention bench beside this script, loaded from its file (bench/ is a folder of scripts, not a package)
+spec = importlib.util.spec_from_file_location("bench_attention", Path(__file__).with_name("bench_attention.py"))
 ba = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(ba)
-
-from vdbench import backends as B  # noqa: E402
-from vdbench.timing import spread  # noqa: E402
 
 
 def main(argv=None):

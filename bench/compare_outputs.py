@@ -19,12 +19,8 @@ import json
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from vdbench.metrics import compare_frames  # noqa: E402
-from vdbench.report import collect, load_frames, speed  # noqa: E402  (one definition, shared with the report)
+from vdbench.metrics import compare_frames
+from vdbench.report import collect, load_frames, speed  # (one definition, shared with the report)
 
 
 def main(argv=None) -> int:

@@ -2,37 +2,20 @@
 # Issue 8, part 5: sequence-parallel Wan on 2 GPUs (nvidia-h200-x2), both engines, per backend, against 1 GPU.
 # Run from the repo root (wheels installed and PYTHONPATH set by the caller's prefix). Results under $OUT:
 #   summary.txt (compact table + 4/8-GPU model), parallel_summary.json, runs.tsv (every command: rc, wall),
-#   timing_<config>.json (merged per-rank timing written by rank 0), logs/<run>.log (tails of failed runs).
+#   timing_<config>.json (merged per-rank timing written by rank 0), logs/<run>.log (every run's log).
 # Model: Wan 2.1 1.3B architecture, random weights, 832x480, 81 frames, 3 steps (warm step: median of the steps after the first; vdbench.timing).
-# Budget: no run starts with < 45 s of BUDGET_S (default 420 s) left and none runs past BUDGET_S + 30 s, so the
-# whole script (summary included) stays under 8 min; runs.tsv says which ran, failed (rc) or were skipped.
+# Budget (bench/gpu_lib.sh's runner r): no run starts with < 45 s of BUDGET_S (default 420 s) left and none runs
+# past BUDGET_S + 30 s (nor longer than RUN_TIMEOUT_S), so the whole script (summary included) stays under 8 min;
+# runs.tsv says which ran, failed (rc) or were skipped.
 set -uo pipefail
-OUT=${OUT:-gpu_results}; mkdir -p "$OUT/logs"
-RES=${RES:-/tmp/vdbench_par}; [[ -n "${KEEP_RES:-}" ]] || rm -rf "$RES"; mkdir -p "$RES"  # KEEP_RES=1: 1-GPU runs made elsewhere
-export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 OMP_NUM_THREADS=8
-BUDGET_S=${BUDGET_S:-420}; RUN_TIMEOUT_S=${RUN_TIMEOUT_S:-150}; T0=$(date +%s); PORT=29650
-# WAN_ARGS overrides the model/size (a CPU dry run of this script: WAN_ARGS="--model tiny --height 64 ...")
-read -r -a W <<< "${WAN_ARGS:---model random:wan2.1-t2v-1.3b --height 480 --width 832 --num_frames 81 --num_inference_steps ${STEPS:-3}} --save_frames --save_latents --time_attention"
-printf 'run\trc\twall_s\n' > "$OUT/runs.tsv"
-nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader > "$OUT/gpu.txt" 2>&1
-nvidia-smi topo -m >> "$OUT/gpu.txt" 2>&1
-python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "gpus", torch.cuda.device_count())' >> "$OUT/gpu.txt" 2>&1
-python3 -c 'import xfuser, yunchang, diffusers; print("xfuser", xfuser.__version__, "diffusers", diffusers.__version__)' >> "$OUT/gpu.txt" 2>&1
+RES=${RES:-/tmp/vdbench_par}; [[ -n "${KEEP_RES:-}" ]] || rm -rf "$RES"  # KEEP_RES=1: 1-GPU runs made elsewhere
+BUDGET_S=${BUDGET_S:-420}; RUN_TIMEOUT_S=${RUN_TIMEOUT_S:-150}; PORT=29650
+LIMIT_S=$(( BUDGET_S + 35 )); GRACE_S=30  # runs start within BUDGET_S and end by BUDGET_S + 30 s (r's 5 s kept)
+# W13_ARGS overrides the model/size (a CPU dry run of this script: W13_ARGS="--model tiny --height 64 ...")
+source "$(dirname "$0")/gpu_lib.sh"   # OUT, the environment, W13, r (the budgeted runner), gpu_info
+W=$OUT; runs_init; gpu_info "$OUT/gpu.txt"  # r's logs and runs.tsv go to $OUT
 
-left() { echo $(( BUDGET_S - ($(date +%s) - T0) )); }
-
-run() {  # run NAME need_s CMD... : skipped (rc=skip) when fewer than need_s seconds of budget are left
-  local name=$1 need=$2; shift 2
-  if (( $(left) < need )); then printf '%s\tskip(budget)\t0\n' "$name" >> "$OUT/runs.tsv"; return 0; fi
-  local s=$(date +%s) lim=$(( $(left) + 30 )); (( lim > RUN_TIMEOUT_S )) && lim=$RUN_TIMEOUT_S
-  timeout -k 5 "$lim" "$@" > "$RES/$name.log" 2>&1; local rc=$?  # nothing runs past BUDGET_S + 30 s
-  printf '%s\t%s\t%s\n' "$name" "$rc" "$(( $(date +%s) - s ))" >> "$OUT/runs.tsv"
-  [[ $rc -ne 0 ]] && tail -n 60 "$RES/$name.log" > "$OUT/logs/$name.log"
-  grep -E '^\[[a-z]|^error' "$RES/$name.log" | tail -n 2
-  return 0
-}
-
-TR2=(python3 -m torch.distributed.run --nproc_per_node=2)  # + --master_port=$((PORT++)) per run (timeout runs no functions)
+TR2=("$PY" -m torch.distributed.run --nproc_per_node=2)  # + --master_port=$((PORT++)) per run (timeout runs no functions)
 
 # 0. all-to-all at Wan 1.3B Ulysses-2 shape: one Q/K/V/O tensor per rank = (1, 12 heads, 16380 tokens, 128) bf16
 cat > "$RES/a2a.py" <<'EOF'
@@ -49,18 +32,18 @@ if rank == 0:
     json.dump({"world": n, "bytes_per_rank": x.numel() * 2, "a2a_s_median": ts[len(ts) // 2]}, open(sys.argv[1], "w"))
 dist.destroy_process_group()
 EOF
-run a2a 30 "${TR2[@]}" --master_port=$((PORT++)) "$RES/a2a.py" "$OUT/a2a.json"
+r a2a 30 "$RUN_TIMEOUT_S" "${TR2[@]}" --master_port=$((PORT++)) "$RES/a2a.py" "$OUT/a2a.json"
 
 # 1. one GPU per backend (two at a time, one per GPU: independent devices)
-one() { CUDA_VISIBLE_DEVICES=$1 python3 run_wan.py "${W[@]}" --benchmark_output_directory "$RES/1gpu" --attention_type "$2"; }
+one() { CUDA_VISIBLE_DEVICES=$1 "$PY" run_wan.py "${W13[@]}" --benchmark_output_directory "$RES/1gpu" --attention_type "$2"; }
 ONE1=(${ONE_GPU_1:-sdpa_cudnn fav3}); ONE2=(${ONE_GPU_2:-sagev1 fav3_fp8})
-[[ -n "${SKIP_1GPU:-}" ]] || run "1gpu_${ONE1[0]}+${ONE1[1]}" 60 bash -c "$(declare -f one); W=(${W[*]}); RES=$RES; one 0 ${ONE1[0]} & a=\$!; one 1 ${ONE1[1]} & b=\$!; wait \$a; r=\$?; wait \$b; exit \$(( r | \$? ))"
-[[ -n "${SKIP_1GPU:-}" ]] || run "1gpu_${ONE2[0]}+${ONE2[1]}" 60 bash -c "$(declare -f one); W=(${W[*]}); RES=$RES; one 0 ${ONE2[0]} & a=\$!; one 1 ${ONE2[1]} & b=\$!; wait \$a; r=\$?; wait \$b; exit \$(( r | \$? ))"
+[[ -n "${SKIP_1GPU:-}" ]] || r "1gpu_${ONE1[0]}+${ONE1[1]}" 60 "$RUN_TIMEOUT_S" bash -c "$(declare -f one); W13=(${W13[*]}); RES=$RES; PY=$PY; one 0 ${ONE1[0]} & a=\$!; one 1 ${ONE1[1]} & b=\$!; wait \$a; r=\$?; wait \$b; exit \$(( r | \$? ))"
+[[ -n "${SKIP_1GPU:-}" ]] || r "1gpu_${ONE2[0]}+${ONE2[1]}" 60 "$RUN_TIMEOUT_S" bash -c "$(declare -f one); W13=(${W13[*]}); RES=$RES; PY=$PY; one 0 ${ONE2[0]} & a=\$!; one 1 ${ONE2[1]} & b=\$!; wait \$a; r=\$?; wait \$b; exit \$(( r | \$? ))"
 
 # 2. two GPUs: Ulysses-2 and ring-2, both engines (most wanted first; sagev1 under ring is refused: no LSE)
 par() {  # par ENGINE ulysses|ring DEGREE BACKEND
   local e=$1 p=$2 d=$3 b=$4 tag=${1}_${2:0:1}2
-  run "${tag}_$b" 45 "${TR2[@]}" --master_port=$((PORT++)) run_wan.py "${W[@]}" --benchmark_output_directory "$RES/$tag" --attention_type "$b" \
+  r "${tag}_$b" 45 "$RUN_TIMEOUT_S" "${TR2[@]}" --master_port=$((PORT++)) run_wan.py "${W13[@]}" --benchmark_output_directory "$RES/$tag" --attention_type "$b" \
     --parallel_engine "$e" "--${p}_degree" "$d"
 }
 for b in ${PAR_FIRST:-sdpa_cudnn fav3}; do for e in diffusers xfuser; do par $e ulysses 2 $b; done; done
@@ -70,7 +53,7 @@ for e in diffusers xfuser; do par $e ring 2 ${RING_THEN:-fav3_fp8}; done
 for e in diffusers xfuser; do par $e ring 2 sagev1; done   # expected: refused before model load (exit 2)
 
 # 3. summary: step times, speedups, PSNR / rel L2 vs the 1-GPU output of the same backend, per-rank kernel counts
-python3 - "$RES" "$OUT" <<'EOF'
+"$PY" - "$RES" "$OUT" <<'EOF'
 import glob, json, math, os, sys
 import numpy as np, torch
 res, out = sys.argv[1:3]
@@ -158,4 +141,4 @@ print("\n".join(lines))
 EOF
 for d in "$RES"/*/results/timing.json; do c=$(basename "$(dirname "$(dirname "$d")")"); cp "$d" "$OUT/timing_$c.json"; done
 echo "runs (rc, wall):"; column -t "$OUT/runs.tsv" | tee "$OUT/runs.txt"
-echo "total $(( $(date +%s) - T0 )) s"
+echo "total $(el) s"

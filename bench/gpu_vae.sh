@@ -20,9 +20,8 @@
 # +cudnn_benchmark / +compile compose (fast+compile: the fast path's norm/SiLU glue compiled by inductor, convs
 # stay cuDNN's; graph breaks reported); memory@GiB = fast path bounded by a memory budget.
 set -uo pipefail
-OUT=${OUT:-gpu_results}; mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1
-B=(python3 bench/bench_vae.py --warmup 1 --repeats 2)
+source "$(dirname "$0")/gpu_lib.sh"   # the environment, OUT, PY
+B=("$PY" bench/bench_vae.py --warmup 1 --repeats 2)
 rcs=()
 
 # SKIP=REGEX drops the configs whose names match (e.g. SKIP='^(fast|memory)' when the Triton glue's GPU tests
@@ -74,7 +73,7 @@ fi
 echo "=== summary ==="
 for f in "$OUT"/vae_*.json; do
   [ -f "$f" ] || continue
-  python3 - "$f" <<'EOF'
+  "$PY" - "$f" <<'EOF'
 import json, sys
 d = json.load(open(sys.argv[1]))
 a, s = d["args"], d["system"]

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Multi-GPU VAE decode (vdbench.vae_parallel) on 2 GPUs: exactness and time vs the single-GPU decode.
+# Multi-GPU VAE decode (vdbench.vae_parallel) on 2 GPUs (NPROC): exactness and time vs the single-GPU decode, as
+# bench/bench_vae_parallel.py measures them.
 # Run from the repo root on a 2-GPU machine (e.g. 2x H200), after the wheels are on PYTHONPATH:
 #
 #   bash bench/gpu_vae_parallel.sh            # results: $OUT/vae_parallel.json, $OUT/vae_parallel.log
@@ -15,17 +16,13 @@
 #   4. cogvideox bf16 (2B/5B VAE), 49 frames 480x720 (latent 13x60x90): diffusers' own decode loop
 # Summary lines: "[case dtype latent world K] single s  parallel s  ratio  PSNR vs single dB  max|d|".
 set -uo pipefail
-OUT=${OUT:-gpu_results}; mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
+source "$(dirname "$0")/gpu_lib.sh"   # the environment, OUT, PY, gpu_info
 NPROC=${NPROC:-2}
 REPEATS=${REPEATS:-2}
 BUDGET_S=${BUDGET_S:-120}   # inside python: remaining cases are skipped (and reported) past this
-{
-  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
-  python3 -c 'import torch, diffusers; print("torch", torch.__version__, "cuda", torch.version.cuda, "diffusers", diffusers.__version__)'
-} > "$OUT/vae_parallel_env.txt" 2>&1
+gpu_info "$OUT/vae_parallel_env.txt"
 cat "$OUT/vae_parallel_env.txt"
-timeout -k 10 170 python3 -m torch.distributed.run --standalone --nproc_per_node="$NPROC" -m vdbench.vae_parallel \
+timeout -k 10 170 "$PY" -m torch.distributed.run --standalone --nproc_per_node="$NPROC" bench/bench_vae_parallel.py \
   --num_res_blocks 2 --warmup 1 --repeats "$REPEATS" --budget_s "$BUDGET_S" --json "$OUT/vae_parallel.json" \
   --case wan2.1:5x30x52:fp32:1,0 \
   --case wan2.1:21x60x104:bf16:1,0 \

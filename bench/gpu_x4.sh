@@ -11,40 +11,31 @@
 #
 # Run from the repo root after the wheel install + PYTHONPATH export. Limits: A_S, B_S, C_S (seconds).
 set -uo pipefail
-OUT=${OUT:-gpu_results}; mkdir -p "$OUT"
+source "$(dirname "$0")/gpu_lib.sh"   # OUT, the environment, W13 / W14 (STEPS, STEPS14), pack_dir, gpu_info
 RES=${RES:-/tmp/vdbench_x4}; mkdir -p "$RES"
-export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 OMP_NUM_THREADS=8
 A_S=${A_S:-215}; B_S=${B_S:-165}; C_S=${C_S:-150}
-STEPS=${STEPS:-3}; STEPS14=${STEPS14:-2}
-W13=(--model random:wan2.1-t2v-1.3b --height 480 --width 832 --num_frames 81 --num_inference_steps "$STEPS"
-     --save_frames --save_latents --time_attention)
-W14=(--model random:wan2.1-t2v-14b --height 720 --width 1280 --num_frames 81 --num_inference_steps "$STEPS14"
-     --save_frames --time_attention)
-T0=$(date +%s); el() { echo $(( $(date +%s) - T0 )); }
 # The device tool brings back a limited number of files from $OUT: pack everything (but frames/videos) into one
 # archive after every phase, so a cut call still returns what finished.
-pack() { (cd "$OUT" && tar czf ../vdbench_x4_results.tgz --exclude='*.npy' --exclude='*.mp4' --exclude='*.pt' --exclude='*.tgz' . \
-          && mv ../vdbench_x4_results.tgz results.tgz; cd "$RES" && find . -name timing.json | tar czf "$OUT/timing.tgz" -T -) 2>/dev/null; }
-lim() { local l=$(( A_S - $(el) - 5 )); (( l < 10 )) && l=1; echo $l; }  # what is left of phase A
-nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader > "$OUT/gpu.txt" 2>&1
-nvidia-smi topo -m >> "$OUT/gpu.txt" 2>&1
-one13() { CUDA_VISIBLE_DEVICES=$1 python3 run_wan.py "${W13[@]}" --benchmark_output_directory "$RES/par/1gpu" \
+pack_all() { pack_dir "$OUT" "$OUT/results.tgz"; pack_timings "$RES" "$OUT/timing.tgz"; }
+lim() { local l; l=$(left_s "$A_S"); (( l < 10 )) && l=1; echo $l; }  # what is left of phase A
+gpu_info "$OUT/gpu.txt"
+one13() { CUDA_VISIBLE_DEVICES=$1 "$PY" run_wan.py "${W13[@]}" --benchmark_output_directory "$RES/par/1gpu" \
             --attention_type "$2" 2>&1 | grep -E '^\[|^error' | tail -n 2; }
 
 echo "== phase A ($(el) s)"
 ( CUDA_VISIBLE_DEVICES=0 OUT="$OUT/vae" timeout -k 5 "$A_S" bash bench/gpu_vae.sh > "$OUT/phaseA_gpu0.log" 2>&1 ) &
 ( export CUDA_VISIBLE_DEVICES=1
   OUT="$OUT/kernels" STAGES=sweep timeout -k 5 110 bash bench/gpu_kernels.sh 2>&1 | tail -n 12
-  for b in fav3 sdpa_cudnn; do timeout -k 5 "$(lim)" bash -c "$(declare -f one13); W13=(${W13[*]}); RES=$RES; one13 1 $b"; done
+  for b in fav3 sdpa_cudnn; do timeout -k 5 "$(lim)" bash -c "$(declare -f one13); W13=(${W13[*]}); RES=$RES; PY=$PY; one13 1 $b"; done
 ) > "$OUT/phaseA_gpu1.log" 2>&1 &
 ( for b in sagev1 fav3_fp8 fav3_sage; do
-    timeout -k 5 "$(lim)" bash -c "$(declare -f one13); W13=(${W13[*]}); RES=$RES; one13 2 $b"
+    timeout -k 5 "$(lim)" bash -c "$(declare -f one13); W13=(${W13[*]}); RES=$RES; PY=$PY; one13 2 $b"
   done ) > "$OUT/phaseA_gpu2.log" 2>&1 &
-( CUDA_VISIBLE_DEVICES=3 timeout -k 5 "$A_S" python3 run_wan.py "${W14[@]}" --benchmark_output_directory "$RES/w14/1gpu" \
+( CUDA_VISIBLE_DEVICES=3 timeout -k 5 "$A_S" "$PY" run_wan.py "${W14[@]}" --benchmark_output_directory "$RES/w14/1gpu" \
     --attention_type fav3 2>&1 | grep -E '^\[|^error' | tail -n 2 ) > "$OUT/phaseA_gpu3.log" 2>&1 &
 wait
 tail -n 4 "$OUT"/phaseA_gpu*.log
-pack
+pack_all
 
 echo "== phase B ($(el) s)"
 ( CUDA_VISIBLE_DEVICES=0,1 OUT="$OUT/par" RES="$RES/par" KEEP_RES=1 SKIP_1GPU=1 BUDGET_S=$(( B_S - 10 )) \
@@ -54,10 +45,10 @@ echo "== phase B ($(el) s)"
   bash bench/gpu_vae_parallel.sh > "$OUT/phaseB_vae_par.log" 2>&1 ) &
 wait
 tail -n 30 "$OUT/par/summary.txt" 2>/dev/null; tail -n 12 "$OUT/phaseB_vae_par.log"
-pack
+pack_all
 
 echo "== phase C ($(el) s)"
-TR4=(python3 -m torch.distributed.run --standalone --nproc_per_node=4)
+TR4=("$PY" -m torch.distributed.run --standalone --nproc_per_node=4)
 timeout -k 5 $(( C_S - 40 )) "${TR4[@]}" run_wan.py "${W14[@]}" --benchmark_output_directory "$RES/w14/u4" \
   --attention_type fav3 --parallel_engine diffusers --ulysses_degree 4 2>&1 | grep -E '^\[|^error' | tail -n 3
 timeout -k 5 40 "${TR4[@]}" run_wan.py "${W13[@]}" --benchmark_output_directory "$RES/par/diffusers_u4" \
@@ -68,8 +59,8 @@ done
 for pair in "w14/u4 w14/1gpu" "par/diffusers_u4 par/1gpu"; do
   set -- $pair
   ref=$(ls "$RES/$2"/results/*attn_fav3_*.npy 2>/dev/null | head -n 1)
-  [ -n "$ref" ] && [ -d "$RES/$1/results" ] && python3 bench/compare_outputs.py "$RES/$1/results" --reference "$ref" \
+  [ -n "$ref" ] && [ -d "$RES/$1/results" ] && "$PY" bench/compare_outputs.py "$RES/$1/results" --reference "$ref" \
     --device cuda -o "$OUT/quality_${1//\//_}_vs_1gpu.json" 2>&1 | tail -n 2
 done
-pack
+pack_all
 echo "== done ($(el) s)"

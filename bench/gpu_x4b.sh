@@ -20,7 +20,8 @@ set -uo pipefail
 CALL=${CALL:-1}
 OUT=${OUT:-gpu_results}; RES=${RES:-/tmp/vd3/res}; W=${W:-/tmp/vd3/out}
 LIMIT_S=${LIMIT_S:-560}  # this call's deadline (the device tool stops a command at 600 s)
-source "$(dirname "$0")/gpu_lib.sh"   # r / wan / cog / pack, the model arguments
+source "$(dirname "$0")/gpu_lib.sh"   # r / wan / cog / pack, the model arguments, the environment
+runs_init; gpu_info "$W/gpu_$CALL.txt"
 
 if [ "$CALL" = 1 ]; then
   ( CUDA_VISIBLE_DEVICES=3 OUT="$W/vae" timeout -k 5 $(( LIMIT_S - 20 )) bash bench/gpu_vae.sh all > "$W/logs/vae.log" 2>&1
@@ -30,7 +31,7 @@ if [ "$CALL" = 1 ]; then
     for b in fav3 sdpa_cudnn; do r "cog_1gpu_$b" 40 80 cog 1gpu $b 2 1; done
     for b in sdpa_cudnn sagev1; do r "w14_1gpu_$b" 110 150 wan w14 1gpu $b 2 1; done
   ) > "$W/logs/track_gpu2.log" 2>&1 &
-  ( r gpu_tests 60 170 env CUDA_VISIBLE_DEVICES=0,1 python3 -m pytest -q -rs tests/test_parallel.py \
+  ( r gpu_tests 60 170 env CUDA_VISIBLE_DEVICES=0,1 "$PY" -m pytest -q -rs tests/test_parallel.py \
         -k "gpus or match_one_gpu" -p no:cacheprovider -s
     for b in sdpa_cudnn sagev1 fav3_fp8 fav3_sage; do
       for e in diffusers xfuser; do r "w13_${e}_u2_$b" 35 90 wan w13 ${e}_u2 $b 0,1 2 --parallel_engine $e --ulysses_degree 2; done
@@ -64,7 +65,7 @@ if [ "$CALL" = 3 ]; then  # after fixes: xfuser CogVideoX / CFG tests and the Co
   ( CUDA_VISIBLE_DEVICES=3 OUT="$W/vae_compile" timeout -k 5 300 bash bench/gpu_vae.sh compile > "$W/logs/vae_compile.log" 2>&1 ) &
   vae=$!
   ( r cog_1gpu_fav3 40 80 cog 1gpu fav3 2 1 ) > "$W/logs/c3_gpu2.log" 2>&1 &
-  r gpu_tests 60 200 env CUDA_VISIBLE_DEVICES=0,1 python3 -m pytest -q -rs tests/test_parallel.py \
+  r gpu_tests 60 200 env CUDA_VISIBLE_DEVICES=0,1 "$PY" -m pytest -q -rs tests/test_parallel.py \
         -k "gpus or match_one_gpu" -p no:cacheprovider -s
   r cog_xfuser_u2_fav3 40 90 cog xfuser_u2 fav3 0,1 2 --parallel_engine xfuser --ulysses_degree 2
   r cog_xfuser_cfg2_fav3 40 90 cog xfuser_cfg2 fav3 0,1 2 --parallel_engine xfuser --use_cfg_parallel

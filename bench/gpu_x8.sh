@@ -21,7 +21,8 @@ set -uo pipefail
 CALL=${CALL:-1}
 OUT=${OUT:-gpu_results}; RES=${RES:-/tmp/vd8/res}; W=${W:-/tmp/vd8/out}
 LIMIT_S=${LIMIT_S:-560}
-source "$(dirname "$0")/gpu_lib.sh"
+source "$(dirname "$0")/gpu_lib.sh"   # r / wan / cog / pack, the model arguments, the environment
+runs_init; gpu_info "$W/gpu_$CALL.txt"
 BK=(fav3 sdpa_cudnn sagev1 fav3_fp8 fav3_sage)
 D=(--parallel_engine diffusers)
 # u GROUP BACKEND GPUS: a Ulysses run (diffusers engine) over GPUS, degree = their count, named for the table;
@@ -36,7 +37,7 @@ u() {
 if [ "$CALL" = 1 ]; then
   ( # the glue kernel's tests on the GPU first (real Triton): if they fail, the configs that run it (every fast /
     # memory config: the Triton glue is their default) are left out of the table -- a kernel fault would end the run
-    CUDA_VISIBLE_DEVICES=7 timeout -k 5 120 python3 -m pytest -q tests/test_vae_glue.py -p no:cacheprovider \
+    CUDA_VISIBLE_DEVICES=7 timeout -k 5 120 "$PY" -m pytest -q tests/test_vae_glue.py -p no:cacheprovider \
       > "$W/logs/vae_glue_tests.log" 2>&1; t=$?
     echo "[$(el)s] vae glue tests rc=$t: $(tail -n 1 "$W/logs/vae_glue_tests.log")"
     skip=; [ $t = 0 ] || skip='^(fast|memory)'

@@ -21,13 +21,9 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from vdbench import backends as B  # noqa: E402
-from vdbench.patching import AttentionPatch  # noqa: E402
-from vdbench.pipelines import load_pipeline  # noqa: E402
+from vdbench import backends as B
+from vdbench.patching import AttentionPatch
+from vdbench.pipelines import load_pipeline
 
 
 def main(argv=None) -> int:

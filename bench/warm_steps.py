@@ -21,11 +21,7 @@ import statistics
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from vdbench.timing import step_stats  # noqa: E402
+from vdbench.timing import step_stats
 
 
 def rows_of(path: Path) -> list[dict]:

@@ -11,8 +11,12 @@ other test sees the environment it expects (the kernels' availability probes rea
 
 import importlib.util
 import os
+from pathlib import Path
 
+import pytest
 import torch
+
+ROOT = Path(__file__).resolve().parents[1]
 
 if not torch.cuda.is_available() and importlib.util.find_spec("triton") is not None:
     _old = os.environ.get("TRITON_INTERPRET")
@@ -25,3 +29,11 @@ if not torch.cuda.is_available() and importlib.util.find_spec("triton") is not N
             os.environ.pop("TRITON_INTERPRET", None)
         else:
             os.environ["TRITON_INTERPRET"] = _old
+
+
+@pytest.fixture
+def checkout_env() -> dict:
+    """``os.environ`` with this checkout first on PYTHONPATH, for the scripts a test starts (bench/*.py run as files
+    have their own folder as ``sys.path[0]``; torchrun children likewise): they import the vdbench under test, as a
+    device run does with ``PYTHONPATH=$PWD``, never another installed copy."""
+    return dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]))

@@ -199,12 +199,13 @@ def test_no_captures_is_a_clear_error(tmp_path):
         ba.main(["--input_dir", str(tmp_path), "--device", "cpu"])
 
 
-def test_old_name_bench_cogvideo_still_works(tmp_path):
+def test_old_name_bench_cogvideo_still_works(tmp_path, checkout_env):
     import subprocess
     import sys
 
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_cogvideo.py"), "--preset", "cogvideox-2b",
                            "--max_seq", "32", "--device", "cpu", "--kernel", "sdpa", "-metric", "accuracy",
-                           "-o", str(tmp_path / "c.csv")], capture_output=True, text=True, timeout=300)
+                           "-o", str(tmp_path / "c.csv")], capture_output=True, text=True, timeout=300,
+                          env=checkout_env)
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "c.csv").exists() and "cogvideox-2b" in proc.stdout

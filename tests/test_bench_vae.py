@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from bench import bench_vae as B
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
-import bench_vae as B  # noqa: E402
 
 SMALL = ["--model", "tiny-wan2.1", "--frames", "5", "--size", "48*32", "--device", "cpu", "--warmup", "0",
          "--repeats", "1", "--tile_px", "32", "--compile_backend", "eager"]
@@ -63,7 +63,8 @@ def test_exit_code():
     assert B.exit_code([ok, {"status": "hung"}, {"status": "ok", "quality_flag": True}]) == 1
 
 
-def test_every_config_in_process(tmp_path, monkeypatch, capsys):
+def test_every_config_in_process(tmp_path, monkeypatch, capsys, checkout_env):
+    monkeypatch.setenv("PYTHONPATH", checkout_env["PYTHONPATH"])  # miopen_* runs in a child: this checkout's vdbench
     out = tmp_path / "r.json"
     configs = ",".join(["bf16", "bf16_autocast", "tiled", "chunked@2", "channels_last_3d", "cudnn_benchmark",
                         "compile", "fast@2", "memory@100", "miopen_fast"])
@@ -100,11 +101,11 @@ def test_hung_config_reported_and_run_continues(tmp_path, monkeypatch):
     assert lines["chunked@2"].split(",")[4] == "ok"  # the next config ran
 
 
-def test_isolate_children(tmp_path):
+def test_isolate_children(tmp_path, checkout_env):
     """--isolate: the reference and each config run in their own process; a child whose decode stalls is
     reported as hung (by its own watchdog, with the last completed stage) and the parent still finishes."""
     out = tmp_path / "r.json"
-    env = {**os.environ, "VDBENCH_TEST_STALL": "fast@2:120"}
+    env = {**checkout_env, "VDBENCH_TEST_STALL": "fast@2:120"}
     p = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_vae.py"), *SMALL, "--isolate", "--timeout", "6",
                         "--configs", "fast@2", "-o", str(out)], capture_output=True, text=True, env=env,
                        timeout=200, cwd=ROOT)

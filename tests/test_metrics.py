@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from vdbench.metrics import compare_frames, cosine, max_abs, mean_abs, psnr, rel_l2, ssim
+from vdbench.metrics import (compare_frames, cosine, max_abs, mean_abs, psnr, psnr_from_mse, rel_l2, ssim,
+                             ssim_per_frame)
 
 
 def test_tensor_metrics_hand_computed():
@@ -76,6 +77,20 @@ def test_ssim_matches_reference_implementation():
     assert ssim(b[0], a[0]) == pytest.approx(0.9461864556838173, abs=1e-10)  # (H, W, C)
     assert ssim(b[0, ..., 0], a[0, ..., 0]) == pytest.approx(0.9509082205179772, abs=1e-10)  # (H, W)
     assert ssim(torch.from_numpy(b), torch.from_numpy(a)) == pytest.approx(0.9449750248449046, abs=1e-10)
+
+
+def test_per_frame_helpers_are_what_the_aggregates_use():
+    """psnr_from_mse / ssim_per_frame are public for callers that accumulate the MSE themselves or report the
+    worst frame (the VAE benches): they must give exactly what psnr / ssim give."""
+    rng = np.random.default_rng(4)
+    ref = rng.random((3, 16, 20, 3))
+    x = np.clip(ref + rng.normal(0, 0.05, ref.shape), 0, 1)
+    assert psnr_from_mse(0.0, 1.0) == math.inf
+    assert psnr_from_mse(1e-4, 1.0) == pytest.approx(40.0)
+    assert psnr_from_mse(float(((x - ref) ** 2).mean()), 1.0) == psnr(x, ref)
+    per = ssim_per_frame(x, ref, 1.0)
+    assert len(per) == 3 and float(np.mean(per)) == ssim(x, ref)
+    assert per[1] == pytest.approx(ssim(x[1], ref[1]), abs=1e-12)
 
 
 def test_ssim_orders_degradations_and_rejects_bad_shapes():

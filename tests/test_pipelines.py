@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from vdbench import pipelines as P
+from vdbench import tiny
 
 ALL_VARIANTS = [
     "wan2.1-t2v",
@@ -203,7 +204,7 @@ def test_save_load_round_trip(variant, tmp_path):
     from transformers import AutoTokenizer
 
     v = P.TINY_VARIANTS[variant]
-    built = P._build_pipeline(v)
+    built = tiny.build_pipeline(v)
     path = P.build_tiny(variant, tmp_path / variant)
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")], "temporary build dir left behind"
     loaded = getattr(diffusers, v.pipeline).from_pretrained(path, dtype=torch.float32)
@@ -261,14 +262,14 @@ def test_build_refuses_to_overwrite(tmp_path):
 def test_concurrent_resolve_builds_once(tmp_path, monkeypatch):
     monkeypatch.setenv("VDBENCH_CACHE", str(tmp_path))
     calls = []
-    real_build = P.build_tiny
+    real_build = tiny.build_tiny
 
     def counting_build(variant, path):
         calls.append(variant)
         time.sleep(0.3)  # widen the race window
         return real_build(variant, path)
 
-    monkeypatch.setattr(P, "build_tiny", counting_build)
+    monkeypatch.setattr(tiny, "build_tiny", counting_build)  # what ensure_tiny calls
     results, errors = [], []
 
     def worker():

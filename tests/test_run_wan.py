@@ -169,7 +169,7 @@ def test_profiler_warmup_vae_dtype_and_flow_shift(tmp_path):
 
 
 def test_kernel_categories():
-    from vdbench.render import kernel_category
+    from vdbench.timing import kernel_category
 
     assert kernel_category("ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)") == "communication"
     assert kernel_category("void flash::FlashAttnFwdSm90<...>") == "attention"
@@ -182,8 +182,9 @@ def test_kernel_categories():
 
 
 def test_default_flow_shift_per_task_and_size():
-    from vdbench.render import default_flow_shift
+    from vdbench import families
 
+    default_flow_shift = families.get("wan").flow_shift
     assert default_flow_shift("t2v", 480, 832) == 3.0
     assert default_flow_shift("i2v", 720, 1280) == 5.0
     assert default_flow_shift("ti2v", 704, 1280) == 5.0
@@ -224,10 +225,12 @@ def test_vae_decode_fast_matches_default_and_is_recorded(tmp_path):
 
 def test_vae_glue_triton_is_refused_before_the_load_where_it_cant_apply_or_run(tmp_path, capsys):
     """--vae_glue triton asked for: without --vae_decode fast it doesn't apply, on a CPU it can't run -- both
-    refused before the model loads, nothing written; never a silent eager glue."""
+    refused before the model loads, nothing written; never a silent eager glue. An unknown --vae_decode likewise
+    (vdbench.decode.check_decode, the one check of a decode mode)."""
     out = tmp_path / "o"
     for extra, msg in ((["--vae_glue", "triton"], "needs --vae_decode fast"),
-                       (["--vae_glue", "triton", "--vae_decode", "fast"], "--vae_glue triton can't run on cpu")):
+                       (["--vae_glue", "triton", "--vae_decode", "fast"], "--vae_glue triton can't run on cpu"),
+                       (["--vae_decode", "turbo"], "unknown VAE decode mode 'turbo'; valid: default, fast, parallel")):
         rc = run_wan.main(SMALL + ["--attention_type", "sdpa", "--benchmark_output_directory", str(out), *extra])
         assert rc != 0 and msg in capsys.readouterr().err
         assert not list(out.rglob("*.mp4")) and not list(out.rglob("timing.json"))

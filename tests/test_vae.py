@@ -4,7 +4,6 @@ are swapped in for the duration of a decode only (restored on error too, foreign
 memory-bounded mode picks its chunk/tile from the budget, modes that can't run say so, and a decode can run under
 the watchdog. Peak memory: tests/test_vae_memory.py."""
 
-import sys
 import time
 import types
 
@@ -13,8 +12,10 @@ import torch
 from diffusers import AutoencoderKLCogVideoX, AutoencoderKLWan
 from diffusers.video_processor import VideoProcessor
 
+from vdbench import decode as D
 from vdbench import vae as V
-from vdbench.pipelines import _COG_VAE, _WAN21_VAE, _WAN22_VAE
+from vdbench.families.cogvideox import COG_VAE as _COG_VAE
+from vdbench.families.wan import WAN21_VAE as _WAN21_VAE, WAN22_VAE as _WAN22_VAE
 from vdbench.watchdog import WatchdogTimeout
 
 
@@ -57,14 +58,14 @@ def test_native_dtype_upsample_is_bit_identical_in_bf16(wan21):
 
 def test_decode_video_modes(wan21):
     z = _z(wan21)
-    ref = V.decode_video(wan21, z, mode="default")
+    ref = D.decode_video(wan21, z, mode="default")
     info = {}
-    fast = V.decode_video(wan21, z, mode="fast", chunk_frames=2, info=info)
+    fast = D.decode_video(wan21, z, mode="fast", chunk_frames=2, info=info)
     torch.testing.assert_close(fast, ref, atol=1e-4, rtol=0)
     assert info == {"path": "chunked", "chunk_frames": 2, "channels_last": True,
                     "glue": "eager (Triton glue not used: the VAE is on cpu)"}
     with pytest.raises(ValueError, match="unknown VAE decode mode"):
-        V.decode_video(wan21, z, mode="turbo")
+        D.decode_video(wan21, z, mode="turbo")
 
 
 def test_channels_last_3d_same_result(wan21):
@@ -82,24 +83,60 @@ def test_fast_and_memory_refused_for_other_vaes():
     cog = AutoencoderKLCogVideoX(**_COG_VAE).eval()
     z = torch.randn(1, 16, 3, 4, 6)
     with pytest.raises(ValueError, match="AutoencoderKLWan only"):
-        V.decode_video(cog, z, mode="fast")
+        D.decode_video(cog, z, mode="fast")
     with pytest.raises(ValueError, match="AutoencoderKLWan only"):
-        V.decode_video(cog, z, max_memory_gib=1.0)
+        D.decode_video(cog, z, max_memory_gib=1.0)
 
 
-def test_parallel_mode_hook(monkeypatch, wan21):
+def test_parallel_mode_runs_the_band_decode(monkeypatch, wan21):
+    """mode='parallel' is vdbench.vae_parallel's band decode (stubbed here: it needs a process group), given the
+    chunk size and the info dict; what does not apply to a band decode is refused before it runs."""
+    from vdbench import vae_parallel
+
     calls = []
-    fake = types.ModuleType("vdbench.vae_parallel")
-    fake.decode_video_parallel = lambda vae, z, chunk_frames=None, info=None: calls.append(z.shape) or torch.zeros(1)
-    monkeypatch.setitem(sys.modules, "vdbench.vae_parallel", fake)
-    import vdbench
 
-    monkeypatch.setattr(vdbench, "vae_parallel", fake, raising=False)
-    V.decode_video(wan21, _z(wan21), mode="parallel")
-    assert calls == [torch.Size([1, 16, 5, 4, 6])]
-    monkeypatch.delattr(fake, "decode_video_parallel")
-    with pytest.raises(NotImplementedError, match="decode_video_parallel"):
-        V.decode_video(wan21, _z(wan21), mode="parallel")
+    def fake(vae, z, chunk_frames=None, info=None):
+        calls.append((z.shape, chunk_frames))
+        info["rank"] = 0
+        return torch.zeros(1)
+
+    monkeypatch.setattr(vae_parallel, "decode_video_parallel", fake)
+    info = {}
+    D.decode_video(wan21, _z(wan21), mode="parallel", chunk_frames=2, info=info)
+    assert calls == [(torch.Size([1, 16, 5, 4, 6]), 2)] and info == {"path": "parallel", "rank": 0}
+    with pytest.raises(ValueError, match=r"max_memory_gib \(--vae_max_memory\) needs --vae_decode default or fast"):
+        D.decode_video(wan21, _z(wan21), mode="parallel", max_memory_gib=1.0)
+    assert len(calls) == 1
+
+
+def test_check_decode_is_the_one_check(wan21):
+    """One function refuses every decode request that can't run -- from the VAE (decode_video) or, before any
+    model is loaded, from the family (the render) -- with what to use instead."""
+    assert D.check_decode("fast", vae=wan21) is D.MODES["fast"]
+    assert D.check_decode("parallel", family="cogvideox").name == "parallel"
+    assert D.check_decode("default", D.DecodeOptions(max_memory_gib=2.0, fused_glue=False), family="wan").stock
+    refused = [
+        (("turbo",), {}, "unknown VAE decode mode 'turbo'; valid: default, fast, parallel"),
+        (("fast",), dict(family="cogvideox"), "mode='fast' is implemented for AutoencoderKLWan only, not "
+                                               "AutoencoderKLCogVideoX"),
+        (("parallel",), dict(family="hunyuanvideo"), "not AutoencoderKLHunyuanVideo; use mode='default'"),
+        (("default", D.DecodeOptions(max_memory_gib=1.0)), dict(family="cogvideox"),
+         "max_memory_gib is implemented for AutoencoderKLWan only"),
+        (("default", D.DecodeOptions(fused_glue=True)), dict(family="wan"),
+         "fused_glue (--vae_glue triton) needs --vae_decode fast, not mode 'default'"),
+        (("default", D.DecodeOptions(chunk_frames=2)), {}, "chunk_frames needs --vae_decode fast or parallel"),
+        (("fast", D.DecodeOptions(compile_backend="eager", max_memory_gib=1.0)), {}, "exclude each other"),
+        (("default",), dict(family="sd"), "unknown pipeline family 'sd'"),
+    ]
+    for args, kw, msg in refused:
+        with pytest.raises(ValueError) as e:
+            D.check_decode(*args, **kw)
+        assert msg in str(e.value), (args, kw, str(e.value))
+    # the render's device check: the Triton glue where it can't run is refused like an unavailable backend
+    from vdbench.backends import BackendUnavailable
+
+    with pytest.raises(BackendUnavailable, match="--vae_glue triton can't run on meta"):
+        D.check_decode("fast", D.DecodeOptions(fused_glue=True), family="wan", device="meta")
 
 
 def test_choose_chunk_frames():
@@ -111,17 +148,17 @@ def test_choose_chunk_frames():
 
 def test_memory_bounded_picks_chunk_then_tiles(wan21):
     z = _z(wan21)
-    ref = V.decode_video(wan21, z)
+    ref = D.decode_video(wan21, z)
     per = V._wan_frame_bytes_estimate(wan21, 4, 6)
     big, small = {}, {}
-    out = V.decode_video(wan21, z, max_memory_gib=100.0, info=big)
+    out = D.decode_video(wan21, z, max_memory_gib=100.0, info=big)
     assert big["path"] == "chunked" and big["chunk_frames"] == 4
     torch.testing.assert_close(out, ref, atol=1e-4, rtol=0)
-    out = V.decode_video(wan21, z, max_memory_gib=(2.5 * per + 3 * 17 * 32 * 48 * 4) / 2 ** 30, info=small)
+    out = D.decode_video(wan21, z, max_memory_gib=(2.5 * per + 3 * 17 * 32 * 48 * 4) / 2 ** 30, info=small)
     assert small["path"] == "chunked" and small["chunk_frames"] == 2
     torch.testing.assert_close(out, ref, atol=1e-4, rtol=0)
     tiny = {}
-    out = V.decode_video(wan21, z, max_memory_gib=1e-6, info=tiny)
+    out = D.decode_video(wan21, z, max_memory_gib=1e-6, info=tiny)
     assert tiny["path"] == "tiled+chunked" and tiny["tile_px"] == 64 and out.shape == ref.shape
     assert wan21.use_tiling is False
 
@@ -147,9 +184,9 @@ def _pipe(vae):
 def test_decode_latents_fast_matches_default(wan21):
     pipe = _pipe(wan21)
     lat = torch.randn(1, 16, 3, 4, 6, generator=torch.Generator().manual_seed(3))
-    a = V.decode_latents(pipe, lat, "wan")
+    a = D.decode_latents(pipe, lat, "wan")
     info = {}
-    b = V.decode_latents(pipe, lat, "wan", mode="fast", chunk_frames=2, info=info)
+    b = D.decode_latents(pipe, lat, "wan", mode="fast", chunk_frames=2, info=info)
     assert a.shape == b.shape == (9, 32, 48, 3) and abs(a - b).max() < 1e-4 and info["path"] == "chunked"
 
 
@@ -159,7 +196,7 @@ def test_decode_latents_timeout_catches_stall(monkeypatch, wan21):
     monkeypatch.setattr(wan21.decoder, "forward", lambda *a, **k: time.sleep(30))
     t0 = time.monotonic()
     with pytest.raises(WatchdogTimeout) as ei:
-        V.decode_latents(pipe, lat, "wan", mode="fast", timeout_s=0.5)
+        D.decode_latents(pipe, lat, "wan", mode="fast", timeout_s=0.5)
     assert time.monotonic() - t0 < 5
     assert ei.value.report.last_completed_stage == "decode"  # decode_video started; chunk 0 is the stall
     assert ei.value.report.current_stage == "decode latent frames 0..0"
@@ -191,7 +228,7 @@ def test_fast_path_equals_stock_fp32_and_is_undone(cfg, monkeypatch):
         for k in (1, 2, 3):
             for cl in (True, False):
                 info = {}
-                out = V.decode_video(vae, z, mode="fast", chunk_frames=k, channels_last=None if cl else False,
+                out = D.decode_video(vae, z, mode="fast", chunk_frames=k, channels_last=None if cl else False,
                                      info=info)
                 assert out.shape == refs[t].shape and out.is_contiguous()
                 torch.testing.assert_close(out, refs[t], atol=5e-5, rtol=0, msg=f"t={t} K={k} channels_last={cl}")
@@ -251,7 +288,7 @@ def test_fast_layers_leave_foreign_hooks_alone(wan21):
     conv.forward = hook
     ref = vae.decode(z, return_dict=False)[0]
     n_stock = len(seen)
-    out = V.decode_video(vae, z, mode="fast", chunk_frames=1)
+    out = D.decode_video(vae, z, mode="fast", chunk_frames=1)
     assert len(seen) == 2 * n_stock and conv.forward is hook  # called for every chunk, still installed
     torch.testing.assert_close(out, ref, atol=5e-5, rtol=0)
 
@@ -263,7 +300,7 @@ def test_fast_path_bf16_quality_matches_stock_bf16():
     ref = vae.decode(z, return_dict=False)[0]
     vb = _wan(_WAN21_VAE, torch.bfloat16)
     stock = vb.decode(z.bfloat16(), return_dict=False)[0]
-    fast = V.decode_video(vb, z.bfloat16(), mode="fast")
+    fast = D.decode_video(vb, z.bfloat16(), mode="fast")
 
     def psnr(a):
         return float(10 * torch.log10(1 / (((a.float() - ref) / 2) ** 2).mean().detach()))
@@ -273,7 +310,7 @@ def test_fast_path_bf16_quality_matches_stock_bf16():
 
 def test_fast_default_chunk_is_one(wan21):
     info = {}
-    V.decode_video(wan21, _z(wan21, t=3), mode="fast", info=info)
+    D.decode_video(wan21, _z(wan21, t=3), mode="fast", info=info)
     assert V.FAST_DEFAULT_CHUNK == 1 and info["chunk_frames"] == 1
 
 
@@ -287,9 +324,9 @@ def test_fast_path_compiled_glue_equals_stock_fp32():
     ref = vae.decode(z, return_dict=False)[0]
     breaks = sum(counters["graph_break"].values())
     info = {}
-    out = V.decode_video(vae, z, mode="fast", compile_backend="eager", info=info)
+    out = D.decode_video(vae, z, mode="fast", compile_backend="eager", info=info)
     torch.testing.assert_close(out, ref, atol=5e-5, rtol=0)
     assert info["compile_backend"] == "eager" and sum(counters["graph_break"].values()) == breaks
     assert V._GLUE.get() is None and _instance_forwards(vae) == []
     with pytest.raises(ValueError, match="compile_backend"):
-        V.decode_video(vae, z, mode="default", compile_backend="eager")
+        D.decode_video(vae, z, mode="default", compile_backend="eager")

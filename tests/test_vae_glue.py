@@ -7,8 +7,9 @@ import torch
 pytest.importorskip("triton")
 
 from vdbench import kernels as K  # noqa: E402
+from vdbench import decode as D  # noqa: E402
 from vdbench import vae as V  # noqa: E402
-from vdbench.pipelines import _WAN21_VAE, _WAN22_VAE  # noqa: E402
+from vdbench.families.wan import WAN21_VAE as _WAN21_VAE, WAN22_VAE as _WAN22_VAE  # noqa: E402
 
 
 
@@ -102,7 +103,7 @@ def test_fast_decode_with_fused_glue_equals_stock_fp32(cfg, cl, exact_fp32):
     z = torch.randn(1, vae.config.z_dim, 4, 3, 5, generator=torch.Generator().manual_seed(1)).to(DEV)
     ref = vae.decode(z, return_dict=False)[0]
     info = {}
-    out = V.decode_video(vae, z, mode="fast", fused_glue=True, info=info, channels_last=cl)
+    out = D.decode_video(vae, z, mode="fast", fused_glue=True, info=info, channels_last=cl)
     torch.testing.assert_close(out, ref, atol=5e-5, rtol=0)
     assert info["glue"] == V.GLUE_TRITON and V._GLUE.get() is None and V._ROWS.get() is None
 
@@ -114,7 +115,7 @@ def test_fused_glue_refusals():
     z = torch.randn(1, vae.config.z_dim, 2, 3, 5)
     for kw in (dict(mode="default"), dict(mode="fast", compile_backend="eager")):
         with pytest.raises(ValueError, match="fused_glue"):
-            V.decode_video(vae, z, fused_glue=True, **kw)
+            D.decode_video(vae, z, fused_glue=True, **kw)
 
 
 def test_memory_bounded_decode_with_fused_glue_equals_stock_fp32(exact_fp32):
@@ -126,7 +127,7 @@ def test_memory_bounded_decode_with_fused_glue_equals_stock_fp32(exact_fp32):
     z = torch.randn(1, vae.config.z_dim, 3, 3, 5, generator=torch.Generator().manual_seed(3)).to(DEV)
     ref = vae.decode(z, return_dict=False)[0]
     info = {}
-    out = V.decode_video(vae, z, mode="fast", max_memory_gib=4.0, fused_glue=True, info=info)
+    out = D.decode_video(vae, z, mode="fast", max_memory_gib=4.0, fused_glue=True, info=info)
     torch.testing.assert_close(out, ref, atol=5e-5, rtol=0)
     assert info["glue"] == V.GLUE_TRITON and info["path"] == "chunked"
 
@@ -190,5 +191,5 @@ def test_fused_decode_runs_convs_without_bias(monkeypatch):
 
         monkeypatch.setattr(V.F, name, spy)
     with torch.no_grad():
-        V.decode_video(vae, z, mode="fast", fused_glue=True)
+        D.decode_video(vae, z, mode="fast", fused_glue=True)
     assert seen["without"] > 10 and seen["with_bias"] == 0, seen

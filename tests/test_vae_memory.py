@@ -14,8 +14,8 @@ from diffusers import AutoencoderKLWan
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from vdbench import vae as V
-from vdbench.pipelines import _WAN21_VAE_REAL, _WAN22_VAE_REAL
+from vdbench import decode as D
+from vdbench.families.wan import WAN21_VAE_REAL as _WAN21_VAE_REAL, WAN22_VAE_REAL as _WAN22_VAE_REAL
 
 
 class PeakBytes(TorchDispatchMode):
@@ -69,9 +69,9 @@ def test_fast_default_chunk_peak_below_stock_decode(cfg):
     # 416x240 (a quarter of 480p: all activations scale alike), 3 latent frames: the caches are in steady state
     z = torch.empty(1, vae.config.z_dim, 3, 240 // sp, 416 // sp, device="meta", dtype=torch.bfloat16)
     stock = _peak_gib(vae, z, lambda v, x: v.decode(x, return_dict=False)[0])
-    fast = _peak_gib(vae, z, lambda v, x: V.decode_video(v, x, mode="fast"))  # FAST_DEFAULT_CHUNK
-    fast2 = _peak_gib(vae, z, lambda v, x: V.decode_video(v, x, mode="fast", chunk_frames=2))
-    nocl = _peak_gib(vae, z, lambda v, x: V.decode_video(v, x, mode="fast", channels_last=False))
+    fast = _peak_gib(vae, z, lambda v, x: D.decode_video(v, x, mode="fast"))  # FAST_DEFAULT_CHUNK
+    fast2 = _peak_gib(vae, z, lambda v, x: D.decode_video(v, x, mode="fast", chunk_frames=2))
+    nocl = _peak_gib(vae, z, lambda v, x: D.decode_video(v, x, mode="fast", channels_last=False))
     # counted (GiB): wan2.1 stock 0.946, fast 0.731, fast@2 0.905; wan2.2 stock 1.007, fast 0.670, fast@2 0.880
     assert fast < 0.85 * stock, (fast, stock)
     assert nocl < 0.85 * stock, (nocl, stock)

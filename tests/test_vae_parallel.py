@@ -1,5 +1,5 @@
 """vdbench.vae_parallel: the band-parallel VAE decode (Wan 2.1/2.2, CogVideoX) under torchrun (gloo, CPU) equals
-the single-process decode.
+the single-process decode, as its benchmark (bench/bench_vae_parallel.py) measures it.
 
 One torchrun of 3 processes (one launch, because starting torch + diffusers is most of the cost) checks:
 3 ranks over 7 latent rows (uneven bands 3/2/2, a middle rank with two neighbours), a sub-group of 2 ranks
@@ -21,6 +21,7 @@ import torch
 
 from vdbench.vae_parallel import band_sizes, decode_video_parallel
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXACT_DB = 100.0  # fp32: the same arithmetic up to the conv kernels' summation order (observed ~140 dB)
 
 
@@ -57,16 +58,15 @@ def _db(q: dict) -> float:
     return float("inf") if q["identical"] else q["psnr_db"]
 
 
-def test_torchrun_parallel_decode_matches_single_process(tmp_path):
+def test_torchrun_parallel_decode_matches_single_process(tmp_path, checkout_env):
     out = tmp_path / "vae_parallel.json"
-    env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
+    env = dict(checkout_env, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=3",
-           "-m", "vdbench.vae_parallel", "--case", "tiny-wan2.1", "--case", "tiny-wan2.2:3x7x6:fp32:0",
-           "--case", "tiny-cogvideox:5x7x6", "--latent", "3x7x6",
+           os.path.join(ROOT, "bench", "bench_vae_parallel.py"), "--case", "tiny-wan2.1",
+           "--case", "tiny-wan2.2:3x7x6:fp32:0", "--case", "tiny-cogvideox:5x7x6", "--latent", "3x7x6",
            "--dtype", "fp32", "--chunk_frames", "1", "--chunk_frames", "0", "--stock", "--ablation",
            "--subgroup", "2", "--json", str(out)]
-    proc = subprocess.run(cmd, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))), env=env,
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     res = json.loads(out.read_text())
     assert res["meta"]["backend"] == "gloo" and res["meta"]["world"] == 3
@@ -108,13 +108,14 @@ def test_harness_reference_decodes_record_no_autograd_graph():
     alive with its output. Now the harness's VAE requires no grad and every timed call runs in inference mode."""
     from diffusers import AutoencoderKLCogVideoX
 
-    from vdbench.pipelines import _COG_VAE
-    from vdbench.vae_parallel import _make_vae, _timed
+    from bench.bench_vae_parallel import timed
+    from vdbench.families.cogvideox import COG_VAE
+    from vdbench.pipelines import build_vae
 
-    vae = _make_vae(_COG_VAE, torch.device("cpu"), torch.float32, 0)
+    vae = build_vae("cogvideox", device=torch.device("cpu"), dtype=torch.float32, seed=0, tiny=True)
     assert not any(p.requires_grad for p in vae.parameters())
     torch.manual_seed(0)
-    grad_vae = AutoencoderKLCogVideoX(**_COG_VAE).eval()  # as diffusers builds it: parameters require grad
+    grad_vae = AutoencoderKLCogVideoX(**COG_VAE).eval()  # as diffusers builds it: parameters require grad
     assert all(p.requires_grad for p in grad_vae.parameters())
     z = torch.randn(1, 16, 2, 4, 6)
     modes = []
@@ -123,6 +124,6 @@ def test_harness_reference_decodes_record_no_autograd_graph():
         modes.append(torch.is_inference_mode_enabled())
         return grad_vae.decode(z, return_dict=False)[0]
 
-    out, t, times = _timed(ref, torch.device("cpu"), warmup=1, repeats=2, barrier=False)
+    out, t, times = timed(ref, torch.device("cpu"), warmup=1, repeats=2, barrier=False)
     assert modes == [True, True, True] and len(times) == 2 and t > 0
     assert out.grad_fn is None and not out.requires_grad and torch.is_inference(out)

@@ -101,6 +101,20 @@ def test_odd_size_is_padded_to_even_by_edge_replication(tmp_path):
     assert np.abs(first[31, :45] - ref[30, :]).mean() < 12
 
 
+def test_frame_to_rgb_uint8_is_the_encoders_input():
+    """The one conversion the encoder and the render's raw --save_frames share: floats in [0, 1] rounded half up
+    after clipping, grey repeated to RGB, alpha dropped, NaN refused with the frame's index."""
+    f = np.array([[[0.0, 0.5, 1.0], [-0.2, 1.3, 0.999]]], dtype=np.float32)  # (1, 2, 3)
+    out = vv.frame_to_rgb_uint8(f, 0)
+    assert out.dtype == np.uint8 and out.flags.c_contiguous
+    assert out.tolist() == [[[0, 128, 255], [0, 255, 255]]]
+    grey = vv.frame_to_rgb_uint8(np.full((2, 2), 7, dtype=np.uint8), 0)
+    assert grey.shape == (2, 2, 3) and (grey == 7).all()
+    assert vv.frame_to_rgb_uint8(np.zeros((2, 2, 4), dtype=np.uint8), 0).shape == (2, 2, 3)
+    with pytest.raises(ValueError, match="frame 3: contains NaN"):
+        vv.frame_to_rgb_uint8(np.full((2, 2, 3), np.nan), 3)
+
+
 def test_write_rejects_bad_input_and_leaves_nothing(tmp_path):
     with pytest.raises(ValueError, match="no frames"):
         write_video([], tmp_path / "empty.mp4")

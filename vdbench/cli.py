@@ -49,7 +49,8 @@ class _Parser(argparse.ArgumentParser):
     def add(self, *names: str, **kw):
         spelled: list[str] = []
         for n in names:
-            for s in (n, n.replace("_", "-"), n.replace("-", "_")) if n.startswith("--") else (n,):
+            forms = (n, "--" + n[2:].replace("_", "-"), "--" + n[2:].replace("-", "_")) if n.startswith("--") else (n,)
+            for s in forms:
                 if s not in spelled:
                     spelled.append(s)
         if "dest" not in kw and names[0].startswith("--"):
@@ -60,20 +61,18 @@ class _Parser(argparse.ArgumentParser):
 def build_parser(family: str | families.Family, prog: Optional[str] = None,
                  description: Optional[str] = None) -> argparse.ArgumentParser:
     """The parser of one family's render CLI: the same flags for every family, the family's defaults."""
-    from .decode import GLUES, MODES
+    from .vae import GLUES, MODES
 
     fam = families.get(family) if isinstance(family, str) else family
     p = _Parser(prog=prog, description=description, epilog=EPILOG,
                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add = p.add
-    g = p.add_argument_group("what to render")
-    g.add = p.add  # type: ignore[attr-defined]  (one spelling helper for every group)
     add("--model", "--model_path", default=None,
         help="hub id, local diffusers directory, 'tiny' / 'tiny:<variant>' (embedded tiny model) or "
              "'random:<name>' (real shapes, random weights); default: the family's checkpoint for the task")
     add("--task", choices=fam.tasks, default=fam.tasks[0], help="what to render (default: %(default)s)")
-    add("--prompt", default=fam.default_prompt, help="text prompt (default: a fixed prompt, for comparable runs)")
-    add("--negative_prompt", default=fam.default_negative_prompt, help="negative prompt (default: %(default)r)")
+    add("--prompt", default=fam.cli.prompt, help="text prompt (default: a fixed prompt, for comparable runs)")
+    add("--negative_prompt", default=fam.cli.negative_prompt, help="negative prompt (default: %(default)r)")
     add("--img_file_path", "--image", default=None, help="conditioning image (image-to-video tasks)")
     add("--force_output_size", action="store_true",
         help="image-to-video: render exactly --height x --width (the image is center-cropped to it); by default the "
@@ -83,12 +82,12 @@ def build_parser(family: str | families.Family, prog: Optional[str] = None,
     add("--width", type=int, default=None, help="frame width in pixels (default: the model's)")
     add("--num_frames", type=int, default=None, help="frames to render (default: the model's)")
     add("--num_inference_steps", type=int, default=None, help="denoising steps (default: the model's)")
-    add("--guidance_scale", type=float, default=fam.default_guidance_scale,
+    add("--guidance_scale", type=float, default=fam.cli.guidance_scale,
         help="classifier-free guidance scale (default: %(default)s)")
     add("--seed", type=int, default=42, help="random seed: same seed, same video (default: %(default)s)")
     add("--flow_shift", type=float, default=None,
         help="flow-matching shift, for families with a flow-matching scheduler (default: the family's rule)")
-    add("--fps", type=int, default=fam.default_fps, help="frames per second of the written video (default: %(default)s)")
+    add("--fps", type=int, default=fam.cli.fps, help="frames per second of the written video (default: %(default)s)")
 
     add("--attention_type", default="default",
         help="the attention backend (see --list_backends; diffusers' and SGLang's names are accepted); default: "
@@ -100,9 +99,9 @@ def build_parser(family: str | families.Family, prog: Optional[str] = None,
     add("--dtype", default="auto", help="auto (bf16 on a GPU, fp32 on a CPU), bf16, fp16, fp32 (default: auto)")
     add("--vae_dtype", default="auto", help="auto (the pipeline's dtype), fp32, bf16, fp16 (default: auto)")
 
-    add("--benchmark_output_directory", "--output_dir", dest="output_dir", default=fam.default_output_dir,
+    add("--benchmark_output_directory", "--output_dir", dest="output_dir", default=fam.cli.output_dir,
         help="where the video, timing.json, captures and traces go "
-             + (f"(videos and timing.json under DIR/{fam.results_subdir}/) " if fam.results_subdir else "")
+             + (f"(videos and timing.json under DIR/{fam.cli.results_subdir}/) " if fam.cli.results_subdir else "")
              + "(default: %(default)s)")
     add("--num_repetitions", type=int, default=1, help="timed renders, each reported (default: %(default)s)")
     add("--warmup_calls", type=int, default=0,
@@ -135,7 +134,10 @@ def build_parser(family: str | families.Family, prog: Optional[str] = None,
              "torchao and a GPU with fp8")
 
     add("--vae_decode", choices=tuple(MODES), default="default",
-        help="; ".join(f"{name}: {mode.help}" for name, mode in MODES.items()) + " (default: default)")
+        help="default: diffusers' decode; fast (Wan VAEs): the same layers without diffusers' copies, channels_last, "
+             "the Triton glue, bounded chunks; parallel: rows split across the torchrun ranks with a halo exchange "
+             "(matches the one-GPU decode). A mode that doesn't apply to the model is refused with the reason "
+             "(default: default)")
     add("--vae_glue", choices=tuple(GLUES), default="auto",
         help="the fast decode's norm/SiLU glue: triton (vdbench.kernels.glue, refused where it can't run), eager "
              "(PyTorch ops), auto (triton on a GPU where it runs, else eager; recorded in timing.json) "
@@ -165,22 +167,32 @@ def build_parser(family: str | families.Family, prog: Optional[str] = None,
 
 
 def _model(fam: families.Family, args) -> str:
-    return args.model or fam.default_model(args.task)
+    return args.model or fam.default_models[args.task]
 
 
 def _fill_defaults(fam: families.Family, args, model: str) -> None:
     """Size and step arguments left unset take the tiny model's CPU-sized defaults or the real model's."""
-    for k, v in fam.cli_defaults(model, args.task).items():
+    for k, v in (fam.cli.tiny if model.startswith("tiny") else fam.cli.real).items():
         if getattr(args, k, None) is None:
             setattr(args, k, v)
 
 
+def _image_sized(fam: families.Family, task: str, model: str) -> Optional[int]:
+    """The multiple an image-derived output size is rounded to, when this task takes an image; else None."""
+    if task not in fam.image_tasks and task not in fam.image_refusals:
+        return None
+    return fam.image_size_multiple(task, model)
+
+
 def results_dir(fam: families.Family, args) -> Path:
+    """Where the video and timing.json go: the family's layout under the output directory."""
     out = Path(args.output_dir)
-    return out / fam.results_subdir if fam.results_subdir else out
+    return out / fam.cli.results_subdir if fam.cli.results_subdir else out
 
 
 def output_path(fam: families.Family, args, model: str, attention_type: str) -> Path:
+    """The video these arguments write for one backend (an alias is named by the backend it resolves to)."""
+    attention_type = B.canonical_name(attention_type)
     return results_dir(fam, args) / fam.output_name(task=args.task, model=model, num_frames=args.num_frames,
                                                     steps=args.num_inference_steps, attention_type=attention_type,
                                                     height=args.height, width=args.width)
@@ -269,9 +281,9 @@ def main(family: str, argv=None, *, prog: Optional[str] = None, description: Opt
         _fill_defaults(fam, args, model)
         if args.num_repetitions < 1:
             raise ValueError("--num_repetitions must be >= 1")
-        if args.img_file_path and fam.image_conditioned(args.task, model) and not args.force_output_size:
-            args.height, args.width = size_from_image(args.img_file_path, args.height, args.width,
-                                                      mod=fam.image_size_multiple(args.task, model))
+        mod = _image_sized(fam, args.task, model)
+        if args.img_file_path and mod and not args.force_output_size:
+            args.height, args.width = size_from_image(args.img_file_path, args.height, args.width, mod=mod)
             print(f"output size {args.height}x{args.width} (the image's aspect ratio; --force_output_size to keep "
                   "--height/--width)", file=sys.stderr)
         if args.print_output_path:  # comma-separated types: one path per line (one process for a whole sweep)

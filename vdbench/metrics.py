@@ -13,7 +13,8 @@ import math
 import numpy as np
 import torch
 
-__all__ = ["rel_l2", "cosine", "max_abs", "mean_abs", "psnr", "ssim", "compare_frames", "lpips_distance"]
+__all__ = ["rel_l2", "cosine", "max_abs", "mean_abs", "psnr", "psnr_from_mse", "ssim", "ssim_per_frame",
+           "compare_frames", "lpips_distance"]
 
 
 def _as_f64(x, keep_device: bool = False) -> torch.Tensor:
@@ -69,10 +70,12 @@ def psnr(x, ref, data_range: float = 1.0) -> float:
     inputs are identical. Use ``data_range=255`` for uint8 frames."""
     a, b = _pair(x, ref)
     mse = torch.mean((a - b) ** 2).item()
-    return _psnr_from_mse(mse, data_range)
+    return psnr_from_mse(mse, data_range)
 
 
-def _psnr_from_mse(mse: float, data_range: float) -> float:
+def psnr_from_mse(mse: float, data_range: float) -> float:
+    """PSNR in dB from an already computed mean squared error (inf for 0): the one formula for callers that
+    accumulate the MSE themselves (per frame, on a GPU, in float64 over tensors too large to copy)."""
     if mse == 0.0:
         return math.inf
     return 10.0 * math.log10(float(data_range) ** 2 / mse)
@@ -104,14 +107,15 @@ def _as_frames(x) -> torch.Tensor:
     return t.permute(0, 3, 1, 2)
 
 
-def _ssim_per_frame(x, ref, data_range: float, device=None) -> list[float]:
-    """Per-frame SSIM. Frames are converted to float64 one at a time (a whole 81-frame 480p clip in float64
-    is ~0.8 GB per input), on ``device`` when given (a GPU computes the float64 windows far faster)."""
+def ssim_per_frame(x, ref, data_range: float, device=None) -> list[float]:
+    """Per-frame SSIM (the list :func:`ssim` averages), for callers that report the worst frame too. Frames are
+    converted to float64 one at a time (a whole 81-frame 480p clip in float64 is ~0.8 GB per input), on
+    ``device`` when given (a GPU computes the float64 windows far faster)."""
     if isinstance(x, np.ndarray) and isinstance(ref, np.ndarray) and x.ndim == 4:
         if x.shape != ref.shape:
             raise ValueError(f"shape mismatch: {tuple(x.shape)} vs reference {tuple(ref.shape)}")
         scale = 255.0 if x.dtype == np.uint8 else 1.0
-        return [_ssim_per_frame(_as_f64(x[i]).to(device) / scale if device else x[i] / scale,
+        return [ssim_per_frame(_as_f64(x[i]).to(device) / scale if device else x[i] / scale,
                                 _as_f64(ref[i]).to(device) / scale if device else ref[i] / scale,
                                 data_range)[0] for i in range(x.shape[0])]
     a, b = _as_frames(x), _as_frames(ref)
@@ -145,7 +149,7 @@ def _ssim_per_frame(x, ref, data_range: float, device=None) -> list[float]:
 def ssim(x, ref, data_range: float = 1.0) -> float:
     """Structural similarity (Gaussian-window SSIM, per channel, averaged over channels, positions and
     frames). Accepts (H, W), (H, W, C) or (T, H, W, C); 1.0 for identical inputs."""
-    return float(np.mean(_ssim_per_frame(x, ref, data_range)))
+    return float(np.mean(ssim_per_frame(x, ref, data_range)))
 
 
 def _frames_unit(frames) -> np.ndarray:
@@ -183,9 +187,9 @@ def compare_frames(frames, ref_frames, device=None) -> dict:
             max_d = max(max_d, int(np.abs(d).max()))
         n = frames[0].size
         return {
-            "psnr": _psnr_from_mse(float(sq_sum.sum()) / (n * T) / 255.0 ** 2, 1.0),
-            "ssim": float(np.mean(_ssim_per_frame(frames, ref_frames, 1.0, device=device))),
-            "psnr_per_frame": [_psnr_from_mse(float(v) / n / 255.0 ** 2, 1.0) for v in sq_sum],
+            "psnr": psnr_from_mse(float(sq_sum.sum()) / (n * T) / 255.0 ** 2, 1.0),
+            "ssim": float(np.mean(ssim_per_frame(frames, ref_frames, 1.0, device=device))),
+            "psnr_per_frame": [psnr_from_mse(float(v) / n / 255.0 ** 2, 1.0) for v in sq_sum],
             "max_abs": max_d / 255.0,
             "mean_abs": float(abs_sum.sum()) / (n * T) / 255.0,
         }
@@ -198,9 +202,9 @@ def compare_frames(frames, ref_frames, device=None) -> dict:
     sq = diff.reshape(diff.shape[0], -1) ** 2
     per_frame_mse = sq.mean(axis=1)
     return {
-        "psnr": _psnr_from_mse(float(sq.mean()), 1.0),
-        "ssim": float(np.mean(_ssim_per_frame(a, b, 1.0, device=device))),
-        "psnr_per_frame": [_psnr_from_mse(float(m), 1.0) for m in per_frame_mse],
+        "psnr": psnr_from_mse(float(sq.mean()), 1.0),
+        "ssim": float(np.mean(ssim_per_frame(a, b, 1.0, device=device))),
+        "psnr_per_frame": [psnr_from_mse(float(m), 1.0) for m in per_frame_mse],
         "max_abs": float(np.abs(diff).max()),
         "mean_abs": float(np.abs(diff).mean()),
     }

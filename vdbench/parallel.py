@@ -39,6 +39,7 @@ from typing import Optional
 import torch
 
 from . import backends as B
+from . import families
 
 __all__ = ["ParallelSpec", "DistContext", "ENGINES", "init_distributed", "check_backend_for_path", "agree",
            "apply_engine", "share_output", "sequence_layout", "merge_rank_entries", "FailureWatch",
@@ -176,30 +177,13 @@ def check_backend_for_path(spec: ParallelSpec, attention_type: str, device, fami
                            task: str = "t2v") -> None:
     """Refuse (BackendUnavailable) what the chosen engine and path can't run, before any work.
 
-    What each engine can split, as shipped (diffusers 0.42.1, xfuser 0.7.0):
-
-    ==================  ==========================  ===========================================
-    pipeline            diffusers (context parallel) xfuser
-    ==================  ==========================  ===========================================
-    Wan T2V / TI2V      Ulysses, ring, hybrid        Ulysses, ring, hybrid (no CFG split: its runner
-                                                     lists ``use_cfg_parallel`` for I2V only)
-    Wan I2V             Ulysses, ring, hybrid        + CFG (``xFuserWanImageToVideoPipeline``)
-    CogVideoX           none (no ``_cp_plan``)       Ulysses, ring, hybrid, CFG (``xFuserCogVideoXPipeline``)
-    ==================  ==========================  ===========================================
+    What each engine can split is the family's (:attr:`vdbench.families.Family.parallel_refusal`; as shipped,
+    diffusers 0.42.1 and xfuser 0.7.0: Wan every task under both engines, CFG parallel for I2V only; CogVideoX
+    T2V under xfuser only); what any backend needs on a path (ring: the log-sum-exp) is checked here.
     """
-    if family == "cogvideox" and spec.world_size > 1 and task == "i2v":
-        raise B.BackendUnavailable(
-            "CogVideoX image-to-video under torchrun: neither engine splits it (xfuser 0.7 wraps CogVideoXPipeline "
-            "only; diffusers 0.42 has no _cp_plan for CogVideoX); run it on one GPU")
-    if family == "cogvideox" and spec.world_size > 1 and spec.engine != "xfuser":
-        raise B.BackendUnavailable(
-            "CogVideoX under --parallel_engine diffusers: diffusers 0.42 has no context-parallel plan for "
-            "CogVideoXTransformer3DModel (no _cp_plan); use --parallel_engine xfuser (xFuserCogVideoXPipeline)")
-    if spec.use_cfg_parallel and family == "wan" and task != "i2v":
-        raise B.BackendUnavailable(
-            f"--use_cfg_parallel with Wan {task}: xfuser 0.7 runs Wan text-to-video through diffusers' own "
-            "WanPipeline, which evaluates both guidance branches on every rank (xfuser's runner lists "
-            "use_cfg_parallel for its I2V models only); CFG parallel works for --task i2v and for CogVideoX")
+    why = families.get(family).parallel_refusal(spec.engine, task, spec.world_size, spec.use_cfg_parallel)
+    if why:
+        raise B.BackendUnavailable(why)
     backend = B.resolve(attention_type)
     if spec.engine == "xfuser" and spec.world_size > 1 and backend.passthrough:
         raise B.BackendUnavailable(
@@ -272,33 +256,38 @@ def apply_engine(ctx: DistContext, pipe, models: list) -> tuple:
 
 def _apply_xfuser(ctx: DistContext, pipe, models: list) -> tuple:
     """xDiT's own integration of each pipeline, in xfuser's order: world group, engine config, its wrappers, then
-    the runtime state (which builds the Ulysses / ring / CFG groups from the engine config).
+    the runtime state (which builds the Ulysses / ring / CFG groups from the engine config). Which wrapper applies
+    is the family's (:attr:`vdbench.families.Family.xfuser`, a :class:`~vdbench.families.XfuserWiring` per
+    pipeline class):
 
-    * Wan: xfuser's ``xFuserWanTransformer3DWrapper`` (USP processors) takes the loaded transformers' tensors;
-      the pipeline stays diffusers' (what xfuser's runner does for T2V), or becomes xfuser's
-      ``xFuserWanImageToVideoPipeline`` for I2V with CFG parallel (its rank split of the guidance branches).
-    * CogVideoX: xfuser's ``xFuserCogVideoXPipeline`` wrapper (sequence split of the latents, CFG split, its
-      transformer wrapper with USP processors).
+    * a transformer wrapper (Wan: ``xFuserWanTransformer3DWrapper``, USP processors) takes the loaded
+      transformers' tensors; the pipeline stays diffusers' (what xfuser's runner does for T2V), or becomes the
+      family's CFG pipeline with CFG parallel (Wan I2V: ``xFuserWanImageToVideoPipeline``, its rank split of the
+      guidance branches).
+    * a pipeline wrapper (CogVideoX: ``xFuserCogVideoXPipeline``: sequence split of the latents, CFG split, its
+      transformer wrapper with USP processors) wraps the whole loaded pipeline.
     """
     from xfuser.core.distributed import init_distributed_environment, initialize_runtime_state
     spec = ctx.spec
     kind = type(pipe).__name__
-    if kind not in ("WanPipeline", "WanImageToVideoPipeline", "CogVideoXPipeline"):
+    wiring = _xfuser_wiring(pipe)
+    if wiring is None:
+        wired = [cls for name in families.names() for cls in families.get(name).xfuser]
         raise B.BackendUnavailable(f"--parallel_engine xfuser: {kind} is not wired to xfuser in vdbench "
-                                   "(Wan and CogVideoX pipelines are); use --parallel_engine diffusers")
+                                   f"({', '.join(wired)} are); use --parallel_engine diffusers")
+    if spec.use_cfg_parallel and wiring.pipeline_wrapper is None and wiring.cfg_pipeline is None:
+        raise B.BackendUnavailable(f"--use_cfg_parallel: vdbench wires no CFG-parallel xfuser pipeline for {kind}")
     init_distributed_environment(rank=ctx.rank, world_size=ctx.world_size, local_rank=ctx.local_rank)
     engine_config = _xfuser_engine_config(ctx, pipe)
-    if kind == "CogVideoXPipeline":
-        from xfuser.model_executor.pipelines import xFuserCogVideoXPipeline
-
+    if wiring.pipeline_wrapper is not None:
         # a wrapper around the loaded pipeline (attributes read through to it); it builds the runtime state itself
-        wrapped = xFuserCogVideoXPipeline(pipe, engine_config)
+        wrapped = _xfuser_class(wiring.pipeline_wrapper)(pipe, engine_config)
         return wrapped, [(name, getattr(wrapped, name)) for name, _ in models]
 
-    from xfuser.model_executor.models.transformers.transformer_wan import xFuserWanTransformer3DWrapper
     import inspect
 
-    accepted = set(inspect.signature(xFuserWanTransformer3DWrapper.__init__).parameters)
+    transformer_wrapper = _xfuser_class(wiring.transformer_wrapper)
+    accepted = set(inspect.signature(transformer_wrapper.__init__).parameters)
     new = []
     for name, m in models:
         cfg = {k: v for k, v in dict(m.config).items() if k in accepted}
@@ -308,7 +297,7 @@ def _apply_xfuser(ctx: DistContext, pipe, models: list) -> tuple:
         try:
             torch.set_default_dtype(torch.bfloat16 if ctx.device.type == "cuda" else previous)
             with torch.device(ctx.device):
-                w = xFuserWanTransformer3DWrapper(**cfg)
+                w = transformer_wrapper(**cfg)
         finally:
             torch.set_default_dtype(previous)
         w.load_state_dict(m.state_dict(), assign=True, strict=True)
@@ -321,13 +310,28 @@ def _apply_xfuser(ctx: DistContext, pipe, models: list) -> tuple:
         setattr(pipe, name, w)
         new.append((name, w))
         del m
-    if spec.use_cfg_parallel:  # checked before the load: Wan I2V only (check_backend_for_path)
-        from xfuser.model_executor.pipelines.pipeline_wan_i2v import xFuserWanImageToVideoPipeline
-
-        pipe = rebuild_pipeline_as(xFuserWanImageToVideoPipeline, pipe)  # a direct subclass: its __call__
+    if spec.use_cfg_parallel:  # checked before the load (check_backend_for_path): Wan I2V only
+        pipe = rebuild_pipeline_as(_xfuser_class(wiring.cfg_pipeline), pipe)  # a direct subclass: its __call__
         pipe.engine_config = engine_config
     initialize_runtime_state(pipe, engine_config)
     return pipe, new
+
+
+def _xfuser_wiring(pipe):
+    """The family's :class:`~vdbench.families.XfuserWiring` for ``pipe``'s class, or None if none is wired."""
+    try:
+        family = families.for_pipeline(pipe)
+    except ValueError:
+        return None
+    return family.xfuser.get(type(pipe).__name__)
+
+
+def _xfuser_class(path: str):
+    """xfuser's class at ``"module:Class"`` (imported here: xfuser only imports where it can run)."""
+    import importlib
+
+    module, _, name = path.partition(":")
+    return getattr(importlib.import_module(module), name)
 
 
 def rebuild_pipeline_as(cls, pipe):

@@ -10,8 +10,6 @@ repetitions are appended to ``timing.json`` in the results directory.
 
 from __future__ import annotations
 
-import json
-import re
 import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
@@ -21,12 +19,13 @@ from typing import Optional
 import torch
 
 from . import backends as B
+from . import families
 from .patching import AttentionPatch
-from .timing import (Clock, StepTimer, append_timing, describe_steps, peak_memory, reset_peak_memory, run_step_stats,
-                     step_stats, system_info)
+from .timing import (Clock, StepProfiler, StepTimer, append_timing, describe_steps, peak_memory, reset_peak_memory,
+                     run_step_stats, step_stats, system_info)
 
-__all__ = ["RenderConfig", "render", "resolve_device", "resolve_dtype", "preflight", "model_tag",
-           "wan_output_name", "cogvideox_output_name", "run_cli", "handle_listing", "fill_defaults", "EXIT_BAD_INPUT", "EXIT_UNSUPPORTED_CALL"]
+__all__ = ["RenderConfig", "render", "resolve_device", "resolve_dtype", "preflight", "run_cli", "handle_listing",
+           "fill_defaults", "EXIT_BAD_INPUT", "EXIT_UNSUPPORTED_CALL"]
 
 EXIT_BAD_INPUT = 2  # unknown/unavailable backend, bad size, model that can't be loaded
 EXIT_UNSUPPORTED_CALL = 3  # the backend met a call it cannot serve during the run
@@ -59,21 +58,6 @@ def resolve_dtype(arg: str, device: torch.device) -> torch.dtype:
         raise ValueError(f"unknown dtype {arg!r}; choose from auto, {', '.join(DTYPES)}") from None
 
 
-def model_tag(model: str) -> str:
-    """A file-name-safe tag for a model argument (no underscores, so file names parse unambiguously)."""
-    base = model.rstrip("/").split("/")[-1] if not model.startswith("tiny") else model
-    return re.sub(r"[^A-Za-z0-9.\-]+", "-", base).strip("-") or "model"
-
-
-def wan_output_name(task, model, num_frames, steps, attention_type, height, width) -> str:
-    return (f"wan_result_{task}_{model_tag(model)}_{num_frames}f_{steps}s_attn_{B.canonical_name(attention_type)}_"
-            f"{height}x{width}.mp4")
-
-
-def cogvideox_output_name(model, attention_type) -> str:
-    return f"cogvideox-{model_tag(model)}_{B.canonical_name(attention_type)}.mp4"
-
-
 def preflight(attention_type: str | B.Backend, device, dtype, head_dims) -> B.Backend:
     """The backend's entry (what travels down from here), or BackendUnavailable with what *can* run here unless it
     serves every head dim."""
@@ -91,7 +75,7 @@ def preflight(attention_type: str | B.Backend, device, dtype, head_dims) -> B.Ba
 
 @dataclass
 class RenderConfig:
-    family: str  # "wan" | "cogvideox"
+    family: str  # a vdbench.families name: "wan" | "cogvideox"
     task: str
     model: str
     prompt: str
@@ -120,7 +104,7 @@ class RenderConfig:
     rank: int = 0
     warmup_calls: int = 0  # untimed pipeline calls before the timed repetitions (compilation, caches, plans)
     vae_dtype: str = "auto"  # "auto": the pipeline dtype
-    flow_shift: Optional[float] = None  # Wan: None = per task and size (see default_flow_shift)
+    flow_shift: Optional[float] = None  # None = the family's default per task and size (Family.flow_shift)
     profile_output: Optional[str] = None  # torch profiler Chrome traces under <traces_root>/<name>/
     traces_root: Optional[Path] = None
     profile_wait: int = 0
@@ -134,7 +118,7 @@ class RenderConfig:
     compile_mode: Optional[str] = None
     bf16_te_gemms: bool = False  # text encoder in bfloat16 whatever the pipeline dtype
     fp8_gemms: bool = False  # torchao float8 GEMMs in the transformer blocks
-    vae_decode: str = "default"  # default | fast | parallel (vdbench.vae)
+    vae_decode: str = "default"  # default | fast | parallel (vdbench.decode.MODES)
     vae_max_memory: Optional[float] = None  # GiB: chunk/tile size chosen from it
     vae_timeout: Optional[float] = None  # seconds: a decode running longer is reported as hung (watchdog)
     vae_glue: str = "auto"  # auto | triton | eager: the fast decode's glue (vdbench.vae.GLUES)
@@ -146,104 +130,12 @@ class RenderConfig:
     use_cfg_parallel: bool = False
 
 
-def default_flow_shift(task: str, height: int, width: int) -> float:
-    """Wan's recommended flow-matching shift: 3.0 at 480p, 5.0 at 720p and above; TI2V-5B uses 5.0."""
-    if task == "ti2v":
-        return 5.0
-    return 5.0 if height * width >= 720 * 1280 else 3.0
-
-
 def _set_flow_shift(pipe, shift: float) -> Optional[float]:
     """Rebuild the scheduler with ``flow_shift`` (flow-matching schedulers only); returns what was set."""
     if "flow_shift" not in pipe.scheduler.config:
         return None
     pipe.scheduler = type(pipe.scheduler).from_config(pipe.scheduler.config, flow_shift=shift)
     return shift
-
-
-#: Kernel-name patterns per category, first match wins (lower-case substrings). What a step's GPU time goes to
-#: -- attention kernels, GEMMs, communication, the rest -- is what decides where parallel overhead comes from.
-KERNEL_CATEGORIES = (
-    ("communication", ("nccl", "all_to_all", "alltoall", "allgather", "all_gather", "reducescatter", "allreduce")),
-    ("attention", ("flash", "fmha", "attn", "attention", "sdpa", "sage", "_fwd_kernel", "vdbench")),
-    ("gemm", ("gemm", "cutlass", "xmma", "nvjet", "cublas", "matmul", "sm90_", "sm80_", "aten::mm", "aten::addmm",
-              "aten::bmm", "aten::linear")),
-    ("conv", ("conv", "cudnn", "implicit")),
-    ("copy", ("memcpy", "memset", "copy", "cat", "transpose", "permute", "contiguous")),
-    ("elementwise/norm", ("elementwise", "vectorized", "reduce", "norm", "softmax", "silu", "gelu", "mul", "add")),
-)
-
-
-def kernel_category(name: str) -> str:
-    low = name.lower()
-    for cat, pats in KERNEL_CATEGORIES:
-        if any(p in low for p in pats):
-            return cat
-    return "other"
-
-
-def kernel_summary(events, top: int = 40) -> dict:
-    """GPU time by kernel and by category from profiler events (device-side events; on a CPU-only run, the CPU
-    operators' self time). Times in ms summed over the profiled steps."""
-    # kernels only: GPU-side user annotations (ProfilerStep#N, nccl:all_to_all, record_function ranges) span
-    # kernels that are counted themselves
-    dev = [e for e in events if getattr(e, "device_type", None) is not None
-           and e.device_type.name in ("CUDA", "HIP", "PrivateUse1") and not getattr(e, "is_user_annotation", False)
-           and not e.name.startswith(("ProfilerStep", "nccl:"))]
-    source = "device kernels" if dev else "cpu operators (self time)"
-    by: dict = {}
-    if dev:
-        for e in dev:
-            t = e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
-            n, c = by.get(e.name, (0.0, 0))
-            by[e.name] = (n + t / 1e3, c + 1)
-    else:
-        for e in events:
-            if e.name.startswith("aten::"):
-                n, c = by.get(e.name, (0.0, 0))
-                by[e.name] = (n + e.self_cpu_time_total / 1e3, c + 1)
-    total = sum(t for t, _ in by.values())
-    cats: dict = {}
-    for name, (t, _) in by.items():
-        k = kernel_category(name)
-        cats[k] = cats.get(k, 0.0) + t
-    rows = sorted(by.items(), key=lambda kv: -kv[1][0])[:top]
-    return {"source": source, "total_ms": total,
-            "categories_ms": dict(sorted(cats.items(), key=lambda kv: -kv[1])),
-            "top": [{"name": n, "calls": c, "ms": t, "share": t / total if total else 0.0, "category": kernel_category(n)}
-                    for n, (t, c) in rows]}
-
-
-class _Profiler:
-    """torch.profiler over denoising steps (scheduled wait/warmup/active), one Chrome trace per rank and cycle."""
-
-    def __init__(self, out_dir: Path, rank: int, wait: int, warmup: int, active: int, device):
-        from torch.profiler import ProfilerActivity, profile, schedule
-
-        out_dir.mkdir(parents=True, exist_ok=True)
-        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.device(device).type == "cuda" else [])
-        self.paths: list[Path] = []
-
-        def ready(prof):
-            path = out_dir / f"rank{rank}_step{prof.step_num}.json"
-            prof.export_chrome_trace(str(path))
-            self.paths.append(path)
-            summary = kernel_summary(prof.events())
-            summary["active_steps"] = active
-            (out_dir / f"kernels_rank{rank}_step{prof.step_num}.json").write_text(json.dumps(summary, indent=1))
-
-        self.prof = profile(activities=acts, schedule=schedule(wait=wait, warmup=warmup, active=active, repeat=1),
-                            on_trace_ready=ready, record_shapes=True)
-
-    def __enter__(self):
-        self.prof.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        return self.prof.__exit__(*exc)
-
-    def step(self):
-        self.prof.step()
 
 
 def _load_image(path: str, width: int, height: int):
@@ -286,9 +178,9 @@ def _save_frames(frames, path: Path) -> None:
 
     import numpy as np
 
-    from .video import _frame_to_rgb_uint8
+    from .video import frame_to_rgb_uint8
 
-    arr = np.stack([_frame_to_rgb_uint8(f, i) for i, f in enumerate(frames)])
+    arr = np.stack([frame_to_rgb_uint8(f, i) for i, f in enumerate(frames)])
     tmp = path.with_name(f".{path.name}.tmp")
     with open(tmp, "wb") as f:
         np.save(f, arr)
@@ -324,7 +216,8 @@ def render(cfg: RenderConfig, log=print) -> dict:
 def _render(cfg: RenderConfig, log, dctx) -> dict:
     from . import parallel as P
     from .pipelines import check_video_size, load_pipeline, model_summary, transformers_of
-    from .vae import GLUES, decode_latents
+    from .decode import DecodeOptions, check_decode, decode_latents
+    from .vae import GLUES
     from .watchdog import WatchdogTimeout
     from .video import write_video
 
@@ -348,19 +241,14 @@ def _render(cfg: RenderConfig, log, dctx) -> dict:
     if cfg.save_inputs and cfg.compile:
         raise ValueError("--save_inputs runs eagerly (compiled graphs don't know which layer a call is); drop "
                          "the compile option for capture runs -- the captured Q/K/V are the same")
-    if cfg.task == "i2v" and not cfg.image:
-        raise ValueError("task i2v needs --img_file_path (the image to animate)")
+    family = families.get(cfg.family)
+    if cfg.task in family.image_tasks and not cfg.image:
+        raise ValueError(f"task {cfg.task} needs --img_file_path (the image to animate)")
     if cfg.vae_glue not in GLUES:
         raise ValueError(f"unknown --vae_glue {cfg.vae_glue!r}; valid: {', '.join(GLUES)}")
-    if cfg.vae_glue == "triton":  # asked for: refused before the load where it can't apply or can't run
-        if cfg.vae_decode != "fast" or cfg.family != "wan":
-            raise ValueError("--vae_glue triton is the Wan fast decode's glue: it needs --vae_decode fast and a Wan "
-                             f"model (got --vae_decode {cfg.vae_decode}, family {cfg.family})")
-        from . import kernels as K
-
-        ok, why = K.probe("vae_glue", device)
-        if not ok:
-            raise B.BackendUnavailable(f"--vae_glue triton can't run on {device}: {why}")
+    # the decode asked for, refused before the load where it can't apply to this family or can't run here
+    check_decode(cfg.vae_decode, DecodeOptions(max_memory_gib=cfg.vae_max_memory, fused_glue=GLUES[cfg.vae_glue]),
+                 family=cfg.family, device=device)
 
     vae_dtype = dtype if cfg.vae_dtype in (None, "auto") else resolve_dtype(cfg.vae_dtype, device)
     if cfg.cpu_offload and device.type != "cuda":
@@ -376,11 +264,11 @@ def _render(cfg: RenderConfig, log, dctx) -> dict:
         pipe.vae.enable_slicing()
     load_time = time.perf_counter() - t_load
     flow_shift = None
-    if cfg.family == "wan":
+    if family.flow_shift is not None:
         flow_shift = _set_flow_shift(pipe, cfg.flow_shift if cfg.flow_shift is not None
-                                     else default_flow_shift(cfg.task, cfg.height, cfg.width))
+                                     else family.flow_shift(cfg.task, cfg.height, cfg.width))
     pipe.set_progress_bar_config(disable=not sys.stderr.isatty(), leave=False)
-    check_video_size(pipe, cfg.height, cfg.width, cfg.num_frames)
+    check_video_size(pipe, cfg.height, cfg.width, cfg.num_frames, family=cfg.family)
     models = transformers_of(pipe)
     head_dims = [m.config.attention_head_dim for _, m in models]
     err = None
@@ -400,10 +288,9 @@ def _render(cfg: RenderConfig, log, dctx) -> dict:
     kwargs = dict(prompt=cfg.prompt, negative_prompt=cfg.negative_prompt, height=cfg.height, width=cfg.width,
                   num_frames=cfg.num_frames, num_inference_steps=cfg.num_inference_steps,
                   guidance_scale=cfg.guidance_scale, output_type="latent", **cfg.extra_pipe_kwargs)
-    if cfg.task == "i2v" or (cfg.task == "ti2v" and cfg.image):
-        if cfg.family == "wan" and cfg.task == "ti2v":
-            raise ValueError("ti2v with an image runs the image-to-video pipeline: use --task i2v with the "
-                             "TI2V model")
+    if cfg.image and cfg.task in family.image_refusals:
+        raise ValueError(family.image_refusals[cfg.task])
+    if cfg.task in family.image_tasks:
         kwargs["image"] = _load_image(cfg.image, cfg.width, cfg.height)
 
     header = {
@@ -425,7 +312,7 @@ def _render(cfg: RenderConfig, log, dctx) -> dict:
 
         capture = AttentionCapture(cfg.capture_dir, cfg.attention_type, rank=cfg.rank, max_captures=cfg.max_captures)
     patch = AttentionPatch(models, backend, on_unsupported=cfg.on_unsupported, time_attention=cfg.time_attention,
-                           observers=[capture] if capture else None)
+                           observers=[capture] if capture else None, call_kind=family.call_kind)
     entries, frames = [], None
 
     def advance(step):
@@ -436,7 +323,7 @@ def _render(cfg: RenderConfig, log, dctx) -> dict:
     profiler = None
     if cfg.profile_output:
         root = cfg.traces_root if cfg.traces_root is not None else cfg.output_path.parent.parent / "traces"
-        profiler = _Profiler(Path(root) / cfg.profile_output, cfg.rank, cfg.profile_wait, cfg.profile_warmup,
+        profiler = StepProfiler(Path(root) / cfg.profile_output, cfg.rank, cfg.profile_wait, cfg.profile_warmup,
                              cfg.profile_active, device)
         if cfg.profile_wait + cfg.profile_warmup + cfg.profile_active > cfg.num_inference_steps:
             raise ValueError(f"--profile_wait + --profile_warmup + --profile_active = "

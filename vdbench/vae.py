@@ -1,14 +1,12 @@
-"""VAE decode of a pipeline's latents, separated from the denoising loop so it can be timed on its own.
+"""The fast decode of Wan VAEs (``mode="fast"`` of :mod:`vdbench.decode`, the VAE mode switch) and the latents
+preparation every decode starts from.
 
-The pipelines are called with ``output_type="latent"``; decoding here repeats exactly what each diffusers
-pipeline does after its loop (Wan: un-normalize with the VAE's latents_mean/std; CogVideoX: divide by the
-scaling factor and move frames to the channel-first layout), so the video is the one the pipeline would
-have produced.
+The pipelines are called with ``output_type="latent"``; :func:`prepare_latents` repeats exactly what each
+diffusers pipeline does after its loop (Wan: un-normalize with the VAE's latents_mean/std; CogVideoX: divide by
+the scaling factor and move frames to the channel-first layout), so the video is the one the pipeline would have
+produced. Which decode then runs (diffusers' own, this module's, the band-parallel one) is
+:mod:`vdbench.decode`'s choice; this module holds the mechanics of the fast one (:func:`wan_decode_fast`):
 
-Decode modes (``mode=``):
-
-``default``
-    diffusers' own ``vae.decode``, untouched.
 ``fast`` (Wan VAEs: ``AutoencoderKLWan``, Wan 2.1 and 2.2)
     The same diffusers modules and weights, driven differently (see :func:`wan_decode_chunked`):
 
@@ -63,16 +61,14 @@ Decode modes (``mode=``):
     decode; larger chunks are an explicit choice (``chunk_frames``, the bench's ``fast@K``), to be measured.
 
     The dtype is the VAE's: load it in bf16 (``--vae_dtype bf16``) for speed.
-    Other VAE classes: ``fast`` is refused (ValueError), never silently replaced by ``default``.
-``parallel``
-    Multi-GPU decode (every rank computes a band of rows), :func:`vdbench.vae_parallel.decode_video_parallel`;
-    needs an initialized ``torch.distributed`` process group (torchrun), which this module does not create.
+    Other VAE classes (not in :data:`FAST_VAES`): ``fast`` is refused by :func:`vdbench.decode.check_decode`,
+    never silently replaced by ``default``.
 
 ``max_memory_gib`` bounds the decode's activation memory: the temporal chunk size is chosen from it (on CUDA
 from the measured peak of a one-latent-frame chunk, elsewhere from a coarse analytic estimate) and, if even one
 frame does not fit, the frame is split into diffusers' spatial tiles (same geometry and blending as
 ``enable_tiling()``, tile shrunk until it fits) and each tile is decoded in temporal chunks; ``info["path"]``
-says which happened. ``timeout_s`` runs the decode under :class:`vdbench.watchdog.Watchdog`.
+says which happened.
 """
 
 from __future__ import annotations
@@ -85,146 +81,50 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-__all__ = ["decode_latents", "decode_video", "wan_decode_chunked", "choose_chunk_frames", "prepare_latents",
-           "MODES", "channels_last_3d", "fast_layers", "FAST_DEFAULT_CHUNK", "GLUES", "resolve_glue"]
+__all__ = ["wan_decode_fast", "wan_decode_chunked", "choose_chunk_frames", "prepare_latents", "FAST_VAES",
+           "channels_last_3d", "fast_layers", "FAST_DEFAULT_CHUNK", "GLUES", "resolve_glue"]
 
-MODES = ("default", "fast", "parallel")
+#: The VAE classes this module's fast decode (and its memory bound) drives: the Wan decoder's causal-conv cache is
+#: what makes chunking exact.
+FAST_VAES = ("AutoencoderKLWan",)
 FAST_DEFAULT_CHUNK = 1  # latent frames per decoder call in mode "fast" when no chunk size is given (module doc)
 _GIB = 1024 ** 3
-
-
-def _is_wan(vae) -> bool:
-    return type(vae).__name__ == "AutoencoderKLWan"
 
 
 def prepare_latents(vae, latents: torch.Tensor, family: str) -> torch.Tensor:
     """Pipeline latents -> what ``vae.decode`` takes, exactly as the diffusers pipeline does it.
 
-    Wan: ``latents * std + mean`` (channel-first (B, C, T, H, W) already). CogVideoX: (B, T, C, H, W) ->
-    (B, C, T, H, W) and divide by the scaling factor. HunyuanVideo: divide by the scaling factor.
+    The family's :attr:`~vdbench.families.Family.prepare_latents` (Wan: ``latents * std + mean``, channel-first
+    (B, C, T, H, W) already; CogVideoX: (B, T, C, H, W) -> (B, C, T, H, W) and divide by the scaling factor).
+    HunyuanVideo (a VAE the VAE bench builds, no render family): divide by the scaling factor.
     """
-    if family == "wan":
-        latents = latents.to(vae.dtype)
-        z = vae.config.z_dim
-        mean = torch.tensor(vae.config.latents_mean).view(1, z, 1, 1, 1).to(latents.device, latents.dtype)
-        inv_std = 1.0 / torch.tensor(vae.config.latents_std).view(1, z, 1, 1, 1).to(latents.device, latents.dtype)
-        return latents / inv_std + mean
-    if family == "cogvideox":
-        return (latents.permute(0, 2, 1, 3, 4) / vae.config.scaling_factor).to(vae.dtype)
     if family == "hunyuanvideo":
         return (latents / vae.config.scaling_factor).to(vae.dtype)
-    raise ValueError(f"unknown pipeline family {family!r}")
+    return families.get(family).prepare_latents(vae, latents)
 
 
 @torch.no_grad()
-def decode_latents(pipe, latents: torch.Tensor, family: str, num_frames: int | None = None, *,
-                   mode: str = "default", max_memory_gib: Optional[float] = None, timeout_s: Optional[float] = None,
-                   chunk_frames: Optional[int] = None, info: Optional[dict] = None,
-                   fused_glue: Optional[bool] = None):
-    """Latents from ``pipe(..., output_type="latent")`` -> float frames (T, H, W, 3) in [0, 1] (numpy).
-
-    ``num_frames`` (CogVideoX only): the requested frame count, to drop the padding latent frames that
-    CogVideoX 1.5 (temporal patch size) adds, as its pipeline does before decoding.
-    ``mode``, ``max_memory_gib``, ``chunk_frames``: see the module doc. ``timeout_s``: the decode runs under a
-    :class:`~vdbench.watchdog.Watchdog`; on expiry all stacks are dumped and
-    :class:`~vdbench.watchdog.WatchdogTimeout` is raised (its ``report`` names the last completed stage).
-    ``info`` (a dict, optional) receives what the decode did (path, chunk size, tiles, which glue ran).
-    ``fused_glue``: the fast path's glue (:func:`decode_video`; None = the Triton kernels where they run).
-    """
-    from vdbench.watchdog import Watchdog
-
-    if mode not in MODES:
-        raise ValueError(f"unknown VAE decode mode {mode!r}; valid: {', '.join(MODES)}")
-    vae = pipe.vae
+def wan_decode_fast(vae, z: torch.Tensor, *, chunk_frames: Optional[int] = None,
+                    max_memory_gib: Optional[float] = None, channels_last: bool = True, watchdog=None,
+                    info: Optional[dict] = None, compile_backend: Optional[str] = None,
+                    fused_glue: Optional[bool] = None) -> torch.Tensor:
+    """Decode VAE-space latents ``z`` (B, C, T, H, W) of a Wan VAE (:data:`FAST_VAES`) -> video in [-1, 1] by the
+    fast path (module doc): ``chunk_frames`` latent frames per decoder call (default :data:`FAST_DEFAULT_CHUNK`),
+    or, with ``max_memory_gib``, the chunk (and tiles) chosen from that budget. ``channels_last``: weights and
+    activations in channels_last(_3d) for the duration. ``compile_backend`` / ``fused_glue``: the glue compiled /
+    as Triton kernels (:func:`resolve_glue`; which one ran is in ``info["glue"]``). The combinations that apply
+    are :func:`vdbench.decode.check_decode`'s to refuse; this runs what it is given."""
     info = {} if info is None else info
-    with Watchdog(timeout_s, label=f"vae decode ({mode})") as wd:
-        wd.stage("prepare latents")
-        if family == "cogvideox":
-            patch_t = getattr(pipe.transformer.config, "patch_size_t", None)
-            if patch_t and num_frames is not None:
-                latent_frames = (num_frames - 1) // pipe.vae_scale_factor_temporal + 1
-                extra = (patch_t - latent_frames % patch_t) % patch_t
-                latents = latents[:, extra:]
-            if mode == "default" and max_memory_gib is None:
-                wd.stage("decode")
-                video = pipe.decode_latents(latents.to(vae.dtype))  # the pipeline's own method, untouched
-            else:
-                z = prepare_latents(vae, latents, family)
-                wd.stage("decode")
-                video = decode_video(vae, z, mode=mode, max_memory_gib=max_memory_gib, chunk_frames=chunk_frames,
-                                     watchdog=wd, info=info, fused_glue=fused_glue)
-        elif family == "wan":
-            z = prepare_latents(vae, latents, family)
-            wd.stage("decode")
-            video = decode_video(vae, z, mode=mode, max_memory_gib=max_memory_gib, chunk_frames=chunk_frames,
-                                 watchdog=wd, info=info, fused_glue=fused_glue)
-        else:
-            raise ValueError(f"unknown pipeline family {family!r}")
-        wd.stage("postprocess")
-        frames = pipe.video_processor.postprocess_video(video, output_type="np")[0]
-    return frames
-
-
-@torch.no_grad()
-def decode_video(vae, z: torch.Tensor, *, mode: str = "default", chunk_frames: Optional[int] = None,
-                 max_memory_gib: Optional[float] = None, channels_last: Optional[bool] = None, watchdog=None,
-                 info: Optional[dict] = None, compile_backend: Optional[str] = None,
-                 fused_glue: Optional[bool] = None) -> torch.Tensor:
-    """Decode VAE-space latents ``z`` (B, C, T, H, W) -> video (B, 3, F, H', W') in [-1, 1].
-
-    ``channels_last``: None (default) = on for ``mode="fast"`` (and the memory-bounded Wan decode), for the
-    duration of the call only; off for ``mode="default"``. False: off (the fast path's layers in the
-    contiguous layout). True with ``mode="default"``: :func:`channels_last_3d` on the VAE (kept afterwards).
-    ``compile_backend`` (``mode="fast"`` only): the fast path's norm/SiLU glue compiled (:func:`fast_layers`).
-    ``fused_glue`` (``mode="fast"``, also memory-bounded): the glue as Triton row kernels
-    (:mod:`vdbench.kernels.glue`: norm -> SiLU -> conv input in one pass, conv biases folded into the next pass).
-    None (default): on when the VAE is on a GPU where those kernels run, else the eager glue -- which one ran is
-    in ``info["glue"]``; True: required (refused with the reason where it can't run, e.g. no Triton); False: the
-    eager glue. (Ignored by ``mode="default"`` / ``"parallel"`` when None.)"""
-    info = {} if info is None else info
-    if mode == "parallel":
-        try:
-            from vdbench import vae_parallel
-        except ImportError as e:
-            raise NotImplementedError(f"mode='parallel' needs vdbench.vae_parallel ({e})") from None
-        fn = getattr(vae_parallel, "decode_video_parallel", None)
-        if fn is None:
-            raise NotImplementedError("mode='parallel': vdbench.vae_parallel has no decode_video_parallel(vae, z, ...)")
-        info["path"] = "parallel"
-        if max_memory_gib is not None:
-            raise ValueError("max_memory_gib is not supported with mode='parallel' (each rank decodes a band)")
-        return fn(vae, z, chunk_frames=chunk_frames, info=info)
-    if mode not in ("default", "fast"):
-        raise ValueError(f"unknown VAE decode mode {mode!r}; valid: {', '.join(MODES)}")
-    if compile_backend and (mode != "fast" or max_memory_gib is not None):
-        raise ValueError("compile_backend applies to mode='fast' (without max_memory_gib) only")
-    if fused_glue and (mode != "fast" or compile_backend):
-        raise ValueError("fused_glue applies to mode='fast' (not with compile_backend)")
-    fast_cl = channels_last is not False
-    if channels_last and mode == "default":
-        channels_last_3d(vae)
-    if not _is_wan(vae):
-        if mode == "fast":
-            raise ValueError(f"mode='fast' is implemented for AutoencoderKLWan only, not {type(vae).__name__}; "
-                             "use mode='default' (optionally with a bf16 VAE)")
-        if max_memory_gib is not None:
-            raise ValueError(f"max_memory_gib is implemented for AutoencoderKLWan only, not {type(vae).__name__}; "
-                             "use the VAE's enable_tiling()")
-        info["path"] = "diffusers"
-        return vae.decode(z.to(vae.dtype), return_dict=False)[0]
-    if mode == "default" and max_memory_gib is None:
-        info["path"] = "diffusers"
-        return vae.decode(z, return_dict=False)[0]
     fused = resolve_glue(vae, fused_glue, compile_backend, info)
     if max_memory_gib is not None:
-        return _wan_decode_bounded(vae, z, max_memory_gib, watchdog=watchdog, info=info, channels_last=fast_cl,
+        return _wan_decode_bounded(vae, z, max_memory_gib, watchdog=watchdog, info=info, channels_last=channels_last,
                                    fused_glue=fused)
     # Default chunk (FAST_DEFAULT_CHUNK): see the module doc ("Default chunk").
     k = chunk_frames or min(FAST_DEFAULT_CHUNK, z.shape[2])
-    info.update(path="chunked", chunk_frames=k, channels_last=fast_cl)
+    info.update(path="chunked", chunk_frames=k, channels_last=channels_last)
     if compile_backend:
         info["compile_backend"] = compile_backend
-    return wan_decode_chunked(vae, z, k, watchdog=watchdog, lean=True, channels_last=fast_cl,
+    return wan_decode_chunked(vae, z, k, watchdog=watchdog, lean=True, channels_last=channels_last,
                               compile_backend=compile_backend, fused_glue=fused)
 
 
@@ -233,10 +133,10 @@ GLUE_TRITON = "triton (vdbench.kernels.glue)"
 
 
 def resolve_glue(vae, fused_glue: Optional[bool], compile_backend: Optional[str], info: dict) -> bool:
-    """Which norm/SiLU glue the fast path runs (see :func:`decode_video`'s ``fused_glue``), recorded in
-    ``info["glue"]``: the Triton kernels where asked for (refused with the reason where they can't run) or,
-    by default, where the VAE is on a GPU they run on; else the eager glue (with why, when by default) or the
-    compiled one."""
+    """Which norm/SiLU glue the fast path runs (see :func:`vdbench.decode.decode_video`'s ``fused_glue``),
+    recorded in ``info["glue"]``: the Triton kernels where asked for (refused with the reason where they can't
+    run) or, by default, where the VAE is on a GPU they run on; else the eager glue (with why, when by default)
+    or the compiled one."""
     if compile_backend:
         info["glue"] = f"torch.compile ({compile_backend})"
         return False
@@ -695,7 +595,7 @@ def wan_decode_chunked(vae, z: torch.Tensor, chunk_frames: int, *, watchdog=None
     ``lean``: the fast path's layers (:func:`fast_layers`: no ``F.pad`` copies, native-dtype RMS norm, in-place
     SiLU/residual adds, one-copy frame interleave) for the duration of the call; ``channels_last``: conv weights
     and activations in channels_last(_3d) for the duration. Both default off here (diffusers' layers: what the
-    bench's ``chunked`` config and the band-parallel decode drive); ``decode_video(mode="fast")`` turns them on.
+    bench's ``chunked`` config and the band-parallel decode drive); :func:`wan_decode_fast` turns them on.
     ``compile_backend``, ``fused_glue`` (with ``lean``): see :func:`fast_layers`.
     """
     from diffusers.models.autoencoders.autoencoder_kl_wan import unpatchify
@@ -867,13 +767,19 @@ def wan_decode_tiled_chunked(vae, z: torch.Tensor, tile_px: int, stride_px: int,
 
 
 def add_vae_args(p, fast_ok: bool = True) -> None:
-    """VAE decode flags shared by both render CLIs (see this module and vdbench.vae_parallel)."""
-    modes = ["default", "fast", "parallel"] if fast_ok else ["default", "parallel"]
-    p.add_argument("--vae_decode", choices=modes, default="default",
-                   help="default: diffusers' decode; fast (Wan VAEs): the same layers without diffusers' pad/cat/"
-                        "fp32 copies, channels_last, one preallocated output, FAST_DEFAULT_CHUNK latent frames per "
-                        "decoder call (peak memory below the default decode); parallel: split rows across the "
-                        "torchrun ranks with halo exchange (matches the one-GPU decode)")
+    """VAE decode flags shared by both render CLIs (see vdbench.decode, this module and vdbench.vae_parallel).
+
+    ``--vae_decode`` names a mode of :data:`vdbench.decode.MODES`; it is not checked here (no argparse choices):
+    :func:`vdbench.decode.check_decode` is the one check of a mode and what it applies to, and the render runs it
+    before the model loads (an unknown or inapplicable mode: exit 2, nothing loaded). ``fast_ok``: whether the
+    CLI's models have a VAE the fast decode drives (the help and ``--vae_glue`` are for those)."""
+    p.add_argument("--vae_decode", default="default", metavar="MODE",
+                   help="default: diffusers' decode; "
+                        + ("fast (Wan VAEs): the same layers without diffusers' pad/cat/fp32 copies, channels_last, "
+                           "one preallocated output, FAST_DEFAULT_CHUNK latent frames per decoder call (peak memory "
+                           "below the default decode); " if fast_ok else "")
+                        + "parallel: split rows across the torchrun ranks with halo exchange (matches the one-GPU "
+                          "decode)")
     p.add_argument("--vae_max_memory", type=float, default=None, metavar="GIB",
                    help="bound the decode's memory: the frame chunk (or tiles) is chosen from this budget (Wan VAEs)")
     p.add_argument("--vae_timeout", type=float, default=None, metavar="S",
@@ -885,7 +791,7 @@ def add_vae_args(p, fast_ok: bool = True) -> None:
                             "it runs, else eager; which one ran is in timing.json (vae_decode.glue)")
 
 
-#: ``--vae_glue`` choices -> decode_video's ``fused_glue``.
+#: ``--vae_glue`` choices -> :func:`vdbench.decode.decode_video`'s ``fused_glue``.
 GLUES = {"auto": None, "triton": True, "eager": False}
 
 

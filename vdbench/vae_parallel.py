@@ -35,14 +35,15 @@ decode to rounding, ~140 dB PSNR (tested with 2 and 3 ranks, uneven bands includ
 
 Inputs: ``z`` is what ``vae.decode`` takes, i.e. *after* :func:`vdbench.vae.prepare_latents` (Wan:
 ``latents * std + mean``), shape (B, z_dim, T, H, W), the same on every rank (checked with one small
-collective), on the rank's device. The process group must already be initialized (torchrun + the render);
-this module never initializes one, except in its ``__main__`` self-check / benchmark. CogVideoX: ``z`` is the
-pipeline latent permuted to (B, C, T, H, W) and divided by the scaling factor (``prepare_latents``).
-Other VAE classes are refused (NotImplementedError), as is a VAE with tiling enabled or ``replicate`` padding.
+collective), on the rank's device. The process group must already be initialized (torchrun + the render, or
+the benchmark); this module never initializes one. CogVideoX: ``z`` is the pipeline latent permuted to
+(B, C, T, H, W) and divided by the scaling factor (``prepare_latents``).
+Other VAE classes (not in :data:`VAES`) are refused (NotImplementedError), as is a VAE with tiling enabled or
+``replicate`` padding.
 
-Self-check / benchmark (see bench/gpu_vae_parallel.sh)::
+Self-check / benchmark: ``bench/bench_vae_parallel.py`` (run by bench/gpu_vae_parallel.sh)::
 
-    torchrun --nproc_per_node=2 -m vdbench.vae_parallel --case tiny-wan2.1 --case tiny-wan2.2 --json out.json
+    torchrun --nproc_per_node=2 bench/bench_vae_parallel.py --case tiny-wan2.1 --case tiny-wan2.2 --json out.json
 """
 
 from __future__ import annotations
@@ -53,7 +54,10 @@ from typing import Optional, Sequence
 import torch
 import torch.nn.functional as F
 
-__all__ = ["decode_video_parallel", "band_sizes", "BandComm"]
+__all__ = ["decode_video_parallel", "band_sizes", "BandComm", "VAES"]
+
+#: The VAE classes whose decoder layers the band decode knows how to split (every H-coupled layer hooked).
+VAES = ("AutoencoderKLWan", "AutoencoderKLCogVideoX")
 
 
 def band_sizes(rows: int, world: int) -> list[int]:
@@ -335,7 +339,7 @@ def decode_video_parallel(vae, z: torch.Tensor, *, group=None, chunk_frames: Opt
     from vdbench.vae import wan_decode_chunked
 
     name = type(vae).__name__
-    if name not in ("AutoencoderKLWan", "AutoencoderKLCogVideoX"):
+    if name not in VAES:
         raise NotImplementedError(f"parallel VAE decode is implemented for AutoencoderKLWan (Wan 2.1/2.2) and "
                                   f"AutoencoderKLCogVideoX only, not {name}; use --vae_decode default")
     is_wan = name == "AutoencoderKLWan"
@@ -366,301 +370,3 @@ def decode_video_parallel(vae, z: torch.Tensor, *, group=None, chunk_frames: Opt
                 band_sizes=comm.sizes, chunk_frames=k, halo_exchanges=comm.exchanges, gathers=comm.gathers,
                 reductions=comm.reductions, hooked_layers=len(patched))
     return video
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Self-check / benchmark under torchrun
-# ---------------------------------------------------------------------------------------------------------------
-
-def _vae_config(case: str, num_res_blocks: Optional[int]) -> dict:
-    from vdbench import pipelines as P
-
-    cfgs = {
-        "tiny-wan2.1": P._WAN21_VAE,
-        "tiny-wan2.2": P._WAN22_VAE,
-        "wan2.1": P._WAN21_VAE_REAL,
-        "wan2.2": P._WAN22_VAE_REAL,
-        "tiny-cogvideox": P._COG_VAE,
-        "cogvideox": P._COG_VAE_REAL,
-    }
-    if case not in cfgs:
-        raise SystemExit(f"unknown case {case!r}; valid: {', '.join(cfgs)}")
-    cfg = dict(cfgs[case])
-    if num_res_blocks is not None and "cogvideox" not in case:
-        cfg["num_res_blocks"] = num_res_blocks
-    return cfg
-
-
-def _make_vae(cfg: dict, device, dtype, seed: int):
-    """The real diffusers class with seeded random weights, for inference only: no parameter requires grad.
-    (diffusers builds them requiring grad; then any decode outside ``no_grad`` -- diffusers' own ``vae.decode``
-    is not decorated -- records the autograd graph and keeps every intermediate activation alive with its
-    output: CogVideoX VAE, 3x20x30 latent, fp32, CPU, 1 rank: 19.1 GB max RSS before, 4.1 GB after.)"""
-    import diffusers
-
-    cls = diffusers.AutoencoderKLWan if "z_dim" in cfg else diffusers.AutoencoderKLCogVideoX
-    torch.manual_seed(seed)
-    with torch.device(device):
-        vae = cls(**cfg)
-    return vae.to(dtype).eval().requires_grad_(False)
-
-
-def _build_vae(cfg: dict, device, dtype, seed: int, comm_group=None):
-    """:func:`_make_vae`, then the weights broadcast from rank 0 so all ranks hold the same."""
-    import torch.distributed as dist
-
-    vae = _make_vae(cfg, device, dtype, seed)
-    for p in list(vae.parameters()) + list(vae.buffers()):
-        dist.broadcast(p.data, src=0, group=comm_group)
-    return vae
-
-
-def _sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _timed(fn, device, warmup: int, repeats: int, barrier: bool):
-    """Median wall time (s) of ``fn()`` after ``warmup`` calls; synchronized (and, for collective work,
-    barrier-aligned) before and after each call, so it covers the device work and the communication.
-    Every call runs under ``torch.inference_mode()``: the single-device references (diffusers' ``vae.decode``,
-    which is not grad-free by itself) must never record an autograd graph, whatever the VAE's parameters say;
-    the previous call's output is released before the next call starts."""
-    import time
-
-    import torch.distributed as dist
-
-    out = None
-    for _ in range(warmup):
-        out = None
-        with torch.inference_mode():
-            out = fn()
-    times = []
-    for _ in range(repeats):
-        out = None
-        if barrier:
-            dist.barrier()
-        _sync(device)
-        t0 = time.perf_counter()
-        with torch.inference_mode():
-            out = fn()
-        _sync(device)
-        times.append(time.perf_counter() - t0)
-    times.sort()
-    return out, times[len(times) // 2], times
-
-
-class _Peak:
-    """CUDA peak memory (GiB) since the previous call, above what was allocated then (None off CUDA)."""
-
-    def __init__(self, device):
-        self.device = device
-        self._reset()
-
-    def _reset(self):
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-            self.base = torch.cuda.memory_allocated(self.device)
-            torch.cuda.reset_peak_memory_stats(self.device)
-
-    def __call__(self):
-        if self.device.type != "cuda":
-            return None
-        torch.cuda.synchronize(self.device)
-        v = round((torch.cuda.max_memory_allocated(self.device) - self.base) / 2 ** 30, 2)
-        self._reset()
-        return v
-
-
-def _quality(x: torch.Tensor, ref: torch.Tensor) -> dict:
-    """PSNR of the video mapped [-1, 1] -> [0, 1] (the saved frames' range, data range 1) and the largest
-    absolute difference, in float64 on the tensors' device (metrics.psnr's formula; no 1 GB host copies)."""
-    from vdbench.metrics import _psnr_from_mse
-
-    if x.shape != ref.shape:
-        raise ValueError(f"shape mismatch: {tuple(x.shape)} vs reference {tuple(ref.shape)}")
-    d = x.double() - ref.double()
-    p = _psnr_from_mse(float(((d / 2) ** 2).mean().item()), 1.0)
-    return {"psnr_db": None if p == float("inf") else round(p, 2), "identical": p == float("inf"),
-            "max_abs": float(d.abs().max().item())}
-
-
-def _parse_case(spec: str, default_latent: str, default_dtype: str, default_chunks: list):
-    """``name[:TxHxW[:dtype[:K,K...]]]`` -> (name, (T, H, W), dtype name, chunk sizes)."""
-    parts = spec.split(":")
-    name = parts[0]
-    latent = parts[1] if len(parts) > 1 and parts[1] else default_latent
-    dtype = parts[2] if len(parts) > 2 and parts[2] else default_dtype
-    chunks = [int(k) for k in parts[3].split(",")] if len(parts) > 3 and parts[3] else default_chunks
-    if dtype not in _DTYPES:
-        raise SystemExit(f"case {spec!r}: dtype must be one of {', '.join(_DTYPES)}")
-    t, h, w = (int(v) for v in latent.lower().split("x"))
-    return name, (t, h, w), dtype, chunks
-
-
-_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-def _main(argv=None) -> int:
-    import argparse
-    import json
-    import os
-    import time
-
-    import torch.distributed as dist
-
-    ap = argparse.ArgumentParser(description="Band-parallel Wan VAE decode: self-check and benchmark "
-                                             "(run under torchrun). Every rank also decodes the whole latent alone "
-                                             "(the single-device reference and time).")
-    ap.add_argument("--case", action="append",
-                    help="NAME[:TxHxW[:DTYPE[:K,K..]]] with NAME one of tiny-wan2.1, tiny-wan2.2, wan2.1, wan2.2 "
-                         "(real widths, random weights); latent frames x rows x cols; chunk sizes (repeatable)")
-    ap.add_argument("--latent", default="3x7x6", help="default latent T x H x W (default 3x7x6)")
-    ap.add_argument("--dtype", default="fp32", choices=list(_DTYPES), help="default dtype")
-    ap.add_argument("--chunk_frames", type=int, action="append",
-                    help="latent frames per decoder call (repeatable; 0 = all; default: 1 and 0)")
-    ap.add_argument("--num_res_blocks", type=int, default=None, help="override the config's num_res_blocks")
-    ap.add_argument("--stock", action="store_true", help="also compare with diffusers' untouched vae.decode")
-    ap.add_argument("--ablation", action="store_true", help="also decode without halo exchange (must differ)")
-    ap.add_argument("--subgroup", type=int, default=0,
-                    help="also decode on a sub-group of the first N ranks (exercises group= and rank mapping)")
-    ap.add_argument("--warmup", type=int, default=0)
-    ap.add_argument("--repeats", type=int, default=1)
-    ap.add_argument("--budget_s", type=float, default=0, help="skip the remaining runs once this much wall time "
-                                                              "has passed (0: no limit)")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--json", default=None, help="rank 0 writes the results here (after every case)")
-    a = ap.parse_args(argv)
-
-    from vdbench.vae import wan_decode_chunked
-
-    t_start = time.perf_counter()
-    local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    if torch.cuda.is_available():
-        device = torch.device("cuda", local_rank)
-        torch.cuda.set_device(device)
-        if not dist.is_initialized():
-            dist.init_process_group("nccl", device_id=device)
-    else:
-        device = torch.device("cpu")
-        if not dist.is_initialized():
-            dist.init_process_group("gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
-    default_chunks = a.chunk_frames or [1, 0]
-    sub = dist.new_group(list(range(a.subgroup))) if a.subgroup else None
-    meta = {"torch": torch.__version__, "backend": dist.get_backend(), "world": world,
-            "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"}
-    results: list = []
-    tf32_default = (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32)
-
-    def over_budget() -> bool:  # decided on rank 0, so that all ranks skip together
-        flag = torch.tensor([float(a.budget_s > 0 and time.perf_counter() - t_start > a.budget_s)], device=device)
-        dist.broadcast(flag, src=0)
-        return bool(flag.item())
-
-    def dump():
-        if rank == 0 and a.json:
-            with open(a.json, "w") as f:
-                json.dump({"meta": meta, "results": results}, f, indent=1)
-
-    for spec in a.case or ["tiny-wan2.1"]:
-        case, (t, h, w), dname, chunks = _parse_case(spec, a.latent, a.dtype, default_chunks)
-        if over_budget():
-            results.append({"case": spec, "skipped": f"budget of {a.budget_s}s spent"})
-            if rank == 0:
-                print(f"[{spec}] skipped: budget of {a.budget_s}s spent", flush=True)
-            continue
-        dtype = _DTYPES[dname]
-        # fp32 cases measure exactness: TF32 convs/matmuls (cuDNN's default) would round to ~1e-3 differently
-        # for the band and the full-frame shapes. Half-precision cases keep the defaults (what a render runs).
-        torch.backends.cudnn.allow_tf32 = tf32_default[0] and dname != "fp32"
-        torch.backends.cuda.matmul.allow_tf32 = tf32_default[1] and dname != "fp32"
-        cfg = _vae_config(case, a.num_res_blocks)
-        vae = _build_vae(cfg, device, dtype, a.seed)
-        g = torch.Generator().manual_seed(a.seed + 1)
-        is_cog = "z_dim" not in cfg  # CogVideoX: diffusers' decode loop is both the reference and the driver
-        z = torch.randn((1, cfg.get("z_dim") or cfg["latent_channels"], t, h, w), generator=g).to(device, dtype)
-        entry = {"case": case, "latent": [t, h, w], "dtype": dname, "world": world,
-                 "tf32": torch.backends.cudnn.allow_tf32 if device.type == "cuda" else None,
-                 "num_res_blocks": cfg.get("num_res_blocks", cfg.get("layers_per_block")), "runs": []}
-        results.append(entry)
-        tag = f"{case} {dname} latent {t}x{h}x{w} world={world}"
-        stock = None
-        if a.stock and not is_cog:
-            stock, st, _ = _timed(lambda: vae.decode(z, return_dict=False)[0], device, a.warmup, a.repeats, False)
-            entry["stock_s"] = round(st, 4)
-        case_chunks = [None] if is_cog else chunks
-        first_single = None  # the first chunk size's single decode: two valid decodes' distance = rounding floor
-        for k0 in case_chunks:
-            if over_budget():
-                entry["runs"].append({"chunk_frames": k0, "skipped": f"budget of {a.budget_s}s spent"})
-                if rank == 0:
-                    print(f"[{tag} K={k0}] skipped: budget spent", flush=True)
-                continue
-            k = None if is_cog else (k0 or max(1, t - 1))
-            peak = _Peak(device)
-            single_fn = ((lambda: vae.decode(z, return_dict=False)[0]) if is_cog
-                         else (lambda: wan_decode_chunked(vae, z, k)))
-            single, ts, _ = _timed(single_fn, device, a.warmup, a.repeats, False)
-            peak_single = peak()
-            info: dict = {}
-            par, tp, tps = _timed(lambda: decode_video_parallel(vae, z, chunk_frames=k, info=info), device,
-                                  a.warmup, a.repeats, True)
-            peak_par = peak()
-            tmax = torch.tensor([tp], dtype=torch.float64, device=device)
-            dist.all_reduce(tmax, op=dist.ReduceOp.MAX)  # the slowest rank's median
-            run = {"chunk_frames": k, "shape": list(par.shape), "single_s": round(ts, 4),
-                   "parallel_s": round(float(tmax.item()), 4), "ratio": round(float(tmax.item()) / ts, 3),
-                   "parallel_times_rank0": [round(x, 4) for x in tps], "vs_single": _quality(par, single),
-                   "info": info}
-            # the hooks are per call: afterwards no module of the VAE may keep an instance-level forward
-            run["hooks_left"] = sum("forward" in m.__dict__ or hasattr(m, "_vdbench_halo") for m in vae.modules())
-            if peak_single is not None:
-                run["peak_gib_single"], run["peak_gib_parallel_rank0"] = peak_single, peak_par
-            if stock is not None:
-                run["vs_stock"] = _quality(par, stock)
-                run["single_vs_stock"] = _quality(single, stock)
-            del par
-            if first_single is None:
-                first_single = single
-            else:
-                run["single_vs_first_chunk_single"] = _quality(single, first_single)
-            if sub is not None and rank < a.subgroup:
-                sinfo: dict = {}
-                run["subgroup"] = _quality(decode_video_parallel(vae, z, group=sub, chunk_frames=k, info=sinfo),
-                                           single)
-                run["subgroup"]["info"] = sinfo
-            if a.ablation and k0 == case_chunks[0]:
-                abl = decode_video_parallel(vae, z, chunk_frames=k, _zero_halo=True)
-                run["ablation_no_halo_vs_single"] = _quality(abl, single)
-                del abl
-            entry["runs"].append(run)
-            del single
-            if rank == 0:
-                q = run["vs_single"]
-                print(f"[{tag} K={k}] single {ts:.3f}s  parallel {run['parallel_s']:.3f}s  ratio "
-                      f"{run['ratio']:.3f}  PSNR vs single {'inf' if q['identical'] else q['psnr_db']} dB  "
-                      f"max|d| {q['max_abs']:.2e}"
-                      + (f"  PSNR vs stock {run['vs_stock']['psnr_db'] or 'inf'} dB" if stock is not None else "")
-                      + (f"  no-halo ablation {run['ablation_no_halo_vs_single']['psnr_db']} dB"
-                         if "ablation_no_halo_vs_single" in run else "")
-                      + (f"  subgroup({a.subgroup}) PSNR {run['subgroup']['psnr_db'] or 'inf'} dB"
-                         if "subgroup" in run else "")
-                      + (f"  (single K={k} vs single K={case_chunks[0] or t - 1}: "
-                         f"{run['single_vs_first_chunk_single']['psnr_db'] or 'inf'} dB)"
-                         if "single_vs_first_chunk_single" in run else ""), flush=True)
-        del vae, stock, z, first_single
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
-        dump()
-    meta["wall_s"] = round(time.perf_counter() - t_start, 1)
-    dump()
-    if rank == 0:
-        print(f"done in {meta['wall_s']}s", flush=True)
-    dist.barrier()
-    dist.destroy_process_group()
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(_main())

@@ -35,10 +35,13 @@ except ImportError:  # reading and stitching need it; writing can use OpenCV ins
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
+from . import families
+
 __all__ = [
     "VideoError",
     "VideoInfo",
     "write_video",
+    "frame_to_rgb_uint8",
     "probe_video",
     "iter_frames",
     "label_from_filename",
@@ -91,8 +94,9 @@ class VideoInfo:
 # --------------------------------------------------------------------------------------------------------
 
 
-def _frame_to_rgb_uint8(frame, index: int) -> np.ndarray:
-    """One frame as a C-contiguous (H, W, 3) uint8 array.
+def frame_to_rgb_uint8(frame, index: int) -> np.ndarray:
+    """One frame as a C-contiguous (H, W, 3) uint8 array: exactly what the video encoder is fed, so raw frames
+    saved beside a video (the render's ``--save_frames``) compare equal to its input.
 
     Floats are taken as [0, 1] (what diffusers returns with ``output_type="np"``), clipped and rounded;
     NaN/inf are refused rather than silently written as black, because a NaN frame from a broken kernel is
@@ -209,7 +213,7 @@ def write_video(frames, path, fps: float = 16, *, crf: int = DEFAULT_CRF, preset
         first = next(frame_iter)
     except StopIteration:
         raise ValueError(f"{path}: no frames to write") from None
-    first = _frame_to_rgb_uint8(first, 0)
+    first = frame_to_rgb_uint8(first, 0)
     src_h, src_w = first.shape[:2]
     first = _pad_to_even(first)
     out_h, out_w = first.shape[:2]
@@ -233,7 +237,7 @@ def write_video(frames, path, fps: float = 16, *, crf: int = DEFAULT_CRF, preset
         writer.send(first)
         n_sent = 1
         for i, frame in enumerate(frame_iter, start=1):
-            arr = _frame_to_rgb_uint8(frame, i)
+            arr = frame_to_rgb_uint8(frame, i)
             if arr.shape[:2] != (src_h, src_w):
                 raise ValueError(f"frame {i}: size {arr.shape[1]}x{arr.shape[0]} differs from "
                                  f"the first frame's {src_w}x{src_h}")
@@ -264,7 +268,7 @@ def _write_video_cv2(frames, path: str, fps: float) -> str:
     try:
         n = 0
         for i, frame in enumerate(_iter_input_frames(frames)):
-            arr = _frame_to_rgb_uint8(frame, i)
+            arr = frame_to_rgb_uint8(frame, i)
             if writer is None:
                 h, w = arr.shape[:2]
                 writer = cv2.VideoWriter(tmp, cv2.VideoWriter_fourcc(*"mp4v"), float(fps), (w, h))
@@ -388,24 +392,16 @@ def iter_frames(path) -> Iterator[np.ndarray]:
 # Labels
 # --------------------------------------------------------------------------------------------------------
 
-# run_wan.py: wan_result_{task}_{model_tag}_{frames}f_{steps}s_attn_{type}_{H}x{W}.mp4. Anchoring on the
-# "<frames>f_<steps>s_attn_" run keeps a model tag that itself contains "_attn_" from being taken for the
-# start of the type; the looser pattern covers names written without the frames/steps part.
-_WAN_RE = re.compile(r"^wan_result_.+?_\d+f_\d+s_attn_(?P<type>.+)_\d+x\d+$")
-_WAN_LOOSE_RE = re.compile(r"^wan_result_.*?_attn_(?P<type>.+)_\d+x\d+$")
-# run_cogvideox: cogvideox-{model}_{type}.mp4 where the model (2b, 5b-i2v, 1.5-5b, tiny) has no underscore.
-_COG_RE = re.compile(r"^cogvideox-[^_]+_(?P<type>.+)$")
-
-
 def label_from_filename(path) -> str:
-    """The attention type a benchmark video was rendered with, recovered from its file name:
+    """The attention type a benchmark video was rendered with, recovered from its file name by the family that
+    wrote it (:attr:`vdbench.families.Family.parse_label`, each registered family asked in turn):
     ``wan_result_t2v_1.3B_81f_30s_attn_sdpa_cudnn_480x832.mp4`` -> ``sdpa_cudnn``,
     ``cogvideox-2b_fav3_fp8.mp4`` -> ``fav3_fp8``; any other name -> its stem."""
     stem = Path(os.fspath(path)).stem
-    for pattern in (_WAN_RE, _WAN_LOOSE_RE, _COG_RE):
-        m = pattern.match(stem)
-        if m:
-            return m.group("type")
+    for name in families.names():
+        label = families.get(name).parse_label(stem)
+        if label is not None:
+            return label
     return stem
 
 

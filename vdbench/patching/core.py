@@ -28,7 +28,8 @@ import torch
 
 from ..backends import Backend, BackendUnavailable, LSEForm, UnsupportedCall, resolve
 from .adapter import Adapter
-from .calls import CallInfo, PatchStats, call_args, call_kind, torch_sdpa
+from .calls import CallInfo, PatchStats, call_args, torch_sdpa
+from .calls import call_kind as default_call_kind
 from .dispatcher import DispatcherAdapter
 from .sdpa import SdpaAdapter
 from .targets import as_models, availability_problem
@@ -80,10 +81,14 @@ class AttentionPatch:
     """
 
     def __init__(self, models, backend: str | Backend, on_unsupported: str = "error",
-                 observers: Optional[list[Callable[[CallInfo], Any]]] = None, time_attention: bool = False):
+                 observers: Optional[list[Callable[[CallInfo], Any]]] = None, time_attention: bool = False,
+                 call_kind: Optional[Callable[[str, Any, Any], str]] = None):
         if on_unsupported not in ON_UNSUPPORTED_CHOICES:
             raise ValueError(f"on_unsupported must be one of {ON_UNSUPPORTED_CHOICES}, got {on_unsupported!r}")
         self.backend = resolve(backend)
+        # the model family's classifier of a processor call (vdbench.families.Family.call_kind); the default tells
+        # the two families' modules apart by their is_cross_attention
+        self.call_kind = call_kind or default_call_kind
         # a pass-through entry ('default') installs as counting only: the pipeline's own attention call runs
         self.passthrough = self.backend.passthrough
         self._lse: dict[str, LSEForm] = {}  # device type -> the backend's log-sum-exp form, resolved at first use
@@ -343,11 +348,11 @@ def _(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, patch_id, mod
 def _patched_call(self_, attn, hidden_states, *args, **kwargs):
     """The patched processors' ``__call__``: note where we are (model, layer, kind), run the rebound original."""
     ehs = kwargs.get("encoder_hidden_states", args[0] if args else None)
-    kind = call_kind(self_._vd_mode, attn, ehs)
+    patch = self_._vd_patch
+    kind = patch.call_kind(self_._vd_mode, attn, ehs)
     # Wan i2v: a cross-attention module with add_k_proj makes two calls, image context first.
     if kind == "cross" and getattr(attn, "add_k_proj", None) is not None:
         kind = "cross+img"
-    patch = self_._vd_patch
     # Under compile the layer name is not read: it differs per repeated block and dynamo would guard on it.
     layer = "?" if torch.compiler.is_compiling() else self_._vd_layer
     patch.context = (self_._vd_model, layer, kind)

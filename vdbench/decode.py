@@ -1,0 +1,212 @@
+"""The VAE decode mode switch: which decode turns a pipeline's latents into frames (``--vae_decode``, ``mode=``).
+
+Every mode is one entry of :data:`MODES` -- what it decodes (the VAE classes, else its refusal), which options
+apply to it, and how it runs -- and a mode is checked in one place, :func:`check_decode`: the render calls it
+before the model loads (from the family: nothing is loaded for a decode that would be refused after the
+denoising), :func:`decode_video` / :func:`decode_latents` before any work (from the VAE itself), the VAE bench for
+its decode configs. No caller keys on a mode's name.
+
+``default``
+    diffusers' own ``vae.decode``, untouched (CogVideoX: the pipeline's own ``decode_latents``). With
+    ``max_memory_gib`` on a Wan VAE: the fast layers with the chunk (and tiles) chosen from the budget.
+``fast`` (Wan VAEs, :data:`vdbench.vae.FAST_VAES`)
+    :func:`vdbench.vae.wan_decode_fast`: the same diffusers modules and weights without diffusers' copies,
+    channels_last, a preallocated output, a chunk of latent frames per decoder call (see :mod:`vdbench.vae`).
+``parallel`` (Wan and CogVideoX VAEs, :data:`vdbench.vae_parallel.VAES`)
+    :func:`vdbench.vae_parallel.decode_video_parallel`: every rank of an initialized ``torch.distributed`` process
+    group (torchrun) decodes a band of rows, exactly; this module does not create the group.
+
+This module sits above both decode modules (:mod:`vdbench.vae`: the fast decode's mechanics;
+:mod:`vdbench.vae_parallel`: the band decode); neither imports it. ``timeout_s`` of :func:`decode_latents` runs
+the decode under :class:`vdbench.watchdog.Watchdog`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+
+from . import backends as B
+from . import families
+from . import kernels as K
+from . import vae as V
+from . import vae_parallel
+from .watchdog import Watchdog
+
+__all__ = ["DecodeOptions", "DecodeMode", "MODES", "check_decode", "decode_video", "decode_latents"]
+
+
+@dataclass(frozen=True)
+class DecodeOptions:
+    """How a mode runs (each applies to the modes whose :attr:`DecodeMode.options` name it; None or False asks for
+    nothing and is never refused).
+
+    ``chunk_frames``: latent frames per decoder call. ``max_memory_gib``: bound the decode's activations (the
+    chunk, and below one frame the tiles, chosen from it; Wan VAEs). ``channels_last``: None = the mode's default
+    (on for the fast layers, off for diffusers' decode); True with ``default``: the conv weights in
+    channels_last_3d (kept afterwards); False: off. ``compile_backend``: the fast path's norm/SiLU glue compiled.
+    ``fused_glue``: the fast path's glue as Triton kernels (None: where they run; True: required; False: eager).
+    """
+
+    chunk_frames: Optional[int] = None
+    max_memory_gib: Optional[float] = None
+    channels_last: Optional[bool] = None
+    compile_backend: Optional[str] = None
+    fused_glue: Optional[bool] = None
+
+
+#: What a user passes for each option (the messages name both spellings: the argument and the render's flag).
+_OPTION_NAMES = {"chunk_frames": "chunk_frames", "max_memory_gib": "max_memory_gib (--vae_max_memory)",
+                 "channels_last": "channels_last", "compile_backend": "compile_backend",
+                 "fused_glue": "fused_glue (--vae_glue triton)"}
+#: Options that exclude each other in every mode (the compiled glue has no memory-bounded or Triton variant).
+_EXCLUSIVE = (("compile_backend", "max_memory_gib"), ("compile_backend", "fused_glue"))
+
+
+@dataclass(frozen=True)
+class DecodeMode:
+    """One decode mode: ``vaes`` the VAE classes it decodes (None: any VAE diffusers decodes), ``refusal`` why
+    another VAE is refused (``{vae}``: its class) and what to use instead, ``options`` the :class:`DecodeOptions`
+    that apply to it, ``run(vae, z, options, info, watchdog)`` -> video (B, 3, F, H, W) in [-1, 1]; ``stock``:
+    without ``max_memory_gib`` it is diffusers' decode untouched, so a pipeline's own decode method (CogVideoX's
+    ``decode_latents``, bit for bit what the pipeline returns) may stand in for it."""
+
+    name: str
+    vaes: Optional[tuple[str, ...]]
+    refusal: str
+    options: frozenset
+    run: Callable[..., torch.Tensor]
+    stock: bool = False
+
+
+def _run_default(vae, z, o: DecodeOptions, info: dict, watchdog):
+    """diffusers' decode; memory-bounded (Wan): the fast layers with the chunk chosen from the budget."""
+    if o.channels_last:
+        V.channels_last_3d(vae)
+    if o.max_memory_gib is not None:
+        return V.wan_decode_fast(vae, z, max_memory_gib=o.max_memory_gib, channels_last=o.channels_last is not False,
+                                 watchdog=watchdog, info=info, fused_glue=o.fused_glue)
+    info["path"] = "diffusers"
+    return vae.decode(z.to(vae.dtype), return_dict=False)[0]
+
+
+def _run_fast(vae, z, o: DecodeOptions, info: dict, watchdog):
+    """The fast Wan decode (:func:`vdbench.vae.wan_decode_fast`), channels_last unless turned off."""
+    return V.wan_decode_fast(vae, z, chunk_frames=o.chunk_frames, max_memory_gib=o.max_memory_gib,
+                             channels_last=o.channels_last is not False, watchdog=watchdog, info=info,
+                             compile_backend=o.compile_backend, fused_glue=o.fused_glue)
+
+
+def _run_parallel(vae, z, o: DecodeOptions, info: dict, watchdog):
+    """The band decode over the ranks of the current process group (each rank gets the whole video)."""
+    info["path"] = "parallel"
+    return vae_parallel.decode_video_parallel(vae, z, chunk_frames=o.chunk_frames, info=info)
+
+
+#: The modes, by name: what each decodes, which options apply, how it runs (module doc).
+MODES: dict[str, DecodeMode] = {m.name: m for m in (
+    DecodeMode("default", None, "", frozenset({"max_memory_gib", "channels_last"}), _run_default, stock=True),
+    DecodeMode("fast", V.FAST_VAES,
+               "mode='fast' is implemented for AutoencoderKLWan only, not {vae}; use mode='default' (optionally "
+               "with a bf16 VAE)",
+               frozenset({"chunk_frames", "max_memory_gib", "channels_last", "compile_backend", "fused_glue"}),
+               _run_fast),
+    DecodeMode("parallel", vae_parallel.VAES,
+               "mode='parallel' (the band decode) is implemented for " + " and ".join(vae_parallel.VAES)
+               + " only, not {vae}; use mode='default'",
+               frozenset({"chunk_frames"}), _run_parallel),
+)}
+
+
+def check_decode(mode: str, options: DecodeOptions = DecodeOptions(), *, vae=None, family: Optional[str] = None,
+                 device=None) -> DecodeMode:
+    """The one check of a decode request; returns its :data:`MODES` entry or raises with what would run instead.
+
+    Refused (ValueError): an unknown mode; an option that does not apply to the mode, or two that exclude each
+    other; a VAE class the mode does not decode (from ``vae``, else from the pipeline ``family``'s VAE);
+    ``max_memory_gib`` on a VAE the fast decode does not drive. With ``device`` (the render, before the model
+    loads): ``fused_glue=True`` where the Triton glue cannot run there (``BackendUnavailable``, as an attention
+    backend that cannot run is refused)."""
+    m = MODES.get(mode)
+    if m is None:
+        raise ValueError(f"unknown VAE decode mode {mode!r}; valid: {', '.join(MODES)}")
+    values = {f.name: getattr(options, f.name) for f in dataclasses.fields(options)}
+    given = [k for k, v in values.items() if v is not None and v is not False]
+    for opt in given:
+        if opt not in m.options:
+            where = " or ".join(n for n, e in MODES.items() if opt in e.options)
+            raise ValueError(f"{_OPTION_NAMES[opt]} needs --vae_decode {where}, not mode {mode!r}")
+    for a, b in _EXCLUSIVE:
+        if a in given and b in given:
+            raise ValueError(f"{_OPTION_NAMES[a]} and {_OPTION_NAMES[b]} exclude each other")
+    if vae is not None:
+        cls = type(vae).__name__
+    elif family is not None:
+        cls = families.get(family).vae_class  # the family's VAE: what the render checks before the load
+    else:
+        cls = None
+    if cls is not None and m.vaes is not None and cls not in m.vaes:
+        raise ValueError(m.refusal.format(vae=cls))
+    if cls is not None and "max_memory_gib" in given and cls not in V.FAST_VAES:
+        raise ValueError(f"max_memory_gib is implemented for {' and '.join(V.FAST_VAES)} only, not {cls}; use the "
+                         "VAE's enable_tiling()")
+    if device is not None and options.fused_glue:
+        ok, why = K.probe("vae_glue", device)
+        if not ok:
+            raise B.BackendUnavailable(f"--vae_glue triton can't run on {device}: {why}")
+    return m
+
+
+@torch.no_grad()
+def decode_video(vae, z: torch.Tensor, *, mode: str = "default", chunk_frames: Optional[int] = None,
+                 max_memory_gib: Optional[float] = None, channels_last: Optional[bool] = None, watchdog=None,
+                 info: Optional[dict] = None, compile_backend: Optional[str] = None,
+                 fused_glue: Optional[bool] = None) -> torch.Tensor:
+    """Decode VAE-space latents ``z`` (B, C, T, H, W) -> video (B, 3, F, H', W') in [-1, 1] by ``mode``, checked
+    first (:func:`check_decode`). The options: :class:`DecodeOptions`. ``watchdog``: its ``stage`` names each
+    chunk or tile, so a hang reports where. ``info`` (a dict, optional) receives what the decode did (path,
+    chunk size, tiles, which glue ran)."""
+    options = DecodeOptions(chunk_frames=chunk_frames, max_memory_gib=max_memory_gib, channels_last=channels_last,
+                            compile_backend=compile_backend, fused_glue=fused_glue)
+    m = check_decode(mode, options, vae=vae)
+    return m.run(vae, z, options, {} if info is None else info, watchdog)
+
+
+@torch.no_grad()
+def decode_latents(pipe, latents: torch.Tensor, family: str, num_frames: int | None = None, *,
+                   mode: str = "default", max_memory_gib: Optional[float] = None, timeout_s: Optional[float] = None,
+                   chunk_frames: Optional[int] = None, info: Optional[dict] = None,
+                   fused_glue: Optional[bool] = None):
+    """Latents from ``pipe(..., output_type="latent")`` -> float frames (T, H, W, 3) in [0, 1] (numpy), decoded
+    as the pipeline would have (:func:`vdbench.vae.prepare_latents`) by ``mode`` (checked before any work).
+
+    ``family``: a :mod:`vdbench.families` name (how its latents reach the VAE, and whether the default decode is
+    the pipeline's own ``decode_latents``). ``num_frames``: the requested frame count, for the family's
+    ``trim_latents`` (CogVideoX 1.5 drops the padding latent frames its temporal patch size adds). ``timeout_s``: the decode
+    runs under a :class:`~vdbench.watchdog.Watchdog`; on expiry all stacks are dumped and
+    :class:`~vdbench.watchdog.WatchdogTimeout` is raised (its ``report`` names the last completed stage).
+    ``max_memory_gib``, ``chunk_frames``, ``fused_glue``, ``info``: see :func:`decode_video`.
+    """
+    vae = pipe.vae
+    options = DecodeOptions(chunk_frames=chunk_frames, max_memory_gib=max_memory_gib, fused_glue=fused_glue)
+    m = check_decode(mode, options, vae=vae)
+    info = {} if info is None else info
+    with Watchdog(timeout_s, label=f"vae decode ({mode})") as wd:
+        wd.stage("prepare latents")
+        fam = families.get(family) if family in families.names() else None  # None: a bench-only VAE (hunyuanvideo)
+        video = None
+        if fam is not None:
+            latents = fam.trim_latents(pipe, latents, num_frames)
+            if fam.pipeline_decode and m.stock and max_memory_gib is None:
+                wd.stage("decode")
+                video = pipe.decode_latents(latents.to(vae.dtype))  # the pipeline's own method, untouched
+        if video is None:
+            z = V.prepare_latents(vae, latents, family)
+            wd.stage("decode")
+            video = m.run(vae, z, options, info, wd)
+        wd.stage("postprocess")
+        frames = pipe.video_processor.postprocess_video(video, output_type="np")[0]
+    return frames

@@ -1,0 +1,264 @@
+"""Model families: everything vdbench knows about one family of video pipelines, one module per family.
+
+Why: a family's knowledge (which diffusers classes, which sizes render exactly, how its latents reach the VAE,
+how its outputs are named, what the parallel engines can split, how its attention calls are classified ...) used
+to be spread over a dozen files as ``if family == "wan"`` branches. Here it is one :class:`Family` object per
+module (``wan.py``, ``cogvideox.py``); the rest of vdbench asks the family instead of naming it.
+
+Adding a family = adding one module to this package that defines ``FAMILY = Family(...)``: :func:`discover` (run
+when this package is imported) imports every module of the package and registers its ``FAMILY``, in the order
+of :attr:`Family.order`. :func:`register` adds a family from anywhere else (a plugin, a test).
+
+Layering: this package sits below ``pipelines``, ``vae``, ``video``, ``render``, ``parallel`` and ``patching``
+(they import it) and above :mod:`vdbench.tiny` (families register their tiny variants there).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import pkgutil
+import re
+from typing import Any, Callable, Mapping, Optional
+
+from .. import tiny
+
+__all__ = ["CliDefaults", "Family", "XfuserWiring", "attention_presets", "discover", "for_pipeline", "for_vae",
+           "get", "model_tag", "names", "register", "unregister", "vae_config", "vae_names"]
+
+
+def model_tag(model: str) -> str:
+    """A file-name-safe tag for a model argument (no underscores, so file names parse unambiguously)."""
+    base = model.rstrip("/").split("/")[-1] if not model.startswith("tiny") else model
+    return re.sub(r"[^A-Za-z0-9.\-]+", "-", base).strip("-") or "model"
+
+
+@dataclasses.dataclass(frozen=True)
+class CliDefaults:
+    """What a render command line uses when a flag is not given, per family.
+
+    ``real`` / ``tiny``: height, width, num_frames and num_inference_steps for a real checkpoint and for a tiny
+    model (CPU-sized). ``output_dir`` is the default output directory; the video and ``timing.json`` go to
+    ``output_dir / results_subdir`` (Wan: ``<dir>/results/``; CogVideoX: ``""``, directly in ``<dir>``).
+    """
+
+    real: Mapping[str, int]
+    tiny: Mapping[str, int]
+    prompt: str
+    negative_prompt: str
+    guidance_scale: float
+    fps: int
+    output_dir: str
+    results_subdir: str
+
+
+@dataclasses.dataclass(frozen=True)
+class XfuserWiring:
+    """How xfuser (xDiT) makes one pipeline class parallel; each entry is ``"module:Class"`` of xfuser's.
+
+    ``transformer_wrapper``: a transformer class built from the loaded transformers' config that takes over their
+    tensors (the pipeline stays diffusers'). ``pipeline_wrapper``: a class wrapping the whole loaded pipeline
+    (``cls(pipe, engine_config)``). ``cfg_pipeline``: the pipeline subclass that splits the guidance branches over
+    ranks (``--use_cfg_parallel``), rebuilt from the loaded pipeline's modules. The mechanics are in
+    :mod:`vdbench.parallel`.
+    """
+
+    transformer_wrapper: Optional[str] = None
+    pipeline_wrapper: Optional[str] = None
+    cfg_pipeline: Optional[str] = None
+
+
+def _no_fixed_size(transformer, spatial: int) -> None:
+    """Families whose models render at any valid size."""
+    return None
+
+
+def _always_allowed(engine: str, task: str, world_size: int, use_cfg_parallel: bool) -> None:
+    """Families whose every task runs under every engine and path."""
+    return None
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Family:
+    """One model family. Data fields, then the behaviour the rest of vdbench delegates to (callables):
+
+    Identity and loading
+        ``name``; ``tasks`` (``--task`` values); ``pipeline_classes`` (task -> diffusers pipeline class name;
+        :meth:`pipeline_class`); ``vae_class`` (diffusers VAE class name); ``default_models`` (task -> the
+        checkpoint a CLI loads when no model is given); ``default_tiny`` (task -> the tiny variant ``--model tiny``
+        picks); ``tiny_variants`` (:class:`vdbench.tiny.TinyVariant` objects, registered into
+        :mod:`vdbench.tiny`); ``random_variants`` (``random:<name>`` -> (base tiny variant, real-shape overrides)).
+    Command lines
+        ``cli`` (:class:`CliDefaults`); ``output_name(task, model, num_frames, steps, attention_type, height,
+        width) -> str`` (the video's file name); ``parse_label(stem) -> str | None`` (the attention type back from
+        a file name this family wrote, None if not one of its names); ``image_size_multiple(task, model) -> int |
+        None`` (the multiple an image-derived output size is rounded to; None: the family renders the requested
+        size).
+    Sizes
+        ``frame_multiple`` (valid frame counts are ``frame_multiple * temporal_factor * k + 1``); ``frame_rule``
+        (why, for the error: a format string with ``{step}`` and ``{temporal}``); ``fixed_size(transformer,
+        spatial) -> (height, width, reason) | None`` (the only size a model renders at, e.g. learned positional
+        embeddings).
+    Rendering
+        ``image_tasks`` (tasks that take the conditioning image); ``image_refusals`` (task -> why an image is
+        refused there); ``flow_shift(task, height, width) -> float`` or None (the family's default flow-matching
+        shift; None: its scheduler has none and the pipeline's is left alone).
+    Latents
+        ``prepare_latents(vae, latents) -> z`` (pipeline latents -> what ``vae.decode`` takes, as the diffusers
+        pipeline does it); ``trim_latents(pipe, latents, num_frames) -> latents`` (drop latent frames the
+        pipeline pads, before decoding); ``pipeline_decode`` (the default decode is the pipeline's own
+        ``decode_latents`` instead of :func:`vdbench.vae.decode_video`).
+    Parallel
+        ``parallel_refusal(engine, task, world_size, use_cfg_parallel) -> str | None`` (why an engine/path can't
+        split this family's task, None if it can); ``xfuser`` (pipeline class name -> :class:`XfuserWiring`).
+    Attention
+        ``call_kind(mode, attn, encoder_hidden_states) -> str`` ('self', 'cross' or 'joint' for one processor
+        call; ``mode`` is how the processor reaches attention: 'dispatcher', 'sdpa' or 'xfuser').
+    Benchmarks
+        ``attention_presets`` (name -> (B, H, Sq, Sk, D) of a real model's attention, bench/bench_attention.py);
+        ``vae_configs`` (:func:`vdbench.pipelines.build_vae` name -> (tiny config, real config) of the VAE class).
+    Listing
+        ``order``: where the family is listed (names, variants, error messages); lower first.
+    """
+
+    name: str
+    tasks: tuple[str, ...]
+    pipeline_classes: Mapping[str, str]
+    vae_class: str
+    default_models: Mapping[str, str]
+    default_tiny: Mapping[str, str]
+    cli: CliDefaults
+    output_name: Callable[..., str]
+    parse_label: Callable[[str], Optional[str]]
+    frame_rule: str
+    prepare_latents: Callable[[Any, Any], Any]
+    call_kind: Callable[[str, Any, Any], str]
+    tiny_variants: tuple[tiny.TinyVariant, ...] = ()
+    random_variants: Mapping[str, tuple[str, dict]] = dataclasses.field(default_factory=dict)
+    image_size_multiple: Callable[[str, str], Optional[int]] = lambda task, model: None
+    frame_multiple: int = 1
+    fixed_size: Callable[[Any, int], Optional[tuple[int, int, str]]] = _no_fixed_size
+    image_tasks: tuple[str, ...] = ("i2v",)
+    image_refusals: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    flow_shift: Optional[Callable[[str, int, int], float]] = None
+    trim_latents: Callable[[Any, Any, Optional[int]], Any] = lambda pipe, latents, num_frames: latents
+    pipeline_decode: bool = False
+    parallel_refusal: Callable[[str, str, int, bool], Optional[str]] = _always_allowed
+    xfuser: Mapping[str, XfuserWiring] = dataclasses.field(default_factory=dict)
+    attention_presets: Mapping[str, tuple[int, int, int, int, int]] = dataclasses.field(default_factory=dict)
+    vae_configs: Mapping[str, tuple[dict, dict]] = dataclasses.field(default_factory=dict)
+    order: int = 100
+
+    def pipeline_class(self, task: str) -> str:
+        """The diffusers pipeline class name that serves ``task``."""
+        return self.pipeline_classes[self.check_task(task)]
+
+    def check_task(self, task: Optional[str]) -> str:
+        """``task`` (None: t2v) if this family has it; ValueError naming the valid ones otherwise."""
+        task = task or "t2v"
+        if task not in self.tasks:
+            raise ValueError(f"Unknown task {task!r} for family {self.name!r}; "
+                             f"expected one of {', '.join(self.tasks)}.")
+        return task
+
+
+_REGISTRY: dict[str, Family] = {}
+
+
+def register(family: Family) -> Family:
+    """Add ``family`` (and its tiny and random-weight variants); names are unique. Returns the family."""
+    if family.name in _REGISTRY and _REGISTRY[family.name] is not family:
+        raise ValueError(f"model family {family.name!r} is already registered")
+    for variant in family.tiny_variants:
+        if variant.family != family.name:
+            raise ValueError(f"tiny variant {variant.name!r} says family {variant.family!r}, not {family.name!r}")
+        tiny.register_variant(variant)
+    for name, (base, overrides) in family.random_variants.items():
+        tiny.register_random(name, base, overrides)
+    _REGISTRY[family.name] = family
+    ordered = sorted(_REGISTRY.values(), key=lambda f: f.order)  # stable: registration order within an order
+    _REGISTRY.clear()
+    _REGISTRY.update((f.name, f) for f in ordered)
+    return family
+
+
+def unregister(name: str) -> None:
+    """Remove family ``name`` and its tiny / random-weight variants (a plugin unloaded, a test cleaned up)."""
+    family = _REGISTRY.pop(name, None)
+    if family is not None:
+        for variant in family.tiny_variants:
+            tiny.unregister_variant(variant.name)
+
+
+def get(name: str) -> Family:
+    """The registered family ``name``; ValueError listing the valid names otherwise."""
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise ValueError(f"Unknown model family {name!r}; expected one of {', '.join(_REGISTRY)}.") from None
+
+
+def names() -> tuple[str, ...]:
+    """The registered families' names, in listing order."""
+    return tuple(_REGISTRY)
+
+
+def _class_names(obj) -> list[str]:
+    return [cls.__name__ for cls in type(obj).__mro__]
+
+
+def for_pipeline(pipe) -> Family:
+    """The family whose pipeline classes include ``pipe``'s class (or a base class of it: xfuser's subclasses);
+    the first in listing order when several families share a class."""
+    for cls_name in _class_names(pipe):
+        for family in _REGISTRY.values():
+            if cls_name in family.pipeline_classes.values():
+                return family
+    raise ValueError(f"no registered model family serves pipeline class {type(pipe).__name__} "
+                     f"(families: {', '.join(_REGISTRY)})")
+
+
+def for_vae(vae) -> Family:
+    """The family whose VAE class ``vae`` is (or derives from); the first in listing order."""
+    for cls_name in _class_names(vae):
+        for family in _REGISTRY.values():
+            if cls_name == family.vae_class:
+                return family
+    raise ValueError(f"unsupported VAE class {type(vae).__name__} (no registered model family uses it; "
+                     f"families: {', '.join(_REGISTRY)})")
+
+
+def attention_presets() -> dict[str, tuple[int, int, int, int, int]]:
+    """Every family's attention shapes (B, H, Sq, Sk, D) of real models, by preset name."""
+    return {name: shape for family in _REGISTRY.values() for name, shape in family.attention_presets.items()}
+
+
+def vae_names() -> tuple[str, ...]:
+    """The VAE names :func:`vae_config` (and ``vdbench.pipelines.build_vae``) know, in listing order."""
+    return tuple(name for family in _REGISTRY.values() for name in family.vae_configs)
+
+
+def vae_config(name: str, *, tiny: bool = False) -> tuple[Family, dict]:
+    """(family, config) of VAE ``name``: the real checkpoint's config, or the tiny models' with ``tiny``."""
+    for family in _REGISTRY.values():
+        if name in family.vae_configs:
+            tiny_cfg, real_cfg = family.vae_configs[name]
+            return family, dict(tiny_cfg if tiny else real_cfg)
+    raise ValueError(f"Unknown VAE {name!r}; valid: {', '.join(vae_names())}.")
+
+
+def discover() -> tuple[str, ...]:
+    """Import every module of this package and register the ``FAMILY`` it defines (modules already imported and
+    registered are skipped). Returns the names of the families registered by this call."""
+    found = []
+    for info in pkgutil.iter_modules(__path__):
+        module = importlib.import_module(f"{__name__}.{info.name}")
+        family = getattr(module, "FAMILY", None)
+        if isinstance(family, Family) and _REGISTRY.get(family.name) is not family:
+            found.append(family)
+    for family in sorted(found, key=lambda f: f.order):
+        register(family)
+    return tuple(f.name for f in found)
+
+
+discover()

@@ -1,0 +1,358 @@
+"""The Wan family (Wan 2.1 and 2.2 of Wan-AI, diffusers' ``WanPipeline`` / ``WanImageToVideoPipeline``).
+
+Everything vdbench knows about Wan lives here: the pipeline classes per task (Wan 2.2 TI2V-5B is
+text(+image)-to-video: its t2v mode is ``WanPipeline`` with ``expand_timesteps=True``, exactly as diffusers
+documents for the real checkpoint), the tiny and random-weight variants, the size and frame rules, the flow shift,
+how latents reach the VAE, output file names, what the parallel engines can split, how attention calls are
+classified and the benchmark shapes.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import TYPE_CHECKING
+
+from .. import tiny
+from . import CliDefaults, Family, XfuserWiring, model_tag
+
+if TYPE_CHECKING:  # torch is imported where tensors are made: the family tables (labels, listings) stay light
+    import torch
+
+# Wan tiny transformer: head_dim 32 (real: 128). Rope splits head_dim into t/h/w parts (h = w = 2*(d//6) = 10,
+# t = 12 here) so it must stay reasonably large; 2 heads x 32 = inner dim 64 (real 1536 for 1.3B, 5120 for 14B).
+WAN_TRANSFORMER = {
+    "patch_size": [1, 2, 2],
+    "num_attention_heads": 2,
+    "attention_head_dim": 32,
+    "in_channels": 16,
+    "out_channels": 16,
+    "text_dim": 32,  # = tiny UMT5 d_model (real 4096)
+    "freq_dim": 256,
+    "ffn_dim": 128,
+    "num_layers": 2,
+    "cross_attn_norm": True,
+    "qk_norm": "rms_norm_across_heads",
+    "eps": 1e-6,
+    "image_dim": None,
+    "added_kv_proj_dim": None,
+    "rope_max_seq_len": 1024,
+    "pos_embed_seq_len": None,
+}
+
+# Wan 2.1 VAE (also used by Wan 2.2 A14B): real base_dim 96, dim_mult [1, 2, 4, 4] (3 spatial down/up stages ->
+# 8x), temporal down-sampling in the last two stages (4x). Only the width (base_dim) and depth are shrunk.
+WAN21_VAE = {
+    "base_dim": 4,
+    "z_dim": 16,
+    "dim_mult": [1, 2, 4, 4],
+    "num_res_blocks": 1,
+    "attn_scales": [],
+    "temperal_downsample": [False, True, True],
+    "dropout": 0.0,
+    "is_residual": False,
+    "in_channels": 3,
+    "out_channels": 3,
+    "patch_size": None,
+    "scale_factor_temporal": 4,
+    "scale_factor_spatial": 8,
+}
+
+# Wan 2.2 VAE of Wan2.2-TI2V-5B: residual blocks, 48 latent channels, pixel patchify 2 (12 = 3 x 2 x 2 I/O
+# channels) on top of the 3 down-sampling stages -> 16x spatial, 4x temporal. Real: base_dim 160,
+# decoder_base_dim 256. latents_mean/std are the real checkpoint's statistics (they are plain config data).
+WAN22_VAE = {
+    "base_dim": 4,
+    "decoder_base_dim": 8,
+    "z_dim": 48,
+    "dim_mult": [1, 2, 4, 4],
+    "num_res_blocks": 1,
+    "attn_scales": [],
+    "temperal_downsample": [False, True, True],
+    "dropout": 0.0,
+    "is_residual": True,
+    "in_channels": 12,
+    "out_channels": 12,
+    "patch_size": 2,
+    "scale_factor_temporal": 4,
+    "scale_factor_spatial": 16,
+    "latents_mean": [
+        -0.2289, -0.0052, -0.1323, -0.2339, -0.2799, 0.0174, 0.1838, 0.1557,
+        -0.1382, 0.0542, 0.2813, 0.0891, 0.1570, -0.0098, 0.0375, -0.1825,
+        -0.2246, -0.1207, -0.0698, 0.5109, 0.2665, -0.2108, -0.2158, 0.2502,
+        -0.2055, -0.0322, 0.1109, 0.1567, -0.0729, 0.0899, -0.2799, -0.1230,
+        -0.0313, -0.1649, 0.0117, 0.0723, -0.2839, -0.2083, -0.0520, 0.3748,
+        0.0152, 0.1957, 0.1433, -0.2944, 0.3573, -0.0548, -0.1681, -0.0667,
+    ],
+    "latents_std": [
+        0.4765, 1.0364, 0.4514, 1.1677, 0.5313, 0.4990, 0.4818, 0.5013,
+        0.8158, 1.0344, 0.5894, 1.0901, 0.6885, 0.6165, 0.8454, 0.4978,
+        0.5759, 0.3523, 0.7135, 0.6804, 0.5833, 1.4146, 0.8986, 0.5659,
+        0.7069, 0.5338, 0.4889, 0.4917, 0.4069, 0.4999, 0.6866, 0.4093,
+        0.5709, 0.6065, 0.6415, 0.4944, 0.5726, 1.2042, 0.5458, 1.6887,
+        0.3971, 1.0600, 0.3943, 0.5537, 0.5444, 0.4089, 0.7468, 0.7744,
+    ],
+}  # fmt: skip
+
+def _unipc_flow(flow_shift: float) -> dict:
+    """The scheduler config the real Wan diffusers checkpoints ship (UniPC in flow-prediction mode)."""
+    return {
+        "prediction_type": "flow_prediction",
+        "use_flow_sigmas": True,
+        "num_train_timesteps": 1000,
+        "flow_shift": flow_shift,
+    }
+
+
+# Wan2.1-I2V's image encoder is open-clip ViT-H/14 as a CLIPVisionModel (real: hidden 1280, 32 layers, 16
+# heads). Image size 224 / patch 14 are kept so the image context is the real 257 tokens.
+_CLIP_VISION = {
+    "hidden_size": 32,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "image_size": 224,
+    "patch_size": 14,
+    "hidden_act": "gelu",
+    "layer_norm_eps": 1e-5,
+    "projection_dim": 32,
+}
+_CLIP_IMAGE_PROCESSOR = {
+    "crop_size": {"height": 224, "width": 224},
+    "size": {"shortest_edge": 224},
+    "do_center_crop": True,
+    "do_normalize": True,
+    "do_rescale": True,
+    "do_resize": True,
+    "image_mean": [0.48145466, 0.4578275, 0.40821073],
+    "image_std": [0.26862954, 0.26130258, 0.27577711],
+    "resample": 3,
+    "rescale_factor": 1 / 255,
+}
+
+
+# The real checkpoints' transformer and VAE configs (their config.json values), for the random-weight models.
+_WAN_13B = dict(WAN_TRANSFORMER, num_attention_heads=12, attention_head_dim=128, text_dim=4096, ffn_dim=8960,
+                num_layers=30)
+_WAN_14B = dict(WAN_TRANSFORMER, num_attention_heads=40, attention_head_dim=128, text_dim=4096, ffn_dim=13824,
+                num_layers=40)
+_WAN_5B = dict(WAN_TRANSFORMER, num_attention_heads=24, attention_head_dim=128, text_dim=4096, ffn_dim=14336,
+               num_layers=30, in_channels=48, out_channels=48)
+# The released Wan 2.1 / 2.2 VAEs have 2 residual blocks per stage (diffusers' default); the tiny ones have 1.
+WAN21_VAE_REAL = dict(WAN21_VAE, base_dim=96, num_res_blocks=2)
+WAN22_VAE_REAL = dict(WAN22_VAE, base_dim=160, decoder_base_dim=256, num_res_blocks=2)
+
+
+def transformer_init(model) -> None:
+    """Make the random Wan transformer's output depend clearly on its attention (deterministic tweak).
+
+    diffusers initialises each block's adaLN table as ``randn / sqrt(dim)``: at the tiny inner dim of 64 every
+    gated residual branch (self-attention, FFN) is then scaled by ~0.1 and the prediction is dominated by the
+    patch embedding, so even zeroing the attention barely changes the video. Trained checkpoints have O(1)
+    modulation, so the table is rescaled to unit variance (``randn``). Measured on wan2.1-t2v (17x128x192, 4
+    steps, CFG 5): mean |frame change| when the attention output is zeroed goes from 0.023 to 0.077, and from
+    0.0002 to 0.0007 when it is rounded to bfloat16 -- kernel differences become visible in the frames.
+    """
+    inner_dim = model.config.num_attention_heads * model.config.attention_head_dim
+    import torch
+
+    with torch.no_grad():
+        for block in model.blocks:
+            block.scale_shift_table.mul_(math.sqrt(inner_dim))
+
+
+def _variant(**kwargs) -> tiny.TinyVariant:
+    """A Wan tiny variant: the Wan classes, UMT5 text encoder and UniPC scheduler unless ``kwargs`` say otherwise."""
+    common = dict(family="wan", transformer_class="WanTransformer3DModel", vae_class="AutoencoderKLWan",
+                  text_encoder=tiny.UMT5_TEXT_ENCODER, scheduler_class="UniPCMultistepScheduler",
+                  transformer_init=transformer_init)
+    return tiny.TinyVariant(**{**common, **kwargs})
+
+
+_WAN_I2V_TRANSFORMER = dict(WAN_TRANSFORMER, in_channels=36, image_dim=32, added_kv_proj_dim=64)
+
+TINY_VARIANTS = (
+    _variant(
+        name="wan2.1-t2v",
+        tasks=("t2v",),
+        pipeline="WanPipeline",
+        mirrors="Wan-AI/Wan2.1-T2V-1.3B-Diffusers",
+        transformer=WAN_TRANSFORMER,
+        vae=WAN21_VAE,
+        scheduler=_unipc_flow(3.0),
+        seed=1,
+    ),
+    _variant(
+        name="wan2.1-i2v",
+        tasks=("i2v",),
+        pipeline="WanImageToVideoPipeline",
+        mirrors="Wan-AI/Wan2.1-I2V-14B-480P-Diffusers",
+        # 36 = 16 noise latents + 4 mask channels + 16 image-condition latents; image_dim = CLIP hidden size;
+        # added_kv_proj_dim = inner dim, as in the real 14B I2V (1280 / 5120 there).
+        transformer=_WAN_I2V_TRANSFORMER,
+        vae=WAN21_VAE,
+        scheduler=_unipc_flow(3.0),
+        image_encoder=_CLIP_VISION,
+        image_processor=_CLIP_IMAGE_PROCESSOR,
+        seed=2,
+    ),
+    _variant(
+        name="wan2.2-t2v-a14b",
+        tasks=("t2v",),
+        pipeline="WanPipeline",
+        mirrors="Wan-AI/Wan2.2-T2V-A14B-Diffusers",
+        transformer=WAN_TRANSFORMER,  # high-noise expert
+        transformer_2=WAN_TRANSFORMER,  # low-noise expert (own seed -> own weights)
+        vae=WAN21_VAE,
+        scheduler=_unipc_flow(3.0),
+        pipeline_kwargs={"boundary_ratio": 0.875},
+        seed=3,
+    ),
+    _variant(
+        name="wan2.2-i2v-a14b",
+        tasks=("i2v",),
+        pipeline="WanImageToVideoPipeline",
+        mirrors="Wan-AI/Wan2.2-I2V-A14B-Diffusers",
+        # Wan 2.2 I2V conditions through the 36 input channels only: no CLIP image encoder, no added k/v.
+        transformer=dict(WAN_TRANSFORMER, in_channels=36),
+        transformer_2=dict(WAN_TRANSFORMER, in_channels=36),
+        vae=WAN21_VAE,
+        scheduler=_unipc_flow(3.0),
+        pipeline_kwargs={"boundary_ratio": 0.9},
+        seed=4,
+    ),
+    _variant(
+        name="wan2.2-ti2v-5b",
+        tasks=("ti2v", "t2v", "i2v"),
+        pipeline="WanPipeline",
+        mirrors="Wan-AI/Wan2.2-TI2V-5B-Diffusers",
+        transformer=dict(WAN_TRANSFORMER, in_channels=48, out_channels=48),
+        vae=WAN22_VAE,
+        scheduler=_unipc_flow(5.0),
+        pipeline_kwargs={"expand_timesteps": True},
+        seed=5,
+    ),
+)
+
+RANDOM_VARIANTS = {
+    "wan2.1-t2v-1.3b": ("wan2.1-t2v", dict(transformer=_WAN_13B, vae=WAN21_VAE_REAL, text_encoder=tiny.UMT5_XXL_WIDTH)),
+    "wan2.1-t2v-14b": ("wan2.1-t2v", dict(transformer=_WAN_14B, vae=WAN21_VAE_REAL, text_encoder=tiny.UMT5_XXL_WIDTH,
+                                          scheduler=_unipc_flow(5.0))),
+    "wan2.2-t2v-a14b": ("wan2.2-t2v-a14b", dict(transformer=_WAN_14B, transformer_2=_WAN_14B, vae=WAN21_VAE_REAL,
+                                                text_encoder=tiny.UMT5_XXL_WIDTH, scheduler=_unipc_flow(12.0))),
+    "wan2.2-ti2v-5b": ("wan2.2-ti2v-5b", dict(transformer=_WAN_5B, vae=WAN22_VAE_REAL,
+                                              text_encoder=tiny.UMT5_XXL_WIDTH)),
+}
+
+
+def output_name(task, model, num_frames, steps, attention_type, height, width) -> str:
+    """``wan_result_<task>_<model>_<F>f_<S>s_attn_<type>_<H>x<W>.mp4`` (written under ``<dir>/results/``)."""
+    return (f"wan_result_{task}_{model_tag(model)}_{num_frames}f_{steps}s_attn_{attention_type}_"
+            f"{height}x{width}.mp4")
+
+
+# Anchoring on the "<frames>f_<steps>s_attn_" run keeps a model tag that itself contains "_attn_" from being taken
+# for the start of the type; the looser pattern covers names written without the frames/steps part.
+_NAME_RE = re.compile(r"^wan_result_.+?_\d+f_\d+s_attn_(?P<type>.+)_\d+x\d+$")
+_LOOSE_NAME_RE = re.compile(r"^wan_result_.*?_attn_(?P<type>.+)_\d+x\d+$")
+
+
+def parse_label(stem: str):
+    """The attention type in a Wan output name (:func:`output_name`), or None for another name."""
+    for pattern in (_NAME_RE, _LOOSE_NAME_RE):
+        m = pattern.match(stem)
+        if m:
+            return m.group("type")
+    return None
+
+
+def image_size_multiple(task: str, model: str) -> int:
+    """An image-derived output size is rounded to the VAE stride x patch size: 16 x 2 = 32 for Wan 2.2 TI2V-5B
+    (the task, or a model named so), 8 x 2 = 16 for the others -- what Wan's image-to-video examples do."""
+    return 32 if task == "ti2v" or "ti2v" in model else 16
+
+
+def default_flow_shift(task: str, height: int, width: int) -> float:
+    """Wan's recommended flow-matching shift: 3.0 at 480p, 5.0 at 720p and above; TI2V-5B uses 5.0."""
+    if task == "ti2v":
+        return 5.0
+    return 5.0 if height * width >= 720 * 1280 else 3.0
+
+
+def prepare_latents(vae, latents: torch.Tensor) -> torch.Tensor:
+    """``latents * std + mean`` with the VAE's latent statistics (channel-first (B, C, T, H, W) already), as
+    WanPipeline does before ``vae.decode``."""
+    import torch
+
+    latents = latents.to(vae.dtype)
+    z = vae.config.z_dim
+    mean = torch.tensor(vae.config.latents_mean).view(1, z, 1, 1, 1).to(latents.device, latents.dtype)
+    inv_std = 1.0 / torch.tensor(vae.config.latents_std).view(1, z, 1, 1, 1).to(latents.device, latents.dtype)
+    return latents / inv_std + mean
+
+
+def parallel_refusal(engine: str, task: str, world_size: int, use_cfg_parallel: bool):
+    """What each engine can split, as shipped (diffusers 0.42.1, xfuser 0.7.0):
+
+    ==============  ==========================  ===========================================
+    task            diffusers (context parallel) xfuser
+    ==============  ==========================  ===========================================
+    T2V / TI2V      Ulysses, ring, hybrid        Ulysses, ring, hybrid (no CFG split: its runner
+                                                 lists ``use_cfg_parallel`` for I2V only)
+    I2V             Ulysses, ring, hybrid        + CFG (``xFuserWanImageToVideoPipeline``)
+    ==============  ==========================  ===========================================
+    """
+    if use_cfg_parallel and task != "i2v":
+        return (f"--use_cfg_parallel with Wan {task}: xfuser 0.7 runs Wan text-to-video through diffusers' own "
+                "WanPipeline, which evaluates both guidance branches on every rank (xfuser's runner lists "
+                "use_cfg_parallel for its I2V models only); CFG parallel works for --task i2v and for CogVideoX")
+    return None
+
+
+_XFUSER_TRANSFORMER = "xfuser.model_executor.models.transformers.transformer_wan:xFuserWanTransformer3DWrapper"
+
+
+def call_kind(mode: str, attn, encoder_hidden_states) -> str:
+    """Self-attention over the video tokens, or cross-attention to the text (Wan 2.1 I2V: image, then text)
+    context; under xfuser cross-attention stays local and self-attention goes through USP."""
+    return "self" if encoder_hidden_states is None else "cross"
+
+
+FAMILY = Family(
+    name="wan",
+    tasks=("t2v", "i2v", "ti2v"),
+    pipeline_classes={"t2v": "WanPipeline", "ti2v": "WanPipeline", "i2v": "WanImageToVideoPipeline"},
+    vae_class="AutoencoderKLWan",
+    default_models={"t2v": "Wan-AI/Wan2.1-T2V-1.3B-Diffusers", "i2v": "Wan-AI/Wan2.1-I2V-14B-480P-Diffusers",
+                    "ti2v": "Wan-AI/Wan2.2-TI2V-5B-Diffusers"},
+    default_tiny={"t2v": "wan2.1-t2v", "i2v": "wan2.1-i2v", "ti2v": "wan2.2-ti2v-5b"},
+    # Real checkpoints render 480x832, 81 frames, 50 steps; the tiny model defaults to a CPU-sized clip.
+    cli=CliDefaults(real=dict(height=480, width=832, num_frames=81, num_inference_steps=50),
+                    tiny=dict(height=128, width=192, num_frames=17, num_inference_steps=4),
+                    prompt="A cat walks on the grass, realistic, daylight",
+                    negative_prompt="blurry, low quality, distorted, static", guidance_scale=5.0, fps=16,
+                    output_dir="outputs", results_subdir="results"),
+    output_name=output_name,
+    parse_label=parse_label,
+    image_size_multiple=image_size_multiple,
+    # the causal VAE maps 1 + 4k frames to 1 + k latents
+    frame_rule="Wan needs {step}k+1 frames (VAE temporal factor {temporal})",
+    image_refusals={"ti2v": "ti2v with an image runs the image-to-video pipeline: use --task i2v with the TI2V model"},
+    flow_shift=default_flow_shift,
+    prepare_latents=prepare_latents,
+    parallel_refusal=parallel_refusal,
+    xfuser={"WanPipeline": XfuserWiring(transformer_wrapper=_XFUSER_TRANSFORMER),
+            "WanImageToVideoPipeline": XfuserWiring(
+                transformer_wrapper=_XFUSER_TRANSFORMER,
+                cfg_pipeline="xfuser.model_executor.pipelines.pipeline_wan_i2v:xFuserWanImageToVideoPipeline")},
+    call_kind=call_kind,
+    tiny_variants=TINY_VARIANTS,
+    random_variants=RANDOM_VARIANTS,
+    attention_presets={
+        "wan2.1-1.3b-480p": (1, 12, 32760, 32760, 128),  # 832x480, 81 frames: 21x30x52 latent tokens
+        "wan2.1-14b-720p": (1, 40, 75600, 75600, 128),  # 1280x720, 81 frames: 21x45x80
+        "wan2.2-a14b-720p": (1, 40, 75600, 75600, 128),
+    },
+    vae_configs={"wan2.1": (WAN21_VAE, WAN21_VAE_REAL), "wan2.2": (WAN22_VAE, WAN22_VAE_REAL)},
+    order=0,
+)
