@@ -65,9 +65,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="output frame rate (default: the first input's)")
     p.add_argument("--labels", default=None, help="comma-separated cell labels, one per input in name order")
     p.add_argument("--reference", default=None, metavar="LABEL",
-                   help="add figures to each label: speedup (from timing.json next to the videos) and PSNR of the "
-                        "decoded video against this reference input's decoded video (codec noise included), "
-                        "e.g. 'fav3_fp8 · 1.12× · 26.4 dB'")
+                   help="add figures to each label: speedup of the warm steps (median of the steps after the "
+                        "first, from timing.json next to the videos; 'emulated' for an emulation, flagged when "
+                        "not a speed figure) and PSNR of the decoded video against this reference input's decoded "
+                        "video (codec noise included), e.g. 'fav3_fp8 · 1.12× (n=49) · 26.4 dB'")
     p.add_argument("--layout", type=_parse_layout, default=None,
                    help="grid as ROWSxCOLS (default: as square as possible)")
     return p
@@ -116,11 +117,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.reference is not None:
         from vdbench.report import figure_labels
 
+        warnings: list[str] = []
         try:
             labels = figure_labels(inputs, labels, args.reference,
-                                   timing_dir=args.input_dir or os.path.dirname(os.path.abspath(inputs[0])))
+                                   timing_dir=args.input_dir or os.path.dirname(os.path.abspath(inputs[0])),
+                                   warnings=warnings)
         except (VideoError, ValueError) as exc:
             return fail(str(exc).splitlines()[0])
+        for w in warnings:
+            print(f"stitch_comparison: warning: {w}", file=sys.stderr)
 
     try:
         rows, cols = grid_shape(len(inputs), args.layout)

@@ -6,11 +6,17 @@
     python bench/bench_attention.py --preset cogvideox-2b --max_seq 512 --device cpu   # small, on a CPU
 
 Per input x kernel:
-* time: median latency. GPU: triton.testing.do_bench (CUDA events, warm-up, L2 flushed between runs);
-  CPU: host clock (CPU calls are synchronous), median of repeats. The timed callable is the backend as the
-  pipeline calls it, so quantization pre-passes (sagev1, fav3_fp8, fav3_sage, fp8_triton, ...) are INSIDE the
-  figure; the pre-pass alone (the entry's ``prepass``, where it can be run alone) is also timed and reported
-  (quant_ms) so the two can be told apart.
+* time: median latency with its spread -- p20/p80, min/max and n, the samples behind it (``time_p20_ms``,
+  ``time_p80_ms``, ``time_n``; ``vdbench.timing.spread``), so two runs can be told apart from noise. GPU:
+  triton.testing.do_bench with ``return_mode="all"`` (CUDA events, warm-up, L2 flushed between runs; a plain
+  CUDA-event loop where that is missing, ``timer`` says which); CPU: host clock around repeated calls (CPU calls
+  are synchronous), marked not a speed figure (``speed_figure`` False, ``why_not_speed``): a loaded shared CPU's
+  timings mean nothing. The timed callable is the backend as the pipeline calls it, so quantization pre-passes
+  (sagev1, fav3_fp8, fav3_sage, fp8_triton, ...) are INSIDE the figure; the pre-pass alone (the entry's
+  ``prepass``) is timed too and printed beside every quantized backend's figure (``quant_ms`` with its share of
+  the time, ``quant_share``; "inside" where the package's pre-pass can't be run alone, as sageattention's).
+* emulated backends (``*_emu``) are never timed: pure-torch emulations of a kernel's numerics, their accuracy is
+  the figure; no time, TFLOP/s or GB/s is written for them.
 * throughput: TFLOP/s with FLOPs = 4*B*H*Sq*Sk*D (two matmuls, forward, non-causal; causal halves nothing here).
 * bandwidth: GB/s over the bytes each kernel really moves (the entry's bytes model): Q/K/V read and O written
   at the precision the kernel reads them (int8/fp8 count 1 byte), plus its quantization pre-pass (reads bf16
@@ -21,6 +27,13 @@ Per input x kernel:
   allocations through a torch-function mode, native ones through the caching allocator) so elements a kernel
   never writes show up as NaN instead of stale plausible values.
 Every kernel is also checked on fresh random inputs (row "random"), not only on captured ones.
+
+Captured inputs are cast to ``--dtype`` (bf16 by default) and the run says so (a note, and ``cast_from`` in the
+CSV); ``--dtype capture`` keeps the captured dtype. Printed figures keep three significant digits (0.0086
+TFLOP/s, not 0.0). The plot: colour = kernel, marker = input, one legend outside the axes.
+
+Exit status: 0; 1 when a kernel failed (FAIL / error rows); 3 when capture files were skipped; 4 when no kernel
+ran at all (every row unavailable or failed), with the reasons.
 """
 
 from __future__ import annotations
@@ -29,7 +42,6 @@ import argparse
 import csv
 import json
 import math
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -40,15 +52,19 @@ from vdbench import backends as B
 from vdbench import families
 from vdbench import metrics as M
 from vdbench.capture import CaptureError, list_captures, load_capture
+from vdbench.timing import speed_verdict, spread
 
 # (B, H, Sq, Sk, D): self-attention of the real models at their usual sizes
 #: Real models' attention shapes (B, H, Sq, Sk, D), by name: each family's ``attention_presets``.
 PRESETS = families.attention_presets()
 METRICS = ("all", "time", "throughput", "bandwidth", "arithmetic_intensity", "accuracy")
 ATOL, RTOL = 1e-2, 1e-2
-COLUMNS = ["input", "kernel", "kernel_label", "B", "H", "Sq", "Sk", "D", "dtype", "time_ms", "quant_ms",
-           "quant_in_time", "tflops", "gbps", "bytes", "arith_intensity", "rel_l2", "cosine", "max_abs",
-           "frac_beyond_tol", "nan_inf", "unwritten", "status"]
+COLUMNS = ["input", "kernel", "kernel_label", "B", "H", "Sq", "Sk", "D", "dtype", "cast_from", "time_ms",
+           "time_p20_ms", "time_p80_ms", "time_min_ms", "time_max_ms", "time_n", "timer", "quant_ms", "quant_p20_ms",
+           "quant_p80_ms", "quant_share", "quant_in_time", "tflops", "gbps", "bytes", "arith_intensity",
+           "speed_figure", "why_not_speed", "rel_l2", "cosine", "max_abs", "frac_beyond_tol", "nan_inf", "unwritten",
+           "status"]
+EXIT_NOTHING_RAN = 4
 
 
 def synthetic(shape, dtype, device, seed=0, k_bias=3.0):
@@ -61,8 +77,8 @@ def synthetic(shape, dtype, device, seed=0, k_bias=3.0):
     return [t.to(device=device, dtype=dtype) for t in (q, k, v)]
 
 
-def events_median_ms(fn, n=30, warmup=5):
-    """Median of CUDA-event times around each of ``n`` calls after ``warmup`` calls (no L2 flush)."""
+def events_samples_ms(fn, n=30, warmup=5) -> list[float]:
+    """CUDA-event times (ms) around each of ``n`` calls after ``warmup`` calls (no L2 flush)."""
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
@@ -74,25 +90,46 @@ def events_median_ms(fn, n=30, warmup=5):
         e.record()
         e.synchronize()
         times.append(s.elapsed_time(e))
-    return statistics.median(times)
+    return times
 
 
-def time_ms(fn, device, warmup_ms=25, rep_ms=100, cpu_reps=5):
-    """Median milliseconds of ``fn()`` (GPU: do_bench with L2 flush, or events; CPU: host clock)."""
+def time_samples(fn, device, warmup_ms=25, rep_ms=100, cpu_reps=5) -> tuple[list[float], str]:
+    """(milliseconds of each timed call of ``fn()``, the timer used). GPU: every sample of ``do_bench`` (L2 flushed),
+    or a CUDA-event loop where this triton has no ``return_mode="all"``; CPU: host clock after one warm-up call.
+    All samples come back, not one summary, so the caller can give the spread."""
     if torch.device(device).type == "cuda":
         try:
             from triton.testing import do_bench
 
-            return float(do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
-        except ImportError:
-            return events_median_ms(fn, n=20, warmup=3)
+            times = do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="all")
+            if isinstance(times, (list, tuple)) and times:
+                return [float(t) for t in times], "do_bench (CUDA events, L2 flushed)"
+        except (ImportError, AssertionError, ValueError, TypeError):
+            pass  # no triton, or one without return_mode="all": the plain event loop below
+        return events_samples_ms(fn, n=20, warmup=3), "CUDA events (no L2 flush)"
     fn()  # warm-up
     times = []
     for _ in range(cpu_reps):
         t0 = time.perf_counter()
         fn()
         times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
+    return times, "host clock"
+
+
+def sig(x, digits: int = 3) -> str:
+    """``x`` with ``digits`` significant digits (0.0086, 356, 8.56), whole numbers from 10**digits up (1234, not
+    1.23e+03): small rates must not print as 0.0."""
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        return str(x)
+    if isinstance(x, int):
+        return str(x)
+    if not math.isfinite(x):
+        return str(x)
+    if x == 0:
+        return "0"
+    if abs(x) >= 10 ** digits:
+        return f"{x:.0f}"
+    return f"{x:.{digits}g}"
 
 
 class _PoisonEmpty(torch.overrides.TorchFunctionMode):
@@ -128,8 +165,10 @@ def accuracy(out, ref):
 
 
 def load_inputs(args, device, dtype):
-    """[(name, q, k, v)] from captures or presets, plus a fresh random input of the first shape."""
-    inputs, skipped = [], []
+    """[(name, q, k, v, cast_from)] from captures or presets, plus a fresh random input of the first shape.
+    ``cast_from`` is the captured dtype when the capture was cast to ``dtype`` (else ""); a note on stderr says
+    so once per captured dtype, because a kernel timed in bf16 on fp32 captures is not the call that was captured."""
+    inputs, skipped, cast_notes = [], [], {}
     if args.input_dir:
         files = list_captures(args.input_dir)
         if not files:
@@ -144,19 +183,46 @@ def load_inputs(args, device, dtype):
                 print(f"skipped: {e}", file=sys.stderr)
                 skipped.append(str(f))
                 continue
-            cast = (lambda t: t.to(device=device, dtype=dtype)) if args.dtype != "capture" else (lambda t: t.to(device))
-            inputs.append((f.name, cast(q), cast(k), cast(v)))
+            keep = args.dtype == "capture" or q.dtype == dtype
+            cast_from = "" if keep else str(q.dtype).replace("torch.", "")
+            if cast_from:
+                cast_notes[cast_from] = cast_notes.get(cast_from, 0) + 1
+            cast = (lambda t: t.to(device)) if keep else (lambda t: t.to(device=device, dtype=dtype))
+            inputs.append((f.name, cast(q), cast(k), cast(v), cast_from))
     else:
         for p in args.preset:
             b, h, sq, sk, d = PRESETS[p]
             if args.max_seq:
                 sq, sk = min(sq, args.max_seq), min(sk, args.max_seq)
-            inputs.append((p, *synthetic((b, h, sq, sk, d), dtype, device)))
+            inputs.append((p, *synthetic((b, h, sq, sk, d), dtype, device), ""))
+    to = str(dtype).replace("torch.", "")
+    for src, n in cast_notes.items():
+        print(f"note: {n} capture(s) hold {src} inputs; cast to {to} for the kernels (--dtype {args.dtype}); "
+              f"--dtype capture keeps {src}", file=sys.stderr)
     if inputs:
-        _, q, k, v = inputs[0]
+        _, q, k, v, _ = inputs[0]
         b, h, sq, d = q.shape
-        inputs.append(("random", *synthetic((b, h, sq, k.shape[2], d), q.dtype, device, seed=1234, k_bias=0.0)))
+        inputs.append(("random", *synthetic((b, h, sq, k.shape[2], d), q.dtype, device, seed=1234, k_bias=0.0), ""))
     return inputs, skipped
+
+
+def _time_row(row, be, fn, q, k, v, args, device, flops):
+    """Time one available, non-emulated kernel on (q, k, v): median and spread, throughput from the median, its
+    pre-pass alone where it has one, and the speed verdict (a CPU or fewer than 3 samples: not a speed figure)."""
+    b, h, sq, d = q.shape
+    sk = k.shape[2]
+    samples, timer = time_samples(lambda: fn(q, k, v), device)
+    st = spread(samples)
+    t = st["median"]
+    moved = be.bytes_moved(b, h, sq, sk, d, q.element_size())
+    ok, why = speed_verdict(device, st["n"])
+    row.update(time_ms=t, time_p20_ms=st["p20"], time_p80_ms=st["p80"], time_min_ms=st["min"],
+               time_max_ms=st["max"], time_n=st["n"], timer=timer, tflops=flops / t / 1e9, bytes=moved.total,
+               gbps=moved.total / t / 1e6, arith_intensity=flops / moved.total, quant_in_time=bool(moved.prepass),
+               speed_figure=ok, why_not_speed=why or "")
+    if be.prepass is not None:
+        qs = spread(time_samples(lambda: be.prepass(q, k, v, args.scale), device)[0])
+        row.update(quant_ms=qs["median"], quant_p20_ms=qs["p20"], quant_p80_ms=qs["p80"], quant_share=qs["median"] / t)
 
 
 def run(args) -> int:
@@ -170,7 +236,7 @@ def run(args) -> int:
     want = set(METRICS[1:]) if args.metric == "all" else {args.metric}
     timed = want & {"time", "throughput", "bandwidth"}
     rows = []
-    for name, q, k, v in inputs:
+    for name, q, k, v, cast_from in inputs:
         b, h, sq, d = q.shape
         sk = k.shape[2]
         ref = B.exact_attention(q, k, v, dtype=torch.float64) if ("accuracy" in want) else None
@@ -178,7 +244,7 @@ def run(args) -> int:
         for be in backends:
             row = dict.fromkeys(COLUMNS, "")
             row.update(input=name, kernel=be.name, kernel_label=be.kernel, B=b, H=h, Sq=sq, Sk=sk, D=d,
-                       dtype=str(q.dtype).replace("torch.", ""))
+                       dtype=str(q.dtype).replace("torch.", ""), cast_from=cast_from)
             ok, reason = be.availability(device, q.dtype, d)
             if not ok:
                 row["status"] = f"unavailable: {reason}"
@@ -192,15 +258,11 @@ def run(args) -> int:
                     row.update(acc)
                     row["unwritten"] = int((~torch.isfinite(out) & torch.isfinite(ref)).sum().item())
                     del out
-                if timed and be.emulated and device.type == "cuda" and not args.time_emulated:
-                    row["status"] = "ok (emulation: accuracy only, not timed)"
+                if timed and be.emulated:
+                    row.update(status="ok (emulation: accuracy only, never timed)", speed_figure=False,
+                               why_not_speed=speed_verdict(emulated=True)[1])
                 elif timed:
-                    t = time_ms(lambda: fn(q, k, v), device)
-                    moved = be.bytes_moved(b, h, sq, sk, d, q.element_size())
-                    row.update(time_ms=t, tflops=flops / t / 1e9, bytes=moved.total, gbps=moved.total / t / 1e6,
-                               arith_intensity=flops / moved.total, quant_in_time=bool(moved.prepass))
-                    if be.prepass is not None:
-                        row["quant_ms"] = time_ms(lambda: be.prepass(q, k, v, args.scale), device)
+                    _time_row(row, be, fn, q, k, v, args, device, flops)
                 if not row["status"]:
                     row["status"] = "ok"
                 if row.get("unwritten"):
@@ -212,33 +274,121 @@ def run(args) -> int:
     print_table(rows, want)
     if args.output:
         write_outputs(rows, args.output, device)
+    if rows and not any(r["status"].startswith("ok") for r in rows):
+        reasons = dict.fromkeys(r["status"] for r in rows)
+        print(f"error: no kernel ran ({len(rows)} rows, none ok): " + " | ".join(reasons), file=sys.stderr)
+        return EXIT_NOTHING_RAN
     if skipped:
         print(f"{len(skipped)} input file(s) skipped", file=sys.stderr)
         return 3
     return 1 if any(r["status"].startswith(("FAIL", "error")) for r in rows) else 0
 
 
-def _fmt(v, spec):
+def _cell(r, col, spec):
+    """One printed cell: significant digits for rates and times, the p20–p80 range, "inside" for a pre-pass
+    that runs inside the kernel's call and can't be timed alone."""
+    if col == "p20–p80":
+        return "" if r["time_p20_ms"] == "" else f"{sig(r['time_p20_ms'], 4)}–{sig(r['time_p80_ms'], 4)}"
+    if col == "quant_ms" and r["quant_ms"] == "" and r["quant_in_time"] is True:
+        return "inside"
+    if col == "quant_share" and r["quant_share"] != "":
+        return f"{r['quant_share']:.0%}"
+    v = r[col]
+    if spec == "sig":
+        return sig(v)
+    if spec == "sig4":
+        return sig(v, 4)
     return format(v, spec) if isinstance(v, (int, float)) and not isinstance(v, bool) else str(v)
 
 
 def print_table(rows, want):
     cols = [("input", "s"), ("kernel", "s"), ("Sq", "d"), ("D", "d")]
-    if "time" in want:
-        cols += [("time_ms", ".3f"), ("quant_ms", ".3f")]
+    if want & {"time", "throughput", "bandwidth"}:
+        cols += [("time_ms", "sig4"), ("p20–p80", ""), ("time_n", "d"), ("quant_ms", "sig4"), ("quant_share", "")]
     if "throughput" in want:
-        cols += [("tflops", ".1f")]
+        cols += [("tflops", "sig")]
     if "bandwidth" in want:
-        cols += [("gbps", ".0f")]
+        cols += [("gbps", "sig")]
     if "arithmetic_intensity" in want:
-        cols += [("arith_intensity", ".0f")]
+        cols += [("arith_intensity", "sig")]
     if "accuracy" in want:
         cols += [("rel_l2", ".2e"), ("cosine", ".6f"), ("max_abs", ".2e"), ("nan_inf", "d")]
     cols += [("status", "s")]
-    table = [[c for c, _ in cols]] + [[_fmt(r[c], s) for c, s in cols] for r in rows]
+    table = [[c for c, _ in cols]] + [[_cell(r, c, s) for c, s in cols] for r in rows]
     widths = [max(len(x[i]) for x in table) for i in range(len(cols))]
     for line in table:
         print("  ".join(x.ljust(w) for x, w in zip(line, widths)).rstrip())
+    whys = dict.fromkeys(r["why_not_speed"] for r in rows if r["time_ms"] != "" and r["speed_figure"] is False)
+    for why in whys:
+        print(f"warning: these times are not speed figures: {why}")
+
+
+_MARKERS = "osD^vP*Xh<>p"
+
+
+def _log_ticks(ax, values):
+    """Labelled ticks on a log axis that never crowd and never vanish: within two decades the coarsest of the
+    mantissa sets 1-2-5 / 1-1.5-2-3-5-7 / 1..9 that puts at least three ticks in view (matplotlib would label
+    its minor ticks there, or none), one per decade (or fewer) beyond; minor ticks unlabelled."""
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter
+
+    pos = [v for v in values if v > 0]
+    if not pos:
+        return
+    lo_v, hi_v = min(pos) / 1.3, max(pos) * 1.3
+    lo, hi = math.floor(math.log10(lo_v)), math.ceil(math.log10(hi_v))
+    if hi - lo <= 2:
+        for mant in ((1, 2, 5), (1, 1.5, 2, 3, 5, 7), tuple(range(1, 10))):
+            ticks = [m * 10.0 ** e for e in range(lo, hi + 1) for m in mant]
+            ticks = [t for t in ticks if lo_v <= t <= hi_v]
+            if len(ticks) >= 3:
+                break
+        fmt = lambda x, _: f"{x:.1e}".replace(".0e", "e").replace("e-0", "e-").replace("e+0", "e")  # noqa: E731
+    else:
+        step = max(1, (hi - lo + 5) // 6)
+        ticks = [10.0 ** e for e in range(lo, hi + 1, step)]
+        fmt = lambda x, _: f"{x:.0e}".replace("e-0", "e-").replace("e+0", "e")  # noqa: E731
+    ax.set_xlim(min(lo_v, ticks[0]), max(hi_v, ticks[-1]))
+    ax.xaxis.set_major_locator(FixedLocator(ticks))
+    ax.xaxis.set_major_formatter(FuncFormatter(fmt))
+    ax.xaxis.set_minor_formatter(NullFormatter())
+
+
+def build_plot(rows):
+    """Speed vs accuracy, legible: colour = kernel, marker = input, one legend outside the axes (no per-point
+    text), TFLOP/s error bars from the p20/p80 times, no minor-tick labels on the log axis; None with nothing to
+    draw (no timed row with an accuracy)."""
+    pts = [r for r in rows if isinstance(r["tflops"], float) and isinstance(r["rel_l2"], float)]
+    if not pts:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+
+    kernels = list(dict.fromkeys(r["kernel"] for r in pts))
+    inputs = list(dict.fromkeys(r["input"] for r in pts))
+    colour = {k: plt.get_cmap("tab10" if len(kernels) <= 10 else "tab20")(i) for i, k in enumerate(kernels)}
+    marker = {n: _MARKERS[i % len(_MARKERS)] for i, n in enumerate(inputs)}
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    for r in pts:
+        flops = 4 * r["B"] * r["H"] * r["Sq"] * r["Sk"] * r["D"]
+        lo, hi = flops / r["time_p80_ms"] / 1e9, flops / r["time_p20_ms"] / 1e9
+        ax.errorbar([r["rel_l2"]], [r["tflops"]], yerr=[[r["tflops"] - lo], [hi - r["tflops"]]],
+                    fmt=marker[r["input"]], color=colour[r["kernel"]], ms=7, capsize=3)
+    ax.set_xscale("log")
+    _log_ticks(ax, [r["rel_l2"] for r in pts])
+    ax.set_xlabel("relative L2 error vs fp64")
+    ax.set_ylabel("TFLOP/s (4·B·H·Sq·Sk·D), p20–p80")
+    whys = list(dict.fromkeys(r["why_not_speed"] for r in pts if r["speed_figure"] is False))
+    ax.set_title("attention kernels: speed vs accuracy" + (f"\nNOT speed figures: {'; '.join(whys)}" if whys else ""),
+                 fontsize=10)
+    ax.grid(alpha=0.3)
+    handles = [Line2D([], [], color=colour[k], marker="o", ls="", label=k) for k in kernels]
+    handles += [Line2D([], [], color="0.4", marker=marker[n], ls="", label=f"input: {n}") for n in inputs]
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=8, frameon=False)
+    return fig
 
 
 def write_outputs(rows, output, device):
@@ -252,26 +402,16 @@ def write_outputs(rows, output, device):
     from vdbench.timing import system_info
 
     stem.with_suffix(".json").write_text(json.dumps({"system": system_info(device), "flops": "4*B*H*Sq*Sk*D",
+                                                     "time": "median of the samples, with p20/p80, min/max and n",
                                                      "rows": rows}, indent=1, default=str))
-    pts = [r for r in rows if isinstance(r["tflops"], float) and isinstance(r["rel_l2"], float)]
-    if pts:
-        import matplotlib
-
-        matplotlib.use("Agg")
+    fig = build_plot(rows)
+    if fig is not None:
         import matplotlib.pyplot as plt
 
-        fig, ax = plt.subplots(figsize=(6, 4))
-        for r in pts:
-            ax.scatter(r["rel_l2"], r["tflops"], s=18)
-            ax.annotate(f"{r['kernel']} ({r['input'][:12]})", (r["rel_l2"], r["tflops"]), fontsize=6)
-        ax.set_xscale("log")
-        ax.set_xlabel("relative L2 error vs fp64")
-        ax.set_ylabel("TFLOP/s (4·B·H·Sq·Sk·D)")
-        ax.set_title("attention kernels: speed vs accuracy")
-        fig.tight_layout()
-        fig.savefig(stem.with_suffix(".png"), dpi=120)
+        fig.savefig(stem.with_suffix(".png"), dpi=120, bbox_inches="tight")
         plt.close(fig)
-    print(f"wrote {stem.with_suffix('.csv')}, {stem.with_suffix('.json')}" + (f", {stem.with_suffix('.png')}" if pts else ""))
+    print(f"wrote {stem.with_suffix('.csv')}, {stem.with_suffix('.json')}"
+          + (f", {stem.with_suffix('.png')}" if fig is not None else ""))
 
 
 def build_parser():
@@ -289,7 +429,6 @@ def build_parser():
     p.add_argument("--scale", type=float, default=None, help="softmax scale (default 1/sqrt(D))")
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32", "capture"])
-    p.add_argument("--time_emulated", action="store_true", help="also time the emulations on GPU (slow)")
     return p
 
 

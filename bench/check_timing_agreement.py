@@ -4,7 +4,8 @@
     python bench/check_timing_agreement.py --preset wan2.1-1.3b-480p --kernel sdpa_cudnn,fav3,sagev1,fav3_fp8
 
 Hand-written = what one would write without the tool: warm up, then CUDA events around each of N calls on the
-same inputs, median. The tool uses triton's do_bench (L2 flushed between calls). Prints both and their ratio.
+same inputs, median. The tool uses triton's do_bench (L2 flushed between calls). Prints both medians with their
+p20–p80 and n (``vdbench.timing.spread``) and the ratio of the medians.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 import torch
 
 from vdbench import backends as B
+from vdbench.timing import spread
 
 # the attention bench beside this script, loaded from its file (bench/ is a folder of scripts, not a package)
 spec = importlib.util.spec_from_file_location("bench_attention", Path(__file__).with_name("bench_attention.py"))
@@ -41,11 +43,16 @@ def main(argv=None):
             continue
         fn = be.fn
         call = lambda fn=fn: fn(q, k, v)  # noqa: E731
-        tool = ba.time_ms(call, "cuda")
-        hand = ba.events_median_ms(call)
-        rows.append({"kernel": name, "tool_ms": tool, "hand_ms": hand, "ratio": tool / hand,
+        ts, timer = ba.time_samples(call, "cuda")
+        tool_s, hand_s = spread(ts), spread(ba.events_samples_ms(call))
+        tool, hand = tool_s["median"], hand_s["median"]
+        rows.append({"kernel": name, "tool_ms": tool, "tool_p20_ms": tool_s["p20"], "tool_p80_ms": tool_s["p80"],
+                     "tool_n": tool_s["n"], "tool_timer": timer, "hand_ms": hand, "hand_p20_ms": hand_s["p20"],
+                     "hand_p80_ms": hand_s["p80"], "hand_n": hand_s["n"], "ratio": tool / hand,
                      "tool_tflops": 4 * b * h * sq * sk * d / tool / 1e9})
-        print(f"{name:12} tool {tool:8.3f} ms  hand {hand:8.3f} ms  ratio {tool / hand:.3f}")
+        print(f"{name:12} tool {tool:8.3f} ms [p20–p80 {tool_s['p20']:.3f}–{tool_s['p80']:.3f}, n={tool_s['n']}]  "
+              f"hand {hand:8.3f} ms [p20–p80 {hand_s['p20']:.3f}–{hand_s['p80']:.3f}, n={hand_s['n']}]  "
+              f"ratio {tool / hand:.3f}")
     if args.output:
         Path(args.output).write_text(json.dumps({"preset": args.preset, "rows": rows}, indent=1))
 

@@ -4,7 +4,9 @@
     python bench/compare_outputs.py outputs/demo/results --reference reference -o quality.json
 
 For each rendered backend: PSNR (from the MSE over all frames), mean SSIM, worst-frame PSNR, max/mean abs
-difference against the reference backend's output, and the median step time / decode time from timing.json.
+difference against the reference backend's output, and the warm step (median of the steps after the first, with
+its n; ``vdbench.timing``'s one definition, through ``vdbench.report.speed``) / decode time from timing.json.
+Emulated backends get no speed ("emulated"); timings that are not speed figures (CPU, n < 3) are flagged.
 Frames come from the raw ``.npy`` files that ``--save_frames`` writes when present (codec noise excluded) and
 from the decoded videos otherwise; the ``source`` column says which, since codec noise can hide or fake a
 difference of a few dB.
@@ -43,7 +45,7 @@ def main(argv=None) -> int:
         return 2
     ref, ref_src = load_frames(sources[args.reference])
     sp = speed(args.results)
-    base = (sp.get("default") or {}).get("step_time_median")
+    base = (sp.get("default") or {}).get("warm_step_median")
     rows = []
     for label, path in sources.items():
         frames, src = load_frames(path)
@@ -51,26 +53,44 @@ def main(argv=None) -> int:
             src = f"{src} vs {ref_src}"
         q = compare_frames(frames, ref, device=args.device) if frames.shape == ref.shape else None
         s = sp.get(label, {})
-        st = s.get("step_time_median")
+        st = s.get("warm_step_median")
         rows.append({"backend": label, "source": src,
                      "psnr_db": q["psnr"] if q else None, "ssim": q["ssim"] if q else None,
                      "worst_frame_psnr_db": min(q["psnr_per_frame"]) if q else None,
                      "max_abs": q["max_abs"] if q else None, "mean_abs": q["mean_abs"] if q else None,
-                     "step_time_ms": st * 1e3 if st else None,
+                     "warm_step_ms": st * 1e3 if st else None, "warm_step_n": s.get("warm_step_n"),
+                     "first_step_ms": s["first_step"] * 1e3 if s.get("first_step") else None,
                      "speedup_vs_default": (base / st) if (base and st) else None,
+                     "emulated": s.get("emulated"), "speed_figure": s.get("speed_figure"),
+                     "why_not_speed": s.get("why_not_speed"),
                      "vae_decode_s": s.get("vae_decode_time"), "peak_memory_gib": (s["peak_memory_bytes"] / 2**30)
                      if s.get("peak_memory_bytes") else None, "kernels": s.get("calls_by_kernel"),
                      "note": None if q else f"shape {frames.shape} differs from the reference {ref.shape}"})
     fmt = lambda v, f: "-" if v is None else ("inf" if v == float("inf") else format(v, f))  # noqa: E731
-    print(f"{'backend':16} {'ms/step':>9} {'speedup':>8} {'PSNR dB':>8} {'SSIM':>7} {'worst dB':>8} {'decode s':>8}  source")
+    print(f"{'backend':16} {'warm ms':>9} {'n':>3} {'speedup':>8} {'PSNR dB':>8} {'SSIM':>7} {'worst dB':>8} "
+          f"{'decode s':>8}  source")
     for r in rows:
-        print(f"{r['backend']:16} {fmt(r['step_time_ms'], '.1f'):>9} {fmt(r['speedup_vs_default'], '.2f'):>8} "
+        emu = r["emulated"]
+        print(f"{r['backend']:16} {'emulated' if emu else fmt(r['warm_step_ms'], '.1f'):>9} "
+              f"{fmt(r['warm_step_n'], 'd'):>3} {'emulated' if emu else fmt(r['speedup_vs_default'], '.2f'):>8} "
               f"{fmt(r['psnr_db'], '.2f'):>8} {fmt(r['ssim'], '.4f'):>7} {fmt(r['worst_frame_psnr_db'], '.2f'):>8} "
               f"{fmt(r['vae_decode_s'], '.2f'):>8}  {r['source']}")
+    for why, names in _not_speed(rows).items():
+        print(f"warning: not a speed figure ({why}): {', '.join(names)}")
     if args.output:
         args.output.write_text(json.dumps({"reference": args.reference, "rows": rows}, indent=1,
                                           default=lambda o: None if o == float("inf") else str(o)))
     return 0
+
+
+def _not_speed(rows: list[dict]) -> dict[str, list[str]]:
+    """Backends whose warm step is not a speed figure (CPU, n < 3), grouped by the reason, emulations left out
+    (they print 'emulated' instead of a time)."""
+    out: dict[str, list[str]] = {}
+    for r in rows:
+        if r["speed_figure"] is False and not r["emulated"] and r["warm_step_ms"] is not None:
+            out.setdefault(r["why_not_speed"], []).append(r["backend"])
+    return out
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
 # Run from the repo root (wheels installed and PYTHONPATH set by the caller's prefix). Results under $OUT:
 #   summary.txt (compact table + 4/8-GPU model), parallel_summary.json, runs.tsv (every command: rc, wall),
 #   timing_<config>.json (merged per-rank timing written by rank 0), logs/<run>.log (every run's log).
-# Model: Wan 2.1 1.3B architecture, random weights, 832x480, 81 frames, 3 steps (median step of 3).
+# Model: Wan 2.1 1.3B architecture, random weights, 832x480, 81 frames, 3 steps (warm step: median of the steps after the first; vdbench.timing).
 # Budget (bench/gpu_lib.sh's runner r): no run starts with < 45 s of BUDGET_S (default 420 s) left and none runs
 # past BUDGET_S + 30 s (nor longer than RUN_TIMEOUT_S), so the whole script (summary included) stays under 8 min;
 # runs.tsv says which ran, failed (rc) or were skipped.
@@ -80,11 +80,11 @@ for b in order + sorted(set(base) - set(order)):
         e = entries(cfg).get(b)
         if e is None:
             continue
-        r = {"backend": b, "config": label, "engine": engine, "step_ms": 1e3 * e["step_time_median"],
+        r = {"backend": b, "config": label, "engine": engine, "step_ms": 1e3 * e["warm_step_median"],
              "step_times_ms": [1e3 * t for t in e["step_times"]], "decode_s": e["vae_decode_time"],
              "attention_s": e["attention"].get("attention_time_s")}
         if ref_e and cfg != "1gpu":
-            r["speedup"] = ref_e["step_time_median"] / e["step_time_median"]
+            r["speedup"] = ref_e["warm_step_median"] / e["warm_step_median"]
             f, l = frames(cfg, b), latents(cfg, b)
             if f is not None and ref_f is not None:
                 r["psnr_vs_1gpu_db"] = psnr(f, ref_f)
@@ -93,7 +93,7 @@ for b in order + sorted(set(base) - set(order)):
                 r["latent_rel_l2_vs_1gpu"] = float((l - ref_l).norm() / ref_l.norm())
         if "ranks" in e:
             r["kernels_per_rank"] = {pr["rank"]: pr["attention"]["calls_by_kernel"] for pr in e["ranks"]}
-            r["step_ms_per_rank"] = {pr["rank"]: 1e3 * pr["step_time_median"] for pr in e["ranks"]}
+            r["step_ms_per_rank"] = {pr["rank"]: 1e3 * pr["warm_step_median"] for pr in e["ranks"]}
             r["attention_s_per_rank"] = {pr["rank"]: pr["attention"].get("attention_time_s") for pr in e["ranks"]}
         else:
             r["kernels_per_rank"] = {0: e["attention"]["calls_by_kernel"]}
@@ -108,9 +108,9 @@ model = {}
 a2a = json.load(open(os.path.join(out, "a2a.json"))) if os.path.exists(os.path.join(out, "a2a.json")) else None
 f = lambda n: (n - 1) / n ** 2
 for b in ["sdpa_cudnn", "fav3"] + sorted(set(base) - set(order)):
-    t1 = base.get(b, {}).get("step_time_median")
+    t1 = base.get(b, {}).get("warm_step_median")
     for eng in ("diffusers", "xfuser"):
-        u2 = entries(f"{eng}_u2").get(b, {}).get("step_time_median")
+        u2 = entries(f"{eng}_u2").get(b, {}).get("warm_step_median")
         if not (t1 and u2):
             continue
         over2 = u2 - t1 / 2  # measured cost of going parallel at N=2 (all-to-all + imbalance + gathers)

@@ -10,6 +10,12 @@ configuration (``1gpu`` = the baseline; any other name, e.g. ``diffusers_u2``, `
 ``--save_latents`` captures). The configuration's label and GPU count are read from the merged timing
 (``parallel``: engine, Ulysses/ring/CFG layout), not from the folder name. Groups named ``_*`` are skipped
 (e.g. profiled runs, whose step times include the profiler).
+
+Step times use ``vdbench.timing``'s one definition, recomputed from each entry's raw ``step_times`` (so files
+written before the warm-step keys read the same way): the warm step is the median of the steps after the first
+(``warm_step_ms``, with ``warm_step_n`` and p20/p80), the first step is ``first_step_ms``; speed-ups and
+efficiencies are ratios of warm steps. Rows that are not speed figures (CPU, n < 3, emulations) say so
+(``speed_figure``, ``why_not_speed``); emulated backends get no time and no speed-up.
 """
 
 from __future__ import annotations
@@ -50,8 +56,18 @@ def _kernels(e: dict) -> str:
     return f"{len(ranks)} ranks: {k}" + ("" if same else " (rank 0; others differ)")
 
 
+def _steps(e: dict) -> dict:
+    """The warm-step figures of one timing entry (the slowest rank's step times for a merged parallel entry)."""
+    from vdbench.timing import step_stats
+
+    run = e.get("run") or {}
+    return step_stats(e.get("step_times") or [], (run.get("resolved") or {}).get("device"),
+                      bool((run.get("backend") or {}).get("emulated")))
+
+
 def summarize(res: Path) -> list[dict]:
     from vdbench import metrics as M
+    from vdbench.timing import step_stats
 
     rows = []
     for group in sorted(p for p in res.iterdir() if p.is_dir() and not p.name.startswith("_")):
@@ -65,16 +81,26 @@ def summarize(res: Path) -> list[dict]:
                 par = e.get("parallel") or {}
                 n = par.get("world_size", 1)
                 label = "1 GPU" if not par else f"{par.get('label')} ({par.get('engine')})"
+                st = _steps(e)
+                emulated = bool(((e.get("run") or {}).get("backend") or {}).get("emulated"))
+                ms = lambda v: None if (v is None or emulated) else 1e3 * v  # noqa: E731
                 r = {"group": group.name, "config_dir": cfg_dir.name, "backend": b, "config": label, "gpus": n,
-                     "step_ms": 1e3 * e["step_time_median"], "step_times_ms": [1e3 * t for t in e["step_times"]],
+                     "warm_step_ms": ms(st["warm_step_median"]), "warm_step_n": st["warm_step_n"],
+                     "warm_step_p20_ms": ms(st["warm_step_p20"]), "warm_step_p80_ms": ms(st["warm_step_p80"]),
+                     "first_step_ms": ms(st["first_step"]), "speed_figure": st["speed_figure"],
+                     "why_not_speed": st["why_not_speed"], "emulated": emulated,
+                     "step_times_ms": None if emulated else [1e3 * t for t in e["step_times"]],
                      "decode_s": e.get("vae_decode_time"), "kernels": _kernels(e),
                      "peak_memory_gib": (e.get("peak_memory_bytes") or 0) / 2**30}
-                if e.get("ranks"):
-                    r["step_ms_per_rank"] = [1e3 * x["step_time_median"] for x in e["ranks"]]
+                if e.get("ranks") and not emulated:
+                    r["warm_step_ms_per_rank"] = [ms(step_stats(x.get("step_times") or [])["warm_step_median"])
+                                                  for x in e["ranks"]]
                 ref = base.get(b)
                 if ref is not None and cfg_dir != base_dir:
-                    r["speedup"] = ref["step_time_median"] / e["step_time_median"]
-                    r["efficiency"] = r["speedup"] / n
+                    t1 = _steps(ref)["warm_step_median"]
+                    if not emulated and t1 and st["warm_step_median"]:
+                        r["speedup"] = t1 / st["warm_step_median"]
+                        r["efficiency"] = r["speedup"] / n
                     if b not in ref_cache:
                         ref_cache[b] = (_frames(base_dir, b), _latents(base_dir, b))
                     rf, rl = ref_cache[b]
@@ -89,16 +115,26 @@ def summarize(res: Path) -> list[dict]:
 
 
 def table(rows: list[dict]) -> str:
-    lines = [f"{'group':6s} {'backend':10s} {'config':28s} {'gpus':>4s} {'ms/step':>8s} {'speedup':>7s} {'eff':>5s} "
-             f"{'PSNR dB':>8s} {'lat RL2':>9s}  kernels"]
+    """The text table: warm step (median after the first step) with its n, speed-up, efficiency, output vs one GPU;
+    a warning line per reason for the rows that are not speed figures."""
+    lines = [f"{'group':6s} {'backend':10s} {'config':28s} {'gpus':>4s} {'warm ms':>8s} {'n':>3s} {'first ms':>9s} "
+             f"{'speedup':>7s} {'eff':>5s} {'PSNR dB':>8s} {'lat RL2':>9s}  kernels"]
+    not_speed: dict = {}
     for r in rows:
         p = r.get("psnr_vs_1gpu_db")
         ps = "ident" if r.get("identical_frames") else ("" if p is None else f"{p:.2f}")
-        lines.append(f"{r['group']:6s} {r['backend']:10s} {r['config']:28s} {r['gpus']:4d} {r['step_ms']:8.1f} "
+        warm = "emulated" if r["emulated"] else ("-" if r["warm_step_ms"] is None else f"{r['warm_step_ms']:.1f}")
+        first = "emulated" if r["emulated"] else ("-" if r["first_step_ms"] is None else f"{r['first_step_ms']:.1f}")
+        if not r["speed_figure"] and not r["emulated"]:
+            not_speed.setdefault(r["why_not_speed"], []).append(f"{r['group']}/{r['backend']}/{r['config']}")
+        lines.append(f"{r['group']:6s} {r['backend']:10s} {r['config']:28s} {r['gpus']:4d} {warm:>8s} "
+                     f"{r['warm_step_n']:3d} {first:>9s} "
                      f"{(format(r['speedup'], '.2f') + 'x') if 'speedup' in r else '':>7s} "
                      f"{format(r['efficiency'], '.2f') if 'efficiency' in r else '':>5s} {ps:>8s} "
                      f"{format(r['latent_rel_l2_vs_1gpu'], '.2e') if 'latent_rel_l2_vs_1gpu' in r else '':>9s}  "
                      f"{r['kernels']}")
+    lines.append("warm ms = median of the steps after the first (n of them); first ms = the first step alone")
+    lines += [f"warning: not a speed figure ({why}): {', '.join(names)}" for why, names in not_speed.items()]
     return "\n".join(lines)
 
 

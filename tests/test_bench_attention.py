@@ -61,11 +61,103 @@ def test_preset_run_csv_schema_and_plot(tmp_path):
     r = by[("wan2.1-1.3b-480p", "fp8_emu")]
     assert float(r["rel_l2"]) > float(by[("wan2.1-1.3b-480p", "sagev1_emu")]["rel_l2"]) > float(
         by[("wan2.1-1.3b-480p", "sdpa")]["rel_l2"])
-    assert float(r["time_ms"]) > 0 and r["quant_in_time"] == "True" and float(r["quant_ms"]) > 0
+    # emulations: accuracy only, never a time, a TFLOP/s or a GB/s
+    assert r["time_ms"] == r["tflops"] == r["gbps"] == r["quant_ms"] == ""
+    assert r["speed_figure"] == "False" and "emulated backend" in r["why_not_speed"]
+    assert "never timed" in r["status"]
+    s = by[("wan2.1-1.3b-480p", "sdpa")]
     flops = 4 * 1 * 12 * 96 * 96 * 128
-    assert float(r["tflops"]) == pytest.approx(flops / float(r["time_ms"]) / 1e9, rel=1e-6)
+    assert float(s["tflops"]) == pytest.approx(flops / float(s["time_ms"]) / 1e9, rel=1e-6)
+    # the median with its spread and n; a CPU timing is not a speed figure
+    assert float(s["time_p20_ms"]) <= float(s["time_ms"]) <= float(s["time_p80_ms"])
+    assert float(s["time_min_ms"]) <= float(s["time_p20_ms"]) and float(s["time_p80_ms"]) <= float(s["time_max_ms"])
+    assert s["time_n"] == "5" and s["timer"] == "host clock"
+    assert s["speed_figure"] == "False" and "CPU timing" in s["why_not_speed"]
     assert by[("random", "sagev1")]["status"].startswith("unavailable")
     assert (tmp_path / "a.json").exists() and (tmp_path / "a.png").exists()
+
+
+def test_printed_figures_keep_significant_digits_and_warn_on_cpu(tmp_path, capsys):
+    assert ba.sig(0.0086) == "0.0086" and ba.sig(0.033) == "0.033" and ba.sig(356.24) == "356"
+    assert ba.sig(8.5642, 4) == "8.564" and ba.sig(1234.5) == "1234" and ba.sig(0.0) == "0"
+    rc = ba.main(["--preset", "cogvideox-2b", "--max_seq", "16", "--device", "cpu", "--dtype", "fp32",
+                  "--kernel", "sdpa"])
+    assert rc == 0
+    lines = capsys.readouterr().out.splitlines()
+    header = lines[0].split()
+    assert {"time_ms", "p20–p80", "time_n", "quant_ms", "tflops", "gbps"} <= set(header)
+    for line in lines[1:3]:
+        cells = dict(zip(header, line.split()))
+        assert float(cells["tflops"]) > 0 and float(cells["gbps"]) > 0, line  # tiny rates, never 0.0
+        assert cells["time_n"] == "5"
+    assert "warning: these times are not speed figures: CPU timing (host clock, shared machine)" in lines
+
+
+def test_prepass_time_beside_a_quantized_backends_figure(tmp_path, capsys):
+    """A non-emulated quantized kernel (here the fp8 numerics registered as if they were a kernel) gets its
+    pre-pass timed alone beside its own time, with its share."""
+    emu = B.resolve("fp8_emu")
+    quant = B.Backend("quant_k", "a quantized test kernel", fn=emu.fn, kernel="quant_k", prepass=emu.prepass,
+                      bytes_model=emu.bytes_model, no_lse_reason="a test kernel")
+    with B.registered(quant):
+        rc = ba.main(["--preset", "cogvideox-2b", "--max_seq", "32", "--device", "cpu", "--dtype", "fp32",
+                      "--kernel", "quant_k", "-o", str(tmp_path / "q.csv")])
+    assert rc == 0
+    row = next(csv.DictReader(open(tmp_path / "q.csv")))
+    assert float(row["quant_ms"]) > 0 and float(row["quant_p20_ms"]) <= float(row["quant_p80_ms"])
+    assert float(row["quant_share"]) == pytest.approx(float(row["quant_ms"]) / float(row["time_ms"]))
+    assert row["quant_in_time"] == "True"
+    out = capsys.readouterr().out.splitlines()
+    cells = dict(zip(out[0].split(), out[1].split()))
+    assert float(cells["quant_ms"]) > 0 and cells["quant_share"].endswith("%")
+
+
+def test_fp32_captures_cast_to_bf16_say_so(tmp_path, capsys):
+    t = torch.randn(1, 2, 16, 8)
+    torch.save({"q": t, "k": t, "v": t, "meta": {"layout": "BHSD"}}, tmp_path / "attn_s_rank0_000000.pt")
+    rc = ba.main(["--input_dir", str(tmp_path), "--device", "cpu", "--kernel", "sdpa", "-metric", "accuracy",
+                  "-o", str(tmp_path / "c.csv")])
+    assert rc == 0
+    assert "note: 1 capture(s) hold float32 inputs; cast to bfloat16 for the kernels (--dtype bf16)" in \
+        capsys.readouterr().err
+    rows = list(csv.DictReader(open(tmp_path / "c.csv")))
+    assert rows[0]["cast_from"] == "float32" and rows[0]["dtype"] == "bfloat16"
+    assert rows[-1]["input"] == "random" and rows[-1]["cast_from"] == ""
+    rc = ba.main(["--input_dir", str(tmp_path), "--device", "cpu", "--kernel", "sdpa", "-metric", "accuracy",
+                  "--dtype", "capture", "-o", str(tmp_path / "k.csv")])
+    assert rc == 0 and "cast to" not in capsys.readouterr().err
+    assert next(csv.DictReader(open(tmp_path / "k.csv")))["dtype"] == "float32"
+
+
+def test_no_kernel_ran_exits_non_zero_with_the_reason(capsys):
+    rc = ba.main(["--preset", "cogvideox-2b", "--max_seq", "16", "--device", "cpu", "--kernel", "sagev1,fav3"])
+    assert rc == ba.EXIT_NOTHING_RAN != 0
+    err = capsys.readouterr().err
+    assert "error: no kernel ran (4 rows, none ok)" in err and "sageattention" in err
+
+
+def test_plot_has_one_legend_entry_per_kernel_and_input_and_no_point_labels():
+    rows = []
+    for inp in ("attn_wan_rank0_000001.pt", "attn_wan_rank0_000002.pt", "random"):
+        for i, k in enumerate(("sdpa", "fav3", "sagev1")):
+            r = dict.fromkeys(ba.COLUMNS, "")
+            t = 1.0 + i
+            r.update(input=inp, kernel=k, B=1, H=2, Sq=64, Sk=64, D=32, time_ms=t, time_p20_ms=0.9 * t,
+                     time_p80_ms=1.1 * t, tflops=4 * 2 * 64 * 64 * 32 / t / 1e9, rel_l2=10.0 ** -(i + 2),
+                     speed_figure=True, why_not_speed="")
+            rows.append(r)
+    fig = ba.build_plot(rows)
+    ax = fig.axes[0]
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert labels == ["sdpa", "fav3", "sagev1", "input: attn_wan_rank0_000001.pt", "input: attn_wan_rank0_000002.pt",
+                      "input: random"]
+    assert not ax.texts, "no per-point annotations"
+    ticks = [t.get_text() for t in ax.get_xticklabels() if t.get_text()]
+    assert len(ticks) == len(set(ticks)) >= 3  # labelled, distinct, not crowded
+    assert ba.build_plot([dict(rows[0], tflops="")]) is None
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
 
 
 def test_bytes_count_one_byte_for_quantized_inputs():

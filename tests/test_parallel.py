@@ -327,10 +327,15 @@ def test_parallel_summary_table_reads_layouts_from_the_timing(renders, tmp_path)
     assert u["gpus"] == 2 and h["gpus"] == 4
     assert u["identical_frames"] and u["latent_rel_l2_vs_1gpu"] == 0.0 and u["psnr_vs_1gpu_db"] == float("inf")
     assert 0 < h["latent_rel_l2_vs_1gpu"] <= 1e-5
-    assert u["speedup"] == pytest.approx(rows["1 GPU"]["step_ms"] / u["step_ms"])
+    assert u["speedup"] == pytest.approx(rows["1 GPU"]["warm_step_ms"] / u["warm_step_ms"])
     assert u["efficiency"] == pytest.approx(u["speedup"] / 2)
+    # the warm step of the merged entry: its second step (2 steps), the first apart; a CPU figure, flagged
+    assert u["warm_step_n"] == 1 and u["warm_step_ms"] == pytest.approx(u["step_times_ms"][1])
+    assert u["first_step_ms"] == pytest.approx(u["step_times_ms"][0])
+    assert u["speed_figure"] is False and "CPU timing" in u["why_not_speed"]
     assert "2 ranks" in u["kernels"] and "ulysses2" in u["kernels"]
-    assert "ulysses2xring2 (diffusers)" in S.table(list(rows.values()))
+    text = S.table(list(rows.values()))
+    assert "ulysses2xring2 (diffusers)" in text and "warning: not a speed figure (CPU timing" in text
 
 
 @pytest.mark.parametrize("name", ["ring", "hybrid"])
@@ -362,6 +367,10 @@ def test_rank0_writes_merged_timing_with_per_rank_counts(renders, name, tag, per
         assert len(r["step_times"]) == 2 and all(t > 0 for t in r["step_times"])
     assert e["attention_all_ranks"]["calls_by_kernel"] == {tag: ranks * per_rank, "sdpa[flash]": 8 * ranks}
     assert e["step_times"] == [max(r["step_times"][i] for r in e["ranks"]) for i in range(2)]
+    # the merged warm step is recomputed from the slowest rank's steps; each rank keeps its own
+    assert e["warm_step_median"] == e["step_times"][1] and e["first_step"] == e["step_times"][0]
+    assert all(r["warm_step_median"] == r["step_times"][1] for r in e["ranks"])
+    assert e["speed_figure"] is False and "step_time_median" not in e
     # captures carry the rank
     caps = renders[name] / "captures"
     assert {p.name.split("_rank")[1][0] for p in caps.glob("latents_*.pt")} == {str(r) for r in range(ranks)}

@@ -1,6 +1,7 @@
 """vdbench.report on a real tiny run: summary.csv figures, a self-contained report.html, rendered in chromium."""
 
 import csv
+import json
 import math
 import shutil
 import subprocess
@@ -31,9 +32,21 @@ def test_summary_csv_and_html(run_dir, tmp_path):
     assert 10 < float(rows["fp8_emu"]["psnr_db"]) < 80 and float(rows["default"]["speedup_vs_default"]) == 1.0
     assert rows["fp8_emu"]["quality_source"].startswith("raw frames")
     assert "emu.fp8" in rows["fp8_emu"]["kernels"]
+    # emulations carry no speed: "emulated" in every speed cell, accuracy kept
+    for col in report.SPEED_COLUMNS:
+        assert rows["fp8_emu"][col] == "emulated", col
+    assert rows["fp8_emu"]["emulated"] == "True" and rows["fp8_emu"]["speed_figure"] == "False"
+    # a CPU run of 2 steps: one warm step; flagged, with the reason, never silently a speed figure
+    d = rows["default"]
+    assert d["warm_step_n"] == "1" and float(d["first_step_ms"]) > 0 and float(d["warm_step_ms"]) > 0
+    assert d["speed_figure"] == "False" and "CPU timing" in d["why_not_speed"] and "n=1" in d["why_not_speed"]
+    assert "step_time_ms" not in rows["default"]  # the old, ambiguous column name is gone
     page = (tmp_path / "report.html").read_text()
-    assert page.count("data:image/png;base64,") >= 3  # speed-vs-quality, per-step, per-frame PSNR (+ poster)
+    assert page.count("data:image/png;base64,") >= 4  # speed-vs-quality, warm step bars, per-step, PSNR (+ poster)
     assert "<table" in page and "fp8_emu" in page
+    assert "not a speed figure (CPU timing" in page and "warm step ms (median after the first step)" in page
+    emu_row = page[page.index("<tr><td>fp8_emu</td>"):].split("</tr>")[0]
+    assert emu_row.count("<td>emulated</td>") >= 5
     assert "http://" not in page and "https://" not in page  # self-contained
 
 
@@ -76,6 +89,12 @@ def test_compare_outputs_cli(run_dir, tmp_path, capsys):
     assert co.main([str(run_dir / "results"), "-o", str(tmp_path / "q.json")]) == 0
     rows = {r["backend"]: r for r in json.loads((tmp_path / "q.json").read_text())["rows"]}
     assert rows["reference"]["psnr_db"] == float("inf") and rows["fp8_emu"]["psnr_db"] < 80
+    assert rows["fp8_emu"]["emulated"] is True and rows["fp8_emu"]["warm_step_ms"] is None
+    assert rows["fp8_emu"]["speedup_vs_default"] is None
+    assert rows["default"]["warm_step_n"] == 1 and rows["default"]["speed_figure"] is False
+    printed = capsys.readouterr().out
+    assert "not a speed figure (CPU timing" in printed
+    assert [line for line in printed.splitlines() if line.startswith("fp8_emu ")][0].split()[1] == "emulated"
     assert co.main([str(run_dir / "results"), "--reference", "nope"]) == 2
     assert "no render labelled 'nope'" in capsys.readouterr().err
     # A reference file from elsewhere (e.g. the eager render when the directory holds compiled renders).
@@ -93,9 +112,13 @@ def test_grid_labels_carry_speedup_and_psnr(run_dir, tmp_path, capsys):
     out = tmp_path / "grid.mp4"
     assert stitch_comparison.main(["--input_dir", str(run_dir / "results"), "--output", str(out),
                                    "--reference", "reference"]) == 0
-    printed = capsys.readouterr().out
+    captured = capsys.readouterr()
+    printed = captured.out
     assert "reference · " in printed and "ref" in printed
-    assert "fp8_emu · " in printed and " dB" in printed and "default · 1.00×" in printed
+    assert "fp8_emu · emulated · " in printed and " dB" in printed
+    assert "×" not in printed.split("fp8_emu · ")[1].splitlines()[0]  # no speedup for an emulation
+    assert "default · 1.00× (n=1: not a speed figure)" in printed
+    assert "warning: default: speedup 1.00× is not a speed figure: CPU timing" in captured.err
     assert stitch_comparison.main(["--input_dir", str(run_dir / "results"), "--output", str(out),
                                    "--reference", "nope"]) == 2
 
@@ -107,3 +130,50 @@ def test_lpips_absence_is_said_not_hidden(run_dir, tmp_path):
         pytest.skip("lpips is installed here: the absence note does not apply")
     s = report.summarize(run_dir)
     assert any("LPIPS not computed: the optional 'lpips' package is not installed" in n for n in s["notes"])
+
+
+def _entry(label, steps, device="cuda:0", emulated=None, settings=None, **extra):
+    run = {"settings": settings or {"height": 480}, "resolved": {"device": device}}
+    if emulated is not None:
+        run["backend"] = {"name": label, "emulated": emulated}
+    return {"attention_type": label, "step_times": steps, "run": run, **extra}
+
+
+def test_speed_reads_old_files_by_the_warm_definition(tmp_path):
+    """A timing.json from before the warm-step keys (first-included ``step_time_median``, no ``run.backend``) is
+    recomputed from its raw step times; the emulation is recognised from the registry."""
+    old = [_entry("default", [3.0, 1.0, 1.2, 1.1], step_time_median=1.15),
+           _entry("sdpa", [2.0, 0.5, 0.6, 0.55]),
+           _entry("fp8_emu", [9.0, 8.0, 8.0, 8.0])]
+    (tmp_path / "timing.json").write_text(json.dumps(old))
+    sp = report.speed(tmp_path)
+    assert sp["default"]["warm_step_median"] == 1.1 and sp["default"]["first_step"] == 3.0
+    assert sp["default"]["speed_figure"] is True and sp["default"]["warm_step_n"] == 3
+    assert sp["fp8_emu"]["emulated"] is True and sp["fp8_emu"]["warm_step_median"] is None
+    assert sp["fp8_emu"]["step_times"] is None and "emulated backend" in sp["fp8_emu"]["why_not_speed"]
+    s = report.summarize(tmp_path)
+    rows = {r["backend"]: r for r in s["rows"]}
+    assert rows["sdpa"]["speedup_vs_default"] == 2.0 and rows["sdpa"]["speed_figure"] is True
+    assert rows["fp8_emu"]["speedup_vs_default"] is None
+    assert any(n.startswith("emulated backends carry no speed") and "fp8_emu" in n for n in s["notes"])
+    assert not any(n.startswith("not a speed figure") for n in s["notes"])  # GPU, n=3: speed figures
+
+
+def test_repetitions_give_their_spread_and_error_bars(tmp_path):
+    reps = [_entry("default", [3.0, 1.0, 1.2, 1.1], repetition=0), _entry("default", [2.5, 1.3, 1.4, 1.5], repetition=1),
+            _entry("sdpa", [2.0, 0.5, 0.6, 0.55], repetition=0), _entry("sdpa", [2.0, 0.5, 0.5, 0.5], repetition=1)]
+    (tmp_path / "timing.json").write_text(json.dumps(reps))
+    s = report.summarize(tmp_path)
+    d = {r["backend"]: r for r in s["rows"]}["default"]
+    assert d["repetitions"] == 2 and d["warm_step_n"] == 6
+    assert d["rep_warm_medians_ms"] == [pytest.approx(1100.0), pytest.approx(1400.0)]
+    assert (d["rep_warm_min_ms"], d["rep_warm_max_ms"]) == (pytest.approx(1100.0), pytest.approx(1400.0))
+    assert d["warm_step_p20_ms"] < d["warm_step_ms"] < d["warm_step_p80_ms"]
+    out = report.write_html([s], tmp_path / "r.html").read_text()
+    assert "their warm medians, min–max ms" in out and "1100.0–1400.0" in out
+    assert "<figcaption>Warm step per backend: bar = median of the steps after the first" in out
+    assert "error bar = p20–p80" in out
+    report.write_csv([s], tmp_path / "s.csv")
+    row = next(csv.DictReader(open(tmp_path / "s.csv")))
+    assert row["repetitions"] == "2" and float(row["rep_warm_max_ms"]) == pytest.approx(1400.0)
+

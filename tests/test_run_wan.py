@@ -1,5 +1,7 @@
 """run_wan.py end to end on the embedded tiny model: outputs, timing.json, refusals, render_all_WAN.sh."""
 
+import contextlib
+import io
 import json
 import os
 import subprocess
@@ -26,10 +28,24 @@ def script_env():
 @pytest.fixture(scope="module")
 def rendered(tmp_path_factory):
     out = tmp_path_factory.mktemp("wan")
-    for backend in ("sdpa", "sagev1_emu"):
-        assert run_wan.main(SMALL + ["--attention_type", backend, "--benchmark_output_directory", str(out),
-                                     "--num_repetitions", "2", "--time_attention"]) == 0
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):  # the render lines, read by test_render_line_*
+        for backend in ("sdpa", "sagev1_emu"):
+            assert run_wan.main(SMALL + ["--attention_type", backend, "--benchmark_output_directory", str(out),
+                                         "--num_repetitions", "2", "--time_attention"]) == 0
+    (out / "printed.txt").write_text(printed.getvalue())
     return out / "results"
+
+
+def test_render_line_names_the_warm_step_its_n_and_warns_on_cpu(rendered):
+    lines = (rendered.parent / "printed.txt").read_text().splitlines()
+    sdpa = next(line for line in lines if line.startswith("[sdpa] "))
+    # 2 repetitions x 2 steps: 2 warm steps pooled, the first steps reported apart
+    assert "warm step " in sdpa and "(median of n=2 steps after the first; p20–p80 " in sdpa
+    assert "2 repetitions, their warm medians" in sdpa and "first step " in sdpa
+    assert any(line.startswith("warning: [sdpa] not a speed figure: CPU timing") and "n=2" in line for line in lines)
+    emu = next(line for line in lines if line.startswith("[sagev1_emu] "))
+    assert "emulated backend: no speed figure" in emu and " ms" not in emu.split(", decode")[0]
 
 
 def test_video_written_with_requested_size_and_frames(rendered):
@@ -44,10 +60,16 @@ def test_timing_json_schema(rendered):
     assert isinstance(entries, list) and len(entries) == 4  # 2 backends x 2 repetitions, appended
     assert [e["attention_type"] for e in entries] == ["sdpa", "sdpa", "sagev1_emu", "sagev1_emu"]
     for e in entries:
-        for key in ("pipe_time", "vae_decode_time", "text_encode_time", "step_times", "step_time_median",
-                    "total_time", "attention", "peak_memory_bytes", "output", "run"):
+        for key in ("pipe_time", "vae_decode_time", "text_encode_time", "step_times", "first_step",
+                    "warm_step_median", "warm_step_n", "warm_step_p20", "warm_step_p80", "speed_figure",
+                    "why_not_speed", "total_time", "attention", "peak_memory_bytes", "output", "run"):
             assert key in e, key
+        assert "step_time_median" not in e  # the first-included median is not written any more
         assert len(e["step_times"]) == 2 and all(t > 0 for t in e["step_times"])
+        assert e["first_step"] == e["step_times"][0] and e["warm_step_median"] == e["step_times"][1]
+        assert e["warm_step_n"] == 1 and e["speed_figure"] is False
+        assert "CPU timing" in e["why_not_speed"] and "n=1" in e["why_not_speed"]
+        assert ("emulated backend" in e["why_not_speed"]) == (e["attention_type"] == "sagev1_emu")
         assert e["pipe_time"] > 0 and e["vae_decode_time"] > 0 and e["text_encode_time"] > 0
         # 2 layers x (self + cross) x 2 (classifier-free guidance) x 2 steps
         assert e["attention"]["total_calls"] == 16

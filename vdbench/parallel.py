@@ -398,7 +398,9 @@ def merge_rank_entries(ctx: Optional[DistContext], entries: list[dict]) -> Optio
         return entries
     import torch.distributed as dist
 
-    slim = [{k: e.get(k) for k in ("repetition", "step_times", "step_time_median", "pipe_time", "vae_decode_time",
+    from .timing import STEP_KEYS, step_stats
+
+    slim = [{k: e.get(k) for k in ("repetition", "step_times", *STEP_KEYS, "pipe_time", "vae_decode_time",
                                    "attention", "peak_memory_bytes", "total_time")} for e in entries]
     gathered: list = [None] * ctx.world_size
     dist.all_gather_object(gathered, {"rank": ctx.rank, "device": str(ctx.device), "entries": slim})
@@ -417,9 +419,9 @@ def merge_rank_entries(ctx: Optional[DistContext], entries: list[dict]) -> Optio
         e["attention_all_ranks"] = {"calls_by_kernel": total, "total_calls": sum(total.values())}
         # the step is done when the slowest rank is done
         e["step_times"] = [max(pr["step_times"][j] for pr in per_rank) for j in range(len(e["step_times"]))]
-        from .timing import summarize_steps
-
-        e.update(summarize_steps(e["step_times"]))
+        run = e.get("run") or {}
+        e.update(step_stats(e["step_times"], (run.get("resolved") or {}).get("device"),
+                            bool((run.get("backend") or {}).get("emulated"))))
         merged.append(e)
     return merged
 

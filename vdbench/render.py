@@ -26,8 +26,8 @@ import torch
 from . import backends as B
 from . import families
 from .patching import AttentionPatch
-from .timing import (Clock, StepProfiler, StepTimer, append_timing, peak_memory, reset_peak_memory, summarize_steps,
-                     system_info)
+from .timing import (Clock, StepProfiler, StepTimer, append_timing, describe_steps, peak_memory, reset_peak_memory,
+                     run_step_stats, step_stats, system_info)
 
 __all__ = ["RenderConfig", "Plan", "Loaded", "render", "validate", "load", "run_repetitions", "finish",
            "resolve_device", "resolve_dtype", "preflight", "VAEHang"]
@@ -432,7 +432,7 @@ def run_repetitions(plan: Plan, loaded: Loaded, log) -> tuple[list[dict], object
                     "pipe_time": pipe_time,
                     "text_encode_time": te_timer.total if te_timer else None,
                     "step_times": step_times,
-                    **summarize_steps(step_times),
+                    **step_stats(step_times, device, backend.emulated),  # warm step, first step, spread, verdict
                     "vae_decode_time": after_pipe.seconds_until(after_decode),
                     "vae_decode": {"mode": cfg.vae_decode, "max_memory_gib": cfg.vae_max_memory,
                                    **{k: v for k, v in vae_info.items() if isinstance(v, (int, float, str, bool))}},
@@ -474,14 +474,19 @@ def finish(plan: Plan, entries: list[dict], frames, log) -> dict:
         _save_frames(frames, cfg.output_path.with_suffix(".npy"))
     append_timing(cfg.timing_path, entries)
     last = entries[-1]
-    med = last["step_time_median"]
+    steps = run_step_stats([e["step_times"] for e in entries], device, backend.emulated)
     summary = {
         "attention_type": cfg.attention_type, "output": str(cfg.output_path), "timing": str(cfg.timing_path),
-        "step_time_median": med, "vae_decode_time": last["vae_decode_time"],
+        "warm_step_median": None if backend.emulated else steps["warm_step_median"],
+        "warm_step_n": steps["warm_step_n"], "speed_figure": steps["speed_figure"],
+        "why_not_speed": steps["why_not_speed"], "vae_decode_time": last["vae_decode_time"],
         "calls_by_kernel": last["attention"]["calls_by_kernel"], "fallback_calls": last["attention"]["fallback_calls"],
     }
     kernels = ", ".join(f"{k}×{v}" for k, v in last["attention"]["calls_by_kernel"].items())
-    log(f"[{cfg.attention_type}] {med * 1000:.1f} ms/step (median of {len(last['step_times'])}), decode "
-        f"{last['vae_decode_time']:.2f} s, kernels: {kernels} -> {cfg.output_path}")
+    timing_text = "emulated backend: no speed figure" if backend.emulated else describe_steps(steps)
+    log(f"[{cfg.attention_type}] {timing_text}, decode {last['vae_decode_time']:.2f} s, kernels: {kernels} "
+        f"-> {cfg.output_path}")
+    if not steps["speed_figure"] and not backend.emulated:
+        log(f"warning: [{cfg.attention_type}] not a speed figure: {steps['why_not_speed']}")
     log(f"output: {cfg.output_path}")
     return summary

@@ -4,9 +4,15 @@
 
 A run dir is a results directory (the per-backend videos, the optional raw ``.npy`` frames that
 ``--save_frames`` writes, and ``timing.json``) or a directory holding one as ``results/``. For each backend
-the report gives the time per step, the speedup against ``default``, the attention share of the step, the
-VAE decode time, peak memory, PSNR/SSIM against the reference render, and the kernels that actually ran
-(``attention.calls_by_kernel``, so a silent fallback cannot pass for the kernel that was asked for).
+the report gives the warm step (``vdbench.timing``'s one definition: the median of the steps after the first,
+with its n, p20–p80 and min–max; the first step apart; each repetition's warm median), the speedup against
+``default``, the attention share of the step, the VAE decode time, peak memory, PSNR/SSIM against the reference
+render, and the kernels that actually ran (``attention.calls_by_kernel``, so a silent fallback cannot pass for
+the kernel that was asked for).
+
+Emulated backends (``run.backend.emulated``) carry no speed: their time, speedup and attention-share cells say
+"emulated" (their accuracy stays). Timings from a CPU or from fewer than three warm steps are flagged "not a
+speed figure" (a note on the page, the ``speed_figure`` / ``why_not_speed`` columns of summary.csv).
 
 ``report.html`` embeds everything (plots as base64 PNG data URIs, inline CSS, no script) so it can be mailed,
 attached to a CI run or opened from an artefact store without the files next to it. Missing pieces (no
@@ -17,7 +23,8 @@ The quality figures prefer the raw frames (codec noise excluded) and fall back t
 ``quality_source`` column says which, because x264 noise can hide or fake a difference of a few dB.
 
 This module also holds the figure labels of ``stitch_comparison.py --reference``
-(:func:`figure_labels`): speedup from timing.json and PSNR of each decoded video against the reference's.
+(:func:`figure_labels`): speedup of the warm steps from timing.json and PSNR of each decoded video against the
+reference's.
 """
 
 from __future__ import annotations
@@ -38,12 +45,25 @@ import numpy as np
 from vdbench.video import iter_frames, label_from_filename
 
 __all__ = ["resolve_results", "collect", "load_frames", "speed", "summarize", "write_csv", "write_html",
-           "figure_labels", "video_psnr", "main", "CSV_COLUMNS"]
+           "figure_labels", "video_psnr", "main", "CSV_COLUMNS", "SPEED_COLUMNS", "EMULATED"]
 
-#: summary.csv columns, in order. ``quality_source`` says whether PSNR/SSIM came from raw frames or from
-#: decoded videos; ``kernels`` is ``kernel×calls; ...`` as counted by the patched attention processors.
-CSV_COLUMNS = ["run", "backend", "step_time_ms", "speedup_vs_default", "attention_share", "vae_decode_s",
-               "peak_memory_gib", "psnr_db", "ssim", "quality_source", "kernels", "fallback_calls", "note"]
+#: summary.csv columns, in order. ``warm_step_*``: the median of the steps after the first of every repetition of
+#: the last run, pooled, with its n and spread; ``first_step_ms`` the first step alone (median over repetitions);
+#: ``rep_warm_min_ms`` / ``rep_warm_max_ms`` the range of the repetitions' own warm medians. ``speed_figure`` is
+#: False (and ``why_not_speed`` says why) for CPU timings, emulations and n < 3. ``quality_source`` says whether
+#: PSNR/SSIM came from raw frames or from decoded videos; ``kernels`` is ``kernel×calls; ...`` as counted by the
+#: patched attention processors.
+CSV_COLUMNS = ["run", "backend", "warm_step_ms", "warm_step_n", "warm_step_p20_ms", "warm_step_p80_ms",
+               "warm_step_min_ms", "warm_step_max_ms", "first_step_ms", "repetitions", "rep_warm_min_ms",
+               "rep_warm_max_ms", "speedup_vs_default", "speed_figure", "why_not_speed", "emulated",
+               "attention_share", "vae_decode_s", "peak_memory_gib", "psnr_db", "ssim", "quality_source", "kernels",
+               "fallback_calls", "note"]
+
+#: The columns that are a speed (a time of the attention's work or derived from one): "emulated" in their place
+#: for an emulated backend, whose numerics are emulated in pure torch and whose time means nothing.
+SPEED_COLUMNS = ("warm_step_ms", "warm_step_p20_ms", "warm_step_p80_ms", "warm_step_min_ms", "warm_step_max_ms",
+                 "first_step_ms", "rep_warm_min_ms", "rep_warm_max_ms", "speedup_vs_default", "attention_share")
+EMULATED = "emulated"
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -93,18 +113,43 @@ def _median(values):
     return statistics.median(values) if values else None
 
 
+def _emulated(label, entry: dict) -> bool:
+    """Whether the backend of these timings is an emulation: the entry's own record (``run.backend.emulated``),
+    else the registry's entry for the label (older files), else False (a label the registry doesn't know)."""
+    recorded = ((entry.get("run") or {}).get("backend") or {}).get("emulated")
+    if recorded is not None:
+        return bool(recorded)
+    from vdbench import backends as B
+
+    try:
+        return B.resolve(label).emulated
+    except B.BackendUnavailable:
+        return False
+
+
+def _device(entry: dict):
+    run = entry.get("run") or {}
+    return (run.get("resolved") or {}).get("device") or (run.get("system") or {}).get("device")
+
+
 def speed(results: Path) -> dict[str, dict]:
     """Per backend, from the *last run* of that backend in timing.json (the repetitions that share the last
-    entry's settings, so an older render at another size never mixes in):
+    entry's settings, so an older render at another size never mixes in), recomputed from the raw
+    ``step_times`` with ``vdbench.timing.run_step_stats`` (so files written before the warm-step keys existed
+    read the same way):
 
-    ``step_time_median``: median over the steps after the first of each repetition. The first step pays
-    for lazy initialisation (kernel selection, allocator growth, autotuning), which is not what a backend
-    costs per step in a 50-step render; with a single step per repetition it is all there is and is kept.
+    ``warm_step_median`` (+ ``_n``, ``_p20``, ``_p80``, ``_min``, ``_max``): the steps after the first of every
+    repetition, pooled. The first step pays for lazy initialisation (kernel selection, allocator growth,
+    autotuning), which is not what a backend costs per step in a 50-step render; it is ``first_step``.
+    ``repetitions``, ``rep_warm_medians``, ``rep_warm_min`` / ``rep_warm_max``: each repetition's warm median.
+    ``speed_figure`` / ``why_not_speed``: False and why for a CPU, an emulation or n < 3.
     ``step_times``: the per-step times, median over the repetitions (for the per-step plot).
     ``vae_decode_time``, ``attention_share`` (medians), ``calls_by_kernel``, ``fallback_calls``,
-    ``peak_memory_bytes`` (of the last repetition) and ``run`` (its header: settings, system, model).
+    ``peak_memory_bytes`` (of the last repetition), ``emulated``, ``device`` and ``run`` (its header).
+    For an emulated backend every time of the attention's work (warm and first step, per-step times, attention
+    share) is None: emulations never carry speed.
     """
-    from vdbench.timing import load_timing
+    from vdbench.timing import load_timing, run_step_stats
 
     out: dict[str, dict] = {}
     tpath = Path(results) / "timing.json"
@@ -115,18 +160,26 @@ def speed(results: Path) -> dict[str, dict]:
         by.setdefault(e.get("attention_type"), []).append(e)
     for label, entries in by.items():
         last_run = [e for e in entries if e.get("run", {}).get("settings") == entries[-1].get("run", {}).get("settings")]
-        steps = [t for e in last_run for t in (e["step_times"][1:] if len(e["step_times"]) > 1 else e["step_times"])]
-        n_steps = max(len(e["step_times"]) for e in last_run)
-        per_step = [_median(e["step_times"][i] for e in last_run if i < len(e["step_times"])) for i in range(n_steps)]
+        emulated = _emulated(label, last_run[-1])
+        device = _device(last_run[-1])
+        stats = run_step_stats([e.get("step_times") or [] for e in last_run], device, emulated)
+        n_steps = max(len(e.get("step_times") or []) for e in last_run)
+        per_step = [_median((e.get("step_times") or [])[i] for e in last_run if i < len(e.get("step_times") or []))
+                    for i in range(n_steps)]
         att = last_run[-1].get("attention") or {}
-        out[label] = {"step_time_median": statistics.median(steps) if steps else None,
+        out[label] = {**stats,
                       "step_times": per_step,
                       "vae_decode_time": _median(e.get("vae_decode_time") for e in last_run),
                       "attention_share": _median(e.get("attention_share") for e in last_run),
                       "calls_by_kernel": att.get("calls_by_kernel") or {},
                       "fallback_calls": att.get("fallback_calls"),
                       "peak_memory_bytes": last_run[-1].get("peak_memory_bytes"),
+                      "emulated": emulated, "device": device,
                       "run": last_run[-1].get("run") or {}}
+        if emulated:
+            out[label].update({k: None for k in stats if k.startswith(("warm_step_", "first_step", "rep_warm_"))
+                               and k != "warm_step_n"},
+                              rep_warm_medians=[], step_times=None, attention_share=None)
     return out
 
 
@@ -152,16 +205,28 @@ def summarize(run_dir, reference: str = "reference", device=None) -> dict:
     elif sources:
         notes.append(f"no reference render labelled {reference!r} in {results} (found: {', '.join(sources)}): "
                      "no quality figures (render one with --attention_type reference)")
-    base = (sp.get("default") or {}).get("step_time_median")
+    base_s = sp.get("default") or {}
+    base = base_s.get("warm_step_median")
     if sp and base is None:
-        notes.append("no 'default' backend in timing.json: no speedup column")
+        notes.append("no 'default' backend with a warm step in timing.json: no speedup column")
     rows = []
     for label in list(dict.fromkeys(list(sp) + list(sources))):
         s = sp.get(label, {})
-        st = s.get("step_time_median")
+        st = s.get("warm_step_median")
+        ms = lambda key: s[key] * 1e3 if s.get(key) is not None else None  # noqa: E731
+        why = s.get("why_not_speed")
+        if st and base and label != "default" and not base_s.get("speed_figure", True):
+            why = "; ".join(filter(None, [why, "the 'default' baseline is not a speed figure"]))
         row = {"run": str(run_dir), "backend": label,
-               "step_time_ms": st * 1e3 if st else None,
+               "warm_step_ms": ms("warm_step_median"), "warm_step_n": s.get("warm_step_n"),
+               "warm_step_p20_ms": ms("warm_step_p20"), "warm_step_p80_ms": ms("warm_step_p80"),
+               "warm_step_min_ms": ms("warm_step_min"), "warm_step_max_ms": ms("warm_step_max"),
+               "first_step_ms": ms("first_step"), "repetitions": s.get("repetitions"),
+               "rep_warm_min_ms": ms("rep_warm_min"), "rep_warm_max_ms": ms("rep_warm_max"),
+               "rep_warm_medians_ms": [m * 1e3 for m in s.get("rep_warm_medians") or []],
                "speedup_vs_default": (base / st) if (base and st) else None,
+               "speed_figure": (not why) if s else None, "why_not_speed": why,
+               "emulated": s.get("emulated"),
                "attention_share": s.get("attention_share"), "vae_decode_s": s.get("vae_decode_time"),
                "peak_memory_gib": s["peak_memory_bytes"] / 2**30 if s.get("peak_memory_bytes") else None,
                "psnr_db": None, "ssim": None, "quality_source": None,
@@ -192,6 +257,7 @@ def summarize(run_dir, reference: str = "reference", device=None) -> dict:
         rows.append(row)
     if lpips_note:
         notes.append(lpips_note)
+    notes.extend(_speed_notes(rows))
     header = next((s["run"] for s in sp.values() if s.get("run")), {})
     grid = next((p for p in (results / "comparison_grid.mp4", results.parent / "comparison_grid.mp4") if p.exists()),
                 None)
@@ -201,6 +267,21 @@ def summarize(run_dir, reference: str = "reference", device=None) -> dict:
             "header": header, "poster": str(poster) if poster else None,
             "poster_kind": "comparison grid" if grid else (f"{reference} render" if poster and poster == videos.get(reference)
                                                             else "first render")}
+
+
+def _speed_notes(rows: list[dict]) -> list[str]:
+    """The warning lines for the rows whose times are not speed figures, grouped by reason (one line per
+    reason, naming the backends), and the emulated ones, whose speed cells say "emulated"."""
+    by_why: dict[str, list[str]] = {}
+    for r in rows:
+        if r.get("speed_figure") is False and not r.get("emulated"):
+            by_why.setdefault(r["why_not_speed"], []).append(r["backend"])
+    out = [f"not a speed figure ({why}): {', '.join(names)}" for why, names in by_why.items()]
+    emu = [r["backend"] for r in rows if r.get("emulated")]
+    if emu:
+        out.append(f"emulated backends carry no speed (their time cells say 'emulated'; accuracy stays): "
+                   f"{', '.join(emu)}")
+    return out
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -223,7 +304,8 @@ def write_csv(summaries: list[dict], path) -> Path:
         w.writeheader()
         for s in summaries:
             for r in s["rows"]:
-                w.writerow({k: _csv_value(r.get(k)) for k in CSV_COLUMNS})
+                w.writerow({k: EMULATED if (r.get("emulated") and k in SPEED_COLUMNS) else _csv_value(r.get(k))
+                            for k in CSV_COLUMNS})
     return path
 
 
@@ -256,16 +338,22 @@ def _plots(summary: dict) -> list[tuple[str, str]]:
 
     out = []
     rows = summary["rows"]
-    pts = [(r["step_time_ms"], r["psnr_db"], r["backend"]) for r in rows
-           if r["step_time_ms"] is not None and r["psnr_db"] is not None]
+    not_speed = any(r.get("speed_figure") is False and r.get("warm_step_ms") is not None for r in rows)
+    flag = " (NOT a speed figure: see the notes)" if not_speed else ""
+    timed = [r for r in rows if r.get("warm_step_ms") is not None]
+    pts = [(r["warm_step_ms"], r["psnr_db"], r["backend"]) for r in timed if r["psnr_db"] is not None]
     if pts:
         finite = [q for _, q, _ in pts if math.isfinite(q)]
         cap = (max(finite) + 5.0) if finite else 60.0  # an identical render has infinite PSNR: draw it on top
         pts = [(t, q if math.isfinite(q) else cap, lab) for t, q, lab in pts]
+        by = {r["backend"]: r for r in timed}
+        err = [[t - by[lab]["warm_step_p20_ms"] for t, _, lab in pts], [by[lab]["warm_step_p80_ms"] - t for t, _, lab in pts]]
         fig, ax = plt.subplots(figsize=(7, 4.5))
-        ax.scatter([p[0] for p in pts], [p[1] for p in pts], s=50, color="tab:blue", zorder=3)
+        ax.errorbar([p[0] for p in pts], [p[1] for p in pts], xerr=err, fmt="o", ms=7, color="tab:blue", capsize=3,
+                    zorder=3, label="warm step: median, p20–p80")
         for t, q, lab in pts:
-            ax.annotate(lab, (t, q), textcoords="offset points", xytext=(5, 5), fontsize=9)
+            ax.annotate(f"{lab} (n={by[lab]['warm_step_n']})", (t, q), textcoords="offset points", xytext=(5, 5),
+                        fontsize=9)
         front = pareto_front(pts)
         ax.plot([p[0] for p in front], [p[1] for p in front], "--", color="tab:red", zorder=2,
                 label="Pareto front (faster and at least as accurate)")
@@ -273,13 +361,37 @@ def _plots(summary: dict) -> list[tuple[str, str]]:
         if not finite or any(q == cap for _, q, _ in pts):
             ax.axhline(cap, color="grey", lw=0.5)
             ax.text(ax.get_xlim()[0], cap, " identical to reference (PSNR inf)", va="bottom", fontsize=8)
-        ax.set_xlabel("time per step (ms, median after the first step)")
+        ax.set_xlabel("warm step (ms): median of the steps after the first")
         ax.set_ylabel(f"PSNR vs {summary['reference']} (dB)")
-        ax.set_title("speed vs quality")
+        ax.set_title("speed vs quality" + flag)
         ax.legend(fontsize=8, loc="lower right")
         ax.grid(alpha=0.3)
-        out.append(("Speed vs quality: lower left is fast, up is accurate; the dashed line is the Pareto front.",
-                    _png_uri(fig)))
+        out.append(("Speed vs quality: lower left is fast, up is accurate; the dashed line is the Pareto front; "
+                    "horizontal bars span p20–p80 of the warm steps. Emulated backends carry no speed and are not "
+                    "drawn.", _png_uri(fig)))
+    if timed:
+        fig, ax = plt.subplots(figsize=(7, 0.9 + 0.45 * len(timed)))
+        ys = list(range(len(timed)))
+        med = [r["warm_step_ms"] for r in timed]
+        ax.barh(ys, med, color=["tab:gray" if r.get("speed_figure") is False else "tab:blue" for r in timed],
+                xerr=[[m - r["warm_step_p20_ms"] for m, r in zip(med, timed)],
+                      [r["warm_step_p80_ms"] - m for m, r in zip(med, timed)]], capsize=4, alpha=0.8)
+        ax.plot([r["warm_step_min_ms"] for r in timed], ys, "|", color="k", ms=10, label="min / max")
+        ax.plot([r["warm_step_max_ms"] for r in timed], ys, "|", color="k", ms=10)
+        reps = [(m, y) for r, y in zip(timed, ys) if (r.get("repetitions") or 0) > 1 for m in r["rep_warm_medians_ms"]]
+        if reps:
+            ax.plot([m for m, _ in reps], [y for _, y in reps], "o", color="tab:orange", ms=4,
+                    label="each repetition's warm median")
+        ax.set_yticks(ys)
+        ax.set_yticklabels([f"{r['backend']} (n={r['warm_step_n']})" for r in timed], fontsize=9)
+        ax.invert_yaxis()
+        ax.set_xlabel("warm step (ms): median of the steps after the first; error bar p20–p80")
+        ax.set_title("time per warm step" + flag)
+        ax.legend(fontsize=8, loc="lower right")
+        ax.grid(alpha=0.3, axis="x")
+        out.append(("Warm step per backend: bar = median of the steps after the first (all repetitions pooled), "
+                    "error bar = p20–p80, ticks = min and max, dots = each repetition's warm median; grey bars are "
+                    "not speed figures (CPU, or fewer than 3 warm steps).", _png_uri(fig)))
     steps = [(r["backend"], r["step_times"]) for r in rows if r.get("step_times")]
     if steps:
         fig, ax = plt.subplots(figsize=(7, 4))
@@ -290,7 +402,8 @@ def _plots(summary: dict) -> list[tuple[str, str]]:
         ax.set_title("time per step (median over the repetitions of the last run)")
         ax.legend(fontsize=8)
         ax.grid(alpha=0.3)
-        out.append(("Per-step time: the first step includes one-off initialisation.", _png_uri(fig)))
+        out.append(("Per-step time: the first step includes one-off initialisation (reported apart as the first "
+                    "step); emulated backends are not drawn.", _png_uri(fig)))
     frames = [(r["backend"], r["psnr_per_frame"]) for r in rows
               if r.get("psnr_per_frame") and all(math.isfinite(v) for v in r["psnr_per_frame"])]
     if frames:
@@ -360,9 +473,16 @@ def write_html(summaries: list[dict], path) -> Path:
         for n in s["notes"]:
             parts.append(f"<div class='note'>{esc(n)}</div>")
         has_q = any(r["psnr_db"] is not None for r in s["rows"])
-        cols = [("backend", "backend", ""), ("ms/step", "step_time_ms", ".1f"),
-                ("speedup vs default", "speedup_vs_default", ".2f"), ("attention share", "attention_share", ".1%"),
-                ("VAE decode (s)", "vae_decode_s", ".2f"), ("peak mem (GiB)", "peak_memory_gib", ".2f")]
+        multi = any((r.get("repetitions") or 0) > 1 for r in s["rows"])
+        cols = [("backend", "backend", ""), ("warm step ms (median after the first step)", "warm_step_ms", ".1f"),
+                ("n", "warm_step_n", ""), ("p20–p80 ms", ("warm_step_p20_ms", "warm_step_p80_ms"), ".1f"),
+                ("min–max ms", ("warm_step_min_ms", "warm_step_max_ms"), ".1f"), ("first step ms", "first_step_ms", ".1f")]
+        if multi:
+            cols += [("repetitions", "repetitions", ""),
+                     ("their warm medians, min–max ms", ("rep_warm_min_ms", "rep_warm_max_ms"), ".1f")]
+        cols += [("speedup vs default", "speedup_vs_default", ".2f"), ("speed figure", "speed_figure", ""),
+                 ("attention share", "attention_share", ".1%"),
+                 ("VAE decode (s)", "vae_decode_s", ".2f"), ("peak mem (GiB)", "peak_memory_gib", ".2f")]
         if has_q:
             cols += [(f"PSNR vs {s['reference']} (dB)", "psnr_db", ".2f"), ("SSIM", "ssim", ".4f"),
                      ("quality from", "quality_source", "")]
@@ -371,9 +491,19 @@ def write_html(summaries: list[dict], path) -> Path:
         for r in s["rows"]:
             cells = []
             for _, key, spec in cols:
-                v = r.get(key)
-                cls = " class='n'" if isinstance(v, (int, float)) and not isinstance(v, bool) else ""
-                cells.append(f"<td{cls}>{esc(_fmt(v, spec))}</td>")
+                keys = key if isinstance(key, tuple) else (key,)
+                if r.get("emulated") and any(k in SPEED_COLUMNS for k in keys):
+                    cells.append(f"<td>{EMULATED}</td>")
+                    continue
+                if key == "speed_figure":
+                    v = r.get(key)
+                    text = "–" if v is None else ("yes" if v else f"no: {r.get('why_not_speed')}")
+                    cells.append(f"<td>{esc(text)}</td>")
+                    continue
+                vals = [r.get(k) for k in keys]
+                text = "–" if any(v is None for v in vals) else "–".join(_fmt(v, spec) for v in vals)
+                num = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in vals)
+                cells.append(f"<td{' class=n' if num else ''}>{esc(text)}</td>")
             parts.append("<tr>" + "".join(cells) + "</tr>")
         parts.append("</table>")
         for caption, uri in _plots(s):
@@ -422,11 +552,15 @@ def video_psnr(video, ref_video) -> float | None:
     return 10.0 * math.log10(255.0 ** 2 * n / sq)
 
 
-def figure_labels(inputs, labels, reference: str, timing_dir=None) -> list[str]:
-    """``label · speedup× · PSNR dB`` for each input: speedup from ``timing_dir/timing.json`` (against
-    ``default`` when it was rendered, else against the first input), PSNR of each decoded video against the
-    reference input's decoded video. ``reference`` names an input by its label or by the backend in its file
-    name. Parts that cannot be computed (no timing entry, another size) are left out of that label."""
+def figure_labels(inputs, labels, reference: str, timing_dir=None, warnings: list | None = None) -> list[str]:
+    """``label · speedup× (n=…) · PSNR dB`` for each input: speedup of the warm steps (``vdbench.timing``'s definition:
+    median of the steps after the first) from ``timing_dir/timing.json`` (against ``default`` when it was rendered,
+    else against the first input), PSNR of each decoded video against the reference input's decoded video.
+    ``reference`` names an input by its label or by the backend in its file name. Parts that cannot be computed
+    (no timing entry, another size) are left out of that label. The speedup carries the n of the backend's warm
+    steps; an emulated backend gets "emulated" instead of a speedup; a speedup from timings that are not speed
+    figures (a CPU, n < 3) says so in the label, and the reason is appended to ``warnings`` when a list is given
+    (the caller prints it)."""
     keys = [label_from_filename(p) for p in inputs]
     if reference in labels:
         ref_idx = list(labels).index(reference)
@@ -435,14 +569,24 @@ def figure_labels(inputs, labels, reference: str, timing_dir=None) -> list[str]:
     else:
         raise ValueError(f"--reference {reference!r} is none of the inputs ({', '.join(labels)})")
     sp = speed(Path(timing_dir)) if timing_dir is not None else {}
-    step = {k: (sp.get(k) or {}).get("step_time_median") for k in keys}
-    base = (sp.get("default") or {}).get("step_time_median") or step.get(keys[0])
+    step = {k: (sp.get(k) or {}).get("warm_step_median") for k in keys}
+    base_key = "default" if (sp.get("default") or {}).get("warm_step_median") else keys[0]
+    base = step.get(base_key) or (sp.get(base_key) or {}).get("warm_step_median")
+    base_why = (sp.get(base_key) or {}).get("why_not_speed")
     out = []
     for i, (path, label, key) in enumerate(zip(inputs, labels, keys)):
         parts = [label]
-        if base and step.get(key):
+        s = sp.get(key) or {}
+        if s.get("emulated"):
+            parts.append(EMULATED)
+        elif base and step.get(key):
             x = base / step[key]
-            parts.append(f"{x:.2f}×" if x < 10 else f"{x:.1f}×")
+            text = f"{x:.2f}×" if x < 10 else f"{x:.1f}×"
+            why = "; ".join(dict.fromkeys(w for w in (s.get("why_not_speed"), base_why) if w))
+            text += f" (n={s.get('warm_step_n')}" + (": not a speed figure)" if why else ")")
+            if why and warnings is not None:
+                warnings.append(f"{label}: speedup {x:.2f}× is not a speed figure: {why}")
+            parts.append(text)
         if i == ref_idx:
             parts.append("ref")
         else:

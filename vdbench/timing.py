@@ -10,6 +10,16 @@ directory append to the same list (each object names its ``attention_type`` and 
 settings, versions, device), written atomically under a file lock so a crash never leaves a truncated file
 and a corrupt file is moved aside, never overwritten.
 
+**One definition of a step time** (:func:`step_stats`, used by every output: the render line, timing.json, the
+report and summary.csv, the grid labels, ``bench/parallel_summary.py``): the *warm step* is the median of the
+steps after the first, given with its n and its spread (min–max, p20–p80); the first step is reported on its own
+as ``first_step``, because it pays one-time costs (cuDNN plans, Triton JIT, allocator growth) that can make it
+1.5–5.6x a warm step on an H200 -- a median that includes it is a different number. Across repetitions
+(:func:`run_step_stats`) the warm steps of all repetitions are pooled and each repetition's own warm median is kept
+beside them. A figure is a *speed figure* only when it was timed on a GPU, from at least ``MIN_SAMPLES`` samples,
+and not for an emulated backend; otherwise ``speed_figure`` is False and ``why_not_speed`` says why
+(:func:`speed_verdict`), so a CPU timing of one repetition can't pass for a measurement.
+
 Profiles live here too, beside the clocks: :class:`StepProfiler` runs ``torch.profiler`` over scheduled denoising
 steps (the render's ``--profile_*`` flags) and :func:`kernel_summary` is the one aggregation of profiler events
 (device time by kernel and by :data:`KERNEL_CATEGORIES`) that the render and the VAE bench both write.
@@ -29,7 +39,8 @@ from typing import Optional
 
 import torch
 
-__all__ = ["Clock", "StepTimer", "system_info", "append_timing", "load_timing", "peak_memory", "reset_peak_memory",
+__all__ = ["Clock", "StepTimer", "MIN_SAMPLES", "STEP_KEYS", "spread", "speed_verdict", "step_stats", "run_step_stats",
+           "describe_steps", "system_info", "append_timing", "load_timing", "peak_memory", "reset_peak_memory",
            "KERNEL_CATEGORIES", "kernel_category", "kernel_summary", "StepProfiler"]
 
 
@@ -72,10 +83,105 @@ class StepTimer:
         return [a.seconds_until(b) for a, b in zip(self.marks, self.marks[1:])]
 
 
-def summarize_steps(step_times: list[float]) -> dict:
-    if not step_times:
-        return {"step_time_median": None, "step_time_mean": None}
-    return {"step_time_median": statistics.median(step_times), "step_time_mean": statistics.fmean(step_times)}
+#: Fewer timed samples than this and a figure is not a speed figure: one or two samples have no spread to judge
+#: them by (the same kernel was timed at 15.8 and 0.9 ms on two single-sample runs).
+MIN_SAMPLES = 3
+
+#: The keys :func:`step_stats` adds to a timing.json entry (seconds; ``warm_step_n`` a count).
+STEP_KEYS = ("first_step", "warm_step_n", "warm_step_median", "warm_step_mean", "warm_step_min", "warm_step_max",
+             "warm_step_p20", "warm_step_p80", "speed_figure", "why_not_speed")
+
+
+def _quantile(ordered: list[float], q: float) -> float:
+    """Linear interpolation between the order statistics (numpy's default), so p20/p80 of two samples lie
+    between them rather than snapping to one."""
+    pos = (len(ordered) - 1) * q
+    lo = int(pos)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+def spread(samples) -> dict:
+    """``n``, ``median``, ``mean``, ``min``, ``max``, ``p20``, ``p80`` of timed samples (None values dropped;
+    all None but ``n`` = 0 when nothing is left). The one spread every timing output gives, so two runs of the same
+    kernel can be told apart from noise."""
+    xs = sorted(float(x) for x in samples if x is not None)
+    if not xs:
+        return {"n": 0, "median": None, "mean": None, "min": None, "max": None, "p20": None, "p80": None}
+    return {"n": len(xs), "median": statistics.median(xs), "mean": statistics.fmean(xs), "min": xs[0],
+            "max": xs[-1], "p20": _quantile(xs, 0.2), "p80": _quantile(xs, 0.8)}
+
+
+def _is_cpu(device) -> bool:
+    if device is None:
+        return False
+    try:
+        return torch.device(device).type == "cpu"
+    except (RuntimeError, TypeError):
+        return str(device).startswith("cpu")
+
+
+def speed_verdict(device=None, n: Optional[int] = None, emulated: bool = False) -> tuple[bool, Optional[str]]:
+    """(is it a speed figure, why not). Not one when the backend is an emulation (pure torch, slow by
+    construction), when it was timed on a CPU (a host clock on a shared, loaded machine: the project's CPU runs
+    showed 4.56x between two sdpa paths that are the same kernel), or from fewer than ``MIN_SAMPLES`` samples.
+    ``device`` None means unknown (not judged); ``n`` None means not judged."""
+    why = []
+    if emulated:
+        why.append("emulated backend (pure-torch numerics, never a speed figure)")
+    if _is_cpu(device):
+        why.append("CPU timing (host clock, shared machine)")
+    if n is not None and n < MIN_SAMPLES:
+        why.append(f"n={n} timed samples (< {MIN_SAMPLES})")
+    return (not why, "; ".join(why) or None)
+
+
+def step_stats(step_times, device=None, emulated: bool = False) -> dict:
+    """The step-time figures of one repetition, keyed as timing.json stores them (``STEP_KEYS``, seconds).
+
+    ``warm_step_median`` is the median of the steps after the first (with ``warm_step_n``, min/max, p20/p80,
+    mean); ``first_step`` is the first step alone (one-time costs). A one-step render has no warm step: its
+    warm figures are None and it is not a speed figure."""
+    times = [float(t) for t in step_times]
+    st = spread(times[1:])
+    ok, why = speed_verdict(device, st["n"], emulated)
+    out = {"first_step": times[0] if times else None, "warm_step_n": st["n"]}
+    out.update({f"warm_step_{k}": st[k] for k in ("median", "mean", "min", "max", "p20", "p80")})
+    out.update(speed_figure=ok, why_not_speed=why)
+    return out
+
+
+def run_step_stats(repetitions, device=None, emulated: bool = False) -> dict:
+    """:func:`step_stats` over several repetitions of one run (a list of per-repetition step-time lists):
+    the warm steps of every repetition pooled (their median, n and spread), ``first_step`` the median of the
+    first steps, ``repetitions`` and ``rep_warm_medians`` (each repetition's own warm median, so a drift between
+    repetitions shows) with ``rep_warm_min`` / ``rep_warm_max``."""
+    reps = [list(r) for r in repetitions if r]
+    pooled = [t for r in reps for t in r[1:]]
+    firsts = [r[0] for r in reps]
+    # one synthetic sequence: the median first step, then every warm step -- same definition, pooled
+    out = step_stats(([statistics.median(firsts)] if firsts else []) + pooled, device, emulated)
+    meds = [step_stats(r)["warm_step_median"] for r in reps]
+    meds = [m for m in meds if m is not None]
+    out.update(repetitions=len(reps), rep_warm_medians=meds, rep_warm_min=min(meds) if meds else None,
+               rep_warm_max=max(meds) if meds else None)
+    return out
+
+
+def describe_steps(stats: dict) -> str:
+    """One line for a person: ``warm step 941.2 ms (median of n=3 steps after the first; p20–p80 …, min–max …),
+    first step 1363.4 ms`` -- the definition is in the line, so it can't be mistaken for another median."""
+    first = stats.get("first_step")
+    first_s = f"first step {first * 1e3:.1f} ms" if first is not None else "no step timed"
+    if not stats.get("warm_step_n"):
+        return f"no warm step (a single step: its time carries the one-time costs), {first_s}"
+    ms = {k: stats[f"warm_step_{k}"] * 1e3 for k in ("median", "p20", "p80", "min", "max")}
+    reps = ""
+    if stats.get("repetitions", 1) > 1 and stats.get("rep_warm_min") is not None:
+        reps = (f"; {stats['repetitions']} repetitions, their warm medians {stats['rep_warm_min'] * 1e3:.1f}–"
+                f"{stats['rep_warm_max'] * 1e3:.1f} ms")
+    return (f"warm step {ms['median']:.1f} ms (median of n={stats['warm_step_n']} steps after the first; p20–p80 "
+            f"{ms['p20']:.1f}–{ms['p80']:.1f}, min–max {ms['min']:.1f}–{ms['max']:.1f}{reps}), {first_s}")
 
 
 def reset_peak_memory(device) -> None:
