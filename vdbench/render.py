@@ -354,7 +354,7 @@ def run_repetitions(plan: Plan, loaded: Loaded, log) -> tuple[list[dict], object
     from .decode import decode_latents
     from .watchdog import WatchdogTimeout
 
-    cfg, device, dctx, pipe, header = plan.cfg, plan.device, plan.dctx, loaded.pipe, loaded.header
+    cfg, device, dctx, pipe, header, backend = plan.cfg, plan.device, plan.dctx, loaded.pipe, loaded.header, plan.backend
     te_timer = _TextEncoderTimer(pipe.text_encoder, device) if getattr(pipe, "text_encoder", None) else None
     capture = None
     if cfg.save_inputs:
@@ -463,7 +463,7 @@ def finish(plan: Plan, entries: list[dict], frames, log) -> dict:
     from . import parallel as P
     from .video import write_video
 
-    cfg = plan.cfg
+    cfg, device, backend = plan.cfg, plan.device, plan.backend
     merged = P.merge_rank_entries(plan.dctx, entries)  # a collective under torchrun; None on ranks other than 0
     if merged is None:
         return {"attention_type": cfg.attention_type, "rank": cfg.rank, "output": None,
