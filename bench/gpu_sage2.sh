@@ -13,18 +13,13 @@
 # Environment: OUT, SAGE_SITE, BENCH_LIMIT_S (wall limit of the bench, default 420 s), BENCH_ARGS (extra
 # bench_sage2.py arguments, e.g. "--shapes cogvideox-2b --reps 20").
 set -uo pipefail
-cd "$(dirname "$0")/.."
 OUT="${OUT:-outputs/gpu_sage2}"
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1
+source "$(dirname "$0")/gpu_lib.sh"
 SAGE_SITE="${SAGE_SITE:-/tmp/site}"
-export PYTHONPATH="$PWD:$SAGE_SITE${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONPATH="$SAGE_SITE${PYTHONPATH:+:$PYTHONPATH}"
 LOG="$OUT/log.txt"
-{
-  echo "== $(date -u +%FT%TZ) gpu_sage2.sh"
-  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null
-  python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name(0), 'sm%d%d' % torch.cuda.get_device_capability())"
-} 2>&1 | tee -a "$LOG"
+echo "== $(date -u +%FT%TZ) gpu_sage2.sh" | tee -a "$LOG"
+gpu_info "$OUT/gpu.txt"
 
 python3 - <<'PYEOF' 2>&1 | tee -a "$LOG"
 import importlib.metadata as md
