@@ -34,6 +34,8 @@ VDB_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$VDB_ROOT" || exit 1
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-8}
 case ":${PYTHONPATH:-}:" in *":$VDB_ROOT:"*) ;; *) export PYTHONPATH="$VDB_ROOT${PYTHONPATH:+:$PYTHONPATH}" ;; esac
+# EXTRA_SITE: a folder of packages installed with pip --target (a kernel package built on the device), after vdbench
+[ -n "${EXTRA_SITE:-}" ] && export PYTHONPATH="$PYTHONPATH:$EXTRA_SITE"
 PY=${PY:-python3}
 CALL=${CALL:--}
 T0=${T0:-$(date +%s)}; el() { echo $(( $(date +%s) - T0 )); }

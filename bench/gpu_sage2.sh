@@ -14,9 +14,8 @@
 # bench_sage2.py arguments, e.g. "--shapes cogvideox-2b --reps 20").
 set -uo pipefail
 OUT="${OUT:-outputs/gpu_sage2}"
+EXTRA_SITE="${SAGE_SITE:-/tmp/site}"
 source "$(dirname "$0")/gpu_lib.sh"
-SAGE_SITE="${SAGE_SITE:-/tmp/site}"
-export PYTHONPATH="$SAGE_SITE${PYTHONPATH:+:$PYTHONPATH}"
 LOG="$OUT/log.txt"
 echo "== $(date -u +%FT%TZ) gpu_sage2.sh" | tee -a "$LOG"
 gpu_info "$OUT/gpu.txt"
