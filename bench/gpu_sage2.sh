@@ -20,7 +20,7 @@ LOG="$OUT/log.txt"
 echo "== $(date -u +%FT%TZ) gpu_sage2.sh" | tee -a "$LOG"
 gpu_info "$OUT/gpu.txt"
 
-python3 - <<'PYEOF' 2>&1 | tee -a "$LOG"
+"$PY" - <<'PYEOF' 2>&1 | tee -a "$LOG"
 import importlib.metadata as md
 try:
     import sageattention
@@ -34,7 +34,7 @@ PYEOF
 
 start=$(date +%s)
 # shellcheck disable=SC2086
-timeout -k 10 "${BENCH_LIMIT_S:-420}" python3 bench/bench_sage2.py --out "$OUT" --deadline_s $(( ${BENCH_LIMIT_S:-420} - 60 )) \
+timeout -k 10 "${BENCH_LIMIT_S:-420}" "$PY" bench/bench_sage2.py --out "$OUT" --deadline_s $(( ${BENCH_LIMIT_S:-420} - 60 )) \
   ${BENCH_ARGS:-} 2>&1 | tee -a "$LOG"
 rc=${PIPESTATUS[0]}
 echo "bench_sage2.py rc=$rc wall=$(( $(date +%s) - start )) s; results: $OUT/sage2_bench.json" | tee -a "$LOG"
