@@ -2,7 +2,7 @@
 
 Why: issue 20 wants the ``sagev2*`` backends; before they are wired into pipelines we need to know, per upstream
 function and option, (1) how fast it is on the GPU we have, (2) how far it is from exact attention, (3) whether
-vdbench's pure-torch twin (vdbench/sage2_numerics.py) reproduces that error -- the goal is the emulation's rel L2
+vdbench's pure-torch twin (vdbench.numerics.sagev2_emulated) reproduces that error -- the goal is the emulation's rel L2
 within 10% of the kernel's, which tells the algorithm's error from a kernel bug --, (4) that no function writes its
 inputs (1.x did), (5) that the log-sum-exp it returns (what ring attention needs) is right, and (6) which kernel
 ``sageattn`` picks on this GPU.
@@ -41,11 +41,8 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from vdbench.sage2_numerics import exact_attention_fp64, rel_l2, sagev2_emulated  # noqa: E402
+from vdbench.metrics import rel_l2
+from vdbench.numerics import exact_attention, sagev2_emulated
 
 SHAPES = {  # name -> (heads, seq, head_dim), B = 1
     "wan2.1-1.3b-480p": (12, 32760, 128),
@@ -320,7 +317,7 @@ def edge_checks(sage, var, emu_cfg, device, dtype, cases=EDGE_CASES):
         q = torch.randn((1, h, sq, d), generator=g, device=device).to(dtype)
         k = (torch.randn((1, h, sk, d), generator=g, device=device) + 2.0).to(dtype)
         v = torch.randn((1, h, sk, d), generator=g, device=device).to(dtype)
-        ref = exact_attention_fp64(q, k, v, is_causal=causal)
+        ref = exact_attention(q, k, v, is_causal=causal, q_offset=0)  # top-left, as the kernels
         case = {}
         o_e = None
         if emu_cfg is not None:
@@ -417,7 +414,7 @@ def main(argv=None):
         heads = sample_heads(n_heads, args.heads)
         rows = sample_rows(seq, args.rows).to(device)
         t0 = time.perf_counter()
-        ref, lref = exact_attention_fp64(q[:, heads][:, :, rows], k[:, heads], v[:, heads], return_lse=True)
+        ref, lref = exact_attention(q[:, heads][:, :, rows], k[:, heads], v[:, heads], return_lse=True)
         entry = {"name": shape_name, "B": 1, "H": n_heads, "S": seq, "D": dim, "heads_sampled": heads,
                  "rows_sampled": int(rows.numel()), "reference_s": time.perf_counter() - t0,
                  "bf16_output_rel_l2": rel_l2(ref.to(dtype), ref), "variants": []}

@@ -11,6 +11,9 @@
 #                           COG_ARGS replace W13 (and W14) / COG (e.g. the tiny models).
 # Functions (nothing else runs on source; the multi-GPU-only steps are functions the multi-GPU scripts call):
 #   gpu_info FILE                 the GPUs (nvidia-smi, topology) and vdbench.timing.system_info's versions -> FILE
+#   sage_info FILE                which sageattention imports here -- version, 1.x or 2.x, where from, its kernels --
+#                                 or why none does (vdbench.backends.sage.describe_install) -> stdout and FILE; never
+#                                 fatal: the sagev2 rows then say they are unavailable, and why
 #   runs_init                     RES, W/logs and W/runs.tsv (the record of the budgeted runner) for a script using r
 #   r NAME NEED_S LIMIT_S CMD...  the budgeted runner: CMD under its own time limit (LIMIT_S, cut to what is left
 #                                 before the deadline), skipped if fewer than NEED_S seconds are left before the
@@ -56,6 +59,10 @@ gpu_info() {
     "$PY" -c 'import json, torch; from vdbench.timing import system_info
 print(json.dumps(system_info("cuda" if torch.cuda.is_available() else "cpu")))'
   } > "$1" 2>&1
+}
+
+sage_info() {
+  "$PY" -c 'from vdbench.backends.sage import describe_install; print(describe_install())' 2>&1 | tee "$1"
 }
 
 runs_init() {

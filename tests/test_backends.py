@@ -4,6 +4,8 @@ registering a backend from one file, and every CPU-runnable backend against exac
 import importlib.util
 import pkgutil
 import re
+import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -17,9 +19,12 @@ from tests.attention_data import qkv, rel_l2
 
 ROOT = Path(__file__).resolve().parents[1]
 EXPECTED_NAMES = ["default", "sdpa", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "sdpa_math", "reference",
-                  "sagev1", "fav2", "fav3", "fav3_fp8", "fav3_sage", "fp8_triton", "fav2_triton", "sagev1_emu",
-                  "fp8_emu"]
-QUANTIZED = ("sagev1", "fav3_fp8", "fav3_sage", "fp8_triton", "sagev1_emu", "fp8_emu")
+                  "sagev1", "sagev2", "sagev2_fp8", "sagev2_fp16", "sagev2_triton", "fav2", "fav3", "fav3_fp8",
+                  "fav3_sage", "fp8_triton", "fav2_triton", "sagev1_emu", "sagev2_emu", "fp8_emu"]
+QUANTIZED = ("sagev1", "sagev2", "sagev2_fp8", "sagev2_fp16", "sagev2_triton", "fav3_fp8", "fav3_sage", "fp8_triton",
+             "sagev1_emu", "sagev2_emu", "fp8_emu")
+#: quantized entries whose pre-pass runs inside one package call that offers no way to run it alone
+PREPASS_INSIDE = ("sagev1", "sagev2", "sagev2_fp8", "sagev2_fp16", "sagev2_triton", "sagev2_emu")
 
 
 # ----- names, aliases, unknown names -----
@@ -44,8 +49,8 @@ def test_aliases_are_listed_and_unknown_names_get_a_suggestion():
     table = B.capability_table("cpu")
     assert "aliases" in table and "_flash_3, _flash_3_hub, fa3 -> fav3" in table
     assert "native, torch_sdpa -> sdpa" in table
-    with pytest.raises(B.BackendUnavailable, match=r"'sagev2'; did you mean 'sagev1'\? valid: default"):
-        B.resolve("sagev2")
+    with pytest.raises(B.BackendUnavailable, match=r"'sagev3'; did you mean 'sagev2'\? valid: default"):
+        B.resolve("sagev3")
     with pytest.raises(B.BackendUnavailable, match=r"did you mean '_flash_3' \(= 'fav3'\)\?"):
         B.resolve("_flash3")
     assert B.resolve(B.resolve("fav3")) is B.resolve("fav3")  # an entry resolves to itself
@@ -70,6 +75,7 @@ def test_unavailable_backends_say_why_on_cpu(monkeypatch):
 def test_head_dim_and_dtype_reasons(monkeypatch):
     # pretend the package is installed and a Hopper GPU is present: the remaining reasons are dtype/head dim
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: object())
+    monkeypatch.setitem(sys.modules, "sageattention", types.ModuleType("sageattention"))  # a 1.x-like package
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda dev=None: (9, 0))
     assert B.availability("fav3", "cuda", torch.bfloat16, 128) == (True, "ok")
@@ -129,7 +135,7 @@ def test_require_names_the_install_hint_and_the_emulation(monkeypatch):
 def test_cpu_available_set(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # with it (and triton), the Triton kernels join the set
     assert B.available_names("cpu", torch.float32) == ["default", "sdpa", "sdpa_flash", "sdpa_math", "reference",
-                                                      "sagev1_emu", "fp8_emu"]
+                                                      "sagev1_emu", "sagev2_emu", "fp8_emu"]
 
 
 def test_capability_table_lists_every_backend_with_reason():
@@ -157,18 +163,19 @@ def test_every_entry_is_self_contained():
     for name in QUANTIZED:
         moved = B.resolve(name).bytes_moved(1, 2, 256, 256, 64, 2)
         assert moved.prepass > 0 and moved.kernel < 4 * 2 * 256 * 64 * 2, name
-        assert (B.resolve(name).prepass is None) == (name == "sagev1")  # sageattn() exposes no pre-pass alone
+        assert (B.resolve(name).prepass is None) == (name in PREPASS_INSIDE)  # sageattention's calls: none alone
     assert B.resolve("fav3").bytes_moved(1, 2, 256, 256, 64, 2) == (4 * 2 * 256 * 64 * 2, 0)
 
 
-@pytest.mark.parametrize("name", ["fav3_fp8", "sagev1_emu", "fp8_emu"])
+@pytest.mark.parametrize("name", ["fav3_fp8", "fav3_fp8:smooth_k=1", "sagev1_emu", "fp8_emu", "fp8_emu:smooth_k=1"])
 def test_torch_prepasses_quantize_what_the_call_quantizes(name):
     q, k, v = qkv(s=130, d=64, dtype=torch.bfloat16)
     out = B.resolve(name).prepass(q, k, v, 0.3)
-    assert len(out) == (2 if name == "sagev1_emu" else 3)
-    if name != "sagev1_emu":
-        x8, _, fa3_descale = out[0]
-        assert x8.dtype == torch.float8_e4m3fn and fa3_descale.shape == (1, 2)
+    if name != "sagev1_emu":  # FA3's operands, the eager pre-pass on a CPU (the Triton one is bit-equal)
+        ref = N.fp8_bh_inputs(q, k, v, smooth_k=name.endswith("smooth_k=1"))
+        assert all(torch.equal(a.float(), b.float()) for a, b in zip(out[:6], ref[:6]))
+        assert out.q8.dtype == torch.float8_e4m3fn and out.q_descale.shape == (1, 2)
+        assert (out.k_mean is not None) == name.endswith("smooth_k=1")
     else:  # Q pre-scaled by the softmax scale·log2 e, as the emulation quantizes it
         ref = N.quantize_int8_per_block(q, N.SAGE_BLKQ, pre_scale=0.3 * N.LOG2E)
         torch.testing.assert_close(out[0][1], ref[1])
@@ -180,7 +187,7 @@ def test_lse_forms_and_reasons():
         B.resolve("sdpa_cudnn").lse_form("cpu")
     with pytest.raises(B.BackendUnavailable, match="math kernel returns the attention weights"):
         B.resolve("sdpa_math").lse_form("cpu")
-    assert [n for n, b in B.BACKENDS.items() if b.has_lse("cpu")] == ["sdpa", "sdpa_flash", "reference"]
+    assert [n for n, b in B.BACKENDS.items() if b.has_lse("cpu")] == ["sdpa", "sdpa_flash", "reference", "sagev2_emu"]
 
 
 def test_call_labels_name_what_ran():
@@ -236,7 +243,7 @@ def test_every_module_of_the_package_registers_in_its_order():
     for info in pkgutil.iter_modules(B.__path__):
         if info.name != "registry":
             orders.append(importlib.import_module(f"vdbench.backends.{info.name}").ORDER)
-    assert len(orders) == len(set(orders)) == 5
+    assert len(orders) == len(set(orders)) == 6
 
 
 def test_no_caller_keys_on_a_backend_name():
@@ -302,3 +309,104 @@ def test_forced_sdpa_kernel_raises_instead_of_falling_back():
     q, k, v = qkv(s=32, d=32)
     with pytest.raises(RuntimeError):
         B.get_backend("sdpa_efficient")(q, k, v)  # no memory-efficient kernel on CPU
+
+
+# ----- options: name:key=value -----
+
+def _triple(text: str):
+    parts = text.split("x")
+    if len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise ValueError(f"tile={text!r} is not TxHxW positive ints")
+    return tuple(int(p) for p in parts)
+
+
+def _toy_with_options():
+    """An entry shaped like a sparse pattern's: a parsed option (a tile triple) beside a choice, and a bind hook that
+    refuses one combination."""
+    def bind(base, opts):
+        if opts["mode"] == "odd" and opts["tile"][0] % 2 == 0:
+            raise ValueError("mode=odd needs an odd first tile size")
+        return B.Backend(base.name, base.description, fn=N.reference_attention,
+                         kernel=f"toy[{opts['mode']},{'x'.join(map(str, opts['tile']))}]", no_lse_reason="toy",
+                         twin=None)
+
+    return B.Backend("toyopt", "a toy with options", fn=N.reference_attention, kernel="toy[plain,6x8x8]",
+                     no_lse_reason="toy", bind=bind,
+                     options=(B.Option("mode", "plain", ("plain", "odd"), help="a choice"),
+                              B.Option("tile", (6, 8, 8), parse=_triple, spell=lambda t: "x".join(map(str, t)),
+                                       help="TxHxW latent tokens")))
+
+
+def test_options_bind_an_entry_named_by_its_canonical_spelling():
+    with B.registered(_toy_with_options()):
+        base = B.resolve("toyopt")
+        assert B.resolve("toyopt:mode=plain,tile=6x8x8") is base  # every value a default: the entry itself
+        a = B.resolve("toyopt:tile=1x3x5,mode=odd")
+        assert a.name == "toyopt:mode=odd+tile=1x3x5" and a.kernel == "toy[odd,1x3x5]"  # declared order, '+'
+        assert a.bound == (("mode", "odd"), ("tile", (1, 3, 5))) and a.option_values == {"mode": "odd",
+                                                                                         "tile": (1, 3, 5)}
+        assert B.resolve("toyopt:mode=odd+tile=1x3x5") is a and B.resolve(a.name) is a  # made once, round trip
+        assert B.resolve("toyopt:tile=2x2x2").name == "toyopt:tile=2x2x2" and a.base_name == "toyopt"
+        assert B.canonical_name("toyopt:tile=6x8x8") == "toyopt" and B.canonical_name("toyopt:tile=0") == \
+            "toyopt:tile=0"  # refused options come back as given: resolve refuses them
+        assert B.availability("toyopt:mode=odd+tile=1x3x5", "cpu", torch.float32, 64) == (True, "ok")
+        table = B.capability_table("cpu")
+        assert "toyopt: mode=plain|odd (default plain): a choice; tile=TxHxW latent tokens (default 6x8x8)" in table
+    assert "toyopt" not in B.names()
+    with pytest.raises(B.BackendUnavailable, match="unknown attention backend 'toyopt'"):
+        B.resolve("toyopt:mode=odd")  # unregistering drops its bound entries too
+
+
+@pytest.mark.parametrize("text, fragment", [
+    ("toyopt:mode=even", "mode='even' is not one of plain|odd"),
+    ("toyopt:tile=3x3", "tile='3x3' is not TxHxW positive ints"),
+    ("toyopt:size=3", "unknown option 'size'; options: mode=plain|odd"),
+    ("toyopt:mode", "option 'mode' is not key=value"),
+    ("toyopt:", "empty option in 'toyopt:'"),
+    ("toyopt:mode=odd,,tile=1x1x1", "empty option"),
+    ("toyopt:mode=odd,mode=plain", "option 'mode' given twice"),
+    ("toyopt:mode=odd+tile=2x1x1", "mode=odd needs an odd first tile size"),
+    ("fav3:window=3", "attention backend 'fav3' takes no options"),
+    ("nosuch:mode=odd", "unknown attention backend 'nosuch'"),
+])
+def test_option_errors_name_the_entry_the_option_and_what_is_accepted(text, fragment):
+    with B.registered(_toy_with_options()):
+        with pytest.raises(B.BackendUnavailable) as e:
+            B.resolve(text)
+        assert fragment in str(e.value) and "\n" not in str(e.value)
+
+
+def test_option_declarations_are_checked():
+    with pytest.raises(ValueError, match="declares options but no bind hook"):
+        B.Backend("x", "x", fn=N.reference_attention, kernel="x", no_lse_reason="x",
+                  options=(B.Option("a", "1", ("1", "2")),))
+    with pytest.raises(ValueError, match="default '3' is not one of"):
+        B.Option("a", "3", ("1", "2"))
+    with pytest.raises(ValueError, match="needs choices or a parse function"):
+        B.Option("a", 3)
+    with pytest.raises(ValueError, match="letters, digits"):
+        B.register(B.Backend("bad:name", "x", fn=N.reference_attention, kernel="x", no_lse_reason="x"))
+
+
+def test_the_registered_entries_options():
+    """The kernels' granularity and smoothing options, their twins bound the same way, and the labels naming them."""
+    warp = B.resolve("sagev2_fp8:gran=per_warp")
+    assert warp.name == "sagev2_fp8:gran=per_warp" and warp.kernel.endswith("[gran=per_warp]")
+    assert warp.twin == "sagev2_emu:gran=per_warp" and B.resolve(warp.twin).emulated
+    assert B.resolve("sagev2_fp16:gran=per_warp").twin == "sagev2_emu:pv=fp16+gran=per_warp"
+    assert B.resolve("sagev2_fp8:gran=per_thread") is B.resolve("sagev2_fp8")
+    smooth = B.resolve("fav3_fp8:smooth_k=1")
+    assert smooth.kernel == "fa3.flash_attn_func[e4m3,smooth_k]" and smooth.twin == "fp8_emu:smooth_k=1"
+    assert smooth.bytes_moved(1, 2, 256, 256, 64, 2).prepass > B.resolve("fav3_fp8").bytes_moved(
+        1, 2, 256, 256, 64, 2).prepass  # K read once more, for its mean
+    for name in EXPECTED_NAMES:
+        b = B.resolve(name)
+        for o in b.options:  # every declared value binds (or is refused by name), every twin of a binding resolves
+            for value in o.choices:
+                try:
+                    bound = B.resolve(f"{name}:{o.key}={value}")
+                except B.BackendUnavailable as e:
+                    assert name in str(e)
+                    continue
+                if bound.twin:
+                    assert B.resolve(bound.twin).emulated

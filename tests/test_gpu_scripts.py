@@ -125,3 +125,31 @@ def test_multi_gpu_scripts_dry_run(tmp_path, script, runs):
     assert '"torch"' in (w / "gpu_2.txt").read_text()  # vdbench.timing.system_info's record
     assert (out / "results_2.tgz").exists() and (out / "summary_2.txt").exists()
     assert "call 2 done" in r.stdout
+
+
+def test_issue20_scripts_dry_run(tmp_path):
+    """bench/gpu_fp8.sh and bench/gpu_fp8_pipelines.sh with DRY_RUN=1: each stage and render listed in its priority
+    order (the reference first; option characters spelled _ in run names), the GPU and sageattention records
+    written, nothing started -- the device calls' plumbing on a CPU."""
+    def run(script, out, **env):
+        r = subprocess.run(["bash", str(ROOT / "bench" / script)], cwd=tmp_path, capture_output=True, text=True,
+                           timeout=180, env=dict(os.environ, PY=sys.executable, DRY_RUN="1", OUT=str(out),
+                                                 RES=str(tmp_path / "res"), **env))
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+        return r, [row[1] for row in _runs(out)[1:] if row[2] == "dry"]
+
+    r, names = run("gpu_fp8.sh", tmp_path / "k")
+    assert names == ["capture", "bench"] and "bench/bench_fp8.py --out" in r.stdout
+    assert (tmp_path / "k" / "sageattention.txt").read_text().strip()  # what imports, or why nothing does
+    r, names = run("gpu_fp8_pipelines.sh", tmp_path / "p", PIPELINES="w13 cog w14 w13u2")
+    backends = ["sagev2", "fav3_fp8", "fav3", "sdpa_cudnn", "fav3_fp8_smooth_k_1", "sagev2_fp16",
+                "sagev2_fp8_gran_per_warp"]
+    assert names == (["w13_reference", *(f"w13_{b}" for b in backends), "compare_w13",
+                      "cog_reference", *(f"cog_{b}" for b in backends), "compare_cog",
+                      *(f"w14_{b}" for b in ["fav3", "sagev2", "fav3_fp8", "sdpa_cudnn", "fav3_fp8_smooth_k_1",
+                                             "sagev2_fp16"]), "compare_w14",
+                      *(f"w13u2_{b}" for b in ["sagev2", "fav3_fp8_smooth_k_1", "fav3_fp8", "fav3"]),
+                      "compare_w13u2"])
+    assert "--attention_type fav3_fp8:smooth_k=1" in r.stdout and "--num_inference_steps 5" in r.stdout
+    assert "compare_outputs.py" in r.stdout and "--reference fav3" in r.stdout  # 14B: the fav3 render as reference
+    assert "--ulysses_degree 2" in r.stdout

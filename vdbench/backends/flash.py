@@ -1,16 +1,28 @@
 """FlashAttention-2 (``flash_attn``) and FlashAttention-3 (``flash_attn_interface`` / ``fa3_fwd_interface``,
-Hopper): bf16, and e4m3 with one scale per (batch, head); FA3's log-sum-exp forms for ring attention."""
+Hopper): bf16, and e4m3 with one scale per (batch, head); FA3's log-sum-exp forms for ring attention.
+
+``fav3_fp8`` quantizes with a fused pre-pass (``vdbench.kernels.fa3_prepass``: Q, K, V read twice each, written
+once in e4m3) where Triton runs, else eagerly (``vdbench.numerics.fp8_bh_inputs``) -- the same values and scales
+bit for bit, the eager one ~7x the memory traffic; which one ran is in the call's kernel label. Option
+``smooth_k=1`` subtracts K's mean over the sequence first (exact in exact arithmetic; removes the share of the error
+a per-channel K bias causes, not the e4m3 Q·Kᵀ error of peaked attention); its log-sum-exp form adds q·mean·scale
+back, so ring attention merges the true LSE.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.util
+from functools import partial
 
 import torch
 
-from vdbench.numerics import quantize_fp8
+from vdbench import kernels
+from vdbench.numerics import fp8_bh_inputs
 
-from .registry import HALF, Backend, BackendUnavailable, LSEForm, cuda, register, requires_package, traffic
+from .registry import (HALF, Backend, BackendUnavailable, LSEForm, Option, cuda, register, requires_package,
+                       traffic)
 
 ORDER = 20
 
@@ -38,22 +50,36 @@ def _fa3_out(res):
     return res[0] if isinstance(res, tuple) else res
 
 
-def _fp8_inputs(q, k, v, scale=None):
+_PREPASS: dict[torch.device, bool] = {}  # device -> whether the Triton pre-pass runs there (decided once)
+
+
+def _triton_prepass(device: torch.device) -> bool:
+    if device not in _PREPASS:
+        _PREPASS[device] = device.type == "cuda" and kernels.probe("fa3_prepass", device)[0]
+    return _PREPASS[device]
+
+
+def _fp8_inputs(q, k, v, scale=None, *, smooth_k: bool = False):
     """fav3_fp8's quantization: e4m3 Q, K, V with one scale per (batch, head), the finest FA3's descale arguments
-    take (``scale`` does not enter it: FA3 applies the softmax scale itself). Also its pre-pass for the bench."""
-    return [quantize_fp8(t, "bh") for t in (q, k, v)]
+    take (``scale`` does not enter it: FA3 applies the softmax scale itself); fused in Triton where it runs, eager
+    elsewhere (bit-equal). Also its pre-pass for the bench."""
+    if _triton_prepass(q.device):
+        return kernels.fa3_fp8_prepass(q, k, v, smooth_k)
+    return fp8_bh_inputs(q, k, v, smooth_k=smooth_k)
 
 
-def _fa3_call(q, k, v, scale, is_causal, *, fp8: bool, lse: bool):
+def _fa3_call(q, k, v, scale, is_causal, *, fp8: bool, lse: bool, smooth_k: bool = False):
     """FA3 on BHSD inputs: bf16, or e4m3 (``_fp8_inputs``); with ``lse`` also its log-sum-exp (B, H, S) fp32, for
-    ring attention. One call site for all four forms (plain / fp8, with / without LSE), so they can't drift apart."""
+    ring attention. One call site for all the forms (plain / fp8, with / without LSE, smoothed K), so they can't
+    drift apart."""
     fa3 = _fa3_module()
     kw = dict(causal=is_causal)
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    x = None
     if fp8:
-        scale = q.shape[-1] ** -0.5 if scale is None else scale
-        (q8, _, qd), (k8, _, kd), (v8, _, vd) = _fp8_inputs(q, k, v)
-        q_, k_, v_ = q8, k8, v8
-        kw.update(q_descale=qd, k_descale=kd, v_descale=vd)
+        x = _fp8_inputs(q, k, v, smooth_k=smooth_k)
+        q_, k_, v_ = x.q8, x.k8, x.v8
+        kw.update(q_descale=x.q_descale, k_descale=x.k_descale, v_descale=x.v_descale)
     else:
         q_, k_, v_ = q, k, v
     if lse:
@@ -63,23 +89,54 @@ def _fa3_call(q, k, v, scale, is_causal, *, fp8: bool, lse: bool):
     out = (res[0] if lse else _fa3_out(res)).transpose(1, 2)
     if fp8:
         out = out.to(q.dtype)
-    return (out, res[1].float()) if lse else out
+    if not lse:
+        return out
+    lse_ = res[1].float()
+    if x is not None and x.k_mean is not None:  # the kernel saw K - mean: its LSE is short by q·mean·scale
+        lse_ = lse_ + torch.matmul(q.float(), x.k_mean.transpose(-1, -2)).squeeze(-1) * scale
+    return out, lse_
 
 
 def _fav3(q, k, v, *, scale=None, is_causal=False):
     return _fa3_call(q, k, v, scale, is_causal, fp8=False, lse=False)
 
 
-def _fav3_fp8(q, k, v, *, scale=None, is_causal=False):
-    return _fa3_call(q, k, v, scale, is_causal, fp8=True, lse=False)
+def _fav3_fp8(q, k, v, *, scale=None, is_causal=False, smooth_k=False):
+    return _fa3_call(q, k, v, scale, is_causal, fp8=True, lse=False, smooth_k=smooth_k)
 
 
 def _lse_fav3(q, k, v, *, scale=None, is_causal=False):
     return _fa3_call(q, k, v, scale, is_causal, fp8=False, lse=True)
 
 
-def _lse_fav3_fp8(q, k, v, *, scale=None, is_causal=False):
-    return _fa3_call(q, k, v, scale, is_causal, fp8=True, lse=True)
+def _lse_fav3_fp8(q, k, v, *, scale=None, is_causal=False, smooth_k=False):
+    return _fa3_call(q, k, v, scale, is_causal, fp8=True, lse=True, smooth_k=smooth_k)
+
+
+_FP8_KERNEL = "fa3.flash_attn_func[e4m3]"
+
+
+def _fp8_label(tag: str):
+    """The kernel label of a fav3_fp8 call: FA3's e4m3 kernel, ``eager-prepass`` added where the fused Triton
+    pre-pass does not run (a much slower quantization must not pass for the fast one)."""
+
+    def label(q, *_):
+        return f"{_FP8_KERNEL[:-1]}{tag}{'' if _triton_prepass(q.device) else ',eager-prepass'}]"
+
+    return label
+
+
+def _bind_fav3_fp8(base: Backend, opts: dict) -> Backend:
+    """fav3_fp8 with K smoothing: the same kernel on K - mean(K); K is read once more for its mean."""
+    smooth = opts["smooth_k"] == "1"
+    tag = ",smooth_k" if smooth else ""
+    return dataclasses.replace(
+        base, description=base.description + (", K smoothed (its mean over the sequence subtracted)" if smooth else ""),
+        fn=partial(_fav3_fp8, smooth_k=smooth), kernel=f"{_FP8_KERNEL[:-1]}{tag}]",
+        twin="fp8_emu:smooth_k=1" if smooth else base.twin,
+        lse=LSEForm(partial(_lse_fav3_fp8, smooth_k=smooth), ("cuda",), f"{_FP8_KERNEL[:-1]}{tag}][lse]"),
+        bytes_model=traffic((1, 1, 1), (2, 3 if smooth else 2, 2)), prepass=partial(_fp8_inputs, smooth_k=smooth),
+        label=_fp8_label(tag))
 
 
 _FA3 = (requires_package(*_FA3_MODULES, hint="pip install -e '.[fa3]'"), cuda(major=9))
@@ -96,7 +153,9 @@ register(Backend(
     lse=LSEForm(_lse_fav3, ("cuda",), "fa3.flash_attn_func[lse]"), notes="fp16 is not built into fa3-fwd: bf16 only"))
 register(Backend(
     "fav3_fp8", "FlashAttention-3 on fp8 e4m3 Q/K/V, one scale per (batch, head)", fn=_fav3_fp8,
-    kernel="fa3.flash_attn_func[e4m3]", layout="BSHD", constraints=_FA3, dtypes=HALF, head_dims=_FA3_HEAD_DIMS,
-    twin="fp8_emu", lse=LSEForm(_lse_fav3_fp8, ("cuda",), "fa3.flash_attn_func[e4m3][lse]"),
-    # e4m3 Q/K/V; the torch pre-pass reads each once and writes it in e4m3
-    bytes_model=traffic((1, 1, 1), (1, 1, 1)), prepass=_fp8_inputs))
+    kernel=_FP8_KERNEL, layout="BSHD", constraints=_FA3, dtypes=HALF, head_dims=_FA3_HEAD_DIMS,
+    twin="fp8_emu", lse=LSEForm(_lse_fav3_fp8, ("cuda",), _FP8_KERNEL + "[lse]"),
+    # e4m3 Q/K/V; the fused pre-pass reads each twice (amax, then quantization) and writes it in e4m3
+    bytes_model=traffic((1, 1, 1), (2, 2, 2)), prepass=_fp8_inputs, label=_fp8_label(""),
+    options=(Option("smooth_k", "0", ("0", "1"), help="1: subtract K's mean over the sequence before quantizing"),),
+    bind=_bind_fav3_fp8, notes="quantization pre-pass (Triton, fused) inside the call"))

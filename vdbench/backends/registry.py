@@ -16,6 +16,14 @@ agree on what a name means. Callers ask the entry -- ``passthrough``, ``lse_form
 ``bytes_moved(...)``, ``prepass`` -- and never compare names, so adding a kernel is one ``register(Backend(...))``
 next to its wrapper in one module of this package, and no caller changes.
 
+Options: an entry may declare ``options`` (``Option``: key, default, accepted values) and a ``bind`` hook; then
+``resolve("sagev2_fp8:gran=per_warp")`` returns the entry bound to those options -- named by its canonical spelling
+(options in declared order, defaults left out, ``+`` between them so a comma-separated list of names stays whole;
+``,`` is accepted on input too), its kernel label naming them -- and a spelling whose options are all defaults is
+the entry itself, so one behaviour has one name (output files, timing.json, the report). The mechanism is generic:
+any entry module (the sparse patterns' ``sta:window=3x3x3,tile=6x8x8`` too) declares its options and binds them in
+one function; every caller that takes a name takes a spelling with options.
+
 What this deliberately does not copy from diffusers' ``_AttentionBackendRegistry``: there is no global active
 backend (``vdbench.patching`` installs one backend into one pipeline for one run), and a call a backend cannot
 serve exactly as asked raises ``UnsupportedCall`` instead of dropping the argument.
@@ -24,16 +32,18 @@ serve exactly as asked raises ``UnsupportedCall`` instead of dropping the argume
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import difflib
 import importlib.util
 import itertools
+import re
 import sys
 from dataclasses import dataclass, field
-from typing import Callable, NamedTuple, Optional, Sequence
+from typing import Callable, NamedTuple, Optional, Sequence, Union
 
 import torch
 
-__all__ = ["Backend", "BackendUnavailable", "UnsupportedCall", "LSEForm", "BytesMoved", "traffic", "HALF",
+__all__ = ["Backend", "BackendUnavailable", "UnsupportedCall", "LSEForm", "Option", "BytesMoved", "traffic", "HALF",
            "ANY_FLOAT", "RequiresPackage", "requires_package", "cuda", "cuda_dtypes", "probe", "register", "unregister",
            "registered", "resolve", "get_backend", "canonical_name", "names", "aliases", "availability",
            "available_names", "capability_table", "BACKENDS"]
@@ -71,12 +81,17 @@ class LSEForm:
 
     ``fn(q, k, v, *, scale=None, is_causal=False) -> (out, lse)``, BHSD, ``lse`` (batch, heads, seq_q) float32,
     the natural-log LSE of the scaled scores -- the kernel's own, never recomputed beside it. ``devices``: the
-    device types it gives one on; ``label``: the kernel label its calls are counted under.
+    device types it gives one on; ``label``: the kernel label its calls are counted under, or ``label(q) -> str``
+    where the kernel that runs is decided per device (a package's own dispatcher).
     """
 
     fn: Callable
     devices: tuple[str, ...]
-    label: str
+    label: Union[str, Callable[[torch.Tensor], str]]
+
+    def call_label(self, q: torch.Tensor) -> str:
+        """The label a call on ``q`` is counted under."""
+        return self.label if isinstance(self.label, str) else self.label(q)
 
 
 class BytesMoved(NamedTuple):
@@ -108,6 +123,43 @@ def traffic(widths: tuple = (None, None, None), prepass_reads: tuple = (0, 0, 0)
         return BytesMoved(kernel, pre)
 
     return model
+
+
+@dataclass(frozen=True)
+class Option:
+    """One option of an entry, given as ``name:key=value``: its key, default, the values it accepts and what it does.
+
+    ``choices``: the accepted spellings (the value is the spelling itself); else ``parse(text) -> value`` (raising
+    ValueError that says what is accepted) and ``spell(value) -> text`` its inverse (a tile ``(6, 8, 8)`` spelled
+    ``6x8x8``). ``help`` is shown by ``--list_backends`` and in every error about the option.
+    """
+
+    key: str
+    default: object
+    choices: tuple[str, ...] = ()
+    parse: Optional[Callable[[str], object]] = field(default=None, compare=False)
+    spell: Callable[[object], str] = field(default=str, compare=False)
+    help: str = ""
+
+    def __post_init__(self):
+        if not re.fullmatch(r"[a-z][a-z0-9_]*", self.key):
+            raise ValueError(f"option key {self.key!r}: lower-case letters, digits and _ only")
+        if self.choices and self.default not in self.choices:
+            raise ValueError(f"option {self.key!r}: default {self.default!r} is not one of {self.choices}")
+        if not self.choices and self.parse is None:
+            raise ValueError(f"option {self.key!r} needs choices or a parse function")
+
+    def value(self, text: str):
+        if self.choices:
+            if text not in self.choices:
+                raise ValueError(f"{self.key}={text!r} is not one of {'|'.join(self.choices)}")
+            return text
+        return self.parse(text)
+
+    def describe(self) -> str:
+        accepted = "|".join(self.choices) if self.choices else self.help
+        return (f"{self.key}={accepted} (default {self.spell(self.default)})"
+                + (f": {self.help}" if self.help and self.choices else ""))
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -212,6 +264,9 @@ class Backend:
     ``requires_package`` constraint. ``bytes_model`` and ``prepass(q, k, v, scale)`` serve the bench (``prepass``
     None: no pre-pass that can be timed on its own). ``label(q, k, v, attn_mask, dropout_p, is_causal, scale,
     enable_gqa)`` names the kernel of one call where that is decided per call (torch sdpa's choice).
+    ``options`` / ``bind(entry, values) -> entry``: the options the entry takes and how an entry bound to a full
+    set of values is made (``resolve`` calls it; a ValueError from it is the refusal of that combination);
+    ``bound``: the non-default (key, value) pairs a bound entry carries (empty for a registered one).
     """
 
     name: str
@@ -236,10 +291,16 @@ class Backend:
     label: Optional[Callable[..., str]] = None
     aliases: tuple[str, ...] = ()
     notes: str = ""
+    options: tuple[Option, ...] = ()
+    bind: Optional[Callable[["Backend", dict], "Backend"]] = field(default=None, compare=False)
+    bound: tuple[tuple[str, object], ...] = ()
 
     def __post_init__(self):
         if self.layout not in ("BHSD", "BSHD"):
             raise ValueError(f"backend '{self.name}': layout must be BHSD or BSHD, got {self.layout!r}")
+        if self.options and self.bind is None:
+            raise ValueError(f"backend '{self.name}' declares options but no bind hook to apply them")
+        object.__setattr__(self, "options", tuple(self.options))
         object.__setattr__(self, "constraints", tuple(self.constraints))
         object.__setattr__(self, "aliases", tuple(self.aliases))
         if self.install_hint is None:
@@ -329,6 +390,16 @@ class Backend:
     def bytes_moved(self, b: int, h: int, sq: int, sk: int, d: int, itemsize: int) -> BytesMoved:
         return self.bytes_model(b, h, sq, sk, d, itemsize)
 
+    @property
+    def base_name(self) -> str:
+        """The registered name this entry is (or was bound from)."""
+        return self.name.split(":", 1)[0]
+
+    @property
+    def option_values(self) -> dict:
+        """Every option's value for this entry: the defaults, overridden by what it is bound to."""
+        return {**{o.key: o.default for o in self.options}, **dict(self.bound)}
+
     def __call__(self, q, k, v, *, scale=None, is_causal=False):
         return self.fn(q, k, v, scale=scale, is_causal=is_causal)
 
@@ -339,6 +410,7 @@ class Backend:
 
 BACKENDS: dict[str, Backend] = {}  # canonical name -> entry, in names() order (kept sorted in place)
 _ALIASES: dict[str, str] = {}  # alias -> canonical name
+_BOUND: dict[tuple, Backend] = {}  # (name, non-default option items) -> the bound entry, made once
 _PLACE: dict[str, tuple[int, int]] = {}  # canonical name -> (its module's ORDER, registration sequence)
 _SEQ = itertools.count()
 LAST = 1000  # the ORDER of entries registered from a module that defines none
@@ -352,6 +424,10 @@ def register(backend: Backend, *, order: Optional[int] = None) -> Backend:
     states its place once and every entry of it follows, in the order they are registered.
     """
     wanted = (backend.name, *backend.aliases)
+    odd = [n for n in wanted if not re.fullmatch(r"[A-Za-z0-9_.\-]+", n)]
+    if odd or backend.bound:
+        raise ValueError(f"can't register backend '{backend.name}': names and aliases are letters, digits, _ . - "
+                         f"only (':' starts options){'' if odd else '; a bound entry is made by resolve()'}")
     taken = sorted({n for n in wanted if n in BACKENDS or n in _ALIASES or wanted.count(n) > 1})
     if taken:
         raise ValueError(f"can't register backend '{backend.name}': name or alias already taken: {', '.join(taken)}")
@@ -375,6 +451,8 @@ def unregister(name: str) -> Backend:
     del _PLACE[name]
     for a in backend.aliases:
         del _ALIASES[a]
+    for key in [k for k in _BOUND if k[0] == name]:
+        del _BOUND[key]
     return backend
 
 
@@ -389,14 +467,20 @@ def registered(backend: Backend, *, order: int = LAST):
 
 
 def resolve(name_or_backend) -> Backend:
-    """The entry for a canonical name, an alias (diffusers' or SGLang's name) or an entry itself."""
+    """The entry for a canonical name, an alias (diffusers' or SGLang's name), a name with options
+    (``sagev2_fp8:gran=per_warp``, see ``Option``) or an entry itself."""
     if isinstance(name_or_backend, Backend):
         return name_or_backend
-    name = _ALIASES.get(name_or_backend, name_or_backend)
+    text = str(name_or_backend).strip()
+    head, sep, rest = text.partition(":")
+    name = _ALIASES.get(head, head)
     try:
-        return BACKENDS[name]
+        base = BACKENDS[name]
     except KeyError:
-        raise BackendUnavailable(_unknown(name_or_backend)) from None
+        raise BackendUnavailable(_unknown(head if sep else name_or_backend)) from None
+    if not sep:
+        return base
+    return _bind(base, _parse_options(base, rest, text))
 
 
 get_backend = resolve
@@ -404,8 +488,61 @@ get_backend = resolve
 
 def canonical_name(name: str) -> str:
     """The registry's name for ``name`` or an alias of it, for naming outputs (a file typed with ``native`` is
-    the ``sdpa`` render); a name the registry doesn't know comes back as given -- ``resolve`` refuses it."""
+    the ``sdpa`` render; ``sagev2_fp8:gran=per_thread`` is ``sagev2_fp8``, its default); a name the registry
+    doesn't know, or options it refuses, come back as given -- ``resolve`` refuses them."""
+    if ":" in str(name):
+        try:
+            return resolve(name).name
+        except BackendUnavailable:
+            return name
     return _ALIASES.get(name, name)
+
+
+def _parse_options(base: Backend, rest: str, text: str) -> dict:
+    """``key=value`` items separated by ``,`` or ``+`` -> {key: value}; every refusal names the entry, the option and
+    what it accepts."""
+    where = f"attention backend '{base.name}'"
+    if not base.options:
+        raise BackendUnavailable(f"{where} takes no options (got {text!r})")
+    known = {o.key: o for o in base.options}
+    offer = "; ".join(o.describe() for o in base.options)
+    items = [i.strip() for i in re.split(r"[,+]", rest)]
+    if not rest.strip() or not all(items):
+        raise BackendUnavailable(f"{where}: empty option in {text!r}; options: {offer}")
+    values: dict = {}
+    for item in items:
+        key, eq, val = (p.strip() for p in item.partition("="))
+        if not eq or not val:
+            raise BackendUnavailable(f"{where}: option {item!r} is not key=value; options: {offer}")
+        if key not in known:
+            raise BackendUnavailable(f"{where}: unknown option {key!r}; options: {offer}")
+        if key in values:
+            raise BackendUnavailable(f"{where}: option {key!r} given twice in {text!r}")
+        try:
+            values[key] = known[key].value(val)
+        except ValueError as e:
+            raise BackendUnavailable(f"{where}: {e}") from None
+    return values
+
+
+def _bind(base: Backend, values: dict) -> Backend:
+    """The entry ``base`` bound to ``values`` (defaults filled in), made once per distinct binding; ``base`` itself
+    when every value is its default."""
+    full = {o.key: values.get(o.key, o.default) for o in base.options}
+    bound = tuple((o.key, full[o.key]) for o in base.options if full[o.key] != o.default)
+    if not bound:
+        return base
+    key = (base.name, bound)
+    if key not in _BOUND:
+        try:
+            entry = base.bind(base, full)
+        except ValueError as e:
+            raise BackendUnavailable(f"attention backend '{base.name}': {e}") from None
+        opts = {o.key: o for o in base.options}
+        spelled = "+".join(f"{k}={opts[k].spell(v)}" for k, v in bound)
+        _BOUND[key] = dataclasses.replace(entry, name=f"{base.name}:{spelled}", aliases=(), bound=bound,
+                                          options=base.options, bind=base.bind)
+    return _BOUND[key]
 
 
 def _unknown(name: str) -> str:
@@ -456,4 +593,8 @@ def capability_table(device=None, dtype=None, head_dim=None) -> str:
         lines.append("  ".join(c.ljust(w) for c, w in zip(r[:-1], widths)) + "  " + r[-1])
     lines.append("aliases (diffusers' and SGLang's names for the same kernels):")
     lines += [f"  {', '.join(b.aliases)} -> {b.name}" for b in BACKENDS.values() if b.aliases]
+    with_options = [b for b in BACKENDS.values() if b.options]
+    if with_options:
+        lines.append("options (name:key=value, several joined by + or ,):")
+        lines += [f"  {b.name}: " + "; ".join(o.describe() for o in b.options) for b in with_options]
     return "\n".join(lines)

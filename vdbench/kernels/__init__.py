@@ -32,10 +32,13 @@ import torch
 KERNEL_NAMES = ("fav3_sage", "fp8_triton", "fav2_triton")
 #: Which module holds each kernel (its decoration mode -- compiled or interpreted -- is the module's), and the
 #: compute capability it needs on NVIDIA (None: any GPU Triton supports). ``vae_glue``: the VAE fast path's
-#: norm -> SiLU glue (vdbench.kernels.glue), not an attention backend.
+#: norm -> SiLU glue (vdbench.kernels.glue); ``fa3_prepass``: fav3_fp8's quantization pre-pass; ``zero_channels``:
+#: the sagev2 fp8 backends' zero-V-channel guard -- helpers of backends, not attention backends themselves.
 _MODULES = {"fav3_sage": "vdbench.kernels.attention", "fp8_triton": "vdbench.kernels.attention",
-            "fav2_triton": "vdbench.kernels.attention", "vae_glue": "vdbench.kernels.glue"}
-_MIN_CAPABILITY = {"fav3_sage": (8, 9), "fp8_triton": (8, 9), "fav2_triton": (8, 0), "vae_glue": None}
+            "fav2_triton": "vdbench.kernels.attention", "vae_glue": "vdbench.kernels.glue",
+            "fa3_prepass": "vdbench.kernels.fa3_prepass", "zero_channels": "vdbench.kernels.channels"}
+_MIN_CAPABILITY = {"fav3_sage": (8, 9), "fp8_triton": (8, 9), "fav2_triton": (8, 0), "vae_glue": None,
+                   "fa3_prepass": (8, 9), "zero_channels": None}
 
 
 def interpret_requested() -> bool:
@@ -60,7 +63,7 @@ def probe(kernel: str, device) -> tuple[bool, str]:
         if torch.version.hip is None and need is not None:
             cap = torch.cuda.get_device_capability(dev)
             if cap < need:
-                what = "fp8 e4m3 MMA" if need == (8, 9) else "bf16 MMA"
+                what = "fp8 e4m3" if need == (8, 9) else "bf16 MMA"
                 return False, f"needs compute capability >= {need[0]}.{need[1]} ({what}), GPU is {cap[0]}.{cap[1]}"
         return True, "ok"
     if dev.type == "cpu":
@@ -87,3 +90,19 @@ def prepass(kernel: str):
     from vdbench.kernels import attention
 
     return attention.prepass(kernel)
+
+
+def fa3_fp8_prepass(q, k, v, smooth_k: bool = False):
+    """``fav3_fp8``'s pre-pass in Triton (``vdbench.kernels.fa3_prepass``): a ``numerics.Fp8Inputs``, bit-equal to
+    ``numerics.fp8_bh_inputs`` (imports triton on first use)."""
+    from vdbench.kernels import fa3_prepass
+
+    return fa3_prepass.prepass(q, k, v, smooth_k)
+
+
+def zero_channels_(out, flags):
+    """Zero ``out``'s channels flagged per (batch, K/V head) in place (``vdbench.kernels.channels``; imports triton
+    on first use)."""
+    from vdbench.kernels import channels
+
+    return channels.zero_channels_(out, flags)

@@ -35,12 +35,15 @@ def _round_to_e4m3_grid(x):
     Only used under Triton 3.9's interpreter, whose fp32 -> e4m3 conversion drops the carry when rounding up
     crosses a power of two (127.7 -> 64 instead of 128); converting an already representable value is exact
     there. Normal range: round the fp32 mantissa to 3 bits; below 2^-6 (e4m3 subnormals, spacing 2^-9):
-    add and subtract 1.5·2^14, whose fp32 spacing is 2^-9.
+    add and subtract 1.5·2^14, whose fp32 spacing is 2^-9, on |x| with x's sign put back (a tiny negative value
+    rounds to -0, as the hardware conversion and torch's do).
     """
     bits = x.to(tl.uint32, bitcast=True)
+    neg = (bits >> 31) != 0
     bits = (bits + 0x7FFFF + ((bits >> 20) & 1)) & 0xFFF00000
     normal = bits.to(tl.float32, bitcast=True)
-    sub = (x + 24576.0) - 24576.0
+    sub = (tl.abs(x) + 24576.0) - 24576.0
+    sub = tl.where(neg, -sub, sub)
     return tl.where(tl.abs(x) < 0.015625, sub, normal)
 
 

@@ -209,7 +209,8 @@ class AttentionPatch:
                          enable_gqa=enable_gqa)
             lse_fn = form.fn
             res = self.timed(lambda: lse_fn(q, k, v, scale=scale, is_causal=is_causal), q)
-            self.record(form.label + tag, q, k, v, res[0], bshd=False, args=call_args(None, dropout_p, is_causal, scale))
+            self.record(form.call_label(q) + tag, q, k, v, res[0], bshd=False,
+                        args=call_args(None, dropout_p, is_causal, scale))
             return res
         args = call_args(attn_mask, dropout_p, is_causal, scale)
         try:

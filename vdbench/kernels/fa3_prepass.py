@@ -1,0 +1,131 @@
+"""FA3 fp8's quantization pre-pass in Triton: e4m3 Q, K, V with one scale per (batch, head), K smoothing optional.
+
+Why: ``fav3_fp8`` hands FA3 e4m3 inputs with per-(batch, head) descales. Quantized eagerly in torch that costs
+~36 bytes of traffic per element (fp32 copy, abs, amax, division, clamp, cast): on an H200 it took the Wan 1.3B call
+from the kernel's 7.26 ms to 9.01 ms. Here each tensor is read twice and written once in e4m3 (5 bytes per bf16
+element): one reduction launch (per-chunk amax, or per-channel max and min of K when smoothing) and one quantization
+launch. A single read is not possible with a per-(batch, head) scale: the first value can only be written once the
+whole head's amax is known, which needs a grid-wide barrier between the two phases (not expressible safely in
+Triton: spinning programs deadlock when a head's chunks are not all resident, and always under the interpreter).
+
+Exactly ``vdbench.numerics.fp8_bh_inputs`` -- the eager path used where Triton does not run -- bit for bit:
+
+* the amax is a max (exact in any order), taken over chunks here and finished by a torch max over the chunk
+  partials; with smoothing, amax |K - mean| = max over channels of max(|kmax - mean|, |kmin - mean|), equal to the
+  eager ``(k - mean).abs().amax()`` because fp32 rounding is monotonic and symmetric;
+* the descale is ``numerics.fp8_descale(amax)`` and the K mean ``numerics.smoothing_mean(k)`` -- the same torch
+  calls in both paths;
+* values are ``(x [- mean]) / descale`` with an IEEE division (``div_rn``), clamped to ±448 and rounded to nearest
+  even in e4m3 (under the interpreter through ``quant.to_e4m3``'s pre-rounding; see ``quant._round_to_e4m3_grid``).
+
+The outputs keep the inputs' shapes and memory layout (``empty_like``), so FA3 sees what it would see from a caller
+who quantized the tensors themselves. As with the other kernel modules, importing this one decides whether Triton
+compiles or interprets (``TRITON_INTERPRET=1`` before the first import: CPU tests).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from vdbench import numerics as N
+from vdbench.kernels.quant import to_e4m3
+
+__all__ = ["quantize_bh", "prepass", "CHUNK", "INTERPRETED"]
+
+INTERPRETED = os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
+CHUNK = 128  # rows per program: 128 x D elements, a few registers' worth per thread at 4 warps
+
+
+@triton.jit
+def _tile(X, s_len, d_len, sxb, sxh, sxs, sxd, BLK: tl.constexpr, BD: tl.constexpr):
+    """This program's (chunk, head, batch) tile of a strided (B, H, S, D) tensor in fp32 (0 outside), its mask."""
+    c = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1).to(tl.int64)
+    b = tl.program_id(2).to(tl.int64)
+    rows = c * BLK + tl.arange(0, BLK)
+    cols = tl.arange(0, BD)
+    inside = (rows[:, None] < s_len) & (cols[None, :] < d_len)
+    x = tl.load(X + b * sxb + h * sxh + rows[:, None] * sxs + cols[None, :] * sxd, mask=inside, other=0.0)
+    return x.to(tl.float32), rows, cols, inside
+
+
+@triton.jit
+def _reduce_kernel(X, Amax, CMax, CMin, s_len, d_len, H, n_chunk, sxb, sxh, sxs, sxd,
+                   BLK: tl.constexpr, BD: tl.constexpr, CHANNEL: tl.constexpr):
+    x, rows, cols, inside = _tile(X, s_len, d_len, sxb, sxh, sxs, sxd, BLK, BD)
+    part = (tl.program_id(2) * H + tl.program_id(1)) * n_chunk + tl.program_id(0)
+    if CHANNEL:  # per-channel max and min of the chunk (K smoothing: the amax of K - mean follows from them)
+        tl.store(CMax + part * d_len + cols, tl.max(tl.where(inside, x, float("-inf")), axis=0), mask=cols < d_len)
+        tl.store(CMin + part * d_len + cols, tl.min(tl.where(inside, x, float("inf")), axis=0), mask=cols < d_len)
+    else:  # what lies outside loads as 0, which never raises a max of absolute values
+        tl.store(Amax + part, tl.max(tl.max(tl.abs(x), axis=1), axis=0))
+
+
+@triton.jit
+def _quant_kernel(X, Out, Descale, Mean, s_len, d_len, H, sxb, sxh, sxs, sxd, sob, soh, sos, sod,
+                  BLK: tl.constexpr, BD: tl.constexpr, HAS_MEAN: tl.constexpr, FIX: tl.constexpr):
+    x, rows, cols, inside = _tile(X, s_len, d_len, sxb, sxh, sxs, sxd, BLK, BD)
+    h = tl.program_id(1).to(tl.int64)
+    b = tl.program_id(2).to(tl.int64)
+    bh = b * H + h
+    if HAS_MEAN:
+        x = x - tl.load(Mean + bh * d_len + cols, mask=cols < d_len, other=0.0)[None, :]
+    d = tl.load(Descale + bh)
+    y = tl.math.div_rn(x, tl.zeros_like(x) + d)  # IEEE division: the eager path's x / descale, bit for bit
+    yq = to_e4m3(tl.clamp(y, -448.0, 448.0), FIX)
+    tl.store(Out + b * sob + h * soh + rows[:, None] * sos + cols[None, :] * sod, yq, mask=inside)
+
+
+def _grid(x: torch.Tensor):
+    b, h, s, _ = x.shape
+    return (triton.cdiv(s, CHUNK), h, b)
+
+
+def _bd(d: int) -> int:
+    return triton.next_power_of_2(d)  # FA3's head dims 96 and 192 run in 128- and 256-wide tiles, masked
+
+
+def _amax(x: torch.Tensor, mean: Optional[torch.Tensor]) -> torch.Tensor:
+    """max |x [- mean]| per (batch, head), (B, H) fp32, from one read of ``x``."""
+    b, h, s, d = x.shape
+    n = triton.cdiv(s, CHUNK)
+    if mean is None:
+        part = torch.empty((b, h, n), device=x.device, dtype=torch.float32)
+        _reduce_kernel[_grid(x)](x, part, part, part, s, d, h, n, *x.stride(), BLK=CHUNK, BD=_bd(d),
+                                 CHANNEL=False, num_warps=4)
+        return part.amax(dim=-1)
+    cmax = torch.empty((b, h, n, d), device=x.device, dtype=torch.float32)
+    cmin = torch.empty_like(cmax)
+    _reduce_kernel[_grid(x)](x, cmax, cmax, cmin, s, d, h, n, *x.stride(), BLK=CHUNK, BD=_bd(d), CHANNEL=True,
+                             num_warps=4)
+    m = mean.reshape(b, h, d)
+    return torch.maximum((cmax.amax(dim=2) - m).abs(), (cmin.amin(dim=2) - m).abs()).amax(dim=-1)
+
+
+def quantize_bh(x: torch.Tensor, mean: Optional[torch.Tensor] = None):
+    """(e4m3 tensor of x's shape and layout, descale (B, H) fp32): ``numerics.quantize_fp8(x [- mean], "bh")``'s
+    values and FA3-shaped descale. ``mean``: (B, H, 1, D) fp32 subtracted first (``numerics.smoothing_mean``)."""
+    if x.dim() != 4:
+        raise ValueError(f"quantize_bh takes (B, H, S, D), got {tuple(x.shape)}")
+    b, h, s, d = x.shape
+    descale = N.fp8_descale(_amax(x, mean)).contiguous()
+    out = torch.empty_like(x, dtype=torch.float8_e4m3fn)
+    mean_arg = descale if mean is None else mean.reshape(b, h, d).contiguous()
+    _quant_kernel[_grid(x)](x, out, descale, mean_arg, s, d, h, *x.stride(), *out.stride(), BLK=CHUNK, BD=_bd(d),
+                            HAS_MEAN=mean is not None, FIX=INTERPRETED, num_warps=4)
+    return out, descale
+
+
+def prepass(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, smooth_k: bool = False) -> N.Fp8Inputs:
+    """``numerics.fp8_bh_inputs(q, k, v, smooth_k=...)`` in Triton: Q, K, V read twice each (K a third time for its
+    mean when smoothing), written once in e4m3."""
+    km = N.smoothing_mean(k) if smooth_k else None
+    q8, qd = quantize_bh(q)
+    k8, kd = quantize_bh(k, km)
+    v8, vd = quantize_bh(v)
+    return N.Fp8Inputs(q8, k8, v8, qd, kd, vd, km)
