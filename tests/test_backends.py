@@ -17,8 +17,8 @@ from tests.attention_data import qkv, rel_l2
 
 ROOT = Path(__file__).resolve().parents[1]
 EXPECTED_NAMES = ["default", "sdpa", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "sdpa_math", "reference",
-                  "sagev1", "fav2", "fav3", "fav3_fp8", "fav3_sage", "fp8_triton", "fav2_triton", "sagev1_emu",
-                  "fp8_emu"]
+                  "sagev1", "fav2", "fav3", "fav3_fp8", "fav3_sage", "fp8_triton", "fav2_triton", "flex", "sta",
+                  "radial", "sta_kernel", "sagev1_emu", "fp8_emu"]
 QUANTIZED = ("sagev1", "fav3_fp8", "fav3_sage", "fp8_triton", "sagev1_emu", "fp8_emu")
 
 
@@ -129,7 +129,7 @@ def test_require_names_the_install_hint_and_the_emulation(monkeypatch):
 def test_cpu_available_set(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # with it (and triton), the Triton kernels join the set
     assert B.available_names("cpu", torch.float32) == ["default", "sdpa", "sdpa_flash", "sdpa_math", "reference",
-                                                      "sagev1_emu", "fp8_emu"]
+                                                      "flex", "sta", "radial", "sagev1_emu", "fp8_emu"]
 
 
 def test_capability_table_lists_every_backend_with_reason():
@@ -236,7 +236,7 @@ def test_every_module_of_the_package_registers_in_its_order():
     for info in pkgutil.iter_modules(B.__path__):
         if info.name != "registry":
             orders.append(importlib.import_module(f"vdbench.backends.{info.name}").ORDER)
-    assert len(orders) == len(set(orders)) == 5
+    assert len(orders) == len(set(orders)) == 6
 
 
 def test_no_caller_keys_on_a_backend_name():

@@ -33,7 +33,7 @@ from typing import Callable, NamedTuple, Optional, Sequence
 
 import torch
 
-__all__ = ["Backend", "BackendUnavailable", "UnsupportedCall", "LSEForm", "BytesMoved", "traffic", "HALF",
+__all__ = ["Backend", "BackendUnavailable", "UnsupportedCall", "LSEForm", "GridUse", "BytesMoved", "traffic", "HALF",
            "ANY_FLOAT", "RequiresPackage", "requires_package", "cuda", "cuda_dtypes", "probe", "register", "unregister",
            "registered", "resolve", "get_backend", "canonical_name", "names", "aliases", "availability",
            "available_names", "capability_table", "BACKENDS"]
@@ -77,6 +77,25 @@ class LSEForm:
     fn: Callable
     devices: tuple[str, ...]
     label: str
+
+
+@dataclass(frozen=True)
+class GridUse:
+    """What a backend that needs per-model state -- the token grid of each call -- asks of the patching core.
+
+    Why: a sparse pattern (``sta``, ``radial``) is a statement about grid neighbours, and the grid is known on
+    the transformer (its latent shape and patch size), not in a flat attention call. The patching core installs
+    the model family's grid hooks on every patched transformer (``Family.grid_hooks``) and routes the calls of
+    such a backend through ``attend(hooks, q, k, v, *, scale, is_causal) -> (out, label, block stats)``, where
+    ``hooks.grid`` is the grid of the forward in progress and ``hooks.layout`` the tile order the tokens already
+    arrive in (None: the model's own order). ``spec`` is what the hooks are built with (the pattern, whose layout
+    a once-per-forward hook puts the tokens in); ``once_per_forward``: the backend accepts tokens already in that
+    layout (False: the hooks only track the grid and ``attend`` permutes per call).
+    """
+
+    spec: object
+    attend: Callable
+    once_per_forward: bool = True
 
 
 class BytesMoved(NamedTuple):
@@ -236,6 +255,8 @@ class Backend:
     label: Optional[Callable[..., str]] = None
     aliases: tuple[str, ...] = ()
     notes: str = ""
+    grid: Optional[GridUse] = None  # per-model state: needs the token grid of each call (GridUse)
+    configure: Optional[Callable[[str], "Backend"]] = None  # "name:options" -> the entry with those options
 
     def __post_init__(self):
         if self.layout not in ("BHSD", "BSHD"):
@@ -389,9 +410,12 @@ def registered(backend: Backend, *, order: int = LAST):
 
 
 def resolve(name_or_backend) -> Backend:
-    """The entry for a canonical name, an alias (diffusers' or SGLang's name) or an entry itself."""
+    """The entry for a canonical name, an alias (diffusers' or SGLang's name) or an entry itself; ``name:options``
+    (``sta:window=3x3x3,tile=6x8x8``) asks the entry's ``configure`` for the entry with those options."""
     if isinstance(name_or_backend, Backend):
         return name_or_backend
+    if isinstance(name_or_backend, str) and ":" in name_or_backend:
+        return _configured(*name_or_backend.split(":", 1))
     name = _ALIASES.get(name_or_backend, name_or_backend)
     try:
         return BACKENDS[name]
@@ -402,9 +426,26 @@ def resolve(name_or_backend) -> Backend:
 get_backend = resolve
 
 
+def _configured(name: str, options: str) -> Backend:
+    base = resolve(name.strip())
+    if base.configure is None:
+        raise BackendUnavailable(f"attention backend '{base.name}' takes no options (got {options!r}); options are "
+                                 "for the backends that list them, e.g. sta:window=3x3x3,tile=6x8x8")
+    try:
+        return base.configure(options)
+    except ValueError as e:
+        raise BackendUnavailable(str(e)) from None
+
+
 def canonical_name(name: str) -> str:
     """The registry's name for ``name`` or an alias of it, for naming outputs (a file typed with ``native`` is
-    the ``sdpa`` render); a name the registry doesn't know comes back as given -- ``resolve`` refuses it."""
+    the ``sdpa`` render); with options, the configured entry's name (one spelling per option set); a name the
+    registry doesn't know comes back as given -- ``resolve`` refuses it."""
+    if ":" in name:
+        try:
+            return resolve(name).name
+        except BackendUnavailable:
+            return name
     return _ALIASES.get(name, name)
 
 
