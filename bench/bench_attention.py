@@ -62,7 +62,7 @@ from vdbench import backends as B
 from vdbench import families
 from vdbench import metrics as M
 from vdbench.capture import CaptureError, list_captures, load_capture
-from vdbench.sparse import TokenGrid, block_mask, split_attention_types, to_layout
+from vdbench.sparse import block_mask, parse_grid, split_attention_types, to_layout
 from vdbench.timing import speed_verdict, spread
 
 # (B, H, Sq, Sk, D): self-attention of the real models at their usual sizes
@@ -237,18 +237,6 @@ def _time_row(row, be, fn, q, k, v, args, device, flops):
     if be.prepass is not None:
         qs = spread(time_samples(lambda: be.prepass(q, k, v, args.scale), device, args.warmup_ms, args.rep_ms)[0])
         row.update(quant_ms=qs["median"], quant_p20_ms=qs["p20"], quant_p80_ms=qs["p80"], quant_share=qs["median"] / t)
-
-
-def parse_grid(text: str) -> TokenGrid:
-    """``21x30x52`` -> TokenGrid(21, 30, 52); ``13x30x45+226``: 226 text tokens first (CogVideoX's joint
-    attention)."""
-    shape, _, text_tokens = text.partition("+")
-    try:
-        f, h, w = (int(x) for x in shape.lower().split("x"))
-        return TokenGrid(f, h, w, int(text_tokens) if text_tokens else 0, True)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--grid {text!r} is not FxHxW (latent frames x height x width after "
-                                         "patchify), optionally +T text tokens") from None
 
 
 def _grid_kernel(row, be, q, k, v, grids, scale):

@@ -239,4 +239,4 @@ def test_sparse_patterns_take_a_grid_and_report_work_and_effective_rates(tmp_pat
                            in r["status"] for r in rows if r["kernel"] == "sta")
     with pytest.raises(SystemExit):
         ba.build_parser().parse_args(["--preset", "cogvideox-2b", "--grid", "3x4"])
-    assert ba.parse_grid("13x30x45+226").text_tokens == 226
+    assert ba.parse_grid("13x30x45+226").text_tokens == 226 and str(ba.parse_grid("21x30x52")) == "21x30x52"

@@ -86,6 +86,7 @@ __all__ = [
     "PATTERNS",
     "SparseSpecError",
     "TokenGrid",
+    "parse_grid",
     "SparseSpec",
     "parse_spec",
     "split_attention_types",
@@ -175,6 +176,18 @@ class TokenGrid:
         text = (f" + {self.text_tokens} text ({'first' if self.text_first else 'last'})"
                 if self.text_tokens else "")
         return f"{self.frames}x{self.height}x{self.width}{text}"
+
+
+def parse_grid(text: str) -> TokenGrid:
+    """``"21x30x52"`` -> TokenGrid(21, 30, 52) (latent frames x height x width after patchify); ``"13x30x45+226"``:
+    226 text tokens first (CogVideoX's joint attention). What the benches' ``--grid`` takes."""
+    shape, _, text_tokens = str(text).partition("+")
+    parts = shape.lower().split("x")
+    if len(parts) != 3 or not all(x.strip().isdigit() for x in parts) or (text_tokens and not text_tokens.isdigit()):
+        raise ValueError(f"grid {text!r} is not FxHxW (latent frames x height x width after patchify), optionally "
+                         "+T text tokens")
+    f, h, w = (int(x) for x in parts)
+    return TokenGrid(f, h, w, int(text_tokens) if text_tokens else 0, True)
 
 
 # ----------------------------------------------------------------------------------------------------------
