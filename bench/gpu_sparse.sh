@@ -3,8 +3,9 @@
 # records for the sparse backends, every run under the budgeted runner (its own limit, skipped when the deadline
 # can't fit it), in priority order:
 #
-#   gpu_tests    tests/test_sparse.py's CUDA test: the compiled FlexAttention kernel (block lists + mask_mod) against
-#                exact masked attention, STA padded / unpadded with text, radial
+#   gpu_tests    the CUDA tests: the compiled FlexAttention kernel (block lists + mask_mod) against
+#                exact masked attention, STA padded / unpadded with text, radial (tests/test_sparse.py); the packaged
+#                STA kernel against the FlexAttention form of its mask where it imports (else skipped, with the reason)
 #   k14, k13     bench_attention.py at Wan 14B 720p (H40, grid 21x45x80) and Wan 1.3B 480p (H12, 21x30x52), B=1 bf16
 #                D128, random inputs: FA3 bf16, FlexAttention dense, STA (3,3,3) tiles (6,8,8) padded and unpadded,
 #                STA (3,5,5) padded and unpadded, radial, the packaged STA kernel (unavailable: the reason is its row)
@@ -39,7 +40,7 @@ R13=("${WAN13[@]}" --num_inference_steps "$S13" --benchmark_output_directory "$R
      --vae_decode fast)
 MASS=(--pattern sta --pattern sta:window=3x5x5 --pattern radial --device cuda)
 
-r gpu_tests 30 100 "$PY" -m pytest -q -rs tests/test_sparse.py -k cuda -p no:cacheprovider
+r gpu_tests 30 100 "$PY" -m pytest -q -rs tests/test_sparse.py tests/test_sparse_backends.py -k cuda -p no:cacheprovider
 r k14 60 170 "${KB[@]}" --preset wan2.1-14b-720p --grid 21x45x80 --rep_ms 1200 -o "$W/kernels_w14.csv"
 r w14_fav3 80 150 "$PY" run_wan.py "${R14[@]}" --attention_type fav3 --save_inputs --max_captures 1 \
   --input_dir "$RES/cap14"
