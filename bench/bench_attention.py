@@ -18,6 +18,16 @@ Per input x kernel:
 * emulated backends (``*_emu``) are never timed: pure-torch emulations of a kernel's numerics, their accuracy is
   the figure; no time, TFLOP/s or GB/s is written for them.
 * throughput: TFLOP/s with FLOPs = 4*B*H*Sq*Sk*D (two matmuls, forward, non-causal; causal halves nothing here).
+  These are *dense-equivalent* FLOPs: for a sparse pattern ``tflops`` is its effective rate (what dense attention
+  would have to reach to be as fast), and ``tflops_computed`` counts only the block pairs it computed.
+* sparse patterns (``sta``, ``radial``, with options: ``--kernel "sta:window=3x5x5,tile=6x8x8,radial"``) need the
+  token grid of the call: ``--grid 21x30x52`` (``FxHxW``, ``+T`` for T text tokens first), matched to the inputs by
+  their sequence length. They are timed on tokens already in their tile order (as the once-per-forward form runs
+  them; the permutation happens once per forward, not per call) and checked for accuracy in the model's order.
+  ``work`` is the fraction of the kernel's 128x128 (query, key) block pairs computed, ``work_vs_dense`` the
+  computed pairs over dense attention's on the unpadded sequence (padding to whole tiles adds pairs). Accuracy is
+  against exact *dense* attention: for a pattern, its approximation error. ``--baseline fav3`` adds
+  ``speedup_vs_baseline`` (the baseline's time / the kernel's, per input).
 * bandwidth: GB/s over the bytes each kernel really moves (the entry's bytes model): Q/K/V read and O written
   at the precision the kernel reads them (int8/fp8 count 1 byte), plus its quantization pre-pass (reads bf16
   Q/K(/V), writes 1 byte).
@@ -52,6 +62,7 @@ from vdbench import backends as B
 from vdbench import families
 from vdbench import metrics as M
 from vdbench.capture import CaptureError, list_captures, load_capture
+from vdbench.sparse import block_mask, parse_grid, split_attention_types, to_layout
 from vdbench.timing import speed_verdict, spread
 
 # (B, H, Sq, Sk, D): self-attention of the real models at their usual sizes
@@ -63,7 +74,7 @@ COLUMNS = ["input", "kernel", "kernel_label", "B", "H", "Sq", "Sk", "D", "dtype"
            "time_p20_ms", "time_p80_ms", "time_min_ms", "time_max_ms", "time_n", "timer", "quant_ms", "quant_p20_ms",
            "quant_p80_ms", "quant_share", "quant_in_time", "tflops", "gbps", "bytes", "arith_intensity",
            "speed_figure", "why_not_speed", "rel_l2", "cosine", "max_abs", "frac_beyond_tol", "nan_inf", "unwritten",
-           "status"]
+           "grid", "work", "work_vs_dense", "tflops_computed", "speedup_vs_baseline", "status"]
 EXIT_NOTHING_RAN = 4
 
 
@@ -96,8 +107,11 @@ def events_samples_ms(fn, n=30, warmup=5) -> list[float]:
 def time_samples(fn, device, warmup_ms=25, rep_ms=100, cpu_reps=5) -> tuple[list[float], str]:
     """(milliseconds of each timed call of ``fn()``, the timer used). GPU: every sample of ``do_bench`` (L2 flushed),
     or a CUDA-event loop where this triton has no ``return_mode="all"``; CPU: host clock after one warm-up call.
-    All samples come back, not one summary, so the caller can give the spread."""
+    All samples come back, not one summary, so the caller can give the spread. One call runs first on a GPU too:
+    do_bench sizes its repeats from its first call, which for a compiled kernel (FlexAttention) is the compile."""
     if torch.device(device).type == "cuda":
+        fn()
+        torch.cuda.synchronize()
         try:
             from triton.testing import do_bench
 
@@ -211,7 +225,7 @@ def _time_row(row, be, fn, q, k, v, args, device, flops):
     pre-pass alone where it has one, and the speed verdict (a CPU or fewer than 3 samples: not a speed figure)."""
     b, h, sq, d = q.shape
     sk = k.shape[2]
-    samples, timer = time_samples(lambda: fn(q, k, v), device)
+    samples, timer = time_samples(lambda: fn(q, k, v), device, args.warmup_ms, args.rep_ms)
     st = spread(samples)
     t = st["median"]
     moved = be.bytes_moved(b, h, sq, sk, d, q.element_size())
@@ -221,17 +235,36 @@ def _time_row(row, be, fn, q, k, v, args, device, flops):
                gbps=moved.total / t / 1e6, arith_intensity=flops / moved.total, quant_in_time=bool(moved.prepass),
                speed_figure=ok, why_not_speed=why or "")
     if be.prepass is not None:
-        qs = spread(time_samples(lambda: be.prepass(q, k, v, args.scale), device)[0])
+        qs = spread(time_samples(lambda: be.prepass(q, k, v, args.scale), device, args.warmup_ms, args.rep_ms)[0])
         row.update(quant_ms=qs["median"], quant_p20_ms=qs["p20"], quant_p80_ms=qs["p80"], quant_share=qs["median"] / t)
+
+
+def _grid_kernel(row, be, q, k, v, grids, scale):
+    """For a backend that needs the token grid: (accuracy callable in the model's order, timing callable and its
+    inputs in the pattern's tile order), or None with the row marked unavailable; fills the grid and work columns."""
+    grid = grids.get(q.shape[2]) if q.shape[2] == k.shape[2] else None
+    if grid is None:
+        row["status"] = (f"unavailable: needs the token grid of a {q.shape[2]}-token self-attention input "
+                         f"(--grid FxHxW; given: {', '.join(str(g) for g in grids.values()) or 'none'})")
+        return None
+    attend = be.grid.attend
+    _, stats, lay = block_mask(be.grid.spec, grid, q.device)  # the call's block-pair accounting (cached mask)
+    row.update(grid=str(grid), work=stats.fraction, work_vs_dense=stats.relative_to_dense)
+    ql, kl, vl = (to_layout(t, lay, 2) for t in (q, k, v))
+    return (lambda q_, k_, v_: attend(q_, k_, v_, grid=grid, scale=scale)[0],
+            lambda q_, k_, v_: attend(q_, k_, v_, grid=grid, tile_ordered=True, scale=scale)[0],
+            (ql, kl, vl))
 
 
 def run(args) -> int:
     device = torch.device(args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "capture": None}[args.dtype]
     try:
-        backends = list(B.BACKENDS.values()) if args.kernel == "all" else [B.resolve(k) for k in args.kernel.split(",")]
+        backends = (list(B.BACKENDS.values()) if args.kernel == "all"
+                    else [B.resolve(k) for k in split_attention_types(args.kernel)])
     except B.BackendUnavailable as e:
         sys.exit(f"error: {e}")
+    grids = {g.seq_len: g for g in args.grid or []}
     inputs, skipped = load_inputs(args, device, dtype or torch.bfloat16)
     want = set(METRICS[1:]) if args.metric == "all" else {args.metric}
     timed = want & {"time", "throughput", "bandwidth"}
@@ -251,7 +284,14 @@ def run(args) -> int:
                 rows.append(row)
                 continue
             fn = (lambda q_, k_, v_, be=be: be(q_, k_, v_, scale=args.scale))
+            timed_fn, timed_in = fn, (q, k, v)
             try:
+                if be.grid is not None:
+                    got = _grid_kernel(row, be, q, k, v, grids, args.scale)
+                    if got is None:
+                        rows.append(row)
+                        continue
+                    fn, timed_fn, timed_in = got
                 if "accuracy" in want:
                     out = poisoned_call(fn, q, k, v)
                     acc = accuracy(out, ref)
@@ -262,7 +302,9 @@ def run(args) -> int:
                     row.update(status="ok (emulation: accuracy only, never timed)", speed_figure=False,
                                why_not_speed=speed_verdict(emulated=True)[1])
                 elif timed:
-                    _time_row(row, be, fn, q, k, v, args, device, flops)
+                    _time_row(row, be, timed_fn, *timed_in, args, device, flops)
+                    if row["work_vs_dense"] != "":
+                        row["tflops_computed"] = row["tflops"] * row["work_vs_dense"]
                 if not row["status"]:
                     row["status"] = "ok"
                 if row.get("unwritten"):
@@ -271,6 +313,7 @@ def run(args) -> int:
                 row["status"] = f"error: {type(e).__name__}: {str(e).splitlines()[0][:160]}"
             rows.append(row)
         del ref
+    _speedups(rows, args.baseline)
     print_table(rows, want)
     if args.output:
         write_outputs(rows, args.output, device)
@@ -282,6 +325,17 @@ def run(args) -> int:
         print(f"{len(skipped)} input file(s) skipped", file=sys.stderr)
         return 3
     return 1 if any(r["status"].startswith(("FAIL", "error")) for r in rows) else 0
+
+
+def _speedups(rows, baseline):
+    """``speedup_vs_baseline``: the baseline kernel's time on the same input / this kernel's time."""
+    if not baseline:
+        return
+    name = B.canonical_name(baseline)
+    base = {r["input"]: r["time_ms"] for r in rows if r["kernel"] == name and isinstance(r["time_ms"], float)}
+    for r in rows:
+        if isinstance(r["time_ms"], float) and r["input"] in base:
+            r["speedup_vs_baseline"] = base[r["input"]] / r["time_ms"]
 
 
 def _cell(r, col, spec):
@@ -307,6 +361,10 @@ def print_table(rows, want):
         cols += [("time_ms", "sig4"), ("p20–p80", ""), ("time_n", "d"), ("quant_ms", "sig4"), ("quant_share", "")]
     if "throughput" in want:
         cols += [("tflops", "sig")]
+        if any(r["work"] != "" for r in rows):
+            cols += [("work", "sig"), ("tflops_computed", "sig")]
+    if any(r["speedup_vs_baseline"] != "" for r in rows):
+        cols += [("speedup_vs_baseline", "sig")]
     if "bandwidth" in want:
         cols += [("gbps", "sig")]
     if "arithmetic_intensity" in want:
@@ -318,6 +376,9 @@ def print_table(rows, want):
     widths = [max(len(x[i]) for x in table) for i in range(len(cols))]
     for line in table:
         print("  ".join(x.ljust(w) for x, w in zip(line, widths)).rstrip())
+    if any(r["work"] != "" for r in rows):
+        print("note: tflops is dense-equivalent (4*B*H*Sq*Sk*D / time): for a sparse pattern its effective rate; "
+              "tflops_computed counts the block pairs it computed (work_vs_dense of dense attention's)")
     whys = dict.fromkeys(r["why_not_speed"] for r in rows if r["time_ms"] != "" and r["speed_figure"] is False)
     for why in whys:
         print(f"warning: these times are not speed figures: {why}")
@@ -419,7 +480,13 @@ def build_parser():
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--input_dir", help="directory of captures (run_wan.py --save_inputs)")
     src.add_argument("--preset", action="append", choices=sorted(PRESETS), help="synthetic inputs at a real shape")
-    p.add_argument("--kernel", default="all", help="comma-separated backend names, or 'all'")
+    p.add_argument("--kernel", default="all",
+                   help="comma-separated backend names (options allowed: sta:window=3x5x5,tile=6x8x8), or 'all'")
+    p.add_argument("--grid", action="append", type=parse_grid, metavar="FxHxW[+T]",
+                   help="the token grid of the sparse patterns' inputs (repeatable; matched by sequence length)")
+    p.add_argument("--baseline", default=None, help="a kernel of --kernel: add speedup_vs_baseline per input")
+    p.add_argument("--rep_ms", type=float, default=100, help="do_bench's timed milliseconds per kernel (GPU)")
+    p.add_argument("--warmup_ms", type=float, default=25, help="do_bench's warm-up milliseconds (GPU)")
     p.add_argument("-metric", "--metric", choices=METRICS, default="all")
     p.add_argument("-o", "--output", help="CSV path (a .json and a .png plot are written beside it)")
     p.add_argument("--max_inputs", type=int, default=0)

@@ -20,7 +20,8 @@ from tests.attention_data import qkv, rel_l2
 ROOT = Path(__file__).resolve().parents[1]
 EXPECTED_NAMES = ["default", "sdpa", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "sdpa_math", "reference",
                   "sagev1", "sagev2", "sagev2_fp8", "sagev2_fp16", "sagev2_triton", "fav2", "fav3", "fav3_fp8",
-                  "fav3_sage", "fp8_triton", "fav2_triton", "sagev1_emu", "sagev2_emu", "fp8_emu"]
+                  "fav3_sage", "fp8_triton", "fav2_triton", "flex", "sta", "radial", "sta_kernel", "sagev1_emu",
+                  "sagev2_emu", "fp8_emu"]
 QUANTIZED = ("sagev1", "sagev2", "sagev2_fp8", "sagev2_fp16", "sagev2_triton", "fav3_fp8", "fav3_sage", "fp8_triton",
              "sagev1_emu", "sagev2_emu", "fp8_emu")
 #: quantized entries whose pre-pass runs inside one package call that offers no way to run it alone
@@ -135,7 +136,7 @@ def test_require_names_the_install_hint_and_the_emulation(monkeypatch):
 def test_cpu_available_set(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # with it (and triton), the Triton kernels join the set
     assert B.available_names("cpu", torch.float32) == ["default", "sdpa", "sdpa_flash", "sdpa_math", "reference",
-                                                      "sagev1_emu", "sagev2_emu", "fp8_emu"]
+                                                      "flex", "sta", "radial", "sagev1_emu", "sagev2_emu", "fp8_emu"]
 
 
 def test_capability_table_lists_every_backend_with_reason():

@@ -209,3 +209,34 @@ def test_old_name_bench_cogvideo_still_works(tmp_path, checkout_env):
                           env=checkout_env)
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "c.csv").exists() and "cogvideox-2b" in proc.stdout
+
+
+def test_sparse_patterns_take_a_grid_and_report_work_and_effective_rates(tmp_path, capsys):
+    """A 96-token input on the grid 3x4x8: the patterns' work, the dense-equivalent and computed TFLOP/s, the
+    speed-up column; a pattern covering the grid equals dense attention; no matching grid: unavailable, said why."""
+    small, full = "sta:window=1x3x3,tile=2x2x4,block=16", "sta:window=3x3x3,tile=2x2x4,block=16"
+    rc = ba.main(["--preset", "wan2.1-1.3b-480p", "--max_seq", "96", "--device", "cpu", "--dtype", "fp32",
+                  "--kernel", f"sdpa,{small},{full},flex", "--grid", "3x4x8", "--baseline", "sdpa",
+                  "-o", str(tmp_path / "s.csv")])
+    assert rc == 0
+    rows = list(csv.DictReader(open(tmp_path / "s.csv")))
+    by = {(r["input"], r["kernel"]): r for r in rows}
+    s = by[("wan2.1-1.3b-480p", "sta:window=1x3x3+tile=2x2x4+block=16")]
+    assert s["grid"] == "3x4x8" and 0 < float(s["work"]) < 1 and float(s["work_vs_dense"]) < 1
+    assert float(s["tflops_computed"]) == pytest.approx(float(s["tflops"]) * float(s["work_vs_dense"]))
+    assert float(s["rel_l2"]) > 0.1  # the approximation error of a small window, against dense attention
+    f = by[("wan2.1-1.3b-480p", "sta:tile=2x2x4+block=16")]  # window 3x3x3: the default, not in the name
+    assert float(f["work"]) == 1.0 and float(f["rel_l2"]) < 1e-5  # a window covering the grid is dense
+    assert by[("wan2.1-1.3b-480p", "sdpa")]["speedup_vs_baseline"] == "1.0"
+    assert float(s["speedup_vs_baseline"]) == pytest.approx(
+        float(by[("wan2.1-1.3b-480p", "sdpa")]["time_ms"]) / float(s["time_ms"]))
+    assert by[("wan2.1-1.3b-480p", "flex")]["work"] == ""  # dense FlexAttention needs no grid
+    assert "tflops is dense-equivalent" in capsys.readouterr().out
+    rc = ba.main(["--preset", "wan2.1-1.3b-480p", "--max_seq", "64", "--device", "cpu", "--dtype", "fp32",
+                  "--kernel", "sta,sdpa", "--grid", "3x4x8", "-metric", "accuracy", "-o", str(tmp_path / "n.csv")])
+    rows = list(csv.DictReader(open(tmp_path / "n.csv")))
+    assert rc == 0 and all("needs the token grid of a 64-token self-attention input (--grid FxHxW; given: 3x4x8)"
+                           in r["status"] for r in rows if r["kernel"] == "sta")
+    with pytest.raises(SystemExit):
+        ba.build_parser().parse_args(["--preset", "cogvideox-2b", "--grid", "3x4"])
+    assert ba.parse_grid("13x30x45+226").text_tokens == 226 and str(ba.parse_grid("21x30x52")) == "21x30x52"

@@ -153,3 +153,19 @@ def test_issue20_scripts_dry_run(tmp_path):
     assert "--attention_type fav3_fp8:smooth_k=1" in r.stdout and "--num_inference_steps 5" in r.stdout
     assert "compare_outputs.py" in r.stdout and "--reference fav3" in r.stdout  # 14B: the fav3 render as reference
     assert "--ulysses_degree 2" in r.stdout
+
+
+def test_sparse_script_dry_run(tmp_path):
+    """bench/gpu_sparse.sh with DRY_RUN=1: its runs in priority order (kernels and the 14B pipeline first), none
+    started, the summary and the archive written."""
+    w, out = tmp_path / "w", tmp_path / "o"
+    r = subprocess.run(["bash", str(ROOT / "bench" / "gpu_sparse.sh")], cwd=tmp_path, capture_output=True, text=True,
+                       timeout=120, env=dict(os.environ, PY=sys.executable, DRY_RUN="1", OUT=str(out), W=str(w),
+                                             RES=str(tmp_path / "res")))
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    rows = _runs(w)[1:]
+    names = [row[1] for row in rows]
+    assert names[:4] == ["gpu_tests", "k14", "w14_fav3", "w14_sta"] and {row[2] for row in rows} == {"dry"}
+    assert {"k13", "w13_sched", "w14_sched", "mass13", "mass14", "q13ref"} <= set(names)
+    assert "--attention_schedule fav3@steps:0,sta" in r.stdout and "--grid 21x45x80" in r.stdout
+    assert (out / "results_sparse.tgz").exists() and (out / "summary_sparse.txt").exists()

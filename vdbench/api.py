@@ -30,6 +30,10 @@ def use_backend(pipe_or_module, backend: str, on_unsupported: str = "error", *, 
                 observers: Optional[list[Callable[[CallInfo], Any]]] = None) -> Iterator[AttentionPatch]:
     """Install ``backend`` into the pipeline's (or module's) attention for the ``with`` block; yields the patch.
 
+    ``backend``: a name, a name with options (``"sta:window=3x3x3,tile=6x8x8"``) or a schedule
+    (``"fav3@steps:0-9,sta"``; set ``patch.step`` as the denoising steps advance, as the render does from its
+    step callback -- the library call alone does not know the step).
+
     ``patch.stats.calls`` / ``patch.calls``: calls by kernel label; ``patch.stats.calls_by_kind``: by self /
     cross / joint. ``on_unsupported="fallback:sdpa"`` runs the calls the backend can't serve (a mask, a head
     dim) on torch sdpa and counts them, instead of raising ``UnsupportedCall``. ``time_attention``: the summed
@@ -40,9 +44,10 @@ def use_backend(pipe_or_module, backend: str, on_unsupported: str = "error", *, 
     """
     patch = AttentionPatch(pipe_or_module, backend, on_unsupported, observers=observers,
                            time_attention=time_attention)
-    problem = availability_problem(patch.backend, patch.models)
-    if problem is not None:
-        raise BackendUnavailable(unavailable_message(patch.backend, *problem, patch.models))
+    for member in patch.schedule.members:  # a schedule ("fav3@steps:0-9,sta"): every backend it names
+        problem = availability_problem(member, patch.models)
+        if problem is not None:
+            raise BackendUnavailable(unavailable_message(member, *problem, patch.models))
     patch.install()
     try:
         yield patch

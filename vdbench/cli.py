@@ -28,6 +28,8 @@ from . import backends as B
 from . import families
 from .parallel import ENGINES, EXIT_PEER_FAILED
 from .patching import ON_UNSUPPORTED_CHOICES
+from .patching.schedule import resolve_attention
+from .sparse import split_attention_types
 from .speed import COMPILE_BACKENDS
 
 __all__ = ["build_parser", "config_from_args", "main", "EXIT_OK", "EXIT_BAD_INPUT", "EXIT_UNSUPPORTED_CALL",
@@ -37,6 +39,7 @@ EXIT_OK = 0
 EXIT_BAD_INPUT = 2  # unknown/unavailable backend, bad size, model that can't be loaded, refused option
 EXIT_UNSUPPORTED_CALL = 3  # the backend met a call it cannot serve during the run
 EXIT_HUNG = 124  # a watched stage (--vae_timeout) ran past its timeout (timeout(1)'s code)
+DEFAULT_ATTENTION = "default"  # --attention_type when not given: the pipeline's own attention, counted
 
 EPILOG = ("exit codes: 0 ok, 2 bad input (unknown or unavailable backend, bad size, model not loadable, refused "
           f"option), 3 an attention call the backend can't serve (see --on_unsupported), {EXIT_PEER_FAILED} another "
@@ -89,9 +92,15 @@ def build_parser(family: str | families.Family, prog: Optional[str] = None,
         help="flow-matching shift, for families with a flow-matching scheduler (default: the family's rule)")
     add("--fps", type=int, default=fam.cli.fps, help="frames per second of the written video (default: %(default)s)")
 
-    add("--attention_type", default="default",
-        help="the attention backend (see --list_backends; diffusers' and SGLang's names are accepted); default: "
-             "%(default)s = the pipeline's own attention, counted")
+    add("--attention_type", default=DEFAULT_ATTENTION,
+        help="the attention backend (see --list_backends; diffusers' and SGLang's names are accepted; options "
+             "after a colon, e.g. sta:window=3x3x3,tile=6x8x8); default: %(default)s = the pipeline's own "
+             "attention, counted")
+    add("--attention_schedule", default=None, metavar="RULES",
+        help="several backends by denoising step / block instead of --attention_type, e.g. 'fav3@steps:0-9,sta' "
+             "(FA3 on steps 0-9, STA elsewhere) or 'reference@layers:0-1,fav3_fp8': rules BACKEND@steps:N-M"
+             "[@layers:N-M], 0-based inclusive ranges ('N-' open, '+' joins ranges), the last rule a plain backend "
+             "for every other call; calls counted per kernel and per step")
     add("--on_unsupported", choices=ON_UNSUPPORTED_CHOICES, default="error",
         help="an attention call the backend can't serve: stop (error, the default) or run it on torch sdpa and "
              "count it (fallback:sdpa)")
@@ -190,9 +199,18 @@ def results_dir(fam: families.Family, args) -> Path:
     return out / fam.cli.results_subdir if fam.cli.results_subdir else out
 
 
+def canonical_attention(attention_type: str) -> str:
+    """The name a run is recorded under: an alias -> the backend's name, options and schedules in their one
+    spelling; a name that doesn't resolve comes back as given (the render refuses it, with the reason)."""
+    try:
+        return resolve_attention(attention_type).name
+    except (B.BackendUnavailable, ValueError):
+        return attention_type
+
+
 def output_path(fam: families.Family, args, model: str, attention_type: str) -> Path:
     """The video these arguments write for one backend (an alias is named by the backend it resolves to)."""
-    attention_type = B.canonical_name(attention_type)
+    attention_type = canonical_attention(attention_type)
     return results_dir(fam, args) / fam.output_name(task=args.task, model=model, num_frames=args.num_frames,
                                                     steps=args.num_inference_steps, attention_type=attention_type,
                                                     height=args.height, width=args.width)
@@ -205,6 +223,11 @@ def config_from_args(fam: families.Family, args):
     model = _model(fam, args)
     out = Path(args.output_dir)
     capture_dir = Path(args.input_dir) if args.input_dir else out / "captures"
+    if args.attention_schedule:
+        if args.attention_type != DEFAULT_ATTENTION:
+            raise ValueError("give --attention_type or --attention_schedule, not both (a schedule names its "
+                             "backends itself, e.g. 'fav3@steps:0-9,sta')")
+        args.attention_type = args.attention_schedule
     return RenderConfig(
         family=fam.name, task=args.task, model=model, prompt=args.prompt, negative_prompt=args.negative_prompt,
         image=args.img_file_path, height=args.height, width=args.width, num_frames=args.num_frames,
@@ -287,7 +310,8 @@ def main(family: str, argv=None, *, prog: Optional[str] = None, description: Opt
             print(f"output size {args.height}x{args.width} (the image's aspect ratio; --force_output_size to keep "
                   "--height/--width)", file=sys.stderr)
         if args.print_output_path:  # comma-separated types: one path per line (one process for a whole sweep)
-            for t in args.attention_type.split(","):
+            types = [args.attention_schedule] if args.attention_schedule else split_attention_types(args.attention_type)
+            for t in types:
                 print(output_path(fam, args, model, t))
             return EXIT_OK
         cfg = config_from_args(fam, args)

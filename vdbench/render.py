@@ -26,6 +26,7 @@ import torch
 from . import backends as B
 from . import families
 from .patching import AttentionPatch
+from .patching.schedule import as_schedule, resolve_attention
 from .timing import (Clock, StepProfiler, StepTimer, append_timing, describe_steps, peak_memory, reset_peak_memory,
                      run_step_stats, step_stats, system_info)
 
@@ -60,9 +61,9 @@ def resolve_dtype(arg: str, device: torch.device) -> torch.dtype:
 
 
 def preflight(attention_type: str | B.Backend, device, dtype, head_dims) -> B.Backend:
-    """The backend's entry (what travels down from here), or BackendUnavailable with what *can* run here unless it
-    serves every head dim."""
-    backend = B.resolve(attention_type)
+    """The backend's entry (what travels down from here; a schedule's every backend), or BackendUnavailable with
+    what *can* run here unless it serves every head dim."""
+    backend = resolve_attention(attention_type)
     try:
         return backend.require(device, dtype, head_dims)
     except B.BackendUnavailable as e:
@@ -241,12 +242,17 @@ def validate(cfg: RenderConfig, dctx=None) -> Plan:
 
     device = dctx.device if dctx is not None else resolve_device(cfg.device)
     dtype = resolve_dtype(cfg.dtype, device)
-    backend = B.resolve(cfg.attention_type)  # unknown names fail before the (slow) model load
+    # unknown names, bad options and malformed schedules fail before the (slow) model load
+    backend = resolve_attention(cfg.attention_type)
     cfg = replace(cfg, attention_type=backend.name)  # an alias (diffusers' / SGLang's name) is recorded as ours
+    family = families.get(cfg.family)
+    as_schedule(backend).check_plan(num_steps=cfg.num_inference_steps, compiled=cfg.compile, parallel=dctx is not None,
+                                    grid_family=family.name if family.grid_hooks is not None else None)
     if dctx is not None:  # the backend must serve this parallel path (ring: LSE), on every rank, before any work
         err = None
         try:
-            P.check_backend_for_path(dctx.spec, backend, device, cfg.family, cfg.task)
+            for member in as_schedule(backend).members:
+                P.check_backend_for_path(dctx.spec, member, device, cfg.family, cfg.task)
             if cfg.compile:
                 raise ValueError("--use_torch_compile under torchrun isn't supported: the compiled attention op "
                                  "routes plain single-process calls only (vdbench.patching.AttentionPatch."
@@ -260,7 +266,6 @@ def validate(cfg: RenderConfig, dctx=None) -> Plan:
     if cfg.save_inputs and cfg.compile:
         raise ValueError("--save_inputs runs eagerly (compiled graphs don't know which layer a call is); drop "
                          "the compile option for capture runs -- the captured Q/K/V are the same")
-    family = families.get(cfg.family)
     if cfg.task in family.image_tasks and not cfg.image:
         raise ValueError(f"task {cfg.task} needs --img_file_path (the image to animate)")
     if cfg.vae_glue not in GLUES:
@@ -363,7 +368,8 @@ def run_repetitions(plan: Plan, loaded: Loaded, log) -> tuple[list[dict], object
         capture = AttentionCapture(cfg.capture_dir, cfg.attention_type, rank=cfg.rank, max_captures=cfg.max_captures)
     patch = AttentionPatch(loaded.models, plan.backend, on_unsupported=cfg.on_unsupported,
                            time_attention=cfg.time_attention, observers=[capture] if capture else None,
-                           call_kind=plan.family.call_kind)
+                           call_kind=plan.family.call_kind, grid_hooks=plan.family.grid_hooks,
+                           tile_order_once=not cfg.compile)  # compiled blocks would trace the tile-order hooks
     entries, frames = [], None
 
     def advance(step):
@@ -381,7 +387,9 @@ def run_repetitions(plan: Plan, loaded: Loaded, log) -> tuple[list[dict], object
             from tqdm.auto import tqdm
 
             for _ in range(cfg.warmup_calls):  # untimed: compilation, cuDNN plans, Triton JIT, allocator
-                pipe(generator=torch.Generator("cpu").manual_seed(cfg.seed), **loaded.kwargs)
+                patch.step = 0  # steps advance as in a timed call: a schedule warms every backend it names
+                pipe(generator=torch.Generator("cpu").manual_seed(cfg.seed), callback_on_step_end=StepTimer(
+                    device, then=advance), **loaded.kwargs)
             for rep in tqdm(range(cfg.num_repetitions), desc=f"{cfg.attention_type}", unit="rep",
                             disable=cfg.num_repetitions < 2 or not sys.stderr.isatty()):
                 patch.reset_counts()

@@ -52,12 +52,13 @@ __all__ = ["resolve_results", "collect", "load_frames", "speed", "summarize", "w
 #: ``rep_warm_min_ms`` / ``rep_warm_max_ms`` the range of the repetitions' own warm medians. ``speed_figure`` is
 #: False (and ``why_not_speed`` says why) for CPU timings, emulations and n < 3. ``quality_source`` says whether
 #: PSNR/SSIM came from raw frames or from decoded videos; ``kernels`` is ``kernel×calls; ...`` as counted by the
-#: patched attention processors.
+#: patched attention processors; ``work`` the fraction of (query, key) block pairs the self-attention calls
+#: computed (1.0 dense; a sparse pattern less; ``attention.fraction_computed`` in timing.json).
 CSV_COLUMNS = ["run", "backend", "warm_step_ms", "warm_step_n", "warm_step_p20_ms", "warm_step_p80_ms",
                "warm_step_min_ms", "warm_step_max_ms", "first_step_ms", "repetitions", "rep_warm_min_ms",
                "rep_warm_max_ms", "speedup_vs_default", "speed_figure", "why_not_speed", "emulated",
                "attention_share", "vae_decode_s", "peak_memory_gib", "psnr_db", "ssim", "quality_source", "kernels",
-               "fallback_calls", "note"]
+               "work", "fallback_calls", "note"]
 
 #: The columns that are a speed (a time of the attention's work or derived from one): "emulated" in their place
 #: for an emulated backend, whose numerics are emulated in pure torch and whose time means nothing.
@@ -172,6 +173,7 @@ def speed(results: Path) -> dict[str, dict]:
                       "vae_decode_time": _median(e.get("vae_decode_time") for e in last_run),
                       "attention_share": _median(e.get("attention_share") for e in last_run),
                       "calls_by_kernel": att.get("calls_by_kernel") or {},
+                      "work": _work(att),
                       "fallback_calls": att.get("fallback_calls"),
                       "peak_memory_bytes": last_run[-1].get("peak_memory_bytes"),
                       "emulated": emulated, "device": device,
@@ -181,6 +183,13 @@ def speed(results: Path) -> dict[str, dict]:
                                and k != "warm_step_n"},
                               rep_warm_medians=[], step_times=None, attention_share=None)
     return out
+
+
+def _work(attention: dict):
+    """The self-attention work figure of a run (block pairs computed / all; joint attention for CogVideoX);
+    None for files written before it was recorded."""
+    fractions = attention.get("fraction_computed") or {}
+    return fractions.get("self", fractions.get("joint"))
 
 
 def summarize(run_dir, reference: str = "reference", device=None) -> dict:
@@ -231,7 +240,7 @@ def summarize(run_dir, reference: str = "reference", device=None) -> dict:
                "peak_memory_gib": s["peak_memory_bytes"] / 2**30 if s.get("peak_memory_bytes") else None,
                "psnr_db": None, "ssim": None, "quality_source": None,
                "kernels": "; ".join(f"{k}×{n}" for k, n in s.get("calls_by_kernel", {}).items()) or None,
-               "fallback_calls": s.get("fallback_calls"), "note": None,
+               "work": s.get("work"), "fallback_calls": s.get("fallback_calls"), "note": None,
                "psnr_per_frame": None, "step_times": s.get("step_times")}
         if label not in sources:
             row["note"] = "no video or raw frames found (timing only)"
@@ -352,8 +361,10 @@ def _plots(summary: dict) -> list[tuple[str, str]]:
         ax.errorbar([p[0] for p in pts], [p[1] for p in pts], xerr=err, fmt="o", ms=7, color="tab:blue", capsize=3,
                     zorder=3, label="warm step: median, p20–p80")
         for t, q, lab in pts:
-            ax.annotate(f"{lab} (n={by[lab]['warm_step_n']})", (t, q), textcoords="offset points", xytext=(5, 5),
-                        fontsize=9)
+            work = by[lab].get("work")
+            ax.annotate(f"{lab} (n={by[lab]['warm_step_n']}" + (f", work {work:.2f})" if work is not None and work < 1
+                                                                 else ")"), (t, q), textcoords="offset points",
+                        xytext=(5, 5), fontsize=9)
         front = pareto_front(pts)
         ax.plot([p[0] for p in front], [p[1] for p in front], "--", color="tab:red", zorder=2,
                 label="Pareto front (faster and at least as accurate)")
@@ -367,8 +378,9 @@ def _plots(summary: dict) -> list[tuple[str, str]]:
         ax.legend(fontsize=8, loc="lower right")
         ax.grid(alpha=0.3)
         out.append(("Speed vs quality: lower left is fast, up is accurate; the dashed line is the Pareto front; "
-                    "horizontal bars span p20–p80 of the warm steps. Emulated backends carry no speed and are not "
-                    "drawn.", _png_uri(fig)))
+                    "horizontal bars span p20–p80 of the warm steps; 'work' is the fraction of self-attention block "
+                    "pairs a sparse pattern computed. Emulated backends carry no speed and are not drawn.",
+                    _png_uri(fig)))
     if timed:
         fig, ax = plt.subplots(figsize=(7, 0.9 + 0.45 * len(timed)))
         ys = list(range(len(timed)))
@@ -486,7 +498,8 @@ def write_html(summaries: list[dict], path) -> Path:
         if has_q:
             cols += [(f"PSNR vs {s['reference']} (dB)", "psnr_db", ".2f"), ("SSIM", "ssim", ".4f"),
                      ("quality from", "quality_source", "")]
-        cols += [("kernels that ran", "kernels", ""), ("fallback calls", "fallback_calls", ""), ("note", "note", "")]
+        cols += [("kernels that ran", "kernels", ""), ("work (self-attn block pairs computed)", "work", ".2f"),
+                 ("fallback calls", "fallback_calls", ""), ("note", "note", "")]
         parts.append("<table class='summary'><tr>" + "".join(f"<th>{esc(c[0])}</th>" for c in cols) + "</tr>")
         for r in s["rows"]:
             cells = []

@@ -86,6 +86,7 @@ __all__ = [
     "PATTERNS",
     "SparseSpecError",
     "TokenGrid",
+    "parse_grid",
     "SparseSpec",
     "parse_spec",
     "split_attention_types",
@@ -175,6 +176,18 @@ class TokenGrid:
         text = (f" + {self.text_tokens} text ({'first' if self.text_first else 'last'})"
                 if self.text_tokens else "")
         return f"{self.frames}x{self.height}x{self.width}{text}"
+
+
+def parse_grid(text: str) -> TokenGrid:
+    """``"21x30x52"`` -> TokenGrid(21, 30, 52) (latent frames x height x width after patchify); ``"13x30x45+226"``:
+    226 text tokens first (CogVideoX's joint attention). What the benches' ``--grid`` takes."""
+    shape, _, text_tokens = str(text).partition("+")
+    parts = shape.lower().split("x")
+    if len(parts) != 3 or not all(x.strip().isdigit() for x in parts) or (text_tokens and not text_tokens.isdigit()):
+        raise ValueError(f"grid {text!r} is not FxHxW (latent frames x height x width after patchify), optionally "
+                         "+T text tokens")
+    f, h, w = (int(x) for x in parts)
+    return TokenGrid(f, h, w, int(text_tokens) if text_tokens else 0, True)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -677,6 +690,12 @@ class SparsityTally:
         self.total += s.total
         self.dense += s.dense
 
+    def merge(self, other: "SparsityTally") -> "SparsityTally":
+        """Add another tally's totals (a run's figure over kernels)."""
+        for name in ("sparse_calls", "dense_calls", "computed", "partial", "total", "dense"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        return self
+
     @property
     def fraction(self) -> float:
         return self.computed / self.total if self.total else 1.0
@@ -703,6 +722,20 @@ def _make_mask_mod(allow: torch.Tensor, cell: torch.Tensor) -> Callable:
         return allow_flat[cell[q_idx] * n_cells + cell[kv_idx]]
 
     return mask_mod
+
+
+def _seq_lengths(length: int) -> dict:
+    """``seq_lengths=(L, L)`` for ``BlockMask.from_kv_blocks`` (feature-detected). Without it the mask would
+    claim whole blocks (ceil(L / B) * B tokens) and FlexAttention would refuse or misread a layout whose length
+    is not a block multiple; a torch without the argument is refused, not worked around."""
+    import inspect
+
+    from torch.nn.attention.flex_attention import BlockMask
+
+    if "seq_lengths" not in inspect.signature(BlockMask.from_kv_blocks).parameters:
+        raise RuntimeError(f"torch {torch.__version__}: BlockMask.from_kv_blocks takes no seq_lengths; the sparse "
+                           "patterns need a torch that does (2.6 or newer)")
+    return {"seq_lengths": (length, length)}
 
 
 _CACHE_LOCK = threading.Lock()
@@ -742,8 +775,7 @@ def block_mask(spec: Union[str, SparseSpec], grid: TokenGrid, device="cpu"):
     full_num, full_idx = _indices(full)
     mask_mod = _make_mask_mod(allow.to(dev), cell.to(dev))
     bm = BlockMask.from_kv_blocks(kv_num.to(dev), kv_idx.to(dev), full_num.to(dev), full_idx.to(dev),
-                                  BLOCK_SIZE=spec.block, mask_mod=mask_mod,
-                                  seq_lengths=(layout.length, layout.length))
+                                  BLOCK_SIZE=spec.block, mask_mod=mask_mod, **_seq_lengths(layout.length))
     n_full, n_partial = int(full.sum()), int(partial.sum())
     nb = full.shape[0]
     nd = -(-grid.seq_len // spec.block)

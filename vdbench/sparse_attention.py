@@ -50,9 +50,26 @@ def flex_callable(device: torch.device):
     return _COMPILED
 
 
+def _recompile_guard() -> dict:
+    """Dynamo settings for the compiled call: every distinct (shape, mask) is one more compile of the same
+    ``flex_attention`` code object, and past dynamo's recompile limit (8 by default) it would silently run the
+    frame eagerly -- on a GPU, a materialized (S, S) score matrix per head instead of the fused kernel. A run meets
+    a handful of them (self and cross shapes, one mask per grid and pattern), a bench sweep a few dozen: the limit
+    is raised for this call only, and hitting it raises instead of falling back (settings feature-detected: torch
+    2.11 and 2.13 both have them, older ones may not)."""
+    import torch._dynamo.config as dc
+
+    want = {"recompile_limit": 64, "fail_on_recompile_limit_hit": True}
+    return {k: v for k, v in want.items() if hasattr(dc, k)}
+
+
 def _run(q, k, v, block_mask, scale):
     fn = flex_callable(q.device)
-    out = fn(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=k.shape[1] != q.shape[1])
+    if q.device.type == "cuda":
+        with torch._dynamo.config.patch(**_recompile_guard()):
+            out = fn(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=k.shape[1] != q.shape[1])
+    else:
+        out = fn(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=k.shape[1] != q.shape[1])
     return out.to(q.dtype)
 
 

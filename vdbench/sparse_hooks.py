@@ -47,7 +47,7 @@ spec's option) to measure the other side. Radial's layout is raster order with f
 
 from __future__ import annotations
 
-from typing import Optional, Union
+from typing import Callable, Optional, Union
 
 import torch
 
@@ -55,7 +55,8 @@ from .sparse import (SparseSpec, SparsityTally, TileLayout, TokenGrid, from_layo
                      to_layout)
 from .sparse_attention import sparse_attention
 
-__all__ = ["wan_token_grid", "cogvideox_token_grid", "GridTracker", "WanTileOrder"]
+__all__ = ["wan_token_grid", "cogvideox_token_grid", "GridTracker", "WanTileOrder", "wan_hooks", "cogvideox_hooks",
+           "hooks_for"]
 
 
 def _is_wan(transformer) -> bool:
@@ -101,6 +102,7 @@ class _Hooks:
     def __init__(self, spec: Union[str, SparseSpec]):
         self.spec = parse_spec(spec)
         self.grid: Optional[TokenGrid] = None
+        self.layout: Optional[TileLayout] = None  # the tile order the blocks' tokens are in (None: the model's)
         self.tally = SparsityTally()
         self._handles: list = []
 
@@ -109,6 +111,7 @@ class _Hooks:
             h.remove()
         self._handles.clear()
         self.grid = None
+        self.layout = None
 
     def __enter__(self):
         return self
@@ -156,15 +159,17 @@ class WanTileOrder(_Hooks):
     call of the blocks sees its tokens in it; ``attend`` then runs the pattern with ``already_tile_ordered``.
 
     ``WanTileOrder(transformer, "flex")`` keeps the model's order (the dense pattern has no layout), so the same
-    code path measures the baseline.
+    code path measures the baseline. ``active()`` (default: always) is asked at the entry of each forward: False
+    keeps that forward in the model's order -- a dense-step schedule runs its dense steps untouched.
     """
 
-    def __init__(self, transformer: torch.nn.Module, spec: Union[str, SparseSpec]):
+    def __init__(self, transformer: torch.nn.Module, spec: Union[str, SparseSpec],
+                 active: Optional[Callable[[], bool]] = None):
         super().__init__(spec)
         if not _is_wan(transformer):
             raise TypeError(f"WanTileOrder hooks diffusers' WanTransformer3DModel, not {type(transformer).__name__}"
                             " (its forward computes rope, the blocks and the output stage where the hooks expect)")
-        self.layout: Optional[TileLayout] = None
+        self._active = active or (lambda: True)
         self._transformer = transformer
         h = self._handles
         h.append(transformer.register_forward_pre_hook(self._enter, with_kwargs=True))
@@ -180,7 +185,7 @@ class WanTileOrder(_Hooks):
 
     def _enter(self, module, args, kwargs):
         self.grid = wan_token_grid(module, _arg(args, kwargs, 0, "hidden_states"))
-        self.layout = None if self.spec.dense else layout_for(self.spec, self.grid)
+        self.layout = None if self.spec.dense or not self._active() else layout_for(self.spec, self.grid)
 
     def _exit(self, module, args, output):
         self.grid = None
@@ -216,3 +221,30 @@ class WanTileOrder(_Hooks):
                                       already_tile_ordered=self.layout is not None, return_stats=True)
         self.tally.add(stats)
         return out
+
+
+def wan_hooks(transformer, spec, *, once_per_forward: bool = True, active: Optional[Callable[[], bool]] = None):
+    """Wan's grid hooks: the tile order once per forward (:class:`WanTileOrder`), or the per-call form
+    (:class:`GridTracker`: under torch.compile, whose compiled blocks would trace the block hooks, and for
+    schedules by layer, where one forward mixes backends)."""
+    if once_per_forward:
+        return WanTileOrder(transformer, spec, active=active)
+    return GridTracker(transformer, spec)
+
+
+def cogvideox_hooks(transformer, spec, *, once_per_forward: bool = True, active: Optional[Callable[[], bool]] = None):
+    """CogVideoX's grid hooks: per call (:class:`GridTracker`) -- a once-per-forward tile order would have to move
+    the text tokens and CogVideoX's 3-D RoPE inside its processors, which is not implemented; the per-call form
+    permutes q, k, v in every call instead (what ``once_per_forward`` and ``active`` would change is ignored)."""
+    return GridTracker(transformer, spec)
+
+
+def hooks_for(transformer, spec, *, once_per_forward: bool = True, active: Optional[Callable[[], bool]] = None):
+    """The grid hooks of a transformer known by its class (library use, where no model family is named); a
+    TypeError for a transformer without a known token grid."""
+    if _is_wan(transformer):
+        return wan_hooks(transformer, spec, once_per_forward=once_per_forward, active=active)
+    if _is_cogvideox(transformer):
+        return cogvideox_hooks(transformer, spec, once_per_forward=once_per_forward, active=active)
+    raise TypeError(f"{type(transformer).__name__} has no known token grid (sparse patterns run on Wan and "
+                    "CogVideoX transformers)")

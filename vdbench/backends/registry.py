@@ -43,7 +43,7 @@ from typing import Callable, NamedTuple, Optional, Sequence, Union
 
 import torch
 
-__all__ = ["Backend", "BackendUnavailable", "UnsupportedCall", "LSEForm", "Option", "BytesMoved", "traffic", "HALF",
+__all__ = ["Backend", "BackendUnavailable", "UnsupportedCall", "LSEForm", "Option", "GridUse", "BytesMoved", "traffic", "HALF",
            "ANY_FLOAT", "RequiresPackage", "requires_package", "cuda", "cuda_dtypes", "probe", "register", "unregister",
            "registered", "resolve", "get_backend", "canonical_name", "names", "aliases", "availability",
            "available_names", "capability_table", "BACKENDS"]
@@ -92,6 +92,25 @@ class LSEForm:
     def call_label(self, q: torch.Tensor) -> str:
         """The label a call on ``q`` is counted under."""
         return self.label if isinstance(self.label, str) else self.label(q)
+
+
+@dataclass(frozen=True)
+class GridUse:
+    """What a backend that needs per-model state -- the token grid of each call -- asks of the patching core.
+
+    Why: a sparse pattern (``sta``, ``radial``) is a statement about grid neighbours, and the grid is known on
+    the transformer (its latent shape and patch size), not in a flat attention call. The patching core installs
+    the model family's grid hooks on every patched transformer (``Family.grid_hooks``) and routes the calls of
+    such a backend through ``attend(hooks, q, k, v, *, scale, is_causal) -> (out, label, block stats)``, where
+    ``hooks.grid`` is the grid of the forward in progress and ``hooks.layout`` the tile order the tokens already
+    arrive in (None: the model's own order). ``spec`` is what the hooks are built with (the pattern, whose layout
+    a once-per-forward hook puts the tokens in); ``once_per_forward``: the backend accepts tokens already in that
+    layout (False: the hooks only track the grid and ``attend`` permutes per call).
+    """
+
+    spec: object
+    attend: Callable
+    once_per_forward: bool = True
 
 
 class BytesMoved(NamedTuple):
@@ -294,6 +313,8 @@ class Backend:
     options: tuple[Option, ...] = ()
     bind: Optional[Callable[["Backend", dict], "Backend"]] = field(default=None, compare=False)
     bound: tuple[tuple[str, object], ...] = ()
+    grid: Optional[GridUse] = None  # per-model state: needs the token grid of each call (GridUse)
+    configure: Optional[Callable[[str], "Backend"]] = field(default=None, compare=False)  # "name:options" -> entry
 
     def __post_init__(self):
         if self.layout not in ("BHSD", "BSHD"):
@@ -468,7 +489,8 @@ def registered(backend: Backend, *, order: int = LAST):
 
 def resolve(name_or_backend) -> Backend:
     """The entry for a canonical name, an alias (diffusers' or SGLang's name), a name with options
-    (``sagev2_fp8:gran=per_warp``, see ``Option``) or an entry itself."""
+    (``sagev2_fp8:gran=per_warp``, see ``Option``; an entry with a ``configure`` hook parses its own options,
+    ``sta:window=3x3x3,tile=6x8x8``) or an entry itself."""
     if isinstance(name_or_backend, Backend):
         return name_or_backend
     text = str(name_or_backend).strip()
@@ -480,6 +502,11 @@ def resolve(name_or_backend) -> Backend:
         raise BackendUnavailable(_unknown(head if sep else name_or_backend)) from None
     if not sep:
         return base
+    if base.configure is not None:  # the entry parses its own option string (the sparse patterns' spec grammar)
+        try:
+            return base.configure(rest)
+        except ValueError as e:
+            raise BackendUnavailable(str(e)) from None
     return _bind(base, _parse_options(base, rest, text))
 
 

@@ -114,6 +114,9 @@ class Family:
     Attention
         ``call_kind(mode, attn, encoder_hidden_states) -> str`` ('self', 'cross' or 'joint' for one processor
         call; ``mode`` is how the processor reaches attention: 'dispatcher', 'sdpa' or 'xfuser').
+        ``grid_hooks(transformer, spec, *, once_per_forward, active) -> hooks`` (the token grid of each forward
+        for the sparse patterns, :mod:`vdbench.sparse_hooks`: ``hooks.grid``, ``hooks.layout``, ``hooks.remove()``);
+        None: the family has no token grid and the sparse backends are refused before the load.
     Benchmarks
         ``attention_presets`` (name -> (B, H, Sq, Sk, D) of a real model's attention, bench/bench_attention.py);
         ``vae_configs`` (:func:`vdbench.pipelines.build_vae` name -> (tiny config, real config) of the VAE class).
@@ -147,6 +150,7 @@ class Family:
     xfuser: Mapping[str, XfuserWiring] = dataclasses.field(default_factory=dict)
     attention_presets: Mapping[str, tuple[int, int, int, int, int]] = dataclasses.field(default_factory=dict)
     vae_configs: Mapping[str, tuple[dict, dict]] = dataclasses.field(default_factory=dict)
+    grid_hooks: Optional[Callable[..., Any]] = None
     order: int = 100
 
     def pipeline_class(self, task: str) -> str:

@@ -233,6 +233,14 @@ def call_kind(mode: str, attn, encoder_hidden_states) -> str:
     return "joint" if mode == "sdpa" or encoder_hidden_states is not None else "self"
 
 
+def grid_hooks(transformer, spec, *, once_per_forward: bool = True, active=None):
+    """The token grid of each forward for the sparse patterns: per call (text tokens first in its joint attention) (:func:`vdbench.sparse_hooks.cogvideox_hooks`;
+    imported here, when a sparse backend is installed, so the family table stays free of torch)."""
+    from ..sparse_hooks import cogvideox_hooks
+
+    return cogvideox_hooks(transformer, spec, once_per_forward=once_per_forward, active=active)
+
+
 FAMILY = Family(
     name="cogvideox",
     tasks=("t2v", "i2v"),
@@ -259,6 +267,7 @@ FAMILY = Family(
     xfuser={"CogVideoXPipeline": XfuserWiring(
         pipeline_wrapper="xfuser.model_executor.pipelines:xFuserCogVideoXPipeline")},
     call_kind=call_kind,
+    grid_hooks=grid_hooks,
     tiny_variants=TINY_VARIANTS,
     random_variants=RANDOM_VARIANTS,
     attention_presets={

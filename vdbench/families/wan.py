@@ -318,6 +318,14 @@ def call_kind(mode: str, attn, encoder_hidden_states) -> str:
     return "self" if encoder_hidden_states is None else "cross"
 
 
+def grid_hooks(transformer, spec, *, once_per_forward: bool = True, active=None):
+    """The token grid of each forward for the sparse patterns: the tile order once per forward (RoPE and per-token timesteps permuted with it), or per call (:func:`vdbench.sparse_hooks.wan_hooks`;
+    imported here, when a sparse backend is installed, so the family table stays free of torch)."""
+    from ..sparse_hooks import wan_hooks
+
+    return wan_hooks(transformer, spec, once_per_forward=once_per_forward, active=active)
+
+
 FAMILY = Family(
     name="wan",
     tasks=("t2v", "i2v", "ti2v"),
@@ -346,6 +354,7 @@ FAMILY = Family(
                 transformer_wrapper=_XFUSER_TRANSFORMER,
                 cfg_pipeline="xfuser.model_executor.pipelines.pipeline_wan_i2v:xFuserWanImageToVideoPipeline")},
     call_kind=call_kind,
+    grid_hooks=grid_hooks,
     tiny_variants=TINY_VARIANTS,
     random_variants=RANDOM_VARIANTS,
     attention_presets={

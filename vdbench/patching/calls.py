@@ -4,7 +4,7 @@ call (``CallInfo``), and how a call is classified (``call_kind``) -- shared by t
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -33,17 +33,42 @@ class CallInfo:
 
 @dataclass
 class PatchStats:
-    """The calls of one run: by the kernel that actually ran (its label) and by kind (self/cross/joint)."""
+    """The calls of one run: by the kernel that actually ran (its label), by kind (self/cross/joint), by denoising
+    step (a dense-step schedule shows which kernel ran where), and the (query, key) block pairs each kernel
+    computed per call kind (``block_pairs``: a sparse pattern's own count, dense calls all their pairs), from
+    which the work figure -- the fraction of block pairs computed -- is read per kind."""
 
     backend: str
     calls: Counter = field(default_factory=Counter)  # by kernel label
     calls_by_kind: Counter = field(default_factory=Counter)
+    calls_by_step: defaultdict = field(default_factory=lambda: defaultdict(Counter))  # step -> Counter by label
+    block_pairs: defaultdict = field(default_factory=lambda: defaultdict(dict))  # label -> kind -> SparsityTally
     fallbacks: int = 0
     attention_time_s: Optional[float] = None  # filled by ``finish_timing`` when timing was asked
+
+    def tally(self, label: str, kind: str, blocks) -> None:
+        """Add one call's ``vdbench.sparse.BlockStats``."""
+        from ..sparse import SparsityTally
+
+        self.block_pairs[label].setdefault(kind, SparsityTally()).add(blocks)
+
+    def fraction_computed(self) -> dict:
+        """kind -> block pairs computed / block pairs of the sequences run, over every kernel (1.0: dense)."""
+        from ..sparse import SparsityTally
+
+        out: dict[str, SparsityTally] = {}
+        for kinds in self.block_pairs.values():
+            for kind, t in kinds.items():
+                out.setdefault(kind, SparsityTally()).merge(t)
+        return {kind: t.fraction for kind, t in out.items()}
 
     def as_dict(self) -> dict:
         return {"backend": self.backend, "calls_by_kernel": dict(self.calls),
                 "calls_by_kind": dict(self.calls_by_kind), "total_calls": sum(self.calls.values()),
+                "calls_by_step": {str(s): dict(c) for s, c in sorted(self.calls_by_step.items())},
+                "block_pairs": {label: {kind: t.as_dict() for kind, t in kinds.items()}
+                                for label, kinds in self.block_pairs.items()},
+                "fraction_computed": self.fraction_computed(),
                 "fallback_calls": self.fallbacks, "attention_time_s": self.attention_time_s}
 
 

@@ -9,9 +9,11 @@ patch is putting the original processor objects back. The rebound copy keeps the
 diffusers' keyword filtering of processor arguments sees no difference, and the cost per call is one extra
 Python function call.
 
-Here live the parts every route shares: install / remove, the bookkeeping (counts by kernel and kind, timing,
-observers), the refusal of calls the backend can't serve (``serve``) and the path under torch.compile (one
-opaque ``vdbench::attention`` op per call).
+Here live the parts every route shares: install / remove, the bookkeeping (counts by kernel, kind and step, block
+pairs computed, timing, observers), the refusal of calls the backend can't serve (``serve``) and the path under
+torch.compile (one opaque ``vdbench::attention`` op per call). A patch holds a :class:`~.schedule.Schedule` -- one
+backend, or several chosen per call by (step, layer) -- and ``backend`` is the one serving the call in progress;
+backends that need the token grid get their calls through the model's grid hooks (``grids.py``).
 """
 
 from __future__ import annotations
@@ -26,11 +28,14 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from ..backends import Backend, BackendUnavailable, LSEForm, UnsupportedCall, resolve
+from ..backends import Backend, BackendUnavailable, LSEForm, UnsupportedCall
+from ..sparse import BlockStats
 from .adapter import Adapter
 from .calls import CallInfo, PatchStats, call_args, torch_sdpa
 from .calls import call_kind as default_call_kind
 from .dispatcher import DispatcherAdapter
+from .grids import GridStates
+from .schedule import Schedule, as_schedule, layer_index
 from .sdpa import SdpaAdapter
 from .targets import as_models, availability_problem
 from .xfuser import XfuserAdapter
@@ -76,28 +81,38 @@ class AttentionPatch:
     ``on_unsupported="fallback:sdpa"``, in which case the call runs on torch sdpa and is counted under
     ``fallback:sdpa`` so the report shows it.
 
+    ``backend``: a name (options allowed: ``sta:window=3x3x3``), an entry, or a schedule (``"fav3@steps:0-9,sta"``,
+    :mod:`vdbench.patching.schedule`). ``grid_hooks``: the model family's token-grid hooks
+    (``Family.grid_hooks``) for backends that need the grid; default: known by the transformer's class.
+    ``tile_order_once``: allow the once-per-forward tile order (False under torch.compile: per call).
+
     What the adapters use: ``serve`` (run one call on the backend), ``timed``, ``record``, ``compiled_call``,
-    ``passthrough`` and ``context`` (model, layer, kind of the processor call in progress).
+    ``passthrough`` / ``backend`` (of the call in progress) and ``context`` (model, layer, kind of the processor
+    call in progress).
     """
 
-    def __init__(self, models, backend: str | Backend, on_unsupported: str = "error",
+    def __init__(self, models, backend: str | Backend | Schedule, on_unsupported: str = "error",
                  observers: Optional[list[Callable[[CallInfo], Any]]] = None, time_attention: bool = False,
-                 call_kind: Optional[Callable[[str, Any, Any], str]] = None):
+                 call_kind: Optional[Callable[[str, Any, Any], str]] = None,
+                 grid_hooks: Optional[Callable[..., Any]] = None, tile_order_once: bool = True):
         if on_unsupported not in ON_UNSUPPORTED_CHOICES:
             raise ValueError(f"on_unsupported must be one of {ON_UNSUPPORTED_CHOICES}, got {on_unsupported!r}")
-        self.backend = resolve(backend)
+        self.schedule = as_schedule(backend)
+        self._single = self.schedule.rules[0].backend if self.schedule.is_single else None
         # the model family's classifier of a processor call (vdbench.families.Family.call_kind); the default tells
         # the two families' modules apart by their is_cross_attention
         self.call_kind = call_kind or default_call_kind
-        # a pass-through entry ('default') installs as counting only: the pipeline's own attention call runs
-        self.passthrough = self.backend.passthrough
-        self._lse: dict[str, LSEForm] = {}  # device type -> the backend's log-sum-exp form, resolved at first use
+        self.grid_hooks = grid_hooks
+        self.tile_order_once = tile_order_once
+        self._grids = GridStates()
+        self._lse: dict[tuple[str, str], LSEForm] = {}  # (backend, device type) -> its LSE form, at first use
         self.models = as_models(models)
         self.on_unsupported = on_unsupported
         self.observers = list(observers or [])
         self.time_attention = time_attention
-        self.stats = PatchStats(self.backend.name)
+        self.stats = PatchStats(self.schedule.name)
         self.step = 0
+        self.layer_index: Optional[int] = None  # block index of the processor call in progress (None: unknown)
         self.context = ("?", "?", "?")  # (model, layer, kind) of the processor call in progress
         self.adapters: dict[str, Adapter] = {}  # by mode, those this patch's processors use
         self._saved: list[tuple[torch.nn.Module, Any]] = []
@@ -113,6 +128,18 @@ class AttentionPatch:
         """Calls so far by the label of the kernel that ran (``stats.calls``)."""
         return self.stats.calls
 
+    @property
+    def backend(self) -> Backend:
+        """The backend serving the call in progress (the schedule's choice for this step and block)."""
+        if self._single is not None:
+            return self._single
+        return self.schedule.at(self.step, self.layer_index)
+
+    @property
+    def passthrough(self) -> bool:
+        """A pass-through entry ('default') serves this call: the pipeline's own attention runs, counted."""
+        return self.backend.passthrough
+
     # ----- install / remove -----
 
     def __enter__(self):
@@ -127,12 +154,20 @@ class AttentionPatch:
     def install(self):
         if self.installed:
             raise RuntimeError("AttentionPatch is already installed")
-        problem = availability_problem(self.backend, self.models)
-        if problem is not None:
-            target, reason = problem
-            raise BackendUnavailable(f"attention backend '{self.backend.name}' can't run on {target}: {reason}")
+        for backend in self.schedule.members:
+            problem = availability_problem(backend, self.models)
+            if problem is not None:
+                target, reason = problem
+                raise BackendUnavailable(f"attention backend '{backend.name}' can't run on {target}: {reason}")
+        self.schedule.check_layers(layer_index(layer) for _, model in self.models
+                                   for layer, _ in attention_modules(model))
         n = 0
         try:
+            if any(b.grid is not None for b in self.schedule.members):
+                from ..sparse_hooks import hooks_for
+
+                self._grids.install(self.models, self.schedule, self.grid_hooks or hooks_for, lambda: self.step,
+                                    self.tile_order_once)
             for model_name, model in self.models:
                 for layer, module in attention_modules(model):
                     self._saved.append((module, module.processor))
@@ -154,6 +189,7 @@ class AttentionPatch:
         for module, proc in reversed(self._saved):
             module.processor = proc
         self._saved.clear()
+        self._grids.remove()
         for adapter in self.adapters.values():
             adapter.remove()
         self.adapters.clear()
@@ -195,6 +231,7 @@ class AttentionPatch:
         new = object.__new__(self._classes[cls])
         new.__dict__.update(proc.__dict__)
         new._vd_model, new._vd_layer, new._vd_patch = model_name, layer, self
+        new._vd_layer_index = layer_index(layer)
         return new
 
     # ----- serving one call -----
@@ -204,7 +241,7 @@ class AttentionPatch:
         kernel's own log-sum-exp form (ring attention), or refuse. ``tag``: the parallel path (``path_tag``)."""
         b = self.backend
         if need_lse:  # ring attention: the kernel's own log-sum-exp, or a refusal (never recomputed beside it)
-            form = self._lse_form(q.device)
+            form = self._lse_form(b, q.device)
             b.check_call(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
                          enable_gqa=enable_gqa)
             lse_fn = form.fn
@@ -218,6 +255,9 @@ class AttentionPatch:
                          enable_gqa=enable_gqa)
         except UnsupportedCall as e:
             where = f"{self.context[0]}.{self.context[1]} ({self.context[2]}-attention), step {self.step}"
+            if b.grid is not None and self._grids.tile_ordered(b, self.context[0]):
+                raise UnsupportedCall(f"{e} — in {where}, whose tokens are in the pattern's tile order (padded), "
+                                      "where torch sdpa can't stand in; no fallback is possible") from None
             if self.on_unsupported == "error":
                 raise UnsupportedCall(f"{e} — in {where}. Refusing rather than falling back silently; "
                                       "pass --on_unsupported fallback:sdpa (on_unsupported='fallback:sdpa' in "
@@ -227,18 +267,25 @@ class AttentionPatch:
             out = self.timed(lambda: torch_sdpa(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa), q)
             self.record("fallback:sdpa", q, k, v, out, bshd=False, args=args)
             return out
+        if b.grid is not None:  # the pattern needs the grid: through the model's grid hooks
+            model, kind = self.context[0], self.context[2]
+            out, label, blocks = self.timed(
+                lambda: self._grids.attend(b, model, kind, q, k, v, scale, is_causal), q)
+            self.record(label + tag, q, k, v, out, bshd=False, args=args, blocks=blocks)
+            return out
         label = b.call_label(q, k, v, None, 0.0, is_causal, scale)
         kernel_fn = b.fn  # a local: torch.compile can't guard a function read off the frozen dataclass
         out = self.timed(lambda: kernel_fn(q, k, v, scale=scale, is_causal=is_causal), q)
         self.record(label + tag, q, k, v, out, bshd=False, args=args)
         return out
 
-    def _lse_form(self, device: torch.device) -> LSEForm:
+    def _lse_form(self, backend: Backend, device: torch.device) -> LSEForm:
         """The backend's log-sum-exp form on ``device``, looked up once per patch (not per ring-attention call)."""
-        form = self._lse.get(device.type)
+        key = (backend.name, device.type)
+        form = self._lse.get(key)
         if form is None:
             try:
-                form = self._lse[device.type] = self.backend.lse_form(device)
+                form = self._lse[key] = backend.lse_form(device)
             except BackendUnavailable as e:
                 raise UnsupportedCall(f"ring attention needs the log-sum-exp: {e}") from None
         return form
@@ -296,7 +343,7 @@ class AttentionPatch:
 
     def reset_counts(self):
         """Start a new repetition: counts, timing and step back to zero."""
-        self.stats = PatchStats(self.backend.name)
+        self.stats = PatchStats(self.schedule.name)
         self._events.clear()
         self._host_time = 0.0
         self.step = 0
@@ -310,12 +357,16 @@ class AttentionPatch:
         self._sub += 1
         return kind
 
-    def record(self, label, q, k, v, out, *, bshd: bool, args: dict):
-        """Count one call under ``label`` and its kind, and hand it to the observers (as BHSD)."""
+    def record(self, label, q, k, v, out, *, bshd: bool, args: dict, blocks: Optional[BlockStats] = None):
+        """Count one call under ``label``, its kind and the step, tally its block pairs (``blocks``: a sparse
+        call's own; else dense on the call's lengths), and hand it to the observers (as BHSD)."""
         model, layer, _ = self.context
         kind = self._next_kind()
         self.stats.calls[label] += 1
         self.stats.calls_by_kind[kind] += 1
+        self.stats.calls_by_step[self.step][label] += 1
+        seq = 1 if bshd else 2
+        self.stats.tally(label, kind, blocks or BlockStats.dense_call(q.shape[seq], k.shape[seq]))
         if self.observers:
             tr = (lambda t: t.transpose(1, 2)) if bshd else (lambda t: t)
             info = CallInfo(index=sum(self.stats.calls.values()) - 1, layer=layer, kind=kind, step=self.step,
@@ -355,7 +406,9 @@ def _patched_call(self_, attn, hidden_states, *args, **kwargs):
     if kind == "cross" and getattr(attn, "add_k_proj", None) is not None:
         kind = "cross+img"
     # Under compile the layer name is not read: it differs per repeated block and dynamo would guard on it.
-    layer = "?" if torch.compiler.is_compiling() else self_._vd_layer
+    compiling = torch.compiler.is_compiling()
+    layer = "?" if compiling else self_._vd_layer
+    patch.layer_index = None if compiling else self_._vd_layer_index
     patch.context = (self_._vd_model, layer, kind)
     patch._sub = 0
     return type(self_)._vd_rebound(self_, attn, hidden_states, *args, **kwargs)
