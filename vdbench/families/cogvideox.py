@@ -164,6 +164,18 @@ TINY_VARIANTS = (
         scheduler=_cogvideox_ddim(1.0),
         seed=7,
     ),
+    _variant(
+        name="cogvideox-t2v-d64",
+        tasks=("t2v",),
+        pipeline="CogVideoXPipeline",
+        mirrors="THUDM/CogVideoX-2b",
+        # head dim 64, the real 2b's, and the smallest the project's Triton kernels take: a whole tiny pipeline
+        # can run them (under Triton's interpreter on a CPU); 2 heads (inner dim 128)
+        transformer=dict(COG_TRANSFORMER, attention_head_dim=64),
+        vae=COG_VAE,
+        scheduler=_cogvideox_ddim(3.0),
+        seed=9,
+    ),
 )
 
 RANDOM_VARIANTS = {
