@@ -5,7 +5,7 @@
         --width 832 --num_frames 81 --backend sdpa_cudnn --engines diffusers,xfuser -o outputs/overhead
 
 Under torchrun (Ulysses degree = the number of ranks unless ``--ring_degree`` says otherwise), for each engine, the
-same shape, steps, prompt, seed, flow shift, dtype and attention kernel two ways:
+same shape, steps, prompt, seed, flow shift, dtype and attention kernel, by each of these sides:
 
 * ``bare``    -- the engine as its own documentation calls it. diffusers: ``load_pipeline`` (the same random or tiny
   weights), ``transformer.set_attention_backend(<diffusers' name of the kernel>)``,
@@ -24,13 +24,13 @@ the harness's and not autograd's bookkeeping (diffusers' own ``@torch.no_grad`` 
 
 Both are timed by the same clock (``vdbench.timing.StepTimer``: CUDA events at each step boundary, the step taken as
 done when the slowest rank is, as ``merge_rank_entries`` does), and reported by one definition (``run_step_stats``:
-the warm step is the median of the steps after the first, pooled over repetitions, with n and spread). Rounds
-alternate which of the two goes first, so a drift of the machine does not land on one side. ``--profile`` adds one
+the warm step is the median of the steps after the first, pooled over repetitions, with n and spread). Each round
+runs every side once, the order rotated from round to round, so a drift of the machine does not land on one side. ``--profile`` adds one
 profiled repetition per side (steps 2-3: ``vdbench.timing.StepProfiler``'s kernel summary per rank) to tell a
 kernel-level difference (the engine's) from host time between kernels.
 
-Writes ``OUTPUT/parallel_overhead.json`` and prints the table (rank 0): per engine, bare and vdbench warm step and
-the overhead in % (vdbench / bare - 1). Engines that can't run here (xfuser without CUDA or not installed) are rows
+Writes ``OUTPUT/parallel_overhead.json`` and prints the table (rank 0): per engine and side the warm step with its
+p20-p80 and n, and each vdbench side's overhead in % of bare's (vdbench / bare - 1). Engines that can't run here (xfuser without CUDA or not installed) are rows
 with the reason. CPU timings are not speed figures (``speed_figure`` false): on a CPU over gloo this checks the
 plumbing, which is what tests/test_parallel_overhead.py does.
 """
