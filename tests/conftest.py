@@ -9,6 +9,8 @@ triton is therefore imported once here with the interpreter on; the variable its
 other test sees the environment it expects (the kernels' availability probes read it).
 """
 
+import contextlib
+import importlib
 import importlib.util
 import os
 from pathlib import Path
@@ -29,6 +31,28 @@ if not torch.cuda.is_available() and importlib.util.find_spec("triton") is not N
             os.environ.pop("TRITON_INTERPRET", None)
         else:
             os.environ["TRITON_INTERPRET"] = _old
+
+
+@contextlib.contextmanager
+def triton_interpreter(*module_names: str):
+    """Triton's interpreter for the body when there is no GPU; yields the named kernel modules (imported, or
+    re-imported, under it: Triton decides compiled vs interpreted when ``@triton.jit`` decorates, i.e. at import).
+    The variable is restored afterwards, so other test modules see the environment they expect; the kernels'
+    availability probes read it while the body runs. With a GPU nothing changes: the kernels compile."""
+    old = os.environ.get("TRITON_INTERPRET")
+    interpret = not torch.cuda.is_available()
+    if interpret:
+        os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        mods = [importlib.import_module(name) for name in module_names]
+        if interpret:
+            mods = [m if getattr(m, "INTERPRETED", False) else importlib.reload(m) for m in mods]
+        yield mods
+    finally:
+        if old is None:
+            os.environ.pop("TRITON_INTERPRET", None)
+        else:
+            os.environ["TRITON_INTERPRET"] = old
 
 
 @pytest.fixture

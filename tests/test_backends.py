@@ -308,8 +308,33 @@ def test_sdpa_kernel_choice_names_a_kernel():
 
 def test_forced_sdpa_kernel_raises_instead_of_falling_back():
     q, k, v = qkv(s=32, d=32)
+
+    def switches():
+        cuda = torch.backends.cuda
+        return (cuda.flash_sdp_enabled(), cuda.mem_efficient_sdp_enabled(), cuda.math_sdp_enabled(),
+                cuda.cudnn_sdp_enabled())
+
+    before = switches()
     with pytest.raises(RuntimeError):
         B.get_backend("sdpa_efficient")(q, k, v)  # no memory-efficient kernel on CPU
+    assert switches() == before  # torch's switches restored after a refused call too
+
+
+def test_forced_sdpa_flips_the_switches_sdpa_kernel_flips():
+    """The forced kernels flip torch's switches directly (cheaper per call than the context manager) and compute
+    exactly what ``sdpa_kernel([backend])`` does, the switches as they were afterwards."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    q, k, v = qkv(s=32, d=32)
+    for name, member in (("sdpa_math", SDPBackend.MATH), ("sdpa_flash", SDPBackend.FLASH_ATTENTION)):
+        with sdpa_kernel([member]):
+            want = torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=0.3)
+        torch.backends.cuda.enable_math_sdp(False)  # a caller's own setting is kept around the call
+        try:
+            assert torch.equal(B.get_backend(name)(q, k, v, scale=0.3), want)
+            assert not torch.backends.cuda.math_sdp_enabled() and torch.backends.cuda.flash_sdp_enabled()
+        finally:
+            torch.backends.cuda.enable_math_sdp(True)
 
 
 # ----- options: name:key=value -----

@@ -12,7 +12,6 @@ fp32 -> e4m3 conversion (pre-rounded to the e4m3 grid; ``test_e4m3_rounding_matc
 GPU kernels take neither path; bench/gpu_kernels.sh checks them against the same emulations on the GPU.
 """
 
-import importlib
 import importlib.util
 import math
 import os
@@ -25,6 +24,8 @@ import torch
 from vdbench import backends as B
 from vdbench import numerics as N
 
+from tests.conftest import triton_interpreter
+
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
                                 reason="triton not installed (pip install -e '.[test]' installs it)")
 
@@ -35,22 +36,8 @@ NAMES = ("fav3_sage", "fp8_triton", "fav2_triton")
 @pytest.fixture(scope="module")
 def K():
     """(attention module, quant module, numerics module, device) with the interpreter on when there is no GPU."""
-    old = os.environ.get("TRITON_INTERPRET")
-    on_gpu = torch.cuda.is_available()
-    if not on_gpu:
-        os.environ["TRITON_INTERPRET"] = "1"
-    try:
-        from vdbench.kernels import quant, attention
-
-        if not on_gpu and not attention.INTERPRETED:  # imported earlier in compiled mode: re-decorate
-            quant = importlib.reload(quant)
-            attention = importlib.reload(attention)
-        yield attention, quant, N, torch.device("cuda" if on_gpu else "cpu")
-    finally:
-        if old is None:
-            os.environ.pop("TRITON_INTERPRET", None)
-        else:
-            os.environ["TRITON_INTERPRET"] = old
+    with triton_interpreter("vdbench.kernels.quant", "vdbench.kernels.attention") as (quant, attention):
+        yield attention, quant, N, torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def rel_l2(x, ref):

@@ -206,23 +206,24 @@ def test_xfuser_registry_install_serves_ulysses_and_ring_lookups(monkeypatch):
             self.processor = Proc()
 
     original = reg[AttentionBackendType.SDPA]
-    patch = AttentionPatch([("transformer", Layer())], "sdpa")
-    patch.install()
-    try:
-        assert reg[AttentionBackendType.SDPA] == patch.adapters["xfuser"].attention
-        fn = usp._get_attention_function()  # what USP calls, Ulysses and ring alike
-        q, k, v = (torch.randn(1, 2, 16, 8) for _ in range(3))
-        patch.context = ("transformer", "blocks.0.attn1", "self")
-        out, lse = fn(q, k, v, dropout_p=0.0, is_causal=False)
-        assert lse is not None and lse.shape == (1, 2, 16)
-        ring[0] = 1
-        out2, lse2 = fn(q, k, v, dropout_p=0.0, is_causal=False)
-        assert lse2 is None
-        torch.testing.assert_close(out, out2)
-        assert dict(patch.stats.calls) == {"sdpa[flash][lse]@ring2": 1, "sdpa[flash]": 1}
-    finally:
-        patch.remove()
-    assert reg[AttentionBackendType.SDPA] is original
+    q, k, v = (torch.randn(1, 2, 16, 8) for _ in range(3))
+    outs = []
+    for degree, label in ((2, "sdpa[flash][lse]@ring2"), (1, "sdpa[flash]")):  # the degrees are read at install
+        ring[0] = degree
+        patch = AttentionPatch([("transformer", Layer())], "sdpa")
+        patch.install()
+        try:
+            assert reg[AttentionBackendType.SDPA] == patch.adapters["xfuser"].attention
+            fn = usp._get_attention_function()  # what USP calls, Ulysses and ring alike
+            patch.context = ("transformer", "blocks.0.attn1", "self")
+            out, lse = fn(q, k, v, dropout_p=0.0, is_causal=False)
+            assert (lse is not None and lse.shape == (1, 2, 16)) if degree > 1 else lse is None
+            assert dict(patch.stats.calls) == {label: 1}
+            outs.append(out)
+        finally:
+            patch.remove()
+        assert reg[AttentionBackendType.SDPA] is original
+    torch.testing.assert_close(outs[0], outs[1])
 
 
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2,

@@ -127,8 +127,12 @@ def _assert_same_state(a: dict, b: dict):
 # --------------------------------------------------------------------------------------------------------------
 
 
+# head dim 64: the project's Triton kernels run in these (tests/test_kernels_in_pipelines.py renders them)
+D64_VARIANTS = {"wan2.1-t2v-d64": "wan2.1-t2v", "cogvideox-t2v-d64": "cogvideox-t2v"}
+
+
 def test_variant_table():
-    assert list(P.TINY_VARIANTS) == ALL_VARIANTS
+    assert list(P.TINY_VARIANTS) == ALL_VARIANTS[:5] + ["wan2.1-t2v-d64"] + ALL_VARIANTS[5:] + ["cogvideox-t2v-d64"]
     for name, v in P.TINY_VARIANTS.items():
         assert v.name == name
         json.dumps(v.spec())  # plain JSON
@@ -138,8 +142,21 @@ def test_variant_table():
     assert i2v_a14b.pipeline_kwargs == {"boundary_ratio": 0.9} and i2v_a14b.image_encoder is None
     assert P.TINY_VARIANTS["wan2.2-ti2v-5b"].pipeline_kwargs == {"expand_timesteps": True}
     for v in P.TINY_VARIANTS.values():
-        if v.family == "wan":
+        if v.family == "wan" and v.name not in D64_VARIANTS:
             assert v.transformer["attention_head_dim"] == 32
+    for name, base in D64_VARIANTS.items():
+        # the same architecture as the head-dim-32 variant (its wiring, VAE, scheduler), 2 heads of 64, own seed
+        v, b = P.TINY_VARIANTS[name], P.TINY_VARIANTS[base]
+        assert (v.transformer["attention_head_dim"], v.transformer["num_attention_heads"]) == (64, 2)
+        assert dict(v.transformer, attention_head_dim=32) == b.transformer
+        assert (v.pipeline, v.vae, v.scheduler, v.tasks, v.mirrors) == (b.pipeline, b.vae, b.scheduler, b.tasks,
+                                                                          b.mirrors)
+        assert v.seed != b.seed
+    # Wan's rope splits the head dim into t/h/w parts of even size (h = w = 2 * (d // 6)): 24/20/20 at 64
+    from diffusers.models.transformers.transformer_wan import WanRotaryPosEmbed
+
+    rope = WanRotaryPosEmbed(64, (1, 2, 2), 1024)
+    assert (rope.t_dim, rope.h_dim, rope.w_dim) == (24, 20, 20)
 
 
 @pytest.mark.parametrize(

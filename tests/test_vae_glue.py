@@ -11,29 +11,16 @@ from vdbench import decode as D  # noqa: E402
 from vdbench import vae as V  # noqa: E402
 from vdbench.families.wan import WAN21_VAE as _WAN21_VAE, WAN22_VAE as _WAN22_VAE  # noqa: E402
 
+from tests.conftest import triton_interpreter  # noqa: E402
+
 
 
 @pytest.fixture(scope="module", autouse=True)
 def interpreter():
     """On a machine without a GPU: Triton's interpreter for this module's duration (the kernel module decorated
-    under it; see tests/test_kernels.py for why the variable is scoped)."""
-    import importlib
-    import os
-
-    old = os.environ.get("TRITON_INTERPRET")
-    if not torch.cuda.is_available():
-        os.environ["TRITON_INTERPRET"] = "1"
-    try:
-        import vdbench.kernels.glue as G
-
-        if not torch.cuda.is_available() and not getattr(G, "INTERPRETED", False):
-            importlib.reload(G)
+    under it; see tests/conftest.py for why the variable is scoped)."""
+    with triton_interpreter("vdbench.kernels.glue"):
         yield
-    finally:
-        if old is None:
-            os.environ.pop("TRITON_INTERPRET", None)
-        else:
-            os.environ["TRITON_INTERPRET"] = old
 
 
 

@@ -43,7 +43,7 @@ from . import families
 
 __all__ = ["ParallelSpec", "DistContext", "ENGINES", "init_distributed", "check_backend_for_path", "agree",
            "apply_engine", "share_output", "sequence_layout", "merge_rank_entries", "FailureWatch",
-           "EXIT_PEER_FAILED"]
+           "one_device_presented", "EXIT_PEER_FAILED"]
 
 ENGINES = ("xfuser", "diffusers")
 EXIT_PEER_FAILED = 4  # this rank stopped because another rank failed
@@ -110,6 +110,9 @@ class DistContext:
     local_rank: int
     device: torch.device
     pg_backend: str
+    # whether init_distributed created the process group (and the run's end destroys it); a group the caller
+    # made before (a bench timing several renders in one group, a library user) is left to the caller
+    owns_group: bool = True
 
     @property
     def is_main(self) -> bool:
@@ -165,12 +168,13 @@ def init_distributed(spec: ParallelSpec, device_arg: str = "auto") -> Optional[D
                                        "install xfuser, yunchang, distvae and einops (pip install '.[dist]')") from e
     import torch.distributed as dist
 
-    if not dist.is_initialized():
+    owns = not dist.is_initialized()
+    if owns:
         timeout = datetime.timedelta(seconds=float(os.environ.get("VDBENCH_DIST_TIMEOUT_S", 600)))
         # no device_id: xfuser notes that NCCL's device-side rendezvous it triggers breaks its new_group() calls;
         # the device is bound by set_device above
         dist.init_process_group(pg, rank=rank, world_size=world, timeout=timeout)
-    return DistContext(spec, rank, world, local_rank, device, pg)
+    return DistContext(spec, rank, world, local_rank, device, pg, owns_group=owns)
 
 
 def check_backend_for_path(spec: ParallelSpec, attention_type: str, device, family: str = "wan",
@@ -222,7 +226,7 @@ def agree(ctx: Optional[DistContext], error: Optional[BaseException]) -> None:
 
 
 @contextmanager
-def _one_device_presented(device: torch.device):
+def one_device_presented(device: torch.device):
     """diffusers 0.42's parallel setup computes ``rank % torch.accelerator.device_count()``, which is 0 on a
     CPU-only machine; present one device for that call only (the CPU mesh itself is built by torch)."""
     if device.type != "cpu" or torch.accelerator.device_count() > 0:
@@ -247,7 +251,7 @@ def apply_engine(ctx: DistContext, pipe, models: list) -> tuple:
             if not hasattr(m, "enable_parallelism") or getattr(m, "_cp_plan", None) is None:
                 raise B.BackendUnavailable(f"{type(m).__name__} has no diffusers context-parallel plan "
                                            "(use --parallel_engine xfuser)")
-            with _one_device_presented(ctx.device):
+            with one_device_presented(ctx.device):
                 m.enable_parallelism(config=ContextParallelConfig(ulysses_degree=spec.ulysses_degree,
                                                                   ring_degree=spec.ring_degree))
         return pipe, models
@@ -491,7 +495,7 @@ def finish(ctx: Optional[DistContext], watch: FailureWatch, error: Optional[Base
         # every rank stops here together, each with the message (exit code of the error's kind); they leave the
         # group together too, so no rank's exit (rank 0 hosts the store) pulls the store from under a peer
         watch.close()
-        _leave_group()
+        _leave_group(ctx)
         return
     if error is not None:
         watch.fail(error)
@@ -501,13 +505,15 @@ def finish(ctx: Optional[DistContext], watch: FailureWatch, error: Optional[Base
         time.sleep(2 * POLL_S + 0.5)
         return
     watch.close()
-    _leave_group()
+    _leave_group(ctx)
 
 
-def _leave_group() -> None:
-    """All ranks at the same point: a barrier, then the process group destroyed (its threads joined) before exit."""
+def _leave_group(ctx: DistContext) -> None:
+    """All ranks at the same point: a barrier, then the process group destroyed (its threads joined) before exit
+    -- if this run created it; a group the caller made stays up for the caller's next render."""
     import torch.distributed as dist
 
     if dist.is_initialized():
         dist.barrier()
-        dist.destroy_process_group()
+        if ctx.owns_group:
+            dist.destroy_process_group()

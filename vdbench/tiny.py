@@ -67,6 +67,7 @@ __all__ = [
     "register_variant",
     "tiny_model_dir",
     "unregister_variant",
+    "with_head_dim",
 ]
 
 #: Bump when the saved files change for a reason the cache hash cannot see (the hash already covers the variant
@@ -116,6 +117,14 @@ class TinyVariant:
         """The variant as plain JSON data (what is hashed, and what is recorded next to the built model)."""
         data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "transformer_init"}
         return json.loads(json.dumps(data))
+
+
+def with_head_dim(variant: TinyVariant, head_dim: int, seed: int) -> TinyVariant:
+    """``variant`` with its transformer's attention head dim set to ``head_dim`` (head count, depth, wiring, VAE,
+    scheduler unchanged), named ``<name>-d<head_dim>``, with weights of its own ``seed``. Why: the project's Triton
+    kernels take head dims 64 and 128 only, and the tiny models are built at 32 to stay cheap."""
+    return dataclasses.replace(variant, name=f"{variant.name}-d{head_dim}", seed=seed,
+                               transformer=dict(variant.transformer, attention_head_dim=head_dim))
 
 
 #: The registered tiny variants, by name (``--model tiny:<name>``), in registration order.

@@ -3,7 +3,7 @@ of its kernels) and the exact fp32 reference, with their log-sum-exp forms for r
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
@@ -42,15 +42,43 @@ def _sdpa_auto(q, k, v, *, scale=None, is_causal=False):
     return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, scale=scale)
 
 
+def _sdp_switches(backend) -> Optional[list[tuple[Callable, Callable, bool]]]:
+    """(getter, setter, on) for each of torch's sdpa backend switches, ``on`` for ``backend`` alone: the switches
+    ``torch.nn.attention.sdpa_kernel`` flips (its own table of them), or None where this torch has no such table."""
+    names = getattr(torch.nn.attention, "_backend_names", None)
+    if not isinstance(names, dict):
+        return None
+    try:
+        return [(getattr(torch._C, f"_get_{name}_sdp_enabled"), getattr(torch._C, f"_set_sdp_use_{name}"),
+                 getattr(torch.nn.attention.SDPBackend, member) == backend) for name, member in names.items()]
+    except AttributeError:
+        return None
+
+
 def _make_forced_sdpa(kernel: str) -> Callable:
+    """torch sdpa with only ``kernel`` enabled: it raises ("No available kernel") where that kernel can't run instead
+    of falling back. The switches are flipped around each call as ``sdpa_kernel([backend])`` flips them, but directly:
+    the context manager's generator and name lookups cost ~17 us a call (measured on the CI CPU), the direct flips
+    ~2 us -- vdbench's share of a call that diffusers' and xfuser's cuDNN backends make with no switch at all."""
     from torch.nn.attention import SDPBackend
 
     backend = getattr(SDPBackend, _SDPA_KERNEL_NAMES[kernel])
+    switches = _sdp_switches(backend)
 
-    def fn(q, k, v, *, scale=None, is_causal=False):
-        # sdpa_kernel with a single backend raises ("No available kernel") instead of falling back.
-        with torch.nn.attention.sdpa_kernel([backend]):
-            return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, scale=scale)
+    if switches is None:  # a torch without sdpa_kernel's switch table: the context manager itself, same semantics
+        def fn(q, k, v, *, scale=None, is_causal=False):
+            with torch.nn.attention.sdpa_kernel([backend]):
+                return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, scale=scale)
+    else:
+        def fn(q, k, v, *, scale=None, is_causal=False):
+            before = [get() for get, _, _ in switches]
+            try:
+                for _, put, on in switches:
+                    put(on)
+                return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, scale=scale)
+            finally:
+                for (_, put, _), was in zip(switches, before):
+                    put(was)
 
     fn.__name__ = f"sdpa_{kernel}"
     return fn

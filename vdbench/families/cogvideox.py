@@ -165,6 +165,9 @@ TINY_VARIANTS = (
         seed=7,
     ),
 )
+# cogvideox-t2v-d64: head dim 64 (the real 2b's), the smallest the project's Triton kernels take, so a whole tiny
+# pipeline runs them (on a CPU under Triton's interpreter); 2 heads (inner dim 128)
+TINY_VARIANTS += (tiny.with_head_dim(TINY_VARIANTS[0], 64, seed=9),)
 
 RANDOM_VARIANTS = {
     "cogvideox-2b": ("cogvideox-t2v", dict(transformer=_COG_2B, vae=COG_VAE_REAL, text_encoder=tiny.T5_XXL_WIDTH)),

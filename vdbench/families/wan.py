@@ -233,6 +233,10 @@ TINY_VARIANTS = (
         seed=5,
     ),
 )
+# wan2.1-t2v-d64: head dim 64, the smallest the project's Triton kernels take (64 and 128), so a whole tiny pipeline
+# runs them (on a CPU under Triton's interpreter); 2 heads x 64 (inner dim 128), so the kernels' per-head scales and
+# strides meet the pipeline's own BSHD views. Rope splits 64 into t/h/w = 24/20/20.
+TINY_VARIANTS += (tiny.with_head_dim(TINY_VARIANTS[0], 64, seed=8),)
 
 RANDOM_VARIANTS = {
     "wan2.1-t2v-1.3b": ("wan2.1-t2v", dict(transformer=_WAN_13B, vae=WAN21_VAE_REAL, text_encoder=tiny.UMT5_XXL_WIDTH)),

@@ -10,6 +10,7 @@ ends in the patch's ``serve`` / ``record`` so counting, timing and refusals are 
 
 from __future__ import annotations
 
+import functools
 from abc import ABC, abstractmethod
 
 from ..backends import UnsupportedCall
@@ -51,8 +52,10 @@ class Adapter(ABC):
                               "vdbench::attention op")
 
 
+@functools.lru_cache(maxsize=None)
 def path_tag(ulysses: int, ring: int) -> str:
     """Suffix of a call's kernel label under sequence parallelism: which path ran it ('@ulysses2', '@ring2',
-    '@ulysses2xring2', named by vdbench.parallel.sequence_layout); nothing for a local call."""
+    '@ulysses2xring2', named by vdbench.parallel.sequence_layout); nothing for a local call. Cached: it is asked at
+    every parallel attention call, for the one layout of the run."""
     layout = sequence_layout(ulysses, ring)
     return "@" + layout if layout else ""

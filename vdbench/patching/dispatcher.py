@@ -48,14 +48,22 @@ class DispatcherAdapter(Adapter):
         if parallel_config is not None:
             # diffusers context parallelism: its own Ulysses / ring / unified templates run, with our kernel as the
             # forward op (what a registered diffusers backend does); ring asks it for the log-sum-exp.
-            from diffusers.models.attention_dispatch import _templated_context_parallel_attention
-
-            return _templated_context_parallel_attention(
+            return self._cp_template()(
                 query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, False,
                 forward_op=self.cp_forward_op, backward_op=None, _parallel_config=parallel_config)
         out = patch.serve(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), attn_mask, dropout_p,
                           is_causal, scale, enable_gqa)
         return out.transpose(1, 2)
+
+    def _cp_template(self):
+        """diffusers' templated context-parallel attention, imported on the first parallel call and kept (an import
+        statement in the per-call path costs its lookup at every attention call)."""
+        template = getattr(self, "_template", None)
+        if template is None:
+            from diffusers.models.attention_dispatch import _templated_context_parallel_attention as template
+
+            self._template = template
+        return template
 
     def _pass_through(self, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
                       attention_kwargs, backend, parallel_config):

@@ -21,6 +21,8 @@ class XfuserAdapter(Adapter):
     def __init__(self, patch):
         super().__init__(patch)
         self._saved: list[tuple[dict, object, object]] = []  # (registry, key, its original function)
+        self._ring = 1  # xfuser's ring degree and the USP calls' path tag, read once at install (fixed for the run)
+        self._tag = ""
 
     @classmethod
     def reaches(cls, names: tuple[str, ...]) -> bool:
@@ -31,9 +33,12 @@ class XfuserAdapter(Adapter):
 
     def install(self) -> None:
         """Put our kernel behind xfuser's attention registry for its configured backends (self and cross)."""
-        from xfuser.core.distributed import get_runtime_state
+        from xfuser.core.distributed import (get_ring_parallel_world_size, get_runtime_state,
+                                             get_ulysses_parallel_world_size)
         from xfuser.core.distributed.attention_backend import ATTENTION_FUNCTION_REGISTRY as reg
 
+        self._ring = get_ring_parallel_world_size()
+        self._tag = path_tag(get_ulysses_parallel_world_size(), self._ring)
         state = get_runtime_state()
         keys = {state.attention_backend}
         cross = getattr(state, "get_cross_attention_backend", lambda: None)()
@@ -56,11 +61,9 @@ class XfuserAdapter(Adapter):
                                   "name a backend")
         if attention_kwargs and attention_kwargs.get("attn_mask") is not None:
             raise UnsupportedCall(f"backend '{patch.backend.name}' got an attention mask through xfuser")
-        from xfuser.core.distributed import get_ring_parallel_world_size, get_ulysses_parallel_world_size
-
         # xfuser's Wan cross-attention calls the registry without USP (local); self-attention goes through USP
         local = patch.context[2].startswith("cross")
-        need_lse = not local and get_ring_parallel_world_size() > 1
-        tag = "" if local else path_tag(get_ulysses_parallel_world_size(), get_ring_parallel_world_size())
+        need_lse = not local and self._ring > 1
+        tag = "" if local else self._tag
         res = patch.serve(query, key, value, None, dropout_p, is_causal, None, False, need_lse=need_lse, tag=tag)
         return res if need_lse else (res, None)
