@@ -64,6 +64,12 @@ produced. Which decode then runs (diffusers' own, this module's, the band-parall
     Other VAE classes (not in :data:`FAST_VAES`): ``fast`` is refused by :func:`vdbench.decode.check_decode`,
     never silently replaced by ``default``.
 
+**The fast encode** (:mod:`vdbench.encode`) drives the encoder with the same lean layers
+(:func:`fast_layers` with ``part="encoder"``): the causal convs, RMS norms and residual blocks above, the encoder's
+head through the fused conv input buffer, its down-sampling pad as one copy into the stride-2 conv's input in the
+input's layout (diffusers: a ``permute().reshape()`` copy, then ``ZeroPad2d``'s), and Wan 2.2's residual down
+blocks without the ``clone()`` of their input.
+
 ``max_memory_gib`` bounds the decode's activation memory: the temporal chunk size is chosen from it (on CUDA
 from the measured peak of a one-latent-frame chunk, elsewhere from a coarse analytic estimate) and, if even one
 frame does not fit, the frame is split into diffusers' spatial tiles (same geometry and blending as
