@@ -6,7 +6,7 @@
 # round trip (the config's encode then its decode) vs the fp32 round trip, PSNR/SSIM per frame.
 # Run from the repo root (after the lead's install + PYTHONPATH export): bash bench/gpu_vae_encode.sh
 #
-# Budget: <= 8 min wall on an H200 (nvidia-h200). Each part is bounded by `timeout` (210 + 190 + 60 s, the parts
+# Budget: <= 8 min wall on an H200 (nvidia-h200). Each part is bounded by `timeout` (200 + 190 + 75 s, the parts
 # in priority order: the I2V table, the render, the quick case), each config by the bench's watchdog (--timeout),
 # each render's VAE work by --vae_timeout, so nothing waits forever; results are written after each config, so a
 # part cut at its limit keeps everything before the cut (the last configs of a list are the ones that may be cut).
@@ -41,7 +41,7 @@ part() {  # name, wall limit (s), command...
 #    fast = --vae_encode fast (1 latent frame = 4 video frames per encoder call, lean layers, channels_last, the
 #    Triton glue); fast@K = K latent frames per call; fast+eager_glue / fast_nocl = without the Triton glue / without
 #    channels_last; chunked@4 = diffusers' layers, 4 latent frames per call.
-part vae_encode_i2v81 210 "${B[@]}" --frames "${F_I2V:-81}" --input i2v --ops encode --timeout 60 \
+part vae_encode_i2v81 200 "${B[@]}" --frames "${F_I2V:-81}" --input i2v --ops encode --timeout 60 \
   --profile 15 --profile_configs 'bf16,fast' -o "$OUT/vae_encode_i2v81.json" \
   --configs fp32,bf16,fast,fast@2,fast@4,fast+eager_glue,fast_nocl,channels_last_3d,fast+cudnn_benchmark,\
 cudnn_benchmark,bf16_autocast,chunked@4,tiled,fast+compile
@@ -58,7 +58,7 @@ cp "$OUT/i2v14b/results/timing.json" "$OUT/render_i2v14b_timing.json" 2>/dev/nul
 rm -rf "$OUT/i2v14b" "$OUT/i2v_image.png"  # the video and image stay on the machine: the timing is the result
 
 # 3. The seed benchmark's quick case: 21 frames, encode and decode, 256-px tiles.
-part vae_encode_quick21 60 "${B[@]}" --frames "${F_QUICK:-21}" --tile_px "${TILE:-256}" --ops encode,decode \
+part vae_encode_quick21 75 "${B[@]}" --frames "${F_QUICK:-21}" --tile_px "${TILE:-256}" --ops encode,decode \
   --timeout 25 --configs fp32,bf16,fast,tiled -o "$OUT/vae_encode_quick21.json"
 
 echo "=== summary (at $(el)s) ==="

@@ -32,12 +32,12 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Optional
 
 import torch
 
 from . import vae as V
-from .decode import check_mode
+from .decode import DecodeMode, check_mode
 
 __all__ = ["EncodeOptions", "EncodeMode", "MODES", "FAST_ENCODE_DEFAULT_CHUNK", "check_encode", "encode_video",
            "use_encode", "wan_encode_fast", "wan_encode_chunked"]
@@ -64,19 +64,12 @@ class EncodeOptions:
     fused_glue: Optional[bool] = None
 
 
-@dataclass(frozen=True)
-class EncodeMode:
-    """One encode mode: ``vaes`` the VAE classes it encodes with (None: any), ``refusal`` why another VAE is refused
-    (``{vae}``: its class), ``options`` the :class:`EncodeOptions` that apply, ``run(vae, x, options, info,
-    watchdog)`` -> the moments diffusers' ``_encode`` returns (B, 2z, T', h, w); ``stock``: diffusers' encode
-    untouched (nothing to install in a pipeline)."""
-
-    name: str
-    vaes: Optional[tuple[str, ...]]
-    refusal: str
-    options: frozenset
-    run: Callable[..., torch.Tensor]
-    stock: bool = False
+class EncodeMode(DecodeMode):
+    """One encode mode, with a decode mode's fields (:class:`vdbench.decode.DecodeMode`, so that one check serves
+    both): ``vaes`` the VAE classes it encodes with (None: any), ``refusal`` why another VAE is refused (``{vae}``:
+    its class), ``options`` the :class:`EncodeOptions` that apply, ``run(vae, x, options, info, watchdog)`` -> the
+    moments diffusers' ``_encode`` returns (B, 2z, T', h, w); ``stock``: diffusers' encode untouched (nothing to
+    install in a pipeline)."""
 
 
 def _run_default(vae, x, o: EncodeOptions, info: dict, watchdog):
