@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
-"""VAE decode configs side by side: time, peak memory and quality against the fp32 untiled decode.
+"""VAE decode and encode configs side by side: time, peak memory and quality against the fp32 untiled ones.
 
     python bench/bench_vae.py --model wan2.1 --frames 81 --size 832*480 --configs fp32,bf16,tiled,fast -o vae.json
+    python bench/bench_vae.py --model wan2.1 --frames 81 --input i2v --ops encode --configs fp32,bf16,fast  # Wan I2V
+    python bench/bench_vae.py --model wan2.1 --frames 21 --tile_px 256        # the quick case: encode + decode
     python bench/bench_vae.py --model wan2.1 --latents outputs/x/captures/latents_sdpa_rank0_000.pt --isolate
     python bench/bench_vae.py --model tiny-wan2.1 --frames 9 --size 64*48 --device cpu        # CI-sized
 
@@ -12,9 +14,10 @@ weights); ``tiny-<those>`` for CI; or a local path / hub id (``vae`` subfolder i
 Configs (``--configs``, comma-separated; ``name@value`` sets its parameter; ``name+modifier`` composes):
   fp32, bf16 (weights cast), bf16_autocast (fp32 weights, autocast), tiled (``--tile_px``),
   chunked[@K] (temporal chunks of K latent frames, stock layers), channels_last_3d, cudnn_benchmark, compile
-  (torch.compile of the decoder), fast[@K] (vdbench.vae fast path, bf16: lean layers + channels_last, K latent
-  frames per decoder call, default ``vdbench.vae.FAST_DEFAULT_CHUNK`` as in ``--vae_decode fast``), fast_nocl[@K]
-  (the same without channels_last), memory[@GiB] (fast path bounded by ``--vae_max_memory``), miopen_fast /
+  (torch.compile of the decoder / encoder), fast[@K] (the fast paths, bf16: lean layers + channels_last, K latent
+  frames per decoder / encoder call, defaults ``vdbench.vae.FAST_DEFAULT_CHUNK`` / ``vdbench.encode.
+  FAST_ENCODE_DEFAULT_CHUNK`` as in ``--vae_decode fast`` / ``--vae_encode fast``), fast_nocl[@K]
+  (the same without channels_last), memory[@GiB] (fast decode bounded by ``--vae_max_memory``; no encode), miopen_fast /
   miopen_immediate / miopen_naive_off (ROCm MIOpen presets, set in a child process's environment before torch
   loads; "not applicable" elsewhere).
   Modifiers ``+cudnn_benchmark`` (cudnn.benchmark on) and ``+compile`` (fast/fast_nocl: the fast path's
@@ -26,14 +29,24 @@ Configs (``--configs``, comma-separated; ``name@value`` sets its parameter; ``na
   one read and one write per norm instead of four passes, conv biases folded into the next pass), else the
   eager glue -- ``decode_info.glue`` says which ran. ``+fused`` requires the Triton glue (an error where it
   can't run; Triton's interpreter on a CPU), ``+eager_glue`` forces the PyTorch ops (the fast path before them).
-Each config: ``--warmup`` untimed decodes, then ``--repeats`` timed (CUDA events after a synchronize; host clock
-on CPU), median with min/max; peak memory (torch allocator) per config. Quality: every config's frames against the
-fp32 untiled decode of the same latents, PSNR and SSIM per frame (min and mean); below ``--min_psnr`` is flagged.
-``--profile N``: after the timed repeats, one more decode under ``torch.profiler`` (CUDA activities on a GPU);
-the top N kernels by self device time (self CPU time of aten ops on the CPU) with calls, total ms and % of the
-total go into the row (``profile``) and are printed; ``--profile_configs 'bf16,fast*'`` limits it to matching
-configs.
-``--timeout``: each config runs under a watchdog (all stacks dumped, reported as hung with its last stage); with
+``--ops`` (default both): each config decodes seeded latents (``--frames`` frames' worth) and encodes a video of
+``--frames`` frames (``--input``: ``video``, a synthetic panning scene, the quick case; ``i2v``, Wan
+image-to-video's conditioning input, the image then zero frames: what every I2V render encodes), each with
+``--warmup`` untimed calls, then ``--repeats`` timed (CUDA events after a synchronize; host clock on CPU), median
+with min/max; peak memory (torch allocator) per op. Decode quality: the frames against the fp32 untiled decode of
+the same latents, PSNR and SSIM per frame (min and mean). Encode quality: the latents (the posterior's mean, what
+Wan I2V conditions on) against the fp32 encode's (relative L2, ``latent_rel_l2``) and the round trip -- the
+config's encode then the config's decode -- against the fp32 round trip (``roundtrip_psnr_*``, ``roundtrip_ssim_*``:
+random weights don't reconstruct the input, so round trips are compared, not the input). The decode's keys are
+unprefixed (``time_s_median`` ...), the encode's ``encode_*``, both together ``total_time_s_median``. Below
+``--min_psnr`` (either) is flagged. An op a config doesn't apply to is ``<op>_status: not_applicable`` with
+``<op>_reason``; a config no asked op applies to is not applicable as a whole.
+``--profile N``: after the timed repeats, one more decode (and encode) under ``torch.profiler`` (CUDA activities on
+a GPU); the top N kernels by self device time (self CPU time of aten ops on the CPU) with calls, total ms and % of
+the total go into the row (``profile``, ``encode_profile``) and are printed; ``--profile_configs 'bf16,fast*'``
+limits it to matching configs.
+``--timeout``: each config (its decode and encode) runs under a watchdog (all stacks dumped, reported as hung with
+its last stage, e.g. ``encode repeat 2/3``); with
 ``--isolate`` each config runs in its own process and the parent kills a child that outlives the timeout.
 
 Exit code: 0 all ran and passed the quality bound; 1 a config failed, hung or was refused; 2 only quality flags.
@@ -64,6 +77,9 @@ CONFIGS = ("fp32", "bf16", "bf16_autocast", "tiled", "chunked", "channels_last_3
            "fast", "fast_nocl", "memory", "miopen_fast", "miopen_immediate", "miopen_naive_off")
 #: Modifiers that compose with any config: ``fast+cudnn_benchmark``, ``fast+compile``, ``bf16+cudnn_benchmark``...
 MODIFIERS = ("cudnn_benchmark", "compile", "fused", "eager_glue")
+#: What a config times (``--ops``), and what the encode gets (``--input``, :func:`make_video`).
+OPS = ("decode", "encode")
+INPUTS = ("video", "i2v")
 DEFAULT_CONFIGS = "fp32,bf16,bf16_autocast,tiled,chunked,channels_last_3d,cudnn_benchmark,fast,memory"
 
 #: ROCm MIOpen presets: environment variables read by MIOpen when the process loads it.
@@ -113,6 +129,14 @@ def child_env(config: str, base: dict | None = None) -> dict:
     env.update(MIOPEN_PRESETS.get(split_config(parse_config(config)[0])[0], {}))
     env.setdefault("PYTHONUNBUFFERED", "1")
     return env
+
+
+def parse_ops(s: str) -> tuple[str, ...]:
+    """'encode,decode' -> ("decode", "encode") (the order they run in); unknown or none refused."""
+    ops = {o.strip() for o in s.split(",") if o.strip()}
+    if not ops or ops - set(OPS):
+        raise ValueError(f"--ops must name {' and/or '.join(OPS)}, got {s!r}")
+    return tuple(o for o in OPS if o in ops)
 
 
 def parse_size(s: str) -> tuple[int, int]:
@@ -211,6 +235,40 @@ def build_vae(model: str, device: str, seed: int = 0):
                      "HunyuanVideo VAE found there (local path or hub id with a 'vae' subfolder)")
 
 
+def _factors(vae, family: str, width: int, height: int) -> tuple[int, int, int]:
+    """(latent channels, temporal factor, spatial factor) of ``vae``; a size that isn't a multiple of the spatial
+    factor is refused."""
+    if family == "wan":
+        c, ts, ss = vae.config.z_dim, vae.config.scale_factor_temporal, vae.config.scale_factor_spatial
+    else:
+        c, ts, ss = vae.config.latent_channels, vae.config.temporal_compression_ratio, 8
+    if height % ss or width % ss:
+        raise ValueError(f"--size {width}*{height} must be a multiple of the VAE's spatial factor {ss}")
+    return c, ts, ss
+
+
+def make_video(vae, family: str, frames: int, width: int, height: int, seed: int, kind: str = "video"):
+    """The encode's input (1, 3, F, H, W) in [-1, 1], fp32, on the CPU, deterministic from ``seed``: ``video``, a
+    smooth random scene with fine texture panning 2 px per frame (low and high frequencies and motion, as
+    footage has); ``i2v``, Wan image-to-video's conditioning input (``WanImageToVideoPipeline.prepare_latents``):
+    that scene's first frame, then F - 1 zero frames."""
+    import torch
+    import torch.nn.functional as F
+
+    _factors(vae, family, width, height)
+    if kind not in INPUTS:
+        raise ValueError(f"--input must be one of {', '.join(INPUTS)}, got {kind!r}")
+    g = torch.Generator(device="cpu").manual_seed(seed + 1)
+    pan = 2 * (frames - 1)
+    coarse = torch.randn(1, 3, height // 16 + 2, (width + pan) // 16 + 2, generator=g)
+    scene = F.interpolate(coarse, size=(height, width + pan), mode="bicubic", align_corners=False)
+    scene = torch.tanh(scene + 0.25 * torch.randn(1, 3, height, width + pan, generator=g))
+    video = torch.stack([scene[..., 2 * t:2 * t + width] for t in range(frames)], dim=2)
+    if kind == "i2v":
+        video[:, :, 1:] = 0.0
+    return video.contiguous()
+
+
 def make_latents(vae, family: str, frames: int, width: int, height: int, seed: int, device: str, latents_file=None):
     """VAE-space latents (B, C, T, h, w) in fp32: the captured ones, or seeded N(0, 1) in the pipeline's latent
     space (what a denoiser produces) mapped through the pipeline's un-normalization — never zeros."""
@@ -228,12 +286,7 @@ def make_latents(vae, family: str, frames: int, width: int, height: int, seed: i
         if family == "cogvideox" and lat.shape[1] == vae.config.latent_channels != lat.shape[2]:
             lat = lat.permute(0, 2, 1, 3, 4)  # channel-first capture: to the pipeline layout (B, T, C, h, w)
     else:
-        if family == "wan":
-            c, ts, ss = vae.config.z_dim, vae.config.scale_factor_temporal, vae.config.scale_factor_spatial
-        else:
-            c, ts, ss = vae.config.latent_channels, vae.config.temporal_compression_ratio, 8
-        if height % ss or width % ss:
-            raise ValueError(f"--size {width}*{height} must be a multiple of the VAE's spatial factor {ss}")
+        c, ts, ss = _factors(vae, family, width, height)
         g = torch.Generator(device="cpu").manual_seed(seed)
         lat = torch.randn(1, c, (frames - 1) // ts + 1, height // ss, width // ss, generator=g)
         if family == "cogvideox":
@@ -270,26 +323,54 @@ def quality(frames, ref) -> dict:
             "psnr_per_frame": psnr, "ssim_per_frame": ssim}
 
 
-def _injected_stall(name: str) -> float:
-    """``VDBENCH_TEST_STALL=<config>:<seconds>``: that config's decode sleeps first (tests of the watchdog)."""
+def _injected_stall(name: str, op: str = "decode") -> float:
+    """``VDBENCH_TEST_STALL=[<op>:]<config>:<seconds>``: that config's decode (or, with ``encode:``, its encode)
+    sleeps first (tests of the watchdog)."""
     spec = os.environ.get("VDBENCH_TEST_STALL", "")
-    cfg, _, secs = spec.rpartition(":")
-    return float(secs) if spec and cfg == name else 0.0
+    head, _, secs = spec.rpartition(":")
+    which, sep, cfg = head.partition(":")
+    if not sep or which not in OPS:
+        which, cfg = "decode", head
+    return float(secs) if spec and cfg == name and which == op else 0.0
 
 
 class NotApplicable(Exception):
     """The config does not apply to this VAE / device (reported, not a failure)."""
 
 
-def prepare_config(name: str, value, vae, family: str, args, device: str):
-    """Apply config ``name`` (with its ``+modifiers``) to the fp32 ``vae``: returns (vae, decode_fn(z) -> video,
-    description, decode info)."""
+def _encode_refusal(base: str, family: str, vae, glue, comp: bool, value, args) -> tuple[str | None, object]:
+    """(why the config's encode does not apply or None, the fast encode's options or None)."""
+    from vdbench import encode as E
+
+    if base == "memory":
+        return ("memory@GiB bounds the decode's activations; the encode has no memory-bounded mode (its chunk is "
+                "fast@K's)"), None
+    if base == "chunked" and family != "wan":
+        return f"{base}: the encode's chunks are the Wan encoder's (causal caches), not {type(vae).__name__}'s", None
+    if base not in ("fast", "fast_nocl"):
+        return None, None
+    opts = E.EncodeOptions(chunk_frames=int(value or args.chunk_frames or E.FAST_ENCODE_DEFAULT_CHUNK),
+                           channels_last=base == "fast", fused_glue=glue,
+                           compile_backend=args.compile_backend if comp else None)
+    try:
+        E.check_encode("fast", opts, vae=vae)
+    except ValueError as e:
+        return str(e), None
+    return None, opts
+
+
+def prepare_config(name: str, value, vae, family: str, args, device: str, ops=("decode",)):
+    """Apply config ``name`` (with its ``+modifiers``) to the fp32 ``vae``: returns (vae, {op: fn}, description,
+    {op: info dict}, {op: why it does not apply}). ``fns["decode"](z) -> video`` (built whenever the decode
+    applies: the encode's round trip decodes with it), ``fns["encode"](x) -> latents`` (the posterior's mean). A
+    config none of whose ``ops`` applies raises :class:`NotApplicable`."""
     import contextlib
     import dataclasses
 
     import torch
 
     from vdbench import decode as D
+    from vdbench import encode as E
     from vdbench import vae as V
 
     base, mods = split_config(name)
@@ -308,10 +389,11 @@ def prepare_config(name: str, value, vae, family: str, args, device: str):
     bf16 = torch.bfloat16
     if bench and not device.startswith("cuda"):
         raise NotApplicable("cudnn.benchmark applies to CUDA/ROCm devices only")
+    refused: dict[str, str] = {}
     if base == "chunked" and family != "wan":
-        raise NotApplicable(f"{base}: implemented for the Wan VAE only (its causal-conv cache makes chunking exact; "
-                            f"{type(vae).__name__}'s decode is not chunk-equivalent: CogVideoX's group norms span "
-                            "its frame batches)")
+        refused["decode"] = (f"{base}: implemented for the Wan VAE only (its causal-conv cache makes chunking "
+                             f"exact; {type(vae).__name__}'s decode is not chunk-equivalent: CogVideoX's group norms "
+                             "span its frame batches)")
     # the configs that run --vae_decode fast: its options, refused by the render's own check where they don't apply
     decode_opts = None
     if base in ("fast", "fast_nocl"):
@@ -324,7 +406,12 @@ def prepare_config(name: str, value, vae, family: str, args, device: str):
         try:
             D.check_decode("fast", decode_opts, vae=vae)
         except ValueError as e:
-            raise NotApplicable(str(e)) from None
+            refused["decode"] = str(e)
+    why_not_encode, encode_opts = _encode_refusal(base, family, vae, glue, comp, value, args)
+    if why_not_encode:
+        refused["encode"] = why_not_encode
+    if all(op in refused for op in ops):
+        raise NotApplicable("; ".join(dict.fromkeys(refused[op] for op in ops)))
     if base != "fp32" and base != "bf16_autocast":
         vae = vae.to(bf16)
     autocast = (torch.autocast(device_type=torch.device(device).type, dtype=bf16) if base == "bf16_autocast"
@@ -347,34 +434,65 @@ def prepare_config(name: str, value, vae, family: str, args, device: str):
     fast = decode_opts is not None and decode_opts.max_memory_gib is None
     if comp:
         desc["compile_backend"] = args.compile_backend
-        # fast paths: the norm/SiLU glue of the lean layers compiled (convs stay cuDNN's); others: the decoder
-        desc["compiled"] = "fast-path glue (vdbench.vae._norm_silu_cat)" if fast else "vae.decoder"
+        # fast paths: the norm/SiLU glue of the lean layers compiled (convs stay cuDNN's); others: the decoder and
+        # the encoder (each compiled where its op is run)
+        desc["compiled"] = ("fast-path glue (vdbench.vae._norm_silu_cat)" if fast else
+                            " and ".join(f"vae.{m}" for op, m in (("decode", "decoder"), ("encode", "encoder"))
+                                         if op in ops))
         if not fast:
             vae.decoder = torch.compile(vae.decoder, backend=args.compile_backend)
-    info: dict = {}
-    if base == "chunked":
-        k = int(value or args.chunk_frames or 4)
-        desc["chunk_frames"] = k
-        fn = lambda z: V.wan_decode_chunked(vae, z, k, native_upsample=False)  # noqa: E731
-    elif decode_opts is not None:
-        if fast:
-            desc.update(chunk_frames=decode_opts.chunk_frames, channels_last=decode_opts.channels_last)
+            vae.encoder = torch.compile(vae.encoder, backend=args.compile_backend)
+    info: dict = {"decode": {}, "encode": {}}
+    fns: dict = {}
+    if "decode" not in refused:
+        if base == "chunked":
+            k = int(value or args.chunk_frames or 4)
+            desc["chunk_frames"] = k
+            dfn = lambda z: V.wan_decode_chunked(vae, z, k, native_upsample=False)  # noqa: E731
+        elif decode_opts is not None:
+            if fast:
+                desc.update(chunk_frames=decode_opts.chunk_frames, channels_last=decode_opts.channels_last)
+            else:
+                desc["max_memory_gib"] = decode_opts.max_memory_gib
+            opts = dataclasses.asdict(decode_opts)
+            dfn = lambda z: D.decode_video(vae, z, mode="fast", info=info["decode"], **opts)  # noqa: E731
         else:
-            desc["max_memory_gib"] = decode_opts.max_memory_gib
-        opts = dataclasses.asdict(decode_opts)
-        fn = lambda z: D.decode_video(vae, z, mode="fast", info=info, **opts)  # noqa: E731
-    else:
-        fn = lambda z: vae.decode(z.to(vae.dtype), return_dict=False)[0]  # noqa: E731
+            dfn = lambda z: vae.decode(z.to(vae.dtype), return_dict=False)[0]  # noqa: E731
+        fns["decode"] = _wrapped(dfn, autocast, _injected_stall(_spec(name, value), "decode"), vae, "decode")
+    if "encode" not in refused:
+        if base == "chunked":
+            k = int(value or args.chunk_frames or 4)
+            efn = lambda x: E.wan_encode_chunked(vae, x, k).chunk(2, dim=1)[0]  # noqa: E731 (the posterior's mean)
+        elif encode_opts is not None:
+            eopts = dataclasses.asdict(encode_opts)
+            efn = lambda x: E.encode_video(vae, x, mode="fast", info=info["encode"], **eopts)  # noqa: E731
+        else:
+            efn = lambda x: E.encode_video(vae, x, mode="default", info=info["encode"])  # noqa: E731
+        fns["encode"] = _wrapped(efn, autocast, _injected_stall(_spec(name, value), "encode"), vae, "encode")
+    return vae, fns, desc, info, refused
 
-    stall = _injected_stall(name + (f"@{value}" if value else ""))
 
-    def decode(z):
-        if stall:  # test hook (VDBENCH_TEST_STALL): proves the watchdog catches a decode that never returns
+def _spec(name: str, value) -> str:
+    return name + (f"@{value}" if value else "")
+
+
+def _wrapped(fn, autocast, stall: float, vae, op: str):
+    """``fn`` on its input cast to the VAE's dtype, under the config's autocast, as a function named ``op`` (what a
+    hung config's stack dump shows); ``stall``: a test hook (VDBENCH_TEST_STALL) that proves the watchdog catches
+    an op that never returns."""
+    def run(t):
+        if stall:
             time.sleep(stall)
         with autocast:
-            return fn(z.to(vae.dtype))
+            return fn(t.to(vae.dtype))
 
-    return vae, decode, desc, info
+    def decode(z):
+        return run(z)
+
+    def encode(x):
+        return run(x)
+
+    return {"decode": decode, "encode": encode}[op]
 
 
 def profile_wanted(spec: str, patterns) -> bool:
@@ -386,19 +504,19 @@ def profile_wanted(spec: str, patterns) -> bool:
     return any(fnmatch.fnmatchcase(spec, p.strip()) for p in patterns.split(",") if p.strip())
 
 
-def profile_decode(decode, z, device: str, top: int) -> dict:
-    """One decode under ``torch.profiler``: the ``top`` kernels by device time (CUDA/HIP kernels, memcpy and
-    memset on a GPU; aten ops by self CPU time on the CPU), with calls, total ms and % of the total."""
+def profile_op(fn, inp, device: str, top: int) -> dict:
+    """One decode (or encode) under ``torch.profiler``: the ``top`` kernels by device time (CUDA/HIP kernels,
+    memcpy and memset on a GPU; aten ops by self CPU time on the CPU), with calls, total ms and % of the total."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
     cuda = device.startswith("cuda")
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     with torch.no_grad(), profile(activities=acts) as prof:
-        video = decode(z)
+        out = fn(inp)
         if cuda:
             torch.cuda.synchronize()
-    del video
+    del out
     # one aggregation for every profile the project writes (vdbench.timing.kernel_summary: device kernels without
     # the GPU-side annotations, or aten ops' self CPU time on a CPU)
     from vdbench.timing import kernel_summary
@@ -410,22 +528,72 @@ def profile_decode(decode, z, device: str, top: int) -> dict:
                          "pct": round(100.0 * k["share"], 2)} for k in summary["top"]]}
 
 
-def run_config(spec: str, args, device: str, ref_frames=None, wd=None) -> tuple[dict, object]:
-    """Build, warm up, time and check one config in this process. Returns (result row, frames)."""
+def _timed(fn, inp, args, device: str, stage, op: str):
+    """``--warmup`` untimed then ``--repeats`` timed calls of ``fn(inp)`` (CUDA events after a synchronize; host
+    clock on CPU): (times, peak bytes of the torch allocator over the timed calls, the last output)."""
     import torch
 
     from vdbench.timing import Clock
 
+    cuda = device.startswith("cuda")
+    times, peak, out = [], 0, None
+    with torch.no_grad():
+        for i in range(args.warmup):
+            stage(f"{op} warmup {i + 1}/{args.warmup}")
+            out = fn(inp)
+            del out
+        if cuda:
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+        out = None
+        for i in range(args.repeats):
+            stage(f"{op} repeat {i + 1}/{args.repeats}")
+            out = None
+            if cuda:
+                torch.cuda.synchronize()
+                torch.cuda.reset_peak_memory_stats()
+            t0 = Clock(torch.device(device))
+            out = fn(inp)
+            t1 = Clock(torch.device(device))
+            times.append(t0.seconds_until(t1))
+            if cuda:
+                peak = max(peak, torch.cuda.max_memory_allocated())
+    return times, peak, out
+
+
+def _time_fields(times, peak, cuda: bool, prefix: str = "") -> dict:
+    return {f"{prefix}time_s_median": statistics.median(times), f"{prefix}time_s_min": min(times),
+            f"{prefix}time_s_max": max(times), f"{prefix}times_s": times,
+            f"{prefix}peak_memory_gib": (peak / 2 ** 30) if cuda else None}
+
+
+def rel_l2(a, b) -> float:
+    """||a - b|| / ||b|| in float64 (the encode's latents against the fp32 encode's)."""
+    import torch
+
+    a, b = a.double(), b.to(a.device).double()
+    return float(torch.linalg.vector_norm(a - b) / torch.linalg.vector_norm(b))
+
+
+def run_config(spec: str, args, device: str, ref: dict | None = None, wd=None) -> tuple[dict, dict]:
+    """Build, warm up, time and check one config in this process: the decode of the latents and the encode of the
+    video (``--ops``), each against the fp32 reference's (``ref``: its outputs). Returns (result row, outputs:
+    ``frames`` of the decode, ``latents`` and ``roundtrip`` frames of the encode, on the CPU)."""
+    import torch
+
     name, value = parse_config(spec)
+    ops = parse_ops(args.ops)
     stage = wd.stage if wd is not None else (lambda s: None)
     res: dict = {"config": spec, "status": "ok"}
     stage("build vae")
     vae = build_vae(args.model, device, args.seed)
     family = _family_of(vae)
     w, h = parse_size(args.size)
-    stage("latents")
-    z = make_latents(vae, family, args.frames, w, h, args.seed, device, args.latents)
-    res["latent_shape"] = list(z.shape)
+    stage("inputs")
+    z = make_latents(vae, family, args.frames, w, h, args.seed, device, args.latents) if "decode" in ops else None
+    video = make_video(vae, family, args.frames, w, h, args.seed, args.input) if "encode" in ops else None
+    if z is not None:
+        res["latent_shape"] = list(z.shape)
     stage("prepare config")
     comp = uses(name, "compile")
     if comp:
@@ -434,75 +602,88 @@ def run_config(spec: str, args, device: str, ref_frames=None, wd=None) -> tuple[
         breaks0 = dict(counters["graph_break"])
         graphs0 = counters["stats"]["unique_graphs"]
     try:
-        vae, decode, desc, info = prepare_config(name, value, vae, family, args, device)
+        vae, fns, desc, info, refused = prepare_config(name, value, vae, family, args, device, ops)
     except NotApplicable as e:
-        return {**res, "status": "not_applicable", "reason": str(e)}, None
+        return {**res, "status": "not_applicable", "reason": str(e)}, {}
     res.update(desc)
+    for op in ops:
+        if op in refused:
+            res.update({f"{op}_status": "not_applicable", f"{op}_reason": refused[op]})
     cuda = device.startswith("cuda")
-    times = []
-    with torch.no_grad():
-        for i in range(args.warmup):
-            stage(f"warmup {i + 1}/{args.warmup}")
-            video = decode(z)
-            del video
-        if cuda:
-            torch.cuda.synchronize()
-            torch.cuda.empty_cache()
-        peak = 0
-        video = None
-        for i in range(args.repeats):
-            stage(f"repeat {i + 1}/{args.repeats}")
-            video = None
-            if cuda:
-                torch.cuda.synchronize()
-                torch.cuda.reset_peak_memory_stats()
-            t0 = Clock(torch.device(device))
-            video = decode(z)
-            t1 = Clock(torch.device(device))
-            times.append(t0.seconds_until(t1))
-            if cuda:
-                peak = max(peak, torch.cuda.max_memory_allocated())
+    ref = ref or {}
+    outputs: dict = {}
+    prof = getattr(args, "profile", 0) and profile_wanted(spec, getattr(args, "profile_configs", None))
+    flags = []
+    if "decode" in ops and "decode" in fns:
+        times, peak, out = _timed(fns["decode"], z, args, device, stage, "decode")
+        res.update(**_time_fields(times, peak, cuda), output_shape=list(out.shape), decode_info=dict(info["decode"]))
+        frames = _to_frames(out)
+        del out
+        if prof:
+            stage("decode profile")
+            res["profile"] = profile_op(fns["decode"], z, device, args.profile)
+        stage("decode quality")
+        if "frames" in ref:
+            res.update(quality(frames, ref["frames"]))
+            res["decode_quality_flag"] = res["psnr_min"] < args.min_psnr
+            flags.append(res["decode_quality_flag"])
+        outputs["frames"] = frames.cpu()
+        del frames
+    if "encode" in ops and "encode" in fns:
+        x = video.to(device=device, dtype=vae.dtype)  # as the pipeline hands it over: in the VAE's dtype
+        times, peak, lat = _timed(fns["encode"], x, args, device, stage, "encode")
+        res.update(**_time_fields(times, peak, cuda, "encode_"), input_shape=list(x.shape),
+                   encode_latent_shape=list(lat.shape), encode_info=dict(info["encode"]))
+        if prof:
+            stage("encode profile")
+            res["encode_profile"] = profile_op(fns["encode"], x, device, args.profile)
+        del x
+        stage("round trip")
+        rt_decode = fns.get("decode") or (lambda q: vae.decode(q.to(vae.dtype), return_dict=False)[0])
+        with torch.no_grad():
+            rt = _to_frames(rt_decode(lat))
+        res["roundtrip_decode"] = "this config's" if "decode" in fns else "diffusers' (the config's doesn't apply)"
+        stage("encode quality")
+        if "latents" in ref:
+            res["latent_rel_l2"] = rel_l2(lat, ref["latents"])
+            q = quality(rt, ref["roundtrip"])
+            res.update({f"roundtrip_{k}": v for k, v in q.items()})
+            res["encode_quality_flag"] = q["psnr_min"] < args.min_psnr
+            flags.append(res["encode_quality_flag"])
+        outputs.update(latents=lat.float().cpu(), roundtrip=rt.cpu())
+        del lat, rt
+        if "time_s_median" in res:  # encode and decode apart (above) and together
+            res["total_time_s_median"] = res["encode_time_s_median"] + res["time_s_median"]
     if comp:  # this config's compilations only (counters are per process)
         new = {k: v - breaks0.get(k, 0) for k, v in counters["graph_break"].items() if v > breaks0.get(k, 0)}
         res["graph_breaks"] = int(sum(new.values()))
         res["compiled_graphs"] = int(counters["stats"]["unique_graphs"] - graphs0)
         res["graph_break_reasons"] = sorted(str(k)[:200] for k in new)[:10]
-    res.update(time_s_median=statistics.median(times), time_s_min=min(times), time_s_max=max(times), times_s=times,
-               peak_memory_gib=(peak / 2 ** 30) if cuda else None, output_shape=list(video.shape),
-               decode_info=dict(info))
-    frames = _to_frames(video)
-    del video
-    if getattr(args, "profile", 0) and profile_wanted(spec, getattr(args, "profile_configs", None)):
-        stage("profile")
-        res["profile"] = profile_decode(decode, z, device, args.profile)
-    stage("quality")
-    if ref_frames is not None:
-        q = quality(frames, ref_frames)
-        res.update(q)
-        res["quality_flag"] = q["psnr_min"] < args.min_psnr
-    return res, frames
+    if flags:
+        res["quality_flag"] = any(flags)
+    return res, outputs
 
 
 # ----------------------------------------------------------------------------------------------------------------
 # Drivers: in-process and isolated (child processes)
 # ----------------------------------------------------------------------------------------------------------------
 
-def _run_guarded(spec, args, device, ref_frames):
+def _run_guarded(spec, args, device, ref):
     """``run_config`` under the watchdog; errors and hangs become result rows, never exceptions."""
     from vdbench.watchdog import Watchdog, WatchdogTimeout
 
     try:
         with Watchdog(args.timeout, label=f"config {spec}") as wd:
-            return run_config(spec, args, device, ref_frames, wd=wd)
+            return run_config(spec, args, device, ref, wd=wd)
     except WatchdogTimeout as e:
         r = e.report
         return {"config": spec, "status": "hung", "reason": str(e), "last_completed_stage": r.last_completed_stage,
-                "current_stage": r.current_stage, "timeout_s": r.timeout_s}, None
+                "current_stage": r.current_stage, "timeout_s": r.timeout_s}, {}
     except Exception as e:  # noqa: BLE001 - one config's failure (OOM, compile error) must not stop the others
         import traceback
 
         traceback.print_exc()
-        return {"config": spec, "status": "error", "reason": f"{type(e).__name__}: {str(e)[:500]}"}, None
+        return {"config": spec, "status": "error", "reason": f"{type(e).__name__}: {str(e)[:500]}"}, {}
     finally:
         _free(device)
 
@@ -519,12 +700,12 @@ def _free(device):
 
 
 def child_main(args) -> int:
-    """``--_child SPEC``: run one config, write its row (and frames, for the reference) to the given files."""
+    """``--_child SPEC``: run one config, write its row (and outputs, for the reference) to the given files."""
     import torch
 
     ref = None
     if args._ref:
-        ref = torch.load(args._ref, map_location="cpu", weights_only=True)["frames"]  # to the GPU only for metrics
+        ref = torch.load(args._ref, map_location="cpu", weights_only=True)  # to the GPU only for metrics
 
     def on_hang(report):  # the process may be ended right after this (stuck in native code): leave the row
         Path(args._result).write_text(json.dumps({"config": args._child, "status": "hung",
@@ -536,20 +717,20 @@ def child_main(args) -> int:
 
     try:
         with Watchdog(args.timeout, label=f"config {args._child}", on_hang=on_hang, grace_s=5) as wd:
-            res, frames = run_config(args._child, args, args.device, ref, wd=wd)
+            res, outputs = run_config(args._child, args, args.device, ref, wd=wd)
     except WatchdogTimeout as e:
         r = e.report
-        res, frames = {"config": args._child, "status": "hung", "reason": str(e),
-                       "last_completed_stage": r.last_completed_stage, "current_stage": r.current_stage,
-                       "timeout_s": r.timeout_s}, None
+        res, outputs = {"config": args._child, "status": "hung", "reason": str(e),
+                        "last_completed_stage": r.last_completed_stage, "current_stage": r.current_stage,
+                        "timeout_s": r.timeout_s}, {}
     except Exception as e:  # noqa: BLE001
         import traceback
 
         traceback.print_exc()
-        res, frames = {"config": args._child, "status": "error", "reason": f"{type(e).__name__}: {str(e)[:500]}"}, None
+        res, outputs = {"config": args._child, "status": "error", "reason": f"{type(e).__name__}: {str(e)[:500]}"}, {}
     res["pid"] = os.getpid()
-    if args._save_ref and frames is not None:
-        torch.save({"frames": frames.cpu()}, args._save_ref)
+    if args._save_ref and outputs:
+        torch.save(outputs, args._save_ref)
     Path(args._result).write_text(json.dumps(res, default=str))
     return 0
 
@@ -559,7 +740,8 @@ def _child_cmd(spec, args, result, ref=None, save_ref=None):
            "--model", args.model, "--frames", str(args.frames), "--size", args.size, "--tile_px", str(args.tile_px),
            "--warmup", str(args.warmup), "--repeats", str(args.repeats), "--min_psnr", str(args.min_psnr),
            "--device", args.device, "--seed", str(args.seed), "--vae_max_memory", str(args.vae_max_memory),
-           "--compile_backend", args.compile_backend, "--profile", str(args.profile)]
+           "--compile_backend", args.compile_backend, "--profile", str(args.profile), "--ops", args.ops,
+           "--input", args.input]
     if args.chunk_frames:
         cmd += ["--chunk_frames", str(args.chunk_frames)]
     if args.profile_configs:
@@ -621,22 +803,26 @@ def run_all(args, on_row=None) -> list[dict]:
         ref_path = tmp / "ref.pt"
         needs_child = lambda s: args.isolate or parse_config(s)[0].startswith("miopen_")  # noqa: E731
         # (a miopen_* base is always first in the name, so the prefix test covers its composites too)
-        # The reference: fp32, untiled, stock decode of the same latents.
-        print("[bench_vae] reference: fp32 untiled decode", flush=True)
+        # The reference: fp32, untiled, stock decode of the same latents and stock encode of the same video.
+        print(f"[bench_vae] reference: fp32 untiled {' and '.join(parse_ops(args.ops))}", flush=True)
         if args.isolate:
             ref_row = _run_child("fp32", args, tmp, save_ref=ref_path)
-            ref_frames = (torch.load(ref_path, map_location="cpu", weights_only=True)["frames"]
-                          if ref_path.exists() else None)
+            ref = torch.load(ref_path, map_location="cpu", weights_only=True) if ref_path.exists() else None
         else:
-            ref_row, ref_frames = _run_guarded("fp32", args, device, None)
-            if ref_frames is not None:
-                ref_frames = ref_frames.cpu()  # off the GPU: it must not count in later configs' peak memory
-                torch.save({"frames": ref_frames}, ref_path)
-        if ref_frames is None:
+            ref_row, ref = _run_guarded("fp32", args, device, None)  # its outputs are on the CPU: they must not
+            if ref:                                                  # count in later configs' peak memory
+                torch.save(ref, ref_path)
+        if not ref:
+            ref = None
             print(f"[bench_vae] the fp32 reference did not complete: {ref_row.get('reason')}", flush=True)
         else:
-            ref_row.update(psnr_min=math.inf, psnr_mean=math.inf, ssim_min=1.0, ssim_mean=1.0, quality_flag=False,
-                           reference=True)
+            if "frames" in ref:
+                ref_row.update(psnr_min=math.inf, psnr_mean=math.inf, ssim_min=1.0, ssim_mean=1.0,
+                               decode_quality_flag=False)
+            if "latents" in ref:
+                ref_row.update(latent_rel_l2=0.0, roundtrip_psnr_min=math.inf, roundtrip_psnr_mean=math.inf,
+                               roundtrip_ssim_min=1.0, roundtrip_ssim_mean=1.0, encode_quality_flag=False)
+            ref_row.update(quality_flag=False, reference=True)
         for spec in specs:
             if spec == "fp32":
                 rows.append(ref_row)
@@ -645,13 +831,13 @@ def run_all(args, on_row=None) -> list[dict]:
                     on_row(rows)
                 continue
             print(f"[bench_vae] config {spec}", flush=True)
-            if ref_frames is None:
+            if ref is None:
                 row = {"config": spec, "status": "error", "reason": "no fp32 reference to compare with"}
             elif needs_child(spec):
                 row = _run_child(spec, args, tmp, ref=ref_path)
             else:
-                row, _frames = _run_guarded(spec, args, device, ref_frames)
-                del _frames
+                row, _outputs = _run_guarded(spec, args, device, ref)
+                del _outputs
             rows.append(row)
             _print_row(row)
             if on_row:
@@ -659,28 +845,53 @@ def run_all(args, on_row=None) -> list[dict]:
     return rows
 
 
+def _fmt_time(r, prefix: str = "") -> str:
+    mem = r.get(f"{prefix}peak_memory_gib")
+    return (f"{r[prefix + 'time_s_median']:.3f} s (min {r[prefix + 'time_s_min']:.3f}, max "
+            f"{r[prefix + 'time_s_max']:.3f})  peak {f'{mem:.2f} GiB' if mem is not None else 'n/a (CPU)'}")
+
+
+def _fmt_quality(r, prefix: str = "") -> str:
+    if r.get(f"{prefix}psnr_min") is None:
+        return ""
+    q = f"PSNR min/mean {r[prefix + 'psnr_min']:.2f}/{r.get(prefix + 'psnr_mean', float('nan')):.2f} dB"
+    return q + (f", SSIM min {r[prefix + 'ssim_min']:.4f}" if r.get(f"{prefix}ssim_min") is not None else "")
+
+
 def _print_row(r):
+    """The config's decode, encode (latents and round trip against the fp32 ones) and both together."""
     if r.get("status") != "ok":
         extra = f" (last completed stage: {r.get('last_completed_stage')})" if r.get("status") == "hung" else ""
         print(f"  {r['config']:<18} {r['status'].upper()}: {r.get('reason', '')}{extra}", flush=True)
         return
-    mem = f"{r['peak_memory_gib']:.2f} GiB" if r.get("peak_memory_gib") is not None else "n/a (CPU)"
-    q = (f"PSNR min/mean {r.get('psnr_min', float('nan')):.2f}/{r.get('psnr_mean', float('nan')):.2f} dB, "
-         f"SSIM min {r['ssim_min']:.4f}" if r.get("ssim_min") is not None else
-         f"PSNR min {r.get('psnr_min', float('nan')):.2f} dB")
-    flag = "  ** BELOW --min_psnr **" if r.get("quality_flag") else ""
-    print(f"  {r['config']:<18} {r['time_s_median']:.3f} s (min {r['time_s_min']:.3f}, max {r['time_s_max']:.3f})"
-          f"  peak {mem}  {q}{flag}", flush=True)
+    flag = "  ** BELOW --min_psnr **"
+    lines = []
+    if "time_s_median" in r:
+        lines.append(f"decode {_fmt_time(r)}  {_fmt_quality(r)}{flag if r.get('decode_quality_flag') else ''}")
+    for op in OPS:
+        if r.get(f"{op}_status") == "not_applicable":
+            lines.append(f"{op} not applicable: {r.get(f'{op}_reason')}")
+    if "encode_time_s_median" in r:
+        rel = r.get("latent_rel_l2")
+        lines.append(f"encode {_fmt_time(r, 'encode_')}  latents rel L2 "
+                     f"{'n/a' if rel is None else f'{rel:.2e}'}, round trip {_fmt_quality(r, 'roundtrip_')}"
+                     f"{flag if r.get('encode_quality_flag') else ''}")
+    if "total_time_s_median" in r:
+        lines.append(f"encode + decode {r['total_time_s_median']:.3f} s")
+    print(f"  {r['config']:<18} " + ("\n" + " " * 21).join(lines), flush=True)
     if "graph_breaks" in r:
         print(f"    compile: {r['graph_breaks']} graph breaks, {r.get('compiled_graphs')} graphs", flush=True)
-    glue = (r.get("decode_info") or {}).get("glue")
-    if glue:
-        print(f"    glue: {glue}", flush=True)
-    prof = r.get("profile")
-    if prof:
-        print(f"    top {len(prof['kernels'])} by {prof['time_kind']} (total {prof['total_ms']:.1f} ms):", flush=True)
-        for k in prof["kernels"]:
-            print(f"    {k['pct']:5.1f}% {k['total_ms']:9.2f} ms {k['calls']:6d}x  {k['name'][:110]}", flush=True)
+    for op, key in (("decode", "decode_info"), ("encode", "encode_info")):
+        glue = (r.get(key) or {}).get("glue")
+        if glue:
+            print(f"    {op} glue: {glue}", flush=True)
+    for op, key in (("decode", "profile"), ("encode", "encode_profile")):
+        prof = r.get(key)
+        if prof:
+            print(f"    {op}: top {len(prof['kernels'])} by {prof['time_kind']} (total {prof['total_ms']:.1f} ms):",
+                  flush=True)
+            for k in prof["kernels"]:
+                print(f"    {k['pct']:5.1f}% {k['total_ms']:9.2f} ms {k['calls']:6d}x  {k['name'][:110]}", flush=True)
 
 
 def write_output(path: str, header: dict, rows: list[dict]) -> None:
@@ -688,15 +899,20 @@ def write_output(path: str, header: dict, rows: list[dict]) -> None:
     p.parent.mkdir(parents=True, exist_ok=True)
     if p.suffix == ".csv":
         keys = ["config", "status", "dtype", "time_s_median", "time_s_min", "time_s_max", "peak_memory_gib",
-                "psnr_min", "psnr_mean", "ssim_min", "ssim_mean", "quality_flag", "reason", "last_completed_stage"]
+                "psnr_min", "psnr_mean", "ssim_min", "ssim_mean", "quality_flag", "reason", "last_completed_stage",
+                "encode_time_s_median", "encode_time_s_min", "encode_time_s_max", "encode_peak_memory_gib",
+                "latent_rel_l2", "roundtrip_psnr_min", "roundtrip_psnr_mean", "roundtrip_ssim_min",
+                "encode_quality_flag", "total_time_s_median", "encode_status", "encode_reason"]
         with open(p, "w", newline="") as f:
-            wr = csv.DictWriter(f, fieldnames=["model", "latents", "output_shape", *keys], extrasaction="ignore")
+            wr = csv.DictWriter(f, fieldnames=["model", "latents", "output_shape", *keys, "video"],
+                                extrasaction="ignore")
             wr.writeheader()
             a = header["args"]
             for r in rows:
                 shape = r.get("output_shape")
                 wr.writerow({"model": a["model"], "latents": a.get("latents") or f"random {a['frames']}f {a['size']}",
-                             **r, "output_shape": "x".join(map(str, shape)) if shape else ""})
+                             **r, "output_shape": "x".join(map(str, shape)) if shape else "",
+                             "video": f"{a['input']} {a['frames']}f {a['size']}" if "encode" in a["ops"] else ""})
     else:
         tmp = p.with_name(f".{p.name}.tmp")
         tmp.write_text(json.dumps({**header, "results": rows}, indent=1, default=str))
@@ -715,11 +931,17 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="wan2.1", help=f"{', '.join(MODELS)}, tiny-<one of those>, or a path/hub id")
     ap.add_argument("--frames", type=int, default=81, help="video frames (latent frames = (N-1)/4 + 1)")
+    ap.add_argument("--ops", default="decode,encode",
+                    help="what each config times: decode, encode or both, comma-separated (default: %(default)s)")
+    ap.add_argument("--input", choices=INPUTS, default="video",
+                    help="the encode's video: 'video', a synthetic panning scene of --frames frames (the quick "
+                         "case); 'i2v', Wan image-to-video's conditioning input: its first frame, then zero frames "
+                         "(default: %(default)s)")
     ap.add_argument("--size", default="832*480", help="W*H in pixels")
     ap.add_argument("--tile_px", type=int, default=0,
                     help="tile size of the 'tiled' config in pixels (0: the VAE's enable_tiling() defaults)")
-    ap.add_argument("--warmup", type=int, default=1, help="untimed decodes per config")
-    ap.add_argument("--repeats", type=int, default=3, help="timed decodes per config (median reported)")
+    ap.add_argument("--warmup", type=int, default=1, help="untimed decodes (and encodes) per config")
+    ap.add_argument("--repeats", type=int, default=3, help="timed decodes (and encodes) per config (median reported)")
     ap.add_argument("--latents", default=None, help="latents file captured by a render (--save_latents)")
     ap.add_argument("--configs", default=DEFAULT_CONFIGS,
                     help=f"comma-separated, of: {', '.join(CONFIGS)}; each optionally +{' / +'.join(MODIFIERS)}")
@@ -751,6 +973,7 @@ def _preimport():
     from diffusers import AutoencoderKLCogVideoX, AutoencoderKLHunyuanVideo, AutoencoderKLWan  # noqa: F401
 
     import vdbench.decode  # noqa: F401
+    import vdbench.encode  # noqa: F401
     import vdbench.metrics  # noqa: F401
     import vdbench.pipelines  # noqa: F401
     import vdbench.vae  # noqa: F401
@@ -758,6 +981,7 @@ def _preimport():
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    parse_ops(args.ops)  # refused before any work
     import torch
 
     if args.device is None:
@@ -770,13 +994,20 @@ def main(argv=None) -> int:
     w, h = parse_size(args.size)
     print(f"[bench_vae] model {args.model}, "
           f"{'latents from ' + args.latents if args.latents else f'{args.frames} frames at {w}x{h}'}; "
+          f"{' and '.join(parse_ops(args.ops))}"
+          f"{f' (encode input: {args.input})' if 'encode' in parse_ops(args.ops) else ''}; "
           f"warmup {args.warmup}, repeats {args.repeats}"
           f"{', isolated' if args.isolate else ''}, timeout {args.timeout or 'none'}", flush=True)
     header = {"system": ctx, "args": {k: v for k, v in vars(args).items() if not k.startswith("_")}}
     rows = run_all(args, on_row=(lambda rs: write_output(args.output, header, rs)) if args.output else None)
     ok = [r for r in rows if r.get("status") == "ok"]
     if ok:
-        print(f"[bench_vae] shapes: latents {ok[0].get('latent_shape')} -> video {ok[0].get('output_shape')}")
+        shapes = []
+        if "output_shape" in ok[0]:
+            shapes.append(f"latents {ok[0].get('latent_shape')} -> video {ok[0].get('output_shape')}")
+        if "input_shape" in ok[0]:
+            shapes.append(f"encode: {args.input} input {ok[0]['input_shape']} -> latents {ok[0]['encode_latent_shape']}")
+        print(f"[bench_vae] shapes: {'; '.join(shapes)}")
     if args.output:
         write_output(args.output, header, rows)
         print(f"[bench_vae] wrote {args.output}")

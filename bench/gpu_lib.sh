@@ -5,7 +5,7 @@
 # and for torch's symmetric memory, as the lent multi-GPU machines need; 8 OpenMP threads unless set); this checkout's vdbench first on PYTHONPATH (bench/*.py import it, nothing edits sys.path); PY (python3
 # unless set); the clock (T0, `el` = seconds since); the model arguments:
 #   WAN13 / WAN14 / COG2B   the architecture and size only: Wan 2.1 1.3B 480p x81, Wan 2.1 14B 720p x81, CogVideoX-2b
-#                           480x720 x49 (random weights)
+#                           480x720 x49 (random weights); WAN14I2V: Wan 2.1 I2V 14B 480p x81 (add --img_file_path)
 #   W13 / W14 / COG         the multi-GPU table's renders: + steps (STEPS, default 3; STEPS14, default 2 for 14B),
 #                           frames, latents and attention timing saved. For a CPU dry run of the plumbing, W13_ARGS /
 #                           COG_ARGS replace W13 (and W14) / COG (e.g. the tiny models).
@@ -46,6 +46,7 @@ T0=${T0:-$(date +%s)}; el() { echo $(( $(date +%s) - T0 )); }
 WAN13=(--model random:wan2.1-t2v-1.3b --height 480 --width 832 --num_frames 81)
 WAN14=(--model random:wan2.1-t2v-14b --height 720 --width 1280 --num_frames 81)
 COG2B=(--model_path random:cogvideox-2b --height 480 --width 720 --num_frames 49)
+WAN14I2V=(--model random:wan2.1-i2v-14b --task i2v --height 480 --width 832 --num_frames 81 --force_output_size)
 SAVE=(--save_frames --save_latents --time_attention)
 W13=("${WAN13[@]}" --num_inference_steps "${STEPS:-3}" "${SAVE[@]}")
 W14=("${WAN14[@]}" --num_inference_steps "${STEPS14:-2}" "${SAVE[@]}")

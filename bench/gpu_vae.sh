@@ -21,7 +21,7 @@
 # stay cuDNN's; graph breaks reported); memory@GiB = fast path bounded by a memory budget.
 set -uo pipefail
 source "$(dirname "$0")/gpu_lib.sh"   # the environment, OUT, PY
-B=("$PY" bench/bench_vae.py --warmup 1 --repeats 2)
+B=("$PY" bench/bench_vae.py --warmup 1 --repeats 2 --ops decode)  # the decode table (the encode's: gpu_vae_encode.sh)
 rcs=()
 
 # SKIP=REGEX drops the configs whose names match (e.g. SKIP='^(fast|memory)' when the Triton glue's GPU tests

@@ -1,5 +1,6 @@
-"""bench/bench_vae.py: every config path on a tiny VAE on CPU, quality figures on known cases, environment
-presets composed for a child process, isolation, and a hung config reported while the run goes on."""
+"""bench/bench_vae.py: every config path on a tiny VAE on CPU -- decode and encode, their quality figures against
+fp32 --, quality figures on known cases, environment presets composed for a child process, isolation, and a hung
+config (a stalled decode or encode) reported while the run goes on."""
 
 import json
 import math
@@ -79,6 +80,18 @@ def test_every_config_in_process(tmp_path, monkeypatch, capsys, checkout_env):
         assert r["status"] == "ok", r
         assert r["time_s_median"] > 0 and r["output_shape"] == [1, 3, 5, 32, 48]
         assert len(r["psnr_per_frame"]) == 5 and r["ssim_min"] is not None
+        if name == "memory@100":  # a decode budget: no encode, said so; the decode still ran
+            assert r["encode_status"] == "not_applicable" and "encode" in r["encode_reason"]
+            continue
+        # the encode beside the decode: its latents and round trip against the fp32 ones, both together
+        assert r["encode_time_s_median"] > 0 and r["input_shape"] == [1, 3, 5, 32, 48]
+        assert r["encode_latent_shape"] == [1, 16, 2, 4, 6] and len(r["roundtrip_psnr_per_frame"]) == 5
+        assert r["total_time_s_median"] == pytest.approx(r["encode_time_s_median"] + r["time_s_median"])
+    assert rows["fp32"]["latent_rel_l2"] == 0 and rows["fp32"]["roundtrip_psnr_min"] == math.inf
+    for name in ("bf16", "bf16_autocast", "chunked@2", "channels_last_3d", "fast@2"):  # bf16 rounding only
+        assert 1e-4 < rows[name]["latent_rel_l2"] < 0.05 and rows[name]["roundtrip_psnr_min"] > 35, name
+    assert rows["compile"]["latent_rel_l2"] < 0.05 and rows["fast@2"]["encode_info"]["chunk_frames"] == 2
+    assert rows["tiled"]["latent_rel_l2"] > 0.1 and rows["tiled"]["encode_quality_flag"]  # 32-px tiles
     # fp32-exact paths vs bf16 paths: known orders of magnitude
     assert rows["bf16"]["psnr_min"] > 30 and rows["bf16"]["dtype"] == "bfloat16"
     assert rows["fast@2"]["psnr_min"] == pytest.approx(rows["bf16"]["psnr_min"], abs=3)
@@ -86,6 +99,7 @@ def test_every_config_in_process(tmp_path, monkeypatch, capsys, checkout_env):
     assert rows["compile"]["graph_breaks"] >= 0
     text = capsys.readouterr().out
     assert "system:" in text and "torch=" in text and "shapes: latents [1, 16, 2, 4, 6]" in text
+    assert "encode: video input [1, 3, 5, 32, 48] -> latents [1, 16, 2, 4, 6]" in text and "encode + decode " in text
     # a 32-px tile on this tiny random VAE loses far more than 40 dB -> flagged, exit code 2 (nothing failed)
     assert rows["tiled"]["quality_flag"] is True and rc == 2
 
@@ -113,7 +127,7 @@ def test_isolate_children(tmp_path, checkout_env):
     assert p.returncode == 1, p.stdout + p.stderr
     assert rows["fp32"]["status"] == "ok" and rows["fp32"]["pid"] != os.getpid()
     assert rows["fast@2"]["status"] == "hung" and rows["fast@2"]["last_completed_stage"] == "prepare config"
-    assert rows["fast@2"]["current_stage"] == "repeat 1/1"
+    assert rows["fast@2"]["current_stage"] == "decode repeat 1/1"
     assert "[watchdog] config fast@2 exceeded 6 s" in p.stderr and "in decode" in p.stderr  # stacks dumped
 
 
@@ -171,3 +185,57 @@ def test_fused_glue_config_is_refused_with_the_reason_where_it_cant_run(tmp_path
     assert rows["fast"]["decode_info"]["glue"].startswith("eager (Triton glue not used: the VAE is on cpu")
     assert rows["fast+eager_glue"]["decode_info"]["glue"] == "eager (asked for)"
     assert rows["fast"]["status"] == rows["fast+eager_glue"]["status"] == "ok"
+
+
+def test_stalled_encode_caught_like_a_stalled_decode(tmp_path, monkeypatch, capfd):
+    """An encode that never returns: the watchdog reports the config hung in its encode (stacks dumped), the run
+    goes on with the next config."""
+    monkeypatch.setenv("VDBENCH_TEST_STALL", "encode:bf16:120")
+    out = tmp_path / "r.json"
+    rc = B.main(SMALL + ["--configs", "bf16,fast@2", "--ops", "encode", "--timeout", "8", "-o", str(out)])
+    rows = {r["config"]: r for r in json.loads(out.read_text())["results"]}
+    assert rc == 1
+    assert rows["bf16"]["status"] == "hung" and rows["bf16"]["current_stage"] == "encode repeat 1/1"
+    assert rows["bf16"]["last_completed_stage"] == "prepare config"
+    assert rows["fast@2"]["status"] == "ok" and rows["fast@2"]["encode_time_s_median"] > 0
+    assert "time_s_median" not in rows["fast@2"]  # --ops encode: no decode timed
+    err = capfd.readouterr().err
+    assert "[watchdog] config bf16 exceeded 8 s" in err and "in encode" in err  # the stacks, dumped
+
+
+@pytest.mark.parametrize("model", ["tiny-wan2.2", "tiny-cogvideox"])
+def test_encode_configs_on_the_other_tiny_vaes(tmp_path, model):
+    """Wan 2.2 (patchified 12-channel input, residual down blocks) and CogVideoX: the encode configs that apply,
+    with quality figures against the fp32 encode; the Wan-only ones are not applicable on CogVideoX, with why."""
+    out = tmp_path / "r.json"
+    B.main(["--model", model, "--frames", "9", "--size", "64*32", "--device", "cpu", "--warmup", "0", "--repeats",
+            "1", "--ops", "encode", "--input", "i2v", "--configs", "bf16,fast,chunked@2,bf16_autocast", "-o", str(out)])
+    rows = {r["config"]: r for r in json.loads(out.read_text())["results"]}
+    assert rows["fp32"]["status"] == "ok" and rows["fp32"]["input_shape"] == [1, 3, 9, 32, 64]
+    for name in ("bf16", "bf16_autocast", *(("fast", "chunked@2") if model == "tiny-wan2.2" else ())):
+        r = rows[name]
+        assert r["status"] == "ok" and r["encode_time_s_median"] > 0, r
+        assert 1e-4 < r["latent_rel_l2"] < 0.05 and r["roundtrip_psnr_min"] > 30, (name, r["latent_rel_l2"])
+    if model == "tiny-cogvideox":
+        assert rows["fast"]["status"] == "not_applicable" and "AutoencoderKLWan only" in rows["fast"]["reason"]
+        assert rows["chunked@2"]["status"] == "not_applicable"
+    else:
+        assert rows["fast"]["encode_info"]["path"] == "chunked"
+        assert rows["fast"]["encode_latent_shape"] == rows["fp32"]["encode_latent_shape"] == [1, 48, 3, 2, 4]
+
+
+def test_encode_inputs_and_ops():
+    from vdbench.pipelines import build_vae
+
+    vae = build_vae("wan2.1", tiny=True)
+    v = B.make_video(vae, "wan", 9, 48, 32, 0, "video")
+    assert v.shape == (1, 3, 9, 32, 48) and v.abs().max() <= 1 and torch.equal(v, B.make_video(vae, "wan", 9, 48, 32,
+                                                                                             0, "video"))
+    assert not torch.equal(v[:, :, 0], v[:, :, 1])  # it moves
+    i2v = B.make_video(vae, "wan", 9, 48, 32, 0, "i2v")
+    assert torch.equal(i2v[:, :, 0], v[:, :, 0]) and not i2v[:, :, 1:].any()  # the image, then zero frames
+    with pytest.raises(ValueError, match="spatial factor"):
+        B.make_video(vae, "wan", 9, 50, 32, 0, "video")
+    assert B.parse_ops("encode,decode") == ("decode", "encode") and B.parse_ops("encode") == ("encode",)
+    with pytest.raises(ValueError, match="--ops"):
+        B.parse_ops("decode,turbo")

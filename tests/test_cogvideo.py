@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import sageattn_cogvideo
 from vdbench.video import probe_video
 
@@ -66,3 +68,21 @@ def test_memory_options(tmp_path, capsys):
     assert sageattn_cogvideo.main(SMALL + ["--attention_type", "sdpa", "--output_dir", str(tmp_path),
                                            "--cpu_offload", "--device", "cpu"]) == 2
     assert "needs a CUDA device" in capsys.readouterr().err
+
+
+def test_i2v_records_the_vae_encode_of_the_image(tmp_path, capsys):
+    """CogVideoX I2V encodes the image with its VAE (no image encoder): timed, and the stages add up; the fast
+    encode is Wan's only and refused before the load."""
+    from PIL import Image
+
+    img = tmp_path / "in.png"
+    Image.new("RGB", (192, 128), (200, 30, 30)).save(img)
+    base = ["--model_path", "tiny", "--height", "128", "--width", "192", "--num_frames", "9", "--num_inference_steps",
+            "2", "--task", "i2v", "--img_file_path", str(img), "--attention_type", "sdpa", "--output_dir",
+                    str(tmp_path)]
+    assert sageattn_cogvideo.main(base) == 0
+    e = json.loads((tmp_path / "timing.json").read_text())[-1]
+    assert e["vae_encode_time"] > 0 and e["image_encode_time"] is None and e["vae_encode"]["mode"] == "default"
+    assert sum(v for v in e["stages"].values() if v) + e["unaccounted"] == pytest.approx(e["total_time"])
+    assert sageattn_cogvideo.main(base + ["--vae_encode", "fast"]) != 0
+    assert "implemented for AutoencoderKLWan only, not AutoencoderKLCogVideoX" in capsys.readouterr().err

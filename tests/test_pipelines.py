@@ -541,3 +541,20 @@ def test_random_real_shape_variants_have_the_real_sizes():
             assert p.dtype == (torch.float32 if keep & set(pname.split(".")) else torch.bfloat16), pname
     with pytest.raises(ValueError, match="Valid: wan2.1-t2v-1.3b"):
         build_random("nope", device="meta")
+
+
+def test_random_wan21_i2v_14b_has_the_real_480p_i2v_shapes():
+    """``random:wan2.1-i2v-14b`` (the I2V render of the VAE-encode issue): Wan2.1-I2V-14B-480P's transformer (36
+    input channels, CLIP image context 1280 wide, added k/v at the inner dim, 40 layers x 40 heads: 16.4B
+    parameters) and a CLIP vision encoder at the real ViT-H/14 width with 2 layers."""
+    from vdbench.pipelines import build_random
+
+    pipe = build_random("wan2.1-i2v-14b", dtype=torch.bfloat16, device="meta")
+    c = pipe.transformer.config
+    assert type(pipe).__name__ == "WanImageToVideoPipeline"
+    assert (c.in_channels, c.image_dim, c.added_kv_proj_dim, c.num_layers, c.num_attention_heads) == \
+        (36, 1280, 5120, 40, 40)
+    assert 16.0e9 < sum(p.numel() for p in pipe.transformer.parameters()) < 16.8e9
+    ie = pipe.image_encoder.config
+    assert (ie.hidden_size, ie.intermediate_size, ie.num_attention_heads, ie.num_hidden_layers) == (1280, 5120, 16, 2)
+    assert pipe.vae.config.base_dim == 96 and pipe.text_encoder.config.d_model == 4096

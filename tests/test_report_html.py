@@ -177,3 +177,24 @@ def test_repetitions_give_their_spread_and_error_bars(tmp_path):
     row = next(csv.DictReader(open(tmp_path / "s.csv")))
     assert row["repetitions"] == "2" and float(row["rep_warm_max_ms"]) == pytest.approx(1400.0)
 
+
+
+def test_stages_and_encode_times_in_the_summary(tmp_path):
+    """An image-conditioned run's encoders and stage breakdown reach summary.csv and the page; an emulated
+    backend's denoising time (a speed) does not; an old file without stages gives empty cells."""
+    stages = {"text_encode": 0.5, "image_encode": 0.1, "vae_encode": 1.1, "denoise": 30.0, "vae_decode": 1.8}
+    entries = [_entry("sdpa", [10.0, 10.0, 10.0], text_encode_time=0.5, image_encode_time=0.1, vae_encode_time=1.1,
+                      stages=stages, unaccounted=0.05),
+               _entry("fp8_emu", [10.0, 10.0, 10.0], vae_encode_time=1.1, stages=stages, unaccounted=0.05),
+               _entry("default", [3.0, 1.0, 1.1])]
+    (tmp_path / "timing.json").write_text(json.dumps(entries))
+    s = report.summarize(tmp_path)
+    rows = {r["backend"]: r for r in s["rows"]}
+    assert rows["sdpa"]["vae_encode_s"] == 1.1 and rows["sdpa"]["image_encode_s"] == 0.1
+    assert rows["sdpa"]["stages"] == "text 0.50 · image 0.10 · VAE enc 1.10 · denoise 30.00 · VAE dec 1.80 · other 0.05"
+    assert "denoise" not in rows["fp8_emu"]["stages"] and rows["default"]["stages"] is None
+    report.write_csv([s], tmp_path / "s.csv")
+    row = {r["backend"]: r for r in csv.DictReader(open(tmp_path / "s.csv"))}
+    assert float(row["sdpa"]["vae_encode_s"]) == 1.1 and row["default"]["vae_encode_s"] == ""
+    page = report.write_html([s], tmp_path / "r.html").read_text()
+    assert "VAE encode (s)" in page and "VAE enc 1.10 · denoise 30.00" in page

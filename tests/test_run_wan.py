@@ -254,3 +254,83 @@ def test_vae_timeout_reports_a_hung_decode_and_writes_nothing(tmp_path, monkeypa
     err = capsys.readouterr().err
     assert "VAE decode hung" in err and "last completed stage" in err
     assert not list((tmp_path / "results").glob("*.mp4")) if (tmp_path / "results").exists() else True
+
+
+def _i2v_image(path):
+    import numpy as np
+    from PIL import Image
+
+    Image.fromarray((np.arange(64 * 96 * 3) % 251).astype("uint8").reshape(64, 96, 3)).save(path)
+    return str(path)
+
+
+def test_i2v_timing_records_the_encoders_and_the_stages_add_up(tmp_path, capsys):
+    """Wan 2.1 I2V: the CLIP image encoder and the VAE encode of the conditioning video are timed (hooks on the
+    modules, the pipeline untouched), the first step starts at the first denoiser call, and the stages plus what
+    no stage covers -- measured apart, before and after the denoising -- add up to the render's total time."""
+    base = SMALL + ["--task", "i2v", "--img_file_path", _i2v_image(tmp_path / "in.png"), "--force_output_size",
+                    "--attention_type", "sdpa", "--save_frames"]
+    assert run_wan.main(base + ["--benchmark_output_directory", str(tmp_path / "d")]) == 0
+    e = json.loads((tmp_path / "d" / "results" / "timing.json").read_text())[-1]
+    assert e["text_encode_time"] > 0 and e["image_encode_time"] > 0 and e["vae_encode_time"] > 0
+    assert e["vae_encode"] == {"mode": "default", "path": "diffusers"}
+    st = e["stages"]
+    assert st == {"text_encode": e["text_encode_time"], "image_encode": e["image_encode_time"],
+                  "vae_encode": e["vae_encode_time"], "denoise": pytest.approx(sum(e["step_times"])),
+                  "vae_decode": e["vae_decode_time"]}
+    total = e["total_time"]
+    assert sum(st.values()) + e["unaccounted"] == pytest.approx(total, rel=1e-9)
+    where = e["unaccounted_where"]
+    assert where["before_denoise"] >= 0 and where["after_denoise"] >= 0
+    # the rest, measured on its own on both sides of the denoising, is what the stages leave: within 2% of the total
+    assert abs(where["before_denoise"] + where["after_denoise"] - e["unaccounted"]) < 0.02 * total
+    assert e["unaccounted_share"] == pytest.approx(e["unaccounted"] / total)
+    line = next(l for l in capsys.readouterr().out.splitlines() if l.startswith("[sdpa] stages: "))
+    assert "image encode " in line and "VAE encode " in line and "denoising " in line and "unaccounted " in line
+    # the fast encode in the pipeline (scoped swap of vae._encode): the same video to rounding, recorded
+    assert run_wan.main(base + ["--benchmark_output_directory", str(tmp_path / "f"), "--vae_encode", "fast"]) == 0
+    f = json.loads((tmp_path / "f" / "results" / "timing.json").read_text())[-1]
+    assert f["vae_encode"]["mode"] == "fast" and f["vae_encode"]["path"] == "chunked" and f["vae_encode_time"] > 0
+    assert f["vae_encode"]["glue"].startswith("eager (Triton glue not used: the VAE is on cpu")
+    import numpy as np
+
+    name = "wan_result_i2v_tiny_9f_2s_attn_sdpa_64x96.npy"
+    a, b = (np.load(tmp_path / d / "results" / name).astype(int) for d in ("d", "f"))
+    assert a.shape == b.shape and np.abs(a - b).max() <= 1
+
+
+def test_t2v_stages_have_no_encode(rendered):
+    for e in json.loads((rendered / "timing.json").read_text()):
+        assert e["image_encode_time"] is None and e["vae_encode_time"] is None and e["vae_encode"] is None
+        assert e["stages"]["vae_encode"] is None and e["stages"]["text_encode"] == e["text_encode_time"]
+        assert sum(v for v in e["stages"].values() if v) + e["unaccounted"] == pytest.approx(e["total_time"])
+
+
+def test_vae_encode_fast_refused_where_it_does_not_apply(tmp_path, capsys):
+    out = tmp_path / "o"
+    img = _i2v_image(tmp_path / "in.png")
+    for extra, msg in ((["--vae_encode", "fast"], "--vae_encode fast: task t2v encodes no video"),
+                       (["--vae_encode", "fast", "--task", "i2v", "--img_file_path", img, "--vae_tiling"],
+                        "--vae_encode fast does not tile"),
+                       (["--vae_encode", "fast", "--task", "i2v", "--img_file_path", img, "--vae_glue", "triton"],
+                        "--vae_glue triton can't run on cpu")):
+        rc = run_wan.main(SMALL + ["--attention_type", "sdpa", "--benchmark_output_directory", str(out), *extra])
+        assert rc != 0 and msg in capsys.readouterr().err, extra
+        assert not list(out.rglob("timing.json"))
+
+
+def test_vae_timeout_reports_a_hung_encode(tmp_path, monkeypatch, capsys):
+    import time
+
+    from diffusers import AutoencoderKLWan
+
+    def stalled_encode(self, x):  # an encode that never comes back, inside the pipeline call
+        time.sleep(60)
+
+    monkeypatch.setattr(AutoencoderKLWan, "_encode", stalled_encode)
+    t0 = time.monotonic()
+    rc = run_wan.main(SMALL + ["--task", "i2v", "--img_file_path", _i2v_image(tmp_path / "in.png"),
+                               "--force_output_size", "--benchmark_output_directory", str(tmp_path), "--vae_timeout", "2"])
+    assert rc == 124 and time.monotonic() - t0 < 45
+    err = capsys.readouterr().err
+    assert "VAE encode hung" in err and "[watchdog] vae encode exceeded 2 s" in err

@@ -95,6 +95,26 @@ def test_fast_decode_with_fused_glue_equals_stock_fp32(cfg, cl, exact_fp32):
     assert info["glue"] == V.GLUE_TRITON and V._GLUE.get() is None and V._ROWS.get() is None
 
 
+@pytest.mark.parametrize("cl", [True, False], ids=["channels_last", "contiguous"])
+@pytest.mark.parametrize("cfg", [_WAN21_VAE, _WAN22_VAE], ids=["wan2.1", "wan2.2"])
+def test_fast_encode_with_fused_glue_equals_stock_fp32(cfg, cl, exact_fp32):
+    """The fast encode (vdbench.encode) runs the same Triton glue: convs without their bias, norm -> SiLU in one
+    pass, the down-sampling conv's bias in a row pass."""
+    from diffusers import AutoencoderKLWan
+
+    from vdbench import encode as E
+
+    torch.manual_seed(0)
+    vae = AutoencoderKLWan(**cfg).eval().to(DEV)
+    x = (torch.rand(1, 3, 5, 32, 48, generator=torch.Generator().manual_seed(1)) * 2 - 1).to(DEV)
+    with torch.no_grad():
+        ref = vae._encode(x)
+    info = {}
+    out = E.wan_encode_fast(vae, x, chunk_frames=1, channels_last=cl, fused_glue=True, info=info)
+    torch.testing.assert_close(out, ref, atol=5e-5, rtol=0)
+    assert info["glue"] == V.GLUE_TRITON and V._GLUE.get() is None and V._ROWS.get() is None
+
+
 def test_fused_glue_refusals():
     from diffusers import AutoencoderKLWan
 

@@ -65,6 +65,7 @@ def build_parser(family: str | families.Family, prog: Optional[str] = None,
                  description: Optional[str] = None) -> argparse.ArgumentParser:
     """The parser of one family's render CLI: the same flags for every family, the family's defaults."""
     from .decode import GLUES, MODES
+    from .encode import MODES as ENCODE_MODES
 
     fam = families.get(family) if isinstance(family, str) else family
     p = _Parser(prog=prog, description=description, epilog=EPILOG,
@@ -147,14 +148,18 @@ def build_parser(family: str | families.Family, prog: Optional[str] = None,
              "the Triton glue, bounded chunks; parallel: rows split across the torchrun ranks with a halo exchange "
              "(matches the one-GPU decode). A mode that doesn't apply to the model is refused with the reason "
              "(default: default)")
+    add("--vae_encode", choices=tuple(ENCODE_MODES), default="default",
+        help="image-to-video's VAE encode of the conditioning video: default (diffusers'), fast (Wan VAEs: the fast "
+             "decode's lean layers, channels_last, the Triton glue, bounded chunks); refused where it doesn't apply "
+             "(default: default)")
     add("--vae_glue", choices=tuple(GLUES), default="auto",
-        help="the fast decode's norm/SiLU glue: triton (vdbench.kernels.glue, refused where it can't run), eager "
+        help="the fast decode's (and fast encode's) norm/SiLU glue: triton (vdbench.kernels.glue, refused where it can't run), eager "
              "(PyTorch ops), auto (triton on a GPU where it runs, else eager; recorded in timing.json) "
              "(default: auto)")
     add("--vae_max_memory", type=float, default=None, metavar="GIB",
         help="bound the decode's memory: the frame chunk (or tiles) is chosen from this budget (Wan VAEs)")
     add("--vae_timeout", type=float, default=None, metavar="S",
-        help="watchdog: a decode running longer is reported as hung (stacks dumped, exit 124)")
+        help="watchdog: a VAE decode or encode running longer is reported as hung (stacks dumped, exit 124)")
     add("--vae_tiling", action="store_true", help="diffusers' tiled VAE decode (less memory, seams blended)")
     add("--vae_slicing", action="store_true", help="diffusers' sliced VAE decode (one batch element at a time)")
     add("--cpu_offload", action="store_true", help="diffusers' enable_model_cpu_offload (needs a GPU)")
@@ -243,7 +248,7 @@ def config_from_args(fam: families.Family, args):
         cpu_offload=args.cpu_offload, vae_tiling=args.vae_tiling, vae_slicing=args.vae_slicing,
         compile=args.compile, compile_backend=args.compile_backend, compile_mode=args.compile_mode,
         bf16_te_gemms=args.use_bf16_te_gemms, fp8_gemms=args.use_fp8_gemms, vae_decode=args.vae_decode,
-        vae_max_memory=args.vae_max_memory, vae_timeout=args.vae_timeout, vae_glue=args.vae_glue,
+        vae_encode=args.vae_encode, vae_max_memory=args.vae_max_memory, vae_timeout=args.vae_timeout, vae_glue=args.vae_glue,
         parallel_engine=args.parallel_engine, ulysses_degree=args.ulysses_degree, ring_degree=args.ring_degree,
         use_cfg_parallel=args.use_cfg_parallel)
 

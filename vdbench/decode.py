@@ -4,7 +4,8 @@ Every mode is one entry of :data:`MODES` -- what it decodes (the VAE classes, el
 apply to it, and how it runs -- and a mode is checked in one place, :func:`check_decode`: the render calls it
 before the model loads (from the family: nothing is loaded for a decode that would be refused after the
 denoising), :func:`decode_video` / :func:`decode_latents` before any work (from the VAE itself), the VAE bench for
-its decode configs. No caller keys on a mode's name.
+its decode configs. No caller keys on a mode's name. The checks every VAE mode switch shares are
+:func:`check_mode`'s (the encode modes of :mod:`vdbench.encode` go through it too).
 
 ``default``
     diffusers' own ``vae.decode``, untouched (CogVideoX: the pipeline's own ``decode_latents``). With
@@ -36,7 +37,8 @@ from . import vae as V
 from . import vae_parallel
 from .watchdog import Watchdog
 
-__all__ = ["DecodeOptions", "DecodeMode", "MODES", "GLUES", "check_decode", "decode_video", "decode_latents"]
+__all__ = ["DecodeOptions", "DecodeMode", "MODES", "GLUES", "check_decode", "check_mode", "decode_video",
+           "decode_latents"]
 
 #: ``--vae_glue`` choices -> :class:`DecodeOptions`' ``fused_glue`` (None: the Triton glue where it runs).
 GLUES = {"auto": None, "triton": True, "eager": False}
@@ -61,7 +63,8 @@ class DecodeOptions:
     fused_glue: Optional[bool] = None
 
 
-#: What a user passes for each option (the messages name both spellings: the argument and the render's flag).
+#: What a user passes for each option (the messages name both spellings: the argument and the render's flag); the
+#: encode options (:mod:`vdbench.encode`) are a subset.
 _OPTION_NAMES = {"chunk_frames": "chunk_frames", "max_memory_gib": "max_memory_gib (--vae_max_memory)",
                  "channels_last": "channels_last", "compile_backend": "compile_backend",
                  "fused_glue": "fused_glue (--vae_glue triton)"}
@@ -124,24 +127,25 @@ MODES: dict[str, DecodeMode] = {m.name: m for m in (
 )}
 
 
-def check_decode(mode: str, options: DecodeOptions = DecodeOptions(), *, vae=None, family: Optional[str] = None,
-                 device=None) -> DecodeMode:
-    """The one check of a decode request; returns its :data:`MODES` entry or raises with what would run instead.
+def check_mode(modes: dict, mode: str, options, *, kind: str, vae=None, family: Optional[str] = None,
+               device=None):
+    """What every VAE mode switch checks (this module's decode modes, :mod:`vdbench.encode`'s encode modes): returns
+    (the ``modes`` entry, the VAE class name or None, the options given) or raises with what to use instead.
 
-    Refused (ValueError): an unknown mode; an option that does not apply to the mode, or two that exclude each
-    other; a VAE class the mode does not decode (from ``vae``, else from the pipeline ``family``'s VAE);
-    ``max_memory_gib`` on a VAE the fast decode does not drive. With ``device`` (the render, before the model
-    loads): ``fused_glue=True`` where the Triton glue cannot run there (``BackendUnavailable``, as an attention
-    backend that cannot run is refused)."""
-    m = MODES.get(mode)
+    ``kind``: "decode" or "encode" (the flag the messages name: ``--vae_<kind>``). Refused (ValueError): an
+    unknown mode; an option that does not apply to the mode, or two that exclude each other; a VAE class the mode
+    does not drive (from ``vae``, else from the pipeline ``family``'s VAE). With ``device`` (the render, before
+    the model loads): ``fused_glue=True`` where the Triton glue cannot run there (``BackendUnavailable``, as an
+    attention backend that cannot run is refused)."""
+    m = modes.get(mode)
     if m is None:
-        raise ValueError(f"unknown VAE decode mode {mode!r}; valid: {', '.join(MODES)}")
+        raise ValueError(f"unknown VAE {kind} mode {mode!r}; valid: {', '.join(modes)}")
     values = {f.name: getattr(options, f.name) for f in dataclasses.fields(options)}
     given = [k for k, v in values.items() if v is not None and v is not False]
     for opt in given:
         if opt not in m.options:
-            where = " or ".join(n for n, e in MODES.items() if opt in e.options)
-            raise ValueError(f"{_OPTION_NAMES[opt]} needs --vae_decode {where}, not mode {mode!r}")
+            where = " or ".join(n for n, e in modes.items() if opt in e.options)
+            raise ValueError(f"{_OPTION_NAMES[opt]} needs --vae_{kind} {where}, not mode {mode!r}")
     for a, b in _EXCLUSIVE:
         if a in given and b in given:
             raise ValueError(f"{_OPTION_NAMES[a]} and {_OPTION_NAMES[b]} exclude each other")
@@ -153,13 +157,24 @@ def check_decode(mode: str, options: DecodeOptions = DecodeOptions(), *, vae=Non
         cls = None
     if cls is not None and m.vaes is not None and cls not in m.vaes:
         raise ValueError(m.refusal.format(vae=cls))
-    if cls is not None and "max_memory_gib" in given and cls not in V.FAST_VAES:
-        raise ValueError(f"max_memory_gib is implemented for {' and '.join(V.FAST_VAES)} only, not {cls}; use the "
-                         "VAE's enable_tiling()")
     if device is not None and options.fused_glue:
         ok, why = K.probe("vae_glue", device)
         if not ok:
             raise B.BackendUnavailable(f"--vae_glue triton can't run on {device}: {why}")
+    return m, cls, given
+
+
+def check_decode(mode: str, options: DecodeOptions = DecodeOptions(), *, vae=None, family: Optional[str] = None,
+                 device=None) -> DecodeMode:
+    """The one check of a decode request; returns its :data:`MODES` entry or raises with what would run instead.
+
+    Refused (ValueError): what :func:`check_mode` refuses, and ``max_memory_gib`` on a VAE the fast decode does
+    not drive. With ``device``: ``fused_glue=True`` where the Triton glue cannot run there
+    (``BackendUnavailable``)."""
+    m, cls, given = check_mode(MODES, mode, options, kind="decode", vae=vae, family=family, device=device)
+    if cls is not None and "max_memory_gib" in given and cls not in V.FAST_VAES:
+        raise ValueError(f"max_memory_gib is implemented for {' and '.join(V.FAST_VAES)} only, not {cls}; use the "
+                         "VAE's enable_tiling()")
     return m
 
 

@@ -8,7 +8,8 @@ Four stages, each a function with one job, so a refusal can never come after wor
 * :func:`load` -- the pipeline (real id, local path, tiny or random-weight model), its size and head-dim checks,
   the parallel engine, the speed options; returns a :class:`Loaded`.
 * :func:`run_repetitions` -- per repetition: denoise with ``output_type="latent"`` (per-step times from events at
-  each step boundary), decode with the VAE timed on its own, count calls per kernel.
+  each step boundary; the encoders before the first step timed by hooks, :mod:`vdbench.stages`), decode with the
+  VAE timed on its own, count calls per kernel.
 * :func:`finish` -- rank 0 writes the video of the last repetition (atomically) and appends the repetitions to
   ``timing.json``.
 """
@@ -35,7 +36,7 @@ __all__ = ["RenderConfig", "Plan", "Loaded", "render", "validate", "load", "run_
 
 
 class VAEHang(RuntimeError):
-    """The VAE decode ran past --vae_timeout (the watchdog dumped every thread's stack)."""
+    """The VAE decode (or encode) ran past --vae_timeout (the watchdog dumped every thread's stack)."""
 
 DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
           "fp16": torch.float16, "float16": torch.float16}
@@ -121,9 +122,10 @@ class RenderConfig:
     bf16_te_gemms: bool = False  # text encoder in bfloat16 whatever the pipeline dtype
     fp8_gemms: bool = False  # torchao float8 GEMMs in the transformer blocks
     vae_decode: str = "default"  # default | fast | parallel (vdbench.decode.MODES)
+    vae_encode: str = "default"  # default | fast: the image-conditioned tasks' encode (vdbench.encode.MODES)
     vae_max_memory: Optional[float] = None  # GiB: chunk/tile size chosen from it
-    vae_timeout: Optional[float] = None  # seconds: a decode running longer is reported as hung (watchdog)
-    vae_glue: str = "auto"  # auto | triton | eager: the fast decode's glue (vdbench.vae.GLUES)
+    vae_timeout: Optional[float] = None  # seconds: a decode (or encode) running longer is reported as hung (watchdog)
+    vae_glue: str = "auto"  # auto | triton | eager: the fast decode's (and encode's) glue (vdbench.decode.GLUES)
     extra_pipe_kwargs: dict = field(default_factory=dict)
     # multi-process (torchrun): see vdbench.parallel
     parallel_engine: str = "xfuser"
@@ -154,24 +156,6 @@ def _load_image(path: str, width: int, height: int):
         nh = round(w / target)
         img = img.crop((0, (h - nh) // 2, w, (h - nh) // 2 + nh))
     return img.resize((width, height), Image.BICUBIC)
-
-
-class _TextEncoderTimer:
-    """Times the text encoder's forward passes with forward hooks (no change to the pipeline's code)."""
-
-    def __init__(self, module, device):
-        self.device, self.total, self._start = device, 0.0, None
-        self.handles = [module.register_forward_pre_hook(self._pre), module.register_forward_hook(self._post)]
-
-    def _pre(self, *a):
-        self._start = Clock(self.device)
-
-    def _post(self, *a):
-        self.total += self._start.seconds_until(Clock(self.device))
-
-    def remove(self):
-        for h in self.handles:
-            h.remove()
 
 
 def _save_frames(frames, path: Path) -> None:
@@ -232,6 +216,7 @@ class Plan:
     vae_dtype: torch.dtype
     fused_glue: Optional[bool]
     dctx: object = None
+    encode_glue: Optional[bool] = None  # the fast encode's (--vae_encode fast) glue choice
 
 
 def validate(cfg: RenderConfig, dctx=None) -> Plan:
@@ -239,6 +224,7 @@ def validate(cfg: RenderConfig, dctx=None) -> Plan:
     ranks agree, so all stop together with the reason)."""
     from . import parallel as P
     from .decode import GLUES, DecodeOptions, check_decode
+    from .encode import EncodeOptions, check_encode
 
     device = dctx.device if dctx is not None else resolve_device(cfg.device)
     dtype = resolve_dtype(cfg.dtype, device)
@@ -270,9 +256,18 @@ def validate(cfg: RenderConfig, dctx=None) -> Plan:
         raise ValueError(f"task {cfg.task} needs --img_file_path (the image to animate)")
     if cfg.vae_glue not in GLUES:
         raise ValueError(f"unknown --vae_glue {cfg.vae_glue!r}; valid: {', '.join(GLUES)}")
-    # the decode asked for, refused before the load where it can't apply to this family or can't run here
-    check_decode(cfg.vae_decode, DecodeOptions(max_memory_gib=cfg.vae_max_memory, fused_glue=GLUES[cfg.vae_glue]),
+    # the decode and encode asked for, refused before the load where they can't apply to this family or can't run
+    # here; --vae_glue is the fast encode's alone when only the encode is fast
+    encode_glue = GLUES[cfg.vae_glue] if cfg.vae_encode == "fast" else None
+    decode_glue = None if (encode_glue is not None and cfg.vae_decode != "fast") else GLUES[cfg.vae_glue]
+    check_decode(cfg.vae_decode, DecodeOptions(max_memory_gib=cfg.vae_max_memory, fused_glue=decode_glue),
                  family=cfg.family, device=device)
+    encode = check_encode(cfg.vae_encode, EncodeOptions(fused_glue=encode_glue), family=cfg.family, device=device)
+    if not encode.stock and cfg.task not in family.image_tasks:
+        raise ValueError(f"--vae_encode {cfg.vae_encode}: task {cfg.task} encodes no video (the image-conditioned "
+                         f"task(s) {', '.join(family.image_tasks)} do); drop the flag")
+    if not encode.stock and cfg.vae_tiling:
+        raise ValueError(f"--vae_encode {cfg.vae_encode} does not tile; drop --vae_tiling or use --vae_encode default")
     vae_dtype = dtype if cfg.vae_dtype in (None, "auto") else resolve_dtype(cfg.vae_dtype, device)
     if cfg.cpu_offload and device.type != "cuda":
         raise ValueError("--cpu_offload moves models between the CPU and a GPU: it needs a CUDA device")
@@ -280,7 +275,7 @@ def validate(cfg: RenderConfig, dctx=None) -> Plan:
     if cfg.profile_output and steps_profiled > cfg.num_inference_steps:
         raise ValueError(f"--profile_wait + --profile_warmup + --profile_active = {steps_profiled} exceeds the "
                          f"{cfg.num_inference_steps} denoising steps of the profiled repetition")
-    return Plan(cfg, family, backend, device, dtype, vae_dtype, GLUES[cfg.vae_glue], dctx)
+    return Plan(cfg, family, backend, device, dtype, vae_dtype, decode_glue, dctx, encode_glue)
 
 
 @dataclass
@@ -357,10 +352,15 @@ def run_repetitions(plan: Plan, loaded: Loaded, log) -> tuple[list[dict], object
     """The untimed warm-up calls, then the timed repetitions: one timing entry each, and the last one's frames."""
     from . import parallel as P
     from .decode import decode_latents
-    from .watchdog import WatchdogTimeout
+    from .encode import EncodeOptions, use_encode
+    from .stages import StageTimers
+    from .watchdog import Watchdog, WatchdogTimeout
 
     cfg, device, dctx, pipe, header, backend = plan.cfg, plan.device, plan.dctx, loaded.pipe, loaded.header, plan.backend
-    te_timer = _TextEncoderTimer(pipe.text_encoder, device) if getattr(pipe, "text_encoder", None) else None
+    # the encoders, the VAE encode (under --vae_timeout's watchdog) and the first denoiser call, timed by hooks
+    watch_encode = (lambda: Watchdog(cfg.vae_timeout, label="vae encode")) if cfg.vae_timeout else None
+    stage_timers = StageTimers(pipe, [m for _, m in loaded.models], device, encode_around=watch_encode)
+    encode_info: dict = {}
     capture = None
     if cfg.save_inputs:
         from .capture import AttentionCapture
@@ -383,7 +383,8 @@ def run_repetitions(plan: Plan, loaded: Loaded, log) -> tuple[list[dict], object
         profiler = StepProfiler(Path(root) / cfg.profile_output, cfg.rank, cfg.profile_wait, cfg.profile_warmup,
                                 cfg.profile_active, device)
     try:
-        with patch, torch.inference_mode():
+        with patch, torch.inference_mode(), use_encode(pipe.vae, cfg.vae_encode,
+                                                       EncodeOptions(fused_glue=plan.encode_glue), info=encode_info):
             from tqdm.auto import tqdm
 
             for _ in range(cfg.warmup_calls):  # untimed: compilation, cuDNN plans, Triton JIT, allocator
@@ -393,8 +394,7 @@ def run_repetitions(plan: Plan, loaded: Loaded, log) -> tuple[list[dict], object
             for rep in tqdm(range(cfg.num_repetitions), desc=f"{cfg.attention_type}", unit="rep",
                             disable=cfg.num_repetitions < 2 or not sys.stderr.isatty()):
                 patch.reset_counts()
-                if te_timer:
-                    te_timer.total = 0.0
+                stage_timers.reset()
                 reset_peak_memory(device)
                 prof_now = profiler if (profiler is not None and rep == 0) else None
 
@@ -412,6 +412,9 @@ def run_repetitions(plan: Plan, loaded: Loaded, log) -> tuple[list[dict], object
                 try:
                     latents = pipe(generator=generator, callback_on_step_end=timer, **loaded.kwargs).frames
                     latents = P.share_output(dctx, latents)  # xfuser's CogVideoX: only its last ranks return them
+                except WatchdogTimeout as e:  # the VAE encode inside the pipeline call (stage_timers' watchdog)
+                    raise VAEHang(f"VAE encode hung (> {cfg.vae_timeout} s, --vae_timeout); all threads' stacks "
+                                  "were dumped to stderr") from e
                 finally:
                     if prof_now is not None:
                         prof_now.__exit__(None, None, None)
@@ -431,20 +434,31 @@ def run_repetitions(plan: Plan, loaded: Loaded, log) -> tuple[list[dict], object
                     save_latents(cfg.capture_dir, latents, cfg.attention_type, rank=cfg.rank, repetition=rep,
                                  meta={"family": cfg.family, "model": cfg.model, "height": cfg.height,
                                        "width": cfg.width, "num_frames": cfg.num_frames})
+                timer.starts_at(stage_timers.denoise_start)  # the encoders before the first step are no step's
                 step_times = timer.step_times()
                 attn_time = patch.finish_timing()
                 pipe_time = start.seconds_until(after_pipe)
+                decode_time = after_pipe.seconds_until(after_decode)
+                stages = stage_timers.entry(start=start, after_pipe=after_pipe, after_decode=after_decode,
+                                            last_step=timer.marks[-1] if len(timer.marks) > 1 else None,
+                                            step_times=step_times, vae_decode=decode_time)
                 entry = {
                     "attention_type": cfg.attention_type,
                     "repetition": rep,
                     "pipe_time": pipe_time,
-                    "text_encode_time": te_timer.total if te_timer else None,
+                    "text_encode_time": stages.pop("text_encode_time"),
+                    "image_encode_time": stages.pop("image_encode_time"),
+                    "vae_encode_time": stages.pop("vae_encode_time"),
+                    "vae_encode": ({"mode": cfg.vae_encode, **{k: v for k, v in encode_info.items()
+                                                               if isinstance(v, (int, float, str, bool))}}
+                                   if stages["stages"]["vae_encode"] is not None else None),
                     "step_times": step_times,
                     **step_stats(step_times, device, backend.emulated),  # warm step, first step, spread, verdict
-                    "vae_decode_time": after_pipe.seconds_until(after_decode),
+                    "vae_decode_time": decode_time,
                     "vae_decode": {"mode": cfg.vae_decode, "max_memory_gib": cfg.vae_max_memory,
                                    **{k: v for k, v in vae_info.items() if isinstance(v, (int, float, str, bool))}},
                     "total_time": start.seconds_until(after_decode),
+                    **stages,  # stages, unaccounted (+ share, where): vdbench.stages.breakdown
                     "attention": patch.stats.as_dict(),
                     "attention_share": (attn_time / sum(step_times)) if attn_time and step_times else None,
                     "peak_memory_bytes": peak_memory(device),
@@ -456,8 +470,7 @@ def run_repetitions(plan: Plan, loaded: Loaded, log) -> tuple[list[dict], object
                 }
                 entries.append(entry)
     finally:
-        if te_timer:
-            te_timer.remove()
+        stage_timers.remove()
         if capture is not None:
             meta_path = capture.close(extra={"settings": header["settings"]})
             log(f"captured {capture.stats.saved} of {capture.stats.seen} attention calls "
@@ -469,6 +482,7 @@ def run_repetitions(plan: Plan, loaded: Loaded, log) -> tuple[list[dict], object
 def finish(plan: Plan, entries: list[dict], frames, log) -> dict:
     """Merge the ranks' entries; rank 0 writes the video (and raw frames) and appends to timing.json."""
     from . import parallel as P
+    from .stages import describe as describe_stages
     from .video import write_video
 
     cfg, device, backend = plan.cfg, plan.device, plan.backend
@@ -488,12 +502,14 @@ def finish(plan: Plan, entries: list[dict], frames, log) -> dict:
         "warm_step_median": None if backend.emulated else steps["warm_step_median"],
         "warm_step_n": steps["warm_step_n"], "speed_figure": steps["speed_figure"],
         "why_not_speed": steps["why_not_speed"], "vae_decode_time": last["vae_decode_time"],
+        "vae_encode_time": last.get("vae_encode_time"),
         "calls_by_kernel": last["attention"]["calls_by_kernel"], "fallback_calls": last["attention"]["fallback_calls"],
     }
     kernels = ", ".join(f"{k}×{v}" for k, v in last["attention"]["calls_by_kernel"].items())
     timing_text = "emulated backend: no speed figure" if backend.emulated else describe_steps(steps)
     log(f"[{cfg.attention_type}] {timing_text}, decode {last['vae_decode_time']:.2f} s, kernels: {kernels} "
         f"-> {cfg.output_path}")
+    log(f"[{cfg.attention_type}] {describe_stages(last)}")
     if not steps["speed_figure"] and not backend.emulated:
         log(f"warning: [{cfg.attention_type}] not a speed figure: {steps['why_not_speed']}")
     log(f"output: {cfg.output_path}")

@@ -54,11 +54,13 @@ __all__ = ["resolve_results", "collect", "load_frames", "speed", "summarize", "w
 #: PSNR/SSIM came from raw frames or from decoded videos; ``kernels`` is ``kernel×calls; ...`` as counted by the
 #: patched attention processors; ``work`` the fraction of (query, key) block pairs the self-attention calls
 #: computed (1.0 dense; a sparse pattern less; ``attention.fraction_computed`` in timing.json).
+#: ``text_encode_s`` / ``image_encode_s`` / ``vae_encode_s``: the stages before the first step (vdbench.stages;
+#: empty where the pipeline has none), ``unaccounted_s`` what no stage covers.
 CSV_COLUMNS = ["run", "backend", "warm_step_ms", "warm_step_n", "warm_step_p20_ms", "warm_step_p80_ms",
                "warm_step_min_ms", "warm_step_max_ms", "first_step_ms", "repetitions", "rep_warm_min_ms",
                "rep_warm_max_ms", "speedup_vs_default", "speed_figure", "why_not_speed", "emulated",
-               "attention_share", "vae_decode_s", "peak_memory_gib", "psnr_db", "ssim", "quality_source", "kernels",
-               "work", "fallback_calls", "note"]
+               "attention_share", "vae_decode_s", "text_encode_s", "image_encode_s", "vae_encode_s", "unaccounted_s",
+               "peak_memory_gib", "psnr_db", "ssim", "quality_source", "kernels", "work", "fallback_calls", "note"]
 
 #: The columns that are a speed (a time of the attention's work or derived from one): "emulated" in their place
 #: for an emulated backend, whose numerics are emulated in pure torch and whose time means nothing.
@@ -171,6 +173,10 @@ def speed(results: Path) -> dict[str, dict]:
         out[label] = {**stats,
                       "step_times": per_step,
                       "vae_decode_time": _median(e.get("vae_decode_time") for e in last_run),
+                      **{k: _median(e.get(k) for e in last_run)
+                         for k in ("text_encode_time", "image_encode_time", "vae_encode_time", "unaccounted")},
+                      "stages": {k: _median((e.get("stages") or {}).get(k) for e in last_run)
+                                 for k in (last_run[-1].get("stages") or {})},
                       "attention_share": _median(e.get("attention_share") for e in last_run),
                       "calls_by_kernel": att.get("calls_by_kernel") or {},
                       "work": _work(att),
@@ -181,7 +187,8 @@ def speed(results: Path) -> dict[str, dict]:
         if emulated:
             out[label].update({k: None for k in stats if k.startswith(("warm_step_", "first_step", "rep_warm_"))
                                and k != "warm_step_n"},
-                              rep_warm_medians=[], step_times=None, attention_share=None)
+                              rep_warm_medians=[], step_times=None, attention_share=None,
+                              stages={k: v for k, v in out[label]["stages"].items() if k != "denoise"})
     return out
 
 
@@ -190,6 +197,18 @@ def _work(attention: dict):
     None for files written before it was recorded."""
     fractions = attention.get("fraction_computed") or {}
     return fractions.get("self", fractions.get("joint"))
+
+
+def _stages_text(s: dict):
+    """``text 0.03 · image 0.00 · VAE enc 0.06 · denoise 0.01 · VAE dec 0.11 · other 0.01`` (medians, seconds; the
+    stages a run's pipeline has), or None for a run recorded before the stages were."""
+    short = {"text_encode": "text", "image_encode": "image", "vae_encode": "VAE enc", "denoise": "denoise",
+             "vae_decode": "VAE dec"}
+    parts = [f"{short.get(k, k)} {v:.2f}" for k, v in (s.get("stages") or {}).items() if v is not None]
+    if not parts:
+        return None
+    rest = s.get("unaccounted")
+    return " · ".join(parts + ([f"other {rest:.2f}"] if rest is not None else []))
 
 
 def summarize(run_dir, reference: str = "reference", device=None) -> dict:
@@ -237,6 +256,9 @@ def summarize(run_dir, reference: str = "reference", device=None) -> dict:
                "speed_figure": (not why) if s else None, "why_not_speed": why,
                "emulated": s.get("emulated"),
                "attention_share": s.get("attention_share"), "vae_decode_s": s.get("vae_decode_time"),
+               "text_encode_s": s.get("text_encode_time"), "image_encode_s": s.get("image_encode_time"),
+               "vae_encode_s": s.get("vae_encode_time"), "unaccounted_s": s.get("unaccounted"),
+               "stages": _stages_text(s),
                "peak_memory_gib": s["peak_memory_bytes"] / 2**30 if s.get("peak_memory_bytes") else None,
                "psnr_db": None, "ssim": None, "quality_source": None,
                "kernels": "; ".join(f"{k}×{n}" for k, n in s.get("calls_by_kernel", {}).items()) or None,
@@ -494,7 +516,8 @@ def write_html(summaries: list[dict], path) -> Path:
                      ("their warm medians, min–max ms", ("rep_warm_min_ms", "rep_warm_max_ms"), ".1f")]
         cols += [("speedup vs default", "speedup_vs_default", ".2f"), ("speed figure", "speed_figure", ""),
                  ("attention share", "attention_share", ".1%"),
-                 ("VAE decode (s)", "vae_decode_s", ".2f"), ("peak mem (GiB)", "peak_memory_gib", ".2f")]
+                 ("VAE decode (s)", "vae_decode_s", ".2f"), ("VAE encode (s)", "vae_encode_s", ".2f"),
+                 ("stages (s), what no stage covers", "stages", ""), ("peak mem (GiB)", "peak_memory_gib", ".2f")]
         if has_q:
             cols += [(f"PSNR vs {s['reference']} (dB)", "psnr_db", ".2f"), ("SSIM", "ssim", ".4f"),
                      ("quality from", "quality_source", "")]

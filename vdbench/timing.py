@@ -73,6 +73,13 @@ class StepTimer:
     def start(self):
         self.marks = [Clock(self.device)]
 
+    def starts_at(self, clock: Optional[Clock]) -> None:
+        """The first step starts at ``clock`` (a render: the first denoiser call) instead of at :meth:`start`, so
+        what ran before it in the pipeline call (the text and image encoders, the VAE encode, the initial latents)
+        is no step's time; None leaves the start as it was."""
+        if clock is not None and self.marks:
+            self.marks[0] = clock
+
     def __call__(self, pipe, step, timestep, callback_kwargs):
         self.marks.append(Clock(self.device))
         if self.then is not None:

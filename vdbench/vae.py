@@ -64,6 +64,12 @@ produced. Which decode then runs (diffusers' own, this module's, the band-parall
     Other VAE classes (not in :data:`FAST_VAES`): ``fast`` is refused by :func:`vdbench.decode.check_decode`,
     never silently replaced by ``default``.
 
+**The fast encode** (:mod:`vdbench.encode`) drives the encoder with the same lean layers
+(:func:`fast_layers` with ``part="encoder"``): the causal convs, RMS norms and residual blocks above, the encoder's
+head through the fused conv input buffer, its down-sampling pad as one copy into the stride-2 conv's input in the
+input's layout (diffusers: a ``permute().reshape()`` copy, then ``ZeroPad2d``'s), and Wan 2.2's residual down
+blocks without the ``clone()`` of their input.
+
 ``max_memory_gib`` bounds the decode's activation memory: the temporal chunk size is chosen from it (on CUDA
 from the measured peak of a one-latent-frame chunk, elsewhere from a coarse analytic estimate) and, if even one
 frame does not fit, the frame is split into diffusers' spatial tiles (same geometry and blending as
@@ -493,6 +499,83 @@ def _lean_residual_up_block(self, x, feat_cache=None, feat_idx=[0], first_chunk=
     return x
 
 
+# The encoder's lean layers (the fast encode, vdbench.encode): the same pieces as the decoder's -- the lean causal
+# conv, RMS norm and residual block above serve both -- plus the encoder's own down-sampling and head.
+
+def _lean_encoder(self, x, feat_cache=None, feat_idx=[0]):  # noqa: B006 - diffusers' signature
+    """WanEncoder3d.forward with the head (norm_out -> SiLU -> conv_out) through the fused conv input buffer, as
+    the decoder's (:func:`_lean_decoder`); the down blocks and the mid block are this VAE's swapped modules."""
+    x = _cached_conv(self.conv_in, x, feat_cache, feat_idx)
+    for layer in self.down_blocks:
+        x = layer(x, feat_cache=feat_cache, feat_idx=feat_idx) if feat_cache is not None else layer(x)
+    x = self.mid_block(x, feat_cache=feat_cache, feat_idx=feat_idx)
+    if not _lean_norm_ok(self.norm_out, self.nonlinearity, self.conv_out):
+        return _cached_conv(self.conv_out, self.nonlinearity(self.norm_out(x)), feat_cache, feat_idx)
+    buf = _norm_act_conv_input(self.norm_out, self.nonlinearity, self.conv_out, x, feat_cache, feat_idx)
+    del x
+    return _conv_valid_t(self.conv_out, buf)
+
+
+def _pad_conv_ok(seq) -> bool:
+    """``seq`` is diffusers' down-sampling pair, untouched: ZeroPad2d((0, 1, 0, 1)) then a zero-padded Conv2d."""
+    return (len(seq) == 2 and type(seq[0]) is torch.nn.ZeroPad2d and tuple(seq[0].padding) == (0, 1, 0, 1)
+            and type(seq[1]) is torch.nn.Conv2d and seq[1].padding_mode == "zeros"
+            and not any("forward" in m.__dict__ for m in seq))
+
+
+def _lean_downsample(self, x, feat_cache=None, feat_idx=[0]):  # noqa: B006
+    """WanResample.forward (downsample modes) with the frames of ``x`` copied once, straight into the
+    right/bottom zero-padded (B*T, C, H+1, W+1) buffer the stride-2 conv reads, in the input's layout, only the pad
+    row and column zeroed (diffusers: ``permute().reshape()`` copies -- and drops channels_last -- then
+    ``ZeroPad2d`` copies again); with the fused glue the conv runs without its bias, added by one Triton row pass;
+    the temporal stride-2 conv (downsample3d) reads its cached frame through the lean causal conv."""
+    b, c, t, h, w = x.shape
+    seq = self.resample
+    if not _pad_conv_ok(seq):
+        y = seq(x.permute(0, 2, 1, 3, 4).reshape(b * t, c, h, w))  # not diffusers' pair: diffusers' way
+    else:
+        conv = seq[1]
+        cl = _layout(x) is torch.channels_last_3d
+        buf = torch.empty((b * t, c, h + 1, w + 1), dtype=x.dtype, device=x.device,
+                          memory_format=torch.channels_last if cl else torch.contiguous_format)
+        buf[:, :, h].zero_()
+        buf[:, :, :h, w].zero_()
+        buf.view(b, t, c, h + 1, w + 1)[:, :, :, :h, :w].copy_(x.permute(0, 2, 1, 3, 4))
+        rows = _ROWS.get()
+        if rows is not None and conv.bias is not None:
+            y = rows.add_rows_(F.conv2d(buf, conv.weight, None, conv.stride, conv.padding, conv.dilation,
+                                        conv.groups), conv.bias)
+        else:
+            y = F.conv2d(buf, conv.weight, conv.bias, conv.stride, conv.padding, conv.dilation, conv.groups)
+        del buf
+    x = y.view(b, t, y.size(1), y.size(2), y.size(3)).permute(0, 2, 1, 3, 4)
+    del y
+    if self.mode == "downsample3d" and feat_cache is not None:
+        idx = feat_idx[0]
+        if feat_cache[idx] is None:  # the first chunk passes through; its last frame is the next one's context
+            feat_cache[idx] = x[:, :, -1:].clone()
+        else:
+            cache_x = x[:, :, -1:].clone()
+            x = self.time_conv(torch.cat([feat_cache[idx][:, :, -1:].to(x.device), x], 2))
+            feat_cache[idx] = cache_x
+        feat_idx[0] += 1
+    return x
+
+
+def _lean_residual_down_block(self, x, feat_cache=None, feat_idx=[0]):  # noqa: B006
+    """WanResidualDownBlock.forward (Wan 2.2) without the ``x.clone()`` of the block input (nothing writes into
+    it: every in-place op of the lean layers is on a tensor they just made) and with the ``AvgDown3D`` shortcut
+    added in place into the block output."""
+    x_in = x
+    for resnet in self.resnets:
+        x = resnet(x, feat_cache=feat_cache, feat_idx=feat_idx)
+    if self.downsampler is not None:
+        x = self.downsampler(x, feat_cache=feat_cache, feat_idx=feat_idx)
+    if x is x_in:  # no layer ran: never write into the caller's tensor
+        return x + self.avg_shortcut(x_in)
+    return x.add_(self.avg_shortcut(x_in))
+
+
 def _weights_channels_last(vae, modules):
     """Conv3d weights -> channels_last_3d and Conv2d weights -> channels_last where they are not already;
     returns the converted parameters (to be made contiguous again on exit)."""
@@ -514,9 +597,10 @@ def _weights_channels_last(vae, modules):
 
 @contextlib.contextmanager
 def fast_layers(vae, *, channels_last: bool = True, lean: bool = True, compile_backend: Optional[str] = None,
-                fused_glue: bool = False):
+                fused_glue: bool = False, part: str = "decoder"):
     """Scoped swap of the fast path (Wan VAEs): for the duration, this VAE's decoder instances (and its
-    ``post_quant_conv``) run the lean forwards above instead of diffusers' (``forward`` set on the instance,
+    ``post_quant_conv``; with ``part="encoder"``: its encoder and ``quant_conv``, the fast encode of
+    :mod:`vdbench.encode`) run the lean forwards above instead of diffusers' (``forward`` set on the instance,
     deleted on exit -- also on error -- so the class and every other VAE are untouched); ``channels_last``:
     conv weights in channels_last(_3d) for the duration, put back in their original (contiguous) layout on exit
     (bit-exact copies both ways). A module that already has an instance-level ``forward`` (another hook, e.g.
@@ -530,10 +614,16 @@ def fast_layers(vae, *, channels_last: bool = True, lean: bool = True, compile_b
     swaps = {}
     if lean:
         swaps = {W.WanCausalConv3d: _lean_causal_conv3d, W.WanRMS_norm: _lean_rms_norm,
-                 W.WanResidualBlock: _lean_residual_block, W.WanDecoder3d: _lean_decoder}
+                 W.WanResidualBlock: _lean_residual_block, W.WanDecoder3d: _lean_decoder,
+                 W.WanEncoder3d: _lean_encoder}
         if hasattr(W, "WanResidualUpBlock"):
             swaps[W.WanResidualUpBlock] = _lean_residual_up_block
-    modules = [*vae.decoder.modules(), *vae.post_quant_conv.modules()]
+        if hasattr(W, "WanResidualDownBlock"):
+            swaps[W.WanResidualDownBlock] = _lean_residual_down_block
+    roots = {"decoder": (vae.decoder, vae.post_quant_conv), "encoder": (vae.encoder, vae.quant_conv)}
+    if part not in roots:
+        raise ValueError(f"part must be one of {', '.join(roots)}, not {part!r}")
+    modules = [m for root in roots[part] for m in root.modules()]
     patched, weights = [], []
     if fused_glue and (not lean or compile_backend):
         raise ValueError("fused_glue needs lean=True and excludes compile_backend")
@@ -557,6 +647,8 @@ def fast_layers(vae, *, channels_last: bool = True, lean: bool = True, compile_b
                 fn = None
             if lean and type(m) is W.WanResample and m.mode in ("upsample2d", "upsample3d"):
                 fn = _lean_resample
+            elif lean and type(m) is W.WanResample and m.mode in ("downsample2d", "downsample3d"):
+                fn = _lean_downsample
             if fn is not None:
                 m.forward = fn.__get__(m)
                 patched.append(m)

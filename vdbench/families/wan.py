@@ -138,6 +138,13 @@ _WAN_14B = dict(WAN_TRANSFORMER, num_attention_heads=40, attention_head_dim=128,
                 num_layers=40)
 _WAN_5B = dict(WAN_TRANSFORMER, num_attention_heads=24, attention_head_dim=128, text_dim=4096, ffn_dim=14336,
                num_layers=30, in_channels=48, out_channels=48)
+# Wan2.1-I2V-14B-480P: the 14B transformer with 36 input channels (16 noise + 4 mask + 16 image-condition latents),
+# CLIP image context (image_dim 1280) and added k/v projections at the inner dim; its image encoder at the real
+# open-clip ViT-H/14 width (hidden 1280, MLP 5120, 16 heads, projection 1024) but 2 of its 32 layers (as the text
+# encoder keeps 2 of 24: the encoders' cost at full depth is not what the random models are for).
+_WAN_I2V_14B = dict(_WAN_14B, in_channels=36, image_dim=1280, added_kv_proj_dim=5120)
+_CLIP_VISION_H14_WIDTH = dict(_CLIP_VISION, hidden_size=1280, intermediate_size=5120, num_attention_heads=16,
+                              projection_dim=1024)
 # The released Wan 2.1 / 2.2 VAEs have 2 residual blocks per stage (diffusers' default); the tiny ones have 1.
 WAN21_VAE_REAL = dict(WAN21_VAE, base_dim=96, num_res_blocks=2)
 WAN22_VAE_REAL = dict(WAN22_VAE, base_dim=160, decoder_base_dim=256, num_res_blocks=2)
@@ -242,6 +249,8 @@ RANDOM_VARIANTS = {
     "wan2.1-t2v-1.3b": ("wan2.1-t2v", dict(transformer=_WAN_13B, vae=WAN21_VAE_REAL, text_encoder=tiny.UMT5_XXL_WIDTH)),
     "wan2.1-t2v-14b": ("wan2.1-t2v", dict(transformer=_WAN_14B, vae=WAN21_VAE_REAL, text_encoder=tiny.UMT5_XXL_WIDTH,
                                           scheduler=_unipc_flow(5.0))),
+    "wan2.1-i2v-14b": ("wan2.1-i2v", dict(transformer=_WAN_I2V_14B, vae=WAN21_VAE_REAL, text_encoder=tiny.UMT5_XXL_WIDTH,
+                                          image_encoder=_CLIP_VISION_H14_WIDTH)),
     "wan2.2-t2v-a14b": ("wan2.2-t2v-a14b", dict(transformer=_WAN_14B, transformer_2=_WAN_14B, vae=WAN21_VAE_REAL,
                                                 text_encoder=tiny.UMT5_XXL_WIDTH, scheduler=_unipc_flow(12.0))),
     "wan2.2-ti2v-5b": ("wan2.2-ti2v-5b", dict(transformer=_WAN_5B, vae=WAN22_VAE_REAL,
