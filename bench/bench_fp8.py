@@ -43,7 +43,7 @@ from vdbench import families
 from vdbench.capture import list_captures, load_capture
 from vdbench.metrics import rel_l2
 from vdbench.numerics import exact_attention, fp8_bh_inputs, quantize_fp8
-from vdbench.timing import speed_verdict, spread, system_info
+from vdbench.timing import call_ms, speed_verdict, spread, system_info
 
 PRESETS = families.attention_presets()
 SHAPES = ("wan2.1-1.3b-480p", "wan2.1-14b-720p", "cogvideox-2b")
@@ -166,28 +166,17 @@ def sample(h: int, s: int, heads: int, rows: int, device):
 
 
 def time_interleaved(fns: dict, device, warmup: int, reps: int) -> dict:
-    """Samples (ms) of each callable, the callables taking turns call by call (drift and clocks hit all alike).
-    CUDA events on a GPU, the host clock elsewhere (not a speed figure)."""
-    cuda = torch.device(device).type == "cuda"
+    """Samples (ms) of each callable, the callables taking turns call by call (drift and clocks hit all alike):
+    ``vdbench.timing.call_ms``, CUDA events on a GPU, the host clock elsewhere (not a speed figure)."""
     for _ in range(warmup):
         for fn in fns.values():
             fn()
-    if cuda:
+    if torch.device(device).type == "cuda":
         torch.cuda.synchronize()
     samples = {name: [] for name in fns}
     for _ in range(reps):
         for name, fn in fns.items():
-            if cuda:
-                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                a.record()
-                fn()
-                b.record()
-                b.synchronize()
-                samples[name].append(a.elapsed_time(b))
-            else:
-                t0 = time.perf_counter()
-                fn()
-                samples[name].append((time.perf_counter() - t0) * 1e3)
+            samples[name].append(call_ms(fn, device))
     return samples
 
 

@@ -25,6 +25,8 @@ import torch
 from vdbench import backends as B
 from vdbench import numerics as N
 
+from tests.triton_modules import kernel_modules
+
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
                                 reason="triton not installed (pip install -e '.[test]' installs it)")
 
@@ -35,22 +37,8 @@ NAMES = ("fav3_sage", "fp8_triton", "fav2_triton")
 @pytest.fixture(scope="module")
 def K():
     """(attention module, quant module, numerics module, device) with the interpreter on when there is no GPU."""
-    old = os.environ.get("TRITON_INTERPRET")
-    on_gpu = torch.cuda.is_available()
-    if not on_gpu:
-        os.environ["TRITON_INTERPRET"] = "1"
-    try:
-        from vdbench.kernels import quant, attention
-
-        if not on_gpu and not attention.INTERPRETED:  # imported earlier in compiled mode: re-decorate
-            quant = importlib.reload(quant)
-            attention = importlib.reload(attention)
-        yield attention, quant, N, torch.device("cuda" if on_gpu else "cpu")
-    finally:
-        if old is None:
-            os.environ.pop("TRITON_INTERPRET", None)
-        else:
-            os.environ["TRITON_INTERPRET"] = old
+    with kernel_modules("quant", "attention") as (quant, attention, device):
+        yield attention, quant, N, device
 
 
 def rel_l2(x, ref):

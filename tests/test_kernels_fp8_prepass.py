@@ -7,14 +7,14 @@ must be the same bits, not merely close -- at odd lengths, FA3's non-power-of-tw
 inputs, with and without K smoothing, and for an all-zero head. The guard must write exactly the flagged channels.
 """
 
-import importlib
 import importlib.util
-import os
 
 import pytest
 import torch
 
 from vdbench import numerics as N
+
+from tests.triton_modules import kernel_modules
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
                                 reason="triton not installed (pip install -e '.[test]' installs it)")
@@ -22,24 +22,9 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
 
 @pytest.fixture(scope="module")
 def K():
-    """(fa3_prepass module, channels module) decorated under the interpreter when there is no GPU."""
-    old = os.environ.get("TRITON_INTERPRET")
-    on_gpu = torch.cuda.is_available()
-    if not on_gpu:
-        os.environ["TRITON_INTERPRET"] = "1"
-    try:
-        from vdbench.kernels import channels, fa3_prepass, quant
-
-        if not on_gpu and not fa3_prepass.INTERPRETED:  # imported earlier in compiled mode: re-decorate
-            quant = importlib.reload(quant)
-            fa3_prepass = importlib.reload(fa3_prepass)
-            channels = importlib.reload(channels)
-        yield fa3_prepass, channels, torch.device("cuda" if on_gpu else "cpu")
-    finally:
-        if old is None:
-            os.environ.pop("TRITON_INTERPRET", None)
-        else:
-            os.environ["TRITON_INTERPRET"] = old
+    """(fa3_prepass module, channels module, device), interpreted when there is no GPU."""
+    with kernel_modules("quant", "fa3_prepass", "channels") as (_, fa3_prepass, channels, device):
+        yield fa3_prepass, channels, device
 
 
 def inputs(b, h, s, d, *, sk=None, bshd=False, seed=0, device="cpu"):
