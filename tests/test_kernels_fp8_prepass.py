@@ -121,3 +121,23 @@ def test_zero_channel_guard_writes_exactly_the_flagged_channels(K, hq, hkv, d):
     assert torch.equal(none, out)  # no zero channel: nothing written
     with pytest.raises(ValueError, match="flags"):
         C.zero_channels_(out.clone(), flags[:, :, :-1])
+
+
+def test_the_helper_kernels_compile_for_hopper_without_a_gpu():
+    """Ahead-of-time compile for sm_90 (Triton's own ptxas): the GPU code of the pre-pass and the guard builds.
+    In a subprocess without TRITON_INTERPRET (interpreted functions can't be compiled)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(root) + os.pathsep + env.get("PYTHONPATH", "")
+    res = subprocess.run([sys.executable, "-m", "vdbench.kernels.aot", "--target", "cuda:90", "--helpers"],
+                         capture_output=True, text=True, env=env, timeout=300)
+    lines = [ln for ln in res.stdout.splitlines() if ln.startswith(("OK", "ERR"))]
+    if res.returncode and "ptxas" in (res.stdout + res.stderr) and not any(ln.startswith("OK") for ln in lines):
+        pytest.skip(f"no usable ptxas for ahead-of-time compilation: {res.stderr[-300:]}")
+    assert res.returncode == 0 and len(lines) == 5 and all(ln.startswith("OK") for ln in lines), \
+        res.stdout + res.stderr[-2000:]
