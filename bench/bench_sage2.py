@@ -43,6 +43,7 @@ import torch
 
 from vdbench.metrics import rel_l2
 from vdbench.numerics import exact_attention, sagev2_emulated
+from vdbench.timing import call_ms
 
 SHAPES = {  # name -> (heads, seq, head_dim), B = 1
     "wan2.1-1.3b-480p": (12, 32760, 128),
@@ -114,24 +115,10 @@ def percentile(sorted_vals, p):
 
 
 def time_calls(fn, device, warmup, reps):
-    """Per-call times in ms: CUDA events around each call on a GPU, the host clock on a CPU (synchronous there)."""
+    """Per-call times in ms (``vdbench.timing.call_ms``: CUDA events on a GPU, the host clock on a CPU)."""
     for _ in range(warmup):
         fn()
-    times = []
-    cuda = torch.device(device).type == "cuda"
-    for _ in range(reps):
-        if cuda:
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn()
-            b.record()
-            b.synchronize()
-            times.append(a.elapsed_time(b))
-        else:
-            t0 = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t0) * 1e3)
-    s = sorted(times)
+    s = sorted(call_ms(fn, device) for _ in range(reps))
     return {"median_ms": percentile(s, 50), "p20_ms": percentile(s, 20), "p80_ms": percentile(s, 80), "n": len(s)}
 
 

@@ -41,38 +41,34 @@ compare() {  # compare GROUP RESULTS_DIR REFERENCE
   grep -vE '^\[' "$W/logs/compare_$1.log" 2>/dev/null | tail -n 14
 }
 
+renders() {  # renders GROUP NEED LIMIT "B1 B2 ..." CMD...: one budgeted run of CMD --attention_type B per backend
+  local g=$1 need=$2 lim=$3 list=$4 b; shift 4
+  for b in $list; do r "${g}_${b//[:=+]/_}" "$need" "$lim" "$@" --attention_type "$b"; done
+}
+
 for g in $PIPELINES; do
   case "$g" in
     w13)
-      r w13_reference 130 240 "$PY" run_wan.py "${W13[@]}" --benchmark_output_directory "$RES/w13" \
-        --attention_type reference
-      for b in "${BACKENDS[@]}"; do
-        r "w13_${b//[:=+]/_}" "$NEED13" 150 "$PY" run_wan.py "${W13[@]}" --benchmark_output_directory "$RES/w13" \
-          --attention_type "$b"
-      done
+      cmd=("$PY" run_wan.py "${W13[@]}" --benchmark_output_directory "$RES/w13")
+      renders w13 130 240 reference "${cmd[@]}"
+      renders w13 "$NEED13" 150 "${BACKENDS[*]}" "${cmd[@]}"
       compare w13 "$RES/w13/results" reference
       ;;
     cog)
-      r cog_reference 90 200 "$PY" sageattn_cogvideo.py "${COG[@]}" --output_dir "$RES/cog" --attention_type reference
-      for b in "${BACKENDS[@]}"; do
-        r "cog_${b//[:=+]/_}" "$NEEDCOG" 120 "$PY" sageattn_cogvideo.py "${COG[@]}" --output_dir "$RES/cog" \
-          --attention_type "$b"
-      done
+      cmd=("$PY" sageattn_cogvideo.py "${COG[@]}" --output_dir "$RES/cog")
+      renders cog 90 200 reference "${cmd[@]}"
+      renders cog "$NEEDCOG" 120 "${BACKENDS[*]}" "${cmd[@]}"
       compare cog "$RES/cog" reference
       ;;
     w14)
-      for b in fav3 sagev2 fav3_fp8 sdpa_cudnn fav3_fp8:smooth_k=1 sagev2_fp16; do
-        r "w14_${b//[:=+]/_}" "$NEED14" 200 "$PY" run_wan.py "${W14[@]}" --benchmark_output_directory "$RES/w14" \
-          --attention_type "$b"
-      done
+      renders w14 "$NEED14" 200 "fav3 sagev2 fav3_fp8 sdpa_cudnn fav3_fp8:smooth_k=1 sagev2_fp16" \
+        "$PY" run_wan.py "${W14[@]}" --benchmark_output_directory "$RES/w14"
       compare w14 "$RES/w14/results" fav3   # the proxy reference (exact attention: ~390 s a step at 14B)
       ;;
     w13u2)
-      for b in sagev2 fav3_fp8:smooth_k=1 fav3_fp8 fav3; do
-        r "w13u2_${b//[:=+]/_}" 50 150 "$PY" -m torch.distributed.run --standalone --nproc_per_node=2 run_wan.py \
-          "${W13[@]}" --benchmark_output_directory "$RES/w13u2" --attention_type "$b" --parallel_engine diffusers \
-          --ulysses_degree 2
-      done
+      renders w13u2 50 150 "sagev2 fav3_fp8:smooth_k=1 fav3_fp8 fav3" "$PY" -m torch.distributed.run --standalone \
+        --nproc_per_node=2 run_wan.py "${W13[@]}" --benchmark_output_directory "$RES/w13u2" \
+        --parallel_engine diffusers --ulysses_degree 2
       ref=$(ls "$RES"/w13/results/*attn_reference_*.npy 2>/dev/null | head -n 1)
       compare w13u2 "$RES/w13u2/results" "${ref:-reference}"
       ;;

@@ -24,6 +24,7 @@ import torch
 from vdbench import backends as B
 from vdbench.patching import AttentionPatch
 from vdbench.pipelines import load_pipeline
+from vdbench.timing import call_ms
 
 
 def main(argv=None) -> int:
@@ -55,12 +56,7 @@ def main(argv=None) -> int:
             tr(hidden_states=lat, timestep=t, encoder_hidden_states=ctx, return_dict=False)
 
     def timed():
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        step()
-        e.record()
-        e.synchronize()
-        return s.elapsed_time(e)
+        return call_ms(step, dev)
 
     import diffusers.models.transformers.transformer_wan as wan_mod
 

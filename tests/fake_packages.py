@@ -17,48 +17,33 @@ SAGE2_CORE = '''
 """A stand-in for sageattention 2 on CPU: each function is vdbench's emulation of the named kernel."""
 from vdbench.numerics import sagev2_emulated
 
-CALLS = []  # (function, kwargs) of every call
+CALLS = []  # (function, options) of every call
 SM80_ENABLED = SM89_ENABLED = SM90_ENABLED = True
 
 
-def _rec(name, kw):
-    CALLS.append((name, {k: v for k, v in kw.items() if isinstance(v, (str, int, float, bool, type(None)))}))
+def _kernel(name, pv, arch=None, accum=None, gran=None):
+    """The emulation of one kernel, with its signature's defaults; ``gran`` fixed: the Triton kernel (no options)."""
+    def fn(q, k, v, tensor_layout="HND", is_causal=False, qk_quant_gran="per_thread", sm_scale=None,
+           pv_accum_dtype=accum, smooth_k=True, return_lse=False, **kwargs):
+        opts = dict(tensor_layout=tensor_layout, return_lse=return_lse)
+        if gran is None:
+            opts.update(qk_quant_gran=qk_quant_gran, pv_accum_dtype=pv_accum_dtype)
+        CALLS.append((name, opts))
+        return sagev2_emulated(q, k, v, scale=sm_scale, is_causal=is_causal, qk_gran=gran or qk_quant_gran, pv=pv,
+                               arch=arch, pv_accum=pv_accum_dtype, smooth_k=smooth_k, return_lse=return_lse)
+
+    fn.__name__ = name
+    return fn
 
 
-def sageattn_qk_int8_pv_fp8_cuda_sm90(q, k, v, tensor_layout="HND", is_causal=False, qk_quant_gran="per_thread",
-                                      sm_scale=None, pv_accum_dtype="fp32+fp32", smooth_k=True, return_lse=False,
-                                      **kwargs):
-    _rec("sageattn_qk_int8_pv_fp8_cuda_sm90", dict(tensor_layout=tensor_layout, qk_quant_gran=qk_quant_gran,
-                                                   pv_accum_dtype=pv_accum_dtype, return_lse=return_lse))
-    return sagev2_emulated(q, k, v, scale=sm_scale, is_causal=is_causal, qk_gran=qk_quant_gran, pv="fp8",
-                           arch="sm90", pv_accum=pv_accum_dtype, smooth_k=smooth_k, return_lse=return_lse)
-
-
-def sageattn_qk_int8_pv_fp8_cuda(q, k, v, tensor_layout="HND", is_causal=False, qk_quant_gran="per_thread",
-                                 sm_scale=None, pv_accum_dtype="fp32+fp16", smooth_k=True, return_lse=False, **kwargs):
-    _rec("sageattn_qk_int8_pv_fp8_cuda", dict(tensor_layout=tensor_layout, qk_quant_gran=qk_quant_gran,
-                                              pv_accum_dtype=pv_accum_dtype, return_lse=return_lse))
-    return sagev2_emulated(q, k, v, scale=sm_scale, is_causal=is_causal, qk_gran=qk_quant_gran, pv="fp8",
-                           arch="sm89", pv_accum=pv_accum_dtype, smooth_k=smooth_k, return_lse=return_lse)
-
-
-def sageattn_qk_int8_pv_fp16_cuda(q, k, v, tensor_layout="HND", is_causal=False, qk_quant_gran="per_thread",
-                                  sm_scale=None, pv_accum_dtype="fp32", smooth_k=True, return_lse=False, **kwargs):
-    _rec("sageattn_qk_int8_pv_fp16_cuda", dict(tensor_layout=tensor_layout, qk_quant_gran=qk_quant_gran,
-                                               pv_accum_dtype=pv_accum_dtype, return_lse=return_lse))
-    return sagev2_emulated(q, k, v, scale=sm_scale, is_causal=is_causal, qk_gran=qk_quant_gran, pv="fp16",
-                           pv_accum=pv_accum_dtype, smooth_k=smooth_k, return_lse=return_lse)
-
-
-def sageattn_qk_int8_pv_fp16_triton(q, k, v, tensor_layout="HND", is_causal=False, sm_scale=None, smooth_k=True,
-                                    return_lse=False, **kwargs):
-    _rec("sageattn_qk_int8_pv_fp16_triton", dict(tensor_layout=tensor_layout, return_lse=return_lse))
-    return sagev2_emulated(q, k, v, scale=sm_scale, is_causal=is_causal, qk_gran="per_block", pv="fp16",
-                           smooth_k=smooth_k, return_lse=return_lse)
+sageattn_qk_int8_pv_fp8_cuda_sm90 = _kernel("sageattn_qk_int8_pv_fp8_cuda_sm90", "fp8", "sm90", "fp32+fp32")
+sageattn_qk_int8_pv_fp8_cuda = _kernel("sageattn_qk_int8_pv_fp8_cuda", "fp8", "sm89", "fp32+fp16")
+sageattn_qk_int8_pv_fp16_cuda = _kernel("sageattn_qk_int8_pv_fp16_cuda", "fp16", None, "fp32")
+sageattn_qk_int8_pv_fp16_triton = _kernel("sageattn_qk_int8_pv_fp16_triton", "fp16", gran="per_block")
 
 
 def sageattn(q, k, v, tensor_layout="HND", is_causal=False, sm_scale=None, return_lse=False, **kwargs):
-    _rec("sageattn", dict(tensor_layout=tensor_layout, return_lse=return_lse))
+    CALLS.append(("sageattn", dict(tensor_layout=tensor_layout, return_lse=return_lse)))
     return sageattn_qk_int8_pv_fp8_cuda_sm90(q, k, v, tensor_layout=tensor_layout, is_causal=is_causal,
                                              sm_scale=sm_scale, return_lse=return_lse, pv_accum_dtype="fp32+fp32")
 '''

@@ -208,3 +208,28 @@ def test_the_entries_carry_what_the_bench_and_ring_attention_ask(sage2, hopper):
         moved = b.bytes_moved(1, 2, 256, 256, 64, 2)
         assert moved.kernel < 4 * 2 * 256 * 64 * 2 and moved.prepass > 0
     assert B.resolve("sagev2_emu").has_lse("cpu")  # ring attention runs the emulation on a CPU
+
+
+@pytest.mark.parametrize("name", ["sagev2", "sagev2_fp16", "sagev2_emu"])
+def test_ring_style_merge_of_two_key_halves_with_the_lse_form(sage2, hopper, name):
+    """What ring attention does with the LSE form: attend to each half of the keys, merge by exp(lse_i - lse).
+    Natural log and the K-mean correction make the merge land on full attention (each half smooths K with its own
+    mean: without the correction the halves' weights would be off by q·(mean_1 - mean_2))."""
+    q, k, v = qkv(s=256, d=64, k_bias=3.0, dtype=torch.bfloat16, seed=6)
+    fn = B.resolve(name).lse.fn
+    (o1, l1), (o2, l2) = fn(q, k[:, :, :128], v[:, :, :128]), fn(q, k[:, :, 128:], v[:, :, 128:])
+    lse = torch.logaddexp(l1, l2)
+    merged = (torch.exp(l1 - lse)[..., None] * o1.float() + torch.exp(l2 - lse)[..., None] * o2.float())
+    ref, lref = N.exact_attention(q, k, v, return_lse=True)
+    whole = rel_l2(B.resolve(name)(q, k, v), ref)
+    assert rel_l2(merged, ref) < 1.5 * whole + 2e-3 and (lse.double() - lref).abs().max() < 0.05
+
+
+def test_the_listing_says_how_to_install_and_which_emulation_runs_instead(monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "sageattention" else real(n, *a))
+    table = B.capability_table("cpu")
+    line = next(ln for ln in table.splitlines() if ln.startswith("sagev2_fp16 "))
+    assert "package not installed: sageattention (no wheel on PyPI" in line and line.endswith(
+        "; emulation: sagev2_emu:pv=fp16")
+    assert "  sagev2_fp8: gran=per_thread|per_warp (default per_thread)" in table

@@ -164,7 +164,8 @@ def test_bytes_count_one_byte_for_quantized_inputs():
     bf16, pre = B.resolve("sdpa").bytes_moved(1, 1, 10, 10, 8, 2)
     assert bf16 == 4 * 80 * 2 and pre == 0
     fp8, pre = B.resolve("fav3_fp8").bytes_moved(1, 1, 10, 10, 8, 2)
-    assert fp8 == 3 * 80 * 1 + 80 * 2 and pre == 3 * 80 * 3
+    # the fused pre-pass reads each of Q, K, V twice (its per-head amax, then the quantization), writes one byte
+    assert fp8 == 3 * 80 * 1 + 80 * 2 and pre == 3 * 80 * (2 * 2 + 1)
     # the Triton kernels' pre-pass reads K (and fav3_sage's V) twice: a mean / amax, then the quantization
     sage, pre = B.resolve("fav3_sage").bytes_moved(1, 1, 10, 10, 8, 2)
     assert sage == fp8 and pre == 80 * 3 + 2 * 80 * 5
@@ -175,8 +176,8 @@ def test_kernels_resolve_by_alias_and_unknown_ones_suggest(tmp_path):
                   "-metric", "accuracy", "-o", str(tmp_path / "n.csv")])
     assert rc == 0
     assert {r["kernel"] for r in csv.DictReader(open(tmp_path / "n.csv"))} == {"sdpa"}
-    with pytest.raises(SystemExit, match="did you mean 'sagev1'"):
-        ba.main(["--preset", "cogvideox-2b", "--device", "cpu", "--kernel", "sagev2"])
+    with pytest.raises(SystemExit, match="did you mean 'sagev2'"):
+        ba.main(["--preset", "cogvideox-2b", "--device", "cpu", "--kernel", "sagev3"])
 
 
 def test_captures_hostile_and_truncated_are_skipped_with_exit_code(tmp_path, capsys):

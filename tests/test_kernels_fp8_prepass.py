@@ -7,14 +7,14 @@ must be the same bits, not merely close -- at odd lengths, FA3's non-power-of-tw
 inputs, with and without K smoothing, and for an all-zero head. The guard must write exactly the flagged channels.
 """
 
-import importlib
 import importlib.util
-import os
 
 import pytest
 import torch
 
 from vdbench import numerics as N
+
+from tests.conftest import triton_interpreter
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
                                 reason="triton not installed (pip install -e '.[test]' installs it)")
@@ -22,24 +22,10 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
 
 @pytest.fixture(scope="module")
 def K():
-    """(fa3_prepass module, channels module) decorated under the interpreter when there is no GPU."""
-    old = os.environ.get("TRITON_INTERPRET")
-    on_gpu = torch.cuda.is_available()
-    if not on_gpu:
-        os.environ["TRITON_INTERPRET"] = "1"
-    try:
-        from vdbench.kernels import channels, fa3_prepass, quant
-
-        if not on_gpu and not fa3_prepass.INTERPRETED:  # imported earlier in compiled mode: re-decorate
-            quant = importlib.reload(quant)
-            fa3_prepass = importlib.reload(fa3_prepass)
-            channels = importlib.reload(channels)
-        yield fa3_prepass, channels, torch.device("cuda" if on_gpu else "cpu")
-    finally:
-        if old is None:
-            os.environ.pop("TRITON_INTERPRET", None)
-        else:
-            os.environ["TRITON_INTERPRET"] = old
+    """(fa3_prepass module, channels module, device), interpreted when there is no GPU."""
+    with triton_interpreter("vdbench.kernels.quant", "vdbench.kernels.fa3_prepass",
+                            "vdbench.kernels.channels") as (_, fa3_prepass, channels):
+        yield fa3_prepass, channels, torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def inputs(b, h, s, d, *, sk=None, bshd=False, seed=0, device="cpu"):
@@ -136,3 +122,23 @@ def test_zero_channel_guard_writes_exactly_the_flagged_channels(K, hq, hkv, d):
     assert torch.equal(none, out)  # no zero channel: nothing written
     with pytest.raises(ValueError, match="flags"):
         C.zero_channels_(out.clone(), flags[:, :, :-1])
+
+
+def test_the_helper_kernels_compile_for_hopper_without_a_gpu():
+    """Ahead-of-time compile for sm_90 (Triton's own ptxas): the GPU code of the pre-pass and the guard builds.
+    In a subprocess without TRITON_INTERPRET (interpreted functions can't be compiled)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(root) + os.pathsep + env.get("PYTHONPATH", "")
+    res = subprocess.run([sys.executable, "-m", "vdbench.kernels.aot", "--target", "cuda:90", "--helpers"],
+                         capture_output=True, text=True, env=env, timeout=300)
+    lines = [ln for ln in res.stdout.splitlines() if ln.startswith(("OK", "ERR"))]
+    if res.returncode and "ptxas" in (res.stdout + res.stderr) and not any(ln.startswith("OK") for ln in lines):
+        pytest.skip(f"no usable ptxas for ahead-of-time compilation: {res.stderr[-300:]}")
+    assert res.returncode == 0 and len(lines) == 5 and all(ln.startswith("OK") for ln in lines), \
+        res.stdout + res.stderr[-2000:]

@@ -151,7 +151,7 @@ def sage_err(seed, **cfg):
     return rel_l2(N.sagev2_emulated(q, k, v, **cfg), exact64(q, k, v))
 
 
-# ---- SageAttention 2: building blocks ------------------------------------------------------------------------------------------
+# ---- SageAttention 2: building blocks -------------------------------------------------------------------------
 
 
 def test_per_thread_groups_follow_the_mma_fragment_layout():
@@ -498,7 +498,8 @@ def alpha_table():
 
 def test_fp8_qk_per_head_error_grows_with_peakiness_int8_qk_does_not(alpha_table):
     """FA3 fp8's e4m3 Q·Kᵀ at one scale per head: its error grows with the logits' spread (alpha), as the issue's
-    H200 table shows; SageAttention 2's INT8 Q·Kᵀ + fp8 P·V stays near its alpha = 1 error; fp16 P·V is below both."""
+    H200 table shows; SageAttention 2's INT8 Q·Kᵀ + fp8 P·V stays near its alpha = 1 error; fp16 P·V is below
+    both."""
     e = alpha_table
     fp8 = [e[(a, 0.0)]["fp8"] for a in (1, 4, 8)]
     assert fp8[0] < fp8[1] < fp8[2] and fp8[2] > 2 * fp8[0]

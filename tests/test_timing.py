@@ -101,3 +101,11 @@ def test_warm_steps_script_recomputes_recorded_runs(tmp_path, capsys):
     assert four["speedup_vs_1gpu"] == pytest.approx(1149.1 / 372.8)
     assert four["efficiency"] == pytest.approx(four["speedup_vs_1gpu"] / 4)
     assert "3.08x" in capsys.readouterr().out
+
+
+def test_call_ms_times_one_call_on_the_host_clock_off_a_gpu():
+    import time
+
+    calls = []
+    ms = T.call_ms(lambda: (calls.append(1), time.sleep(0.02)), "cpu")
+    assert calls == [1] and 15 < ms < 2000

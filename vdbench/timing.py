@@ -119,6 +119,22 @@ def spread(samples) -> dict:
             "max": xs[-1], "p20": _quantile(xs, 0.2), "p80": _quantile(xs, 0.8)}
 
 
+def call_ms(fn, device) -> float:
+    """Milliseconds of one call of ``fn()``: CUDA events around it on a GPU (waiting for the call's end), the host
+    clock elsewhere (CPU calls are synchronous; not a speed figure, ``speed_verdict``). The one way the benches time
+    a single call, so their samples mean the same thing."""
+    if torch.device(device).type == "cuda":
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        return a.elapsed_time(b)
+    t0 = time.perf_counter()
+    fn()
+    return (time.perf_counter() - t0) * 1e3
+
+
 def _is_cpu(device) -> bool:
     if device is None:
         return False

@@ -609,7 +609,8 @@ def capability_table(device=None, dtype=None, head_dim=None) -> str:
     for b in BACKENDS.values():
         ok, reason = b.availability(dev, dtype, head_dim)
         hd = ",".join(map(str, b.head_dims)) if b.head_dims else (f"<={b.max_head_dim}" if b.max_head_dim else "any")
-        note = reason if not ok else (b.notes or ("emulated, slow" if b.emulated else ""))
+        note = (reason + (f"; emulation: {b.twin}" if b.twin else "")) if not ok else \
+            (b.notes or ("emulated, slow" if b.emulated else ""))
         rows.append((b.name, "yes" if ok else "no", b.kernel, _dtype_names(b.dtypes).replace("float", "f"), hd,
                      "y" if b.supports_mask else "-", "y" if b.supports_causal else "-",
                      "y" if b.lse is not None else "-", b.layout, note))

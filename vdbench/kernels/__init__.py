@@ -15,6 +15,10 @@ transposed, so the fp8 P·V operand is K-major, as Hopper's fp8 MMA wants it); t
 every call, so a benchmark of the backend includes the quantization time (``prepass()`` runs it alone). Their
 pure-torch emulations are in ``vdbench.numerics``.
 
+Two helpers of backends live here too: ``fa3_prepass`` (``fav3_fp8``'s fused per-(batch, head) e4m3 pre-pass,
+bit-equal to ``numerics.fp8_bh_inputs``) and ``channels`` (the ``sagev2`` fp8 entries' zero-V-channel guard);
+``fa3_fp8_prepass()`` and ``zero_channels_()`` import them on first use.
+
 Importing this package never imports triton (``forward`` / ``prepass`` import the kernel modules on first use),
 and Triton decides at *decoration* time whether a ``@triton.jit`` function is compiled or interpreted: to run them on
 a CPU, ``TRITON_INTERPRET=1`` must be in the environment before ``vdbench.kernels.attention`` is first imported.

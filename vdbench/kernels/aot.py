@@ -3,6 +3,7 @@ they still build to real GPU code (e.g. wgmma on sm_90), not only run under the 
 
     python -m vdbench.kernels.aot --target cuda:90 [--d 128 64] [--causal]
     python -m vdbench.kernels.aot --target hip:gfx950
+    python -m vdbench.kernels.aot --target cuda:90 --helpers   # fav3_fp8's pre-pass, the zero-V-channel guard
 
 Prints one line per kernel variant (OK with the MMA instruction count, or ERR with the error) and exits 1 if
 any failed. Must run WITHOUT TRITON_INTERPRET (an interpreted function cannot be compiled).
@@ -55,6 +56,34 @@ def compile_variant(name: str, d: int, target, causal: bool = False, config: dic
     return triton.compile(src, target=target, options=dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"]))
 
 
+def _helper_kernels():
+    """name -> (jit function, pointer types, constexprs): the backends' helper kernels (fa3_prepass, channels)."""
+    from vdbench.kernels import channels as C
+    from vdbench.kernels import fa3_prepass as P
+
+    red = {"X": "*bf16", "Amax": "*fp32", "CMax": "*fp32", "CMin": "*fp32"}
+    quant = {"X": "*bf16", "Out": "*fp8e4nv", "Descale": "*fp32", "Mean": "*fp32"}
+    return {
+        "fa3_prepass.reduce": (P._reduce_kernel, red, dict(BLK=P.CHUNK, BD=128, CHANNEL=False)),
+        "fa3_prepass.reduce[channel]": (P._reduce_kernel, red, dict(BLK=P.CHUNK, BD=128, CHANNEL=True)),
+        "fa3_prepass.quant": (P._quant_kernel, quant, dict(BLK=P.CHUNK, BD=128, HAS_MEAN=False, FIX=False)),
+        "fa3_prepass.quant[mean]": (P._quant_kernel, quant, dict(BLK=P.CHUNK, BD=128, HAS_MEAN=True, FIX=False)),
+        "channels.zero": (C._zero_kernel, {"Out": "*bf16", "Flags": "*u8"}, dict(BLK=C.CHUNK, BD=128)),
+    }
+
+
+def compile_helper(name: str, target):
+    """Compile one of ``_helper_kernels()`` for ``target`` (every other argument a 32-bit int)."""
+    import triton
+    from triton.compiler import ASTSource
+
+    fn, types, consts = _helper_kernels()[name]
+    names = list(inspect.signature(fn.fn).parameters)
+    sig = {n: "constexpr" if n in consts else types.get(n, "i32") for n in names}
+    src = ASTSource(fn=fn, signature=sig, constexprs={(names.index(k),): v for k, v in consts.items()})
+    return triton.compile(src, target=target, options=dict(num_warps=8 if name.startswith("fa3_prepass") else 4))
+
+
 def resource_usage(kernel) -> str:
     """Registers / spill bytes of the compiled cubin (cuobjdump bundled with Triton), '' when unavailable."""
     import os as _os
@@ -90,6 +119,8 @@ def main(argv=None) -> int:
     p.add_argument("--d", type=int, nargs="+", default=[128, 64])
     p.add_argument("--kernels", nargs="+", default=list(VARIANTS))
     p.add_argument("--causal", action="store_true", help="also the causal variants")
+    p.add_argument("--helpers", action="store_true",
+                   help="compile the backends' helper kernels (fav3_fp8's pre-pass, the zero-V guard) instead")
     p.add_argument("--sweep", action="store_true",
                    help="compile every config of attention.SWEEP (what bench/gpu_kernels.sh's sweep runs) instead")
     args = p.parse_args(argv)
@@ -101,7 +132,28 @@ def main(argv=None) -> int:
 
     backend, arch = args.target.split(":")
     target = GPUTarget(backend, int(arch) if backend == "cuda" else arch, 32 if backend == "cuda" else 64)
+    tag = f"(triton {triton.__version__}, {args.target})"
+
+    def attempt(label: str, make, describe) -> int:
+        """Compile one kernel and print OK with ``describe(kernel)`` or ERR with the error; 1 if it failed."""
+        t0 = time.time()
+        try:
+            k = make()
+        except Exception as e:  # report and go on
+            print(f"ERR {label}: {type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}", flush=True)
+            return 1
+        print(f"OK  {label}  {describe(k)}  {resource_usage(k)}  {time.time() - t0:.1f}s  {tag}", flush=True)
+        return 0
+
+    def attn(k) -> str:
+        return f"{mma_count(k)}  shared={k.metadata.shared}"
+
     bad = 0
+    if args.helpers:
+        for name in _helper_kernels():
+            bad += attempt(f"{name:28s}", lambda name=name: compile_helper(name, target),
+                           lambda k: f"{len(k.asm.get('ptx', k.asm.get('amdgcn', '')))} chars of code")
+        return 1 if bad else 0
     if args.sweep:
         from vdbench.kernels import attention as A
 
@@ -109,31 +161,15 @@ def main(argv=None) -> int:
             for kname, cfgs in A.SWEEP[d].items():
                 for cfg in cfgs:
                     name = {"fav2_triton": "fav2_triton[bf16]"}.get(kname, kname)
-                    t0 = time.time()
-                    try:
-                        k = compile_variant(name, d, target, False, cfg)
-                        print(f"OK  {name:20s} D{d} {A.config_label(cfg)}  {mma_count(k)}  shared={k.metadata.shared}"
-                              f"  {resource_usage(k)}  {time.time() - t0:.1f}s  (triton {triton.__version__})", flush=True)
-                    except Exception as e:  # report and go on
-                        bad += 1
-                        print(f"ERR {name:20s} D{d} {A.config_label(cfg)}: {type(e).__name__}: "
-                              f"{str(e).splitlines()[0][:300] if str(e) else ''}", flush=True)
+                    bad += attempt(f"{name:20s} D{d} {A.config_label(cfg)}",
+                                   lambda name=name, d=d, cfg=cfg: compile_variant(name, d, target, False, cfg), attn)
         return 1 if bad else 0
     for d in args.d:
         for name in args.kernels:
             for causal in (False, True) if args.causal else (False,):
-                t0 = time.time()
-                try:
-                    k = compile_variant(name, d, target, causal)
-                    print(f"OK  {name:20s} D{d} causal={causal}  {mma_count(k)}  shared={k.metadata.shared}  "
-                          f"{resource_usage(k)}  "
-                          f"{time.time() - t0:.1f}s  (triton {triton.__version__}, {args.target})", flush=True)
-                except Exception as e:  # report and go on
-                    bad += 1
-                    print(f"ERR {name:20s} D{d} causal={causal}: {type(e).__name__}: {str(e).splitlines()[0][:300]}",
-                          flush=True)
+                bad += attempt(f"{name:20s} D{d} causal={causal}",
+                               lambda name=name, d=d, causal=causal: compile_variant(name, d, target, causal), attn)
     return 1 if bad else 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -35,29 +35,33 @@ import triton.language as tl
 from vdbench import numerics as N
 from vdbench.kernels.quant import to_e4m3
 
-__all__ = ["quantize_bh", "prepass", "CHUNK", "INTERPRETED"]
+__all__ = ["quantize_bh", "prepass", "CHUNK", "WARPS", "INTERPRETED"]
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
-CHUNK = 128  # rows per program: 128 x D elements, a few registers' worth per thread at 4 warps
+CHUNK = 64  # rows per program: a 64 x D tile, 16 KiB of bf16 per program at D 128
+WARPS = 8  # 32 fp32 values per thread at D 128: ~110 registers (sm_90), two programs of 256 threads per SM
 
 
 @triton.jit
 def _tile(X, s_len, d_len, sxb, sxh, sxs, sxd, BLK: tl.constexpr, BD: tl.constexpr):
-    """This program's (chunk, head, batch) tile of a strided (B, H, S, D) tensor in fp32 (0 outside), its mask."""
-    c = tl.program_id(0).to(tl.int64)
+    """This program's (chunk, head, batch) tile of a strided (B, H, S, D) tensor in fp32 (0 outside), its row
+    indices inside the chunk, its column indices and mask. The tile's base offset is one 64-bit scalar; the offsets
+    inside it stay 32-bit (a 64-bit offset per element would cost two registers each)."""
+    c = tl.program_id(0)
     h = tl.program_id(1).to(tl.int64)
     b = tl.program_id(2).to(tl.int64)
-    rows = c * BLK + tl.arange(0, BLK)
+    r = tl.arange(0, BLK)
     cols = tl.arange(0, BD)
-    inside = (rows[:, None] < s_len) & (cols[None, :] < d_len)
-    x = tl.load(X + b * sxb + h * sxh + rows[:, None] * sxs + cols[None, :] * sxd, mask=inside, other=0.0)
-    return x.to(tl.float32), rows, cols, inside
+    inside = ((c * BLK + r)[:, None] < s_len) & (cols[None, :] < d_len)
+    base = X + b * sxb + h * sxh + (c * BLK).to(tl.int64) * sxs
+    x = tl.load(base + r[:, None] * sxs + cols[None, :] * sxd, mask=inside, other=0.0)
+    return x.to(tl.float32), r, cols, inside
 
 
 @triton.jit
 def _reduce_kernel(X, Amax, CMax, CMin, s_len, d_len, H, n_chunk, sxb, sxh, sxs, sxd,
                    BLK: tl.constexpr, BD: tl.constexpr, CHANNEL: tl.constexpr):
-    x, rows, cols, inside = _tile(X, s_len, d_len, sxb, sxh, sxs, sxd, BLK, BD)
+    x, r, cols, inside = _tile(X, s_len, d_len, sxb, sxh, sxs, sxd, BLK, BD)
     part = (tl.program_id(2) * H + tl.program_id(1)) * n_chunk + tl.program_id(0)
     if CHANNEL:  # per-channel max and min of the chunk (K smoothing: the amax of K - mean follows from them)
         tl.store(CMax + part * d_len + cols, tl.max(tl.where(inside, x, float("-inf")), axis=0), mask=cols < d_len)
@@ -69,7 +73,8 @@ def _reduce_kernel(X, Amax, CMax, CMin, s_len, d_len, H, n_chunk, sxb, sxh, sxs,
 @triton.jit
 def _quant_kernel(X, Out, Descale, Mean, s_len, d_len, H, sxb, sxh, sxs, sxd, sob, soh, sos, sod,
                   BLK: tl.constexpr, BD: tl.constexpr, HAS_MEAN: tl.constexpr, FIX: tl.constexpr):
-    x, rows, cols, inside = _tile(X, s_len, d_len, sxb, sxh, sxs, sxd, BLK, BD)
+    x, r, cols, inside = _tile(X, s_len, d_len, sxb, sxh, sxs, sxd, BLK, BD)
+    c = tl.program_id(0)
     h = tl.program_id(1).to(tl.int64)
     b = tl.program_id(2).to(tl.int64)
     bh = b * H + h
@@ -78,7 +83,8 @@ def _quant_kernel(X, Out, Descale, Mean, s_len, d_len, H, sxb, sxh, sxs, sxd, so
     d = tl.load(Descale + bh)
     y = tl.math.div_rn(x, tl.zeros_like(x) + d)  # IEEE division: the eager path's x / descale, bit for bit
     yq = to_e4m3(tl.clamp(y, -448.0, 448.0), FIX)
-    tl.store(Out + b * sob + h * soh + rows[:, None] * sos + cols[None, :] * sod, yq, mask=inside)
+    base = Out + b * sob + h * soh + (c * BLK).to(tl.int64) * sos
+    tl.store(base + r[:, None] * sos + cols[None, :] * sod, yq, mask=inside)
 
 
 def _grid(x: torch.Tensor):
@@ -97,12 +103,12 @@ def _amax(x: torch.Tensor, mean: Optional[torch.Tensor]) -> torch.Tensor:
     if mean is None:
         part = torch.empty((b, h, n), device=x.device, dtype=torch.float32)
         _reduce_kernel[_grid(x)](x, part, part, part, s, d, h, n, *x.stride(), BLK=CHUNK, BD=_bd(d),
-                                 CHANNEL=False, num_warps=4)
+                                 CHANNEL=False, num_warps=WARPS)
         return part.amax(dim=-1)
     cmax = torch.empty((b, h, n, d), device=x.device, dtype=torch.float32)
     cmin = torch.empty_like(cmax)
     _reduce_kernel[_grid(x)](x, cmax, cmax, cmin, s, d, h, n, *x.stride(), BLK=CHUNK, BD=_bd(d), CHANNEL=True,
-                             num_warps=4)
+                             num_warps=WARPS)
     m = mean.reshape(b, h, d)
     return torch.maximum((cmax.amax(dim=2) - m).abs(), (cmin.amin(dim=2) - m).abs()).amax(dim=-1)
 
@@ -117,7 +123,7 @@ def quantize_bh(x: torch.Tensor, mean: Optional[torch.Tensor] = None):
     out = torch.empty_like(x, dtype=torch.float8_e4m3fn)
     mean_arg = descale if mean is None else mean.reshape(b, h, d).contiguous()
     _quant_kernel[_grid(x)](x, out, descale, mean_arg, s, d, h, *x.stride(), *out.stride(), BLK=CHUNK, BD=_bd(d),
-                            HAS_MEAN=mean is not None, FIX=INTERPRETED, num_warps=4)
+                            HAS_MEAN=mean is not None, FIX=INTERPRETED, num_warps=WARPS)
     return out, descale
 
 
