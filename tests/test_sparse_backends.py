@@ -102,6 +102,12 @@ def test_the_patch_routes_grid_backends_through_the_models_hooks():
     model = small_wan()
     x = wan_inputs()
     base = run(model, x)
+    seen = []
+    with AttentionPatch([("transformer", model)], "sta:window=1x3x1,tile=2x2x4,block=16",
+                        observers=[lambda info: seen.append((info.kind, info.args.get("tile_order")))]):
+        run(model, x)
+    assert seen[0] == ("self", "sta:window=1x3x1+tile=2x2x4+pad=block+block=16")  # captures say their token order
+    assert seen[1] == ("cross", "sta:window=1x3x1+tile=2x2x4+pad=block+block=16")
     with AttentionPatch([("transformer", model)], "flex") as patch:
         torch.testing.assert_close(run(model, x), base, atol=1e-5, rtol=1e-4)  # flex equals the model's sdpa
     assert dict(patch.stats.calls) == {"flex.dense": 4}
