@@ -59,6 +59,15 @@ def test_sparse_entries_are_listed_with_what_they_need():
     assert not B.resolve("sta").supports_causal and B.resolve("flex").supports_causal
 
 
+def test_a_causal_call_is_refused_by_the_patterns():
+    q, k, v = qkv(48)
+    with pytest.raises(B.UnsupportedCall, match="does not support causal attention"):
+        B.resolve("sta").check_call(q, k, v, is_causal=True)  # what the patch asks before every call
+    with pytest.raises(ValueError, match="bidirectional"):
+        B.resolve(SMALL_STA).grid.attend(q, k, v, grid=TokenGrid(3, 4, 4), is_causal=True)
+    B.resolve("flex").check_call(q, k, v, is_causal=True)  # dense FlexAttention serves causal calls
+
+
 def test_a_grid_backend_called_bare_refuses_instead_of_running_dense():
     q, k, v = qkv(48)
     with pytest.raises(B.UnsupportedCall, match="needs the token grid"):
