@@ -67,6 +67,11 @@ def analyse(files, grid: TokenGrid, patterns: list[str], max_queries: int, devic
         except CaptureError as e:
             skipped.append(f"{Path(f).name}: {e}")
             continue
+        order = (meta.get("args") or {}).get("tile_order")
+        if order:
+            skipped.append(f"{Path(f).name}: its tokens are in the tile order of {order}, not the model's (capture "
+                           "with a dense backend)")
+            continue
         if meta.get("kind") not in _SELF_KINDS or q.shape[2] != grid.seq_len or k.shape[2] != grid.seq_len:
             skipped.append(f"{Path(f).name}: {meta.get('kind')} attention of {q.shape[2]}x{k.shape[2]} tokens, not "
                            f"self-attention on the grid {grid} ({grid.seq_len} tokens)")

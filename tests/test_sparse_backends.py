@@ -59,6 +59,15 @@ def test_sparse_entries_are_listed_with_what_they_need():
     assert not B.resolve("sta").supports_causal and B.resolve("flex").supports_causal
 
 
+def test_a_causal_call_is_refused_by_the_patterns():
+    q, k, v = qkv(48)
+    with pytest.raises(B.UnsupportedCall, match="does not support causal attention"):
+        B.resolve("sta").check_call(q, k, v, is_causal=True)  # what the patch asks before every call
+    with pytest.raises(ValueError, match="bidirectional"):
+        B.resolve(SMALL_STA).grid.attend(q, k, v, grid=TokenGrid(3, 4, 4), is_causal=True)
+    B.resolve("flex").check_call(q.float(), k.float(), v.float(), is_causal=True)  # dense FlexAttention serves them
+
+
 def test_a_grid_backend_called_bare_refuses_instead_of_running_dense():
     q, k, v = qkv(48)
     with pytest.raises(B.UnsupportedCall, match="needs the token grid"):
@@ -102,6 +111,12 @@ def test_the_patch_routes_grid_backends_through_the_models_hooks():
     model = small_wan()
     x = wan_inputs()
     base = run(model, x)
+    seen = []
+    with AttentionPatch([("transformer", model)], "sta:window=1x3x1,tile=2x2x4,block=16",
+                        observers=[lambda info: seen.append((info.kind, info.args.get("tile_order")))]):
+        run(model, x)
+    assert seen[0] == ("self", "sta:window=1x3x1+tile=2x2x4+pad=block+block=16")  # captures say their token order
+    assert seen[1] == ("cross", "sta:window=1x3x1+tile=2x2x4+pad=block+block=16")
     with AttentionPatch([("transformer", model)], "flex") as patch:
         torch.testing.assert_close(run(model, x), base, atol=1e-5, rtol=1e-4)  # flex equals the model's sdpa
     assert dict(patch.stats.calls) == {"flex.dense": 4}

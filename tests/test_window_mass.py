@@ -46,6 +46,10 @@ def test_tiny_wan_captures_end_to_end(tmp_path, capsys):
     assert run_wan.main(["--model", "tiny", "--num_frames", "9", "--height", "64", "--width", "96",
                          "--num_inference_steps", "1", "--attention_type", "sdpa", "--save_inputs",
                          "--max_captures", "3", "--output_dir", str(tmp_path)]) == 0
+    # a capture of a sparse run holds its tokens in the pattern's tile order: said, and left out
+    first = torch.load(tmp_path / "captures" / "attn_sdpa_rank0_000000.pt", weights_only=True)
+    first["meta"]["args"]["tile_order"] = "sta:window=1x3x3+tile=1x2x2+pad=block+block=16"
+    torch.save(first, tmp_path / "captures" / "attn_sdpa_rank0_000009.pt")
     out = tmp_path / "mass.json"
     rc = wm.main([str(tmp_path / "captures"), "--grid", "3x4x6", "--pattern", "sta:window=1x3x3,tile=1x2x2,block=16",
                   "--pattern", "radial:block=16", "--max_queries", "40", "-o", str(out)])
@@ -56,7 +60,8 @@ def test_tiny_wan_captures_end_to_end(tmp_path, capsys):
     assert {r["file"] for r in rows} == {"attn_sdpa_rank0_000000.pt", "attn_sdpa_rank0_000002.pt"}
     assert len(rows) == 2 * 2 * 2 and all(r["queries"] == 40 for r in rows)
     assert all(0 <= r["mass_p10"] <= r["mass_median"] <= 1 and 0 < r["key_share"] <= 1 for r in rows)
-    assert len(data["skipped"]) == 1 and "cross attention" in data["skipped"][0]
+    assert len(data["skipped"]) == 2 and "cross attention" in data["skipped"][0]
+    assert "tile order of sta:window=1x3x3" in data["skipped"][1]
     printed = capsys.readouterr().out
     assert "mass inside" in printed and "key share" in printed
     assert wm.main([str(tmp_path / "captures"), "--grid", "3x4x7"]) == 4  # no capture on that grid

@@ -44,7 +44,8 @@ ORDER = 35
 
 DENSE_LABEL = "flex.dense"
 _NO_LSE = "the FlexAttention wrappers do not return its log-sum-exp (sparse patterns refuse context parallelism)"
-_GRID_NOTE = "needs the token grid (Wan, CogVideoX); CPU: eager FlexAttention, O(S^2) memory, correctness only"
+_FLEX_NOTE = "compiled on CUDA; eager on a CPU (O(S^2) memory: correctness only)"
+_GRID_NOTE = "needs the token grid (Wan, CogVideoX); " + _FLEX_NOTE
 
 
 def _flex_probe(device: torch.device) -> tuple[bool, str]:
@@ -152,7 +153,7 @@ def _pattern_entry(spec: SparseSpec, name: str) -> Backend:
 register(Backend(
     "flex", "FlexAttention, dense (no mask): the sparse patterns' baseline on the same kernel family",
     fn=flex_attention_dense, kernel=DENSE_LABEL, constraints=(probe(_flex_probe),), dtypes=ANY_FLOAT,
-    no_lse_reason=_NO_LSE, notes="CPU: eager FlexAttention, O(S^2) memory, correctness only"))
+    no_lse_reason=_NO_LSE, notes=_FLEX_NOTE))
 register(_pattern_entry(parse_spec("sta"), "sta"))
 register(_pattern_entry(parse_spec("radial"), "radial"))
 

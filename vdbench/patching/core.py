@@ -269,6 +269,8 @@ class AttentionPatch:
             return out
         if b.grid is not None:  # the pattern needs the grid: through the model's grid hooks
             model, kind = self.context[0], self.context[2]
+            if self._grids.tile_ordered(b, model):  # observers (captures) see tokens in the pattern's tile order
+                args = {**args, "tile_order": str(b.grid.spec)}
             out, label, blocks = self.timed(
                 lambda: self._grids.attend(b, model, kind, q, k, v, scale, is_causal), q)
             self.record(label + tag, q, k, v, out, bshd=False, args=args, blocks=blocks)
