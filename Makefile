@@ -31,8 +31,9 @@ demo: setup
 	echo "  logs:                $(DEMO)/logs/"; \
 	echo "next: open the report; on a GPU render a real model with the kernels you compare, e.g."; \
 	echo "  $(PY) run_wan.py --list_backends"; \
-	echo "  bash render_all_WAN.sh --types sdpa_cudnn,fav3,sagev1,reference --model-path Wan-AI/Wan2.1-T2V-1.3B-Diffusers --stitch --report"; \
-	echo "  bash render_all_WAN.sh --nproc 2 --types sdpa_cudnn,fav3 --model-path Wan-AI/Wan2.1-T2V-1.3B-Diffusers --stitch"; \
+	echo "  bash render_all_WAN.sh --model-path Wan-AI/Wan2.1-T2V-1.3B-Diffusers \\"; \
+	echo "      --types sdpa_cudnn,fav3,sagev1,reference --stitch --report          # on a GPU"; \
+	echo "  bash render_all_WAN.sh --nproc 2 ...                                      # each render on 2 GPUs"; \
 	exit $$rc
 
 clean:

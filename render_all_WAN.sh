@@ -47,7 +47,8 @@ fi
 out_dir=$default_out; types=""; model=tiny; stitch=0; reuse=0; want_report=0; extra=()
 nproc=1; ulysses=""; ring=""; cfg=0; engine=""; image=""; fps=""; font_size=24
 usage() {
-  if [ "$family" = cogvideox ]; then sed -n '2,7p' "$here/render_all_attention.sh"; sed -n '7,31p' "$here/render_all_WAN.sh"
+  if [ "$family" = cogvideox ]; then
+    sed -n '2,7p' "$here/render_all_attention.sh"; sed -n '7,31p' "$here/render_all_WAN.sh"
   else sed -n '2,31p' "$here/render_all_WAN.sh"; fi | sed 's/^# \{0,1\}//'
 }
 need() { [ $# -ge 2 ] && [ -n "$2" ] || { echo "error: $1 needs a value (see --help)" >&2; exit 2; }; }
@@ -112,13 +113,15 @@ results_dir=$out_dir${results_sub:+/$results_sub}
 ok=(); failed=(); failed_codes=(); outputs=()
 start=$(date +%s)
 joined=$(IFS=,; echo "${type_list[*]}")
-mapfile -t paths < <("$py" "$runner" "${render_args[@]}" --attention_type "$joined" --print_output_path 2>"$out_dir/logs/.paths.err")
+mapfile -t paths < <("$py" "$runner" "${render_args[@]}" --attention_type "$joined" --print_output_path \
+                       2>"$out_dir/logs/.paths.err")
 if [ ${#paths[@]} -ne ${#type_list[@]} ]; then
   echo "error: could not compute the output paths: $(grep -m1 '^error:' "$out_dir/logs/.paths.err")" >&2
   grep -m1 '^hint:' "$out_dir/logs/.paths.err" >&2
   exit 2
 fi
-echo "rendering ${#type_list[@]} backend(s)$([ "$nproc" -gt 1 ] && echo " under torchrun on $nproc processes (${par[*]})") into $results_dir/"
+under=""; [ "$nproc" -gt 1 ] && under=" under torchrun on $nproc processes (${par[*]})"
+echo "rendering ${#type_list[@]} backend(s)$under into $results_dir/"
 for i in "${!type_list[@]}"; do
   t=${type_list[$i]}; path=${paths[$i]}; log="$out_dir/logs/$t.log"
   if [ "$reuse" = 1 ] && [ -s "$path" ]; then

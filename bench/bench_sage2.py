@@ -362,7 +362,8 @@ def main(argv=None):
     p.add_argument("--rows", type=int, default=1024, help="query rows sampled per head (128-aligned blocks)")
     p.add_argument("--k_bias", type=float, default=2.0, help="std of K's per-(head, channel) bias")
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
-    p.add_argument("--deadline_s", type=float, default=0, help="skip what is left after this many seconds (0: no limit)")
+    p.add_argument("--deadline_s", type=float, default=0,
+                   help="skip what is left after this many seconds (0: no limit)")
     p.add_argument("--device", default=None, help="cuda, cuda:N or cpu (default: cuda if available, else cpu)")
     p.add_argument("--dry_run", action="store_true", help="CPU, tiny shapes, 1 warm-up, 2 reps")
     p.add_argument("--no_edge", action="store_true", help="skip the causal / padded-head-dim / zero-V checks")

@@ -29,7 +29,8 @@ from vdbench.helptext import DefaultsHelpFormatter
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=DefaultsHelpFormatter)
-    p.add_argument("--model", default="random:wan2.1-t2v-1.3b", help="model to patch (tiny, random:<name>, hub id, path)")
+    p.add_argument("--model", default="random:wan2.1-t2v-1.3b",
+                   help="model to patch (tiny, random:<name>, hub id, path)")
     p.add_argument("--backend", default="fav3", help="attention backend")
     p.add_argument("--height", type=int, default=480, help="frame height in pixels")
     p.add_argument("--width", type=int, default=832, help="frame width in pixels")

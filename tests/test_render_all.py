@@ -110,7 +110,8 @@ def test_nproc_launches_each_render_under_torchrun_and_a_failing_rank_fails_that
     sdpa = next(ln for ln in screen.splitlines() if ln.startswith("sdpa@u2 "))
     assert "ulysses2 (diffusers, 2 ranks)" in sdpa and "sdpa[flash]@ulysses2×" in sdpa
     assert "sagev1_emu: FAILED (exit 1; ranks exited 1 4)" in screen
-    assert sorted(p.name for p in (out / "results").glob("*.mp4")) == ["wan_result_t2v_tiny_9f_2s_attn_sdpa_64x96_u2.mp4"]
+    assert sorted(p.name for p in (out / "results").glob("*.mp4")) == [
+        "wan_result_t2v_tiny_9f_2s_attn_sdpa_64x96_u2.mp4"]
     entry = json.loads((out / "results" / "timing.json").read_text())[-1]
     assert entry["parallel"]["engine"] == "diffusers" and entry["parallel"]["engine_requested"] == "auto"
     assert "not stitching: fewer than two renders succeeded" in screen

@@ -45,8 +45,8 @@ from . import backends as B
 from . import families
 
 __all__ = ["ParallelSpec", "DistContext", "ENGINES", "ENGINE_CHOICES", "resolve_engine", "init_distributed",
-           "check_backend_for_path", "agree", "apply_engine", "share_output", "sequence_layout", "merge_rank_entries", "FailureWatch", "set_outcome",
-           "finish", "EXIT_PEER_FAILED"]
+           "check_backend_for_path", "agree", "apply_engine", "share_output", "sequence_layout", "merge_rank_entries",
+           "FailureWatch", "set_outcome", "finish", "EXIT_PEER_FAILED"]
 
 ENGINES = ("xfuser", "diffusers")
 ENGINE_CHOICES = ("auto", *ENGINES)  # what --parallel_engine takes; auto is resolved by resolve_engine

@@ -132,7 +132,7 @@ def hub_id_problem(model: str) -> str | None:
     return None
 
 
-def config_head_dims(model: str, task: str | None = None, family: str = "wan", image: bool = False) -> list[int] | None:
+def config_head_dims(model: str, task: str | None = None, family: str = "wan") -> list[int] | None:
     """The attention head dims of ``model``'s denoiser(s), read from their configs without loading a weight: a tiny
     or random-weight name from its variant, a local directory or a cached hub id from ``transformer/config.json``
     (diffusers' ``load_config``, local files only); None when that can't be known without a download (the loaded

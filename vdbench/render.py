@@ -311,7 +311,7 @@ def _checked_plan(cfg: RenderConfig, dctx) -> Plan:
                              "process")
     # the head dims from the model's config (no weights; the loaded model is checked again): a backend that can't
     # serve them, or can't run on this device at all (sagev1 on a CPU), is refused here
-    preflight(backend, device, dtype, config_head_dims(cfg.model, cfg.task, cfg.family, bool(cfg.image)) or [])
+    preflight(backend, device, dtype, config_head_dims(cfg.model, cfg.task, cfg.family) or [])
     if cfg.image and cfg.task in family.image_refusals:
         raise ValueError(family.image_refusals[cfg.task])
     if cfg.task in family.image_tasks and not cfg.image:

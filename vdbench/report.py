@@ -176,8 +176,8 @@ def _run_count(entries: list[dict]) -> int:
 def speed(results: Path) -> dict[str, dict]:
     """Per rendered output (keyed by :func:`entry_label`), from its *latest run* in timing.json
     (:func:`latest_run`: never two runs mixed; ``runs_recorded`` says how many there are, ``run_id`` which one is
-    used), recomputed from the raw ``step_times`` with ``vdbench.timing.run_step_stats`` (so files written before the warm-step keys existed
-    read the same way):
+    used), recomputed from the raw ``step_times`` with ``vdbench.timing.run_step_stats`` (so files written before
+    the warm-step keys existed read the same way):
 
     ``warm_step_median`` (+ ``_n``, ``_p20``, ``_p80``, ``_min``, ``_max``): the steps after the first of every
     repetition, pooled. The first step pays for lazy initialisation (kernel selection, allocator growth,

@@ -114,17 +114,18 @@ class Family:
     Identity and loading
         ``name``; ``tasks`` (``--task`` values); ``pipeline_classes`` (task -> diffusers pipeline class name;
         :meth:`pipeline_class`); ``image_pipeline_classes`` (task -> the class that serves it when a conditioning
-        image is given, for tasks that take one optionally: Wan TI2V's image-to-video path); ``vae_class`` (diffusers VAE class name); ``default_models`` (task -> the
-        checkpoint a CLI loads when no model is given); ``default_tiny`` (task -> the tiny variant ``--model tiny``
-        picks); ``tiny_variants`` (:class:`vdbench.tiny.TinyVariant` objects, registered into
-        :mod:`vdbench.tiny`); ``random_variants`` (``random:<name>`` -> (base tiny variant, real-shape overrides)).
+        image is given, for tasks that take one optionally: Wan TI2V's image-to-video path); ``vae_class``
+        (diffusers VAE class name); ``default_models`` (task -> the checkpoint a CLI loads when no model is given);
+        ``default_tiny`` (task -> the tiny variant ``--model tiny`` picks); ``tiny_variants``
+        (:class:`vdbench.tiny.TinyVariant` objects, registered into :mod:`vdbench.tiny`); ``random_variants``
+        (``random:<name>`` -> (base tiny variant, real-shape overrides)).
     Command lines
         ``cli`` (:class:`CliDefaults`); ``output_name(task, model, num_frames, steps, attention_type, height,
         width, layout="") -> str`` (the video's file name; ``layout`` the parallel layout's :func:`layout_tag`,
         which ends the name); ``parse_label(stem) -> str | None`` (the attention type back from a file name this
-        family wrote, ``type@layout`` for a parallel render, None if not one of its names); ``image_size_multiple(task, model) -> int |
-        None`` (the multiple an image-derived output size is rounded to; None: the family renders the requested
-        size).
+        family wrote, None if not one of its names; :meth:`label` adds a name's layout: ``type@layout``);
+        ``image_size_multiple(task, model) -> int | None`` (the multiple an image-derived output size is rounded
+        to; None: the family renders the requested size).
     Sizes
         ``frame_multiple`` (valid frame counts are ``frame_multiple * temporal_factor * k + 1``); ``frame_rule``
         (why, for the error: a format string with ``{step}`` and ``{temporal}``); ``fixed_size(transformer,
