@@ -22,12 +22,18 @@ test: setup
 
 demo: setup
 	@start=$$(date +%s); \
-	PYTHON=$(PY) bash render_all_WAN.sh --model-path tiny --output-dir $(DEMO) --stitch; rc=$$?; \
+	PYTHON=$(PY) bash render_all_WAN.sh --model-path tiny --output-dir $(DEMO) --stitch --report; rc=$$?; \
 	echo "demo finished in $$(( $$(date +%s) - start )) s (exit $$rc)"; \
-	echo "  grid:                $(DEMO)/comparison_grid.mp4"; \
+	echo "  grid:                $(DEMO)/comparison_grid.mp4 (labels: warm ms/step, PSNR vs reference)"; \
+	echo "  report:              $(DEMO)/report.html (and summary.csv)"; \
 	echo "  per-backend videos:  $(DEMO)/results/wan_result_*.mp4"; \
 	echo "  timing:              $(DEMO)/results/timing.json"; \
 	echo "  logs:                $(DEMO)/logs/"; \
+	echo "next: open the report; on a GPU render a real model with the kernels you compare, e.g."; \
+	echo "  $(PY) run_wan.py --list_backends"; \
+	echo "  bash render_all_WAN.sh --model-path Wan-AI/Wan2.1-T2V-1.3B-Diffusers \\"; \
+	echo "      --types sdpa_cudnn,fav3,sagev1,reference --stitch --report          # on a GPU"; \
+	echo "  bash render_all_WAN.sh --nproc 2 ...                                      # each render on 2 GPUs"; \
 	exit $$rc
 
 clean:

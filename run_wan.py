@@ -6,9 +6,11 @@
     torchrun --nproc_per_node=2 run_wan.py --model random:wan2.1-t2v-1.3b --attention_type fav3 --ulysses_degree 2
     python run_wan.py --list_backends
 
-Writes DIR/results/wan_result_<task>_<model>_<F>f_<S>s_attn_<type>_<H>x<W>.mp4 and appends one object per
-repetition to DIR/results/timing.json (DIR: --benchmark_output_directory, alias --output_dir).
-The flags are vdbench.cli's, the same for sageattn_cogvideo.py.
+    python run_wan.py --model tiny --task ti2v --img_file_path first_frame.png   # TI2V's image-to-video path
+
+Writes DIR/results/wan_result_<task>_<model>_<F>f_<S>s_attn_<type>_<H>x<W>[_<layout>].mp4 (layout: u2, r2,
+u2r2, cfg2 ... under torchrun) and appends one object per repetition to DIR/results/timing.json (DIR:
+--benchmark_output_directory, alias --output_dir). The same flags as sageattn_cogvideo.py.
 """
 
 import sys

@@ -8,8 +8,8 @@ backend is installed into that model's processors only, nothing else in the proc
     python sageattn_cogvideo.py --model_path THUDM/CogVideoX-2b --attention_type sagev1
     torchrun --nproc_per_node=2 sageattn_cogvideo.py --model_path THUDM/CogVideoX-2b --attention_type fav3 --use_cfg_parallel
 
-Writes DIR/cogvideox-<model>_<type>.mp4 and appends to DIR/timing.json (DIR: --output_dir, alias
---benchmark_output_directory). The flags are vdbench.cli's, the same for run_wan.py.
+Writes DIR/cogvideox-<model>_<type>[_<layout>].mp4 (layout: u2, cfg2 ... under torchrun) and appends to
+DIR/timing.json (DIR: --output_dir, alias --benchmark_output_directory). The same flags as run_wan.py.
 """
 
 import sys

@@ -1,16 +1,21 @@
 """Stitch the per-backend videos of a benchmark run into one labelled comparison grid.
 
+    python stitch_comparison.py --input_dir outputs/wan/results --font_size 48   # -> results/comparison_grid.mp4
     python stitch_comparison.py --input_dir outputs/wan --output outputs/wan/compare.mp4
     python stitch_comparison.py --input_dir outputs/cog --output cmp.mp4 --pattern 'cogvideox-2b_*.mp4' \\
         --labels sdpa,sage,fa3 --layout 1x3
     python stitch_comparison.py --output grid.mp4 --labels sdpa,sagev1 a.mp4 b.mp4   # explicit files, in order
 
 A thin command line over :func:`vdbench.video.stitch_grid`. With ``--input_dir`` the matching files are taken
-in name order; files named on the command line (what ``render_all_WAN.sh --stitch`` passes, with one label
-per rendered backend) are taken in the order given. Cells are labelled from the file names
-(``wan_result_..._attn_<type>_<H>x<W>.mp4`` and ``cogvideox-<model>_<type>.mp4`` give ``<type>``) unless
-``--labels`` is given. Bad input (no matching file, an unreadable video, a single video) exits with status 2
-and a one-line message naming what is wrong.
+in name order; files named on the command line (what ``render_all_WAN.sh --stitch`` passes) are taken in the
+order given. The grid goes to ``--output``, by default ``comparison_grid.mp4`` in the input directory (beside the
+first video when files are named). Grids this tool made (recognised by the tag every grid carries) and the output
+itself are never taken as cells; what was left out is said, with why. An existing output is replaced only when it
+is a grid this tool made, other files only with ``--overwrite``. Cells are labelled from the file names
+(``wan_result_..._attn_<type>_<H>x<W>[_<layout>].mp4`` and ``cogvideox-<model>_<type>[_<layout>].mp4`` give
+``<type>``, ``<type>@<layout>`` for a parallel render such as ``sdpa@u2``) unless ``--labels`` is given. Bad input
+(no matching file, an unreadable video, a single video) exits with status 2 and a one-line message naming what is
+wrong.
 """
 
 from __future__ import annotations
@@ -19,8 +24,12 @@ import argparse
 import glob
 import os
 import sys
+import textwrap
 
-from vdbench.video import VideoError, grid_shape, label_from_filename, stitch_grid
+from vdbench.helptext import DefaultsHelpFormatter
+from vdbench.video import MADE_BY_GRID, VideoError, grid_shape, label_from_filename, made_by, stitch_grid
+
+DEFAULT_OUTPUT = "comparison_grid.mp4"
 
 
 def _parse_layout(text: str) -> tuple[int, int]:
@@ -54,16 +63,26 @@ def _positive_int(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description="Stitch benchmark videos into a labelled comparison grid.")
+    p = argparse.ArgumentParser(
+        description="Stitch benchmark videos into a labelled comparison grid.",
+        epilog="examples:\n" + "\n".join(__doc__.splitlines()[2:6]) + "\n\n" + textwrap.fill(
+            "Grids this tool made and the output itself are never taken as cells (what was left out is said); an "
+            "existing output is replaced only when it is such a grid. Labels come from the file names: the "
+            "backend, with the parallel layout of a torchrun render (sdpa@u2). Exit status 2 on bad input.", 100),
+        formatter_class=DefaultsHelpFormatter)
     p.add_argument("inputs", nargs="*", metavar="VIDEO",
                    help="videos to stitch, in this order (instead of --input_dir)")
-    p.add_argument("--input_dir", help="directory holding the per-backend videos")
-    p.add_argument("--output", required=True, help="grid video to write (e.g. compare.mp4)")
-    p.add_argument("--pattern", default="*.mp4", help="glob for the inputs inside input_dir (default: *.mp4)")
-    p.add_argument("--font_size", type=_positive_int, default=24, help="label size in pixels (default: 24)")
+    p.add_argument("--input_dir", "--input-dir", help="directory holding the per-backend videos")
+    p.add_argument("--output", default=None,
+                   help=f"grid video to write (default: INPUT_DIR/{DEFAULT_OUTPUT}, or beside the first VIDEO)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an existing --output that is not a grid this tool made")
+    p.add_argument("--pattern", default="*.mp4", help="glob for the inputs inside input_dir")
+    p.add_argument("--font_size", "--font-size", type=_positive_int, default=24, help="label size in pixels")
     p.add_argument("--fps", type=_positive_float, default=None,
                    help="output frame rate (default: the first input's)")
-    p.add_argument("--labels", default=None, help="comma-separated cell labels, one per input in name order")
+    p.add_argument("--labels", default=None,
+                   help="comma-separated cell labels, one per input in name order (default: from the file names)")
     p.add_argument("--reference", default=None, metavar="LABEL",
                    help="add figures to each label: speedup of the warm steps (median of the steps after the "
                         "first, from timing.json next to the videos; 'emulated' for an emulation, flagged when "
@@ -74,13 +93,27 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def find_inputs(input_dir: str, pattern: str, output: str) -> list[str]:
-    """Matching files in name order, without the output itself (re-running into the same directory must not
-    stitch the previous grid in). ``glob`` skips dot files, so a temporary file left by a killed run is
-    never picked up either."""
+def find_inputs(input_dir: str, pattern: str, output: str) -> tuple[list[str], list[tuple[str, str]]]:
+    """``(inputs, excluded)``: the matching files in name order, and the matching files left out with why -- the
+    output itself and every grid this tool made (its tag), so re-running into the same directory never stitches a
+    previous grid in as a cell. ``glob`` skips dot files, so a temporary file left by a killed run is never picked
+    up either."""
     out_abs = os.path.abspath(output)
-    paths = sorted(glob.glob(os.path.join(glob.escape(input_dir), pattern)))
-    return [p for p in paths if os.path.isfile(p) and os.path.abspath(p) != out_abs]
+    inputs, excluded = [], []
+    for path in sorted(glob.glob(os.path.join(glob.escape(input_dir), pattern))):
+        if not os.path.isfile(path):
+            continue
+        if os.path.abspath(path) == out_abs:
+            excluded.append((path, "the output of this run"))
+        elif made_by(path) == MADE_BY_GRID:
+            excluded.append((path, "a comparison grid this tool made"))
+        else:
+            inputs.append(path)
+    return inputs, excluded
+
+
+def _excluded_text(excluded: list[tuple[str, str]]) -> str:
+    return "; ".join(f"{os.path.basename(p)} left out ({why})" for p, why in excluded)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -90,10 +123,18 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("give either --input_dir DIR or the video files, not both" if args.inputs
                      else "give --input_dir DIR or the video files to stitch")
 
-    def fail(message: str) -> int:
+    def fail(message: str, hint: str = "") -> int:
         print(f"stitch_comparison: error: {message}", file=sys.stderr)
+        if hint:
+            print(f"hint: {hint}", file=sys.stderr)
         return 2
 
+    if args.output is None:
+        args.output = os.path.join(args.input_dir or os.path.dirname(os.path.abspath(args.inputs[0])),
+                                   DEFAULT_OUTPUT)
+    if os.path.exists(args.output) and not args.overwrite and made_by(args.output) != MADE_BY_GRID:
+        return fail(f"{args.output} exists and is not a grid this tool made; not replacing it",
+                    "choose another --output, or pass --overwrite to replace it")
     if args.inputs:
         inputs = list(args.inputs)
         if len(inputs) == 1:
@@ -101,12 +142,15 @@ def main(argv: list[str] | None = None) -> int:
     else:
         if not os.path.isdir(args.input_dir):
             return fail(f"input directory {args.input_dir} does not exist")
-        inputs = find_inputs(args.input_dir, args.pattern, args.output)
+        inputs, excluded = find_inputs(args.input_dir, args.pattern, args.output)
+        left_out = f"; {_excluded_text(excluded)}" if excluded else ""
         if not inputs:
-            return fail(f"no files match {args.pattern!r} in {args.input_dir}")
+            return fail(f"no files match {args.pattern!r} in {args.input_dir}{left_out}")
         if len(inputs) == 1:
-            return fail(f"only one video matches {args.pattern!r} in {args.input_dir} ({inputs[0]}); "
-                        "need at least two to compare")
+            return fail(f"only one video to stitch in {args.input_dir}: {os.path.basename(inputs[0])} matches "
+                        f"{args.pattern!r}{left_out}; need at least two to compare")
+        for path, why in excluded:
+            print(f"stitch_comparison: note: {os.path.basename(path)} left out ({why})", file=sys.stderr)
     if args.labels is not None:
         labels = [s.strip() for s in args.labels.split(",")]
         if len(labels) != len(inputs):

@@ -42,6 +42,10 @@ Captured inputs are cast to ``--dtype`` (bf16 by default) and the run says so (a
 CSV); ``--dtype capture`` keeps the captured dtype. Printed figures keep three significant digits (0.0086
 TFLOP/s, not 0.0). The plot: colour = kernel, marker = input, one legend outside the axes.
 
+Captures are checked before any work (size limit ``--max_capture_gib``, dense q/k/v of matching shapes, meta
+consistent); a bad one is skipped with its reason and the others run. The CSV is written row by row, so a kill or
+one bad input never costs the rows already measured.
+
 Exit status: 0; 1 when a kernel failed (FAIL / error rows); 3 when capture files were skipped; 4 when no kernel
 ran at all (every row unavailable or failed), with the reasons.
 """
@@ -61,7 +65,8 @@ import torch
 from vdbench import backends as B
 from vdbench import families
 from vdbench import metrics as M
-from vdbench.capture import CaptureError, list_captures, load_capture
+from vdbench.capture import MAX_CAPTURE_BYTES, CaptureError, list_captures, load_capture
+from vdbench.helptext import DefaultsHelpFormatter
 from vdbench.sparse import block_mask, parse_grid, split_attention_types, to_layout
 from vdbench.timing import speed_verdict, spread
 
@@ -178,11 +183,16 @@ def accuracy(out, ref):
             "frac_beyond_tol": beyond, "nan_inf": int(bad)}
 
 
-def load_inputs(args, device, dtype):
-    """[(name, q, k, v, cast_from)] from captures or presets, plus a fresh random input of the first shape.
-    ``cast_from`` is the captured dtype when the capture was cast to ``dtype`` (else ""); a note on stderr says
-    so once per captured dtype, because a kernel timed in bf16 on fp32 captures is not the call that was captured."""
-    inputs, skipped, cast_notes = [], [], {}
+def iter_inputs(args, device, dtype, skipped: list):
+    """(name, q, k, v, cast_from) one input at a time -- captures or presets, then a fresh random input of the first
+    shape -- so a run never holds every capture at once. Each capture is checked before any work
+    (:func:`vdbench.capture.load_capture`: size limit, dense q/k/v of matching shapes, meta consistent); a bad one
+    is skipped with its reason (printed, and appended to ``skipped``), the others still run. ``cast_from`` is the
+    captured dtype when the capture was cast to ``dtype`` (else ""); a note says so once per captured dtype,
+    because a kernel timed in bf16 on fp32 captures is not the call that was captured."""
+    first = None
+    noted: set = set()
+    to = str(dtype).replace("torch.", "")
     if args.input_dir:
         files = list_captures(args.input_dir)
         if not files:
@@ -192,32 +202,56 @@ def load_inputs(args, device, dtype):
             files = files[:args.max_inputs]
         for f in files:
             try:
-                q, k, v, meta = load_capture(f)
+                q, k, v, meta = load_capture(f, max_bytes=int(args.max_capture_gib * 2**30))
             except CaptureError as e:
-                print(f"skipped: {e}", file=sys.stderr)
+                print(f"skipped: {e}", file=sys.stderr, flush=True)
                 skipped.append(str(f))
                 continue
             keep = args.dtype == "capture" or q.dtype == dtype
             cast_from = "" if keep else str(q.dtype).replace("torch.", "")
-            if cast_from:
-                cast_notes[cast_from] = cast_notes.get(cast_from, 0) + 1
+            if cast_from and cast_from not in noted:
+                noted.add(cast_from)
+                print(f"note: captures hold {cast_from} inputs; cast to {to} for the kernels (--dtype {args.dtype}); "
+                      f"--dtype capture keeps {cast_from}", file=sys.stderr)
             cast = (lambda t: t.to(device)) if keep else (lambda t: t.to(device=device, dtype=dtype))
-            inputs.append((f.name, cast(q), cast(k), cast(v), cast_from))
+            q, k, v = cast(q), cast(k), cast(v)
+            first = first or (q.shape, k.shape[2], q.dtype)
+            yield f.name, q, k, v, cast_from
     else:
         for p in args.preset:
             b, h, sq, sk, d = PRESETS[p]
             if args.max_seq:
                 sq, sk = min(sq, args.max_seq), min(sk, args.max_seq)
-            inputs.append((p, *synthetic((b, h, sq, sk, d), dtype, device), ""))
-    to = str(dtype).replace("torch.", "")
-    for src, n in cast_notes.items():
-        print(f"note: {n} capture(s) hold {src} inputs; cast to {to} for the kernels (--dtype {args.dtype}); "
-              f"--dtype capture keeps {src}", file=sys.stderr)
-    if inputs:
-        _, q, k, v, _ = inputs[0]
-        b, h, sq, d = q.shape
-        inputs.append(("random", *synthetic((b, h, sq, k.shape[2], d), q.dtype, device, seed=1234, k_bias=0.0), ""))
-    return inputs, skipped
+            q, k, v = synthetic((b, h, sq, sk, d), dtype, device)
+            first = first or (q.shape, sk, q.dtype)
+            yield p, q, k, v, ""
+    if first is not None:
+        (b, h, sq, d), sk, dt = first
+        yield ("random", *synthetic((b, h, sq, sk, d), dt, device, seed=1234, k_bias=0.0), "")
+
+
+class RowWriter:
+    """The CSV written row by row as the bench goes (flushed each time), so a kill, a time limit or one bad input
+    never costs the rows already measured; the JSON and the plot follow at the end from all rows."""
+
+    def __init__(self, output):
+        self.path = Path(output).with_suffix(".csv") if output else None
+        self.file = self.writer = None
+        if self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.file = open(self.path, "w", newline="")
+            self.writer = csv.DictWriter(self.file, fieldnames=COLUMNS)
+            self.writer.writeheader()
+            self.file.flush()
+
+    def add(self, row: dict) -> None:
+        if self.writer is not None:
+            self.writer.writerow(row)
+            self.file.flush()
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
 
 
 def _time_row(row, be, fn, q, k, v, args, device, flops):
@@ -264,12 +298,33 @@ def run(args) -> int:
                     else [B.resolve(k) for k in split_attention_types(args.kernel)])
     except B.BackendUnavailable as e:
         sys.exit(f"error: {e}")
-    grids = {g.seq_len: g for g in args.grid or []}
-    inputs, skipped = load_inputs(args, device, dtype or torch.bfloat16)
+    skipped: list = []
     want = set(METRICS[1:]) if args.metric == "all" else {args.metric}
     timed = want & {"time", "throughput", "bandwidth"}
     rows = []
-    for name, q, k, v, cast_from in inputs:
+    sink = RowWriter(args.output)
+    try:
+        _bench(args, device, dtype, backends, want, timed, skipped, rows, sink)
+    finally:
+        sink.close()
+    _speedups(rows, args.baseline)
+    print_table(rows, want)
+    if args.output:
+        write_outputs(rows, args.output, device)
+    if rows and not any(r["status"].startswith("ok") for r in rows):
+        reasons = dict.fromkeys(r["status"] for r in rows)
+        print(f"error: no kernel ran ({len(rows)} rows, none ok): " + " | ".join(reasons), file=sys.stderr)
+        return EXIT_NOTHING_RAN
+    if skipped:
+        print(f"{len(skipped)} input file(s) skipped", file=sys.stderr)
+        return 3
+    return 1 if any(r["status"].startswith(("FAIL", "error")) for r in rows) else 0
+
+
+def _bench(args, device, dtype, backends, want, timed, skipped, rows, sink):
+    """Every kernel on every input, each row handed to ``sink`` as soon as it is measured."""
+    grids = {g.seq_len: g for g in args.grid or []}
+    for name, q, k, v, cast_from in iter_inputs(args, device, dtype or torch.bfloat16, skipped):
         b, h, sq, d = q.shape
         sk = k.shape[2]
         ref = B.exact_attention(q, k, v, dtype=torch.float64) if ("accuracy" in want) else None
@@ -282,6 +337,7 @@ def run(args) -> int:
             if not ok:
                 row["status"] = f"unavailable: {reason}"
                 rows.append(row)
+                sink.add(row)
                 continue
             fn = (lambda q_, k_, v_, be=be: be(q_, k_, v_, scale=args.scale))
             timed_fn, timed_in = fn, (q, k, v)
@@ -290,6 +346,7 @@ def run(args) -> int:
                     got = _grid_kernel(row, be, q, k, v, grids, args.scale)
                     if got is None:
                         rows.append(row)
+                        sink.add(row)
                         continue
                     fn, timed_fn, timed_in = got
                 if "accuracy" in want:
@@ -312,19 +369,8 @@ def run(args) -> int:
             except Exception as e:  # one kernel failing must not lose the others' rows
                 row["status"] = f"error: {type(e).__name__}: {str(e).splitlines()[0][:160]}"
             rows.append(row)
+            sink.add(row)
         del ref
-    _speedups(rows, args.baseline)
-    print_table(rows, want)
-    if args.output:
-        write_outputs(rows, args.output, device)
-    if rows and not any(r["status"].startswith("ok") for r in rows):
-        reasons = dict.fromkeys(r["status"] for r in rows)
-        print(f"error: no kernel ran ({len(rows)} rows, none ok): " + " | ".join(reasons), file=sys.stderr)
-        return EXIT_NOTHING_RAN
-    if skipped:
-        print(f"{len(skipped)} input file(s) skipped", file=sys.stderr)
-        return 3
-    return 1 if any(r["status"].startswith(("FAIL", "error")) for r in rows) else 0
 
 
 def _speedups(rows, baseline):
@@ -453,13 +499,10 @@ def build_plot(rows):
 
 
 def write_outputs(rows, output, device):
+    """The JSON (system, definitions, rows) and the plot beside the CSV that :class:`RowWriter` wrote row by row."""
     out = Path(output)
     out.parent.mkdir(parents=True, exist_ok=True)
     stem = out.with_suffix("")
-    with open(stem.with_suffix(".csv"), "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=COLUMNS)
-        w.writeheader()
-        w.writerows(rows)
     from vdbench.timing import system_info
 
     stem.with_suffix(".json").write_text(json.dumps({"system": system_info(device), "flops": "4*B*H*Sq*Sk*D",
@@ -476,10 +519,11 @@ def write_outputs(rows, output, device):
 
 
 def build_parser():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=DefaultsHelpFormatter)
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--input_dir", help="directory of captures (run_wan.py --save_inputs)")
-    src.add_argument("--preset", action="append", choices=sorted(PRESETS), help="synthetic inputs at a real shape")
+    src.add_argument("--preset", action="append", choices=sorted(PRESETS),
+                     help="synthetic inputs at a real model's shape (repeatable)")
     p.add_argument("--kernel", default="all",
                    help="comma-separated backend names (options allowed: sta:window=3x5x5,tile=6x8x8), or 'all'")
     p.add_argument("--grid", action="append", type=parse_grid, metavar="FxHxW[+T]",
@@ -487,15 +531,19 @@ def build_parser():
     p.add_argument("--baseline", default=None, help="a kernel of --kernel: add speedup_vs_baseline per input")
     p.add_argument("--rep_ms", type=float, default=100, help="do_bench's timed milliseconds per kernel (GPU)")
     p.add_argument("--warmup_ms", type=float, default=25, help="do_bench's warm-up milliseconds (GPU)")
-    p.add_argument("-metric", "--metric", choices=METRICS, default="all")
-    p.add_argument("-o", "--output", help="CSV path (a .json and a .png plot are written beside it)")
-    p.add_argument("--max_inputs", type=int, default=0)
+    p.add_argument("-metric", "--metric", choices=METRICS, default="all", help="what to measure")
+    p.add_argument("-o", "--output", help="CSV path, written row by row (a .json and a .png plot are written beside "
+                                          "it at the end)")
+    p.add_argument("--max_inputs", type=int, default=0, help="at most N captures (0: all)")
     p.add_argument("--sample_rate", type=int, default=1, help="take every R-th capture")
+    p.add_argument("--max_capture_gib", type=float, default=MAX_CAPTURE_BYTES / 2**30,
+                   help="skip a capture whose file or q/k/v exceed this size (GiB)")
     p.add_argument("--reference", default="fp64", choices=["fp64"], help="accuracy reference: exact fp64 attention")
-    p.add_argument("--max_seq", type=int, default=0, help="cap preset sequence lengths (CPU runs)")
-    p.add_argument("--scale", type=float, default=None, help="softmax scale (default 1/sqrt(D))")
-    p.add_argument("--device", default="auto")
-    p.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32", "capture"])
+    p.add_argument("--max_seq", type=int, default=0, help="cap preset sequence lengths, for CPU runs (0: no cap)")
+    p.add_argument("--scale", type=float, default=None, help="softmax scale (default: 1/sqrt(D))")
+    p.add_argument("--device", default="auto", help="auto (cuda if available, else cpu), cpu, cuda, cuda:N")
+    p.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32", "capture"],
+                   help="dtype the kernels get; capture: the captured one")
     return p
 
 

@@ -44,6 +44,7 @@ import torch
 from vdbench.metrics import rel_l2
 from vdbench.numerics import exact_attention, sagev2_emulated
 from vdbench.timing import call_ms
+from vdbench.helptext import DefaultsHelpFormatter
 
 SHAPES = {  # name -> (heads, seq, head_dim), B = 1
     "wan2.1-1.3b-480p": (12, 32760, 128),
@@ -335,18 +336,19 @@ def edge_checks(sage, var, emu_cfg, device, dtype, cases=EDGE_CASES):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=DefaultsHelpFormatter)
     p.add_argument("--shapes", default=None, help="comma list of " + ", ".join(SHAPES) + " (default: all)")
     p.add_argument("--variants", default=None, help="comma list of variant names (default: all)")
-    p.add_argument("--out", default=os.environ.get("OUT", "outputs/sage2"))
-    p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--reps", type=int, default=10)
+    p.add_argument("--out", default=os.environ.get("OUT", "outputs/sage2"), help="result directory ($OUT if set)")
+    p.add_argument("--warmup", type=int, default=3, help="untimed calls per kernel")
+    p.add_argument("--reps", type=int, default=10, help="timed calls per kernel")
     p.add_argument("--heads", type=int, default=8, help="heads sampled for the accuracy figures")
     p.add_argument("--rows", type=int, default=1024, help="query rows sampled per head (128-aligned blocks)")
     p.add_argument("--k_bias", type=float, default=2.0, help="std of K's per-(head, channel) bias")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--deadline_s", type=float, default=0, help="skip what is left after this many seconds")
-    p.add_argument("--device", default=None)
+    p.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    p.add_argument("--deadline_s", type=float, default=0,
+                   help="skip what is left after this many seconds (0: no limit)")
+    p.add_argument("--device", default=None, help="cuda, cuda:N or cpu (default: cuda if available, else cpu)")
     p.add_argument("--dry_run", action="store_true", help="CPU, tiny shapes, 1 warm-up, 2 reps")
     p.add_argument("--no_edge", action="store_true", help="skip the causal / padded-head-dim / zero-V checks")
     args = p.parse_args(argv)

@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from vdbench.video import stitch_grid, write_video
+from vdbench.helptext import DefaultsHelpFormatter
 
 
 def make_inputs(directory: Path, n: int, frames: int, width: int, height: int) -> list[Path]:
@@ -69,12 +70,12 @@ def timed(fn):
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=DefaultsHelpFormatter)
     p.add_argument("--inputs", nargs="*", type=Path, help="existing clips (default: generate six)")
-    p.add_argument("--frames", type=int, default=81)
+    p.add_argument("--frames", type=int, default=81, help="frames of the generated clips")
     p.add_argument("--size", default="832x480", help="WxH of generated clips")
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("-o", "--output", type=Path)
+    p.add_argument("--repeats", type=int, default=3, help="timed stitches per way")
+    p.add_argument("-o", "--output", type=Path, help="write the results as JSON here")
     args = p.parse_args(argv)
     width, height = (int(v) for v in args.size.lower().split("x"))
     with tempfile.TemporaryDirectory() as tmp:

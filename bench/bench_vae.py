@@ -5,11 +5,13 @@
     python bench/bench_vae.py --model wan2.1 --frames 81 --input i2v --ops encode --configs fp32,bf16,fast  # Wan I2V
     python bench/bench_vae.py --model wan2.1 --frames 21 --tile_px 256        # the quick case: encode + decode
     python bench/bench_vae.py --model wan2.1 --latents outputs/x/captures/latents_sdpa_rank0_000.pt --isolate
-    python bench/bench_vae.py --model tiny-wan2.1 --frames 9 --size 64*48 --device cpu        # CI-sized
+    python bench/bench_vae.py --model tiny --frames 9 --size 64*48 --device cpu        # CI-sized (tiny Wan 2.1 VAE)
 
 Models: ``wan2.1``, ``wan2.2`` (TI2V-5B VAE), ``cogvideox``, ``hunyuanvideo`` — the real diffusers classes at
 the real checkpoints' configs with random weights (seeded, built on the device, so every process gets the same
-weights); ``tiny-<those>`` for CI; or a local path / hub id (``vae`` subfolder if there is one).
+weights); ``tiny`` (the tiny Wan 2.1 VAE) or ``tiny:<one of those>`` for CI, spelled as every vdbench tool spells
+the tiny models (``tiny-<name>`` is still read); or a local path / hub id (``vae`` subfolder if there is one). A
+name that is neither is refused at once, with no network attempt.
 
 Configs (``--configs``, comma-separated; ``name@value`` sets its parameter; ``name+modifier`` composes):
   fp32, bf16 (weights cast), bf16_autocast (fp32 weights, autocast), tiled (``--tile_px``),
@@ -184,11 +186,22 @@ def system_context(device: str) -> dict:
 # Models and latents
 # ----------------------------------------------------------------------------------------------------------------
 
+def tiny_name(model: str) -> tuple[bool, str]:
+    """``(tiny, VAE name)`` of a ``--model`` value: ``tiny`` -> the tiny Wan 2.1 VAE, ``tiny:<name>`` (and the older
+    ``tiny-<name>``) -> that VAE's tiny config; anything else -> ``(False, model)``."""
+    if model == "tiny":
+        return True, MODELS[0]
+    for prefix in ("tiny:", "tiny-"):
+        if model.startswith(prefix):
+            return True, model[len(prefix):]
+    return False, model
+
+
 def _vae_spec(model: str):
     """(diffusers class name, config kwargs) of HunyuanVideo's VAE, the one named model that is no render family's
     (the families' VAEs come from ``vdbench.pipelines.build_vae``); None for another name."""
-    tiny = model.startswith("tiny-")
-    if (model[5:] if tiny else model) == "hunyuanvideo":
+    tiny, name = tiny_name(model)
+    if name == "hunyuanvideo":
         cfg = dict(block_out_channels=(8, 16, 16, 16), norm_num_groups=4, layers_per_block=1) if tiny else {}
         return "AutoencoderKLHunyuanVideo", cfg
     return None
@@ -208,8 +221,7 @@ def build_vae(model: str, device: str, seed: int = 0):
 
     from vdbench import pipelines as P
 
-    tiny = model.startswith("tiny-")
-    name = model[5:] if tiny else model
+    tiny, name = tiny_name(model)
     if name in P.vae_names():
         return P.build_vae(name, device=device, seed=seed, tiny=tiny)
     spec = _vae_spec(model)
@@ -222,6 +234,10 @@ def build_vae(model: str, device: str, seed: int = 0):
             vae = getattr(diffusers, cls_name)(**cfg)
         return vae.eval().requires_grad_(False)
     path = Path(model)
+    unknown = (f"--model {model!r}: not one of {', '.join(MODELS)}, tiny or tiny:<one of those>, and not a local "
+               "path or hub id holding a Wan/CogVideoX/HunyuanVideo VAE")
+    if tiny or (not path.exists() and P.hub_id_problem(model)):  # nothing to look up: no network attempt
+        raise ValueError(unknown)
     sub = "vae" if (path / "vae").is_dir() or not path.exists() else None
     for cls_name in ("AutoencoderKLWan", "AutoencoderKLCogVideoX", "AutoencoderKLHunyuanVideo"):
         cls = getattr(diffusers, cls_name)
@@ -231,8 +247,7 @@ def build_vae(model: str, device: str, seed: int = 0):
             continue
         if cfg.get("_class_name") == cls_name:
             return cls.from_pretrained(model, subfolder=sub, torch_dtype=torch.float32).to(device).eval()
-    raise ValueError(f"--model {model!r}: not one of {', '.join(MODELS)} (or tiny-<name>) and no Wan/CogVideoX/"
-                     "HunyuanVideo VAE found there (local path or hub id with a 'vae' subfolder)")
+    raise ValueError(unknown + " (a 'vae' subfolder is looked for)")
 
 
 def _factors(vae, family: str, width: int, height: int) -> tuple[int, int, int]:
@@ -928,8 +943,13 @@ def exit_code(rows: list[dict]) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="wan2.1", help=f"{', '.join(MODELS)}, tiny-<one of those>, or a path/hub id")
+    from vdbench.helptext import DefaultsHelpFormatter
+    from vdbench.vae import FAST_DEFAULT_CHUNK
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=DefaultsHelpFormatter)
+    ap.add_argument("--model", default="wan2.1",
+                    help=f"{', '.join(MODELS)} (real configs, random weights), tiny or tiny:<one of those>, or a "
+                         "path/hub id")
     ap.add_argument("--frames", type=int, default=81, help="video frames (latent frames = (N-1)/4 + 1)")
     ap.add_argument("--ops", default="decode,encode",
                     help="what each config times: decode, encode or both, comma-separated (default: %(default)s)")
@@ -949,8 +969,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--timeout", type=float, default=None, help="seconds per config (watchdog)")
     ap.add_argument("--min_psnr", type=float, default=40.0, help="flag configs whose min per-frame PSNR is lower")
     ap.add_argument("--chunk_frames", type=int, default=None,
-                    help="latent frames per call of chunked (default 4) and fast/fast_nocl (default: "
-                         "vdbench.vae.FAST_DEFAULT_CHUNK, what --vae_decode fast uses); name@K overrides")
+                    help="latent frames per call of chunked (default: 4) and fast/fast_nocl (default: "
+                         f"{FAST_DEFAULT_CHUNK}, what --vae_decode fast uses); name@K overrides")
     ap.add_argument("--vae_max_memory", type=float, default=1.45, help="GiB budget of the 'memory' config")
     ap.add_argument("--compile_backend", default="inductor", help="torch.compile backend of the 'compile' config")
     ap.add_argument("--profile", type=int, default=0, metavar="N",
@@ -959,9 +979,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--profile_configs", default=None, metavar="PATTERNS",
                     help="with --profile: only the configs matching these comma-separated shell patterns "
                          "(e.g. 'bf16,fast*'; default: every config)")
-    ap.add_argument("--device", default=None, help="default: cuda if available, else cpu")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("-o", "--output", default=None, help="results .json or .csv")
+    ap.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: cuda if available, else cpu)")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the random weights and latents")
+    ap.add_argument("-o", "--output", default=None, help="results .json or .csv, written after each config")
     for hidden in ("--_child", "--_result", "--_ref", "--_save_ref"):
         ap.add_argument(hidden, default=None, help=argparse.SUPPRESS)
     return ap

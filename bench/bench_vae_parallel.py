@@ -5,8 +5,8 @@ time, peak memory. Every rank also decodes the whole latent alone (the single-de
 band in the parallel decode; medians of ``--repeats`` timed runs after ``--warmup``, synchronized (and
 barrier-aligned for the parallel one, whose time is the slowest rank's).
 
-    torchrun --nproc_per_node=2 bench/bench_vae_parallel.py --case tiny-wan2.1 --case tiny-wan2.2 --json out.json
-    torchrun --nproc_per_node=3 bench/bench_vae_parallel.py --case tiny-cogvideox:5x7x6 --ablation  # on CPU: gloo
+    torchrun --nproc_per_node=2 bench/bench_vae_parallel.py --case tiny --case tiny:wan2.2 --json out.json
+    torchrun --nproc_per_node=3 bench/bench_vae_parallel.py --case tiny:cogvideox:5x7x6 --ablation  # on CPU: gloo
 
 (with vdbench importable: installed, or ``PYTHONPATH=$PWD`` from the repo root; bench/gpu_vae_parallel.sh runs it on
 GPUs). Cases ``NAME[:TxHxW[:DTYPE[:K,K..]]]``: random-weight VAEs of the tiny or the real widths, latent frames x
@@ -30,6 +30,7 @@ import torch.distributed as dist
 from vdbench.metrics import psnr_from_mse
 from vdbench.vae import wan_decode_chunked
 from vdbench.vae_parallel import decode_video_parallel
+from vdbench.helptext import DefaultsHelpFormatter
 
 
 def build_case_vae(case: str, device, dtype, seed: int, num_res_blocks: Optional[int] = None, comm_group=None):
@@ -120,8 +121,13 @@ def quality(x: torch.Tensor, ref: torch.Tensor) -> dict:
 
 
 def parse_case(spec: str, default_latent: str, default_dtype: str, default_chunks: list):
-    """``name[:TxHxW[:dtype[:K,K...]]]`` -> (name, (T, H, W), dtype name, chunk sizes)."""
+    """``name[:TxHxW[:dtype[:K,K...]]]`` -> (name, (T, H, W), dtype name, chunk sizes). The tiny VAEs are spelled
+    as every vdbench tool spells the tiny models: ``tiny`` (the tiny Wan 2.1 VAE) or ``tiny:<name>``; the older
+    ``tiny-<name>`` is read too and is the name results carry."""
     parts = spec.split(":")
+    if parts[0] == "tiny":  # tiny[:<name>][:TxHxW...]: the name is the next part when it is no latent size
+        named = len(parts) > 1 and parts[1] and not parts[1][0].isdigit()
+        parts = ["tiny-" + (parts[1] if named else "wan2.1")] + parts[(2 if named else 1):]
     name = parts[0]
     latent = parts[1] if len(parts) > 1 and parts[1] else default_latent
     dtype = parts[2] if len(parts) > 2 and parts[2] else default_dtype
@@ -138,12 +144,15 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description="Band-parallel Wan VAE decode: self-check and benchmark "
                                              "(run under torchrun). Every rank also decodes the whole latent alone "
-                                             "(the single-device reference and time).")
+                                             "(the single-device reference and time).",
+                                 formatter_class=DefaultsHelpFormatter)
     ap.add_argument("--case", action="append",
-                    help="NAME[:TxHxW[:DTYPE[:K,K..]]] with NAME one of tiny-wan2.1, tiny-wan2.2, wan2.1, wan2.2 "
-                         "(real widths, random weights); latent frames x rows x cols; chunk sizes (repeatable)")
-    ap.add_argument("--latent", default="3x7x6", help="default latent T x H x W (default 3x7x6)")
-    ap.add_argument("--dtype", default="fp32", choices=list(DTYPES), help="default dtype")
+                    help="NAME[:TxHxW[:DTYPE[:K,K..]]] with NAME one of tiny (tiny:wan2.1), tiny:wan2.2, "
+                         "tiny:cogvideox, wan2.1, wan2.2 "
+                         "(real widths, random weights); latent frames x rows x cols; chunk sizes (repeatable; "
+                         "default: tiny-wan2.1)")
+    ap.add_argument("--latent", default="3x7x6", help="latent T x H x W of a case that gives none")
+    ap.add_argument("--dtype", default="fp32", choices=list(DTYPES), help="dtype of a case that gives none")
     ap.add_argument("--chunk_frames", type=int, action="append",
                     help="latent frames per decoder call (repeatable; 0 = all; default: 1 and 0)")
     ap.add_argument("--num_res_blocks", type=int, default=None, help="override the config's num_res_blocks")
@@ -151,11 +160,11 @@ def main(argv=None) -> int:
     ap.add_argument("--ablation", action="store_true", help="also decode without halo exchange (must differ)")
     ap.add_argument("--subgroup", type=int, default=0,
                     help="also decode on a sub-group of the first N ranks (exercises group= and rank mapping)")
-    ap.add_argument("--warmup", type=int, default=0)
-    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--warmup", type=int, default=0, help="untimed decodes per run")
+    ap.add_argument("--repeats", type=int, default=1, help="timed decodes per run")
     ap.add_argument("--budget_s", type=float, default=0, help="skip the remaining runs once this much wall time "
                                                               "has passed (0: no limit)")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=0, help="seed of the weights and latents")
     ap.add_argument("--json", default=None, help="rank 0 writes the results here (after every case)")
     a = ap.parse_args(argv)
 

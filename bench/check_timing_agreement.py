@@ -19,6 +19,7 @@ import torch
 
 from vdbench import backends as B
 from vdbench.timing import spread
+from vdbench.helptext import DefaultsHelpFormatter
 
 # the attention bench beside this script, loaded from its file (bench/ is a folder of scripts, not a package)
 spec = importlib.util.spec_from_file_location("bench_attention", Path(__file__).with_name("bench_attention.py"))
@@ -27,10 +28,10 @@ spec.loader.exec_module(ba)
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--preset", default="wan2.1-1.3b-480p", choices=sorted(ba.PRESETS))
-    p.add_argument("--kernel", default="sdpa_cudnn,fav3,sagev1,fav3_fp8")
-    p.add_argument("-o", "--output")
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=DefaultsHelpFormatter)
+    p.add_argument("--preset", default="wan2.1-1.3b-480p", choices=sorted(ba.PRESETS), help="attention shape")
+    p.add_argument("--kernel", default="sdpa_cudnn,fav3,sagev1,fav3_fp8", help="comma-separated backends")
+    p.add_argument("-o", "--output", help="write the rows as JSON here")
     args = p.parse_args(argv)
     b, h, sq, sk, d = ba.PRESETS[args.preset]
     q, k, v = ba.synthetic((b, h, sq, sk, d), torch.bfloat16, "cuda")

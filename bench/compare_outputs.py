@@ -21,10 +21,11 @@ from pathlib import Path
 
 from vdbench.metrics import compare_frames
 from vdbench.report import collect, load_frames, speed  # (one definition, shared with the report)
+from vdbench.helptext import DefaultsHelpFormatter
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=DefaultsHelpFormatter)
     p.add_argument("results", type=Path, help="a results directory (videos, .npy frames, timing.json)")
     p.add_argument("--reference", default="reference",
                    help="label of the reference render in RESULTS, or a path to a render (.npy/.mp4) elsewhere "

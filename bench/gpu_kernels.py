@@ -40,6 +40,7 @@ from typing import Any, Callable
 import torch
 
 from vdbench import backends as B
+from vdbench.helptext import DefaultsHelpFormatter
 
 NAMES = ("fav3_sage", "fp8_triton", "fav2_triton")
 #: The sweep's shapes (B, H, S, D) per head dim: Wan 2.1 1.3B at 480p (D128), CogVideoX-2b (D64); tiny with --dry.
@@ -330,10 +331,10 @@ def sweep(env: Env, jobs: int = 8, warm_s: float = 50.0, dry: bool = False) -> d
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=DefaultsHelpFormatter)
     sub = ap.add_subparsers(dest="stage", required=True)
     for stage in ("check", "sweep"):
-        sp = sub.add_parser(stage, help=f"the {stage} stage (see above)")
+        sp = sub.add_parser(stage, help=f"the {stage} stage (see above)", formatter_class=DefaultsHelpFormatter)
         sp.add_argument("--out", required=True, help="folder for the results (created)")
         sp.add_argument("--dry", action="store_true", help="CPU, tiny shapes, Triton's interpreter: the logic only")
         if stage == "sweep":

@@ -21,6 +21,7 @@ efficiencies are ratios of warm steps. Rows that are not speed figures (CPU, n <
 from __future__ import annotations
 
 import argparse
+from vdbench.helptext import DefaultsHelpFormatter
 import json
 import sys
 from pathlib import Path
@@ -139,7 +140,7 @@ def table(rows: list[dict]) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=DefaultsHelpFormatter)
     ap.add_argument("res", type=Path)
     ap.add_argument("-o", "--output", type=Path, default=None, help="write the rows as JSON here")
     args = ap.parse_args(argv)

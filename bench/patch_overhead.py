@@ -25,18 +25,20 @@ from vdbench import backends as B
 from vdbench.patching import AttentionPatch
 from vdbench.pipelines import load_pipeline
 from vdbench.timing import call_ms
+from vdbench.helptext import DefaultsHelpFormatter
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="random:wan2.1-t2v-1.3b")
-    p.add_argument("--backend", default="fav3")
-    p.add_argument("--height", type=int, default=480)
-    p.add_argument("--width", type=int, default=832)
-    p.add_argument("--num_frames", type=int, default=81)
-    p.add_argument("--repeats", type=int, default=7)
-    p.add_argument("--device", default="cuda")
-    p.add_argument("-o", "--output")
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=DefaultsHelpFormatter)
+    p.add_argument("--model", default="random:wan2.1-t2v-1.3b",
+                   help="model to patch (tiny, random:<name>, hub id, path)")
+    p.add_argument("--backend", default="fav3", help="attention backend")
+    p.add_argument("--height", type=int, default=480, help="frame height in pixels")
+    p.add_argument("--width", type=int, default=832, help="frame width in pixels")
+    p.add_argument("--num_frames", type=int, default=81, help="frames")
+    p.add_argument("--repeats", type=int, default=7, help="timed forwards per variant")
+    p.add_argument("--device", default="cuda", help="device")
+    p.add_argument("-o", "--output", help="write the results as JSON here")
     args = p.parse_args(argv)
 
     dev = torch.device(args.device)

@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 
 from vdbench.timing import step_stats
+from vdbench.helptext import DefaultsHelpFormatter
 
 
 def rows_of(path: Path) -> list[dict]:
@@ -61,7 +62,7 @@ def rows_of(path: Path) -> list[dict]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=DefaultsHelpFormatter)
     ap.add_argument("files", nargs="+", type=Path, help="timing.json or parallel_summary*.json files")
     ap.add_argument("-o", "--output", type=Path, help="write the rows as JSON here")
     args = ap.parse_args(argv)

@@ -118,7 +118,7 @@ def test_fp32_captures_cast_to_bf16_say_so(tmp_path, capsys):
     rc = ba.main(["--input_dir", str(tmp_path), "--device", "cpu", "--kernel", "sdpa", "-metric", "accuracy",
                   "-o", str(tmp_path / "c.csv")])
     assert rc == 0
-    assert "note: 1 capture(s) hold float32 inputs; cast to bfloat16 for the kernels (--dtype bf16)" in \
+    assert "note: captures hold float32 inputs; cast to bfloat16 for the kernels (--dtype bf16)" in \
         capsys.readouterr().err
     rows = list(csv.DictReader(open(tmp_path / "c.csv")))
     assert rows[0]["cast_from"] == "float32" and rows[0]["dtype"] == "bfloat16"
@@ -191,7 +191,10 @@ def test_captures_hostile_and_truncated_are_skipped_with_exit_code(tmp_path, cap
                   "--max_inputs", "5"])
     err = capsys.readouterr().err
     assert rc == 3
-    assert "attn_s_rank0_000003.pt: unreadable" in err and "attn_s_rank0_000004.pt: refused" in err
+    # one whole line each: what is wrong, and that it was not loaded (no torch advice to turn weights_only off)
+    assert "attn_s_rank0_000003.pt: not loaded: the file is truncated or corrupt" in err
+    assert "attn_s_rank0_000004.pt: refused, not loaded: it holds pickled objects" in err
+    assert "weights_only" not in err
     assert "2 input file(s) skipped" in err
 
 

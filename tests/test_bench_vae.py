@@ -16,7 +16,7 @@ from bench import bench_vae as B
 
 ROOT = Path(__file__).resolve().parents[1]
 
-SMALL = ["--model", "tiny-wan2.1", "--frames", "5", "--size", "48*32", "--device", "cpu", "--warmup", "0",
+SMALL = ["--model", "tiny", "--frames", "5", "--size", "48*32", "--device", "cpu", "--warmup", "0",
          "--repeats", "1", "--tile_px", "32", "--compile_backend", "eager"]
 
 
@@ -239,3 +239,23 @@ def test_encode_inputs_and_ops():
     assert B.parse_ops("encode,decode") == ("decode", "encode") and B.parse_ops("encode") == ("encode",)
     with pytest.raises(ValueError, match="--ops"):
         B.parse_ops("decode,turbo")
+
+
+def test_tiny_is_spelled_as_every_tool_spells_it_and_never_looked_up(monkeypatch):
+    """``--model tiny`` / ``tiny:<vae>`` (the render CLIs' spelling; ``tiny-<vae>`` still read) build the tiny VAE;
+    a name that is neither one of ours nor a path nor a possible hub id is refused at once, nothing looked up."""
+    import diffusers
+
+    assert B.tiny_name("tiny") == (True, "wan2.1") and B.tiny_name("tiny:wan2.2") == (True, "wan2.2")
+    assert B.tiny_name("tiny-cogvideox") == (True, "cogvideox") and B.tiny_name("wan2.1") == (False, "wan2.1")
+    vae = B.build_vae("tiny", "cpu")
+    assert type(vae).__name__ == "AutoencoderKLWan" and vae.config.base_dim == 4  # the tiny config
+    assert type(B.build_vae("tiny:cogvideox", "cpu")).__name__ == "AutoencoderKLCogVideoX"
+
+    def no_lookup(*a, **k):
+        raise AssertionError("a hub lookup was attempted")
+
+    monkeypatch.setattr(diffusers.AutoencoderKLWan, "load_config", classmethod(no_lookup))
+    for name in ("tiny:nope", "tinyy", "not a model"):
+        with pytest.raises(ValueError, match="not one of wan2.1, .* tiny or tiny:<one of those>"):
+            B.build_vae(name, "cpu")

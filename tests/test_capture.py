@@ -91,3 +91,51 @@ def test_latents_round_trip(tmp_path):
     back, meta = load_latents(p)
     assert torch.equal(back, lat) and meta["height"] == 64 and meta["shape"] == [1, 16, 3, 8, 12]
     assert not list(tmp_path.glob(".*tmp"))
+
+
+def test_a_capture_is_checked_before_any_work(tmp_path):
+    """Dense q/k/v of one call, meta that agrees, a size limit -- a few-KB file whose zero strides claim 10^6
+    tokens is refused by its shapes and strides alone (nothing allocated)."""
+    from vdbench.capture import check_capture
+
+    base = torch.zeros(8)
+    huge = base.as_strided((1, 1, 10**6, 8), (0, 0, 0, 1))
+    torch.save({"q": huge, "k": huge, "v": huge}, tmp_path / "zero.pt")
+    assert (tmp_path / "zero.pt").stat().st_size < 20_000
+    with pytest.raises(CaptureError, match=r"zero.pt: not used: q \(1, 1, 1000000, 8\) is not dense \(strides "
+                                           r"\(0, 0, 0, 1\), 32 bytes of storage for a shape of 30.5 MiB\)"):
+        load_capture(tmp_path / "zero.pt")
+    t = torch.randn(1, 4, 8, 16)
+    kv = torch.randn(1, 2, 5, 16)  # grouped-query: 2 K/V heads for 4 query heads, another key length
+    check_capture("ok", t, kv, kv, {"shapes": {"q": [1, 4, 8, 16], "k": [1, 2, 5, 16], "v": [1, 2, 5, 16]},
+                                    "dtype": "float32", "layout": "BHSD"})
+    check_capture("view", t.transpose(1, 2).contiguous().transpose(1, 2), kv, kv, {})  # a strided view is dense
+    cases = [
+        ((t, kv, kv, {"shapes": {"q": [1, 4, 9, 16]}}), "meta says shapes"),
+        ((t, kv, kv, {"dtype": "bfloat16"}), "meta says dtype bfloat16"),
+        ((t, kv, kv, {"layout": "SBHD"}), "unknown layout"),
+        ((t, torch.randn(1, 3, 5, 16), torch.randn(1, 3, 5, 16), {}), "inconsistent shapes"),
+        ((t, kv, torch.randn(1, 2, 6, 16), {}), "inconsistent shapes"),
+        ((t.to(torch.int8), kv, kv, {}), "q is int8, not a float tensor"),
+        ((t, kv.half(), kv.half(), {}), "dtypes differ"),
+        ((t[0], kv, kv, {}), "q has 3 dims"),
+    ]
+    for (q, k, v, meta), why in cases:
+        with pytest.raises(CaptureError, match=why):
+            check_capture("x.pt", q, k, v, meta)
+    with pytest.raises(CaptureError, match="over the 1 bytes limit"):
+        check_capture("x.pt", t, kv, kv, {}, max_bytes=1)
+    torch.save({"q": t, "k": t, "v": t}, tmp_path / "big.pt")
+    with pytest.raises(CaptureError, match=r"big.pt: not loaded: the file is .* over the 100 bytes limit"):
+        load_capture(tmp_path / "big.pt", max_bytes=100)  # refused before torch.load reads it
+
+
+def test_refusals_are_one_whole_line_that_says_it_was_not_loaded(tmp_path):
+    path = tmp_path / "attn_evil_rank0_000000.pt"
+    torch.save({"q": Evil()}, path)
+    with pytest.raises(CaptureError) as e:
+        load_capture(path)
+    text = str(e.value)
+    assert text == (f"{path}: refused, not loaded: it holds pickled objects (posix.system) beyond tensors and "
+                    "plain values, which could run code when unpickled")
+    assert "weights_only" not in text and "\n" not in text and not os.path.exists("/tmp/vdbench_pwned")

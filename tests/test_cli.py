@@ -72,3 +72,21 @@ def test_exit_codes_are_in_the_help_and_bad_input_exits_2(capsys):
     assert "exit codes: 0 ok, 2 bad input" in out and "124" in out
     assert run_wan.main(["--model", "tiny", "--num_repetitions", "0"]) == cli.EXIT_BAD_INPUT
     assert "--num_repetitions must be >= 1" in capsys.readouterr().err
+
+
+def test_vae_decode_lists_and_explains_the_modes_of_the_familys_vae():
+    """CogVideoX's VAE has no fast decode: its --vae_decode offers and explains default and parallel only."""
+    def action(parser, flag):
+        return next(a for a in parser._actions if flag in a.option_strings)
+
+    cog, wan = action(cli.build_parser("cogvideox"), "--vae_decode"), action(cli.build_parser("wan"), "--vae_decode")
+    assert list(cog.choices) == ["default", "parallel"] and "fast" not in cog.help
+    assert list(wan.choices) == ["default", "fast", "parallel"] and "fast:" in wan.help
+    assert all(f"{m}:" in cog.help for m in cog.choices) and "(default: default)" in cog.help
+
+
+def test_an_error_is_one_line_and_a_hint(capsys):
+    cli.say(ValueError("what is wrong\nwhat to do\nwhat runs instead"))
+    assert capsys.readouterr().err.splitlines() == ["error: what is wrong", "hint: what to do what runs instead"]
+    assert [cli.exit_code(e) for e in (ValueError(), cli.B.BackendUnavailable(), cli.B.UnsupportedCall(),
+                                       RuntimeError())] == [2, 2, 3, 1]

@@ -122,6 +122,20 @@ def test_output_names_parse_back_to_the_attention_type():
         assert other.parse_label(stem) is None
         assert label_from_filename(name) == family.parse_label(stem)
     assert WAN.parse_label("wan_result_old_attn_sage_64x96") == "sage"  # the loose form (no frames/steps)
+    # a torchrun render's name ends with its layout; the label carries it (the stitcher's and the report's key)
+    for layout in ("u2", "r2", "u2r2", "cfg2", "u2cfg2"):
+        wan_par = WAN.output_name("t2v", "tiny", 9, 2, "sdpa_cudnn", 64, 96, layout=layout)
+        cog_par = COG.output_name("t2v", "tiny", 9, 2, "fav3_fp8", 64, 96, layout=layout)
+        assert wan_par.endswith(f"_64x96_{layout}.mp4") and cog_par == f"cogvideox-tiny_fav3_fp8_{layout}.mp4"
+        assert label_from_filename(wan_par) == f"sdpa_cudnn@{layout}"
+        assert label_from_filename(cog_par) == f"fav3_fp8@{layout}"
+        assert families.split_label(f"sdpa@{layout}") == ("sdpa", layout)
+    assert families.layout_tag(2, 1) == "u2" and families.layout_tag(1, 2) == "r2"
+    assert families.layout_tag(2, 2) == "u2r2" and families.layout_tag(1, 1, True) == "cfg2"
+    assert families.layout_tag() == "" and WAN.output_name("t2v", "tiny", 9, 2, "sdpa", 64, 96).endswith("_64x96.mp4")
+    # names that merely look like a layout stay backends: sdpa_cudnn, reference, fav3_sage
+    for t in ("sdpa_cudnn", "reference", "fav3_sage", "sdpa_flash"):
+        assert label_from_filename(COG.output_name("t2v", "tiny", 9, 2, t, 64, 96)) == t
     assert label_from_filename("something_else.mp4") == "something_else"
     assert families.model_tag("tiny:wan2.2-t2v-a14b") == "tiny-wan2.2-t2v-a14b"
 
@@ -134,8 +148,13 @@ def test_sizes_flow_shift_and_image_rules():
     assert (WAN.flow_shift("t2v", 480, 832), WAN.flow_shift("t2v", 720, 1280), WAN.flow_shift("ti2v", 480, 832)) == (
         3.0, 5.0, 5.0)
     assert COG.flow_shift is None  # DDIM: no flow-matching shift to set
-    assert "ti2v" in WAN.image_refusals and not COG.image_refusals
+    assert not WAN.image_refusals and not COG.image_refusals
     assert WAN.image_tasks == COG.image_tasks == ("i2v",)
+    # TI2V takes an image optionally: with one, diffusers' image-to-video pipeline runs the same checkpoint
+    assert WAN.pipeline_class("ti2v") == "WanPipeline" and WAN.pipeline_class("ti2v", image=True) == \
+        "WanImageToVideoPipeline"
+    assert WAN.takes_image("ti2v") and WAN.takes_image("i2v") and not WAN.takes_image("t2v")
+    assert COG.pipeline_class("t2v", image=True) == "CogVideoXPipeline" and not COG.takes_image("t2v")
     learned = types.SimpleNamespace(config=types.SimpleNamespace(use_learned_positional_embeddings=True,
                                                                  sample_height=16, sample_width=24))
     assert COG.fixed_size(learned, 8) == (128, 192, "this CogVideoX model has learned positional embeddings")

@@ -33,7 +33,8 @@ from vdbench import parallel as P  # noqa: E402
 
 SMALL = ["--model", "tiny", "--height", "64", "--width", "96", "--num_frames", "9", "--num_inference_steps", "2",
          "--attention_type", "sdpa", "--save_frames", "--save_latents"]
-VIDEO = "wan_result_t2v_tiny_9f_2s_attn_sdpa_64x96"
+VIDEO = "wan_result_t2v_tiny_9f_2s_attn_sdpa_64x96"  # + the layout of a torchrun render: _u2, _r2, _u2r2
+LAYOUT = {"single": "", "ulysses": "_u2", "ring": "_r2", "hybrid": "_u2r2"}
 TORCHRUN = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or shutil.which("torchrun")
 
 
@@ -87,8 +88,31 @@ def test_degrees_must_match_world_size(monkeypatch):
 
 def test_xfuser_refused_on_cpu_with_the_reason(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
-    with pytest.raises(B.BackendUnavailable, match="xfuser needs CUDA.*get_torch_distributed_backend.*PROCESS_GROUP"):
+    with pytest.raises(B.BackendUnavailable) as e:
         P.init_distributed(P.ParallelSpec("xfuser", 2, 1), "cpu")
+    first, _, why = str(e.value).partition("\n")
+    # what to do first, xfuser's internals after it (the CLI prints them as the hint line)
+    assert first == "--parallel_engine xfuser needs a CUDA GPU; on a CPU use --parallel_engine diffusers (or auto)"
+    assert "get_torch_distributed_backend" in why and "PROCESS_GROUP" in why
+
+
+def test_auto_engine_is_xfuser_where_it_runs_else_diffusers(monkeypatch):
+    import importlib.util
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
+    auto = P.ParallelSpec("auto", 2, 1)
+    assert P.resolve_engine(auto, cpu).engine == "diffusers"
+    assert P.resolve_engine(auto, cpu).as_dict()["engine_requested"] == "auto"
+    assert P.resolve_engine(P.ParallelSpec("auto", 1, 1, True), cpu).engine == "xfuser"  # only xfuser splits CFG
+    assert P.resolve_engine(P.ParallelSpec("diffusers", 2, 1), cuda).engine == "diffusers"  # a named engine stays
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: object() if n == "xfuser" else real(n, *a))
+    assert P.resolve_engine(auto, cuda).engine == "xfuser"
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "xfuser" else real(n, *a))
+    assert P.resolve_engine(auto, cuda).engine == "diffusers"
+    assert [P.ParallelSpec("auto", u, r, c).tag
+            for u, r, c in ((2, 1, False), (1, 2, False), (2, 2, False), (1, 1, True), (2, 1, True))] == \
+        ["u2", "r2", "u2r2", "cfg2", "u2cfg2"]
 
 
 def test_ring_refuses_backends_without_lse_and_names_those_with():
@@ -298,9 +322,12 @@ def renders(tmp_path_factory):
                            str(single)], capture_output=True, text=True, env=_env(), timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = {"single": single}
-    for name, flags, n in (("ulysses", ["--ulysses_degree", "2"], 2), ("ring", ["--ring_degree", "2"], 2),
-                           ("hybrid", ["--ulysses_degree", "2", "--ring_degree", "2"], 4)):
-        proc, _ = torchrun(SMALL + ["--parallel_engine", "diffusers", *flags], base / name, nproc=n)
+    # Ulysses with the default engine (auto: diffusers on a CPU), the others with it named
+    for name, flags, n in (("ulysses", ["--ulysses_degree", "2"], 2),
+                           ("ring", ["--parallel_engine", "diffusers", "--ring_degree", "2"], 2),
+                           ("hybrid", ["--parallel_engine", "diffusers", "--ulysses_degree", "2", "--ring_degree", "2"],
+                            4)):
+        proc, _ = torchrun(SMALL + flags, base / name, nproc=n)
         assert proc.returncode == 0, proc.stderr[-3000:]
         out[name] = base / name
     return out
@@ -310,7 +337,7 @@ def test_ulysses2_over_gloo_is_bit_identical(renders):
     a, b = _latents(renders["single"]), _latents(renders["ulysses"])
     assert a.shape == b.shape and torch.equal(a, b)
     fa = np.load(renders["single"] / "results" / f"{VIDEO}.npy")
-    fb = np.load(renders["ulysses"] / "results" / f"{VIDEO}.npy")
+    fb = np.load(renders["ulysses"] / "results" / f"{VIDEO}_u2.npy")
     assert fa.std() > 1.0 and np.array_equal(fa, fb)
 
 
@@ -345,7 +372,7 @@ def test_ring2_and_hybrid_over_gloo_match_within_tolerance(renders, name):
     rel = ((a - b).norm() / a.norm()).item()
     assert 0 <= rel <= 1e-5, rel
     fa = np.load(renders["single"] / "results" / f"{VIDEO}.npy").astype(int)
-    fb = np.load(renders[name] / "results" / f"{VIDEO}.npy").astype(int)
+    fb = np.load(renders[name] / "results" / f"{VIDEO}{LAYOUT[name]}.npy").astype(int)
     assert np.abs(fa - fb).max() <= 2
 
 
@@ -356,11 +383,14 @@ def test_ring2_and_hybrid_over_gloo_match_within_tolerance(renders, name):
 ])
 def test_rank0_writes_merged_timing_with_per_rank_counts(renders, name, tag, per_rank, ranks):
     res = renders[name] / "results"
-    assert sorted(p.name for p in res.glob("*.mp4")) == [f"{VIDEO}.mp4"]
+    assert sorted(p.name for p in res.glob("*.mp4")) == [f"{VIDEO}{LAYOUT[name]}.mp4"]  # the layout in the name
     entries = json.loads((res / "timing.json").read_text())
     assert len(entries) == 1, "only rank 0 appends (once per repetition)"
     e = entries[0]
     assert e["parallel"]["engine"] == "diffusers" and e["parallel"]["pg_backend"] == "gloo"
+    assert e["parallel"]["engine_requested"] == ("auto" if name == "ulysses" else "diffusers")
+    assert e["parallel"]["tag"] == LAYOUT[name][1:] and e["run"]["settings"]["parallel_engine"] == \
+        ("auto" if name == "ulysses" else "diffusers")
     assert [r["rank"] for r in e["ranks"]] == list(range(ranks))
     for r in e["ranks"]:
         # cross-attention is local in diffusers' Wan CP plan: plain kernel, 8 calls per rank
@@ -383,9 +413,20 @@ def test_ring_with_a_backend_without_lse_is_refused_before_work(tmp_path):
     args = [a if a != "sdpa" else "sagev1_emu" for a in SMALL]
     proc, _ = torchrun(args + ["--parallel_engine", "diffusers", "--ring_degree", "2"], tmp_path / "r")
     assert proc.returncode != 0
-    assert proc.stderr.count("can't serve ring attention") == 2  # both ranks say why
-    assert "exitcode  : 2" in proc.stderr and "Loading pipeline" not in proc.stderr  # before the model load
+    # said once, by rank 0, for the ranks that agreed on it; one line and a hint
+    assert proc.stderr.count("error: attention backend 'sagev1_emu' can't serve ring attention") == 1, proc.stderr
+    assert "hint: Backends that return it here (cpu): sdpa, sdpa_flash, reference" in proc.stderr
+    assert _rank_exit_codes(proc.stderr) == {0: 2, 1: 2}, proc.stderr  # every rank: bad input
+    assert "Loading pipeline" not in proc.stderr  # before the model load
     assert not (tmp_path / "r" / "results").exists()
+
+
+def _rank_exit_codes(stderr: str) -> dict:
+    """{rank: exit code} from torchrun's failure summary (one block per failed rank)."""
+    import re
+
+    blocks = re.findall(r"^\s*rank\s*:\s*(\d+) \(local_rank[^\n]*\n\s*exitcode\s*:\s*(-?\d+)", stderr, re.M)
+    return {int(r): int(c) for r, c in blocks}
 
 
 def test_one_rank_failing_stops_every_rank_promptly(tmp_path):
@@ -396,6 +437,8 @@ def test_one_rank_failing_stops_every_rank_promptly(tmp_path):
     assert proc.returncode != 0
     assert "injected failure on rank 1" in proc.stderr
     assert "rank 0: stopping because rank 1 failed" in proc.stderr
+    # the failing rank with its crash's code, the other with "another rank failed" -- whichever torchrun stops
+    assert _rank_exit_codes(proc.stderr) == {0: P.EXIT_PEER_FAILED, 1: 1}, proc.stderr
     assert wall < 150, f"{wall:.0f} s: the ranks waited for a collective timeout"
     assert not (tmp_path / "f" / "results" / "timing.json").exists()
 

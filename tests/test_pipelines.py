@@ -558,3 +558,34 @@ def test_random_wan21_i2v_14b_has_the_real_480p_i2v_shapes():
     ie = pipe.image_encoder.config
     assert (ie.hidden_size, ie.intermediate_size, ie.num_attention_heads, ie.num_hidden_layers) == (1280, 5120, 16, 2)
     assert pipe.vae.config.base_dim == 96 and pipe.text_encoder.config.d_model == 4096
+
+
+def test_a_name_that_cannot_be_a_hub_id_is_refused_without_a_lookup(monkeypatch):
+    """``tiny-wan2.1`` (another tool's old spelling) or any bare name is neither a local path nor a hub id
+    (``org/name``): refused at once with the tiny spellings, no from_pretrained, no network retries."""
+    import diffusers
+
+    def no_lookup(*a, **k):
+        raise AssertionError("a hub lookup was attempted")
+
+    monkeypatch.setattr(diffusers.WanPipeline, "from_pretrained", classmethod(no_lookup))
+    for name in ("tiny-wan2.1", "wan2.1", "Wan AI/x"):
+        with pytest.raises(P.ModelLoadError) as info:
+            P.load_pipeline(name, "t2v", "wan")
+        first, hint = str(info.value).split("\n", 1)
+        assert f"Model {name!r} is not a local directory and can't be a hub id" in first
+        assert "nothing was downloaded" in first and "`tiny` or `tiny:<variant>`" in hint
+    assert P.hub_id_problem("Wan-AI/Wan2.1-T2V-1.3B-Diffusers") is None
+
+
+def test_head_dims_read_from_configs_without_weights(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    assert P.config_head_dims("tiny", "t2v", "wan") == [32]
+    assert P.config_head_dims("tiny:wan2.2-t2v-a14b", "t2v", "wan") == [32, 32]  # both experts
+    assert P.config_head_dims("tiny", "t2v", "cogvideox") == [P.TINY_VARIANTS["cogvideox-t2v"].transformer[
+        "attention_head_dim"]]
+    assert P.config_head_dims("random:wan2.1-t2v-14b") == [128]
+    assert P.config_head_dims(str(P.resolve_model("tiny", "t2v"))) == [32]  # a local directory's config.json
+    assert P.config_head_dims("Wan-AI/Wan2.1-T2V-1.3B-Diffusers") is None  # not cached: unknown, nothing fetched
+    assert P.config_head_dims(str(tmp_path / "missing")) is None and P.config_head_dims("tiny:nope") is None

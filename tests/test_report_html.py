@@ -3,6 +3,7 @@
 import csv
 import json
 import math
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -106,7 +107,7 @@ def test_compare_outputs_cli(run_dir, tmp_path, capsys):
     assert co.main([str(run_dir / "results"), "--reference", str(tmp_path / "missing.npy")]) == 2
 
 
-def test_grid_labels_carry_speedup_and_psnr(run_dir, tmp_path, capsys):
+def test_grid_labels_carry_warm_step_speedup_and_psnr(run_dir, tmp_path, capsys):
     import stitch_comparison
 
     out = tmp_path / "grid.mp4"
@@ -117,8 +118,10 @@ def test_grid_labels_carry_speedup_and_psnr(run_dir, tmp_path, capsys):
     assert "reference · " in printed and "ref" in printed
     assert "fp8_emu · emulated · " in printed and " dB" in printed
     assert "×" not in printed.split("fp8_emu · ")[1].splitlines()[0]  # no speedup for an emulation
-    assert "default · 1.00× (n=1: not a speed figure)" in printed
-    assert "warning: default: speedup 1.00× is not a speed figure: CPU timing" in captured.err
+    # the warm step (median of the steps after the first) and its speedup against default, flagged on a CPU
+    assert re.search(r"default · [0-9.]+ ms/step 1\.00× \(n=1: not a speed figure\)", printed), printed
+    assert re.search(r"warning: default: [0-9.]+ ms/step, speedup 1\.00×, is not a speed figure: CPU timing",
+                     captured.err), captured.err
     assert stitch_comparison.main(["--input_dir", str(run_dir / "results"), "--output", str(out),
                                    "--reference", "nope"]) == 2
 
@@ -198,3 +201,36 @@ def test_stages_and_encode_times_in_the_summary(tmp_path):
     assert float(row["sdpa"]["vae_encode_s"]) == 1.1 and row["default"]["vae_encode_s"] == ""
     page = report.write_html([s], tmp_path / "r.html").read_text()
     assert "VAE encode (s)" in page and "VAE enc 1.10 · denoise 30.00" in page
+
+
+def test_the_latest_run_of_each_output_never_two_runs_mixed(tmp_path):
+    """Re-rendering into the same directory appends; the report reads each output's latest run only (its run id;
+    for files written before run ids, the trailing repetitions 0..r) and says how many runs the file holds. A
+    Ulysses-2 render of the same backend is another output (its own label)."""
+    sdpa = str(tmp_path / "wan_result_t2v_tiny_9f_4s_attn_sdpa_64x96.mp4")
+    sdpa_u2 = str(tmp_path / "wan_result_t2v_tiny_9f_4s_attn_sdpa_64x96_u2.mp4")
+    entries = [_entry("sdpa", [3.0, 1.0, 1.0, 1.0], run_id="a", output=sdpa, repetition=0),
+               _entry("sdpa", [3.0, 1.0, 1.0, 1.0], run_id="a", output=sdpa, repetition=1),
+               _entry("sdpa", [3.0, 4.0, 4.0, 4.0], run_id="u", output=sdpa_u2, repetition=0),
+               _entry("sdpa", [3.0, 2.0, 2.0, 2.0], run_id="b", output=sdpa, repetition=0),
+               # an old file's entries: no run id; a re-run with the same settings starts again at repetition 0
+               _entry("default", [3.0, 5.0, 5.0, 5.0], repetition=0), _entry("default", [3.0, 5.0, 5.0, 5.0],
+                                                                             repetition=1),
+               _entry("default", [3.0, 6.0, 6.0, 6.0], repetition=0)]
+    (tmp_path / "timing.json").write_text(json.dumps(entries))
+    sp = report.speed(tmp_path)
+    assert set(sp) == {"sdpa", "sdpa@u2", "default"}
+    assert sp["sdpa"]["warm_step_median"] == 2.0 and sp["sdpa"]["repetitions"] == 1  # run b alone
+    assert (sp["sdpa"]["runs_recorded"], sp["sdpa"]["run_id"]) == (2, "b")
+    assert sp["sdpa@u2"]["warm_step_median"] == 4.0 and sp["sdpa@u2"]["runs_recorded"] == 1
+    assert sp["default"]["warm_step_median"] == 6.0 and sp["default"]["runs_recorded"] == 2
+    notes = report.summarize(tmp_path)["notes"]
+    assert "timing.json holds 2 runs of sdpa: the latest is used (run b)" in notes
+    assert "timing.json holds 2 runs of default: the latest is used" in notes
+    assert not any("sdpa@u2" in n and "runs of" in n for n in notes)
+
+
+def test_a_render_appends_its_run_id(run_dir):
+    entries = json.loads((run_dir / "results" / "timing.json").read_text())
+    ids = {e["attention_type"]: e["run_id"] for e in entries}
+    assert all(ids.values()) and len(set(ids.values())) == len(ids)  # one id per render, shared by its repetitions

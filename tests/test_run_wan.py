@@ -4,6 +4,7 @@ import contextlib
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -39,12 +40,17 @@ def rendered(tmp_path_factory):
 
 def test_render_line_names_the_warm_step_its_n_and_warns_on_cpu(rendered):
     lines = (rendered.parent / "printed.txt").read_text().splitlines()
-    sdpa = next(line for line in lines if line.startswith("[sdpa] "))
+    sdpa = next(line for line in lines if line.startswith("[sdpa] warm step"))
+    # a plain progress line per step and repetition (the log is no terminal: no bars), with the time and the ETA
+    steps = [line for line in lines if line.startswith("[sdpa] step ")]
+    assert [ln.split(":")[0] for ln in steps] == ["[sdpa] step 1/2 (rep 1/2)", "[sdpa] step 2/2 (rep 1/2)",
+                                                 "[sdpa] step 1/2 (rep 2/2)", "[sdpa] step 2/2 (rep 2/2)"]
+    assert all(re.search(r": [0-9.]+ s, ETA \d+:\d\d$", ln) for ln in steps) and steps[-1].endswith("ETA 0:00")
     # 2 repetitions x 2 steps: 2 warm steps pooled, the first steps reported apart
     assert "warm step " in sdpa and "(median of n=2 steps after the first; p20–p80 " in sdpa
     assert "2 repetitions, their warm medians" in sdpa and "first step " in sdpa
     assert any(line.startswith("warning: [sdpa] not a speed figure: CPU timing") and "n=2" in line for line in lines)
-    emu = next(line for line in lines if line.startswith("[sagev1_emu] "))
+    emu = next(line for line in lines if line.startswith("[sagev1_emu] emulated"))
     assert "emulated backend: no speed figure" in emu and " ms" not in emu.split(", decode")[0]
 
 

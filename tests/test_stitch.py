@@ -310,3 +310,74 @@ def test_cli_as_a_script(tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.strip() == f"stitch_comparison: error: no files match '*.mp4' in {tmp_path}"
     assert proc.stdout == ""
+
+
+# -- what the stitcher takes, and what it never replaces ------------------------------------------------------
+
+
+def test_cli_defaults_its_output_and_never_takes_its_own_grids_as_cells(four, tmp_path, capsys):
+    """The original command (input dir and font size alone) writes <input_dir>/comparison_grid.mp4; re-running
+    into the same directory leaves that grid -- and any grid this tool made, whatever its name -- out of the
+    cells, and says so."""
+    from vdbench.video import MADE_BY_GRID, MADE_BY_RENDER, made_by
+
+    d = tmp_path / "res"
+    shutil.copytree(four[0], d)
+    assert stitch_comparison.main(["--input_dir", str(d), "--font_size", "48"]) == 0
+    grid = d / "comparison_grid.mp4"
+    assert made_by(grid) == MADE_BY_GRID and made_by(d / WAN.format("sdpa")) == MADE_BY_RENDER
+    shutil.copy(grid, d / "zz_grid_of_yesterday.mp4")
+    capsys.readouterr()
+    assert stitch_comparison.main(["--input_dir", str(d), "--font-size", "48"]) == 0  # the grid is replaced
+    out, err = capsys.readouterr()
+    assert out.splitlines()[0] == str(grid) and len(out.splitlines()) == 1 + 4  # the four renders, no grid
+    assert "comparison_grid.mp4 left out (the output of this run)" in err
+    assert "zz_grid_of_yesterday.mp4 left out (a comparison grid this tool made)" in err
+    assert probe_video(grid).width == 128  # 2x2 cells of 64 px, not a grid inside a grid
+
+
+def test_cli_matches_message_says_what_was_left_out(four, tmp_path, capsys):
+    _, paths = four
+    one = tmp_path / "one"
+    one.mkdir()
+    shutil.copy(paths[0], one / "a.mp4")
+    shutil.copy(paths[1], one / "b.mp4")
+    assert stitch_comparison.main(["--input_dir", str(one), "--output", str(one / "b.mp4"), "--overwrite"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f"stitch_comparison: error: only one video to stitch in {one}: a.mp4 matches '*.mp4'; b.mp4 left "
+                   "out (the output of this run); need at least two to compare")
+
+
+def test_cli_never_replaces_a_file_it_did_not_make(four, tmp_path, capsys):
+    _, paths = four
+    precious = tmp_path / "precious.mp4"
+    precious.write_bytes(b"not a video of ours")
+    assert stitch_comparison.main(["--output", str(precious), paths[0], paths[1]]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err == [f"stitch_comparison: error: {precious} exists and is not a grid this tool made; not replacing it",
+                   "hint: choose another --output, or pass --overwrite to replace it"]
+    assert precious.read_bytes() == b"not a video of ours"
+    render = tmp_path / "render.mp4"  # a render of ours is no grid either: kept
+    shutil.copy(paths[2], render)
+    assert stitch_comparison.main(["--output", str(render), paths[0], paths[1]]) == 2
+    assert frames_of(render).shape[2] == 64
+    assert stitch_comparison.main(["--output", str(precious), "--overwrite", paths[0], paths[1]]) == 0
+    assert probe_video(precious).width == 128
+    # named files and no --output: the grid goes beside the first of them
+    here = tmp_path / "here"
+    here.mkdir()
+    a, b = shutil.copy(paths[0], here / "a.mp4"), shutil.copy(paths[1], here / "b.mp4")
+    assert stitch_comparison.main([str(a), str(b)]) == 0 and (here / "comparison_grid.mp4").is_file()
+
+
+def test_labels_wrap_at_one_size_for_every_cell(tmp_path):
+    """Labels carrying figures wrap onto up to three lines at one font size shared by the grid's cells, rather than
+    being cut: every cell's band is as tall, and the text is all there."""
+    from vdbench.video import LABEL_MAX_LINES, fit_labels
+
+    labels = ["sdpa · 705 ms/step 1.00× (n=3: not a speed figure) · 58.4 dB", "sagev1_emu · emulated · 37.7 dB"]
+    size, lines = fit_labels(labels, 192, 24)
+    assert 8 <= size < 24
+    assert all(1 <= len(ls) <= LABEL_MAX_LINES for ls in lines)
+    assert [" ".join(ls) for ls in lines] == labels  # nothing ellipsised
+    assert fit_labels(["sdpa"], 192, 24) == (24, [["sdpa"]])

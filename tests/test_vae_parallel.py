@@ -127,3 +127,12 @@ def test_harness_reference_decodes_record_no_autograd_graph():
     out, t, times = timed(ref, torch.device("cpu"), warmup=1, repeats=2, barrier=False)
     assert modes == [True, True, True] and len(times) == 2 and t > 0
     assert out.grad_fn is None and not out.requires_grad and torch.is_inference(out)
+
+
+def test_case_names_take_the_tiny_spelling_of_every_tool():
+    from bench.bench_vae_parallel import parse_case
+
+    assert parse_case("tiny", "3x7x6", "fp32", [1, 0]) == ("tiny-wan2.1", (3, 7, 6), "fp32", [1, 0])
+    assert parse_case("tiny:cogvideox:5x7x6", "3x7x6", "fp32", [1]) == ("tiny-cogvideox", (5, 7, 6), "fp32", [1])
+    assert parse_case("tiny:2x5x4:bf16", "3x7x6", "fp32", [1]) == ("tiny-wan2.1", (2, 5, 4), "bf16", [1])
+    assert parse_case("tiny-wan2.2", "3x7x6", "fp32", [1])[0] == "tiny-wan2.2"  # the older spelling, still read

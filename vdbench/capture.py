@@ -11,6 +11,12 @@ a file that holds anything but tensors and plain containers is refused, never un
 ``metadata_<backend>_rank<R>.json`` records the total calls seen, the number captured and the unique shapes.
 Latents before VAE decode go to ``latents_<backend>_rank<R>_<rep:03d>.pt`` the same way.
 
+A capture is checked before anything uses it (:func:`check_capture`, run by :func:`load_capture`): the file's size
+against a limit (``max_bytes``) before it is read, then q/k/v dense (contiguous, their storage as large as their
+shape says -- a few-KB file whose zero strides claim 10^6 tokens is refused, not handed to a kernel that would
+allocate gigabytes), shapes that make one attention call, floating dtypes, and ``meta`` agreeing with the tensors.
+Every refusal is one whole line: the file, what is wrong, and that it was not loaded (or not used).
+
 Names carry backend and rank, so ranks and backends never overwrite each other; indices are zero-padded so a
 plain sort is numeric, and ``list_captures`` sorts numerically anyway.
 
@@ -33,10 +39,14 @@ from typing import Optional
 
 import torch
 
-__all__ = ["AttentionCapture", "CaptureError", "load_capture", "list_captures", "save_latents", "load_latents",
-           "CAPTURE_KEYS"]
+__all__ = ["AttentionCapture", "CaptureError", "load_capture", "check_capture", "list_captures", "save_latents",
+           "load_latents", "CAPTURE_KEYS", "MAX_CAPTURE_BYTES"]
 
 CAPTURE_KEYS = ("q", "k", "v")
+#: The default size limit of one capture (file on disk, and q + k + v in memory): 8 GiB, over three times the
+#: largest real call (Wan 14B at 720p: 1 x 40 x 75600 x 128 bf16 = 0.77 GB per tensor).
+MAX_CAPTURE_BYTES = 8 * 2**30
+_GLOBAL_RE = re.compile(r"GLOBAL (\S+)")
 _NAME = re.compile(r"^attn_(?P<backend>.+)_rank(?P<rank>\d+)_(?P<index>\d+)\.pt$")
 _PLAIN = (str, int, float, bool, type(None))
 
@@ -157,23 +167,85 @@ class AttentionCapture:
         return path
 
 
-def _safe_load(path) -> dict:
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.3g} GiB" if n >= 2**27 else f"{n / 2**20:.3g} MiB" if n >= 2**17 else f"{n} bytes"
+
+
+def _safe_load(path, max_bytes: int = MAX_CAPTURE_BYTES) -> dict:
+    """The file's top-level dict, loaded with ``weights_only=True`` after its size was checked; CaptureError in one
+    whole line otherwise (torch's own message advises re-running with ``weights_only=False``, exactly what must not
+    be done with a file of unknown origin, so it is not repeated)."""
     path = Path(path)
+    size = path.stat().st_size
+    if size > max_bytes:
+        raise CaptureError(f"{path}: not loaded: the file is {_gib(size)}, over the {_gib(max_bytes)} limit of one "
+                           "capture")
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # UnpicklingError for hostile objects; RuntimeError/EOFError for truncation
-        msg = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
-        kind = "refused (not a plain tensor file: loading it would unpickle code)" if "weights_only" in str(e) \
-            or "Unsupported global" in str(e) else "unreadable (truncated or corrupt)"
-        raise CaptureError(f"{path}: {kind}: {msg}") from None
+        text = str(e)
+        if "weights_only" in text or "Unsupported" in text or "GLOBAL" in text:
+            found = _GLOBAL_RE.search(text)
+            what = f" ({found.group(1)})" if found else ""
+            raise CaptureError(f"{path}: refused, not loaded: it holds pickled objects{what} beyond tensors and "
+                               "plain values, which could run code when unpickled") from None
+        raise CaptureError(f"{path}: not loaded: the file is truncated or corrupt (torch.load raised "
+                           f"{type(e).__name__})") from None
     if not isinstance(obj, dict):
         raise CaptureError(f"{path}: not a capture (top level is {type(obj).__name__}, expected a dict)")
     return obj
 
 
-def load_capture(path) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict]:
-    """Load one attention capture as BHSD (q, k, v, meta); refuse anything that isn't one."""
-    obj = _safe_load(path)
+def check_capture(path, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: dict,
+                  max_bytes: int = MAX_CAPTURE_BYTES) -> None:
+    """Refuse (CaptureError, one line) q/k/v that are not one attention call's dense inputs: a non-floating dtype
+    or dtypes that differ, a tensor that is not 4-D, shapes that don't make one call (batch, heads of K/V dividing
+    Q's, head dim, key length), ``meta`` that disagrees with the tensors, a tensor that is not dense (zero or
+    overlapping strides, or a storage smaller than its shape says: what a few-KB file claiming 10^6 tokens is), more
+    than ``max_bytes`` in all. Only shapes, strides and storage sizes are read: no element is touched."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not t.is_floating_point():
+            raise CaptureError(f"{path}: not used: {name} is {str(t.dtype).replace('torch.', '')}, not a float "
+                               "tensor")
+        if t.dim() != 4:
+            raise CaptureError(f"{path}: not used: {name} has {t.dim()} dims {tuple(t.shape)}, expected 4 (BHSD)")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise CaptureError(f"{path}: not used: q, k, v dtypes differ ({q.dtype}, {k.dtype}, {v.dtype})")
+    layout = meta.get("layout", "BHSD")
+    if layout not in ("BHSD", "BSHD"):
+        raise CaptureError(f"{path}: not used: unknown layout {layout!r} (BHSD or BSHD)")
+    b, h, s = (0, 1, 2) if layout == "BHSD" else (0, 2, 1)
+    if (q.shape[b] != k.shape[b] or k.shape[b] != v.shape[b] or q.shape[-1] != k.shape[-1]
+            or k.shape[s] != v.shape[s] or k.shape[h] != v.shape[h] or q.shape[h] % k.shape[h]):
+        raise CaptureError(f"{path}: not used: inconsistent shapes q{tuple(q.shape)} k{tuple(k.shape)} "
+                           f"v{tuple(v.shape)} ({layout})")
+    shapes = meta.get("shapes")
+    if shapes is not None and shapes != {n: list(t.shape) for n, t in (("q", q), ("k", k), ("v", v))}:
+        raise CaptureError(f"{path}: not used: meta says shapes {shapes}, the tensors are q{tuple(q.shape)} "
+                           f"k{tuple(k.shape)} v{tuple(v.shape)}")
+    if meta.get("dtype") is not None and meta["dtype"] != str(q.dtype).replace("torch.", ""):
+        raise CaptureError(f"{path}: not used: meta says dtype {meta['dtype']}, the tensors are {q.dtype}")
+    total = 0
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        size = t.numel() * t.element_size()
+        # dense: every element its own storage (no zero or overlapping strides), all of it inside the storage
+        end = (t.storage_offset() + sum((n - 1) * st for n, st in zip(t.shape, t.stride()) if n > 1) + 1) * \
+            t.element_size()
+        have = t.untyped_storage().nbytes()
+        overlapping = any(st == 0 for n, st in zip(t.shape, t.stride()) if n > 1) or end - t.storage_offset() * \
+            t.element_size() < size
+        if overlapping or end > have:
+            raise CaptureError(f"{path}: not used: {name} {tuple(t.shape)} is not dense (strides {t.stride()}, "
+                               f"{_gib(have)} of storage for a shape of {_gib(size)})")
+        total += size
+    if total > max_bytes:
+        raise CaptureError(f"{path}: not used: q, k, v hold {_gib(total)}, over the {_gib(max_bytes)} limit")
+
+
+def load_capture(path, max_bytes: int = MAX_CAPTURE_BYTES) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict]:
+    """Load one attention capture as BHSD (q, k, v, meta), checked (:func:`check_capture`); refuse anything that
+    isn't one."""
+    obj = _safe_load(path, max_bytes)
     missing = [k for k in CAPTURE_KEYS if not isinstance(obj.get(k), torch.Tensor)]
     if missing:
         raise CaptureError(f"{path}: not an attention capture (missing tensors: {', '.join(missing)})")
@@ -181,13 +253,9 @@ def load_capture(path) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict]:
     if not isinstance(meta, dict):
         raise CaptureError(f"{path}: 'meta' must be a dict")
     q, k, v = obj["q"], obj["k"], obj["v"]
-    layout = meta.get("layout", "BHSD")
-    if layout == "BSHD":
+    check_capture(path, q, k, v, meta, max_bytes)
+    if meta.get("layout", "BHSD") == "BSHD":
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
-    elif layout != "BHSD":
-        raise CaptureError(f"{path}: unknown layout {layout!r} (BHSD or BSHD)")
-    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4 or q.shape[-1] != k.shape[-1] or k.shape[2] != v.shape[2]:
-        raise CaptureError(f"{path}: inconsistent shapes q{tuple(q.shape)} k{tuple(k.shape)} v{tuple(v.shape)}")
     return q, k, v, meta
 
 

@@ -21,12 +21,14 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import traceback
 from pathlib import Path
 from typing import Optional
 
 from . import backends as B
 from . import families
-from .parallel import ENGINES, EXIT_PEER_FAILED
+from .parallel import ENGINE_CHOICES, EXIT_PEER_FAILED, ParallelSpec
+from .helptext import DefaultsHelpFormatter
 from .patching import ON_UNSUPPORTED_CHOICES
 from .patching.schedule import resolve_attention
 from .sparse import split_attention_types
@@ -44,6 +46,14 @@ DEFAULT_ATTENTION = "default"  # --attention_type when not given: the pipeline's
 EPILOG = ("exit codes: 0 ok, 2 bad input (unknown or unavailable backend, bad size, model not loadable, refused "
           f"option), 3 an attention call the backend can't serve (see --on_unsupported), {EXIT_PEER_FAILED} another "
           f"torchrun rank failed, {EXIT_HUNG} a watched stage hung (--vae_timeout)")
+
+
+#: ``--vae_decode`` help per mode; the parser lists the modes that apply to the family's VAE.
+_DECODE_HELP = {
+    "default": "default: diffusers' decode (the pipeline's own)",
+    "fast": "fast: the same layers without diffusers' copies, channels_last, the Triton glue, bounded chunks",
+    "parallel": "parallel: rows split across the torchrun ranks with a halo exchange (matches the one-GPU decode)",
+}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -69,7 +79,7 @@ def build_parser(family: str | families.Family, prog: Optional[str] = None,
 
     fam = families.get(family) if isinstance(family, str) else family
     p = _Parser(prog=prog, description=description, epilog=EPILOG,
-                formatter_class=argparse.RawDescriptionHelpFormatter)
+                formatter_class=DefaultsHelpFormatter)
     add = p.add
     add("--model", "--model_path", default=None,
         help="hub id, local diffusers directory, 'tiny' / 'tiny:<variant>' (embedded tiny model) or "
@@ -77,7 +87,10 @@ def build_parser(family: str | families.Family, prog: Optional[str] = None,
     add("--task", choices=fam.tasks, default=fam.tasks[0], help="what to render (default: %(default)s)")
     add("--prompt", default=fam.cli.prompt, help="text prompt (default: a fixed prompt, for comparable runs)")
     add("--negative_prompt", default=fam.cli.negative_prompt, help="negative prompt (default: %(default)r)")
-    add("--img_file_path", "--image", default=None, help="conditioning image (image-to-video tasks)")
+    add("--img_file_path", "--image", default=None,
+        help="conditioning image: needed by " + ", ".join(fam.image_tasks)
+             + (f"; optional for {', '.join(fam.image_pipeline_classes)} (runs its image-to-video path)"
+                if fam.image_pipeline_classes else "") + " (default: none)")
     add("--force_output_size", action="store_true",
         help="image-to-video: render exactly --height x --width (the image is center-cropped to it); by default the "
              "output keeps the image's aspect ratio within the area height*width")
@@ -143,17 +156,16 @@ def build_parser(family: str | families.Family, prog: Optional[str] = None,
         help="torchao float8 GEMMs (dynamic activation + weight, per-row scales) in the transformer blocks; needs "
              "torchao and a GPU with fp8")
 
-    add("--vae_decode", choices=tuple(MODES), default="default",
-        help="default: diffusers' decode; fast (Wan VAEs): the same layers without diffusers' copies, channels_last, "
-             "the Triton glue, bounded chunks; parallel: rows split across the torchrun ranks with a halo exchange "
-             "(matches the one-GPU decode). A mode that doesn't apply to the model is refused with the reason "
-             "(default: default)")
+    modes = [m for m, e in MODES.items() if e.vaes is None or fam.vae_class in e.vaes]
+    add("--vae_decode", choices=modes, default="default",
+        help="; ".join(_DECODE_HELP[m] for m in modes) + " (default: default)")
     add("--vae_encode", choices=tuple(ENCODE_MODES), default="default",
         help="image-to-video's VAE encode of the conditioning video: default (diffusers'), fast (Wan VAEs: the fast "
              "decode's lean layers, channels_last, the Triton glue, bounded chunks); refused where it doesn't apply "
              "(default: default)")
     add("--vae_glue", choices=tuple(GLUES), default="auto",
-        help="the fast decode's (and fast encode's) norm/SiLU glue: triton (vdbench.kernels.glue, refused where it can't run), eager "
+        help="the fast decode's (and fast encode's) norm/SiLU glue: triton (our Triton row kernels, refused where "
+             "they can't run), eager "
              "(PyTorch ops), auto (triton on a GPU where it runs, else eager; recorded in timing.json) "
              "(default: auto)")
     add("--vae_max_memory", type=float, default=None, metavar="GIB",
@@ -164,14 +176,18 @@ def build_parser(family: str | families.Family, prog: Optional[str] = None,
     add("--vae_slicing", action="store_true", help="diffusers' sliced VAE decode (one batch element at a time)")
     add("--cpu_offload", action="store_true", help="diffusers' enable_model_cpu_offload (needs a GPU)")
 
-    add("--parallel_engine", choices=ENGINES, default=ENGINES[0],
-        help="under torchrun: xDiT's USP (xfuser; CUDA only) or diffusers' ContextParallelConfig (default: "
-             "%(default)s)")
+    add("--parallel_engine", choices=ENGINE_CHOICES, default="auto",
+        help="under torchrun: xfuser (xDiT's USP; CUDA only), diffusers (diffusers' context parallelism; CPU too) "
+             "or auto: xfuser where it runs, else diffusers; the engine that ran is in timing.json "
+             "(default: %(default)s)")
     add("--ulysses_degree", type=int, default=1, help="Ulysses sequence-parallel degree under torchrun (default: 1)")
     add("--ring_degree", type=int, default=1,
         help="ring-attention degree under torchrun; the backend must return the log-sum-exp (default: 1)")
     add("--use_cfg_parallel", action="store_true", help="split the guidance batch over 2 ranks (xfuser)")
 
+    add("--overwrite", action="store_true",
+        help="replace an existing file at the output path that this tool did not write (a video it wrote is "
+             "replaced anyway)")
     add("--list_backends", action="store_true", help="print the backend table for this device and dtype, and exit")
     add("--list_available", action="store_true",
         help="print the names of the backends that can run on this device and dtype, one per line, and exit")
@@ -193,7 +209,7 @@ def _fill_defaults(fam: families.Family, args, model: str) -> None:
 
 def _image_sized(fam: families.Family, task: str, model: str) -> Optional[int]:
     """The multiple an image-derived output size is rounded to, when this task takes an image; else None."""
-    if task not in fam.image_tasks and task not in fam.image_refusals:
+    if not fam.takes_image(task) and task not in fam.image_refusals:
         return None
     return fam.image_size_multiple(task, model)
 
@@ -214,11 +230,14 @@ def canonical_attention(attention_type: str) -> str:
 
 
 def output_path(fam: families.Family, args, model: str, attention_type: str) -> Path:
-    """The video these arguments write for one backend (an alias is named by the backend it resolves to)."""
+    """The video these arguments write for one backend (an alias is named by the backend it resolves to); the
+    name ends with the parallel layout (``_u2``, ``_r2``, ``_u2r2``, ``_cfg2``) of a torchrun render."""
     attention_type = canonical_attention(attention_type)
+    layout = ParallelSpec(args.parallel_engine, args.ulysses_degree, args.ring_degree, args.use_cfg_parallel).tag
     return results_dir(fam, args) / fam.output_name(task=args.task, model=model, num_frames=args.num_frames,
                                                     steps=args.num_inference_steps, attention_type=attention_type,
-                                                    height=args.height, width=args.width)
+                                                    height=args.height, width=args.width,
+                                                    **({"layout": layout} if layout else {}))
 
 
 def config_from_args(fam: families.Family, args):
@@ -250,7 +269,7 @@ def config_from_args(fam: families.Family, args):
         bf16_te_gemms=args.use_bf16_te_gemms, fp8_gemms=args.use_fp8_gemms, vae_decode=args.vae_decode,
         vae_encode=args.vae_encode, vae_max_memory=args.vae_max_memory, vae_timeout=args.vae_timeout, vae_glue=args.vae_glue,
         parallel_engine=args.parallel_engine, ulysses_degree=args.ulysses_degree, ring_degree=args.ring_degree,
-        use_cfg_parallel=args.use_cfg_parallel)
+        use_cfg_parallel=args.use_cfg_parallel, overwrite=args.overwrite)
 
 
 def _listing(args) -> None:
@@ -277,28 +296,79 @@ def size_from_image(path: str, height: int, width: int, mod: int) -> tuple[int, 
     return h, w
 
 
-def run(cfg, log=print) -> int:
-    """Run a render and turn the project's expected failures into one clear line and an exit code."""
+def say(e: BaseException, file=None) -> None:
+    """An error as a user reads it: ``error: <what is wrong>`` on one line, then ``hint: ...`` with the rest of
+    the message (what to do, what can run instead) on one more. The project's messages put the fact on their first
+    line and the advice after it."""
+    file = file if file is not None else sys.stderr
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()] or [type(e).__name__]
+    print(f"error: {lines[0]}", file=file)
+    if len(lines) > 1:
+        print(f"hint: {' '.join(lines[1:])}", file=file)
+    file.flush()
+
+
+def _quiet_peer(e: BaseException) -> bool:
+    """Under torchrun a refusal all ranks agreed on is said once, by rank 0 (each rank exits with its code)."""
+    return getattr(e, "_vd_agreed", False) and int(os.environ.get("RANK", 0)) != 0
+
+
+def exit_code(e: BaseException) -> int:
+    """The exit code an error means (the epilog's list): 2 bad input, 3 an unsupported call, 124 a hang, 1 else."""
     from .pipelines import ModelLoadError
-    from .render import VAEHang, render
+    from .render import VAEHang
     from .speed import SpeedOptionError
 
-    try:
-        render(cfg, log=log)
-    except (B.BackendUnavailable, ModelLoadError, SpeedOptionError, ValueError, FileNotFoundError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except B.UnsupportedCall as e:
-        print(f"error: {e}", file=sys.stderr)
+    if isinstance(e, B.UnsupportedCall):
         return EXIT_UNSUPPORTED_CALL
-    except VAEHang as e:
-        print(f"error: {e}", file=sys.stderr)
+    if isinstance(e, VAEHang):
         return EXIT_HUNG
+    if isinstance(e, (B.BackendUnavailable, ModelLoadError, SpeedOptionError, ValueError, FileNotFoundError)):
+        return EXIT_BAD_INPUT
+    return 1
+
+
+def run(cfg, log=print) -> int:
+    """Run a render and turn the project's expected failures into one clear line and an exit code."""
+    from .render import render
+
+    try:
+        render(cfg, log=log, exit_code_of=exit_code)
+    except Exception as e:  # noqa: BLE001 - the expected ones get their code; anything else is re-raised
+        code = exit_code(e)
+        if code == 1:
+            raise
+        if not _quiet_peer(e):
+            say(e)
+        return code
     return EXIT_OK
 
 
 def main(family: str, argv=None, *, prog: Optional[str] = None, description: Optional[str] = None) -> int:
-    """The whole CLI of one family: parse, list or print paths, or render."""
+    """The whole CLI of one family: parse, list or print paths, or render.
+
+    Under torchrun a rank that ends non-zero leaves at once with its code (``os._exit`` after flushing, its process
+    group already left): torchrun stops the other workers with SIGTERM as soon as one exits non-zero, and a
+    process caught in the interpreter's teardown -- where Python's signal handlers are gone -- would end as -15
+    instead of with its documented code."""
+    if int(os.environ.get("WORLD_SIZE", "1") or 1) <= 1:
+        return _main(family, argv, prog, description)
+    try:
+        code = _main(family, argv, prog, description)
+    except SystemExit as e:  # argparse's usage errors
+        code = e.code if isinstance(e.code, int) else 1
+    except BaseException as e:  # noqa: BLE001 - a crash: its traceback, exit 1
+        if not getattr(e, "_vd_reported", False):
+            traceback.print_exc()
+        code = 1
+    if code:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
+
+
+def _main(family: str, argv, prog: Optional[str], description: Optional[str]) -> int:
     fam = families.get(family)
     args = build_parser(fam, prog=prog, description=description).parse_args(argv)
     try:
@@ -321,6 +391,6 @@ def main(family: str, argv=None, *, prog: Optional[str] = None, description: Opt
             return EXIT_OK
         cfg = config_from_args(fam, args)
     except (B.BackendUnavailable, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        say(e)
         return EXIT_BAD_INPUT
     return run(cfg)

@@ -2,9 +2,11 @@
 
     torchrun --nproc_per_node=2 run_wan.py --ulysses_degree 2 --parallel_engine diffusers ...
 
-Two engines, both the projects' own sequence-parallel code (nothing here re-implements it):
+Two engines, both the projects' own sequence-parallel code (nothing here re-implements it); ``auto`` (the
+default) picks xfuser where it runs (a CUDA device and xfuser installed), else diffusers' (:func:`resolve_engine`;
+timing.json records both the request and the engine that ran):
 
-* ``xfuser`` (default) — xDiT: the transformer becomes ``xFuserWanTransformer3DWrapper`` (its processors call
+* ``xfuser`` — xDiT: the transformer becomes ``xFuserWanTransformer3DWrapper`` (its processors call
   xfuser's USP: Ulysses all-to-all, ring via torch's templated ring attention, or both), with xfuser's model
   parallel groups. The backend is installed behind xfuser's attention registry (``AttentionPatch``), which
   serves the Ulysses *and* the ring path. Needs CUDA: ``import xfuser`` raises NotImplementedError without an
@@ -28,12 +30,13 @@ from __future__ import annotations
 
 import datetime
 import os
+import signal
 import sys
 import threading
 import time
 import traceback
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional
 
 import torch
@@ -41,14 +44,18 @@ import torch
 from . import backends as B
 from . import families
 
-__all__ = ["ParallelSpec", "DistContext", "ENGINES", "init_distributed", "check_backend_for_path", "agree",
-           "apply_engine", "share_output", "sequence_layout", "merge_rank_entries", "FailureWatch",
-           "one_device_presented", "EXIT_PEER_FAILED"]
+__all__ = ["ParallelSpec", "DistContext", "ENGINES", "ENGINE_CHOICES", "resolve_engine", "init_distributed",
+           "check_backend_for_path", "agree", "apply_engine", "share_output", "sequence_layout", "merge_rank_entries",
+           "FailureWatch", "set_outcome", "finish", "one_device_presented", "EXIT_PEER_FAILED"]
 
 ENGINES = ("xfuser", "diffusers")
+ENGINE_CHOICES = ("auto", *ENGINES)  # what --parallel_engine takes; auto is resolved by resolve_engine
 EXIT_PEER_FAILED = 4  # this rank stopped because another rank failed
 POLL_S = 1.0
+ACK_TIMEOUT_S = 30.0  # how long a failing rank waits for its peers to read its failure
 _FAIL_KEY = "vdbench/failed"
+_ACK_KEY = "vdbench/failure_read"
+_OUTCOME: dict = {"code": None, "watch": None}  # this process's pending exit code (SIGTERM handler)
 
 
 def sequence_layout(ulysses: int, ring: int) -> str:
@@ -65,6 +72,7 @@ class ParallelSpec:
     ulysses_degree: int = 1
     ring_degree: int = 1
     use_cfg_parallel: bool = False
+    requested_engine: Optional[str] = None  # what --parallel_engine said (auto), when it differs from engine
 
     @property
     def world_size(self) -> int:
@@ -79,12 +87,17 @@ class ParallelSpec:
     def needs_lse(self) -> bool:
         return self.ring_degree > 1
 
+    @property
+    def tag(self) -> str:
+        """The layout in an output file name: 'u2', 'r2', 'u2r2', 'cfg2', 'u2cfg2'; '' for one process."""
+        return families.layout_tag(self.ulysses_degree, self.ring_degree, self.use_cfg_parallel)
+
     def validate(self) -> None:
-        if self.engine not in ENGINES:
-            raise ValueError(f"--parallel_engine must be one of {', '.join(ENGINES)}, got {self.engine!r}")
+        if self.engine not in ENGINE_CHOICES:
+            raise ValueError(f"--parallel_engine must be one of {', '.join(ENGINE_CHOICES)}, got {self.engine!r}")
         if self.ulysses_degree < 1 or self.ring_degree < 1:
             raise ValueError("--ulysses_degree and --ring_degree must be >= 1")
-        if self.use_cfg_parallel and self.engine != "xfuser":
+        if self.use_cfg_parallel and self.engine == "diffusers":
             raise ValueError("--use_cfg_parallel needs --parallel_engine xfuser: diffusers 0.42's "
                              "ContextParallelConfig has ring and Ulysses degrees only (no guidance split)")
 
@@ -97,9 +110,22 @@ class ParallelSpec:
         return sp or "single"
 
     def as_dict(self) -> dict:
-        return {"engine": self.engine, "ulysses_degree": self.ulysses_degree, "ring_degree": self.ring_degree,
-                "use_cfg_parallel": self.use_cfg_parallel, "path": self.path, "label": self.label,
+        return {"engine": self.engine, "engine_requested": self.requested_engine or self.engine,
+                "ulysses_degree": self.ulysses_degree, "ring_degree": self.ring_degree,
+                "use_cfg_parallel": self.use_cfg_parallel, "path": self.path, "label": self.label, "tag": self.tag,
                 "world_size": self.world_size}
+
+
+def resolve_engine(spec: ParallelSpec, device: torch.device) -> ParallelSpec:
+    """``--parallel_engine auto``: xfuser where it runs (a CUDA device and xfuser installed; CFG parallel, which
+    only xfuser splits, always asks for it), else diffusers' context parallelism. A named engine is kept."""
+    if spec.engine != "auto":
+        return spec
+    import importlib.util
+
+    xfuser_runs = device.type == "cuda" and importlib.util.find_spec("xfuser") is not None
+    engine = "xfuser" if (xfuser_runs or spec.use_cfg_parallel) else "diffusers"
+    return replace(spec, engine=engine, requested_engine="auto")
 
 
 @dataclass
@@ -151,14 +177,16 @@ def init_distributed(spec: ParallelSpec, device_arg: str = "auto") -> Optional[D
         pg = "nccl"
     else:
         device, pg = torch.device("cpu"), "gloo"
+    spec = resolve_engine(spec, device)
     if spec.engine == "xfuser" and device.type != "cuda":
         raise B.BackendUnavailable(
-            "--parallel_engine xfuser needs CUDA: xfuser 0.7.0 can't be imported without an accelerator "
+            "--parallel_engine xfuser needs a CUDA GPU; on a CPU use --parallel_engine diffusers (or auto)"
+            + (" -- and --use_cfg_parallel, which only xfuser splits, can't run here" if spec.use_cfg_parallel else "")
+            + "\nwhy: xfuser 0.7.0 can't be imported without an accelerator "
             "(xfuser/core/distributed/__init__.py calls envs.get_device_version(), which raises "
             "NotImplementedError), xfuser.envs.get_torch_distributed_backend() raises "
             "NotImplementedError without a CUDA/HIP/MUSA/MPS/NPU device, and xfuser.model_executor.layers.usp "
-            "binds yunchang's PROCESS_GROUP (the Ulysses and ring groups) only when torch.cuda.is_available(). "
-            "On a CPU use --parallel_engine diffusers")
+            "binds yunchang's PROCESS_GROUP (the Ulysses and ring groups) only when torch.cuda.is_available()")
     if spec.engine == "xfuser":
         try:
             import xfuser.core.distributed  # noqa: F401  (fail here, before any model load, if it can't)
@@ -433,7 +461,13 @@ def merge_rank_entries(ctx: Optional[DistContext], entries: list[dict]) -> Optio
 class FailureWatch:
     """Bounded failure propagation: a failing rank sets a flag in the process group's store; a thread on every
     rank polls it and ends its process (exit EXIT_PEER_FAILED) within POLL_S seconds of a peer's failure,
-    instead of waiting in a collective until the NCCL/gloo timeout. torchrun then stops the group."""
+    instead of waiting in a collective until the NCCL/gloo timeout; the failing rank waits (bounded) until every
+    peer has read the flag before it exits, since it may host the store.
+
+    Exit codes that don't depend on timing: torchrun stops the remaining workers with SIGTERM as soon as one exits
+    non-zero, which would end a rank still on its way out as -15 instead of its code. The watch installs a SIGTERM
+    handler that ends the rank with the code it is on its way to (:func:`set_outcome`: a refusal's, a failure's,
+    EXIT_PEER_FAILED when a peer failed), so every rank exits with its documented code whichever exits first."""
 
     def __init__(self, ctx: Optional[DistContext]):
         self.ctx = ctx
@@ -445,6 +479,9 @@ class FailureWatch:
         from torch.distributed import distributed_c10d as c10d
 
         self.store = c10d._get_default_store()
+        _OUTCOME.update(code=None, watch=self)
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, _on_sigterm)
         self._thread = threading.Thread(target=self._poll, name="vdbench-failure-watch", daemon=True)
         self._thread.start()
 
@@ -453,23 +490,57 @@ class FailureWatch:
             try:
                 if self.store.check([_FAIL_KEY]):
                     who = self.store.get(_FAIL_KEY).decode(errors="replace")
-                    print(f"error: rank {self.ctx.rank}: stopping because {who}", file=sys.stderr, flush=True)
-                    os._exit(EXIT_PEER_FAILED)
+                    self.stop_for_peer(who)
             except Exception:  # the store went away (a peer's exit took the master down): stop as well
                 if not self._stop.is_set():
-                    print(f"error: rank {self.ctx.rank}: lost the process group's store; stopping",
-                          file=sys.stderr, flush=True)
-                    os._exit(EXIT_PEER_FAILED)
+                    self.stop_for_peer("the process group's store is gone: another rank exited first")
 
-    def fail(self, exc: BaseException) -> None:
-        if self.store is None:
-            return
-        self._stop.set()  # this rank's own poller must not take its own flag for a peer's failure
+    def stop_for_peer(self, who: str) -> None:
+        """End this rank because of a peer's failure: say whose, tell the failing rank it was read, exit 4."""
+        set_outcome(EXIT_PEER_FAILED)
+        print(f"error: rank {self.ctx.rank}: stopping because {who}", file=sys.stderr, flush=True)
         try:
-            self.store.set(_FAIL_KEY, f"rank {self.ctx.rank} failed: {type(exc).__name__}: {exc}"[:2000])
-        except Exception as e:  # the store is gone (its host rank exited): the peers see the process group fail
-            print(f"warning: rank {self.ctx.rank}: could not post its failure to the store ({type(e).__name__}: "
-                  f"{e}); the other ranks stop when the process group breaks", file=sys.stderr, flush=True)
+            self.store.add(_ACK_KEY, 1)
+        except Exception:  # noqa: BLE001 - the store is gone with its host: nobody waits for the ack
+            pass
+        os._exit(EXIT_PEER_FAILED)
+
+    def peer_failure(self) -> Optional[str]:
+        """A peer's posted failure, if any (None also when the store can't be read)."""
+        try:
+            if self.store is not None and self.store.check([_FAIL_KEY]):
+                return self.store.get(_FAIL_KEY).decode(errors="replace")
+        except Exception:  # noqa: BLE001
+            return None
+        return None
+
+    def fail(self, exc: BaseException) -> Optional[str]:
+        """Post this rank's failure, unless a peer's came first: one atomic compare-and-set elects the first
+        failure of the run, so which rank failed and which stopped because of it (exit EXIT_PEER_FAILED) doesn't
+        depend on thread timing -- a rank whose collective broke because a peer died reads that peer's failure
+        here. Returns the peer's message when a peer failed first (or the store is gone with its host rank),
+        None when this rank's failure is the run's."""
+        if self.store is None:
+            return None
+        self._stop.set()  # this rank's own poller must not take its own flag for a peer's failure
+        mine = f"rank {self.ctx.rank} failed: {type(exc).__name__}: {exc}"[:2000]
+        try:
+            first = self.store.compare_set(_FAIL_KEY, "", mine).decode(errors="replace")
+        except Exception as e:  # the store is gone: its host rank exited, the run failed there first
+            return f"the process group's store is gone ({type(e).__name__}): another rank exited first"
+        return None if first == mine else first
+
+    def wait_for_peers(self, timeout_s: float = ACK_TIMEOUT_S) -> None:
+        """After posting the run's failure: wait until every peer has read it (each adds to an ack counter as it
+        stops) or ``timeout_s``, so this rank -- perhaps the store's host -- doesn't pull the store away first."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                if self.store.add(_ACK_KEY, 0) >= self.ctx.world_size - 1:
+                    return
+            except Exception:  # noqa: BLE001 - the store is gone: its host read the flag and left
+                return
+            time.sleep(0.1)
 
     def close(self) -> None:
         """Stop polling and wait for the poller to be out of the store: a thread still inside a store call while
@@ -480,30 +551,54 @@ class FailureWatch:
             self._thread.join(timeout=POLL_S + 5.0)
 
 
-def maybe_inject_failure(rank: int, where: str) -> None:
-    """Test hook: ``VDBENCH_TEST_FAIL=<rank>:<where>`` makes that rank raise there (tests of propagation)."""
+def maybe_inject_failure(rank: int, where: str, name: Optional[str] = None) -> None:
+    """Test hook: ``VDBENCH_TEST_FAIL=<rank>:<where>[:<backend>]`` makes that rank raise there (in the render of
+    that backend only, when one is named: one failing render of a batch), for the tests of propagation."""
     spec = os.environ.get("VDBENCH_TEST_FAIL")
-    if spec and spec == f"{rank}:{where}":
+    if spec and spec in (f"{rank}:{where}", f"{rank}:{where}:{name}"):
         raise RuntimeError(f"injected failure on rank {rank} at {where} (VDBENCH_TEST_FAIL)")
 
 
-def finish(ctx: Optional[DistContext], watch: FailureWatch, error: Optional[BaseException]) -> None:
-    """End of a run: on error flag it for the peers; on success leave the group cleanly."""
+def set_outcome(code: Optional[int]) -> None:
+    """The exit code this rank is on its way to; a SIGTERM from torchrun ends the rank with it (FailureWatch)."""
+    _OUTCOME["code"] = code
+
+
+def _on_sigterm(signum, frame) -> None:
+    """torchrun stops the remaining workers once one has exited non-zero: end with the code this rank is on its
+    way to -- its refusal's or failure's, EXIT_PEER_FAILED when a peer's failure is posted -- else 128 + SIGTERM
+    (stopped from outside)."""
+    code = _OUTCOME.get("code")
+    watch = _OUTCOME.get("watch")
+    if code is None and watch is not None and watch.peer_failure() is not None:
+        code = EXIT_PEER_FAILED
+    os._exit(code if code is not None else 128 + signum)
+
+
+def finish(ctx: Optional[DistContext], watch: FailureWatch, error: Optional[BaseException], code: int = 1) -> None:
+    """End of a run: on error flag it for the peers; on success leave the group cleanly. ``code`` is the exit code
+    ``error`` means (the CLI's mapping: 2 for a refusal, 3 for an unsupported call, 1 for a crash)."""
     if ctx is None:
         return
     if error is not None and getattr(error, "_vd_agreed", False):
         # every rank stops here together, each with the message (exit code of the error's kind); they leave the
         # group together too, so no rank's exit (rank 0 hosts the store) pulls the store from under a peer
+        set_outcome(code)
         watch.close()
         _leave_group(ctx)
         return
     if error is not None:
-        watch.fail(error)
+        set_outcome(code)
+        peer = watch.fail(error)
+        watch.close()
+        if peer is not None:  # this rank's error is the consequence (a broken collective): say whose failure it was
+            watch.stop_for_peer(peer)
         traceback.print_exception(error, file=sys.stderr)
         sys.stderr.flush()
-        # Let the peers see the flag before this process (possibly the store's host) goes away.
-        time.sleep(2 * POLL_S + 0.5)
+        error._vd_reported = True  # its traceback is out: the CLI doesn't print it twice
+        watch.wait_for_peers()  # the peers read the flag before this process (perhaps the store's host) goes away
         return
+    set_outcome(0)
     watch.close()
     _leave_group(ctx)
 

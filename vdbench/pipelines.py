@@ -38,6 +38,8 @@ __all__ = [
     "build_tiny",
     "build_vae",
     "check_video_size",
+    "config_head_dims",
+    "hub_id_problem",
     "load_pipeline",
     "model_summary",
     "resolve_model",
@@ -115,6 +117,64 @@ def _looks_like_path(model: str) -> bool:
     return model.startswith(("/", "./", "../", "~", ".\\", "..\\")) or os.path.isabs(model)
 
 
+def hub_id_problem(model: str) -> str | None:
+    """Why ``model`` can't be a Hugging Face hub id (None if it can), so a name that is neither a local path nor a
+    hub id is refused without a network attempt (and its retries). Pipelines on the hub live under an
+    organisation (``org/name``); a bare name is taken for a misspelt embedded model, not looked up."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    if "/" not in model:
+        return "a hub id has the form org/name"
+    try:
+        validate_repo_id(model)
+    except HFValidationError as e:
+        return str(e).splitlines()[0]
+    return None
+
+
+def config_head_dims(model: str, task: str | None = None, family: str = "wan") -> list[int] | None:
+    """The attention head dims of ``model``'s denoiser(s), read from their configs without loading a weight: a tiny
+    or random-weight name from its variant, a local directory or a cached hub id from ``transformer/config.json``
+    (diffusers' ``load_config``, local files only); None when that can't be known without a download (the loaded
+    model is checked instead). Lets the render refuse a backend that can't serve the model's head dim before any
+    weight loads."""
+    configs: list[dict] = []
+    if model.startswith("random:"):
+        base, overrides = RANDOM_VARIANTS.get(model[len("random:"):], (None, {}))
+        if base is None:
+            return None
+        variant = TINY_VARIANTS[base]
+        configs = [overrides.get("transformer", variant.transformer)]
+        if variant.transformer_2 is not None:
+            configs.append(overrides.get("transformer_2", variant.transformer_2))
+    elif model == "tiny" or model.startswith("tiny:"):
+        try:
+            name = _tiny_variant_name(model, task, family)
+        except ValueError:
+            return None
+        variant = TINY_VARIANTS[name]
+        configs = [c for c in (variant.transformer, variant.transformer_2) if c is not None]
+    else:
+        from diffusers import ConfigMixin
+
+        class ModelConfig(ConfigMixin):  # diffusers' config reader for any model's config.json, no class needed
+            config_name = "config.json"
+
+        local = os.path.expanduser(model)
+        where = local if os.path.isdir(local) else model
+        if not os.path.isdir(local) and (_looks_like_path(model) or hub_id_problem(model)):
+            return None
+        for sub in ("transformer", "transformer_2"):
+            try:
+                configs.append(ModelConfig.load_config(where, subfolder=sub, local_files_only=True,
+                                                      cache_dir=None if os.path.isdir(local) else _hf_cache_dir()))
+            except (OSError, ValueError):
+                if sub == "transformer":
+                    return None
+    dims = [c.get("attention_head_dim") for c in configs]
+    return [int(d) for d in dims] if dims and all(isinstance(d, int) for d in dims) else None
+
+
 def _offline_help(model: str, reason: str) -> str:
     return (
         f"Model {model!r} could not be loaded offline: {reason}\n"
@@ -134,6 +194,7 @@ def load_pipeline(
     dtype: torch.dtype = torch.float32,
     device: str | torch.device = "cpu",
     vae_dtype: torch.dtype | None = None,
+    image: bool = False,
 ):
     """Load a pipeline of ``family`` (a registered :mod:`vdbench.families` name) for ``task`` from a tiny name, a
     random-weight name, a local directory or a hub id.
@@ -144,8 +205,10 @@ def load_pipeline(
     WanImageToVideoPipeline; CogVideoX t2v -> CogVideoXPipeline, i2v -> CogVideoXImageToVideoPipeline). With
     ``vae_dtype`` the VAE is loaded on its own in that dtype (as Wan's examples load a float32 VAE next to a
     bfloat16 transformer). Hub ids are looked up in the local Hugging Face
-    cache first, without network; only if that fails and HF offline mode is off is the hub contacted. Any
-    failure to find the files raises :class:`ModelLoadError` with instructions.
+    cache first, without network; only if that fails and HF offline mode is off is the hub contacted (never for a
+    name that can't be a hub id). Any failure to find the files raises :class:`ModelLoadError` with instructions.
+    ``image``: the task runs with a conditioning image (the family's image pipeline for tasks that take one
+    optionally: Wan TI2V).
     """
     import diffusers
 
@@ -170,7 +233,7 @@ def load_pipeline(
             )
     source = resolve_model(model, task, family)
     fam = families.get(family)
-    cls = getattr(diffusers, fam.pipeline_class(task))
+    cls = getattr(diffusers, fam.pipeline_class(task, image=image))
     vae_cls = getattr(diffusers, fam.vae_class)
 
     def _load(**hub_kwargs):
@@ -201,6 +264,12 @@ def load_pipeline(
             f"Model path {local!r} does not exist. Pass a diffusers pipeline directory (e.g. downloaded with "
             f"`huggingface-cli download <id> --local-dir DIR`), a hub id, or `--model tiny`."
         )
+    elif hub_id_problem(source):
+        raise ModelLoadError(
+            f"Model {model!r} is not a local directory and can't be a hub id ({hub_id_problem(source)}); nothing "
+            f"was downloaded.\nThe embedded tiny models are spelled `tiny` or `tiny:<variant>` "
+            f"({', '.join(TINY_VARIANTS)}); a real checkpoint is a hub id such as Wan-AI/Wan2.1-T2V-1.3B-Diffusers "
+            f"or a local diffusers directory.")
     else:
         cache_dir = _hf_cache_dir()
         try:

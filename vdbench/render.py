@@ -16,6 +16,7 @@ Four stages, each a function with one job, so a refusal can never come after wor
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
@@ -132,6 +133,7 @@ class RenderConfig:
     ulysses_degree: int = 1
     ring_degree: int = 1
     use_cfg_parallel: bool = False
+    overwrite: bool = False  # replace an existing output file this tool did not write
 
 
 def _set_flow_shift(pipe, shift: float) -> Optional[float]:
@@ -158,10 +160,35 @@ def _load_image(path: str, width: int, height: int):
     return img.resize((width, height), Image.BICUBIC)
 
 
+class _Progress:
+    """A plain line per denoising step (``[sdpa] step 3/50 (rep 1/2): 12.4 s, ETA 3:10``) for a log that is not a
+    terminal, where the progress bars are off: a batch run's logs (and the render-all scripts' screen) show the
+    render moving. Host-clock progress only; the step times themselves are the events of StepTimer."""
+
+    def __init__(self, name: str, steps: int, reps: int, log, enabled: bool):
+        self.name, self.steps, self.reps, self.log, self.enabled = name, steps, reps, log, enabled
+        self.rep, self.t0, self.first = 0, 0.0, None
+
+    def start(self, rep: int) -> None:
+        self.rep, self.t0 = rep, time.monotonic()
+        if self.first is None:
+            self.first = self.t0
+
+    def step(self, step: int) -> None:
+        if not self.enabled:
+            return
+        now = time.monotonic()
+        done = self.rep * self.steps + step + 1
+        left = self.reps * self.steps - done
+        eta = (now - self.first) / done * left
+        rep = f" (rep {self.rep + 1}/{self.reps})" if self.reps > 1 else ""
+        self.log(f"[{self.name}] step {step + 1}/{self.steps}{rep}: {now - self.t0:.1f} s, ETA "
+                 f"{int(eta) // 60}:{int(eta) % 60:02d}")
+        sys.stdout.flush()
+
+
 def _save_frames(frames, path: Path) -> None:
     """Raw frames as uint8 (T, H, W, 3), converted exactly as the video encoder's input is; atomic."""
-    import os
-
     import numpy as np
 
     from .video import frame_to_rgb_uint8
@@ -173,11 +200,13 @@ def _save_frames(frames, path: Path) -> None:
     os.replace(tmp, path)
 
 
-def render(cfg: RenderConfig, log=print) -> dict:
+def render(cfg: RenderConfig, log=print, exit_code_of=None) -> dict:
     """Run the render described by ``cfg``; returns the summary dict (also appended to timing.json).
 
     Under torchrun with a parallel degree (``cfg.ulysses_degree`` / ``ring_degree``) every rank renders its
     share through the chosen engine (vdbench.parallel); rank 0 alone writes the video and the merged timing.
+    ``exit_code_of(exception)``: the exit code an error means (the CLI's mapping), which a rank stopped by
+    torchrun on its way out still exits with.
     """
     from . import parallel as P
 
@@ -187,10 +216,10 @@ def render(cfg: RenderConfig, log=print) -> dict:
         return _stages(cfg, log, None)
     watch = P.FailureWatch(dctx)
     try:
-        P.maybe_inject_failure(dctx.rank, "start")
+        P.maybe_inject_failure(dctx.rank, "start", B.canonical_name(cfg.attention_type))
         out = _stages(replace(cfg, rank=dctx.rank), log if dctx.is_main else (lambda *a, **k: None), dctx)
     except BaseException as e:
-        P.finish(dctx, watch, e)
+        P.finish(dctx, watch, e, exit_code_of(e) if exit_code_of is not None else 1)
         raise
     P.finish(dctx, watch, None)
     return out
@@ -220,11 +249,41 @@ class Plan:
 
 
 def validate(cfg: RenderConfig, dctx=None) -> Plan:
-    """Every refusal that needs no weights, before anything loads (under torchrun every rank checks and the
-    ranks agree, so all stop together with the reason)."""
+    """Every refusal that needs no weights, before anything loads. Under torchrun every rank checks and the ranks
+    agree (one collective), so all stop together, with the reason and the same exit code, whichever check failed
+    on whichever rank; a single process raises the refusal itself."""
+    from . import parallel as P
+
+    plan, err = None, None
+    try:
+        plan = _checked_plan(cfg, dctx)
+    except Exception as e:  # noqa: BLE001 - handed to every rank by agree() and raised there
+        err = e
+    P.agree(dctx, err)
+    return plan
+
+
+def _previous_output(path: Path, timing_path: Optional[Path]) -> bool:
+    """Whether the file at ``path`` is a video this tool wrote (its container tag, or a timing.json entry that
+    names it: videos written before the tag existed, or by the OpenCV fallback), so it may be replaced."""
+    from .timing import load_timing
+    from .video import MADE_BY_RENDER, made_by
+
+    if made_by(path) == MADE_BY_RENDER:
+        return True
+    if timing_path is not None and Path(timing_path).is_file():
+        try:
+            return any(e.get("output") == str(path) for e in load_timing(timing_path) if isinstance(e, dict))
+        except (ValueError, OSError):
+            return False
+    return False
+
+
+def _checked_plan(cfg: RenderConfig, dctx) -> Plan:
     from . import parallel as P
     from .decode import GLUES, DecodeOptions, check_decode
     from .encode import EncodeOptions, check_encode
+    from .pipelines import config_head_dims
 
     device = dctx.device if dctx is not None else resolve_device(cfg.device)
     dtype = resolve_dtype(cfg.dtype, device)
@@ -234,26 +293,31 @@ def validate(cfg: RenderConfig, dctx=None) -> Plan:
     family = families.get(cfg.family)
     as_schedule(backend).check_plan(num_steps=cfg.num_inference_steps, compiled=cfg.compile, parallel=dctx is not None,
                                     grid_family=family.name if family.grid_hooks is not None else None)
-    if dctx is not None:  # the backend must serve this parallel path (ring: LSE), on every rank, before any work
-        err = None
-        try:
-            for member in as_schedule(backend).members:
-                P.check_backend_for_path(dctx.spec, member, device, cfg.family, cfg.task)
-            if cfg.compile:
-                raise ValueError("--use_torch_compile under torchrun isn't supported: the compiled attention op "
-                                 "routes plain single-process calls only (vdbench.patching.AttentionPatch."
-                                 "compiled_call)")
-            preflight(backend, device, dtype, [])  # head dims are checked again after the load
-        except (B.BackendUnavailable, ValueError) as e:
-            err = e
-        P.agree(dctx, err)
+    if dctx is not None:  # the backend must serve this parallel path (ring: LSE), on every rank
+        for member in as_schedule(backend).members:
+            P.check_backend_for_path(dctx.spec, member, device, cfg.family, cfg.task)
+        if cfg.compile:
+            raise ValueError("--use_torch_compile under torchrun isn't supported: the compiled attention op "
+                             "routes plain single-process calls only\nrender without --use_torch_compile, or on one "
+                             "process")
+    # the head dims from the model's config (no weights; the loaded model is checked again): a backend that can't
+    # serve them, or can't run on this device at all (sagev1 on a CPU), is refused here
+    preflight(backend, device, dtype, config_head_dims(cfg.model, cfg.task, cfg.family) or [])
+    if cfg.image and cfg.task in family.image_refusals:
+        raise ValueError(family.image_refusals[cfg.task])
+    if cfg.task in family.image_tasks and not cfg.image:
+        raise ValueError(f"task {cfg.task} needs --img_file_path (the image to animate)")
+    if cfg.image and not Path(cfg.image).is_file():
+        raise ValueError(f"conditioning image {cfg.image} does not exist\ngive --img_file_path an image file")
+    if (cfg.rank == 0 and not cfg.overwrite and cfg.output_path.exists()
+            and not _previous_output(cfg.output_path, cfg.timing_path)):
+        raise ValueError(f"{cfg.output_path} exists and is not a video this tool wrote; not replacing it\n"
+                         "move it away, choose another --benchmark_output_directory, or pass --overwrite")
     if (cfg.save_inputs or cfg.save_latents) and cfg.capture_dir is None:
         raise ValueError("capturing inputs or latents needs a capture directory")
     if cfg.save_inputs and cfg.compile:
         raise ValueError("--save_inputs runs eagerly (compiled graphs don't know which layer a call is); drop "
                          "the compile option for capture runs -- the captured Q/K/V are the same")
-    if cfg.task in family.image_tasks and not cfg.image:
-        raise ValueError(f"task {cfg.task} needs --img_file_path (the image to animate)")
     if cfg.vae_glue not in GLUES:
         raise ValueError(f"unknown --vae_glue {cfg.vae_glue!r}; valid: {', '.join(GLUES)}")
     # the decode and encode asked for, refused before the load where they can't apply to this family or can't run
@@ -289,16 +353,16 @@ class Loaded:
     header: dict
 
 
-def load(plan: Plan) -> Loaded:
-    """Load the pipeline and check what only the loaded model can tell (its exact size rules, its head dims)."""
-    from . import parallel as P
-    from .pipelines import check_video_size, load_pipeline, model_summary, transformers_of
-    from .speed import apply_speed_options
+def _load_checked(plan: Plan) -> tuple:
+    """(pipeline, load time, flow shift): loaded, its scheduler's shift set, its exact size rules and the backend
+    against its head dims checked."""
+    from .pipelines import check_video_size, load_pipeline, transformers_of
 
-    cfg, family, device, dctx = plan.cfg, plan.family, plan.device, plan.dctx
+    cfg, family, device = plan.cfg, plan.family, plan.device
     t_load = time.perf_counter()
     pipe = load_pipeline(cfg.model, cfg.task, cfg.family, dtype=plan.dtype,
-                         device="cpu" if cfg.cpu_offload else device, vae_dtype=plan.vae_dtype)
+                         device="cpu" if cfg.cpu_offload else device, vae_dtype=plan.vae_dtype,
+                         image=bool(cfg.image) and family.takes_image(cfg.task))
     if cfg.cpu_offload:
         pipe.enable_model_cpu_offload(device=device)
     if cfg.vae_tiling:
@@ -312,14 +376,25 @@ def load(plan: Plan) -> Loaded:
                                      else family.flow_shift(cfg.task, cfg.height, cfg.width))
     pipe.set_progress_bar_config(disable=not sys.stderr.isatty(), leave=False)
     check_video_size(pipe, cfg.height, cfg.width, cfg.num_frames, family=cfg.family)
-    models = transformers_of(pipe)
-    head_dims = [m.config.attention_head_dim for _, m in models]
-    err = None
-    try:
-        preflight(plan.backend, device, plan.dtype, head_dims)
-    except B.BackendUnavailable as e:
+    preflight(plan.backend, device, plan.dtype, [m.config.attention_head_dim for _, m in transformers_of(pipe)])
+    return pipe, load_time, flow_shift
+
+
+def load(plan: Plan) -> Loaded:
+    """Load the pipeline and check what only the loaded model can tell (its exact size rules, its head dims)."""
+    from . import parallel as P
+    from .pipelines import ModelLoadError, model_summary, transformers_of
+    from .speed import apply_speed_options
+
+    cfg, family, device, dctx = plan.cfg, plan.family, plan.device, plan.dctx
+    err = pipe = load_time = flow_shift = None
+    try:  # what only the files or the loaded model can refuse is agreed like validate's refusals (torchrun)
+        pipe, load_time, flow_shift = _load_checked(plan)
+    except (ModelLoadError, B.BackendUnavailable, ValueError, OSError) as e:
         err = e
     P.agree(dctx, err)  # single process: raises err itself
+    models = transformers_of(pipe)
+    head_dims = [m.config.attention_head_dim for _, m in models]
     if dctx is not None:
         pipe, models = P.apply_engine(dctx, pipe, models)
     speed = apply_speed_options(pipe, models, device=device, compile=cfg.compile,
@@ -329,9 +404,7 @@ def load(plan: Plan) -> Loaded:
     kwargs = dict(prompt=cfg.prompt, negative_prompt=cfg.negative_prompt, height=cfg.height, width=cfg.width,
                   num_frames=cfg.num_frames, num_inference_steps=cfg.num_inference_steps,
                   guidance_scale=cfg.guidance_scale, output_type="latent", **cfg.extra_pipe_kwargs)
-    if cfg.image and cfg.task in family.image_refusals:
-        raise ValueError(family.image_refusals[cfg.task])
-    if cfg.task in family.image_tasks:
+    if cfg.image and family.takes_image(cfg.task):
         kwargs["image"] = _load_image(cfg.image, cfg.width, cfg.height)
     backend = plan.backend
     header = {
@@ -357,6 +430,7 @@ def run_repetitions(plan: Plan, loaded: Loaded, log) -> tuple[list[dict], object
     from .watchdog import Watchdog, WatchdogTimeout
 
     cfg, device, dctx, pipe, header, backend = plan.cfg, plan.device, plan.dctx, loaded.pipe, loaded.header, plan.backend
+    run_id = f"{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"  # one render's entries, told apart from a re-run's
     # the encoders, the VAE encode (under --vae_timeout's watchdog) and the first denoiser call, timed by hooks
     watch_encode = (lambda: Watchdog(cfg.vae_timeout, label="vae encode")) if cfg.vae_timeout else None
     stage_timers = StageTimers(pipe, [m for _, m in loaded.models], device, encode_around=watch_encode)
@@ -371,11 +445,14 @@ def run_repetitions(plan: Plan, loaded: Loaded, log) -> tuple[list[dict], object
                            call_kind=plan.family.call_kind, grid_hooks=plan.family.grid_hooks,
                            tile_order_once=not cfg.compile)  # compiled blocks would trace the tile-order hooks
     entries, frames = [], None
+    progress = _Progress(cfg.attention_type, cfg.num_inference_steps, cfg.num_repetitions, log,
+                         enabled=not sys.stderr.isatty())
 
     def advance(step):
         patch.step = step + 1
+        progress.step(step)
         if dctx is not None:
-            P.maybe_inject_failure(dctx.rank, "step")
+            P.maybe_inject_failure(dctx.rank, "step", cfg.attention_type)
 
     profiler = None
     if cfg.profile_output:
@@ -404,6 +481,7 @@ def run_repetitions(plan: Plan, loaded: Loaded, log) -> tuple[list[dict], object
                         prof_now.step()
 
                 timer = StepTimer(device, then=then)
+                progress.start(rep)
                 if prof_now is not None:
                     prof_now.__enter__()
                 generator = torch.Generator("cpu").manual_seed(cfg.seed)
@@ -466,6 +544,7 @@ def run_repetitions(plan: Plan, loaded: Loaded, log) -> tuple[list[dict], object
                     "capture": ({"saved": capture.stats.saved, "bytes": capture.stats.bytes,
                                  "host_time_s": capture.stats.host_time_s} if capture else None),
                     "output": str(cfg.output_path),
+                    "run_id": run_id,
                     "run": header,
                 }
                 entries.append(entry)

@@ -42,6 +42,8 @@ from pathlib import Path
 
 import numpy as np
 
+from vdbench.families import split_label
+from vdbench.helptext import DefaultsHelpFormatter
 from vdbench.video import iter_frames, label_from_filename
 
 __all__ = ["resolve_results", "collect", "load_frames", "speed", "summarize", "write_csv", "write_html",
@@ -111,6 +113,15 @@ def _videos(results: Path) -> dict[str, Path]:
     return {label_from_filename(p): p for p in sorted(Path(results).glob("*.mp4")) if p.stem != "comparison_grid"}
 
 
+def match_label(name: str, labels) -> str | None:
+    """The label in ``labels`` that ``name`` means: itself, else the first whose backend part is ``name`` (so
+    ``reference`` finds ``reference@u2`` in a batch rendered under torchrun); None if none."""
+    labels = list(labels)
+    if name in labels:
+        return name
+    return next((lab for lab in labels if split_label(lab)[0] == name), None)
+
+
 def _median(values):
     values = [v for v in values if v is not None]
     return statistics.median(values) if values else None
@@ -125,7 +136,7 @@ def _emulated(label, entry: dict) -> bool:
     from vdbench import backends as B
 
     try:
-        return B.resolve(label).emulated
+        return B.resolve(split_label(label)[0]).emulated
     except B.BackendUnavailable:
         return False
 
@@ -135,11 +146,41 @@ def _device(entry: dict):
     return (run.get("resolved") or {}).get("device") or (run.get("system") or {}).get("device")
 
 
+def entry_label(entry: dict) -> str:
+    """The label of the render a timing entry belongs to: its video's (``label_from_filename`` of ``output``:
+    the backend, ``type@layout`` for a parallel render), else its ``attention_type`` (entries without a video)."""
+    out = entry.get("output")
+    return label_from_filename(out) if out else str(entry.get("attention_type"))
+
+
+def latest_run(entries: list[dict]) -> list[dict]:
+    """The repetitions of the last run among one output's timing entries, never two runs mixed: the entries with
+    the last entry's ``run_id``; for files written before run ids, the trailing repetitions 0..r that end with the
+    last entry and share its settings (a re-run with the same settings starts again at repetition 0)."""
+    last = entries[-1]
+    if last.get("run_id"):
+        return [e for e in entries if e.get("run_id") == last["run_id"]]
+    settings = (last.get("run") or {}).get("settings")
+    run = [last]
+    for e in reversed(entries[:-1]):
+        rep = e.get("repetition")
+        if rep is None or rep != run[0].get("repetition", 0) - 1 or (e.get("run") or {}).get("settings") != settings:
+            break
+        run.insert(0, e)
+    return run
+
+
+def _run_count(entries: list[dict]) -> int:
+    """How many runs (renders) of one output timing.json holds."""
+    ids = {e.get("run_id") for e in entries if e.get("run_id")}
+    return len(ids) + sum(1 for e in entries if not e.get("run_id") and e.get("repetition", 0) == 0)
+
+
 def speed(results: Path) -> dict[str, dict]:
-    """Per backend, from the *last run* of that backend in timing.json (the repetitions that share the last
-    entry's settings, so an older render at another size never mixes in), recomputed from the raw
-    ``step_times`` with ``vdbench.timing.run_step_stats`` (so files written before the warm-step keys existed
-    read the same way):
+    """Per rendered output (keyed by :func:`entry_label`), from its *latest run* in timing.json
+    (:func:`latest_run`: never two runs mixed; ``runs_recorded`` says how many there are, ``run_id`` which one is
+    used), recomputed from the raw ``step_times`` with ``vdbench.timing.run_step_stats`` (so files written before
+    the warm-step keys existed read the same way):
 
     ``warm_step_median`` (+ ``_n``, ``_p20``, ``_p80``, ``_min``, ``_max``): the steps after the first of every
     repetition, pooled. The first step pays for lazy initialisation (kernel selection, allocator growth,
@@ -160,9 +201,9 @@ def speed(results: Path) -> dict[str, dict]:
         return out
     by: dict[str, list] = {}
     for e in load_timing(tpath):
-        by.setdefault(e.get("attention_type"), []).append(e)
+        by.setdefault(entry_label(e), []).append(e)
     for label, entries in by.items():
-        last_run = [e for e in entries if e.get("run", {}).get("settings") == entries[-1].get("run", {}).get("settings")]
+        last_run = latest_run(entries)
         emulated = _emulated(label, last_run[-1])
         device = _device(last_run[-1])
         stats = run_step_stats([e.get("step_times") or [] for e in last_run], device, emulated)
@@ -182,7 +223,9 @@ def speed(results: Path) -> dict[str, dict]:
                       "work": _work(att),
                       "fallback_calls": att.get("fallback_calls"),
                       "peak_memory_bytes": last_run[-1].get("peak_memory_bytes"),
-                      "emulated": emulated, "device": device,
+                      "emulated": emulated, "device": device, "runs_recorded": _run_count(entries),
+                      "run_id": last_run[-1].get("run_id"), "output": last_run[-1].get("output"),
+                      "parallel": last_run[-1].get("parallel"),
                       "run": last_run[-1].get("run") or {}}
         if emulated:
             out[label].update({k: None for k in stats if k.startswith(("warm_step_", "first_step", "rep_warm_"))
@@ -225,7 +268,13 @@ def summarize(run_dir, reference: str = "reference", device=None) -> dict:
     if not sources:
         notes.append(f"no rendered video or raw frames in {results}: no quality figures")
     ref = ref_src = None
-    if reference in sources:
+    for lab, s in sp.items():
+        if (s.get("runs_recorded") or 1) > 1:
+            notes.append(f"timing.json holds {s['runs_recorded']} runs of {lab}: the latest is used"
+                         + (f" (run {s['run_id']})" if s.get("run_id") else ""))
+    ref_key = match_label(reference, sources)
+    if ref_key is not None:
+        reference = ref_key
         try:
             ref, ref_src = load_frames(sources[reference])
         except (OSError, ValueError) as exc:
@@ -233,7 +282,7 @@ def summarize(run_dir, reference: str = "reference", device=None) -> dict:
     elif sources:
         notes.append(f"no reference render labelled {reference!r} in {results} (found: {', '.join(sources)}): "
                      "no quality figures (render one with --attention_type reference)")
-    base_s = sp.get("default") or {}
+    base_s = sp.get(match_label("default", sp) or "default") or {}
     base = base_s.get("warm_step_median")
     if sp and base is None:
         notes.append("no 'default' backend with a warm step in timing.json: no speedup column")
@@ -589,9 +638,10 @@ def video_psnr(video, ref_video) -> float | None:
 
 
 def figure_labels(inputs, labels, reference: str, timing_dir=None, warnings: list | None = None) -> list[str]:
-    """``label · speedup× (n=…) · PSNR dB`` for each input: speedup of the warm steps (``vdbench.timing``'s definition:
-    median of the steps after the first) from ``timing_dir/timing.json`` (against ``default`` when it was rendered,
-    else against the first input), PSNR of each decoded video against the reference input's decoded video.
+    """``label · 812 ms/step 1.05× (n=…) · PSNR dB`` for each input: the warm step (``vdbench.timing``'s
+    definition: median of the steps after the first) and its speedup from ``timing_dir/timing.json`` (against
+    ``default`` when it was rendered, else against the first input), PSNR of each decoded video against the
+    reference input's decoded video.
     ``reference`` names an input by its label or by the backend in its file name. Parts that cannot be computed
     (no timing entry, another size) are left out of that label. The speedup carries the n of the backend's warm
     steps; an emulated backend gets "emulated" instead of a speedup; a speedup from timings that are not speed
@@ -600,13 +650,14 @@ def figure_labels(inputs, labels, reference: str, timing_dir=None, warnings: lis
     keys = [label_from_filename(p) for p in inputs]
     if reference in labels:
         ref_idx = list(labels).index(reference)
-    elif reference in keys:
-        ref_idx = keys.index(reference)
+    elif match_label(reference, keys) is not None:
+        ref_idx = keys.index(match_label(reference, keys))
     else:
         raise ValueError(f"--reference {reference!r} is none of the inputs ({', '.join(labels)})")
     sp = speed(Path(timing_dir)) if timing_dir is not None else {}
     step = {k: (sp.get(k) or {}).get("warm_step_median") for k in keys}
-    base_key = "default" if (sp.get("default") or {}).get("warm_step_median") else keys[0]
+    default_key = match_label("default", keys)
+    base_key = default_key if default_key and (sp.get(default_key) or {}).get("warm_step_median") else keys[0]
     base = step.get(base_key) or (sp.get(base_key) or {}).get("warm_step_median")
     base_why = (sp.get(base_key) or {}).get("why_not_speed")
     out = []
@@ -615,13 +666,17 @@ def figure_labels(inputs, labels, reference: str, timing_dir=None, warnings: lis
         s = sp.get(key) or {}
         if s.get("emulated"):
             parts.append(EMULATED)
-        elif base and step.get(key):
-            x = base / step[key]
-            text = f"{x:.2f}×" if x < 10 else f"{x:.1f}×"
-            why = "; ".join(dict.fromkeys(w for w in (s.get("why_not_speed"), base_why) if w))
+        elif step.get(key):
+            ms = step[key] * 1e3
+            text = f"{ms:.3g} ms/step" if ms < 100 else f"{ms:.0f} ms/step"
+            x = base / step[key] if base else None
+            if x is not None:
+                text += f" {x:.2f}×" if x < 10 else f" {x:.1f}×"
+            why = "; ".join(dict.fromkeys(w for w in (s.get("why_not_speed"), base_why if x else None) if w))
             text += f" (n={s.get('warm_step_n')}" + (": not a speed figure)" if why else ")")
             if why and warnings is not None:
-                warnings.append(f"{label}: speedup {x:.2f}× is not a speed figure: {why}")
+                warnings.append(f"{label}: {ms:.3g} ms/step" + (f", speedup {x:.2f}×," if x is not None else "")
+                                + f" is not a speed figure: {why}")
             parts.append(text)
         if i == ref_idx:
             parts.append("ref")
@@ -640,7 +695,7 @@ def figure_labels(inputs, labels, reference: str, timing_dir=None, warnings: lis
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m vdbench.report", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+                                formatter_class=DefaultsHelpFormatter)
     p.add_argument("run_dirs", nargs="+", type=Path, metavar="RUN_DIR",
                    help="results directory (or a directory holding results/)")
     p.add_argument("--reference", default="reference", help="label of the reference render (default: reference)")

@@ -45,7 +45,11 @@ __all__ = [
     "probe_video",
     "iter_frames",
     "label_from_filename",
+    "made_by",
+    "MADE_BY_RENDER",
+    "MADE_BY_GRID",
     "find_font",
+    "fit_labels",
     "grid_shape",
     "stitch_grid",
 ]
@@ -58,8 +62,17 @@ DEFAULT_CRF = 18
 #: frame, transparent enough that the video content under it stays visible.
 LABEL_BAND_OPACITY = 0.65
 
-#: Labels are shrunk down to this size (then ellipsised) before they would overflow their cell.
+#: Labels are wrapped onto up to this many lines, then shrunk down to MIN_FONT_SIZE (then ellipsised) before they
+#: would overflow their cell.
+LABEL_MAX_LINES = 3
 MIN_FONT_SIZE = 8
+
+#: The container ``comment`` tag of every video this module writes: a render's video and a stitched grid. It is how
+#: the tools recognise their own outputs (:func:`made_by`) -- a previous output may be replaced, any other file is
+#: not without ``--overwrite``, and the stitcher never takes a grid of its own for a cell.
+MADE_BY_RENDER = "vdbench render"
+MADE_BY_GRID = "vdbench comparison grid"
+_MADE_BY_RE = re.compile(r"^\s*comment\s*:\s*(?P<tag>vdbench [a-z ]+?)\s*$", re.MULTILINE)
 
 
 class VideoError(ValueError):
@@ -192,7 +205,8 @@ def _remove_quietly(path: str) -> None:
         os.remove(path)
 
 
-def write_video(frames, path, fps: float = 16, *, crf: int = DEFAULT_CRF, preset: str = "medium") -> str:
+def write_video(frames, path, fps: float = 16, *, crf: int = DEFAULT_CRF, preset: str = "medium",
+                made_by: str = MADE_BY_RENDER) -> str:
     """Encode ``frames`` as H.264 (yuv420p) at ``path`` and return ``path`` (as a string).
 
     ``frames``: a (T, H, W, 3) array, float in [0, 1] or uint8, or an iterable of PIL images / arrays (all of
@@ -201,7 +215,8 @@ def write_video(frames, path, fps: float = 16, *, crf: int = DEFAULT_CRF, preset
 
     The file is written to a temporary name next to ``path`` and moved onto ``path`` only after ffmpeg
     finished and the frame count read back matches what was sent; on any failure the temporary file is
-    removed and an existing file at ``path`` is left untouched.
+    removed and an existing file at ``path`` is left untouched. ``made_by`` goes into the container's comment
+    tag (:func:`made_by`).
     """
     path = os.fspath(path)
     if not fps or fps <= 0:
@@ -231,7 +246,7 @@ def write_video(frames, path, fps: float = 16, *, crf: int = DEFAULT_CRF, preset
             codec="libx264",
             macro_block_size=1,  # sizes are already even; never let imageio-ffmpeg rescale
             ffmpeg_log_level="error",
-            output_params=["-crf", str(int(crf)), "-preset", preset],
+            output_params=["-crf", str(int(crf)), "-preset", preset, "-metadata", f"comment={made_by}"],
         )
         writer.send(None)  # start ffmpeg
         writer.send(first)
@@ -344,6 +359,18 @@ def _read_meta(path: str) -> dict:
         gen.close()
 
 
+def made_by(path) -> str | None:
+    """The vdbench tag of a video this project wrote (:data:`MADE_BY_RENDER`, :data:`MADE_BY_GRID`), read from the
+    container's comment by ffmpeg without decoding a frame; None for any other file (or one ffmpeg can't open)."""
+    path = os.fspath(path)
+    if imageio_ffmpeg is None or not os.path.isfile(path):
+        return None
+    proc = subprocess.run([imageio_ffmpeg.get_ffmpeg_exe(), "-hide_banner", "-i", path], capture_output=True,
+                          timeout=60)
+    m = _MADE_BY_RE.search(proc.stderr.decode(errors="replace"))
+    return m["tag"] if m else None
+
+
 def probe_video(path) -> VideoInfo:
     """Size, frame rate and exact frame count of a video; :class:`VideoError` naming the file if it is
     missing, unreadable or has no video frames."""
@@ -396,10 +423,11 @@ def label_from_filename(path) -> str:
     """The attention type a benchmark video was rendered with, recovered from its file name by the family that
     wrote it (:attr:`vdbench.families.Family.parse_label`, each registered family asked in turn):
     ``wan_result_t2v_1.3B_81f_30s_attn_sdpa_cudnn_480x832.mp4`` -> ``sdpa_cudnn``,
-    ``cogvideox-2b_fav3_fp8.mp4`` -> ``fav3_fp8``; any other name -> its stem."""
+    ``cogvideox-2b_fav3_fp8.mp4`` -> ``fav3_fp8``, a parallel render's ``..._480x832_u2.mp4`` -> ``sdpa_cudnn@u2``;
+    any other name -> its stem."""
     stem = Path(os.fspath(path)).stem
     for name in families.names():
-        label = families.get(name).parse_label(stem)
+        label = families.get(name).label(stem)
         if label is not None:
             return label
     return stem
@@ -437,31 +465,53 @@ class _LabelBand:
 
     def __init__(self, text: str, width: int, font_size: int, opacity: float = LABEL_BAND_OPACITY):
         size = max(int(font_size), 1)
-        font, text = self._fit(text, width, size)
+        font, lines = self._fit(text, width, size)
         ascent, descent = font.getmetrics()
         pad = max(2, font.size // 4)
-        self.height = ascent + descent + 2 * pad
+        line_h = ascent + descent
+        self.height = line_h * len(lines) + 2 * pad
         mask = Image.new("L", (width, self.height), 0)
-        ImageDraw.Draw(mask).text((pad, pad), text, font=font, fill=255)
+        draw = ImageDraw.Draw(mask)
+        for i, line in enumerate(lines):
+            draw.text((pad, pad + i * line_h), line, font=font, fill=255)
         m = np.asarray(mask, dtype=np.float32)[:, :, None] / 255.0
         self.keep = (1.0 - opacity) * (1.0 - m)
         self.add = 255.0 * m + 0.5  # +0.5: round on the uint8 cast
-        self.text = text
+        self.text = "\n".join(lines)
 
     @staticmethod
-    def _fit(text: str, width: int, size: int):
-        """Shrink the font until the text fits the cell width; past MIN_FONT_SIZE, ellipsise it."""
-        while True:
-            font = find_font(size)
-            pad = max(2, size // 4)
-            if font.getlength(text) + 2 * pad <= width or size <= MIN_FONT_SIZE:
-                break
-            size -= 1
-        if font.getlength(text) + 2 * pad > width:
-            while text and font.getlength(text + "\u2026") + 2 * pad > width:
-                text = text[:-1]
-            text = text + "\u2026" if text else ""
-        return font, text
+    def _wrap(text: str, font, room: float) -> list[str]:
+        """Greedy word wrap at spaces to ``room`` pixels (a word wider than the room gets a line of its own)."""
+        lines: list[str] = []
+        for word in text.split(" "):
+            if lines and font.getlength(lines[-1] + " " + word) <= room:
+                lines[-1] += " " + word
+            else:
+                lines.append(word)
+        return lines
+
+    @staticmethod
+    def _fit(text: str, width: int, size: int, max_lines: int = LABEL_MAX_LINES):
+        """The font and lines of a label at ``size``: one line if it fits, else wrapped at spaces onto up to
+        ``max_lines`` lines, the last one ellipsised if the text still overflows (the grid picks a size at which
+        none does: :func:`_label_size`)."""
+        font = find_font(size)
+        room = width - 2 * max(2, size // 4)
+        lines = _LabelBand._wrap(text, font, room)[:max_lines]
+        last = lines[-1]
+        if font.getlength(last) > room or " ".join(lines) != " ".join(text.split(" ")):
+            while last and font.getlength(last + "\u2026") > room:
+                last = last[:-1]
+            lines[-1] = last + "\u2026" if last else ""
+        return font, lines
+
+    @staticmethod
+    def fits(text: str, width: int, size: int, max_lines: int = LABEL_MAX_LINES) -> bool:
+        """Whether ``text`` fits ``width`` at ``size`` on up to ``max_lines`` wrapped lines."""
+        font = find_font(size)
+        room = width - 2 * max(2, size // 4)
+        lines = _LabelBand._wrap(text, font, room)
+        return len(lines) <= max_lines and all(font.getlength(x) <= room for x in lines)
 
     def apply(self, canvas: np.ndarray) -> None:
         """Blend the band into ``canvas`` (H, W, 3 uint8) in place."""
@@ -470,6 +520,23 @@ class _LabelBand:
         band *= self.keep[:h]
         band += self.add[:h]
         canvas[:h] = band.astype(np.uint8)
+
+
+def fit_labels(labels, width: int, font_size: int) -> tuple[int, list[list[str]]]:
+    """``(size, lines of each label)``: how a grid of cells ``width`` pixels wide draws ``labels`` -- one font size
+    for all (:func:`_label_size`), each label on one line or wrapped at spaces onto up to LABEL_MAX_LINES."""
+    size = _label_size(labels, width, font_size)
+    return size, [_LabelBand._fit(t, width, size)[1] if t else [] for t in labels]
+
+
+def _label_size(labels, width: int, font_size: int) -> int:
+    """One font size for every label of a grid: the largest up to ``font_size`` at which each label fits its cell
+    (wrapped at spaces onto up to LABEL_MAX_LINES lines: a label carrying figures, ``sdpa · 705 ms/step … ·
+    58.4 dB``, keeps them all on a narrow cell), never below MIN_FONT_SIZE (then the overflow is ellipsised)."""
+    size = max(int(font_size), 1)
+    while size > MIN_FONT_SIZE and not all(_LabelBand.fits(t, width, size) for t in labels if t):
+        size -= 1
+    return size
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -579,6 +646,7 @@ def stitch_grid(
     sources, cells = [], []
     tmp = None
     try:
+        label_size = _label_size(labels, cell_w, font_size)
         for info, label in zip(infos, labels):
             scaled = _fit_size(info.width, info.height, cell_w, cell_h)
             src = VideoFileClip(
@@ -588,7 +656,7 @@ def stitch_grid(
                 resize_algorithm="bicubic",
             )
             sources.append(src)
-            cells.append(_Cell(src, info, label, (cell_w, cell_h), scaled, font_size, clip_duration))
+            cells.append(_Cell(src, info, label, (cell_w, cell_h), scaled, label_size, clip_duration))
         grid = _grid_clip(cells, rows, cols, (cell_w, cell_h), clip_duration)
 
         tmp = _temp_path_next_to(output)
@@ -599,7 +667,7 @@ def stitch_grid(
             audio=False,
             preset=preset,
             threads=threads or os.cpu_count(),
-            ffmpeg_params=["-crf", str(int(crf))],
+            ffmpeg_params=["-crf", str(int(crf)), "-metadata", f"comment={MADE_BY_GRID}"],
             logger=None,
         )
         written = _probe_result(tmp, output)

@@ -421,6 +421,13 @@ class Backend:
         """Every option's value for this entry: the defaults, overridden by what it is bound to."""
         return {**{o.key: o.default for o in self.options}, **dict(self.bound)}
 
+    @property
+    def exact(self) -> bool:
+        """A real kernel computing attention at its inputs' precision: not an emulation, and its bytes model reads
+        no input narrower than it came (INT8 / fp8 kernels read 1 byte per element of a 2-byte input). What a
+        speed-up is measured against in a batch's comparison (its first exact backend)."""
+        return not self.emulated and self.bytes_model(1, 1, 1, 1, 1, 2).kernel >= 4 * 2
+
     def __call__(self, q, k, v, *, scale=None, is_causal=False):
         return self.fn(q, k, v, scale=scale, is_causal=is_causal)
 

@@ -24,13 +24,42 @@ from typing import Any, Callable, Mapping, Optional
 from .. import tiny
 
 __all__ = ["CliDefaults", "Family", "XfuserWiring", "attention_presets", "discover", "for_pipeline", "for_vae",
-           "get", "model_tag", "names", "register", "unregister", "vae_config", "vae_names"]
+           "get", "layout_tag", "model_tag", "names", "register", "split_label", "split_layout", "unregister",
+           "vae_config", "vae_names"]
 
 
 def model_tag(model: str) -> str:
     """A file-name-safe tag for a model argument (no underscores, so file names parse unambiguously)."""
     base = model.rstrip("/").split("/")[-1] if not model.startswith("tiny") else model
     return re.sub(r"[^A-Za-z0-9.\-]+", "-", base).strip("-") or "model"
+
+
+def layout_tag(ulysses: int = 1, ring: int = 1, cfg: bool = False) -> str:
+    """The parallel layout as a file-name tag: ``u2``, ``r2``, ``u2r2``, ``cfg2``, ``u2cfg2``; ``""`` for one
+    process. Output names end with it (``..._u2.mp4``) so a Ulysses-2 render never overwrites the one-GPU render of
+    the same settings, and ``--reuse`` and the stitcher's labels (``sdpa@u2``) tell them apart."""
+    return (f"u{ulysses}" if ulysses > 1 else "") + (f"r{ring}" if ring > 1 else "") + ("cfg2" if cfg else "")
+
+
+#: A layout tag (:func:`layout_tag`) at the end of a file stem, after an underscore.
+_LAYOUT_RE = re.compile(r"^(?P<rest>.+)_(?P<tag>(?=[urc])(?:u\d+)?(?:r\d+)?(?:cfg\d+)?)$")
+
+
+def split_layout(stem: str) -> tuple[str, str]:
+    """``(stem without its layout tag, tag)``: ``"x_64x96_u2"`` -> ``("x_64x96", "u2")``; ``(stem, "")`` when it
+    ends in none."""
+    m = _LAYOUT_RE.match(stem)
+    return (m["rest"], m["tag"]) if m and m["tag"] else (stem, "")
+
+
+def split_label(label: str) -> tuple[str, str]:
+    """A render's label ``"sdpa@u2"`` -> ``("sdpa", "u2")``; ``"sdpa"`` -> ``("sdpa", "")``."""
+    name, _, tag = str(label).partition("@")
+    return name, tag
+
+
+def _with_layout(label: Optional[str], tag: str) -> Optional[str]:
+    return None if label is None else (f"{label}@{tag}" if tag else label)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,16 +113,19 @@ class Family:
 
     Identity and loading
         ``name``; ``tasks`` (``--task`` values); ``pipeline_classes`` (task -> diffusers pipeline class name;
-        :meth:`pipeline_class`); ``vae_class`` (diffusers VAE class name); ``default_models`` (task -> the
-        checkpoint a CLI loads when no model is given); ``default_tiny`` (task -> the tiny variant ``--model tiny``
-        picks); ``tiny_variants`` (:class:`vdbench.tiny.TinyVariant` objects, registered into
-        :mod:`vdbench.tiny`); ``random_variants`` (``random:<name>`` -> (base tiny variant, real-shape overrides)).
+        :meth:`pipeline_class`); ``image_pipeline_classes`` (task -> the class that serves it when a conditioning
+        image is given, for tasks that take one optionally: Wan TI2V's image-to-video path); ``vae_class``
+        (diffusers VAE class name); ``default_models`` (task -> the checkpoint a CLI loads when no model is given);
+        ``default_tiny`` (task -> the tiny variant ``--model tiny`` picks); ``tiny_variants``
+        (:class:`vdbench.tiny.TinyVariant` objects, registered into :mod:`vdbench.tiny`); ``random_variants``
+        (``random:<name>`` -> (base tiny variant, real-shape overrides)).
     Command lines
         ``cli`` (:class:`CliDefaults`); ``output_name(task, model, num_frames, steps, attention_type, height,
-        width) -> str`` (the video's file name); ``parse_label(stem) -> str | None`` (the attention type back from
-        a file name this family wrote, None if not one of its names); ``image_size_multiple(task, model) -> int |
-        None`` (the multiple an image-derived output size is rounded to; None: the family renders the requested
-        size).
+        width, layout="") -> str`` (the video's file name; ``layout`` the parallel layout's :func:`layout_tag`,
+        which ends the name); ``parse_label(stem) -> str | None`` (the attention type back from a file name this
+        family wrote, None if not one of its names; :meth:`label` adds a name's layout: ``type@layout``);
+        ``image_size_multiple(task, model) -> int | None`` (the multiple an image-derived output size is rounded
+        to; None: the family renders the requested size).
     Sizes
         ``frame_multiple`` (valid frame counts are ``frame_multiple * temporal_factor * k + 1``); ``frame_rule``
         (why, for the error: a format string with ``{step}`` and ``{temporal}``); ``fixed_size(transformer,
@@ -142,6 +174,7 @@ class Family:
     frame_multiple: int = 1
     fixed_size: Callable[[Any, int], Optional[tuple[int, int, str]]] = _no_fixed_size
     image_tasks: tuple[str, ...] = ("i2v",)
+    image_pipeline_classes: Mapping[str, str] = dataclasses.field(default_factory=dict)
     image_refusals: Mapping[str, str] = dataclasses.field(default_factory=dict)
     flow_shift: Optional[Callable[[str, int, int], float]] = None
     trim_latents: Callable[[Any, Any, Optional[int]], Any] = lambda pipe, latents, num_frames: latents
@@ -153,9 +186,26 @@ class Family:
     grid_hooks: Optional[Callable[..., Any]] = None
     order: int = 100
 
-    def pipeline_class(self, task: str) -> str:
-        """The diffusers pipeline class name that serves ``task``."""
-        return self.pipeline_classes[self.check_task(task)]
+    def pipeline_class(self, task: str, image: bool = False) -> str:
+        """The diffusers pipeline class name that serves ``task`` (with a conditioning image when ``image``)."""
+        task = self.check_task(task)
+        if image and task in self.image_pipeline_classes:
+            return self.image_pipeline_classes[task]
+        return self.pipeline_classes[task]
+
+    def takes_image(self, task: str) -> bool:
+        """Whether ``task`` uses a conditioning image (always, or optionally through its image pipeline)."""
+        return task in self.image_tasks or task in self.image_pipeline_classes
+
+    def label(self, stem: str) -> Optional[str]:
+        """The label of a video this family wrote: its attention type, ``type@layout`` when the name ends in a
+        parallel layout tag; None for a name that isn't this family's."""
+        rest, tag = split_layout(stem)
+        if tag:
+            inner = self.parse_label(rest)
+            if inner is not None:
+                return _with_layout(inner, tag)
+        return self.parse_label(stem)
 
     def check_task(self, task: Optional[str]) -> str:
         """``task`` (None: t2v) if this family has it; ValueError naming the valid ones otherwise."""

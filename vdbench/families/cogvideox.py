@@ -175,10 +175,10 @@ RANDOM_VARIANTS = {
 }
 
 
-def output_name(task, model, num_frames, steps, attention_type, height, width) -> str:
-    """``cogvideox-<model>_<type>.mp4`` (written directly in the output directory); the size, frames and steps
-    are in timing.json, not in the name."""
-    return f"cogvideox-{model_tag(model)}_{attention_type}.mp4"
+def output_name(task, model, num_frames, steps, attention_type, height, width, layout: str = "") -> str:
+    """``cogvideox-<model>_<type>[_<layout>].mp4`` (written directly in the output directory; ``layout`` the
+    parallel layout tag, e.g. ``cfg2``); the size, frames and steps are in timing.json, not in the name."""
+    return f"cogvideox-{model_tag(model)}_{attention_type}{'_' + layout if layout else ''}.mp4"
 
 
 # The model tag (2b, 5b-i2v, 1.5-5b, tiny) has no underscore (model_tag), so the type is everything after the first.

@@ -258,10 +258,11 @@ RANDOM_VARIANTS = {
 }
 
 
-def output_name(task, model, num_frames, steps, attention_type, height, width) -> str:
-    """``wan_result_<task>_<model>_<F>f_<S>s_attn_<type>_<H>x<W>.mp4`` (written under ``<dir>/results/``)."""
+def output_name(task, model, num_frames, steps, attention_type, height, width, layout: str = "") -> str:
+    """``wan_result_<task>_<model>_<F>f_<S>s_attn_<type>_<H>x<W>[_<layout>].mp4`` (written under
+    ``<dir>/results/``; ``layout`` the parallel layout tag, e.g. ``u2``, absent for one process)."""
     return (f"wan_result_{task}_{model_tag(model)}_{num_frames}f_{steps}s_attn_{attention_type}_"
-            f"{height}x{width}.mp4")
+            f"{height}x{width}{'_' + layout if layout else ''}.mp4")
 
 
 # Anchoring on the "<frames>f_<steps>s_attn_" run keeps a model tag that itself contains "_attn_" from being taken
@@ -358,7 +359,9 @@ FAMILY = Family(
     image_size_multiple=image_size_multiple,
     # the causal VAE maps 1 + 4k frames to 1 + k latents
     frame_rule="Wan needs {step}k+1 frames (VAE temporal factor {temporal})",
-    image_refusals={"ti2v": "ti2v with an image runs the image-to-video pipeline: use --task i2v with the TI2V model"},
+    # TI2V-5B is text(+image)-to-video: with an image, diffusers' WanImageToVideoPipeline runs the same checkpoint
+    # (its expand_timesteps config conditions on the first frame's latents; no image encoder, no second expert)
+    image_pipeline_classes={"ti2v": "WanImageToVideoPipeline"},
     flow_shift=default_flow_shift,
     prepare_latents=prepare_latents,
     parallel_refusal=parallel_refusal,

@@ -1,0 +1,90 @@
+"""The end-of-batch comparison (vdbench.batch): one row per render, read with the report's readers."""
+
+import json
+
+import numpy as np
+import pytest
+
+from vdbench import batch
+from vdbench.video import write_video
+
+SETTINGS = {"height": 16}
+
+
+def _entry(video, label, steps, device="cuda:0", emulated=False, run_id="r1", parallel=None, kernels=None, rep=0):
+    return {"attention_type": label.split("@")[0], "output": str(video), "repetition": rep, "run_id": run_id,
+            "step_times": steps, "parallel": parallel,
+            "attention": {"calls_by_kernel": kernels or {label: 8}, "fallback_calls": 0},
+            "run": {"settings": SETTINGS, "resolved": {"device": device},
+                    "backend": {"name": label, "emulated": emulated}}}
+
+
+@pytest.fixture
+def results(tmp_path):
+    """Four renders' videos (the reference, one identical to it, two that differ) and their timing entries."""
+    rng = np.random.default_rng(0)
+    ref = rng.integers(0, 256, (5, 16, 16, 3), dtype=np.uint8)
+    noisy = np.clip(ref.astype(int) + rng.integers(-6, 7, ref.shape), 0, 255).astype(np.uint8)
+    videos = {}
+    for name, frames in (("sdpa", ref), ("reference", ref), ("sagev1_emu", noisy), ("fp8_emu", noisy)):
+        videos[name] = tmp_path / f"wan_result_t2v_tiny_5f_4s_attn_{name}_16x16.mp4"
+        write_video(frames, videos[name], fps=8)
+    entries = [_entry(videos["sdpa"], "sdpa", [0.9, 0.10, 0.12, 0.11], kernels={"sdpa[flash]": 32}),
+               _entry(videos["reference"], "reference", [0.9, 0.20, 0.22, 0.24]),
+               _entry(videos["sagev1_emu"], "sagev1_emu", [3.0, 2.0, 2.0, 2.0], emulated=True),
+               _entry(videos["fp8_emu"], "fp8_emu", [3.0, 2.0, 2.0, 2.0], emulated=True)]
+    (tmp_path / "timing.json").write_text(json.dumps(entries))
+    return tmp_path, videos
+
+
+def test_rows_give_warm_step_speedup_vs_first_exact_psnr_and_kernels(results):
+    d, v = results
+    rows, notes = batch.rows(d, [v["sagev1_emu"], v["sdpa"], v["reference"]])  # an emulation first: not the base
+    by = {r["backend"]: r for r in rows}
+    assert [r["backend"] for r in rows] == ["sagev1_emu", "sdpa", "reference"]  # the batch's order
+    assert by["sdpa"]["warm"] == "110 (104–116, n=3)"  # vdbench.timing: the steps after the first, p20–p80
+    assert by["sdpa"]["speedup"] == "1.00×" and by["reference"]["speedup"] == "0.50×"
+    assert by["sagev1_emu"]["warm"] == by["sagev1_emu"]["speedup"] == "emulated"
+    assert by["reference"]["psnr"] == "ref" and by["sdpa"]["psnr"] == "∞ dB"
+    assert by["sagev1_emu"]["psnr"].endswith(" dB") and float(by["sagev1_emu"]["psnr"].split()[0]) < 50
+    assert by["sdpa"]["kernels"] == "sdpa[flash]×32" and by["sdpa"]["layout"] == "1 process"
+    assert notes[0] == "speed-up: against sdpa, the batch's first exact backend"
+    assert not any("not a speed figure" in n for n in notes)  # GPU timings, n=3
+
+
+def test_table_says_what_failed_and_what_to_install(results, tmp_path):
+    d, v = results
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "sagev1.log").write_text("Loading...\nerror: attention backend 'sagev1' can't run here: package not "
+                                     "installed: sageattention\nhint: Backends that can run here: sdpa\n")
+    text = batch.table(d, [v["sdpa"]], failed=[("sagev1", "2")], logs=logs)
+    lines = text.splitlines()
+    assert lines[0].split()[:4] == ["backend", "layout", "warm", "ms/step"] and "kernels that ran" in lines[0]
+    failure = next(i for i, ln in enumerate(lines) if ln.startswith("sagev1: FAILED (exit 2)"))
+    assert "package not installed: sageattention" in lines[failure]
+    assert "install: pip install -e '.[sage]'" in lines[failure + 1]  # the registry's install hint ...
+    assert "runs anywhere as its emulation: sagev1_emu" in lines[failure + 1]  # ... and its twin
+    assert "note: no PSNR column: the batch rendered no 'reference'" in text
+    assert batch.table(d, [], failed=[("sagev1", "2")]).splitlines()[0] == "nothing rendered"
+
+
+def test_parallel_layouts_and_cpu_timings_are_said(results):
+    d, v = results
+    entries = json.loads((d / "timing.json").read_text())
+    u2 = d / "wan_result_t2v_tiny_5f_4s_attn_sdpa_16x16_u2.mp4"
+    u2.write_bytes(v["sdpa"].read_bytes())
+    entries.append(_entry(u2, "sdpa@u2", [0.5, 0.3, 0.3, 0.3], device="cpu", parallel={
+        "label": "ulysses2", "engine": "diffusers", "world_size": 2}))
+    (d / "timing.json").write_text(json.dumps(entries))
+    rows, notes = batch.rows(d, [v["sdpa"], u2])
+    assert [r["backend"] for r in rows] == ["sdpa", "sdpa@u2"]
+    assert rows[1]["layout"] == "ulysses2 (diffusers, 2 ranks)" and rows[1]["speedup"] == "0.37×"
+    assert any(n.startswith("not a speed figure (CPU timing") and n.endswith("sdpa@u2") for n in notes)
+
+
+def test_command_line(results, capsys):
+    d, v = results
+    assert batch.main([str(d), "--outputs", str(v["sdpa"]), str(v["reference"]), "--failed", "fav3:2"]) == 0
+    out = capsys.readouterr().out
+    assert "sdpa " in out and "fav3: FAILED (exit 2)" in out and "install: pip install -e '.[fa3]'" in out

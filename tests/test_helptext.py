@@ -1,0 +1,70 @@
+"""Every flag of every command line says what it does and what it is when not given (vdbench.helptext), and help
+texts name no code constants."""
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from vdbench.helptext import DefaultsHelpFormatter
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCH = sorted(p.name for p in (ROOT / "bench").glob("*.py") if "argparse" in p.read_text())
+COMMANDS = [["run_wan.py"], ["sageattn_cogvideo.py"], ["stitch_comparison.py"], ["-m", "vdbench.report"],
+            ["-m", "vdbench.batch"], ["render_all_WAN.sh"], ["render_all_attention.sh"]]
+COMMANDS += [[f"bench/{b}"] for b in BENCH]
+
+
+def _options(text: str) -> list[tuple[str, str]]:
+    """(flags, help) of each option listed by ``--help`` (positional arguments and -h left out)."""
+    out, cur, section = [], None, ""
+    for line in text.splitlines():
+        if re.match(r"^\S.*:$", line):
+            section, cur = line, None
+            continue
+        m = re.match(r"^  (-\S.*)$", line)
+        if m and "positional" not in section:
+            parts = re.split(r"\s{2,}", m.group(1), maxsplit=1)
+            cur = [parts[0], parts[1] if len(parts) > 1 else ""]
+            out.append(cur)
+        elif cur is not None and line.startswith("      "):
+            cur[1] += " " + line.strip()
+        elif not line.strip():
+            cur = None
+    return [(f, h.strip()) for f, h in out if not f.startswith("-h")]
+
+
+@pytest.mark.parametrize("command", COMMANDS, ids=lambda c: c[-1])
+def test_every_flag_has_help_that_shows_its_default(command):
+    if command[0].endswith(".sh"):
+        argv = ["bash", str(ROOT / command[0])]
+    elif command[0] == "-m":
+        argv = [sys.executable, *command]
+    else:
+        argv = [sys.executable, str(ROOT / command[0])]
+    env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHON=sys.executable)
+    proc = subprocess.run(argv + ["--help"], capture_output=True, text=True, env=env, timeout=120, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    options = _options(proc.stdout)
+    assert options or re.search(r"^  \{\w+(,\w+)*\}$", proc.stdout, re.M), proc.stdout  # flags, or subcommands
+    for flags, help_ in options:
+        assert help_, f"{command}: {flags} has no help"
+        assert re.search(r"default|required", help_, re.I), f"{command}: {flags} does not show its default: {help_}"
+    # no code constant or module path in place of words
+    helps = " ".join(h for _, h in options)
+    assert not re.search(r"\bvdbench\.\w+\.\w+|\b[A-Z0-9]+_[A-Z0-9]+_[A-Z0-9_]+\b", helps), (command, helps)
+
+
+def test_the_formatter_shows_defaults_once():
+    p = argparse.ArgumentParser(formatter_class=DefaultsHelpFormatter)
+    p.add_argument("--n", type=int, default=3, help="samples")
+    p.add_argument("--flag", action="store_true", help="a switch")
+    p.add_argument("--name", default=None, help="a name")
+    p.add_argument("--said", default=1, help="already says it (default: one)")
+    text = " ".join(p.format_help().split())
+    assert "samples (default: 3)" in text and "a switch (default: off)" in text and "a name (default: none)" in text
+    assert "already says it (default: one)" in text and text.count("default") == 4

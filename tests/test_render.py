@@ -1,0 +1,86 @@
+"""vdbench.render's validate stage: every refusal that needs no weights comes before any weight loads, and a file
+this tool did not write is never replaced."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from vdbench import backends as B
+from vdbench import render as R
+from vdbench.video import write_video
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _cfg(tmp_path, **kw) -> R.RenderConfig:
+    out = tmp_path / "results"
+    base = dict(family="wan", task="t2v", model="tiny", prompt="a cat", negative_prompt="", height=64, width=96,
+                num_frames=9, num_inference_steps=2, guidance_scale=5.0, seed=0, attention_type="sdpa",
+                output_path=out / "wan_result_t2v_tiny_9f_2s_attn_sdpa_64x96.mp4", timing_path=out / "timing.json",
+                device="cpu")
+    base.update(kw)
+    return R.RenderConfig(**base)
+
+
+@pytest.fixture
+def no_load(monkeypatch):
+    """Any weight load fails the test: what validate refuses must be refused before it."""
+    import vdbench.pipelines as P
+
+    def load(*a, **k):
+        raise AssertionError("weights were loaded")
+
+    monkeypatch.setattr(P, "load_pipeline", load)
+
+
+def test_a_backend_that_cant_serve_the_models_head_dim_is_refused_before_the_load(tmp_path, no_load):
+    narrow = B.Backend(name="hd64_only", description="test", fn=B.resolve("sdpa").fn, kernel="hd64",
+                       head_dims=(64,), no_lse_reason="a test entry")
+    with B.registered(narrow):
+        with pytest.raises(B.BackendUnavailable, match="does not support head dim 32 (?s:.)*head dim 32"):
+            R.validate(_cfg(tmp_path, attention_type="hd64_only"))
+        with pytest.raises(B.BackendUnavailable, match="head dim 128"):  # random:<name>: the real model's config
+            R.validate(_cfg(tmp_path, attention_type="hd64_only", model="random:wan2.1-t2v-1.3b"))
+    with pytest.raises(B.BackendUnavailable, match="'sagev1' can't run here: package not installed: sageattention"):
+        R.validate(_cfg(tmp_path, attention_type="sagev1"))
+
+
+@pytest.mark.parametrize("script,flags", [("run_wan.py", ["--model", "tiny"]),
+                                          ("sageattn_cogvideo.py", ["--model_path", "tiny"])])
+def test_sagev1_on_a_cpu_is_refused_before_loading_with_one_line_and_a_hint(script, flags, tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("a GPU may run sagev1")
+    proc = subprocess.run([sys.executable, str(ROOT / script), *flags, "--attention_type", "sagev1", "--output_dir",
+                           str(tmp_path)], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert "Loading pipeline" not in proc.stderr and len(lines) == 2, proc.stderr
+    assert lines[0].startswith("error: attention backend 'sagev1' can't run here: package not installed")
+    assert "pip install -e '.[sage]'" in lines[0] and "'sagev1_emu' emulates its numerics" in lines[0]
+    assert lines[1].startswith("hint: Backends that can run here (cpu, float32, head dim ")
+
+
+def test_a_file_this_tool_did_not_write_is_never_replaced(tmp_path, no_load):
+    cfg = _cfg(tmp_path)
+    cfg.output_path.parent.mkdir(parents=True)
+    cfg.output_path.write_bytes(b"someone's file")
+    with pytest.raises(ValueError, match="exists and is not a video this tool wrote; not replacing it\n.*--overwrite"):
+        R.validate(cfg)
+    assert R.validate(_cfg(tmp_path, overwrite=True)).cfg.overwrite  # asked for: replaced
+    write_video(np.zeros((3, 16, 16, 3), np.uint8), cfg.output_path, fps=8)  # a render of ours: replaced
+    R.validate(cfg)
+    cfg.output_path.write_bytes(b"an old render")  # named by timing.json (before the tag, or OpenCV's): replaced
+    cfg.timing_path.write_text(json.dumps([{"output": str(cfg.output_path)}]))
+    R.validate(cfg)
+
+
+def test_image_refusals_before_the_load(tmp_path, no_load):
+    with pytest.raises(ValueError, match="task i2v needs --img_file_path"):
+        R.validate(_cfg(tmp_path, task="i2v"))
+    with pytest.raises(ValueError, match="conditioning image .*missing.png does not exist"):
+        R.validate(_cfg(tmp_path, task="ti2v", image=str(tmp_path / "missing.png")))

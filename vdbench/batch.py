@@ -1,0 +1,141 @@
+"""The comparison a batch of renders ends with: what each backend cost and changed, one row per render.
+
+    python -m vdbench.batch RESULTS_DIR --outputs V1.mp4 V2.mp4 ... [--failed NAME:CODE ...] [--logs DIR]
+
+What ``render_all_WAN.sh`` / ``render_all_attention.sh`` print after their renders, so a batch never ends on bare
+counts. Rows, in the batch's order: backend, parallel layout, warm ms/step with its spread (``vdbench.timing``'s
+definition: the median of the steps after the first, p20–p80 and n), speed-up against the batch's first exact
+backend (:attr:`vdbench.backends.Backend.exact`; emulations say "emulated", never a speed), PSNR of the decoded
+video against the ``reference`` render when the batch rendered one, and the kernels that actually ran. A backend
+that failed gets its exit code and the first error line of its log; one that can't run on this machine gets its
+install hint and its emulation twin from the registry, so what to do next is on screen.
+
+Everything is read with :mod:`vdbench.report`'s readers (:func:`vdbench.report.speed`: the latest run of each
+output, never two runs mixed; :func:`vdbench.report.video_psnr`), not parsed again here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from . import backends as B
+from .families import split_label
+from .helptext import DefaultsHelpFormatter
+from .report import EMULATED, match_label, speed, video_psnr
+from .video import label_from_filename
+
+__all__ = ["rows", "table", "failure_line", "main"]
+
+
+def _ms(v) -> str:
+    return f"{v * 1e3:.3g}" if v * 1e3 < 100 else f"{v * 1e3:.0f}"
+
+
+def _layout(s: dict) -> str:
+    par = s.get("parallel") or {}
+    if not par:
+        return "1 process"
+    return f"{par.get('label')} ({par.get('engine')}, {par.get('world_size')} ranks)"
+
+
+def _backend(label: str):
+    try:
+        return B.resolve(split_label(label)[0])
+    except B.BackendUnavailable:
+        return None
+
+
+def rows(results, outputs, reference: str = "reference") -> tuple[list[dict], list[str]]:
+    """One row per rendered ``outputs`` video (in order) and the warnings under the table (timings that are not
+    speed figures, said once per reason)."""
+    results = Path(results)
+    sp = speed(results)
+    labels = [label_from_filename(o) for o in outputs]
+    ref_label = match_label(reference, labels)
+    ref_video = outputs[labels.index(ref_label)] if ref_label else None
+    base_label = next((lab for lab in labels if (sp.get(lab) or {}).get("warm_step_median")
+                       and (b := _backend(lab)) is not None and b.exact), None)
+    base = (sp.get(base_label) or {}).get("warm_step_median") if base_label else None
+    out, whys = [], {}
+    for label, video in zip(labels, outputs):
+        s = sp.get(label) or {}
+        row = {"backend": label, "layout": _layout(s) if s else "?", "warm": "no timing entry", "speedup": "",
+               "psnr": "", "kernels": "; ".join(f"{k}×{n}" for k, n in (s.get("calls_by_kernel") or {}).items())}
+        if s.get("emulated"):
+            row.update(warm=EMULATED, speedup=EMULATED)
+        elif s.get("warm_step_median") is not None:
+            row["warm"] = (f"{_ms(s['warm_step_median'])} ({_ms(s['warm_step_p20'])}–{_ms(s['warm_step_p80'])}, "
+                           f"n={s['warm_step_n']})")
+            if base:
+                row["speedup"] = f"{base / s['warm_step_median']:.2f}×"
+            if s.get("why_not_speed"):
+                whys.setdefault(s["why_not_speed"], []).append(label)
+        elif s:
+            row["warm"] = "no warm step (one step)"
+        if ref_video is not None:
+            q = None if label == ref_label else video_psnr(video, ref_video)
+            row["psnr"] = "ref" if label == ref_label else ("–" if q is None else
+                                                             ("∞ dB" if q == float("inf") else f"{q:.1f} dB"))
+        out.append(row)
+    notes = [f"not a speed figure ({why}): {', '.join(names)}" for why, names in whys.items()]
+    if base_label:
+        notes.insert(0, f"speed-up: against {base_label}, the batch's first exact backend")
+    if ref_video is None:
+        notes.append(f"no PSNR column: the batch rendered no {reference!r} (add it to --types)")
+    return out, notes
+
+
+def failure_line(name: str, code: str, log: Path | None = None) -> str:
+    """``name: FAILED (exit 2): <first error line of its log>``, then, for a backend that can't run here, what
+    installs it and the emulation that runs anywhere (the registry's ``install_hint`` and ``twin``)."""
+    first = ""
+    if log is not None and Path(log).is_file():
+        lines = Path(log).read_text(errors="replace").splitlines()
+        first = next((ln[len("error: "):] for ln in lines if ln.startswith("error: ")), "")
+    text = f"{name}: FAILED (exit {code})" + (f": {first}" if first else "")
+    backend = _backend(name)
+    if backend is not None and not backend.availability()[0]:
+        extra = [f"install: {backend.install_hint}"] if backend.install_hint else []
+        extra += [f"runs anywhere as its emulation: {backend.twin}"] if backend.twin else []
+        if extra:
+            text += "\n    " + "; ".join(extra)
+    return text
+
+
+def table(results, outputs, failed=(), logs=None, reference: str = "reference") -> str:
+    """The whole comparison as text: the table of the renders, the failed backends, the notes."""
+    found, notes = rows(results, outputs, reference) if outputs else ([], [])
+    cols = [("backend", "backend"), ("layout", "layout"), ("warm ms/step (p20–p80, n)", "warm"),
+            ("speed-up", "speedup"), (f"PSNR vs {reference}", "psnr"), ("kernels that ran", "kernels")]
+    lines = []
+    if found:
+        grid = [[c for c, _ in cols]] + [[r[k] for _, k in cols] for r in found]
+        widths = [max(len(r[i]) for r in grid) for i in range(len(cols))]
+        lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in grid]
+    else:
+        lines.append("nothing rendered")
+    for name, code in failed:
+        lines.append(failure_line(name, code, Path(logs) / f"{name}.log" if logs else None))
+    lines += [f"note: {n}" for n in notes]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m vdbench.batch", description=__doc__,
+                                formatter_class=DefaultsHelpFormatter)
+    p.add_argument("results", type=Path, help="the batch's results directory (its videos and timing.json)")
+    p.add_argument("--outputs", nargs="*", default=[], help="the batch's rendered videos, in its order")
+    p.add_argument("--failed", nargs="*", default=[], metavar="NAME:CODE",
+                   help="backends whose render failed, with their exit code")
+    p.add_argument("--logs", type=Path, default=None, help="directory of the renders' logs (<backend>.log)")
+    p.add_argument("--reference", default="reference", help="the backend the PSNR column compares against")
+    args = p.parse_args(argv)
+    failed = [tuple(f.rsplit(":", 1)) if ":" in f else (f, "?") for f in args.failed]
+    print(table(args.results, args.outputs, failed, args.logs, args.reference))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
