@@ -45,6 +45,7 @@ from vdbench.capture import list_captures, load_capture
 from vdbench.metrics import rel_l2
 from vdbench.numerics import exact_attention, fp8_bh_inputs, quantize_fp8
 from vdbench.timing import call_ms, speed_verdict, spread, system_info
+from vdbench.helptext import DefaultsHelpFormatter
 
 PRESETS = families.attention_presets()
 SHAPES = ("wan2.1-1.3b-480p", "wan2.1-14b-720p", "cogvideox-2b")
@@ -323,21 +324,21 @@ def summary_line(row) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--out", required=True)
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=DefaultsHelpFormatter)
+    p.add_argument("--out", required=True, help="folder for fp8_bench.json and fp8_tables.md")
     p.add_argument("--shapes", default=None, help="comma list (default: " + ", ".join(SHAPES) + ")")
     p.add_argument("--backends", default=",".join(BACKENDS),
                    help="comma list of backends (options: name:key=value, several joined by +)")
     p.add_argument("--alpha_shape", default=None, help="shape of the α table (default: the first shape; 'none')")
     p.add_argument("--alpha_backends", default=",".join(ALPHA_BACKENDS), help="backends of the α and captured tables")
     p.add_argument("--captures", default=None, help="a capture directory (run_wan.py --save_inputs)")
-    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--warmup", type=int, default=2, help="untimed calls per callable first")
     p.add_argument("--reps", type=int, default=0, help="timed calls per callable (default: 20, 6 at S > 50000)")
     p.add_argument("--heads", type=int, default=8, help="heads sampled for accuracy")
     p.add_argument("--rows", type=int, default=1024, help="query rows sampled per head (128-aligned blocks)")
     p.add_argument("--emu_heads", type=int, default=2, help="heads emulated in full for per-head-scale twins")
-    p.add_argument("--deadline_s", type=float, default=0.0)
-    p.add_argument("--device", default=None)
+    p.add_argument("--deadline_s", type=float, default=0.0, help="seconds the bench may take; later rows are skipped and recorded (0: no deadline)")
+    p.add_argument("--device", default=None, help="the device (none: CUDA)")
     p.add_argument("--dry_run", action="store_true", help="CPU, tiny shapes, 1 warm-up, 2 reps")
     args = p.parse_args(argv)
     t_start = time.perf_counter()

@@ -56,6 +56,7 @@ from vdbench import parallel as P
 from vdbench.pipelines import load_pipeline
 from vdbench.render import render, resolve_dtype
 from vdbench.timing import StepProfiler, StepTimer, describe_steps, load_timing, run_step_stats
+from vdbench.helptext import DefaultsHelpFormatter
 
 #: xfuser's ``AttentionBackendType`` name of the kernel each vdbench backend runs (xfuser/core/distributed/
 #: attention_backend.py); a backend missing here needs ``--xfuser_backend``.
@@ -69,11 +70,11 @@ SIDE_FLAGS = {"vdbench": [], "vdbench_timed": ["--time_attention"]}
 
 
 def parse(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="random:wan2.1-t2v-1.3b")
-    p.add_argument("--height", type=int, default=480)
-    p.add_argument("--width", type=int, default=832)
-    p.add_argument("--num_frames", type=int, default=81)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=DefaultsHelpFormatter)
+    p.add_argument("--model", default="random:wan2.1-t2v-1.3b", help="the model, as run_wan.py takes it")
+    p.add_argument("--height", type=int, default=480, help="frame height")
+    p.add_argument("--width", type=int, default=832, help="frame width")
+    p.add_argument("--num_frames", type=int, default=81, help="frames")
     p.add_argument("--steps", type=int, default=8, help="denoising steps per repetition (warm steps: steps - 1)")
     p.add_argument("--rounds", type=int, default=2, help="rounds, each one repetition bare and one through vdbench")
     p.add_argument("--backend", default="sdpa_cudnn", help="vdbench backend name (aliases accepted)")
@@ -86,9 +87,9 @@ def parse(argv=None) -> argparse.Namespace:
                    help=f"comma-separated, bare first: {', '.join(SIDES)} (default: bare,vdbench)")
     p.add_argument("--ring_degree", type=int, default=1, help="ring degree; Ulysses takes the rest of the ranks")
     p.add_argument("--device", default="auto", help="auto (CUDA when available), cuda, cpu")
-    p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--seed", type=int, default=42, help="the seed every side renders with")
     p.add_argument("--profile", action="store_true", help="one profiled repetition per side after the timing")
-    p.add_argument("-o", "--output", default="outputs/parallel_overhead")
+    p.add_argument("-o", "--output", default="outputs/parallel_overhead", help="where the JSON and the table go")
     args = p.parse_args(argv)
     args.engines = [e for e in args.engines.split(",") if e]
     unknown = set(args.engines) - set(ENGINES)

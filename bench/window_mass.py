@@ -28,6 +28,7 @@ import torch
 
 from vdbench.capture import CaptureError, list_captures, load_capture
 from vdbench.sparse import TokenGrid, layout_for, parse_grid, parse_spec, pattern_cells
+from vdbench.helptext import DefaultsHelpFormatter
 
 _SELF_KINDS = ("self", "joint")
 
@@ -102,12 +103,12 @@ def analyse(files, grid: TokenGrid, patterns: list[str], max_queries: int, devic
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=DefaultsHelpFormatter)
     p.add_argument("input_dir", help="captures (run_wan.py --save_inputs)")
     p.add_argument("--grid", required=True, type=parse_grid, help="the token grid of the self-attention calls")
     p.add_argument("--pattern", action="append", help="a sparse pattern with options (repeatable; default: sta)")
     p.add_argument("--max_queries", type=int, default=2048, help="queries sampled per capture (0: all)")
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--device", default="cpu", help="where the scores are computed")
     p.add_argument("-o", "--output", help="JSON rows per capture, pattern and head")
     args = p.parse_args(argv)
     patterns = args.pattern or ["sta"]

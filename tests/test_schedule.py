@@ -141,12 +141,12 @@ def test_a_pattern_on_a_family_without_a_grid_and_under_context_parallelism_is_r
     finally:
         families.unregister(fam.name)
 
-    class Ctx:  # what validate reads of a torchrun context before any collective
+    class Ctx:  # what the checks read of a torchrun context (validate then agrees over the group: not here)
         device = torch.device("cpu")
         spec = ParallelSpec("diffusers", 2, 1, False)
 
     with pytest.raises(B.BackendUnavailable, match="runs in one process for now"):
-        render.validate(_cfg(tmp_path, attention_type="radial"), Ctx())
+        render._checked_plan(_cfg(tmp_path, attention_type="radial"), Ctx())
 
 
 # ----- one patch, several backends -----

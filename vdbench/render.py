@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+import uuid
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Optional
@@ -175,7 +176,7 @@ class _Progress:
             self.first = self.t0
 
     def step(self, step: int) -> None:
-        if not self.enabled:
+        if not self.enabled or self.first is None:  # the untimed warm-up calls print no progress
             return
         now = time.monotonic()
         done = self.rep * self.steps + step + 1
@@ -430,7 +431,8 @@ def run_repetitions(plan: Plan, loaded: Loaded, log) -> tuple[list[dict], object
     from .watchdog import Watchdog, WatchdogTimeout
 
     cfg, device, dctx, pipe, header, backend = plan.cfg, plan.device, plan.dctx, loaded.pipe, loaded.header, plan.backend
-    run_id = f"{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"  # one render's entries, told apart from a re-run's
+    # one render's entries, told apart from a re-run's (two renders in one process and second differ by the suffix)
+    run_id = f"{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
     # the encoders, the VAE encode (under --vae_timeout's watchdog) and the first denoiser call, timed by hooks
     watch_encode = (lambda: Watchdog(cfg.vae_timeout, label="vae encode")) if cfg.vae_timeout else None
     stage_timers = StageTimers(pipe, [m for _, m in loaded.models], device, encode_around=watch_encode)
