@@ -56,6 +56,7 @@ import argparse
 import csv
 import json
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -499,12 +500,20 @@ def build_plot(rows):
 
 
 def write_outputs(rows, output, device):
-    """The JSON (system, definitions, rows) and the plot beside the CSV that :class:`RowWriter` wrote row by row."""
+    """The JSON (system, definitions, rows) and the plot beside the CSV that :class:`RowWriter` wrote row by row; the
+    CSV rewritten whole (atomically) when a column known only at the end -- ``speedup_vs_baseline`` -- was filled."""
     out = Path(output)
     out.parent.mkdir(parents=True, exist_ok=True)
     stem = out.with_suffix("")
     from vdbench.timing import system_info
 
+    if any(r.get("speedup_vs_baseline") not in ("", None) for r in rows):  # known only once all rows are in
+        tmp = stem.with_name(f".{stem.name}.csv.tmp")
+        with open(tmp, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=COLUMNS)
+            writer.writeheader()
+            writer.writerows(rows)
+        os.replace(tmp, stem.with_suffix(".csv"))
     stem.with_suffix(".json").write_text(json.dumps({"system": system_info(device), "flops": "4*B*H*Sq*Sk*D",
                                                      "time": "median of the samples, with p20/p80, min/max and n",
                                                      "rows": rows}, indent=1, default=str))
