@@ -20,6 +20,14 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 
+def _restore_env(name: str, old) -> None:
+    """Put an environment variable back as it was (unset if it was)."""
+    if old is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = old
+
+
 if not torch.cuda.is_available() and importlib.util.find_spec("triton") is not None:
     _old = os.environ.get("TRITON_INTERPRET")
     os.environ["TRITON_INTERPRET"] = "1"
@@ -27,10 +35,7 @@ if not torch.cuda.is_available() and importlib.util.find_spec("triton") is not N
         import triton  # noqa: F401
         import triton.language  # noqa: F401
     finally:
-        if _old is None:
-            os.environ.pop("TRITON_INTERPRET", None)
-        else:
-            os.environ["TRITON_INTERPRET"] = _old
+        _restore_env("TRITON_INTERPRET", _old)
 
 
 @contextlib.contextmanager
@@ -49,10 +54,7 @@ def triton_interpreter(*module_names: str):
             mods = [m if getattr(m, "INTERPRETED", False) else importlib.reload(m) for m in mods]
         yield mods
     finally:
-        if old is None:
-            os.environ.pop("TRITON_INTERPRET", None)
-        else:
-            os.environ["TRITON_INTERPRET"] = old
+        _restore_env("TRITON_INTERPRET", old)
 
 
 @pytest.fixture

@@ -28,6 +28,7 @@ and the merged timing.json, which carries every rank's figures (``ranks``).
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import signal
@@ -499,10 +500,8 @@ class FailureWatch:
         """End this rank because of a peer's failure: say whose, tell the failing rank it was read, exit 4."""
         set_outcome(EXIT_PEER_FAILED)
         print(f"error: rank {self.ctx.rank}: stopping because {who}", file=sys.stderr, flush=True)
-        try:
+        with contextlib.suppress(Exception):  # the store is gone with its host: nobody waits for the ack
             self.store.add(_ACK_KEY, 1)
-        except Exception:  # noqa: BLE001 - the store is gone with its host: nobody waits for the ack
-            pass
         os._exit(EXIT_PEER_FAILED)
 
     def peer_failure(self) -> Optional[str]:
