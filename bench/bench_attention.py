@@ -69,7 +69,7 @@ from vdbench import metrics as M
 from vdbench.capture import MAX_CAPTURE_BYTES, CaptureError, list_captures, load_capture
 from vdbench.helptext import DefaultsHelpFormatter
 from vdbench.sparse import block_mask, parse_grid, split_attention_types, to_layout
-from vdbench.timing import speed_verdict, spread
+from vdbench.timing import call_ms, speed_verdict, spread
 
 # (B, H, Sq, Sk, D): self-attention of the real models at their usual sizes
 #: Real models' attention shapes (B, H, Sq, Sk, D), by name: each family's ``attention_presets``.
@@ -99,15 +99,7 @@ def events_samples_ms(fn, n=30, warmup=5) -> list[float]:
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
-    times = []
-    for _ in range(n):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        fn()
-        e.record()
-        e.synchronize()
-        times.append(s.elapsed_time(e))
-    return times
+    return [call_ms(fn, "cuda") for _ in range(n)]
 
 
 def time_samples(fn, device, warmup_ms=25, rep_ms=100, cpu_reps=5) -> tuple[list[float], str]:
