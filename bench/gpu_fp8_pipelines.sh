@@ -11,6 +11,8 @@
 #                               vdbench.timing's rule); exact attention would take ~390 s per step at 14B (17.8x the
 #                               1.3B call's FLOPs, 80 calls a step), so the quality reference is the fav3 (bf16 FA3)
 #                               render, and the table says so; ~8 min
+#                               B14 replaces its backend list; SCHED14 adds renders with --attention_schedule
+#                               (space-separated schedules, e.g. "fav3@steps:0,sta"), compared the same way
 #   PIPELINES=w13u2 (needs nvidia-h200-x2; not lent when this was written: not run)  Wan 1.3B Ulysses-2 (diffusers)
 #                               for sagev2, fav3_fp8:smooth_k=1, fav3_fp8 and fav3, compared with the one-GPU
 #                               reference render of a w13 run in the same RES (run PIPELINES="w13 w13u2" there)
@@ -61,8 +63,9 @@ for g in $PIPELINES; do
       compare cog "$RES/cog" reference
       ;;
     w14)
-      renders w14 "$NEED14" 200 "fav3 sagev2 fav3_fp8 sdpa_cudnn fav3_fp8:smooth_k=1 sagev2_fp16" \
-        "$PY" run_wan.py "${W14[@]}" --benchmark_output_directory "$RES/w14"
+      cmd=("$PY" run_wan.py "${W14[@]}" --benchmark_output_directory "$RES/w14")
+      renders w14 "$NEED14" 200 "${B14:-fav3 sagev2 fav3_fp8 sdpa_cudnn fav3_fp8:smooth_k=1 sagev2_fp16}" "${cmd[@]}"
+      for s in ${SCHED14:-}; do r "w14_sched_${s//[:=+@,]/_}" "$NEED14" 200 "${cmd[@]}" --attention_schedule "$s"; done
       compare w14 "$RES/w14/results" fav3   # the proxy reference (exact attention: ~390 s a step at 14B)
       ;;
     w13u2)

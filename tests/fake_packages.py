@@ -29,8 +29,15 @@ def _kernel(name, pv, arch=None, accum=None, gran=None):
         if gran is None:
             opts.update(qk_quant_gran=qk_quant_gran, pv_accum_dtype=pv_accum_dtype)
         CALLS.append((name, opts))
-        return sagev2_emulated(q, k, v, scale=sm_scale, is_causal=is_causal, qk_gran=gran or qk_quant_gran, pv=pv,
-                               arch=arch, pv_accum=pv_accum_dtype, smooth_k=smooth_k, return_lse=return_lse)
+        nhd = tensor_layout == "NHD"  # (B, S, H, D): upstream allocates its output in that layout too
+        if nhd:
+            q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+        res = sagev2_emulated(q, k, v, scale=sm_scale, is_causal=is_causal, qk_gran=gran or qk_quant_gran, pv=pv,
+                              arch=arch, pv_accum=pv_accum_dtype, smooth_k=smooth_k, return_lse=return_lse)
+        if not nhd:
+            return res
+        o = (res[0] if return_lse else res).transpose(1, 2).contiguous()
+        return (o, res[1]) if return_lse else o
 
     fn.__name__ = name
     return fn

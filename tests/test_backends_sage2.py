@@ -29,6 +29,8 @@ def hopper(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda dev=None: (9, 0))
     monkeypatch.setattr(S2, "_PICKED", {})
+    monkeypatch.setattr(S2, "_SELF_CHECKED", {})
+    monkeypatch.setattr(S2, "_self_check_device", lambda device: torch.device("cpu"))  # the calls run on the CPU
 
 
 @pytest.fixture
@@ -144,6 +146,70 @@ def test_each_entry_calls_its_function_with_its_options_and_leaves_inputs_alone(
     assert out.dtype == q.dtype and out.shape == q.shape and rel_l2(out, ref) < 0.05
     twin = B.resolve(b.twin)(q, k, v, scale=0.11)  # the twin computes what the stand-in (the emulation) computes
     assert torch.equal(twin, out)
+
+
+@pytest.mark.parametrize("lse", [False, True])
+def test_bshd_memory_is_passed_as_nhd_and_the_output_keeps_it(sage2, hopper, lse):
+    """diffusers' dispatcher hands BSHD tensors (as BHSD views): sagev2 calls the package with tensor_layout "NHD" so
+    its output is BSHD memory too (no copy after the call), with the same result as the BHSD call."""
+    q, k, v = bf16(s=150, d=64, k_bias=3.0)
+    views = [t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v)]
+    assert S2.tensor_layout(*views) == "NHD" and S2.tensor_layout(q, k, v) == "HND"
+    b = B.resolve("sagev2")
+    call = b.lse.fn if lse else b
+    sage2.CALLS.clear()
+    got = call(*views, scale=0.11) if not lse else call(*views, scale=0.11, is_causal=False)
+    assert sage2.CALLS[0][1]["tensor_layout"] == "NHD"
+    want = call(q, k, v, scale=0.11) if not lse else call(q, k, v, scale=0.11, is_causal=False)
+    out, ref = (got[0], want[0]) if lse else (got, want)
+    assert out.shape == q.shape and out.transpose(1, 2).is_contiguous() and torch.equal(out, ref)
+    if lse:
+        assert got[1].shape == (1, q.shape[1], 150) and torch.equal(got[1], want[1])
+
+
+BROKEN_SM90 = F.SAGE2_CORE + """
+import torch as _torch
+
+
+def _uninitialized(q, k, v, tensor_layout="HND", **kwargs):  # what the 2.2.0 tag's sm90 call returns: no attention
+    return _torch.empty_like(q).normal_(generator=_torch.Generator().manual_seed(1))
+
+
+sageattn_qk_int8_pv_fp8_cuda_sm90 = _uninitialized
+"""
+
+NHD_ONLY_BROKEN = F.SAGE2_CORE.replace("        nhd = tensor_layout == \"NHD\"", "        nhd = False")
+
+
+@pytest.mark.parametrize("core, bad, layout", [(BROKEN_SM90, ("sagev2", "sagev2_fp8"), "HND"),
+                                               (NHD_ONLY_BROKEN, SAGE2, "NHD")])
+def test_a_build_that_computes_wrong_attention_is_refused_with_the_figure(tmp_path, monkeypatch, hopper, core, bad,
+                                                                          layout):
+    assert core != F.SAGE2_CORE
+    F.install_sage2(tmp_path, monkeypatch, core=core)
+    try:
+        for name in SAGE2:
+            ok, reason = B.availability(name, "cuda", torch.bfloat16, 128)
+            if name in bad:
+                assert not ok and "self-check" in reason and f"layout {layout}" in reason and "rel L2" in reason
+                with pytest.raises(B.BackendUnavailable, match="computes wrong attention"):
+                    B.resolve(name).require("cuda", torch.bfloat16, [128])
+            else:
+                assert (ok, reason) == (True, "ok"), name
+        # a bound variant checks its own options' call (per_warp runs another quantization kernel)
+        ok, _ = B.availability("sagev2_fp8:gran=per_warp", "cuda", torch.bfloat16, 128)
+        assert ok is ("sagev2_fp8" not in bad)
+    finally:
+        F.forget("sageattention")
+
+
+def test_the_self_check_runs_once_per_gpu_function_and_options(sage2, hopper):
+    sage2.CALLS.clear()
+    for _ in range(3):
+        assert B.availability("sagev2_fp16", "cuda", torch.bfloat16, 128) == (True, "ok")
+    assert [c[0] for c in sage2.CALLS] == ["sageattn_qk_int8_pv_fp16_cuda"] * 2  # HND and NHD, once
+    assert B.availability("sagev2_fp16:gran=per_warp", "cuda", torch.bfloat16, 128) == (True, "ok")
+    assert len(sage2.CALLS) == 4 and sage2.CALLS[-1][1]["qk_quant_gran"] == "per_warp"
 
 
 def test_the_dispatchers_kernel_is_observed_and_counted_by_name(sage2, hopper):

@@ -79,6 +79,23 @@ def test_a_file_this_tool_did_not_write_is_never_replaced(tmp_path, no_load):
     R.validate(cfg)
 
 
+@pytest.mark.parametrize("task", ["i2v", "ti2v"])
+def test_a_pipeline_needing_a_missing_package_is_refused_before_the_load(tmp_path, no_load, monkeypatch, task):
+    """diffusers' Wan I2V pipeline (also TI2V's image path) calls ftfy without checking it is installed: without
+    ftfy vdbench says so before the load, instead of a NameError after it."""
+    import importlib.util
+
+    image = tmp_path / "img.png"
+    image.write_bytes(b"")
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "ftfy" else real(n, *a))
+    with pytest.raises(ValueError, match=f"task {task} needs the ftfy package .*\\npip install ftfy"):
+        R.validate(_cfg(tmp_path, task=task, image=str(image)))
+    R.validate(_cfg(tmp_path, task="t2v"))  # WanPipeline checks for ftfy itself: no refusal
+    monkeypatch.setattr(importlib.util, "find_spec", real)
+    R.validate(_cfg(tmp_path, task=task, image=str(image), model="tiny:wan2.2-ti2v-5b" if task == "ti2v" else "tiny"))
+
+
 def test_image_refusals_before_the_load(tmp_path, no_load):
     with pytest.raises(ValueError, match="task i2v needs --img_file_path"):
         R.validate(_cfg(tmp_path, task="i2v"))

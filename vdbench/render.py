@@ -16,6 +16,7 @@ Four stages, each a function with one job, so a refusal can never come after wor
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 import time
@@ -308,6 +309,9 @@ def _checked_plan(cfg: RenderConfig, dctx) -> Plan:
         raise ValueError(family.image_refusals[cfg.task])
     if cfg.task in family.image_tasks and not cfg.image:
         raise ValueError(f"task {cfg.task} needs --img_file_path (the image to animate)")
+    for module, why in family.pipeline_requirements.get(family.pipeline_class(cfg.task, image=bool(cfg.image)), ()):
+        if importlib.util.find_spec(module) is None:
+            raise ValueError(f"task {cfg.task} needs the {module} package ({why})\npip install {module}")
     if cfg.image and not Path(cfg.image).is_file():
         raise ValueError(f"conditioning image {cfg.image} does not exist\ngive --img_file_path an image file")
     if (cfg.rank == 0 and not cfg.overwrite and cfg.output_path.exists()

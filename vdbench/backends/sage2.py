@@ -105,6 +105,68 @@ class SageDispatch:
                 "use sagev2_fp8 or sagev2_fp16")
 
 
+#: rel L2 vs exact attention above which a self-check call is a broken build (the kernels give ~4e-2 on its inputs;
+#: a build that returns uninitialized memory or a permuted output gives ~1.4 or NaN)
+SELF_CHECK_MAX_REL_L2 = 0.2
+_SELF_CHECKED: dict[tuple, Optional[str]] = {}
+
+
+def _self_check_device(device) -> torch.device:
+    """Where the self-check's tensors live (the device asked; tests pretending a GPU point it at the CPU)."""
+    return torch.device(device)
+
+
+@dataclass(frozen=True)
+class SageSelfCheck:
+    """A check: the function ``choose(device)`` names, with ``kwargs``, computes attention on this GPU.
+
+    Why: a sageattention build can import, dispatch and run without computing anything -- the 2.2.0 tag's
+    ``sm90_compile.py`` registers the sm90 op's fake (meta) implementation under the real wrapper's name, so every
+    sm90 call returns uninitialized memory, fast (measured on an H200: ~0.7 ms where the kernel takes 8.5 ms, 18.6 dB
+    in a Wan 14B render; fixed upstream by d970424). One tiny call per (GPU, function, options) in both layouts vdbench
+    uses (HND, and NHD on BSHD memory), against fp64 attention, before anything is timed; a backend that fails it is
+    unavailable, with the figure."""
+
+    choose: Callable[[torch.device], str]
+    kwargs: tuple = ()
+
+    def __call__(self, device, dtype, head_dim) -> Optional[str]:
+        name = self.choose(device)
+        key = (str(device), name, self.kwargs)
+        if key not in _SELF_CHECKED:
+            _SELF_CHECKED[key] = _self_check(name, dict(self.kwargs), device)
+        return _SELF_CHECKED[key]
+
+
+def _self_check(name: str, kwargs: dict, device) -> Optional[str]:
+    from vdbench.metrics import rel_l2
+    from vdbench.numerics import exact_attention
+
+    mod, why = import_sageattention()
+    if mod is None:
+        return why
+    fn = getattr(mod, name)
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn((1, 256, 2, 64), generator=g) for _ in range(3))  # BSHD
+    k = k + 2.0 * torch.randn((1, 1, 2, 64), generator=g)  # a K channel bias, as real K has
+    ref = exact_attention(*(t.transpose(1, 2).double() for t in (q, k, v)))
+    dev = _self_check_device(device)
+    qd, kd, vd = (t.to(dev, torch.bfloat16) for t in (q, k, v))
+    for layout, args in (("HND", [t.transpose(1, 2).contiguous() for t in (qd, kd, vd)]), ("NHD", [qd, kd, vd])):
+        try:
+            out = fn(*args, tensor_layout=layout, is_causal=False, **kwargs)
+        except Exception as e:  # noqa: BLE001 -- any failure of the call is the reason
+            return f"sageattention.{name} failed vdbench's self-check ({layout}): {type(e).__name__}: {e}"[:300]
+        out = out.transpose(1, 2) if layout == "NHD" else out
+        err = rel_l2(out.double().cpu(), ref)
+        if not err <= SELF_CHECK_MAX_REL_L2:  # NaN fails too
+            return (f"sageattention {sage_version(mod)}: {name} computes wrong attention on this GPU (self-check, "
+                    f"layout {layout}: rel L2 {err:.2g} vs exact, limit {SELF_CHECK_MAX_REL_L2}): a broken build -- "
+                    "the 2.2.0 tag returns uninitialized memory on sm90 (its fake op shadows the real one); build "
+                    "from a revision with upstream commit d970424")
+    return None
+
+
 # ----------------------------------------------------------------------------------------------------------
 # Which kernel sageattn picks, the zero-V-channel guard, the calls
 # ----------------------------------------------------------------------------------------------------------
@@ -157,15 +219,30 @@ def _guard_zero_v(out: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     return kernels.zero_channels_(out, flags) if _TRITON_GUARD[key] else zero_channels_(out, flags)
 
 
+def tensor_layout(q, k, v) -> str:
+    """sageattention's ``tensor_layout`` for BHSD views: "NHD" when all three are transposed BSHD tensors (what
+    diffusers' dispatcher passes), "HND" otherwise. Why: sageattention allocates its output in the layout it is told,
+    so calling it "HND" on BSHD memory returns a BHSD tensor that the caller then copies back to BSHD for the output
+    projection -- one full read and write of the output per call."""
+    bshd = all(t.transpose(1, 2).is_contiguous() for t in (q, k, v))
+    return "NHD" if bshd and not all(t.is_contiguous() for t in (q, k, v)) else "HND"
+
+
 def _call(function: Callable[[torch.device], str], kwargs: dict, q, k, v, scale, is_causal, lse: bool):
-    """One sageattention call on BHSD inputs (tensor_layout "HND"), the zero-V guard after an fp8 kernel."""
+    """One sageattention call on BHSD inputs (in the layout their memory has), the zero-V guard after an fp8 kernel."""
     if is_causal and q.shape[2] != k.shape[2]:
         raise UnsupportedCall("sageattention masks causal attention top-left aligned (query i sees keys j <= i); "
                               f"with q_len {q.shape[2]} != kv_len {k.shape[2]} that is not vdbench's bottom-right "
                               "convention (FlashAttention's)")
     name = function(q.device)
     fn = getattr(importlib.import_module("sageattention"), name)
-    res = fn(q, k, v, tensor_layout="HND", is_causal=is_causal, sm_scale=scale, return_lse=lse, **kwargs)
+    layout = tensor_layout(q, k, v)
+    if layout == "NHD":  # BSHD memory (diffusers' dispatcher): call on it, the output stays BSHD (no copy after)
+        res = fn(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), tensor_layout="NHD", is_causal=is_causal,
+                 sm_scale=scale, return_lse=lse, **kwargs)
+        res = (res[0].transpose(1, 2), res[1]) if lse else res.transpose(1, 2)  # lse is (B, H, S) in both layouts
+    else:
+        res = fn(q, k, v, tensor_layout="HND", is_causal=is_causal, sm_scale=scale, return_lse=lse, **kwargs)
     out, lse_ = (res[0], res[1].float()) if lse else (res, None)
     ran = picked_kernel(q.device) if name == "sageattn" else name  # the dispatcher: the kernel it picks here
     if "pv_fp8" in ran:
@@ -180,7 +257,7 @@ def _entry(name: str, description: str, function: Callable[[torch.device], str],
         name, description, fn=partial(_call_fn, function, kwargs), kernel=kernel,
         constraints=(requires_package("sageattention", hint=INSTALL_HINT),
                      SageMajor(2, "install sageattention >= 2: " + INSTALL_HINT), cuda(min_arch=min_arch),
-                     *checks),
+                     *checks, SageSelfCheck(function, tuple(sorted(kwargs.items())))),
         dtypes=HALF, max_head_dim=128, twin=twin, install_hint=INSTALL_HINT,
         lse=LSEForm(partial(_call_lse, function, kwargs), ("cuda",), lambda q: label(q.device) + "[lse]"),
         label=lambda q, *_: label(q.device), bytes_model=traffic(widths, prepass_reads), prepass=None,
@@ -214,8 +291,9 @@ def _bind_gran(pv: str):
         twin = "sagev2_emu" + {("fp8", "per_thread"): "", ("fp8", "per_warp"): ":gran=per_warp",
                                ("fp16", "per_thread"): ":pv=fp16", ("fp16", "per_warp"): ":pv=fp16+gran=per_warp"}[
             (pv, gran)]
+        constraints = (*base.constraints[:-1], SageSelfCheck(function, tuple(sorted(kwargs.items()))))
         return dataclasses.replace(
-            base, fn=partial(_call_fn, function, kwargs), twin=twin, kernel=f"{base.kernel.split('[')[0]}[gran={gran}]",
+            base, fn=partial(_call_fn, function, kwargs), twin=twin, constraints=constraints, kernel=f"{base.kernel.split('[')[0]}[gran={gran}]",
             label=lambda q, *_: label(q.device),
             lse=LSEForm(partial(_call_lse, function, kwargs), ("cuda",), lambda q: label(q.device) + "[lse]"))
 

@@ -149,6 +149,8 @@ class Family:
         ``grid_hooks(transformer, spec, *, once_per_forward, active) -> hooks`` (the token grid of each forward
         for the sparse patterns, :mod:`vdbench.sparse_hooks`: ``hooks.grid``, ``hooks.layout``, ``hooks.remove()``);
         None: the family has no token grid and the sparse backends are refused before the load.
+        ``pipeline_requirements`` (pipeline class name -> ((module, why), ...)): packages a pipeline class needs at
+        call time though diffusers imports it without them; checked before the load.
     Benchmarks
         ``attention_presets`` (name -> (B, H, Sq, Sk, D) of a real model's attention, bench/bench_attention.py);
         ``vae_configs`` (:func:`vdbench.pipelines.build_vae` name -> (tiny config, real config) of the VAE class).
@@ -184,6 +186,7 @@ class Family:
     attention_presets: Mapping[str, tuple[int, int, int, int, int]] = dataclasses.field(default_factory=dict)
     vae_configs: Mapping[str, tuple[dict, dict]] = dataclasses.field(default_factory=dict)
     grid_hooks: Optional[Callable[..., Any]] = None
+    pipeline_requirements: Mapping[str, tuple[tuple[str, str], ...]] = dataclasses.field(default_factory=dict)
     order: int = 100
 
     def pipeline_class(self, task: str, image: bool = False) -> str:
