@@ -72,6 +72,23 @@ def test_which_backend_serves_which_step_and_block():
     assert layer_index("attn") is None
 
 
+def test_kind_rules_select_calls_by_kind():
+    s = parse_schedule("fa3 @ kind: cross ,sta")
+    assert s.name == "fav3@kind:cross,sta" and s.rules[0].kinds == ("cross",)
+    at = lambda kind, step=0: s.at(step, None, kind).name  # noqa: E731
+    assert at("cross") == "fav3" and at("cross+img") == "fav3" and at("cross_img") == "fav3"
+    assert at("self") == "sta" and at("joint") == "sta" and at(None) == "sta"  # unknown kind: no kind rule matches
+    s = parse_schedule("reference@kind:self+joint@steps:0,sdpa@kind:cross,sta")
+    assert s.name == "reference@steps:0@kind:self+joint,sdpa@kind:cross,sta"
+    assert s.at(0, None, "joint").name == "reference" and s.at(1, None, "joint").name == "sta"
+    assert s.at(1, None, "cross").name == "sdpa" and "on steps:0@kind:self+joint" in s.description
+    for bad, says in (("fav3@kind:text,sta", "kind 'text' is not one of self, cross, joint"),
+                      ("fav3@kind:cross@kind:self,sta", "kind given twice"),
+                      ("fav3@kind,sta", "is not steps:RANGES, layers:RANGES or kind:KINDS")):
+        with pytest.raises(ScheduleError, match=re.escape(says)):
+            parse_schedule(bad)
+
+
 # ----- refusals that need no weights -----
 
 def test_check_plan_refusals():
@@ -197,6 +214,26 @@ def test_the_tile_order_follows_the_step_and_layer_schedules_go_per_call():
     calls = dict(patch.stats.calls)
     assert calls.pop("flex.sta[window=1x3x1,tile=2x2x4,block=16]") == 1 and calls.pop("flex.dense") == 1
     assert list(calls.values()) == [2] and next(iter(calls)).startswith("sdpa[")  # block 0: self and cross
+
+
+def test_cross_attention_on_another_backend_beside_a_sparse_pattern():
+    """``sdpa@kind:cross,sta``: the self-attention calls run the pattern (tokens in tile order once per forward), the
+    cross-attention calls run sdpa on the tile-ordered queries instead of FlexAttention's dense path, with the output
+    of the pattern alone."""
+    model = small_wan()
+    seen = []
+    obs = lambda info: seen.append((info.kind, info.query.shape[2]))  # noqa: E731
+    schedule = f"sdpa@kind:cross,{SMALL_STA}"
+    with AttentionPatch([("transformer", model)], schedule, observers=[obs]) as patch:
+        out = run(model, wan_inputs())
+    calls = dict(patch.stats.calls)
+    assert calls.pop("flex.sta[window=1x3x1,tile=2x2x4,block=16]") == 2 and "flex.dense" not in calls
+    assert list(calls.values()) == [2] and next(iter(calls)).startswith("sdpa[")
+    assert set(seen) == {("self", 64), ("cross", 64)}  # both see the padded tile order: permuted once per forward
+    with AttentionPatch([("transformer", model)], SMALL_STA) as alone:
+        ref = run(model, wan_inputs())
+    assert dict(alone.stats.calls)["flex.dense"] == 2
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-4)
 
 
 def test_passthrough_in_a_schedule_runs_the_pipelines_own_attention():

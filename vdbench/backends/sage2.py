@@ -291,7 +291,8 @@ def _bind_gran(pv: str):
         twin = "sagev2_emu" + {("fp8", "per_thread"): "", ("fp8", "per_warp"): ":gran=per_warp",
                                ("fp16", "per_thread"): ":pv=fp16", ("fp16", "per_warp"): ":pv=fp16+gran=per_warp"}[
             (pv, gran)]
-        constraints = (*base.constraints[:-1], SageSelfCheck(function, tuple(sorted(kwargs.items()))))
+        constraints = (*(c for c in base.constraints if not isinstance(c, SageSelfCheck)),
+                       SageSelfCheck(function, tuple(sorted(kwargs.items()))))  # the bound options' own call
         return dataclasses.replace(
             base, fn=partial(_call_fn, function, kwargs), twin=twin, constraints=constraints, kernel=f"{base.kernel.split('[')[0]}[gran={gran}]",
             label=lambda q, *_: label(q.device),

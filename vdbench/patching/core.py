@@ -133,7 +133,7 @@ class AttentionPatch:
         """The backend serving the call in progress (the schedule's choice for this step and block)."""
         if self._single is not None:
             return self._single
-        return self.schedule.at(self.step, self.layer_index)
+        return self.schedule.at(self.step, self.layer_index, self.context[2])
 
     @property
     def passthrough(self) -> bool:

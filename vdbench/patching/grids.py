@@ -9,7 +9,9 @@ dense, whatever its lengths happen to be.
 
 Tile order once per forward (the hooks permute the tokens into the pattern's layout at the entry of the blocks and
 back at their exit) is used when every call of a forward goes to one backend -- a single backend, or a schedule by
-steps (the hooks ask, at the entry of each forward, whether their backend serves this step). A schedule by layers
+steps or call kinds (the hooks ask, at the entry of each forward, whether their backend serves this step's
+self / joint calls; cross-attention on another backend then sees the tile-ordered queries, whose order it does not
+depend on, and the padded rows are dropped at the exit). A schedule by layers
 mixes backends inside one forward, and torch.compile traces the blocks the hooks sit on, so both get the per-call
 form (each call permutes its own q, k, v).
 """
@@ -42,7 +44,8 @@ class GridStates:
             for b in schedule.members:
                 if b.grid is None:
                     continue
-                active = (lambda b=b: schedule.at(step()) is b)
+                # the tokens go to tile order for a forward whose grid calls (self / joint) this backend serves
+                active = (lambda b=b: any(schedule.at(step(), None, k) is b for k in _GRID_KINDS))
                 try:
                     hooks = grid_hooks(model, b.grid.spec, once_per_forward=once and b.grid.once_per_forward,
                                        active=active)

@@ -8,12 +8,16 @@ backend for chosen steps (and optionally layers) and another elsewhere::
     --attention_schedule "fav3@steps:0-4+45-,sagev1"             # exact first and last steps, SageAttention between
     --attention_schedule "reference@layers:0-1,fav3_fp8"         # the first two blocks exact, fp8 elsewhere
     --attention_schedule "sta:window=3x3x3,tile=6x8x8@steps:10-,fav3"   # a backend with options
+    --attention_schedule "fav3@kind:cross,sta"                  # cross attention on FA3, the rest on STA
 
 Grammar: rules separated by ``,`` (a pattern's own ``key=value`` options stay with it); a rule is a backend name
 (options allowed) followed by selectors ``@steps:RANGES`` / ``@layers:RANGES``; RANGES are ``N``, ``N-M``
 (inclusive) or ``N-`` (open), joined by ``+``. Steps are 0-based denoising steps (the step counter the render
 advances at every step boundary); layers are the transformer block index (the first integer in the attention
-module's path, ``blocks.3.attn1`` -> 3). The first rule that matches a call serves it; the last rule has no
+module's path, ``blocks.3.attn1`` -> 3). ``@kind:KINDS`` selects calls by kind, ``self``, ``cross`` (text and image
+cross-attention) or ``joint`` (CogVideoX's text+video attention), joined by ``+``: a sparse pattern has no grid for
+cross-attention and runs it dense on its own mechanism (FlexAttention), so ``fav3@kind:cross,sta`` gives those calls
+to FA3, as FastVideo pairs STA with FlashAttention. The first rule that matches a call serves it; the last rule has no
 selector and serves every other call. A plain backend name is the one-rule schedule, so the patching core has one
 code path.
 
@@ -34,10 +38,29 @@ from typing import Optional, Union
 from ..backends import Backend, BackendUnavailable, resolve
 from ..sparse import split_attention_types
 
-__all__ = ["Rule", "Schedule", "ScheduleError", "parse_schedule", "resolve_attention", "layer_index"]
+__all__ = ["Rule", "Schedule", "ScheduleError", "parse_schedule", "resolve_attention", "layer_index", "KINDS",
+           "kind_of"]
 
 Ranges = tuple[tuple[int, Optional[int]], ...]  # inclusive (start, end); end None = open
-_SELECTORS = ("steps", "layers")
+_SELECTORS = ("steps", "layers", "kind")
+KINDS = ("self", "cross", "joint")
+
+
+def kind_of(call_kind: Optional[str]) -> Optional[str]:
+    """A call's kind as the ``kind`` selector names it: the image cross-attention of Wan I2V (``cross+img``,
+    ``cross_img``) is ``cross``; None stays unknown."""
+    if call_kind is None:
+        return None
+    return "cross" if call_kind.startswith("cross") else call_kind
+
+
+def _parse_kinds(text: str, where: str) -> tuple[str, ...]:
+    kinds = tuple(k.strip().lower() for k in text.split("+"))
+    bad = [k for k in kinds if k not in KINDS]
+    if bad or not kinds:
+        raise ScheduleError(f"{where}: kind {bad[0] if bad else text!r} is not one of {', '.join(KINDS)} "
+                            "('+' joins kinds)")
+    return kinds
 
 
 class ScheduleError(ValueError):
@@ -81,18 +104,21 @@ def _within(ranges: Optional[Ranges], x: Optional[int]) -> bool:
 
 @dataclass(frozen=True)
 class Rule:
-    """One backend and where it serves: ``steps`` / ``layers`` (None: every one)."""
+    """One backend and where it serves: ``steps`` / ``layers`` / ``kinds`` (None: every one)."""
 
     backend: Backend
     steps: Optional[Ranges] = None
     layers: Optional[Ranges] = None
+    kinds: Optional[tuple[str, ...]] = None
 
-    def matches(self, step: int, layer: Optional[int]) -> bool:
-        return _within(self.steps, step) and _within(self.layers, layer)
+    def matches(self, step: int, layer: Optional[int], kind: Optional[str] = None) -> bool:
+        return (_within(self.steps, step) and _within(self.layers, layer)
+                and (self.kinds is None or kind_of(kind) in self.kinds))
 
     def __str__(self) -> str:
         sel = "".join(f"@{k}:{_fmt_ranges(r)}" for k, r in (("steps", self.steps), ("layers", self.layers)) if r)
-        return self.backend.name + sel
+        return self.backend.name + sel + (f"@kind:{'+'.join(k for k in KINDS if k in self.kinds)}"
+                                          if self.kinds else "")
 
 
 @dataclass(frozen=True, eq=False)
@@ -143,13 +169,14 @@ class Schedule:
             return self.rules[0].backend.description
         return "schedule: " + "; ".join(
             f"{r.backend.name} ({r.backend.description})" + (f" on {str(r)[len(r.backend.name) + 1:]}" if
-                                                              r.steps or r.layers else " elsewhere")
+                                                              r.steps or r.layers or r.kinds else " elsewhere")
             for r in self.rules)
 
-    def at(self, step: int, layer: Optional[int] = None) -> Backend:
-        """The backend serving a call at ``step`` in block ``layer`` (None: unknown, as under compile)."""
+    def at(self, step: int, layer: Optional[int] = None, kind: Optional[str] = None) -> Backend:
+        """The backend serving a call at ``step`` in block ``layer`` (None: unknown, as under compile) of ``kind``
+        (the patch's call kind; None: unknown, only rules without a kind selector match)."""
         for r in self.rules:
-            if r.matches(step, layer):
+            if r.matches(step, layer, kind):
                 return r.backend
         return self.rules[-1].backend  # the last rule has no selector; kept for a direct constructor's rules
 
@@ -213,10 +240,10 @@ def parse_schedule(text: str) -> Schedule:
             key, colon, ranges = sel.partition(":")
             key = key.strip().lower()
             if key not in _SELECTORS or not colon:
-                raise ScheduleError(f"{where}: selector {sel!r} is not steps:RANGES or layers:RANGES")
+                raise ScheduleError(f"{where}: selector {sel!r} is not steps:RANGES, layers:RANGES or kind:KINDS")
             if key in found:
                 raise ScheduleError(f"{where}: {key} given twice")
-            found[key] = _parse_ranges(ranges, where)
+            found[key] = _parse_kinds(ranges, where) if key == "kind" else _parse_ranges(ranges, where)
         last = i == len(pieces) - 1
         if last and found:
             raise ScheduleError(f"{where}: the last rule serves every other call, so it takes no selector; end "
@@ -224,7 +251,7 @@ def parse_schedule(text: str) -> Schedule:
         if not last and not found:
             raise ScheduleError(f"{where}: only the last rule may be a plain backend (it serves every call the "
                                 "rules before it don't)")
-        rules.append(Rule(backend, found.get("steps"), found.get("layers")))
+        rules.append(Rule(backend, found.get("steps"), found.get("layers"), found.get("kind")))
     return Schedule(tuple(rules))
 
 
