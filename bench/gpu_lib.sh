@@ -20,7 +20,9 @@
 #                                 deadline minus GRACE_S (default 0: runs may use the grace, never start in it);
 #                                 log in W/logs/NAME.log, call / name / rc / wall appended to W/runs.tsv. The deadline
 #                                 is the script's LIMIT_S (seconds after T0). DRY_RUN=1: the command is printed and
-#                                 recorded as "dry", not run (what a script would run, on a CPU).
+#                                 recorded as "dry", not run (what a script would run, on a CPU). ONLY=REGEX: only
+#                                 the runs whose NAME matches it in full (e.g. 'w14_.*|q14'), the others recorded as
+#                                 "skip(only)" -- a later call running what an earlier one's deadline skipped.
 #   left_s DEADLINE               seconds left before DEADLINE (s after T0), 5 s kept for the bookkeeping
 #   wan GROUP CFG BACKEND GPUS NPROC [flags...]   run_wan.py (plain, or torchrun over NPROC ranks) on GPUS
 #   cog CFG BACKEND GPUS NPROC [flags...]         sageattn_cogvideo.py likewise
@@ -75,6 +77,9 @@ left_s() { echo $(( $1 - $(el) - 5 )); }
 
 r() {
   local name=$1 need=$2 lim=$3; shift 3
+  if [ -n "${ONLY:-}" ] && ! [[ $name =~ ^(${ONLY})$ ]]; then  # a later call running what an earlier one left
+    printf '%s\t%s\tskip(only)\t0\n' "$CALL" "$name" >> "$W/runs.tsv"; return 0
+  fi
   local left; left=$(left_s "$LIMIT_S")
   if (( left - ${GRACE_S:-0} < need )); then
     printf '%s\t%s\tskip(deadline)\t0\n' "$CALL" "$name" >> "$W/runs.tsv"; return 0

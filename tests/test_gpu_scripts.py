@@ -73,6 +73,8 @@ r fails 5 20 bash -c 'echo "error: nope"; exit 3'
 r slow 5 1 sleep 10
 r late 1000 20 echo never
 GRACE_S=30 r graced 6 20 echo never
+ONLY='ok|fine_.*' r not_chosen 5 20 echo never
+ONLY='ok|fine_.*' r fine_1 5 20 echo '[fine_1] chosen'
 DRY_RUN=1 r dry 5 100 wan w13 1gpu sdpa 0 1'''
     r = bash(script, tmp_path)
     assert r.returncode == 0, r.stderr
@@ -80,14 +82,14 @@ DRY_RUN=1 r dry 5 100 wan w13 1gpu sdpa 0 1'''
     assert rows[0] == ["call", "run", "rc", "wall_s"]
     got = {row[1]: row[2] for row in rows[1:]}
     assert got == {"ok": "0", "fails": "3", "slow": "124", "late": "skip(deadline)", "graced": "skip(deadline)",
-                   "dry": "dry"}
+                   "not_chosen": "skip(only)", "fine_1": "0", "dry": "dry"}
     assert all(row[0] == "7" for row in rows[1:])
     assert (w / "logs" / "ok.log").read_text() == "[ok] fine\nrandom:wan2.1-t2v-1.3b wan\n"
     lines = r.stdout.splitlines()
     assert re.fullmatch(r"\[\d+s\] ok rc=0: \[ok\] fine", lines[0])
     assert re.fullmatch(r"\[\d+s\] fails rc=3: error: nope", lines[1])
     assert re.fullmatch(r"\[\d+s\] dry \(limit \d+s\): wan w13 1gpu sdpa 0 1", lines[-1])
-    assert not (w / "logs" / "late.log").exists()
+    assert not (w / "logs" / "late.log").exists() and not (w / "logs" / "not_chosen.log").exists()
 
 
 @pytest.mark.slow
@@ -165,7 +167,8 @@ def test_sparse_script_dry_run(tmp_path):
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     rows = _runs(w)[1:]
     names = [row[1] for row in rows]
-    assert names[:4] == ["gpu_tests", "k14", "w14_fav3", "w14_sta"] and {row[2] for row in rows} == {"dry"}
+    assert names[:5] == ["gpu_tests", "k14", "w14_fav3", "w14_sta", "w14_stax"] and {row[2] for row in rows} == {"dry"}
     assert {"k13", "w13_sched", "w14_sched", "mass13", "mass14", "q13ref"} <= set(names)
     assert "--attention_schedule fav3@steps:0,sta" in r.stdout and "--grid 21x45x80" in r.stdout
+    assert "--attention_schedule fav3@kind:cross,sta" in r.stdout
     assert (out / "results_sparse.tgz").exists() and (out / "summary_sparse.txt").exists()
