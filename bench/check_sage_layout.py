@@ -14,7 +14,6 @@ the 2.2.0 tag did exactly that on an H200 (docs/gpu_results/s6/sage_tag_build/).
 
 import argparse
 import json
-import statistics
 from pathlib import Path
 
 import torch
@@ -23,19 +22,19 @@ import torch.nn.functional as F
 from vdbench.backends import sage2
 from vdbench.helptext import DefaultsHelpFormatter
 from vdbench.metrics import rel_l2
-from vdbench.timing import call_ms, system_info
+from vdbench.timing import call_ms, spread, system_info
 
 SHAPES = {"wan2.1-1.3b-480p": (12, 32760, 128), "wan2.1-14b-720p": (40, 75600, 128), "cogvideox-2b": (30, 17776, 64),
           "wan-cross-512": (40, 75600, 128, 512), "tiny": (2, 256, 64), "tiny-cross": (2, 256, 64, 128)}
 DEFAULT_SHAPES = "wan2.1-1.3b-480p,wan2.1-14b-720p,cogvideox-2b,wan-cross-512"
 
 
-def _median_ms(fn, reps: int, device: torch.device) -> tuple[float, float, float]:
+def _timed(fn, reps: int, device: torch.device) -> dict:
+    """vdbench.timing.spread of ``reps`` calls after one warm-up (the project's one median and p20/p80)."""
     fn()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-    t = sorted(call_ms(fn, device) for _ in range(reps))
-    return statistics.median(t), t[len(t) // 5], t[(4 * len(t)) // 5]
+    return spread([call_ms(fn, device) for _ in range(reps)])
 
 
 def check(name: str, shape: tuple, reps: int, device: torch.device) -> dict:
@@ -68,9 +67,8 @@ def check(name: str, shape: tuple, reps: int, device: torch.device) -> dict:
                nhd_equals_hnd=bool(torch.equal(o_nhd, o_hnd)), nhd_vs_hnd_rel_l2=rel_l2(o_nhd.float(), o_hnd.float()),
                nan_nhd=bool(o_nhd.isnan().any()))
     for key, fn in (("nhd", nhd), ("hnd_views_plus_copy_back", hnd_back), ("hnd_views", hnd)):
-        med, p20, p80 = _median_ms(fn, reps, device)
-        row[f"ms_{key}"], row[f"ms_{key}_p20"], row[f"ms_{key}_p80"] = med, p20, p80
-    row["n"] = reps
+        t = _timed(fn, reps, device)
+        row[f"ms_{key}"], row[f"ms_{key}_p20"], row[f"ms_{key}_p80"], row["n"] = t["median"], t["p20"], t["p80"], t["n"]
     row["timer"] = "CUDA events" if device.type == "cuda" else "host clock: not a speed figure"
     return row
 

@@ -145,19 +145,18 @@ def _self_check(name: str, kwargs: dict, device) -> Optional[str]:
     mod, why = import_sageattention()
     if mod is None:
         return why
-    fn = getattr(mod, name)
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn((1, 256, 2, 64), generator=g) for _ in range(3))  # BSHD
     k = k + 2.0 * torch.randn((1, 1, 2, 64), generator=g)  # a K channel bias, as real K has
     ref = exact_attention(*(t.transpose(1, 2).double() for t in (q, k, v)))
-    dev = _self_check_device(device)
-    qd, kd, vd = (t.to(dev, torch.bfloat16) for t in (q, k, v))
-    for layout, args in (("HND", [t.transpose(1, 2).contiguous() for t in (qd, kd, vd)]), ("NHD", [qd, kd, vd])):
+    bshd = [t.to(_self_check_device(device), torch.bfloat16) for t in (q, k, v)]
+    # through the wrapper the backends call: BHSD memory goes as "HND", BHSD views of BSHD memory as "NHD"
+    layouts = (("HND", [t.transpose(1, 2).contiguous() for t in bshd]), ("NHD", [t.transpose(1, 2) for t in bshd]))
+    for layout, args in layouts:
         try:
-            out = fn(*args, tensor_layout=layout, is_causal=False, **kwargs)
+            out = _call(_fixed(name), kwargs, *args, None, False, lse=False)
         except Exception as e:  # noqa: BLE001 -- any failure of the call is the reason
             return f"sageattention.{name} failed vdbench's self-check ({layout}): {type(e).__name__}: {e}"[:300]
-        out = out.transpose(1, 2) if layout == "NHD" else out
         err = rel_l2(out.double().cpu(), ref)
         if not err <= SELF_CHECK_MAX_REL_L2:  # NaN fails too
             return (f"sageattention {sage_version(mod)}: {name} computes wrong attention on this GPU (self-check, "
@@ -294,7 +293,8 @@ def _bind_gran(pv: str):
         constraints = (*(c for c in base.constraints if not isinstance(c, SageSelfCheck)),
                        SageSelfCheck(function, tuple(sorted(kwargs.items()))))  # the bound options' own call
         return dataclasses.replace(
-            base, fn=partial(_call_fn, function, kwargs), twin=twin, constraints=constraints, kernel=f"{base.kernel.split('[')[0]}[gran={gran}]",
+            base, fn=partial(_call_fn, function, kwargs), twin=twin, constraints=constraints,
+            kernel=f"{base.kernel.split('[')[0]}[gran={gran}]",
             label=lambda q, *_: label(q.device),
             lse=LSEForm(partial(_call_lse, function, kwargs), ("cuda",), lambda q: label(q.device) + "[lse]"))
 
