@@ -15,6 +15,8 @@
 #                fav3@steps:0,sta; PSNR/SSIM of sta and the schedule vs
 #                the fav3 render (the exact-attention `reference` render at 14B does not fit this budget: it is
 #                left out, and the quality figures are vs FA3 only)
+#   w14_*_f8g    fav3 and fav3@kind:cross,sta again with --use_fp8_gemms (torchao float8 GEMMs in the blocks) on
+#                both: the same non-attention work on both sides, smaller; PSNR vs the fp8-GEMM fav3 and the bf16 fav3
 #   w13_*        Wan 2.1 1.3B 480p x 81, 4 steps: fav3 (4 calls captured), sta, fav3@steps:0,sta, reference (exact,
 #                for PSNR vs reference); PSNR/SSIM vs fav3 and vs reference
 #   mass13/14    bench/window_mass.py on those captures: each query's softmax mass inside the STA (3,3,3) and
@@ -38,6 +40,7 @@ KB=("$PY" bench/bench_attention.py --kernel "$KERNELS" --baseline fav3 --metric 
 S14=3; S13=4
 R14=("${WAN14[@]}" --num_inference_steps "$S14" --benchmark_output_directory "$RES/w14" --save_frames --time_attention
      --vae_decode fast)
+R14F8=("${R14[@]/$RES\/w14/$RES/w14f8}" --use_fp8_gemms)
 R13=("${WAN13[@]}" --num_inference_steps "$S13" --benchmark_output_directory "$RES/w13" --save_frames --time_attention
      --vae_decode fast)
 MASS=(--pattern sta --pattern sta:window=3x5x5 --pattern radial --device cuda)
@@ -49,6 +52,15 @@ r w14_fav3 80 150 "$PY" run_wan.py "${R14[@]}" --attention_type fav3 --save_inpu
 r w14_sta 60 140 "$PY" run_wan.py "${R14[@]}" --attention_type sta
 r w14_stax 60 140 "$PY" run_wan.py "${R14[@]}" --attention_schedule "fav3@kind:cross,sta"
 r q14 10 60 "$PY" bench/compare_outputs.py "$RES/w14/results" --reference fav3 --device cuda -o "$W/quality_w14_vs_fav3.json"
+# the same pair with torchao fp8 GEMMs in the blocks on BOTH sides (the rest of the step shrinks alike; own folder:
+# the output names carry the backend, not the speed options), PSNR vs the fp8-GEMM fav3 and vs the bf16 fav3 render
+r w14_fav3_f8g 80 150 "$PY" run_wan.py "${R14F8[@]}" --attention_type fav3
+r w14_stax_f8g 60 140 "$PY" run_wan.py "${R14F8[@]}" --attention_schedule "fav3@kind:cross,sta"
+r q14f8 10 60 "$PY" bench/compare_outputs.py "$RES/w14f8/results" --reference fav3 --device cuda \
+  -o "$W/quality_w14f8_vs_fav3f8.json"
+r q14f8bf 10 60 bash -c 'ref=$(ls "$2"/*attn_fav3_720x1280.npy | head -n 1); "$1" bench/compare_outputs.py "$3" \
+  --reference "$ref" --device cuda -o "$4"' _ "$PY" "$RES/w14/results" "$RES/w14f8/results" \
+  "$W/quality_w14f8_vs_fav3bf16.json"
 r k13 40 120 "${KB[@]}" --preset wan2.1-1.3b-480p --grid 21x30x52 --rep_ms 300 -o "$W/kernels_w13.csv"
 r w13_fav3 25 80 "$PY" run_wan.py "${R13[@]}" --attention_type fav3 --save_inputs --max_captures 4 \
   --input_dir "$RES/cap13"
@@ -65,7 +77,7 @@ r q13 10 60 "$PY" bench/compare_outputs.py "$RES/w13/results" --reference fav3 -
 r q13ref 10 60 "$PY" bench/compare_outputs.py "$RES/w13/results" --reference reference --device cuda \
   -o "$W/quality_w13_vs_reference.json"
 
-for m in w13 w14; do [ -f "$RES/$m/results/timing.json" ] && cp "$RES/$m/results/timing.json" "$W/timing_$m.json"; done
+for m in w13 w14 w14f8; do [ -f "$RES/$m/results/timing.json" ] && cp "$RES/$m/results/timing.json" "$W/timing_$m.json"; done
 { cat "$W/runs.tsv"; echo
   for f in "$W"/logs/k1[34].log; do [ -f "$f" ] && { echo "== $(basename "$f")"; grep -vE 'Warn|warn|^ *$' "$f" | tail -n 14; }; done
   grep -h -E '^\[(fav3|sta|fav3@|reference)' "$W"/logs/w1[34]_*.log
