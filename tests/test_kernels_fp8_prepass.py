@@ -140,5 +140,26 @@ def test_the_helper_kernels_compile_for_hopper_without_a_gpu():
     lines = [ln for ln in res.stdout.splitlines() if ln.startswith(("OK", "ERR"))]
     if res.returncode and "ptxas" in (res.stdout + res.stderr) and not any(ln.startswith("OK") for ln in lines):
         pytest.skip(f"no usable ptxas for ahead-of-time compilation: {res.stderr[-300:]}")
-    assert res.returncode == 0 and len(lines) == 5 and all(ln.startswith("OK") for ln in lines), \
+    assert res.returncode == 0 and len(lines) == 7 and all(ln.startswith("OK") for ln in lines), \
         res.stdout + res.stderr[-2000:]
+
+
+@pytest.mark.parametrize("hq, hkv, sq, skv", [(4, 4, 70, 70), (4, 2, 130, 37), (3, 1, 5, 200)])
+def test_the_one_launch_qkv_form_equals_the_per_tensor_form(K, hq, hkv, sq, skv):
+    """``quantize_qkv`` (Q, K, V in one amax and one quantization launch, GQA head counts and lengths that differ)
+    gives the per-tensor kernels' values and scales bit for bit, in the callers' layouts, with (B, H) scales."""
+    P, _, dev = K
+    g = torch.Generator().manual_seed(hq * 100 + skv)
+    q = (torch.randn(2, sq, hq, 64, generator=g) * 3).to(device=dev, dtype=torch.bfloat16).transpose(1, 2)
+    k = (torch.randn(2, hkv, skv, 64, generator=g) + 2).to(device=dev, dtype=torch.bfloat16)
+    v = torch.randn(2, skv, hkv, 64, generator=g).to(device=dev, dtype=torch.bfloat16).transpose(1, 2)
+    v = v.clone()
+    v[1, -1] = 0  # an all-zero head: descale 1
+    fused = P.quantize_qkv(q, k, v)
+    via = P.prepass(q, k, v)  # prepass() without smoothing is this form
+    assert all(same_bits(a, b) for a, b in zip(via[:3], fused[:3])) and torch.equal(via.k_descale, fused.k_descale)
+    for t, t8, d in zip((q, k, v), fused[:3], fused[3:6]):
+        e8, ed = P.quantize_bh(t)
+        assert same_bits(t8, e8) and t8.stride() == t.stride()
+        assert torch.equal(d, ed) and d.shape == (2, t.shape[1]) and d.is_contiguous()
+    assert fused.v_descale[1, -1] == 1 and fused.k_mean is None

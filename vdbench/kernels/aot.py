@@ -63,11 +63,15 @@ def _helper_kernels():
 
     red = {"X": "*bf16", "Amax": "*fp32", "CMax": "*fp32", "CMin": "*fp32"}
     quant = {"X": "*bf16", "Out": "*fp8e4nv", "Descale": "*fp32", "Mean": "*fp32"}
+    qkv = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "QO": "*fp8e4nv", "KO": "*fp8e4nv", "VO": "*fp8e4nv",
+           "Amax": "*fp32", "Descale": "*fp32"}
     return {
         "fa3_prepass.reduce": (P._reduce_kernel, red, dict(BLK=P.CHUNK, BD=128, CHANNEL=False)),
         "fa3_prepass.reduce[channel]": (P._reduce_kernel, red, dict(BLK=P.CHUNK, BD=128, CHANNEL=True)),
         "fa3_prepass.quant": (P._quant_kernel, quant, dict(BLK=P.CHUNK, BD=128, HAS_MEAN=False, FIX=False)),
         "fa3_prepass.quant[mean]": (P._quant_kernel, quant, dict(BLK=P.CHUNK, BD=128, HAS_MEAN=True, FIX=False)),
+        "fa3_prepass.qkv_amax": (P._qkv_amax_kernel, qkv, dict(BLK=P.CHUNK, BD=128)),
+        "fa3_prepass.qkv_quant": (P._qkv_quant_kernel, qkv, dict(BLK=P.CHUNK, BD=128, FIX=False)),
         "channels.zero": (C._zero_kernel, {"Out": "*bf16", "Flags": "*u8"}, dict(BLK=C.CHUNK, BD=128)),
     }
 
