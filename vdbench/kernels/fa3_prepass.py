@@ -10,8 +10,9 @@ Triton: spinning programs deadlock when a head's chunks are not all resident, an
 
 Without K smoothing, Q, K and V go through the same two kernels in one launch each (``quantize_qkv``: program axis
 2 picks the tensor, the amax is an atomic max, the descale is computed in the quantization kernel): at Wan 1.3B the
-per-tensor form's six launches and the torch ops between them (the amax of the partials, ``fp8_descale``) cost more
-than its bytes (0.58 ms a call where its traffic takes ~0.2 ms, H200).
+per-tensor form's six launches and the torch ops between them (the amax of the partials, ``fp8_descale`` three
+times) cost more than its bytes (0.58 ms a call where its traffic takes ~0.2 ms, H200); the scales of all three
+come from one ``fp8_descale`` call on the (3, B, H) amax.
 
 Exactly ``vdbench.numerics.fp8_bh_inputs`` -- the eager path used where Triton does not run -- bit for bit:
 
@@ -127,7 +128,7 @@ def _qkv_amax_kernel(Q, K, V, Amax, sq, sk, sv, hq, hk, hv, d_len, B, HM,
 
 
 @triton.jit
-def _qkv_quant_kernel(Q, K, V, QO, KO, VO, Amax, Descale, sq, sk, sv, hq, hk, hv, d_len, B, HM,
+def _qkv_quant_kernel(Q, K, V, QO, KO, VO, Descale, sq, sk, sv, hq, hk, hv, d_len, B, HM,
                       sqb, sqh, sqs, sqd, skb, skh, sks, skd, svb, svh, svs, svd,
                       oqb, oqh, oqs, oqd, okb, okh, oks, okd, ovb, ovh, ovs, ovd,
                       BLK: tl.constexpr, BD: tl.constexpr, FIX: tl.constexpr):
@@ -139,12 +140,7 @@ def _qkv_quant_kernel(Q, K, V, QO, KO, VO, Amax, Descale, sq, sk, sv, hq, hk, hv
     h = tl.program_id(1)
     if (c * BLK < s_len) & (h < n_h):
         x, r, cols, inside = _load_tile(X, b, s_len, d_len, sxb, sxh, sxs, sxd, BLK, BD)
-        i = (t * B + b) * HM + h
-        a = tl.load(Amax + i)
-        # numerics.fp8_descale: amax / 448 (IEEE division), 1 for an all-zero head
-        d = tl.where(a > 0, tl.math.div_rn(a, tl.zeros_like(a) + 448.0), 1.0)
-        if c == 0:
-            tl.store(Descale + i, d)
+        d = tl.load(Descale + (t * B + b) * HM + h)
         y = tl.math.div_rn(x, tl.zeros_like(x) + d)
         yq = to_e4m3(tl.clamp(y, -448.0, 448.0), FIX)
         base = O + b * sob + h.to(tl.int64) * soh + (c * BLK).to(tl.int64) * sos
@@ -197,22 +193,23 @@ def _fusable(q, k, v) -> bool:
 
 
 def quantize_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> N.Fp8Inputs:
-    """Q, K and V together in two launches (one amax, one quantization) and one memset, where ``prepass``'s
-    per-tensor form takes six launches and ~15 small torch ops for the scales: at Wan 1.3B the launches, not the
-    bytes, were most of its 0.5 ms. Same values and scales, bit for bit (the amax is an atomic float max of
-    non-negative values: exact in any order; the descale is computed in the kernel with the eager path's IEEE
-    division)."""
+    """Q, K and V together in two kernel launches (one amax, one quantization), a memset and one ``fp8_descale``
+    for the three, where ``prepass``'s per-tensor form takes six launches and ~15 small torch ops: at Wan 1.3B the
+    launches, not the bytes, were most of its 0.58 ms. Same values and scales, bit for bit (the amax is an atomic
+    float max of non-negative values: exact in any order; the scales come from the eager path's own function)."""
     b, d = q.shape[0], q.shape[-1]
     heads = [t.shape[1] for t in (q, k, v)]
     lens = [t.shape[2] for t in (q, k, v)]
     hm = max(heads)
     amax = torch.zeros((3, b, hm), device=q.device, dtype=torch.float32)
-    descale = torch.empty_like(amax)
     outs = [torch.empty_like(t, dtype=torch.float8_e4m3fn) for t in (q, k, v)]
     grid = (triton.cdiv(max(lens), CHUNK), hm, 3 * b)
     common = (*lens, *heads, d, b, hm, *q.stride(), *k.stride(), *v.stride())
     _qkv_amax_kernel[grid](q, k, v, amax, *common, BLK=CHUNK, BD=_bd(d), num_warps=WARPS)
-    _qkv_quant_kernel[grid](q, k, v, *outs, amax, descale, *common, *outs[0].stride(), *outs[1].stride(),
+    # the scales by the same torch call as the eager path, once for the three tensors: CUDA's tensor / scalar is
+    # a multiplication by the reciprocal, so an IEEE division in the kernel would differ in the last bit
+    descale = N.fp8_descale(amax)
+    _qkv_quant_kernel[grid](q, k, v, *outs, descale, *common, *outs[0].stride(), *outs[1].stride(),
                             *outs[2].stride(), BLK=CHUNK, BD=_bd(d), FIX=INTERPRETED, num_warps=WARPS)
     scales = [descale[i, :, :n] if n == hm else descale[i, :, :n].contiguous() for i, n in enumerate(heads)]
     return N.Fp8Inputs(*outs, *scales, None)
