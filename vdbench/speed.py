@@ -51,6 +51,7 @@ def compile_blocks(models, backend: str = "inductor", mode: Optional[str] = None
     if mode and backend == "inductor":
         kwargs["mode"] = mode
     done = {}
+    aliasing_check = _no_custom_op_aliasing_check()
     for name, model in models:
         if getattr(model, "_repeated_blocks", None) and hasattr(model, "compile_repeated_blocks"):
             model.compile_repeated_blocks(**kwargs)
@@ -61,7 +62,24 @@ def compile_blocks(models, backend: str = "inductor", mode: Optional[str] = None
             for b in blocks:
                 b.compile(**kwargs)
             done[name] = {"how": "block.compile", "blocks": len(blocks)}
-    return {"backend": backend, "mode": kwargs.get("mode"), "fullgraph": True, "models": done}
+    return {"backend": backend, "mode": kwargs.get("mode"), "fullgraph": True, "models": done,
+            "custom_op_aliasing_check": aliasing_check}
+
+
+def _no_custom_op_aliasing_check() -> str:
+    """Turn off AOTAutograd's first-call aliasing analysis of custom ops (torch >= 2.13), for this process.
+
+    Why: it runs the first call of every compiled graph under a Python dispatch mode, and the opaque
+    ``vdbench::attention`` op runs FlexAttention inside (the sparse backends: ``BlockMask.from_kv_blocks`` and the
+    eager kernel go through ``vmap``), which fails under such a mode ("Cannot access storage of
+    BatchedTensorImpl"). The op returns a new tensor (no aliasing to check), so the analysis has nothing to find.
+    The flag is read when a compiled graph first runs, not when it is built, hence process-wide."""
+    from torch._functorch import config
+
+    if not hasattr(config, "check_custom_op_aliasing"):
+        return "not in this torch"
+    config.check_custom_op_aliasing = False
+    return "off (the attention op runs FlexAttention's vmap code, which that analysis's dispatch mode breaks)"
 
 
 def _fp8_support_reason(device: torch.device) -> Optional[str]:
