@@ -17,6 +17,8 @@
 #                left out, and the quality figures are vs FA3 only)
 #   w14_*_f8g    fav3 and fav3@kind:cross,sta again with --use_fp8_gemms (torchao float8 GEMMs in the blocks) on
 #                both: the same non-attention work on both sides, smaller; PSNR vs the fp8-GEMM fav3 and the bf16 fav3
+#   w14_*_c      fav3 and fav3@kind:cross,sta with the blocks compiled on both sides (own folder), PSNR vs the
+#                compiled fav3; k14b/w14_sta133/q14b: the sparser window (1,3,3) at the kernel and in the pipeline
 #   w13_*        Wan 2.1 1.3B 480p x 81, 4 steps: fav3 (4 calls captured), sta, fav3@steps:0,sta, reference (exact,
 #                for PSNR vs reference); PSNR/SSIM vs fav3 and vs reference
 #   mass13/14    bench/window_mass.py on those captures: each query's softmax mass inside the STA (3,3,3) and
@@ -26,7 +28,7 @@
 # Results: $OUT/results_sparse.tgz (logs, runs.tsv, kernel CSV/JSON/PNG, timing.json per model, quality JSON,
 # window-mass JSON, the backend table) and $OUT/summary_sparse.txt (runs, the kernel tables, the render lines, PSNR).
 # Videos and raw frames stay in $RES. DRY_RUN=1 lists the runs without a GPU; ONLY='w14_.*|q14' runs those alone
-# (session 6 left: ONLY='w14_fav3|w14_sta|w14_stax|q14|w13_fav3|w13_reference|q13|q13ref|mass14' after w14_fav3's capture).
+# (session 7 left: ONLY='w14_fav3|w14_fav3_c|w14_stax_c|q14c|k14b|w14_sta133|q14b'; session 6 ran the rest).
 set -uo pipefail
 CALL=${CALL:-sparse}
 OUT=${OUT:-gpu_results}; RES=${RES:-/tmp/vds/res}; W=${W:-/tmp/vds/out}
@@ -41,6 +43,7 @@ S14=3; S13=4
 R14=("${WAN14[@]}" --num_inference_steps "$S14" --benchmark_output_directory "$RES/w14" --save_frames --time_attention
      --vae_decode fast)
 R14F8=("${R14[@]/$RES\/w14/$RES/w14f8}" --use_fp8_gemms)
+R14C=("${R14[@]/$RES\/w14/$RES/w14c}" --use_torch_compile)
 R13=("${WAN13[@]}" --num_inference_steps "$S13" --benchmark_output_directory "$RES/w13" --save_frames --time_attention
      --vae_decode fast)
 MASS=(--pattern sta --pattern sta:window=3x5x5 --pattern radial --device cuda)
@@ -61,6 +64,17 @@ r q14f8 10 60 "$PY" bench/compare_outputs.py "$RES/w14f8/results" --reference fa
 r q14f8bf 10 60 bash -c 'ref=$(ls "$2"/*attn_fav3_720x1280.npy | head -n 1); "$1" bench/compare_outputs.py "$3" \
   --reference "$ref" --device cuda -o "$4"' _ "$PY" "$RES/w14/results" "$RES/w14f8/results" \
   "$W/quality_w14f8_vs_fav3bf16.json"
+# the 2x question, next: the same pair with the blocks compiled on both sides (--use_torch_compile: the rest of the
+# step shrinks, attention is an opaque op), and a sparser window (1,3,3): work 0.044 of dense at 14B against 0.13
+r w14_fav3_c 100 200 "$PY" run_wan.py "${R14C[@]}" --attention_type fav3
+r w14_stax_c 80 200 "$PY" run_wan.py "${R14C[@]}" --attention_schedule "fav3@kind:cross,sta"
+r q14c 10 60 "$PY" bench/compare_outputs.py "$RES/w14c/results" --reference fav3 --device cuda \
+  -o "$W/quality_w14c_vs_fav3c.json"
+r k14b 40 100 "$PY" bench/bench_attention.py --kernel "fav3,sta,sta:window=1x3x3" --baseline fav3 --metric all \
+  --preset wan2.1-14b-720p --grid 21x45x80 --rep_ms 1200 -o "$W/kernels_w14_sparser.csv"
+r w14_sta133 60 140 "$PY" run_wan.py "${R14[@]}" --attention_schedule "fav3@kind:cross,sta:window=1x3x3"
+r q14b 10 60 "$PY" bench/compare_outputs.py "$RES/w14/results" --reference fav3 --device cuda \
+  -o "$W/quality_w14_vs_fav3.json"
 r k13 40 120 "${KB[@]}" --preset wan2.1-1.3b-480p --grid 21x30x52 --rep_ms 300 -o "$W/kernels_w13.csv"
 r w13_fav3 25 80 "$PY" run_wan.py "${R13[@]}" --attention_type fav3 --save_inputs --max_captures 4 \
   --input_dir "$RES/cap13"
@@ -77,9 +91,9 @@ r q13 10 60 "$PY" bench/compare_outputs.py "$RES/w13/results" --reference fav3 -
 r q13ref 10 60 "$PY" bench/compare_outputs.py "$RES/w13/results" --reference reference --device cuda \
   -o "$W/quality_w13_vs_reference.json"
 
-for m in w13 w14 w14f8; do [ -f "$RES/$m/results/timing.json" ] && cp "$RES/$m/results/timing.json" "$W/timing_$m.json"; done
+for m in w13 w14 w14f8 w14c; do [ -f "$RES/$m/results/timing.json" ] && cp "$RES/$m/results/timing.json" "$W/timing_$m.json"; done
 { cat "$W/runs.tsv"; echo
-  for f in "$W"/logs/k1[34].log; do [ -f "$f" ] && { echo "== $(basename "$f")"; grep -vE 'Warn|warn|^ *$' "$f" | tail -n 14; }; done
+  for f in "$W"/logs/k1[34]*.log; do [ -f "$f" ] && { echo "== $(basename "$f")"; grep -vE 'Warn|warn|^ *$' "$f" | tail -n 14; }; done
   grep -h -E '^\[(fav3|sta|fav3@|reference)' "$W"/logs/w1[34]_*.log
   for f in "$W"/logs/q1[34]*.log "$W"/logs/mass1[34].log; do [ -f "$f" ] && { echo "== $(basename "$f")"; tail -n 12 "$f"; }; done
   grep -E '^sta_kernel' "$W/backends.txt"
