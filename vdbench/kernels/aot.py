@@ -64,7 +64,7 @@ def _helper_kernels():
     red = {"X": "*bf16", "Amax": "*fp32", "CMax": "*fp32", "CMin": "*fp32"}
     quant = {"X": "*bf16", "Out": "*fp8e4nv", "Descale": "*fp32", "Mean": "*fp32"}
     qkv = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "QO": "*fp8e4nv", "KO": "*fp8e4nv", "VO": "*fp8e4nv",
-           "Amax": "*fp32", "Descale": "*fp32"}  # Amax: the amax kernel's
+           "Amax": "*fp32", "Descale": "*fp32"}
     return {
         "fa3_prepass.reduce": (P._reduce_kernel, red, dict(BLK=P.CHUNK, BD=128, CHANNEL=False)),
         "fa3_prepass.reduce[channel]": (P._reduce_kernel, red, dict(BLK=P.CHUNK, BD=128, CHANNEL=True)),

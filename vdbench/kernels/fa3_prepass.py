@@ -8,11 +8,11 @@ launch. A single read is not possible with a per-(batch, head) scale: the first 
 whole head's amax is known, which needs a grid-wide barrier between the two phases (not expressible safely in
 Triton: spinning programs deadlock when a head's chunks are not all resident, and always under the interpreter).
 
-Without K smoothing, Q, K and V go through the same two kernels in one launch each (``quantize_qkv``: program axis
-2 picks the tensor, the amax is an atomic max, the descale is computed in the quantization kernel): at Wan 1.3B the
-per-tensor form's six launches and the torch ops between them (the amax of the partials, ``fp8_descale`` three
-times) cost more than its bytes (0.58 ms a call where its traffic takes ~0.2 ms, H200); the scales of all three
-come from one ``fp8_descale`` call on the (3, B, H) amax.
+Without K smoothing, Q, K and V go through one amax launch and one quantization launch (``quantize_qkv``: program
+axis 2 picks the tensor, the amax is an atomic max into a (3, B, H) buffer, one ``fp8_descale`` call between the two
+launches scales all three): at Wan 1.3B the per-tensor form's six launches and the torch ops between them (the amax
+of the partials, ``fp8_descale`` three times) cost more than its bytes (0.58 ms a call where its traffic takes
+~0.2 ms, H200).
 
 Exactly ``vdbench.numerics.fp8_bh_inputs`` -- the eager path used where Triton does not run -- bit for bit:
 
