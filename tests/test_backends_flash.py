@@ -75,3 +75,18 @@ def test_the_prepass_the_bench_times_is_the_calls(fa3):
         x = B.resolve(name).prepass(q, k, v, None)
         ref = N.fp8_bh_inputs(q, k, v, smooth_k=smooth)
         assert all(torch.equal(a.float(), b.float()) for a, b in zip(x[:6], ref[:6])) and (x.k_mean is None) != smooth
+
+
+def test_the_fa3_module_is_looked_up_on_the_path_once(fa3, monkeypatch):
+    """Each call used to search sys.path for flash_attn_interface (absent where fa3-fwd is the FA3 installed), tens
+    of microseconds of host time on every attention call; once imported, the module comes from sys.modules."""
+    q, k, v = qkv(s=64, d=64, dtype=torch.bfloat16, seed=1)
+    b = B.resolve("fav3_fp8")
+    b(q, k, v)
+
+    def no_search(name, *a):
+        raise AssertionError(f"searched the path for {name} on a later call")
+
+    monkeypatch.setattr(importlib.util, "find_spec", no_search)
+    out = b(q, k, v)
+    assert fa3.CALLS[-1]["dtype"] == "torch.float8_e4m3fn" and out.shape == q.shape

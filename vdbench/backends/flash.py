@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import importlib.util
+import sys
 from functools import partial
 
 import torch
@@ -39,6 +40,9 @@ def _fav2(q, k, v, *, scale=None, is_causal=False):
 
 
 def _fa3_module():
+    for mod in _FA3_MODULES:  # imported already (every call after the first): no search of the path
+        if mod in sys.modules:
+            return sys.modules[mod]
     for mod in _FA3_MODULES:
         if importlib.util.find_spec(mod) is not None:
             return importlib.import_module(mod)
