@@ -91,10 +91,16 @@ def _quant_kernel(X, Out, Descale, Mean, s_len, d_len, H, sxb, sxh, sxs, sxd, so
     bh = b * H + h
     if HAS_MEAN:
         x = x - tl.load(Mean + bh * d_len + cols, mask=cols < d_len, other=0.0)[None, :]
-    d = tl.load(Descale + bh)
+    _store_e4m3(Out, b, h, c, sob, soh, sos, sod, x, tl.load(Descale + bh), r, cols, inside, BLK, FIX)
+
+
+@triton.jit
+def _store_e4m3(Out, b, h, c, sob, soh, sos, sod, x, d, r, cols, inside, BLK: tl.constexpr, FIX: tl.constexpr):
+    """``x / d`` clamped to ±448 and rounded to e4m3, stored at chunk ``c`` of head ``h`` of batch ``b`` (both
+    quantization kernels: one copy of the numerics that must match the eager path bit for bit)."""
     y = tl.math.div_rn(x, tl.zeros_like(x) + d)  # IEEE division: the eager path's x / descale, bit for bit
     yq = to_e4m3(tl.clamp(y, -448.0, 448.0), FIX)
-    base = Out + b * sob + h * soh + (c * BLK).to(tl.int64) * sos
+    base = Out + b * sob + h.to(tl.int64) * soh + (c * BLK).to(tl.int64) * sos
     tl.store(base + r[:, None] * sos + cols[None, :] * sod, yq, mask=inside)
 
 
@@ -140,11 +146,8 @@ def _qkv_quant_kernel(Q, K, V, QO, KO, VO, Descale, sq, sk, sv, hq, hk, hv, d_le
     h = tl.program_id(1)
     if (c * BLK < s_len) & (h < n_h):
         x, r, cols, inside = _load_tile(X, b, s_len, d_len, sxb, sxh, sxs, sxd, BLK, BD)
-        d = tl.load(Descale + (t * B + b) * HM + h)
-        y = tl.math.div_rn(x, tl.zeros_like(x) + d)
-        yq = to_e4m3(tl.clamp(y, -448.0, 448.0), FIX)
-        base = O + b * sob + h.to(tl.int64) * soh + (c * BLK).to(tl.int64) * sos
-        tl.store(base + r[:, None] * sos + cols[None, :] * sod, yq, mask=inside)
+        _store_e4m3(O, b, h, c, sob, soh, sos, sod, x, tl.load(Descale + (t * B + b) * HM + h), r, cols, inside,
+                    BLK, FIX)
 
 
 def _grid(x: torch.Tensor):
@@ -211,7 +214,7 @@ def quantize_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> N.Fp8Inpu
     descale = N.fp8_descale(amax)
     _qkv_quant_kernel[grid](q, k, v, *outs, descale, *common, *outs[0].stride(), *outs[1].stride(),
                             *outs[2].stride(), BLK=CHUNK, BD=_bd(d), FIX=INTERPRETED, num_warps=WARPS)
-    scales = [descale[i, :, :n] if n == hm else descale[i, :, :n].contiguous() for i, n in enumerate(heads)]
+    scales = [descale[i, :, :n].contiguous() for i, n in enumerate(heads)]  # a copy only for fewer (GQA) heads
     return N.Fp8Inputs(*outs, *scales, None)
 
 
