@@ -19,6 +19,9 @@
 #                both: the same non-attention work on both sides, smaller; PSNR vs the fp8-GEMM fav3 and the bf16 fav3
 #   w14_*_c      fav3 and fav3@kind:cross,sta with the blocks compiled on both sides (own folder), PSNR vs the
 #                compiled fav3; k14b/w14_sta133/q14b: the sparser window (1,3,3) at the kernel and in the pipeline
+#   w14n_*       4 steps (n = 3 warm steps, a speed figure): fav3 (first self-attention call captured),
+#                fav3@kind:cross,sta:window=1x3x3, and its dense-first schedule (step 0 on FA3: the whole-run
+#                figure); PSNR/SSIM vs fav3; mass14b: the (1,3,3) window's softmax mass on that capture
 #   w13_*        Wan 2.1 1.3B 480p x 81, 4 steps: fav3 (4 calls captured), sta, fav3@steps:0,sta, reference (exact,
 #                for PSNR vs reference); PSNR/SSIM vs fav3 and vs reference
 #   mass13/14    bench/window_mass.py on those captures: each query's softmax mass inside the STA (3,3,3) and
@@ -44,6 +47,7 @@ R14=("${WAN14[@]}" --num_inference_steps "$S14" --benchmark_output_directory "$R
      --vae_decode fast)
 R14F8=("${R14[@]/$RES\/w14/$RES/w14f8}" --use_fp8_gemms)
 R14C=("${R14[@]/$RES\/w14/$RES/w14c}" --use_torch_compile)
+R14N=("${R14[@]/$RES\/w14/$RES/w14n}" --num_inference_steps 4)  # the last --num_inference_steps wins
 R13=("${WAN13[@]}" --num_inference_steps "$S13" --benchmark_output_directory "$RES/w13" --save_frames --time_attention
      --vae_decode fast)
 MASS=(--pattern sta --pattern sta:window=3x5x5 --pattern radial --device cuda)
@@ -70,11 +74,20 @@ r w14_fav3_c 100 200 "$PY" run_wan.py "${R14C[@]}" --attention_type fav3
 r w14_stax_c 80 200 "$PY" run_wan.py "${R14C[@]}" --attention_schedule "fav3@kind:cross,sta"
 r q14c 10 60 "$PY" bench/compare_outputs.py "$RES/w14c/results" --reference fav3 --device cuda \
   -o "$W/quality_w14c_vs_fav3c.json"
-r k14b 40 100 "$PY" bench/bench_attention.py --kernel "fav3,sta,sta:window=1x3x3" --baseline fav3 --metric all \
+r k14b 40 170 "$PY" bench/bench_attention.py --kernel "fav3,sta,sta:window=1x3x3" --baseline fav3 --metric all \
   --preset wan2.1-14b-720p --grid 21x45x80 --rep_ms 1200 -o "$W/kernels_w14_sparser.csv"
 r w14_sta133 60 140 "$PY" run_wan.py "${R14[@]}" --attention_schedule "fav3@kind:cross,sta:window=1x3x3"
 r q14b 10 60 "$PY" bench/compare_outputs.py "$RES/w14/results" --reference fav3 --device cuda \
   -o "$W/quality_w14_vs_fav3.json"
+S133="fav3@kind:cross,sta:window=1x3x3"
+r w14n_fav3 110 200 "$PY" run_wan.py "${R14N[@]}" --attention_type fav3 --save_inputs --max_captures 1 \
+  --input_dir "$RES/cap14n"
+r w14n_sta133 70 140 "$PY" run_wan.py "${R14N[@]}" --attention_schedule "$S133"
+r w14n_sched133 80 150 "$PY" run_wan.py "${R14N[@]}" --attention_schedule "fav3@steps:0,$S133"
+r q14n 10 60 "$PY" bench/compare_outputs.py "$RES/w14n/results" --reference fav3 --device cuda \
+  -o "$W/quality_w14n_vs_fav3.json"
+r mass14b 15 60 "$PY" bench/window_mass.py "$RES/cap14n" --grid 21x45x80 --pattern sta:window=1x3x3 --device cuda \
+  --max_queries 1024 -o "$W/window_mass_w14_133.json"
 r k13 40 120 "${KB[@]}" --preset wan2.1-1.3b-480p --grid 21x30x52 --rep_ms 300 -o "$W/kernels_w13.csv"
 r w13_fav3 25 80 "$PY" run_wan.py "${R13[@]}" --attention_type fav3 --save_inputs --max_captures 4 \
   --input_dir "$RES/cap13"
@@ -91,11 +104,11 @@ r q13 10 60 "$PY" bench/compare_outputs.py "$RES/w13/results" --reference fav3 -
 r q13ref 10 60 "$PY" bench/compare_outputs.py "$RES/w13/results" --reference reference --device cuda \
   -o "$W/quality_w13_vs_reference.json"
 
-for m in w13 w14 w14f8 w14c; do [ -f "$RES/$m/results/timing.json" ] && cp "$RES/$m/results/timing.json" "$W/timing_$m.json"; done
+for m in w13 w14 w14f8 w14c w14n; do [ -f "$RES/$m/results/timing.json" ] && cp "$RES/$m/results/timing.json" "$W/timing_$m.json"; done
 { cat "$W/runs.tsv"; echo
   for f in "$W"/logs/k1[34]*.log; do [ -f "$f" ] && { echo "== $(basename "$f")"; grep -vE 'Warn|warn|^ *$' "$f" | tail -n 14; }; done
   grep -h -E '^\[(fav3|sta|fav3@|reference)' "$W"/logs/w1[34]_*.log
-  for f in "$W"/logs/q1[34]*.log "$W"/logs/mass1[34].log; do [ -f "$f" ] && { echo "== $(basename "$f")"; tail -n 12 "$f"; }; done
+  for f in "$W"/logs/q1[34]*.log "$W"/logs/mass1[34]*.log; do [ -f "$f" ] && { echo "== $(basename "$f")"; tail -n 12 "$f"; }; done
   grep -E '^sta_kernel' "$W/backends.txt"
 } > "$OUT/summary_$CALL.txt" 2>&1
 pack_dir "$W" "$OUT/results_$CALL.tgz"
