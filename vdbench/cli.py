@@ -168,6 +168,9 @@ def build_parser(family: str | families.Family, prog: Optional[str] = None,
              "they can't run), eager "
              "(PyTorch ops), auto (triton on a GPU where it runs, else eager; recorded in timing.json) "
              "(default: auto)")
+    add("--no_vae_prewarm", dest="vae_prewarm", action="store_false",
+        help="don't compile the fast VAE path's Triton kernels on a background thread while the GPU denoises (by "
+             "default they are, so that the decode, a first call in every render, finds them compiled)")
     add("--vae_max_memory", type=float, default=None, metavar="GIB",
         help="bound the decode's memory: the frame chunk (or tiles) is chosen from this budget (Wan VAEs)")
     add("--vae_timeout", type=float, default=None, metavar="S",
@@ -268,6 +271,7 @@ def config_from_args(fam: families.Family, args):
         compile=args.compile, compile_backend=args.compile_backend, compile_mode=args.compile_mode,
         bf16_te_gemms=args.use_bf16_te_gemms, fp8_gemms=args.use_fp8_gemms, vae_decode=args.vae_decode,
         vae_encode=args.vae_encode, vae_max_memory=args.vae_max_memory, vae_timeout=args.vae_timeout, vae_glue=args.vae_glue,
+        vae_prewarm=args.vae_prewarm,
         parallel_engine=args.parallel_engine, ulysses_degree=args.ulysses_degree, ring_degree=args.ring_degree,
         use_cfg_parallel=args.use_cfg_parallel, overwrite=args.overwrite)
 

@@ -78,7 +78,8 @@ class DecodeMode:
     another VAE is refused (``{vae}``: its class) and what to use instead, ``options`` the :class:`DecodeOptions`
     that apply to it, ``run(vae, z, options, info, watchdog)`` -> video (B, 3, F, H, W) in [-1, 1]; ``stock``:
     without ``max_memory_gib`` it is diffusers' decode untouched, so a pipeline's own decode method (CogVideoX's
-    ``decode_latents``, bit for bit what the pipeline returns) may stand in for it."""
+    ``decode_latents``, bit for bit what the pipeline returns) may stand in for it; ``prewarm``: its first call
+    compiles kernels that :mod:`vdbench.prewarm` can compile ahead (the fast layers' Triton glue)."""
 
     name: str
     vaes: Optional[tuple[str, ...]]
@@ -86,6 +87,7 @@ class DecodeMode:
     options: frozenset
     run: Callable[..., torch.Tensor]
     stock: bool = False
+    prewarm: bool = False
 
 
 def _run_default(vae, z, o: DecodeOptions, info: dict, watchdog):
@@ -119,7 +121,7 @@ MODES: dict[str, DecodeMode] = {m.name: m for m in (
                "mode='fast' is implemented for AutoencoderKLWan only, not {vae}; use mode='default' (optionally "
                "with a bf16 VAE)",
                frozenset({"chunk_frames", "max_memory_gib", "channels_last", "compile_backend", "fused_glue"}),
-               _run_fast),
+               _run_fast, prewarm=True),
     DecodeMode("parallel", vae_parallel.VAES,
                "mode='parallel' (the band decode) is implemented for " + " and ".join(vae_parallel.VAES)
                + " only, not {vae}; use mode='default'",
@@ -197,7 +199,7 @@ def decode_video(vae, z: torch.Tensor, *, mode: str = "default", chunk_frames: O
 def decode_latents(pipe, latents: torch.Tensor, family: str, num_frames: int | None = None, *,
                    mode: str = "default", max_memory_gib: Optional[float] = None, timeout_s: Optional[float] = None,
                    chunk_frames: Optional[int] = None, info: Optional[dict] = None,
-                   fused_glue: Optional[bool] = None):
+                   fused_glue: Optional[bool] = None, prewarm=None):
     """Latents from ``pipe(..., output_type="latent")`` -> float frames (T, H, W, 3) in [0, 1] (numpy), decoded
     as the pipeline would have (:func:`vdbench.vae.prepare_latents`) by ``mode`` (checked before any work).
 
@@ -206,12 +208,21 @@ def decode_latents(pipe, latents: torch.Tensor, family: str, num_frames: int | N
     ``trim_latents`` (CogVideoX 1.5 drops the padding latent frames its temporal patch size adds). ``timeout_s``: the decode
     runs under a :class:`~vdbench.watchdog.Watchdog`; on expiry all stacks are dumped and
     :class:`~vdbench.watchdog.WatchdogTimeout` is raised (its ``report`` names the last completed stage).
-    ``max_memory_gib``, ``chunk_frames``, ``fused_glue``, ``info``: see :func:`decode_video`.
+    ``max_memory_gib``, ``chunk_frames``, ``fused_glue``, ``info``: see :func:`decode_video`. ``prewarm``: a
+    :class:`vdbench.prewarm.Prewarm` started for this decode; it is waited for here (the wait is part of the
+    decode), its status goes to ``info["prewarm"]`` and its thread's time to ``info["one_time"]``. With the
+    Triton glue, ``info["glue_compiled_in_call"]`` counts the glue variants compiled during this call (0 when
+    none was left to compile).
     """
     vae = pipe.vae
     options = DecodeOptions(chunk_frames=chunk_frames, max_memory_gib=max_memory_gib, fused_glue=fused_glue)
     m = check_decode(mode, options, vae=vae)
     info = {} if info is None else info
+    if prewarm is not None:
+        rec = prewarm.wait()
+        info["prewarm"] = rec["status"] + (f" ({rec['error']})" if rec.get("error") else "")
+        info.setdefault("one_time", {}).update(prewarm_s=rec["seconds"], prewarm_wait_s=rec["waited_s"])
+    compiled_before = K.compiled_variants("vae_glue")
     with Watchdog(timeout_s, label=f"vae decode ({mode})") as wd:
         wd.stage("prepare latents")
         fam = families.get(family) if family in families.names() else None  # None: a bench-only VAE (hunyuanvideo)
@@ -227,4 +238,6 @@ def decode_latents(pipe, latents: torch.Tensor, family: str, num_frames: int | N
             video = m.run(vae, z, options, info, wd)
         wd.stage("postprocess")
         frames = pipe.video_processor.postprocess_video(video, output_type="np")[0]
+    if info.get("glue") == V.GLUE_TRITON and compiled_before is not None:
+        info["glue_compiled_in_call"] = K.compiled_variants("vae_glue") - compiled_before
     return frames

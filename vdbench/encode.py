@@ -92,7 +92,8 @@ MODES: dict[str, EncodeMode] = {m.name: m for m in (
     EncodeMode("fast", V.FAST_VAES,
                "mode='fast' (the fast encode) is implemented for AutoencoderKLWan only, not {vae}; use "
                "mode='default' (optionally with a bf16 VAE)",
-               frozenset({"chunk_frames", "channels_last", "compile_backend", "fused_glue"}), _run_fast),
+               frozenset({"chunk_frames", "channels_last", "compile_backend", "fused_glue"}), _run_fast,
+               prewarm=True),
 )}
 
 

@@ -129,6 +129,7 @@ class RenderConfig:
     vae_max_memory: Optional[float] = None  # GiB: chunk/tile size chosen from it
     vae_timeout: Optional[float] = None  # seconds: a decode (or encode) running longer is reported as hung (watchdog)
     vae_glue: str = "auto"  # auto | triton | eager: the fast decode's (and encode's) glue (vdbench.decode.GLUES)
+    vae_prewarm: bool = True  # compile the fast VAE path's kernels on a thread while the GPU denoises (vdbench.prewarm)
     extra_pipe_kwargs: dict = field(default_factory=dict)
     # multi-process (torchrun): see vdbench.parallel
     parallel_engine: str = "xfuser"
@@ -426,6 +427,25 @@ def load(plan: Plan) -> Loaded:
     return Loaded(pipe, models, kwargs, header)
 
 
+def _start_prewarm(plan: Plan, pipe):
+    """The fast VAE path's first-call compiles started on a thread (:mod:`vdbench.prewarm`), to run while the GPU
+    denoises; None where there is nothing to compile ahead or ``--no_vae_prewarm``."""
+    from . import prewarm as W
+    from .decode import DecodeOptions
+    from .encode import EncodeOptions
+
+    cfg = plan.cfg
+    if not cfg.vae_prewarm or plan.device.type != "cuda" or cfg.cpu_offload:
+        return None
+    s = int(pipe.vae_scale_factor_spatial)
+    image = bool(cfg.image) and plan.family.takes_image(cfg.task)
+    p = W.plan(pipe.vae, decode_mode=cfg.vae_decode,
+               decode_options=DecodeOptions(max_memory_gib=cfg.vae_max_memory, fused_glue=plan.fused_glue),
+               encode_mode=cfg.vae_encode if image else None, encode_options=EncodeOptions(fused_glue=plan.encode_glue),
+               latent_hw=(cfg.height // s, cfg.width // s), pixel_hw=(cfg.height, cfg.width))
+    return W.start(pipe.vae, p)
+
+
 def run_repetitions(plan: Plan, loaded: Loaded, log) -> tuple[list[dict], object]:
     """The untimed warm-up calls, then the timed repetitions: one timing entry each, and the last one's frames."""
     from . import parallel as P
@@ -451,6 +471,7 @@ def run_repetitions(plan: Plan, loaded: Loaded, log) -> tuple[list[dict], object
                            call_kind=plan.family.call_kind, grid_hooks=plan.family.grid_hooks,
                            tile_order_once=not cfg.compile)  # compiled blocks would trace the tile-order hooks
     entries, frames = [], None
+    prewarm = _start_prewarm(plan, pipe)
     progress = _Progress(cfg.attention_type, cfg.num_inference_steps, cfg.num_repetitions, log,
                          enabled=not sys.stderr.isatty())
 
@@ -507,7 +528,8 @@ def run_repetitions(plan: Plan, loaded: Loaded, log) -> tuple[list[dict], object
                 try:
                     frames = decode_latents(pipe, latents, cfg.family, num_frames=cfg.num_frames,
                                             mode=cfg.vae_decode, max_memory_gib=cfg.vae_max_memory,
-                                            timeout_s=cfg.vae_timeout, info=vae_info, fused_glue=plan.fused_glue)
+                                            timeout_s=cfg.vae_timeout, info=vae_info, fused_glue=plan.fused_glue,
+                                            prewarm=prewarm if rep == 0 else None)
                 except WatchdogTimeout as e:  # never wait forever: say where it hung, exit non-zero
                     raise VAEHang(f"VAE decode hung (> {cfg.vae_timeout} s, --vae_timeout); last completed stage: "
                                   f"{e.report.last_completed_stage}; all threads' stacks were dumped to stderr") from e

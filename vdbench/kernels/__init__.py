@@ -81,6 +81,25 @@ def probe(kernel: str, device) -> tuple[bool, str]:
     return False, f"needs a CUDA/HIP GPU or the Triton interpreter on CPU (device is {dev.type})"
 
 
+def compiled_variants(kernel: str):
+    """How many compiled variants (specializations x devices) the JIT functions of ``kernel``'s module hold in
+    this process -- what a first call pays to compile -- or None where that can't be read (module not imported,
+    interpreted, or a Triton whose JIT cache is laid out otherwise). Never imports triton."""
+    mod = sys.modules.get(_MODULES[kernel])
+    if mod is None or mod.INTERPRETED:
+        return None
+    total = 0
+    for obj in vars(mod).values():
+        caches = getattr(obj, "device_caches", None)
+        if caches is None:
+            continue
+        try:
+            total += sum(len(entry[0]) for entry in caches.values())
+        except (TypeError, IndexError, KeyError):
+            return None
+    return total
+
+
 def forward(kernel: str):
     """One kernel's forward, ``fn(q, k, v, *, scale=None, is_causal=False)`` (imports triton on first use)."""
     from vdbench.kernels import attention

@@ -1,0 +1,187 @@
+"""A render's VAE one-time costs paid ahead, on a background thread, under work the render does anyway.
+
+Why: a render decodes once, so its decode is always a *first* call. The fast Wan decode's glue kernels
+(:mod:`vdbench.kernels.glue`, Triton) are compiled on their first launch: on an H200 with empty Triton caches the
+fast decode's first call at Wan 720p x 81 took 9.41 s against 2.07 s warm, ~6.5 s of it Triton compiling the
+glue -- enough to make ``--vae_decode fast`` slower end to end than diffusers' decode (4.72 s first call).
+
+What :class:`Prewarm` does: while the GPU denoises, a daemon thread decodes (and, for image-to-video, first
+encodes) a *small* clip through the same fast path, on a scratch copy of the VAE (same class, config, dtype and
+device; seeded random weights; freed afterwards -- the pipeline's VAE is never touched, so an encode or decode
+running meanwhile is not disturbed). The small clip's spatial size is congruent to the real one modulo 16 at the
+latent level (128 in pixels for the encoder, whose deepest level is 1/8), with a first chunk and steady chunks, so
+every Triton launch has the real call's specialization -- dtypes, channel counts, layouts and the divisibility of
+every size and stride by 16 -- and the real decode finds each kernel compiled in the process. Its GPU work is a
+few milliseconds. :meth:`Prewarm.wait` joins the thread (the render calls it inside the decode stage, so any wait
+is counted there) and returns what it did; the decode records how many glue variants were still compiled during
+the real call (0 when the prewarm covered them).
+
+Costs not moved: cuDNN's execution plans are cached per thread and per shape in PyTorch, so a warm-up on another
+thread, or at another size, does not make the real call's convolutions warm; ``real_frames`` > 0 adds a decode of
+that many latent frames at the real size on the thread, to measure what of the remaining first-call work moves
+(bench/cold_decode.py). The CPU work of compiling runs under the GIL beside the denoising loop's kernel launches.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+
+from . import vae as V
+from .decode import DecodeMode, DecodeOptions, check_decode
+from .encode import EncodeMode, EncodeOptions, check_encode
+
+__all__ = ["Prewarm", "PrewarmPlan", "plan", "start", "small_size"]
+
+#: Latent frames of the small decode: the first chunk alone, then chunks until every causal cache and temporal
+#: upsampler is in its steady state (Wan 2.2's up blocks reach it later than Wan 2.1's).
+_DECODE_FRAMES = 5
+#: The divisibility Triton specializes integer arguments and pointers on.
+SPEC_MODULUS = 16
+#: Video frames of the small encode: the first frame alone, then chunks of four (1 + 4k).
+_ENCODE_FRAMES = 9
+
+
+def small_size(size: int, modulus: int) -> int:
+    """The smallest size >= ``modulus`` congruent to ``size`` modulo ``modulus``: every product of it with the other
+    sizes of a level has the same divisibility by ``modulus`` as the real one's (Triton specializes on divisibility
+    by :data:`SPEC_MODULUS`)."""
+    return modulus + size % modulus
+
+
+@dataclass(frozen=True)
+class PrewarmPlan:
+    """What one prewarm runs: the fast decode of latents (B, z, T, ``latent_hw``) and/or the fast encode of video at
+    ``pixel_hw``, with the options the render's decode and encode will use; ``real_frames`` latent frames decoded
+    at the real size after the small clip (0: none)."""
+
+    decode: Optional[tuple[DecodeMode, DecodeOptions]]
+    encode: Optional[tuple[EncodeMode, EncodeOptions]]
+    latent_hw: tuple[int, int]
+    pixel_hw: tuple[int, int]
+    real_frames: int = 0
+    why_not: dict = field(default_factory=dict)
+
+
+def _uses_triton(vae, fused_glue, compile_backend) -> tuple[bool, str]:
+    """Whether the fast path on this VAE would run the Triton glue (the one-time cost worth paying ahead)."""
+    info: dict = {}
+    try:
+        used = V.resolve_glue(vae, fused_glue, compile_backend, info)
+    except RuntimeError as e:  # fused_glue=True where it can't run: the decode itself will refuse, with the reason
+        return False, str(e)
+    return used, info.get("glue", "")
+
+
+def plan(vae, *, decode_mode: str, decode_options: DecodeOptions, encode_mode: Optional[str],
+         encode_options: EncodeOptions, latent_hw: tuple[int, int], pixel_hw: tuple[int, int],
+         real_frames: int = 0) -> Optional[PrewarmPlan]:
+    """The prewarm a render's decode (and encode, when ``encode_mode`` is given) would profit from, or None: only
+    the fast layers with the Triton glue have a compile to pay ahead (diffusers' own decode has none of vdbench's)."""
+    why: dict = {}
+    dec = enc = None
+    m = check_decode(decode_mode, decode_options, vae=vae)
+    if m.prewarm:
+        ok, glue = _uses_triton(vae, decode_options.fused_glue, decode_options.compile_backend)
+        dec = (m, decode_options) if ok else None
+        if not ok:
+            why["decode"] = glue
+    e = None if encode_mode is None else check_encode(encode_mode, encode_options, vae=vae)
+    if e is not None and e.prewarm:
+        ok, glue = _uses_triton(vae, encode_options.fused_glue, encode_options.compile_backend)
+        enc = (e, encode_options) if ok else None
+        if not ok:
+            why["encode"] = glue
+    if dec is None and enc is None:
+        return None
+    return PrewarmPlan(dec, enc, latent_hw, pixel_hw, real_frames, why)
+
+
+def _scratch_vae(vae):
+    """A VAE of ``vae``'s class and config on its device and dtype, seeded random weights (no copy of the real ones:
+    the kernels compiled depend on shapes, dtypes and layouts only)."""
+    dev, dtype = next(vae.parameters()).device, vae.dtype
+    with torch.device("meta"):
+        scratch = type(vae).from_config(vae.config)
+    scratch = scratch.to_empty(device=dev).to(dtype)
+    gen = torch.Generator(dev).manual_seed(0)
+    for t in scratch.state_dict().values():
+        if t.is_floating_point():
+            t.normal_(0.0, 0.02, generator=gen)
+    return scratch.eval().requires_grad_(False)
+
+
+class Prewarm:
+    """A :class:`PrewarmPlan` running on a daemon thread from construction; :meth:`wait` joins it. Never raises into
+    the render: a failure is recorded (``status`` "failed" with the error) and the real call then pays its own
+    first-call costs, as it would have without a prewarm."""
+
+    def __init__(self, vae, p: PrewarmPlan):
+        self.plan = p
+        self.record: dict = {"status": "running", "jobs": {}}
+        self._vae = vae
+        self._t0 = time.perf_counter()
+        self._thread = threading.Thread(target=self._run, name="vdbench-vae-prewarm", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        rec = self.record
+        try:
+            with torch.inference_mode():
+                t = time.perf_counter()
+                scratch = _scratch_vae(self._vae)
+                dev = next(scratch.parameters()).device
+                rec["jobs"]["scratch_vae_s"] = time.perf_counter() - t
+                gen = torch.Generator(dev).manual_seed(0)
+                h, w = self.plan.latent_hw
+                ph, pw = self.plan.pixel_hw
+                if self.plan.encode is not None:  # image-to-video encodes before it denoises: warm that first
+                    t = time.perf_counter()
+                    x = torch.rand((1, 3, _ENCODE_FRAMES, small_size(ph, 8 * SPEC_MODULUS),
+                                    small_size(pw, 8 * SPEC_MODULUS)), device=dev,
+                                   dtype=scratch.dtype, generator=gen) * 2 - 1
+                    mode, options = self.plan.encode
+                    mode.run(scratch, x, options, {}, None)
+                    rec["jobs"]["encode_s"] = time.perf_counter() - t
+                if self.plan.decode is not None:
+                    mode, options = self.plan.decode
+                    t = time.perf_counter()
+                    z_dim = scratch.config.z_dim
+                    z = torch.randn((1, z_dim, _DECODE_FRAMES, small_size(h, SPEC_MODULUS),
+                                     small_size(w, SPEC_MODULUS)), device=dev,
+                                    dtype=scratch.dtype, generator=gen)
+                    mode.run(scratch, z, options, {}, None)
+                    rec["jobs"]["decode_s"] = time.perf_counter() - t
+                    if self.plan.real_frames:
+                        t = time.perf_counter()
+                        z = torch.randn((1, z_dim, self.plan.real_frames, h, w), device=dev, dtype=scratch.dtype,
+                                        generator=gen)
+                        mode.run(scratch, z, options, {}, None)
+                        rec["jobs"]["decode_real_size_s"] = time.perf_counter() - t
+                del scratch
+            rec["status"] = "done"
+        except Exception as e:  # recorded, never raised: the real call pays its own first-call costs instead
+            rec["status"] = "failed"
+            rec["error"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        finally:
+            rec["seconds"] = time.perf_counter() - self._t0
+
+    @property
+    def done(self) -> bool:
+        return not self._thread.is_alive()
+
+    def wait(self) -> dict:
+        """Join the thread; the record: ``status`` (done / failed), ``seconds`` (the thread's wall time),
+        ``waited_s`` (how long this call blocked), ``jobs`` (seconds per part), ``error`` where it failed."""
+        t = time.perf_counter()
+        self._thread.join()
+        return {**self.record, "waited_s": time.perf_counter() - t}
+
+
+def start(vae, p: Optional[PrewarmPlan]) -> Optional[Prewarm]:
+    """Start ``p`` (from :func:`plan`) on its thread, or None when there is nothing to prewarm."""
+    return None if p is None else Prewarm(vae, p)
