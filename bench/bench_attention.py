@@ -6,15 +6,26 @@
     python bench/bench_attention.py --preset cogvideox-2b --max_seq 512 --device cpu   # small, on a CPU
 
 Per input x kernel:
-* time: median latency with its spread -- p20/p80, min/max and n, the samples behind it (``time_p20_ms``,
-  ``time_p80_ms``, ``time_n``; ``vdbench.timing.spread``), so two runs can be told apart from noise. GPU:
-  triton.testing.do_bench with ``return_mode="all"`` (CUDA events, warm-up, L2 flushed between runs; a plain
-  CUDA-event loop where that is missing, ``timer`` says which); CPU: host clock around repeated calls (CPU calls
-  are synchronous), marked not a speed figure (``speed_figure`` False, ``why_not_speed``): a loaded shared CPU's
-  timings mean nothing. The timed callable is the backend as the pipeline calls it, so quantization pre-passes
-  (sagev1, fav3_fp8, fav3_sage, fp8_triton, ...) are INSIDE the figure; the pre-pass alone (the entry's
-  ``prepass``) is timed too and printed beside every quantized backend's figure (``quant_ms`` with its share of
-  the time, ``quant_share``; "inside" where the package's pre-pass can't be run alone, as sageattention's).
+* time: median latency of the warm calls with its spread -- p20/p80, min/max and n, the samples behind it
+  (``time_p20_ms``, ``time_p80_ms``, ``time_n``; ``vdbench.timing.spread``), so two runs can be told apart from
+  noise. The first call of each kernel on each input is timed on its own before any warm-up (``first_call_ms``:
+  what it pays once -- Triton JIT, a FlexAttention compile, a cuDNN plan for the shape -- is in it;
+  ``first_call_excess_ms`` = first - warm median) and is never a warm sample. The number of warm samples adapts to
+  the kernel's time (``vdbench.timing.sample_ms``): a warm-up of ``--warmup_ms`` (at least one call) estimates a
+  call, then max(``--min_samples``, ``--rep_ms`` / estimate) calls are timed, as many as fit in ``--budget_s`` of
+  timed calls per row -- 5 samples even of a 175 ms FlashAttention-3 call at Wan 14B 720p or of a multi-second
+  exact kernel; a row with fewer says why (``time_n_why``). GPU: CUDA events around each call, L2 written over
+  between calls; CPU: host clock (CPU calls are synchronous), marked not a speed figure (``speed_figure`` False,
+  ``why_not_speed``): a loaded shared CPU's timings mean nothing. The timed callable is the backend as the pipeline
+  calls it, so quantization pre-passes (sagev1, fav3_fp8, fav3_sage, fp8_triton, ...) are INSIDE the figure; the
+  pre-pass alone (the entry's ``prepass``) is timed too and printed beside every quantized backend's figure
+  (``quant_ms`` with its share of the time, ``quant_share``; "inside" where the package's pre-pass can't be run
+  alone, as sageattention's).
+* cold (``--cold``): each kernel runs in a fresh process whose ``TRITON_CACHE_DIR`` and ``TORCHINDUCTOR_CACHE_DIR``
+  are new empty temporary folders (removed afterwards), so its first call on the first input compiles everything:
+  the cold figure. Rows carry ``cold`` and ``caches`` (the cache folders' state when the kernel first ran:
+  ``empty``; ``default (not cleared)`` without ``--cold``; a later input of the same kernel in the same process:
+  ``warm: an earlier input``). Each process repeats the inputs' setup (and the fp64 reference).
 * emulated backends (``*_emu``) are never timed: pure-torch emulations of a kernel's numerics, their accuracy is
   the figure; no time, TFLOP/s or GB/s is written for them.
 * throughput: TFLOP/s with FLOPs = 4*B*H*Sq*Sk*D (two matmuls, forward, non-causal; causal halves nothing here).
@@ -57,8 +68,9 @@ import csv
 import json
 import math
 import os
+import subprocess
 import sys
-import time
+import tempfile
 from pathlib import Path
 
 import torch
@@ -69,7 +81,8 @@ from vdbench import metrics as M
 from vdbench.capture import MAX_CAPTURE_BYTES, CaptureError, list_captures, load_capture
 from vdbench.helptext import DefaultsHelpFormatter
 from vdbench.sparse import block_mask, parse_grid, split_attention_types, to_layout
-from vdbench.timing import call_ms, speed_verdict, spread
+from vdbench.timing import (TARGET_SAMPLES, cache_state, call_ms, first_call_ms, fresh_cache_env, sample_ms,
+                            speed_verdict, spread)
 
 # (B, H, Sq, Sk, D): self-attention of the real models at their usual sizes
 #: Real models' attention shapes (B, H, Sq, Sk, D), by name: each family's ``attention_presets``.
@@ -77,11 +90,14 @@ PRESETS = families.attention_presets()
 METRICS = ("all", "time", "throughput", "bandwidth", "arithmetic_intensity", "accuracy")
 ATOL, RTOL = 1e-2, 1e-2
 COLUMNS = ["input", "kernel", "kernel_label", "B", "H", "Sq", "Sk", "D", "dtype", "cast_from", "time_ms",
-           "time_p20_ms", "time_p80_ms", "time_min_ms", "time_max_ms", "time_n", "timer", "quant_ms", "quant_p20_ms",
+           "time_p20_ms", "time_p80_ms", "time_min_ms", "time_max_ms", "time_n", "time_n_why", "timer",
+           "first_call_ms", "first_call_excess_ms", "cold", "caches", "quant_ms", "quant_p20_ms",
            "quant_p80_ms", "quant_share", "quant_in_time", "tflops", "gbps", "bytes", "arith_intensity",
            "speed_figure", "why_not_speed", "rel_l2", "cosine", "max_abs", "frac_beyond_tol", "nan_inf", "unwritten",
            "grid", "work", "work_vs_dense", "tflops_computed", "speedup_vs_baseline", "status"]
 EXIT_NOTHING_RAN = 4
+#: ``caches`` of a row whose kernel already ran in this process on an earlier input (its first call is not cold).
+WARM_FROM_EARLIER = "warm: an earlier input"
 
 
 def synthetic(shape, dtype, device, seed=0, k_bias=3.0):
@@ -102,30 +118,18 @@ def events_samples_ms(fn, n=30, warmup=5) -> list[float]:
     return [call_ms(fn, "cuda") for _ in range(n)]
 
 
-def time_samples(fn, device, warmup_ms=25, rep_ms=100, cpu_reps=5) -> tuple[list[float], str]:
-    """(milliseconds of each timed call of ``fn()``, the timer used). GPU: every sample of ``do_bench`` (L2 flushed),
-    or a CUDA-event loop where this triton has no ``return_mode="all"``; CPU: host clock after one warm-up call.
-    All samples come back, not one summary, so the caller can give the spread. One call runs first on a GPU too:
-    do_bench sizes its repeats from its first call, which for a compiled kernel (FlexAttention) is the compile."""
-    if torch.device(device).type == "cuda":
-        fn()
-        torch.cuda.synchronize()
-        try:
-            from triton.testing import do_bench
-
-            times = do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="all")
-            if isinstance(times, (list, tuple)) and times:
-                return [float(t) for t in times], "do_bench (CUDA events, L2 flushed)"
-        except (ImportError, AssertionError, ValueError, TypeError):
-            pass  # no triton, or one without return_mode="all": the plain event loop below
-        return events_samples_ms(fn, n=20, warmup=3), "CUDA events (no L2 flush)"
-    fn()  # warm-up
-    times = []
-    for _ in range(cpu_reps):
-        t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1e3)
-    return times, "host clock"
+def time_samples(fn, device, warmup_ms=25, rep_ms=100, min_samples=TARGET_SAMPLES, budget_s=60.0,
+                 first_call=False):
+    """(:class:`vdbench.timing.Sampled`, the timer used): the warm samples of ``fn()`` in ms -- all of them, not
+    one summary, so the caller can give the spread -- their count fitted to the call's time
+    (:func:`vdbench.timing.sample_ms`: max(``min_samples``, ``rep_ms`` / a call) within ``budget_s`` of timed
+    calls, ``why_fewer`` when fewer), and with ``first_call`` the first call timed on its own. GPU: CUDA events
+    around each call, L2 written over between calls. CPU: the host clock, ``min_samples`` calls after one warm-up
+    call (``rep_ms`` and ``warmup_ms`` are the GPU's: CPU times are no speed figures)."""
+    cuda = torch.device(device).type == "cuda"
+    got = sample_ms(fn, device, min_samples=min_samples, rep_ms=rep_ms if cuda else 0.0,
+                    warmup_ms=warmup_ms if cuda else 0.0, budget_s=budget_s, first_call=first_call)
+    return got, ("CUDA events, L2 flushed" if cuda else "host clock")
 
 
 def sig(x, digits: int = 3) -> str:
@@ -247,22 +251,32 @@ class RowWriter:
             self.file.close()
 
 
-def _time_row(row, be, fn, q, k, v, args, device, flops):
-    """Time one available, non-emulated kernel on (q, k, v): median and spread, throughput from the median, its
-    pre-pass alone where it has one, and the speed verdict (a CPU or fewer than 3 samples: not a speed figure)."""
+def _timing_args(args) -> dict:
+    return dict(warmup_ms=args.warmup_ms, rep_ms=args.rep_ms, min_samples=args.min_samples, budget_s=args.budget_s)
+
+
+def _time_row(row, be, fn, q, k, v, args, device, flops, first_ms=None):
+    """Time one available, non-emulated kernel on (q, k, v): the warm median and spread (``first_ms``, its first
+    call timed before, beside them), throughput from the median, its pre-pass alone where it has one, and the
+    speed verdict (a CPU or fewer than ``MIN_SAMPLES`` samples: not a speed figure, and why)."""
     b, h, sq, d = q.shape
     sk = k.shape[2]
-    samples, timer = time_samples(lambda: fn(q, k, v), device, args.warmup_ms, args.rep_ms)
-    st = spread(samples)
+    got, timer = time_samples(lambda: fn(q, k, v), device, **_timing_args(args))
+    st = spread(got.samples)
     t = st["median"]
     moved = be.bytes_moved(b, h, sq, sk, d, q.element_size())
     ok, why = speed_verdict(device, st["n"])
+    if why and got.why_fewer and "timed samples" in why:
+        why = f"{why}: {got.why_fewer}"
     row.update(time_ms=t, time_p20_ms=st["p20"], time_p80_ms=st["p80"], time_min_ms=st["min"],
-               time_max_ms=st["max"], time_n=st["n"], timer=timer, tflops=flops / t / 1e9, bytes=moved.total,
-               gbps=moved.total / t / 1e6, arith_intensity=flops / moved.total, quant_in_time=bool(moved.prepass),
-               speed_figure=ok, why_not_speed=why or "")
+               time_max_ms=st["max"], time_n=st["n"], time_n_why=got.why_fewer or "", timer=timer,
+               tflops=flops / t / 1e9, bytes=moved.total, gbps=moved.total / t / 1e6,
+               arith_intensity=flops / moved.total, quant_in_time=bool(moved.prepass), speed_figure=ok,
+               why_not_speed=why or "")
+    if first_ms is not None:
+        row.update(first_call_ms=first_ms, first_call_excess_ms=first_ms - t)
     if be.prepass is not None:
-        qs = spread(time_samples(lambda: be.prepass(q, k, v, args.scale), device, args.warmup_ms, args.rep_ms)[0])
+        qs = spread(time_samples(lambda: be.prepass(q, k, v, args.scale), device, **_timing_args(args))[0].samples)
         row.update(quant_ms=qs["median"], quant_p20_ms=qs["p20"], quant_p80_ms=qs["p80"], quant_share=qs["median"] / t)
 
 
@@ -284,6 +298,7 @@ def _grid_kernel(row, be, q, k, v, grids, scale):
 
 
 def run(args) -> int:
+    state = cache_state()  # before anything compiles: what the compile caches hold for this process
     device = torch.device(args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "capture": None}[args.dtype]
     try:
@@ -291,19 +306,83 @@ def run(args) -> int:
                     else [B.resolve(k) for k in split_attention_types(args.kernel)])
     except B.BackendUnavailable as e:
         sys.exit(f"error: {e}")
-    skipped: list = []
     want = set(METRICS[1:]) if args.metric == "all" else {args.metric}
+    if args.cold and not args._child_out:
+        return run_cold(args, device, backends, want)
+    skipped: list = []
     timed = want & {"time", "throughput", "bandwidth"}
     rows = []
-    sink = RowWriter(args.output)
+    sink = RowWriter(None if args._child_out else args.output)
     try:
-        _bench(args, device, dtype, backends, want, timed, skipped, rows, sink)
+        _bench(args, device, dtype, backends, want, timed, skipped, rows, sink, state)
     finally:
         sink.close()
+    if args._child_out:  # one kernel of a --cold run: its rows go to the parent, which prints and writes them
+        Path(args._child_out).write_text(json.dumps({"rows": rows, "skipped": skipped, "pid": os.getpid(), **state},
+                                                    default=str))
+        return 0
+    return _finish(args, rows, want, skipped, device)
+
+
+def _child_env() -> dict:
+    """The environment of a ``--cold`` kernel's process: new empty compile caches are added by the caller; the
+    vdbench this process imported comes first on PYTHONPATH, so the child runs the same code."""
+    import vdbench
+
+    where = str(Path(vdbench.__file__).resolve().parents[1])
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([where, *filter(None, [os.environ.get("PYTHONPATH")])]),
+            "PYTHONUNBUFFERED": "1"}
+
+
+def run_cold(args, device, backends, want) -> int:
+    """``--cold``: each kernel in a fresh process (this script, the same arguments, that one kernel) whose Triton
+    and inductor caches are new empty folders (:func:`vdbench.timing.fresh_cache_env`, removed afterwards); the
+    processes' rows are merged into one run's table, CSV and JSON (rows in input order, kernels in ``--kernel``
+    order; the JSON's ``cold.processes`` gives each process's pid, cache folders and their state at its start)."""
+    argv = getattr(args, "_argv", None)
+    if argv is None:
+        raise SystemExit("error: --cold runs this script again per kernel: call main(argv), not run(args)")
+    specs = [be.name for be in backends] if args.kernel == "all" else split_attention_types(args.kernel)
+    rows: list = []
+    skipped: list = []
+    procs: list = []
+    sink = RowWriter(args.output)
+    try:
+        with tempfile.TemporaryDirectory(prefix="bench_attention_cold_") as td:
+            for i, spec in enumerate(specs):
+                out = Path(td) / f"kernel{i}.json"
+                cmd = [sys.executable, str(Path(__file__).resolve()), *argv, "--kernel", spec,
+                       "--_child_out", str(out)]
+                print(f"[cold] {spec}: a fresh process, Triton and inductor caches in new empty folders", flush=True)
+                with fresh_cache_env(_child_env()) as env:
+                    rc = subprocess.run(cmd, env=env).returncode
+                if out.exists():
+                    got = json.loads(out.read_text())
+                    kernel_rows = got["rows"]
+                    skipped += [f for f in got["skipped"] if f not in skipped]
+                    procs.append({"kernel": spec, "pid": got["pid"], "caches": got["caches"],
+                                  "cache_dirs": got["cache_dirs"], "exit_code": rc})
+                else:
+                    row = dict.fromkeys(COLUMNS, "")
+                    row.update(kernel=spec, cold=True, status=f"error: its process exited {rc} without a result")
+                    kernel_rows = [row]
+                    procs.append({"kernel": spec, "pid": None, "exit_code": rc})
+                for r in kernel_rows:
+                    rows.append(r)
+                    sink.add(r)
+    finally:
+        sink.close()
+    inputs = list(dict.fromkeys(r["input"] for r in rows))
+    rows.sort(key=lambda r: inputs.index(r["input"]))  # stable: each input's kernels in --kernel order
+    return _finish(args, rows, want, skipped, device, extra={"cold": {"processes": procs}}, rewrite_csv=True)
+
+
+def _finish(args, rows, want, skipped, device, extra=None, rewrite_csv=False) -> int:
+    """Speed-ups, the table, the outputs and the exit status of a finished run."""
     _speedups(rows, args.baseline)
     print_table(rows, want)
     if args.output:
-        write_outputs(rows, args.output, device)
+        write_outputs(rows, args.output, device, extra, rewrite_csv)
     if rows and not any(r["status"].startswith("ok") for r in rows):
         reasons = dict.fromkeys(r["status"] for r in rows)
         print(f"error: no kernel ran ({len(rows)} rows, none ok): " + " | ".join(reasons), file=sys.stderr)
@@ -314,9 +393,13 @@ def run(args) -> int:
     return 1 if any(r["status"].startswith(("FAIL", "error")) for r in rows) else 0
 
 
-def _bench(args, device, dtype, backends, want, timed, skipped, rows, sink):
-    """Every kernel on every input, each row handed to ``sink`` as soon as it is measured."""
+def _bench(args, device, dtype, backends, want, timed, skipped, rows, sink, state=None):
+    """Every kernel on every input, each row handed to ``sink`` as soon as it is measured. A timed kernel's first
+    call on each input is timed on its own before anything else runs it (accuracy, warm-up); ``state``: the
+    compile caches' state when this process started (:func:`vdbench.timing.cache_state`)."""
     grids = {g.seq_len: g for g in args.grid or []}
+    caches = (state or cache_state())["caches"]
+    ran: set = set()  # kernels this process has run: their first call on a later input is not a cold one
     for name, q, k, v, cast_from in iter_inputs(args, device, dtype or torch.bfloat16, skipped):
         b, h, sq, d = q.shape
         sk = k.shape[2]
@@ -342,6 +425,11 @@ def _bench(args, device, dtype, backends, want, timed, skipped, rows, sink):
                         sink.add(row)
                         continue
                     fn, timed_fn, timed_in = got
+                first_ms = None
+                if timed and not be.emulated:  # the first call, on its own: before the accuracy call and warm-up
+                    row.update(cold=bool(args.cold), caches=WARM_FROM_EARLIER if be.name in ran else caches)
+                    ran.add(be.name)
+                    first_ms = first_call_ms(lambda: timed_fn(*timed_in), device)
                 if "accuracy" in want:
                     out = poisoned_call(fn, q, k, v)
                     acc = accuracy(out, ref)
@@ -352,7 +440,7 @@ def _bench(args, device, dtype, backends, want, timed, skipped, rows, sink):
                     row.update(status="ok (emulation: accuracy only, never timed)", speed_figure=False,
                                why_not_speed=speed_verdict(emulated=True)[1])
                 elif timed:
-                    _time_row(row, be, timed_fn, *timed_in, args, device, flops)
+                    _time_row(row, be, timed_fn, *timed_in, args, device, flops, first_ms)
                     if row["work_vs_dense"] != "":
                         row["tflops_computed"] = row["tflops"] * row["work_vs_dense"]
                 if not row["status"]:
@@ -397,7 +485,8 @@ def _cell(r, col, spec):
 def print_table(rows, want):
     cols = [("input", "s"), ("kernel", "s"), ("Sq", "d"), ("D", "d")]
     if want & {"time", "throughput", "bandwidth"}:
-        cols += [("time_ms", "sig4"), ("p20–p80", ""), ("time_n", "d"), ("quant_ms", "sig4"), ("quant_share", "")]
+        cols += [("time_ms", "sig4"), ("p20–p80", ""), ("time_n", "d"), ("first_call_ms", "sig4"),
+                 ("quant_ms", "sig4"), ("quant_share", "")]
     if "throughput" in want:
         cols += [("tflops", "sig")]
         if any(r["work"] != "" for r in rows):
@@ -418,6 +507,15 @@ def print_table(rows, want):
     if any(r["work"] != "" for r in rows):
         print("note: tflops is dense-equivalent (4*B*H*Sq*Sk*D / time): for a sparse pattern its effective rate; "
               "tflops_computed counts the block pairs it computed (work_vs_dense of dense attention's)")
+    if any(r["first_call_ms"] != "" for r in rows):
+        cold = any(r["cold"] is True for r in rows)
+        print("note: time_ms is the median of the warm calls; first_call_ms is each kernel's first call on the input, "
+              "timed on its own" + (" (--cold: each kernel in a fresh process, its compile caches empty at the "
+                                    "start)" if cold else
+                                    " (this process, compile caches as found: not a cold figure)"))
+    for r in rows:
+        if r["time_n_why"]:
+            print(f"note: {r['kernel']} on {r['input']}: n={r['time_n']}: {r['time_n_why']}")
     whys = dict.fromkeys(r["why_not_speed"] for r in rows if r["time_ms"] != "" and r["speed_figure"] is False)
     for why in whys:
         print(f"warning: these times are not speed figures: {why}")
@@ -491,15 +589,16 @@ def build_plot(rows):
     return fig
 
 
-def write_outputs(rows, output, device):
-    """The JSON (system, definitions, rows) and the plot beside the CSV that :class:`RowWriter` wrote row by row; the
-    CSV rewritten whole (atomically) when a column known only at the end -- ``speedup_vs_baseline`` -- was filled."""
+def write_outputs(rows, output, device, extra=None, rewrite_csv=False):
+    """The JSON (system, definitions, rows, ``extra``) and the plot beside the CSV that :class:`RowWriter` wrote row
+    by row; the CSV rewritten whole (atomically) when a column known only at the end -- ``speedup_vs_baseline`` --
+    was filled, or when asked (``--cold``: the rows in input order)."""
     out = Path(output)
     out.parent.mkdir(parents=True, exist_ok=True)
     stem = out.with_suffix("")
     from vdbench.timing import system_info
 
-    if any(r.get("speedup_vs_baseline") not in ("", None) for r in rows):  # known only once all rows are in
+    if rewrite_csv or any(r.get("speedup_vs_baseline") not in ("", None) for r in rows):  # known only at the end
         tmp = stem.with_name(f".{stem.name}.csv.tmp")
         with open(tmp, "w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=COLUMNS)
@@ -507,8 +606,9 @@ def write_outputs(rows, output, device):
             writer.writerows(rows)
         os.replace(tmp, stem.with_suffix(".csv"))
     stem.with_suffix(".json").write_text(json.dumps({"system": system_info(device), "flops": "4*B*H*Sq*Sk*D",
-                                                     "time": "median of the samples, with p20/p80, min/max and n",
-                                                     "rows": rows}, indent=1, default=str))
+                                                     "time": "median of the warm samples, with p20/p80, min/max "
+                                                             "and n; first_call_ms: the first call on its own",
+                                                     **(extra or {}), "rows": rows}, indent=1, default=str))
     fig = build_plot(rows)
     if fig is not None:
         import matplotlib.pyplot as plt
@@ -530,8 +630,22 @@ def build_parser():
     p.add_argument("--grid", action="append", type=parse_grid, metavar="FxHxW[+T]",
                    help="the token grid of the sparse patterns' inputs (repeatable; matched by sequence length)")
     p.add_argument("--baseline", default=None, help="a kernel of --kernel: add speedup_vs_baseline per input")
-    p.add_argument("--rep_ms", type=float, default=100, help="do_bench's timed milliseconds per kernel (GPU)")
-    p.add_argument("--warmup_ms", type=float, default=25, help="do_bench's warm-up milliseconds (GPU)")
+    p.add_argument("--rep_ms", type=float, default=100,
+                   help="timed milliseconds per kernel and input (GPU): max(--min_samples, rep_ms / one call's "
+                        "time) warm calls are timed, within --budget_s")
+    p.add_argument("--warmup_ms", type=float, default=25,
+                   help="warm-up milliseconds after the first call (GPU; at least one call, whose time sizes the "
+                        "sample count)")
+    p.add_argument("--min_samples", type=int, default=TARGET_SAMPLES,
+                   help="warm samples per kernel and input at the least (fewer only when they don't fit in "
+                        "--budget_s; the row says why in time_n_why)")
+    p.add_argument("--budget_s", type=float, default=60.0,
+                   help="seconds of timed warm calls per kernel and input at most (a call longer than all of it: "
+                        "one sample, the warm-up call)")
+    p.add_argument("--cold", action="store_true",
+                   help="each kernel in a fresh process whose Triton and inductor caches are new empty temporary "
+                        "folders (removed afterwards): first_call_ms of its first input is the cold first call, "
+                        "compiles included (default: off, one process, the caches as found)")
     p.add_argument("-metric", "--metric", choices=METRICS, default="all", help="what to measure")
     p.add_argument("-o", "--output", help="CSV path, written row by row (a .json and a .png plot are written beside "
                                           "it at the end)")
@@ -545,11 +659,15 @@ def build_parser():
     p.add_argument("--device", default="auto", help="auto (cuda if available, else cpu), cpu, cuda, cuda:N")
     p.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32", "capture"],
                    help="dtype the kernels get; capture: the captured one")
+    p.add_argument("--_child_out", default=None, help=argparse.SUPPRESS)  # --cold: one kernel's process
     return p
 
 
 def main(argv=None):
-    return run(build_parser().parse_args(argv))
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    args._argv = argv
+    return run(args)
 
 
 if __name__ == "__main__":

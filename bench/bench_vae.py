@@ -26,16 +26,21 @@ Configs (``--configs``, comma-separated; ``name@value`` sets its parameter; ``na
   norm/SiLU glue compiled, convs stay cuDNN's; other configs: torch.compile of the decoder) compose with any
   config, e.g. ``fast+cudnn_benchmark@2``, ``fast+compile``, ``channels_last_3d+cudnn_benchmark``. Compiling
   configs report their graph breaks and graphs (``graph_breaks``, ``compiled_graphs``; compile time is in the
-  warm-up, keep ``--warmup`` >= 1). The fast configs (fast, fast_nocl, memory) run the glue as
+  first call, ``first_call_s``, never in the warm median). The fast configs (fast, fast_nocl, memory) run the glue as
   ``--vae_decode fast`` does by default: ``vdbench.kernels.glue``'s Triton row kernels where they run (a GPU:
   one read and one write per norm instead of four passes, conv biases folded into the next pass), else the
   eager glue -- ``decode_info.glue`` says which ran. ``+fused`` requires the Triton glue (an error where it
   can't run; Triton's interpreter on a CPU), ``+eager_glue`` forces the PyTorch ops (the fast path before them).
 ``--ops`` (default both): each config decodes seeded latents (``--frames`` frames' worth) and encodes a video of
 ``--frames`` frames (``--input``: ``video``, a synthetic panning scene, the quick case; ``i2v``, Wan
-image-to-video's conditioning input, the image then zero frames: what every I2V render encodes), each with
-``--warmup`` untimed calls, then ``--repeats`` timed (CUDA events after a synchronize; host clock on CPU), median
-with min/max; peak memory (torch allocator) per op. Decode quality: the frames against the fp32 untiled decode of
+image-to-video's conditioning input, the image then zero frames: what every I2V render encodes), each first
+called once on its own, timed (``first_call_s``, ``encode_first_call_s``: what the first call pays once -- cuDNN's
+plans, Triton JIT, compiles, allocator growth -- is in it; ``first_call_excess_s`` = first - warm median), then
+``--warmup`` - 1 more untimed calls, then ``--repeats`` timed warm calls (CUDA events after a synchronize; host
+clock on CPU): their median with n, p20–p80 and min/max (``time_s_n``, ``time_s_p20``, ``time_s_p80``;
+``vdbench.timing.spread``) and the speed verdict (``speed_figure``, ``why_not_speed``: a CPU timing or fewer than 3
+warm samples is no speed figure); peak memory (torch allocator) over the warm calls per op. The encode's first call
+comes after the decode's calls in the same process. Decode quality: the frames against the fp32 untiled decode of
 the same latents, PSNR and SSIM per frame (min and mean). Encode quality: the latents (the posterior's mean, what
 Wan I2V conditions on) against the fp32 encode's (relative L2, ``latent_rel_l2``) and the round trip -- the
 config's encode then the config's decode -- against the fp32 round trip (``roundtrip_psnr_*``, ``roundtrip_ssim_*``:
@@ -50,6 +55,11 @@ limits it to matching configs.
 ``--timeout``: each config (its decode and encode) runs under a watchdog (all stacks dumped, reported as hung with
 its last stage, e.g. ``encode repeat 2/3``); with
 ``--isolate`` each config runs in its own process and the parent kills a child that outlives the timeout.
+``--cold``: ``--isolate``, and each config's process gets ``TRITON_CACHE_DIR`` and ``TORCHINDUCTOR_CACHE_DIR`` in new
+empty temporary folders (removed afterwards), so its first call compiles and plans everything: the cold figure.
+Every row says how it ran: ``cold`` (true/false) and ``caches``, the state of the compile caches when its process
+started (``empty``; ``default (not cleared)`` when they were the user's; in-process rows after the first: ``shared
+with earlier configs in this process``), with ``cache_dirs`` in the JSON.
 
 Exit code: 0 all ran and passed the quality bound; 1 a config failed, hung or was refused; 2 only quality flags.
 Not applicable configs (e.g. MIOpen presets on CUDA) don't count as failures; they are listed as such.
@@ -83,6 +93,8 @@ MODIFIERS = ("cudnn_benchmark", "compile", "fused", "eager_glue")
 OPS = ("decode", "encode")
 INPUTS = ("video", "i2v")
 DEFAULT_CONFIGS = "fp32,bf16,bf16_autocast,tiled,chunked,channels_last_3d,cudnn_benchmark,fast,memory"
+#: ``caches`` of a config run in-process after another: it finds what the earlier configs compiled and planned.
+SHARED_CACHES = "shared with earlier configs in this process"
 
 #: ROCm MIOpen presets: environment variables read by MIOpen when the process loads it.
 MIOPEN_PRESETS: dict[str, dict[str, str]] = {
@@ -544,17 +556,27 @@ def profile_op(fn, inp, device: str, top: int) -> dict:
 
 
 def _timed(fn, inp, args, device: str, stage, op: str):
-    """``--warmup`` untimed then ``--repeats`` timed calls of ``fn(inp)`` (CUDA events after a synchronize; host
-    clock on CPU): (times, peak bytes of the torch allocator over the timed calls, the last output)."""
+    """The first call of ``fn(inp)`` timed on its own, ``--warmup`` - 1 more untimed calls, then ``--repeats`` timed
+    warm calls (CUDA events after a synchronize; host clock on CPU): (warm times, the first call's time, peak bytes
+    of the torch allocator over the warm calls, the last output). The first call is never a warm sample: it pays
+    what is paid once (cuDNN plans, Triton JIT, compiles, allocator growth)."""
     import torch
 
     from vdbench.timing import Clock
 
     cuda = device.startswith("cuda")
     times, peak, out = [], 0, None
+    warmups = max(1, args.warmup)  # the first call is one of them
     with torch.no_grad():
-        for i in range(args.warmup):
-            stage(f"{op} warmup {i + 1}/{args.warmup}")
+        stage(f"{op} first call")
+        if cuda:
+            torch.cuda.synchronize()
+        t0 = Clock(torch.device(device))
+        out = fn(inp)
+        first = t0.seconds_until(Clock(torch.device(device)))
+        del out
+        for i in range(1, warmups):
+            stage(f"{op} warmup {i + 1}/{warmups}")
             out = fn(inp)
             del out
         if cuda:
@@ -573,13 +595,22 @@ def _timed(fn, inp, args, device: str, stage, op: str):
             times.append(t0.seconds_until(t1))
             if cuda:
                 peak = max(peak, torch.cuda.max_memory_allocated())
-    return times, peak, out
+    return times, first, peak, out
 
 
-def _time_fields(times, peak, cuda: bool, prefix: str = "") -> dict:
-    return {f"{prefix}time_s_median": statistics.median(times), f"{prefix}time_s_min": min(times),
-            f"{prefix}time_s_max": max(times), f"{prefix}times_s": times,
-            f"{prefix}peak_memory_gib": (peak / 2 ** 30) if cuda else None}
+def _time_fields(times, first: float, peak, device: str, prefix: str = "") -> dict:
+    """An op's time keys: the warm calls' median with n, p20–p80 and min/max (``vdbench.timing.spread``), the first
+    call and its excess over the warm median, the speed verdict, the peak memory."""
+    from vdbench.timing import speed_verdict, spread
+
+    st = spread(times)
+    ok, why = speed_verdict(device, st["n"])
+    out = {f"{prefix}time_s_{k}": st[k] for k in ("median", "min", "max", "p20", "p80", "n")}
+    out.update({f"{prefix}times_s": times, f"{prefix}first_call_s": first,
+                f"{prefix}first_call_excess_s": first - st["median"], f"{prefix}speed_figure": ok,
+                f"{prefix}why_not_speed": why,
+                f"{prefix}peak_memory_gib": (peak / 2 ** 30) if device.startswith("cuda") else None})
+    return out
 
 
 def rel_l2(a, b) -> float:
@@ -624,14 +655,14 @@ def run_config(spec: str, args, device: str, ref: dict | None = None, wd=None) -
     for op in ops:
         if op in refused:
             res.update({f"{op}_status": "not_applicable", f"{op}_reason": refused[op]})
-    cuda = device.startswith("cuda")
     ref = ref or {}
     outputs: dict = {}
     prof = getattr(args, "profile", 0) and profile_wanted(spec, getattr(args, "profile_configs", None))
     flags = []
     if "decode" in ops and "decode" in fns:
-        times, peak, out = _timed(fns["decode"], z, args, device, stage, "decode")
-        res.update(**_time_fields(times, peak, cuda), output_shape=list(out.shape), decode_info=dict(info["decode"]))
+        times, first, peak, out = _timed(fns["decode"], z, args, device, stage, "decode")
+        res.update(**_time_fields(times, first, peak, device), output_shape=list(out.shape),
+                   decode_info=dict(info["decode"]))
         frames = _to_frames(out)
         del out
         if prof:
@@ -646,8 +677,8 @@ def run_config(spec: str, args, device: str, ref: dict | None = None, wd=None) -
         del frames
     if "encode" in ops and "encode" in fns:
         x = video.to(device=device, dtype=vae.dtype)  # as the pipeline hands it over: in the VAE's dtype
-        times, peak, lat = _timed(fns["encode"], x, args, device, stage, "encode")
-        res.update(**_time_fields(times, peak, cuda, "encode_"), input_shape=list(x.shape),
+        times, first, peak, lat = _timed(fns["encode"], x, args, device, stage, "encode")
+        res.update(**_time_fields(times, first, peak, device, "encode_"), input_shape=list(x.shape),
                    encode_latent_shape=list(lat.shape), encode_info=dict(info["encode"]))
         if prof:
             stage("encode profile")
@@ -744,10 +775,20 @@ def child_main(args) -> int:
         traceback.print_exc()
         res, outputs = {"config": args._child, "status": "error", "reason": f"{type(e).__name__}: {str(e)[:500]}"}, {}
     res["pid"] = os.getpid()
+    res.update(_how_it_ran(args, first=True))
     if args._save_ref and outputs:
         torch.save(outputs, args._save_ref)
     Path(args._result).write_text(json.dumps(res, default=str))
     return 0
+
+
+def _how_it_ran(args, first: bool) -> dict:
+    """A row's ``cold``, ``caches`` and ``cache_dirs``: the compile caches' state when this process started
+    (``args._cache_state``, taken before anything compiled); a config after the first in one process finds what
+    the earlier ones left."""
+    state = getattr(args, "_cache_state", None) or {"caches": None, "cache_dirs": None}
+    return {"cold": bool(args.cold), "caches": state["caches"] if first else SHARED_CACHES,
+            "cache_dirs": state["cache_dirs"]}
 
 
 def _child_cmd(spec, args, result, ref=None, save_ref=None):
@@ -763,6 +804,8 @@ def _child_cmd(spec, args, result, ref=None, save_ref=None):
         cmd += ["--profile_configs", args.profile_configs]
     if args.timeout:
         cmd += ["--timeout", str(args.timeout)]
+    if args.cold:
+        cmd += ["--cold"]
     if args.latents:
         cmd += ["--latents", args.latents]
     if ref:
@@ -773,18 +816,25 @@ def _child_cmd(spec, args, result, ref=None, save_ref=None):
 
 
 def _run_child(spec, args, tmp: Path, ref=None, save_ref=None) -> dict:
-    """One config in its own process, with its environment presets; the parent enforces the timeout too (the
-    child's own watchdog dumps stacks first; a child that is stuck beyond it is killed here)."""
+    """One config in its own process, with its environment presets (and with ``--cold`` new empty compile caches,
+    removed when it ends); the parent enforces the timeout too (the child's own watchdog dumps stacks first; a
+    child that is stuck beyond it is killed here)."""
+    import contextlib
+
+    from vdbench.timing import fresh_cache_env
+
     result = tmp / f"{spec.replace('@', '_')}.json"
     result.unlink(missing_ok=True)
     cmd = _child_cmd(spec, args, result, ref, save_ref)
     limit = (args.timeout + 30) if args.timeout else None
     t0 = time.monotonic()
-    try:
-        proc = subprocess.run(cmd, env=child_env(spec), timeout=limit, cwd=str(ROOT))
-        rc = proc.returncode
-    except subprocess.TimeoutExpired:
-        rc = None
+    caches = fresh_cache_env(child_env(spec)) if args.cold else contextlib.nullcontext(child_env(spec))
+    with caches as env:
+        try:
+            proc = subprocess.run(cmd, env=env, timeout=limit, cwd=str(ROOT))
+            rc = proc.returncode
+        except subprocess.TimeoutExpired:
+            rc = None
     if result.exists():
         try:
             res = json.loads(result.read_text())
@@ -796,9 +846,9 @@ def _run_child(spec, args, tmp: Path, ref=None, save_ref=None) -> dict:
         return res
     if rc is None:
         return {"config": spec, "status": "hung", "reason": f"killed by the parent after {limit} s",
-                "last_completed_stage": None, "timeout_s": args.timeout}
+                "last_completed_stage": None, "timeout_s": args.timeout, "cold": bool(args.cold)}
     return {"config": spec, "status": "error", "reason": f"child exited {rc} without a result",
-            "wall_s": time.monotonic() - t0}
+            "wall_s": time.monotonic() - t0, "cold": bool(args.cold)}
 
 
 def run_all(args, on_row=None) -> list[dict]:
@@ -825,7 +875,8 @@ def run_all(args, on_row=None) -> list[dict]:
             ref = torch.load(ref_path, map_location="cpu", weights_only=True) if ref_path.exists() else None
         else:
             ref_row, ref = _run_guarded("fp32", args, device, None)  # its outputs are on the CPU: they must not
-            if ref:                                                  # count in later configs' peak memory
+            ref_row.update(_how_it_ran(args, first=True))            # count in later configs' peak memory
+            if ref:
                 torch.save(ref, ref_path)
         if not ref:
             ref = None
@@ -852,6 +903,7 @@ def run_all(args, on_row=None) -> list[dict]:
                 row = _run_child(spec, args, tmp, ref=ref_path)
             else:
                 row, _outputs = _run_guarded(spec, args, device, ref)
+                row.update(_how_it_ran(args, first=False))
                 del _outputs
             rows.append(row)
             _print_row(row)
@@ -861,9 +913,14 @@ def run_all(args, on_row=None) -> list[dict]:
 
 
 def _fmt_time(r, prefix: str = "") -> str:
+    """The warm median with its n and spread, the first call apart, the peak memory."""
     mem = r.get(f"{prefix}peak_memory_gib")
-    return (f"{r[prefix + 'time_s_median']:.3f} s (min {r[prefix + 'time_s_min']:.3f}, max "
-            f"{r[prefix + 'time_s_max']:.3f})  peak {f'{mem:.2f} GiB' if mem is not None else 'n/a (CPU)'}")
+    first = r.get(f"{prefix}first_call_s")
+    return (f"{r[prefix + 'time_s_median']:.3f} s (warm, n={r.get(prefix + 'time_s_n')}, p20–p80 "
+            f"{r[prefix + 'time_s_p20']:.3f}–{r[prefix + 'time_s_p80']:.3f}, min {r[prefix + 'time_s_min']:.3f}, "
+            f"max {r[prefix + 'time_s_max']:.3f})"
+            + (f", first call {first:.3f} s (+{r[prefix + 'first_call_excess_s']:.3f})" if first is not None else "")
+            + f"  peak {f'{mem:.2f} GiB' if mem is not None else 'n/a (CPU)'}")
 
 
 def _fmt_quality(r, prefix: str = "") -> str:
@@ -913,11 +970,13 @@ def write_output(path: str, header: dict, rows: list[dict]) -> None:
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
     if p.suffix == ".csv":
-        keys = ["config", "status", "dtype", "time_s_median", "time_s_min", "time_s_max", "peak_memory_gib",
+        timing = ["time_s_median", "time_s_min", "time_s_max", "time_s_p20", "time_s_p80", "time_s_n",
+                  "first_call_s", "first_call_excess_s", "speed_figure", "why_not_speed"]
+        keys = ["config", "status", "dtype", *timing, "peak_memory_gib",
                 "psnr_min", "psnr_mean", "ssim_min", "ssim_mean", "quality_flag", "reason", "last_completed_stage",
-                "encode_time_s_median", "encode_time_s_min", "encode_time_s_max", "encode_peak_memory_gib",
+                *(f"encode_{k}" for k in timing), "encode_peak_memory_gib",
                 "latent_rel_l2", "roundtrip_psnr_min", "roundtrip_psnr_mean", "roundtrip_ssim_min",
-                "encode_quality_flag", "total_time_s_median", "encode_status", "encode_reason"]
+                "encode_quality_flag", "total_time_s_median", "encode_status", "encode_reason", "cold", "caches"]
         with open(p, "w", newline="") as f:
             wr = csv.DictWriter(f, fieldnames=["model", "latents", "output_shape", *keys, "video"],
                                 extrasaction="ignore")
@@ -960,12 +1019,20 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--size", default="832*480", help="W*H in pixels")
     ap.add_argument("--tile_px", type=int, default=0,
                     help="tile size of the 'tiled' config in pixels (0: the VAE's enable_tiling() defaults)")
-    ap.add_argument("--warmup", type=int, default=1, help="untimed decodes (and encodes) per config")
-    ap.add_argument("--repeats", type=int, default=3, help="timed decodes (and encodes) per config (median reported)")
+    ap.add_argument("--warmup", type=int, default=1,
+                    help="decodes (and encodes) per config before the timed ones, at least one: the first call, "
+                         "timed on its own (first_call_s), never a warm sample; the others untimed")
+    ap.add_argument("--repeats", type=int, default=5,
+                    help="timed warm decodes (and encodes) per config: their median with n and p20–p80 "
+                         "(fewer than 3: not a speed figure)")
     ap.add_argument("--latents", default=None, help="latents file captured by a render (--save_latents)")
     ap.add_argument("--configs", default=DEFAULT_CONFIGS,
                     help=f"comma-separated, of: {', '.join(CONFIGS)}; each optionally +{' / +'.join(MODIFIERS)}")
     ap.add_argument("--isolate", action="store_true", help="each config in its own process")
+    ap.add_argument("--cold", action="store_true",
+                    help="--isolate, and each config's process with its Triton and inductor caches in new empty "
+                         "temporary folders (removed afterwards): its first_call_s is the cold first call (default: "
+                         "off, the caches as found)")
     ap.add_argument("--timeout", type=float, default=None, help="seconds per config (watchdog)")
     ap.add_argument("--min_psnr", type=float, default=40.0, help="flag configs whose min per-frame PSNR is lower")
     ap.add_argument("--chunk_frames", type=int, default=None,
@@ -1000,8 +1067,16 @@ def _preimport():
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    from vdbench.timing import cache_state
+
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    args._cache_state = cache_state()  # before anything compiles: what this process's first calls find
     parse_ops(args.ops)  # refused before any work
+    if args.repeats < 1:
+        ap.error("--repeats must be at least 1 (the warm calls the median is taken over)")
+    if args.cold:
+        args.isolate = True  # a cold first call needs a fresh process (and the empty caches it is given)
     import torch
 
     if args.device is None:
@@ -1016,9 +1091,12 @@ def main(argv=None) -> int:
           f"{'latents from ' + args.latents if args.latents else f'{args.frames} frames at {w}x{h}'}; "
           f"{' and '.join(parse_ops(args.ops))}"
           f"{f' (encode input: {args.input})' if 'encode' in parse_ops(args.ops) else ''}; "
-          f"warmup {args.warmup}, repeats {args.repeats}"
-          f"{', isolated' if args.isolate else ''}, timeout {args.timeout or 'none'}", flush=True)
-    header = {"system": ctx, "args": {k: v for k, v in vars(args).items() if not k.startswith("_")}}
+          f"first call timed apart, warmup {max(1, args.warmup)} (the first call included), repeats {args.repeats}"
+          f"{', cold (each config in a fresh process, empty compile caches)' if args.cold else ''}"
+          f"{', isolated' if args.isolate and not args.cold else ''}, timeout {args.timeout or 'none'}", flush=True)
+    header = {"system": ctx, "args": {k: v for k, v in vars(args).items() if not k.startswith("_")},
+              "time": "time_s_*: the warm calls (median, min/max, p20/p80, n); first_call_s: the first call on its "
+                      "own; first_call_excess_s = first - warm median"}
     rows = run_all(args, on_row=(lambda rs: write_output(args.output, header, rs)) if args.output else None)
     ok = [r for r in rows if r.get("status") == "ok"]
     if ok:
@@ -1031,6 +1109,9 @@ def main(argv=None) -> int:
     if args.output:
         write_output(args.output, header, rows)
         print(f"[bench_vae] wrote {args.output}")
+    whys = dict.fromkeys(r.get(k) for r in ok for k in ("why_not_speed", "encode_why_not_speed") if r.get(k))
+    for why in whys:
+        print(f"[bench_vae] warning: these times are not speed figures: {why}")
     rc = exit_code(rows)
     bad = [r["config"] for r in rows if r.get("status") not in ("ok", "not_applicable")]
     flagged = [r["config"] for r in rows if r.get("quality_flag")]

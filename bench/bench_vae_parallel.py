@@ -2,8 +2,9 @@
 """Band-parallel VAE decode (vdbench.vae_parallel) under torchrun: exactness against the single-device decode,
 time, peak memory. Every rank also decodes the whole latent alone (the single-device reference and time: Wan through
 ``wan_decode_chunked``, the loop the band decode drives; CogVideoX through diffusers' own ``decode``), then its
-band in the parallel decode; medians of ``--repeats`` timed runs after ``--warmup``, synchronized (and
-barrier-aligned for the parallel one, whose time is the slowest rank's).
+band in the parallel decode; medians of ``--repeats`` timed runs after ``--warmup`` (on a GPU 5 after 1 unless
+given: a figure from fewer than 3 is no speed figure, ``speed_figure`` / ``why_not_speed`` per run), synchronized
+(and barrier-aligned for the parallel one, whose time is the slowest rank's).
 
     torchrun --nproc_per_node=2 bench/bench_vae_parallel.py --case tiny --case tiny:wan2.2 --json out.json
     torchrun --nproc_per_node=3 bench/bench_vae_parallel.py --case tiny:cogvideox:5x7x6 --ablation  # on CPU: gloo
@@ -28,6 +29,7 @@ import torch
 import torch.distributed as dist
 
 from vdbench.metrics import psnr_from_mse
+from vdbench.timing import TARGET_SAMPLES, speed_verdict
 from vdbench.vae import wan_decode_chunked
 from vdbench.vae_parallel import decode_video_parallel
 from vdbench.helptext import DefaultsHelpFormatter
@@ -141,6 +143,13 @@ def parse_case(spec: str, default_latent: str, default_dtype: str, default_chunk
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
+def default_counts(gpu: bool, warmup: Optional[int], repeats: Optional[int]) -> tuple[int, int]:
+    """(warm-up, timed decodes) per run, the ones not given filled in: on a GPU 1 and ``TARGET_SAMPLES`` (5: a
+    median with a spread), on a CPU 0 and 1 (the run checks exactness; its times are no speed figures)."""
+    return ((1 if gpu else 0) if warmup is None else warmup,
+            (TARGET_SAMPLES if gpu else 1) if repeats is None else repeats)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description="Band-parallel Wan VAE decode: self-check and benchmark "
                                              "(run under torchrun). Every rank also decodes the whole latent alone "
@@ -160,8 +169,11 @@ def main(argv=None) -> int:
     ap.add_argument("--ablation", action="store_true", help="also decode without halo exchange (must differ)")
     ap.add_argument("--subgroup", type=int, default=0,
                     help="also decode on a sub-group of the first N ranks (exercises group= and rank mapping)")
-    ap.add_argument("--warmup", type=int, default=0, help="untimed decodes per run")
-    ap.add_argument("--repeats", type=int, default=1, help="timed decodes per run")
+    ap.add_argument("--warmup", type=int, default=None,
+                    help="untimed decodes per run (default: 1 on a GPU, 0 on a CPU)")
+    ap.add_argument("--repeats", type=int, default=None,
+                    help=f"timed decodes per run (default: {TARGET_SAMPLES} on a GPU, 1 on a CPU, where the run "
+                         "checks exactness and its times are no speed figures)")
     ap.add_argument("--budget_s", type=float, default=0, help="skip the remaining runs once this much wall time "
                                                               "has passed (0: no limit)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the weights and latents")
@@ -180,6 +192,7 @@ def main(argv=None) -> int:
         if not dist.is_initialized():
             dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
+    a.warmup, a.repeats = default_counts(device.type == "cuda", a.warmup, a.repeats)
     default_chunks = a.chunk_frames or [1, 0]
     sub = dist.new_group(list(range(a.subgroup))) if a.subgroup else None
     meta = {"torch": torch.__version__, "backend": dist.get_backend(), "world": world,
@@ -246,7 +259,8 @@ def main(argv=None) -> int:
             run = {"chunk_frames": k, "shape": list(par.shape), "single_s": round(ts, 4),
                    "parallel_s": round(float(tmax.item()), 4), "ratio": round(float(tmax.item()) / ts, 3),
                    "parallel_times_rank0": [round(x, 4) for x in tps], "vs_single": quality(par, single),
-                   "info": info}
+                   "n": a.repeats, "info": info}
+            run["speed_figure"], run["why_not_speed"] = speed_verdict(device, a.repeats)
             # the hooks are per call: afterwards no module of the VAE may keep an instance-level forward
             run["hooks_left"] = sum("forward" in m.__dict__ or hasattr(m, "_vdbench_halo") for m in vae.modules())
             if peak_single is not None:

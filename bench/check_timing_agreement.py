@@ -4,8 +4,9 @@
     python bench/check_timing_agreement.py --preset wan2.1-1.3b-480p --kernel sdpa_cudnn,fav3,sagev1,fav3_fp8
 
 Hand-written = what one would write without the tool: warm up, then CUDA events around each of N calls on the
-same inputs, median. The tool uses triton's do_bench (L2 flushed between calls). Prints both medians with their
-p20–p80 and n (``vdbench.timing.spread``) and the ratio of the medians.
+same inputs, median. The tool times as bench_attention.py does (``vdbench.timing.sample_ms``: the first call apart,
+then a sample count fitted to the call's time, CUDA events, L2 written over between calls). Prints both medians with
+their p20–p80 and n (``vdbench.timing.spread``) and the ratio of the medians.
 """
 
 from __future__ import annotations
@@ -44,8 +45,8 @@ def main(argv=None):
             continue
         fn = be.fn
         call = lambda fn=fn: fn(q, k, v)  # noqa: E731
-        ts, timer = ba.time_samples(call, "cuda")
-        tool_s, hand_s = spread(ts), spread(ba.events_samples_ms(call))
+        got, timer = ba.time_samples(call, "cuda", first_call=True)
+        tool_s, hand_s = spread(got.samples), spread(ba.events_samples_ms(call))
         tool, hand = tool_s["median"], hand_s["median"]
         rows.append({"kernel": name, "tool_ms": tool, "tool_p20_ms": tool_s["p20"], "tool_p80_ms": tool_s["p80"],
                      "tool_n": tool_s["n"], "tool_timer": timer, "hand_ms": hand, "hand_p20_ms": hand_s["p20"],

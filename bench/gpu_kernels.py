@@ -20,8 +20,9 @@ every row, so a run cut by its time limit keeps what it measured. To make the wi
 ``cp DIR/best_configs.json vdbench/kernels/tuned_configs.json`` (then the check stage again).
 
 ``--dry``: on the CPU at tiny shapes under Triton's interpreter (``TRITON_INTERPRET=1`` must be set before the
-kernels are imported, i.e. in the environment), the host clock instead of ``triton.testing.do_bench``: the
-stages' logic, not their numbers. Needs vdbench importable (installed, or ``PYTHONPATH=$PWD`` from the repo root).
+kernels are imported, i.e. in the environment), the host clock instead of the GPU timer (``gpu_bench``: the median
+of at least 5 warm calls, CUDA events, L2 written over between calls): the stages' logic, not their numbers.
+Needs vdbench importable (installed, or ``PYTHONPATH=$PWD`` from the repo root).
 """
 
 from __future__ import annotations
@@ -76,18 +77,23 @@ def host_bench(fn, warmup: int, rep: int) -> float:
     return (time.perf_counter() - t0) * 1e3
 
 
+def gpu_bench(fn, warmup: float, rep: float) -> float:
+    """The sweep's GPU timer (ms): the median of ``vdbench.timing.sample_ms``'s warm calls -- ``warmup`` ms of
+    warm-up, then max(5, ``rep`` / a call) calls timed with CUDA events, L2 written over between them -- so a slow
+    variant gets 5 samples too (do_bench times ``rep`` / a call calls: one or two of a slow variant)."""
+    from vdbench.timing import sample_ms, spread
+
+    return spread(sample_ms(fn, "cuda", warmup_ms=warmup, rep_ms=rep, first_call=False).samples)["median"]
+
+
 def make_env(out, dry: bool) -> Env:
-    """The real kernel modules on the GPU (``triton.testing.do_bench`` medians), or on the CPU with --dry."""
+    """The real kernel modules on the GPU (:func:`gpu_bench` medians), or on the CPU with --dry."""
     from vdbench import numerics
     from vdbench.kernels import attention
 
     if dry:
         return Env(Path(out), torch.device("cpu"), DRY_SHAPES, host_bench, attention, numerics)
-    from triton.testing import do_bench
-
-    return Env(Path(out), torch.device("cuda"), SHAPES,
-               lambda fn, warmup, rep: do_bench(fn, warmup=warmup, rep=rep, return_mode="median"),
-               attention, numerics)
+    return Env(Path(out), torch.device("cuda"), SHAPES, gpu_bench, attention, numerics)
 
 
 def rel(x, r) -> float:

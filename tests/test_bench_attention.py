@@ -2,6 +2,7 @@
 
 import csv
 import importlib.util
+import json
 import pickle
 from pathlib import Path
 
@@ -71,8 +72,14 @@ def test_preset_run_csv_schema_and_plot(tmp_path):
     # the median with its spread and n; a CPU timing is not a speed figure
     assert float(s["time_p20_ms"]) <= float(s["time_ms"]) <= float(s["time_p80_ms"])
     assert float(s["time_min_ms"]) <= float(s["time_p20_ms"]) and float(s["time_p80_ms"]) <= float(s["time_max_ms"])
-    assert s["time_n"] == "5" and s["timer"] == "host clock"
+    assert s["time_n"] == "5" and s["timer"] == "host clock" and s["time_n_why"] == ""
     assert s["speed_figure"] == "False" and "CPU timing" in s["why_not_speed"]
+    # the first call on its own, beside the warm median; one process, caches as found: not a cold figure
+    assert float(s["first_call_ms"]) > 0
+    assert float(s["first_call_excess_ms"]) == pytest.approx(float(s["first_call_ms"]) - float(s["time_ms"]))
+    assert s["cold"] == "False" and s["caches"] in ("default (not cleared)", "empty", "not empty")
+    assert by[("random", "sdpa")]["caches"] == ba.WARM_FROM_EARLIER  # sdpa already ran on the preset input
+    assert r["first_call_ms"] == r["cold"] == ""  # an emulation: never timed
     assert by[("random", "sagev1")]["status"].startswith("unavailable")
     assert (tmp_path / "a.json").exists() and (tmp_path / "a.png").exists()
 
@@ -85,7 +92,7 @@ def test_printed_figures_keep_significant_digits_and_warn_on_cpu(tmp_path, capsy
     assert rc == 0
     lines = capsys.readouterr().out.splitlines()
     header = lines[0].split()
-    assert {"time_ms", "p20–p80", "time_n", "quant_ms", "tflops", "gbps"} <= set(header)
+    assert {"time_ms", "p20–p80", "time_n", "first_call_ms", "quant_ms", "tflops", "gbps"} <= set(header)
     for line in lines[1:3]:
         cells = dict(zip(header, line.split()))
         assert float(cells["tflops"]) > 0 and float(cells["gbps"]) > 0, line  # tiny rates, never 0.0
@@ -244,3 +251,47 @@ def test_sparse_patterns_take_a_grid_and_report_work_and_effective_rates(tmp_pat
     with pytest.raises(SystemExit):
         ba.build_parser().parse_args(["--preset", "cogvideox-2b", "--grid", "3x4"])
     assert ba.parse_grid("13x30x45+226").text_tokens == 226 and str(ba.parse_grid("21x30x52")) == "21x30x52"
+
+
+def test_default_timing_takes_at_least_five_samples_and_a_budget_says_why_fewer(tmp_path, capsys):
+    """The defaults ask for 5 warm samples per row whatever a call takes (within --budget_s); a call longer than the
+    whole budget gets one, and the row says why -- in time_n_why and in why_not_speed."""
+    args = ba.build_parser().parse_args(["--preset", "cogvideox-2b"])
+    assert args.min_samples >= 5 and args.budget_s >= 5 * 12  # 5 samples of a 12 s call fit
+    rc = ba.main(["--preset", "cogvideox-2b", "--max_seq", "32", "--device", "cpu", "--dtype", "fp32",
+                  "--kernel", "sdpa", "-metric", "time", "--budget_s", "1e-9", "-o", str(tmp_path / "b.csv")])
+    assert rc == 0
+    row = next(csv.DictReader(open(tmp_path / "b.csv")))
+    assert row["time_n"] == "1" and "more than the 1e-09 s budget" in row["time_n_why"]
+    assert "n=1 timed samples (< 3): one call takes" in row["why_not_speed"]
+    assert f"note: sdpa on cogvideox-2b: n=1: {row['time_n_why']}" in capsys.readouterr().out
+
+
+def test_cold_runs_each_kernel_in_a_fresh_process_with_empty_compile_caches(tmp_path, capsys):
+    """--cold: one process per kernel (not this one), each started with TRITON_CACHE_DIR / TORCHINDUCTOR_CACHE_DIR
+    set to new empty folders (its own state, read at its start), removed afterwards; the rows merged in input order,
+    marked cold, the first call of the first input on empty caches."""
+    import os
+
+    from vdbench.timing import CACHE_VARS
+
+    rc = ba.main(["--preset", "cogvideox-2b", "--max_seq", "16", "--device", "cpu", "--dtype", "fp32",
+                  "--kernel", "sdpa,reference", "--cold", "-o", str(tmp_path / "c.csv")])
+    assert rc == 0
+    procs = json.loads((tmp_path / "c.json").read_text())["cold"]["processes"]
+    assert [p["kernel"] for p in procs] == ["sdpa", "reference"]
+    pids = {p["pid"] for p in procs}
+    assert len(pids) == 2 and os.getpid() not in pids
+    dirs = [p["cache_dirs"][v] for p in procs for v in CACHE_VARS]
+    assert all(dirs) and len(set(dirs)) == 4 and not any(Path(d).exists() for d in dirs)
+    assert all(p["caches"] == "empty" and p["exit_code"] == 0 for p in procs)
+    rows = list(csv.DictReader(open(tmp_path / "c.csv")))
+    assert list(rows[0]) == ba.COLUMNS
+    assert [(r["input"], r["kernel"]) for r in rows] == [("cogvideox-2b", "sdpa"), ("cogvideox-2b", "reference"),
+                                                         ("random", "sdpa"), ("random", "reference")]
+    assert all(r["cold"] == "True" and float(r["first_call_ms"]) > 0 and r["first_call_excess_ms"] for r in rows)
+    assert [r["caches"] for r in rows] == ["empty", "empty", ba.WARM_FROM_EARLIER, ba.WARM_FROM_EARLIER]
+    out = capsys.readouterr().out
+    header = next(line for line in out.splitlines() if line.startswith("input "))
+    assert "first_call_ms" in header.split()
+    assert "--cold: each kernel in a fresh process" in out

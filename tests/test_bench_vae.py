@@ -107,12 +107,24 @@ def test_every_config_in_process(tmp_path, monkeypatch, capsys, checkout_env):
 def test_hung_config_reported_and_run_continues(tmp_path, monkeypatch):
     monkeypatch.setenv("VDBENCH_TEST_STALL", "bf16:120")
     out = tmp_path / "r.csv"
-    rc = B.main(SMALL + ["--configs", "bf16,chunked@2", "--timeout", "10", "-o", str(out)])
+    rc = B.main(SMALL + ["--configs", "bf16,chunked@2", "--timeout", "20", "-o", str(out)])
     text = out.read_text()
     assert rc == 1
     lines = {l.split(",")[3]: l for l in text.splitlines()[1:]}  # model, latents, output_shape, config, status
-    assert "hung" in lines["bf16"] and "repeat 1/1" in lines["bf16"]
+    assert "hung" in lines["bf16"] and "decode first call" in lines["bf16"]  # the first call, timed on its own
     assert lines["chunked@2"].split(",")[4] == "ok"  # the next config ran
+    import csv
+
+    rows = {r["config"]: r for r in csv.DictReader(open(out))}
+    ok = rows["chunked@2"]  # the CSV's timing columns: the warm median with n and p20–p80, the first call apart
+    for prefix in ("", "encode_"):
+        assert ok[f"{prefix}time_s_n"] == "1" and float(ok[f"{prefix}first_call_s"]) > 0
+        assert float(ok[f"{prefix}first_call_excess_s"]) == pytest.approx(
+            float(ok[f"{prefix}first_call_s"]) - float(ok[f"{prefix}time_s_median"]))
+        assert ok[f"{prefix}time_s_p20"] == ok[f"{prefix}time_s_p80"] == ok[f"{prefix}time_s_median"]  # n = 1
+        assert ok[f"{prefix}speed_figure"] == "False" and "CPU timing" in ok[f"{prefix}why_not_speed"]
+    assert ok["cold"] == "False" and ok["caches"] == B.SHARED_CACHES
+    assert rows["fp32"]["caches"] in ("default (not cleared)", "empty", "not empty")
 
 
 def test_isolate_children(tmp_path, checkout_env):
@@ -120,15 +132,43 @@ def test_isolate_children(tmp_path, checkout_env):
     reported as hung (by its own watchdog, with the last completed stage) and the parent still finishes."""
     out = tmp_path / "r.json"
     env = {**checkout_env, "VDBENCH_TEST_STALL": "fast@2:120"}
-    p = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_vae.py"), *SMALL, "--isolate", "--timeout", "6",
+    p = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_vae.py"), *SMALL, "--isolate", "--timeout", "15",
                         "--configs", "fast@2", "-o", str(out)], capture_output=True, text=True, env=env,
                        timeout=200, cwd=ROOT)
     rows = {r["config"]: r for r in json.loads(out.read_text())["results"]}
     assert p.returncode == 1, p.stdout + p.stderr
     assert rows["fp32"]["status"] == "ok" and rows["fp32"]["pid"] != os.getpid()
     assert rows["fast@2"]["status"] == "hung" and rows["fast@2"]["last_completed_stage"] == "prepare config"
-    assert rows["fast@2"]["current_stage"] == "decode repeat 1/1"
-    assert "[watchdog] config fast@2 exceeded 6 s" in p.stderr and "in decode" in p.stderr  # stacks dumped
+    assert rows["fast@2"]["current_stage"] == "decode first call"
+    assert "[watchdog] config fast@2 exceeded 15 s" in p.stderr and "in decode" in p.stderr  # stacks dumped
+
+
+def test_cold_runs_each_config_in_a_fresh_process_with_empty_compile_caches(tmp_path, monkeypatch, checkout_env):
+    """--cold: the reference and each config in their own process (--isolate), each started with
+    TRITON_CACHE_DIR / TORCHINDUCTOR_CACHE_DIR set to new empty folders (the child's own reading, at its start),
+    removed afterwards; every row with its first call apart from the warm calls, marked cold."""
+    from vdbench.timing import CACHE_VARS
+
+    monkeypatch.setenv("PYTHONPATH", checkout_env["PYTHONPATH"])  # the children import this checkout's vdbench
+    out = tmp_path / "r.json"
+    rc = B.main(SMALL + ["--ops", "decode", "--configs", "bf16", "--repeats", "2", "--cold", "-o", str(out)])
+    data = json.loads(out.read_text())
+    rows = {r["config"]: r for r in data["results"]}
+    assert rc == 0 and list(rows) == ["fp32", "bf16"] and data["args"]["isolate"] is True
+    assert len({r["pid"] for r in rows.values()} | {os.getpid()}) == 3  # two fresh processes, not this one
+    dirs = [r["cache_dirs"][v] for r in rows.values() for v in CACHE_VARS]
+    assert all(dirs) and len(set(dirs)) == 4 and not any(Path(d).exists() for d in dirs)
+    for r in rows.values():
+        assert r["status"] == "ok" and r["cold"] is True and r["caches"] == "empty"
+        assert r["time_s_n"] == 2 and len(r["times_s"]) == 2 and r["first_call_s"] > 0
+        assert r["first_call_excess_s"] == pytest.approx(r["first_call_s"] - r["time_s_median"])
+        assert r["time_s_p20"] <= r["time_s_median"] <= r["time_s_p80"]
+        assert r["speed_figure"] is False and "n=2 timed samples (< 3)" in r["why_not_speed"]
+
+
+def test_default_run_times_at_least_five_warm_calls():
+    args = B.build_parser().parse_args([])
+    assert args.repeats >= 5 and args.warmup >= 1 and not args.cold
 
 
 def test_composite_configs_parse():
@@ -195,7 +235,7 @@ def test_stalled_encode_caught_like_a_stalled_decode(tmp_path, monkeypatch, capf
     rc = B.main(SMALL + ["--configs", "bf16,fast@2", "--ops", "encode", "--timeout", "8", "-o", str(out)])
     rows = {r["config"]: r for r in json.loads(out.read_text())["results"]}
     assert rc == 1
-    assert rows["bf16"]["status"] == "hung" and rows["bf16"]["current_stage"] == "encode repeat 1/1"
+    assert rows["bf16"]["status"] == "hung" and rows["bf16"]["current_stage"] == "encode first call"
     assert rows["bf16"]["last_completed_stage"] == "prepare config"
     assert rows["fast@2"]["status"] == "ok" and rows["fast@2"]["encode_time_s_median"] > 0
     assert "time_s_median" not in rows["fast@2"]  # --ops encode: no decode timed

@@ -2,6 +2,7 @@
 spread; the first step on its own; CPU timings, emulations and n < 3 are not speed figures."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -109,3 +110,93 @@ def test_call_ms_times_one_call_on_the_host_clock_off_a_gpu():
     calls = []
     ms = T.call_ms(lambda: (calls.append(1), time.sleep(0.02)), "cpu")
     assert calls == [1] and 15 < ms < 2000
+
+
+class FakeClock:
+    """``time_call`` for :func:`vdbench.timing.sample_ms`: each call of ``fn`` "takes" the next of ``times`` ms (the
+    last one repeated), so the sample count and the budget are checked without waiting."""
+
+    def __init__(self, *times):
+        self.times, self.calls = list(times), 0
+
+    def __call__(self, fn):
+        fn()
+        t = self.times[min(self.calls, len(self.times) - 1)]
+        self.calls += 1
+        return t
+
+
+@pytest.mark.parametrize("call_ms", [175.0, 3000.0])  # FlashAttention-3 at Wan 14B 720p; an exact kernel there
+def test_sample_count_reaches_the_minimum_for_a_slow_kernel(call_ms):
+    """do_bench's rep=100 ms gave one or two samples of such a call; the adaptive count gives 5, the first call
+    timed on its own and never among them."""
+    ran = []
+    clock = FakeClock(9000.0, call_ms)  # the first call pays a compile
+    got = T.sample_ms(lambda: ran.append(1), "cuda", rep_ms=100, warmup_ms=25, budget_s=60, time_call=clock)
+    assert got.n == T.TARGET_SAMPLES == 5 and got.why_fewer is None
+    assert got.first_ms == 9000.0 and got.samples == [call_ms] * 5 and got.estimate_ms == call_ms
+    assert len(ran) == clock.calls == 1 + got.warmup_calls + got.n  # first call, one warm-up call, the samples
+    st = got.stats()
+    assert st["median"] == call_ms and st["first_excess_ms"] == 9000.0 - call_ms and st["p20"] == st["p80"]
+
+
+def test_short_calls_get_rep_ms_worth_of_samples():
+    got = T.sample_ms(lambda: None, "cuda", rep_ms=100, warmup_ms=25, time_call=FakeClock(50.0, 2.0))
+    assert got.warmup_calls == 13 and got.n == 50 and got.why_fewer is None  # 25 ms of warm-up, 100 ms timed
+    assert T.sample_ms(lambda: None, "cuda", rep_ms=100, max_samples=20, time_call=FakeClock(0.01)).n == 20
+
+
+def test_a_call_longer_than_the_budget_gets_one_sample_and_says_why():
+    clock = FakeClock(2000.0)
+    got = T.sample_ms(lambda: None, "cuda", budget_s=1.0, time_call=clock)
+    assert got.n == 1 and clock.calls == 2  # the first call, then the warm-up call: no further call
+    assert "more than the 1 s budget" in got.why_fewer and "1 sample" in got.why_fewer
+    ok, why = T.speed_verdict("cuda", got.n)
+    assert not ok and "n=1" in why
+
+
+def test_the_budget_caps_the_count_and_stops_calls_slower_than_estimated():
+    got = T.sample_ms(lambda: None, "cuda", budget_s=10.0, time_call=FakeClock(3000.0))
+    assert got.n == 3 and "3 calls of ~3 s fit in the 10 s budget" in got.why_fewer
+    # the warm-up said 100 ms, the calls then take 400: the third would pass the 1 s budget
+    got = T.sample_ms(lambda: None, "cuda", budget_s=1.0, time_call=FakeClock(100.0, 100.0, 400.0))
+    assert got.samples == [400.0, 400.0] and got.planned == 5 and "fewer than 5" in got.why_fewer
+
+
+def test_sample_ms_on_the_host_clock_with_a_sleeping_call():
+    import time
+
+    got = T.sample_ms(lambda: time.sleep(0.01), "cpu", rep_ms=0, warmup_ms=0)
+    assert got.n == 5 and got.warmup_calls == 1 and all(5 < t < 2000 for t in got.samples)
+    assert 5 < got.first_ms < 2000 and T.first_call_ms(lambda: None, "cpu") >= 0
+
+
+def test_fresh_cache_env_gives_new_empty_folders_and_removes_them(monkeypatch, tmp_path):
+    for var in T.CACHE_VARS:
+        monkeypatch.delenv(var, raising=False)
+    assert T.cache_state()["caches"] == "default (not cleared)"
+    with T.fresh_cache_env({"KEEP": "1"}) as env, T.fresh_cache_env() as other:
+        dirs = [env[v] for v in T.CACHE_VARS]
+        assert env["KEEP"] == "1" and all(Path(d).is_dir() and not any(Path(d).iterdir()) for d in dirs)
+        assert set(dirs).isdisjoint(other[v] for v in T.CACHE_VARS)  # new folders each time
+        assert T.cache_state(env) == {"caches": "empty", "cache_dirs": dict(zip(T.CACHE_VARS, dirs))}
+        (Path(dirs[0]) / "kernel.cubin").write_bytes(b"x")
+        assert T.cache_state(env)["caches"] == "not empty"
+    assert not any(Path(d).exists() for d in dirs)
+
+
+def test_gpu_samples_write_over_l2_before_each_warm_call(monkeypatch):
+    """On a GPU (mocked): the first call after a synchronize, then every warm call (warm-up and samples) after the
+    flush buffer is written over, outside the timed span -- what do_bench does between its calls."""
+    log = []
+
+    class Buf:
+        def zero_(self):
+            log.append("flush")
+
+    monkeypatch.setattr(T.torch, "empty", lambda *a, **k: (log.append(("alloc", k.get("device"))), Buf())[1])
+    monkeypatch.setattr(T.torch.cuda, "synchronize", lambda *a: log.append("sync"))
+    monkeypatch.setattr(T, "call_ms", lambda fn, device: (fn(), log.append("call"), 175.0)[2])
+    got = T.sample_ms(lambda: None, "cuda", rep_ms=100, warmup_ms=25)
+    assert got.n == 5 and got.first_ms == 175.0 and got.warmup_calls == 1
+    assert log == ["sync", "call", ("alloc", "cuda")] + ["flush", "call"] * 6

@@ -90,6 +90,7 @@ def test_torchrun_parallel_decode_matches_single_process(tmp_path, checkout_env)
             assert info["band_sizes"] == [3, 2, 2] and info["band_rows"] == [0, 3], where
             assert info["halo_exchanges"] > 0 and info["hooked_layers"] > 0, where
             assert r["hooks_left"] == 0, where  # the VAE is left as diffusers built it
+            assert r["n"] == 1 and r["speed_figure"] is False and "CPU timing" in r["why_not_speed"], where
             if cog:
                 assert info["reductions"] > 0, where  # GroupNorm statistics
             else:
@@ -127,6 +128,14 @@ def test_harness_reference_decodes_record_no_autograd_graph():
     out, t, times = timed(ref, torch.device("cpu"), warmup=1, repeats=2, barrier=False)
     assert modes == [True, True, True] and len(times) == 2 and t > 0
     assert out.grad_fn is None and not out.requires_grad and torch.is_inference(out)
+
+
+def test_default_counts_give_five_timed_decodes_on_a_gpu():
+    from bench.bench_vae_parallel import default_counts
+
+    assert default_counts(True, None, None) == (1, 5)  # a median with a spread on a GPU
+    assert default_counts(False, None, None) == (0, 1)  # the CPU run checks exactness, its times are no figures
+    assert default_counts(True, 0, 2) == (0, 2)  # given: kept
 
 
 def test_case_names_take_the_tiny_spelling_of_every_tool():

@@ -20,6 +20,13 @@ beside them. A figure is a *speed figure* only when it was timed on a GPU, from 
 and not for an emulated backend; otherwise ``speed_figure`` is False and ``why_not_speed`` says why
 (:func:`speed_verdict`), so a CPU timing of one repetition can't pass for a measurement.
 
+**Bench samples** (:func:`sample_ms`, used by the kernel benches): the first call of a callable is timed on its
+own (``first_ms``: Triton JIT, a FlexAttention compile, a cuDNN plan for the shape are paid there) and never counted
+among the warm samples; the number of warm samples adapts to the call's time -- at least ``TARGET_SAMPLES``, more
+for short calls (``rep_ms`` of them), within a per-row budget that says why when it allowed fewer. A *cold* figure
+is a first call in a fresh process whose Triton and inductor caches point at new empty directories
+(:func:`fresh_cache_env`, :func:`cache_state`: the benches' ``--cold``).
+
 Profiles live here too, beside the clocks: :class:`StepProfiler` runs ``torch.profiler`` over scheduled denoising
 steps (the render's ``--profile_*`` flags) and :func:`kernel_summary` is the one aggregation of profiler events
 (device time by kernel and by :data:`KERNEL_CATEGORIES`) that the render and the VAE bench both write.
@@ -27,21 +34,26 @@ steps (the render's ``--profile_*`` flags) and :func:`kernel_summary` is the one
 
 from __future__ import annotations
 
+import contextlib
 import json
+import math
 import os
 import platform
+import shutil
 import statistics
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
 __all__ = ["Clock", "StepTimer", "MIN_SAMPLES", "STEP_KEYS", "spread", "speed_verdict", "step_stats", "run_step_stats",
-           "describe_steps", "system_info", "append_timing", "load_timing", "peak_memory", "reset_peak_memory",
-           "KERNEL_CATEGORIES", "kernel_category", "kernel_summary", "StepProfiler"]
+           "call_ms", "first_call_ms", "TARGET_SAMPLES", "Sampled", "sample_ms", "CACHE_VARS", "cache_state",
+           "fresh_cache_env", "describe_steps", "system_info", "append_timing", "load_timing", "peak_memory",
+           "reset_peak_memory", "KERNEL_CATEGORIES", "kernel_category", "kernel_summary", "StepProfiler"]
 
 
 class Clock:
@@ -133,6 +145,147 @@ def call_ms(fn, device) -> float:
     t0 = time.perf_counter()
     fn()
     return (time.perf_counter() - t0) * 1e3
+
+
+def first_call_ms(fn, device) -> float:
+    """Milliseconds of the first call of ``fn()`` on its own: the device drained first (so no earlier work hides
+    in the figure, and none of the call's host-side work -- a JIT compile, a plan search -- hides behind earlier
+    work), then :func:`call_ms`. What it pays once (compiles, plans, allocator growth) is in the figure."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+    return call_ms(fn, device)
+
+
+#: The number of warm samples :func:`sample_ms` takes at the least (more for short calls): enough for a p20–p80
+#: that means something. ``MIN_SAMPLES`` stays the floor below which a figure is no speed figure.
+TARGET_SAMPLES = 5
+
+#: Bytes written between two timed GPU calls so that no call finds its inputs in L2 (triton's do_bench: 256 MB).
+L2_FLUSH_BYTES = 256 * 2**20
+
+
+@dataclass
+class Sampled:
+    """What :func:`sample_ms` measured: the warm ``samples`` (ms), ``first_ms`` (the first call, timed on its own;
+    None when it was not asked for), ``estimate_ms`` (a warm call's time from the warm-up, which sized the count),
+    ``planned`` (the count it aimed for), ``warmup_calls`` and ``why_fewer`` (why fewer than the minimum were
+    taken: the budget; None when the minimum was reached)."""
+
+    samples: list = field(default_factory=list)
+    first_ms: Optional[float] = None
+    estimate_ms: Optional[float] = None
+    planned: int = 0
+    warmup_calls: int = 0
+    why_fewer: Optional[str] = None
+
+    @property
+    def n(self) -> int:
+        return len(self.samples)
+
+    def stats(self) -> dict:
+        """:func:`spread` of the warm samples, with ``first_ms`` and ``first_excess_ms`` (first - warm median)."""
+        st = spread(self.samples)
+        excess = None if self.first_ms is None or st["median"] is None else self.first_ms - st["median"]
+        return dict(st, first_ms=self.first_ms, first_excess_ms=excess, why_fewer=self.why_fewer)
+
+
+def _device_timer(device, flush_l2: bool) -> Callable:
+    """``time_call(fn) -> ms`` for :func:`sample_ms`: :func:`call_ms`, after writing over a buffer larger than L2 on
+    a GPU (outside the timed span) so every call reads its inputs from memory, as do_bench times."""
+    if torch.device(device).type != "cuda" or not flush_l2:
+        return lambda fn: call_ms(fn, device)
+    buf = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device=device)
+
+    def timed(fn):
+        buf.zero_()
+        return call_ms(fn, device)
+
+    return timed
+
+
+def sample_ms(fn, device, *, min_samples: int = TARGET_SAMPLES, rep_ms: float = 100.0, warmup_ms: float = 25.0,
+              budget_s: float = 60.0, max_samples: int = 1000, first_call: bool = True, flush_l2: bool = True,
+              time_call: Optional[Callable] = None) -> Sampled:
+    """Time ``fn()`` with a number of samples fitted to its time, so a slow call still gets a spread.
+
+    1. ``first_call``: the first call timed on its own (:func:`first_call_ms`); never a warm sample.
+    2. warm-up: calls for ``warmup_ms`` (at least one), each timed: their median is the *estimate* of a call.
+    3. warm samples: ``max(min_samples, ceil(rep_ms / estimate))`` (at most ``max_samples``), as many of them as
+       fit in ``budget_s`` seconds of timed calls; the loop also stops when the next call would pass the budget
+       (calls slower than estimated). Fewer than ``min_samples`` only when one call takes more than
+       ``budget_s / min_samples``: ``why_fewer`` says so. A single call longer than the whole budget gets no further
+       call: its one warm-up call (a warm call, after the first) is the one sample.
+
+    ``time_call(fn) -> ms`` times one call, the first one included when given (default: CUDA events on a GPU
+    with L2 written over before each warm call, the host clock elsewhere: :func:`call_ms`); the budget counts the
+    times it returns, so a test can pass a fake clock."""
+    out = Sampled()
+    if first_call:
+        out.first_ms = float(time_call(fn) if time_call is not None else first_call_ms(fn, device))
+    if time_call is None:
+        time_call = _device_timer(device, flush_l2)
+    budget_ms = budget_s * 1e3
+    warm: list[float] = []
+    while True:
+        warm.append(float(time_call(fn)))
+        if sum(warm) >= warmup_ms or warm[-1] > budget_ms or len(warm) >= max_samples:
+            break
+    out.warmup_calls = len(warm)
+    est = max(statistics.median(warm), 1e-6)
+    out.estimate_ms = est
+    planned = min(max_samples, max(min_samples, math.ceil(rep_ms / est) if rep_ms > 0 else 0))
+    fit = int(budget_ms // est)
+    if fit < 1:  # one call is past the whole budget: the warm-up call (warm: after the first) is the only sample
+        out.planned, out.samples = 1, [warm[-1]]
+        if min_samples > 1:
+            out.why_fewer = (f"one call takes {est / 1e3:.3g} s, more than the {budget_s:g} s budget of timed calls "
+                             f"per row: 1 sample (the warm-up call)")
+        return out
+    out.planned = min(planned, fit)
+    spent = 0.0
+    for _ in range(out.planned):
+        if out.samples and spent + statistics.median(out.samples) > budget_ms:
+            break
+        t = float(time_call(fn))
+        out.samples.append(t)
+        spent += t
+    if out.n < min_samples:
+        out.why_fewer = (f"{out.n} calls of ~{statistics.median(out.samples) / 1e3:.3g} s fit in the {budget_s:g} s "
+                         f"budget of timed calls per row (fewer than {min_samples})")
+    return out
+
+
+#: The compile caches a first call can find filled: Triton's kernels and inductor's (FX graphs, its kernels).
+CACHE_VARS = ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR")
+
+
+def cache_state(env=None) -> dict:
+    """What the compile caches (:data:`CACHE_VARS`) held for this process at the time of the call -- call it before
+    anything compiles: ``caches`` is "empty" (every variable set, each folder missing or empty: a cold start),
+    "not empty" (set, something in one) or "default (not cleared)" (a variable unset: the user's caches, in an
+    unknown state); ``cache_dirs`` the folders."""
+    env = os.environ if env is None else env
+    dirs = {v: env.get(v) for v in CACHE_VARS}
+    if not all(dirs.values()):
+        state = "default (not cleared)"
+    elif all(not os.path.isdir(p) or not any(os.scandir(p)) for p in dirs.values()):
+        state = "empty"
+    else:
+        state = "not empty"
+    return {"caches": state, "cache_dirs": dirs}
+
+
+@contextlib.contextmanager
+def fresh_cache_env(base=None):
+    """An environment (``base``, default ``os.environ``, copied) whose :data:`CACHE_VARS` point at new empty
+    temporary folders, for a child process whose first calls must compile everything: a cold start. The folders
+    are removed on exit."""
+    dirs = {v: tempfile.mkdtemp(prefix=f"vdbench_{v.lower()}_") for v in CACHE_VARS}
+    try:
+        yield {**(os.environ if base is None else base), **dirs}
+    finally:
+        for p in dirs.values():
+            shutil.rmtree(p, ignore_errors=True)
 
 
 def _is_cpu(device) -> bool:
