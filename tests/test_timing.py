@@ -4,6 +4,7 @@ spread; the first step on its own; CPU timings, emulations and n < 3 are not spe
 import json
 
 import pytest
+import torch
 
 from vdbench import timing as T
 
@@ -109,3 +110,33 @@ def test_call_ms_times_one_call_on_the_host_clock_off_a_gpu():
     calls = []
     ms = T.call_ms(lambda: (calls.append(1), time.sleep(0.02)), "cpu")
     assert calls == [1] and 15 < ms < 2000
+
+
+def test_process_start_and_the_start_a_render_counts_from(monkeypatch):
+    import vdbench
+
+    t, clock = T.process_start()
+    if clock != "vdbench_import":  # Linux: the kernel's record, before this interpreter imported vdbench
+        assert clock in ("proc_starttime", "proc_starttime+btime") and t < vdbench.IMPORTED_AT
+    monkeypatch.setattr(T, "_PROCESS_START_USED", False)
+    first, second = T.wall_start(from_process=True), T.wall_start(from_process=True)
+    assert first.since in ("process start", "vdbench import") and first.clock == clock
+    assert second.as_dict() == {"since": "render call", "clock": "perf_counter"} and second.t > first.t
+    assert T.wall_start(from_process=False).since == "render call"
+
+    def unreadable(*a, **k):
+        raise OSError("no /proc here")
+
+    monkeypatch.setattr(T, "open", unreadable, raising=False)  # no /proc: the import of vdbench is the start
+    assert T.process_start() == (vdbench.IMPORTED_AT, "vdbench_import")
+    monkeypatch.setattr(T, "_PROCESS_START_USED", False)
+    assert T.wall_start(from_process=True).as_dict() == {"since": "vdbench import", "clock": "vdbench_import"}
+
+
+def test_compile_seconds_reads_torch_compiles_time():
+    from vdbench.timing import compile_seconds
+
+    before = compile_seconds()
+    fn = torch.compile(lambda x: torch.sin(x) * 2 + 1, backend="aot_eager")
+    fn(torch.randn(8))
+    assert compile_seconds() - before > 0
