@@ -88,3 +88,34 @@ def test_command_line(results, capsys):
     assert batch.main([str(d), "--outputs", str(v["sdpa"]), str(v["reference"]), "--failed", "fav3:2"]) == 0
     out = capsys.readouterr().out
     assert "sdpa " in out and "fav3: FAILED (exit 2)" in out and "install: pip install -e '.[fa3]'" in out
+
+
+def test_end_to_end_one_time_and_break_even_beside_the_warm_step(results):
+    """The render's wait and its one-time costs (its first repetition's) beside warm ms/step, the break-even steps
+    against the same baseline as the speed-up; a file written before these fields reads, its cells "—"."""
+    d, v = results
+    entries = json.loads((d / "timing.json").read_text())
+    new = {"sdpa": (40.0, 0.5), "reference": (55.5, 0.25), "sagev1_emu": (90.0, 1.0)}  # end_to_end_s, one_time.total_s
+    for e in entries:
+        if e["attention_type"] in new:
+            e["end_to_end_s"], total = new[e["attention_type"]]
+            e["one_time"] = {"load_s": 9.0, "total_s": total}
+    (d / "timing.json").write_text(json.dumps(entries))
+    rows, notes = batch.rows(d, [v["sdpa"], v["reference"], v["fp8_emu"], v["sagev1_emu"]])
+    by = {r["backend"]: r for r in rows}
+    assert (by["sdpa"]["end_to_end"], by["sdpa"]["one_time"], by["sdpa"]["break_even"]) == ("40.00", "0.50", "baseline")
+    # reference: 0.25 s less once, 0.11 s slower a step (0.22 vs 0.11): ahead for renders up to 2 steps
+    assert by["reference"]["break_even"] == "up to 2 steps (p20–p80: 1–2; n=3 vs 3)"
+    assert by["fp8_emu"]["end_to_end"] == "emulated" and by["sagev1_emu"]["break_even"] == "emulated"
+    assert notes[1].startswith("break-even steps against sdpa: the denoising steps a render needs")
+    text = batch.table(d, [v["sdpa"], v["reference"]])
+    head = text.splitlines()[0]
+    assert head.index("warm ms/step") < head.index("end-to-end (s)") < head.index("one-time (s)") < head.index(
+        "speed-up") < head.index("break-even steps") < head.index("kernels that ran")
+    # the fixture's own file, written before these fields: "—" where a figure is missing
+    entries = [{k: x for k, x in e.items() if k not in ("end_to_end_s", "one_time")} for e in entries]
+    (d / "timing.json").write_text(json.dumps(entries))
+    rows, notes = batch.rows(d, [v["sdpa"], v["reference"]])
+    assert [(r["end_to_end"], r["one_time"], r["break_even"]) for r in rows] == [("—", "—", "baseline"),
+                                                                                  ("—", "—", "—")]
+    assert not any(n.startswith("break-even") for n in notes)

@@ -402,6 +402,11 @@ def test_rank0_writes_merged_timing_with_per_rank_counts(renders, name, tag, per
     assert e["warm_step_median"] == e["step_times"][1] and e["first_step"] == e["step_times"][0]
     assert all(r["warm_step_median"] == r["step_times"][1] for r in e["ranks"])
     assert e["speed_figure"] is False and "step_time_median" not in e
+    # one-time costs from the merged steps; rank 0's wait, process start to the video on disk, adds up
+    assert e["one_time"]["first_step_excess_s"] == pytest.approx(e["first_step"] - e["warm_step_median"])
+    assert e["end_to_end"]["since"] == "process start" and e["end_to_end"]["stages"]["startup"] > 0
+    assert sum(v for v in e["end_to_end"]["stages"].values() if v is not None) + e["end_to_end"]["unaccounted"] == \
+        pytest.approx(e["end_to_end_s"], abs=1e-9)
     # captures carry the rank
     caps = renders[name] / "captures"
     assert {p.name.split("_rank")[1][0] for p in caps.glob("latents_*.pt")} == {str(r) for r in range(ranks)}

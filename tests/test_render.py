@@ -101,3 +101,42 @@ def test_image_refusals_before_the_load(tmp_path, no_load):
         R.validate(_cfg(tmp_path, task="i2v"))
     with pytest.raises(ValueError, match="conditioning image .*missing.png does not exist"):
         R.validate(_cfg(tmp_path, task="ti2v", image=str(tmp_path / "missing.png")))
+
+
+def test_one_time_costs_a_stage_reports_are_merged_and_the_render_call_is_timed_end_to_end(tmp_path, monkeypatch):
+    """The decode's ``info["one_time"]`` lands in the entry's one_time section under ``vae_decode.`` and in its
+    total; a render called as a library counts its end-to-end time from its call, stages + unaccounted = it."""
+    import vdbench.decode as D
+
+    real = D.decode_latents
+
+    def decode(*a, info=None, **k):
+        out = real(*a, info=info, **k)
+        info["one_time"] = {"prewarm_s": 0.25, "note": "not a number: left out"}
+        return out
+
+    monkeypatch.setattr(D, "decode_latents", decode)
+    summary = R.render(_cfg(tmp_path), log=lambda *a, **k: None)
+    (entry,) = json.loads(_cfg(tmp_path).timing_path.read_text())
+    once = entry["one_time"]
+    assert once["vae_decode.prewarm_s"] == 0.25 and "vae_decode.note" not in once
+    assert once["first_decode_excess_s"] is None  # one repetition: no warm decode to compare with
+    assert once["total_s"] == pytest.approx(once["first_step_excess_s"] + 0.25)
+    assert summary["one_time_s"] == once["total_s"] and summary["end_to_end_s"] == entry["end_to_end_s"]
+    e2e = entry["end_to_end"]
+    assert e2e["since"] == "render call" and e2e["clock"] == "perf_counter" and e2e["repetitions"] == 1
+    assert 0 <= e2e["stages"]["startup"] < 5 and e2e["stages"]["load"] == once["load_s"]
+    assert sum(v for v in e2e["stages"].values() if v is not None) + e2e["unaccounted"] == pytest.approx(
+        entry["end_to_end_s"], abs=1e-9)
+    assert 0 <= e2e["unaccounted"] < 1.0, e2e  # small: gaps between the stages (a GC pass on a loaded CPU: 0.3 s)
+
+
+def test_an_encode_reports_across_calls_split_by_repetition_and_warm_up():
+    info = {"one_time": {"setup_s": 0.1, "build_s": 0.5}}  # reported when the warm-up calls ended
+    set_up = {"setup_s": 0.1}  # reported before them (on entering the encode): the first repetition's
+    info["one_time"]["plan_s"] = 0.2  # reported in the first repetition
+    mine, warm = R._reported_since(info, set_up, {"setup_s": 0.1, "build_s": 0.5})
+    assert mine == {"setup_s": 0.1, "plan_s": 0.2} and warm == {"build_s": 0.5}
+    before = dict(info["one_time"])
+    info["one_time"]["plan_s"] = 0.3  # a later repetition reported again
+    assert R._reported_since(info, None, before) == ({"plan_s": 0.3}, {})

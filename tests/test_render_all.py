@@ -59,6 +59,7 @@ def test_the_original_batch_commands(tmp_path):
     assert table[0].split()[:2] == ["backend", "layout"] and "PSNR vs reference" in table[0]
     sdpa = next(ln for ln in table if ln.startswith("sdpa "))
     assert "1 process" in sdpa and "1.00×" in sdpa and "sdpa[flash]×" in sdpa and " dB" in sdpa
+    assert "end-to-end (s)" in table[0] and "one-time (s)" in table[0] and " baseline " in sdpa
     assert "note: not a speed figure (CPU timing" in screen
     results = out / "results"
     videos = sorted(p.name for p in results.glob("*.mp4"))
@@ -91,7 +92,8 @@ def test_cogvideox_batch(tmp_path):
     assert sorted(p.name for p in out.glob("*.mp4")) == ["cogvideox-tiny_fp8_emu.mp4", "cogvideox-tiny_sdpa.mp4",
                                                          "comparison_grid.mp4"]
     fp8 = next(ln for ln in proc.stdout.splitlines() if ln.startswith("fp8_emu "))
-    assert fp8.split()[3:5] == ["emulated", "emulated"]  # no time, no speed-up for an emulation
+    # no time, end-to-end, one-time, speed-up or break-even for an emulation
+    assert fp8.split()[3:8] == ["emulated"] * 5
 
 
 @pytest.mark.skipif(not TORCHRUN_OK, reason="torchrun not found beside the interpreter")

@@ -33,6 +33,11 @@ def test_summary_csv_and_html(run_dir, tmp_path):
     assert 10 < float(rows["fp8_emu"]["psnr_db"]) < 80 and float(rows["default"]["speedup_vs_default"]) == 1.0
     assert rows["fp8_emu"]["quality_source"].startswith("raw frames")
     assert "emu.fp8" in rows["fp8_emu"]["kernels"]
+    # the render's wait and what it paid once, beside the warm step; break-even against default
+    assert float(rows["default"]["end_to_end_s"]) > float(rows["default"]["load_s"]) > 0
+    assert rows["default"]["one_time_s"] != "" and float(rows["default"]["steady_s"]) > 0
+    assert rows["default"]["break_even_steps_vs_default"] == "baseline"
+    assert rows["reference"]["break_even_steps_vs_default"].startswith(("always", "never", "from ", "up to ", "same"))
     # emulations carry no speed: "emulated" in every speed cell, accuracy kept
     for col in report.SPEED_COLUMNS:
         assert rows["fp8_emu"][col] == "emulated", col
@@ -46,6 +51,10 @@ def test_summary_csv_and_html(run_dir, tmp_path):
     assert page.count("data:image/png;base64,") >= 4  # speed-vs-quality, warm step bars, per-step, PSNR (+ poster)
     assert "<table" in page and "fp8_emu" in page
     assert "not a speed figure (CPU timing" in page and "warm step ms (median after the first step)" in page
+    heads = re.findall(r"<th>([^<]*)</th>", page)
+    warm = heads.index("warm step ms (median after the first step)")
+    assert heads[warm + 5:warm + 8] == ["end-to-end (s)", "one-time (s)", "break-even steps vs default"]
+    assert "break-even steps against default: the denoising steps a render needs" in page
     emu_row = page[page.index("<tr><td>fp8_emu</td>"):].split("</tr>")[0]
     assert emu_row.count("<td>emulated</td>") >= 5
     assert "http://" not in page and "https://" not in page  # self-contained
@@ -160,6 +169,71 @@ def test_speed_reads_old_files_by_the_warm_definition(tmp_path):
     assert rows["fp8_emu"]["speedup_vs_default"] is None
     assert any(n.startswith("emulated backends carry no speed") and "fp8_emu" in n for n in s["notes"])
     assert not any(n.startswith("not a speed figure") for n in s["notes"])  # GPU, n=3: speed figures
+
+
+def test_break_even_steps():
+    """one_a + n·warm_a = one_b + n·warm_b: a faster step with a larger one-time cost wins from the first whole n
+    past the crossing; 'always' / 'never' where one side is ahead at every length."""
+    be = report.break_even
+    assert be(10.0, 1.0, 2.0, 1.5) == {"verdict": "from", "steps": 17, "n": 16.0}  # 8 s more once, 0.5 s a step
+    assert be(10.0, 1.0, 2.0, 1.25) == {"verdict": "from", "steps": 33, "n": 32.0}
+    assert be(2.0, 1.0, 10.0, 1.5)["verdict"] == "always" and be(2.0, 1.0, 2.0, 1.5)["verdict"] == "always"
+    assert be(10.0, 2.0, 2.0, 1.5) == {"verdict": "never", "steps": None, "n": -16.0}  # slower, pays more once
+    assert be(2.0, 1.5, 10.0, 1.0) == {"verdict": "up to", "steps": 15, "n": 16.0}  # slower, pays less once
+    assert be(2.0, 1.5, 2.4, 1.0)["verdict"] == "never"  # ahead below one step only
+    assert [be(o, 1.0, 2.0, 1.0)["verdict"] for o in (1.0, 3.0, 2.0)] == ["always", "never", "same"]
+    assert be(None, 1.0, 2.0, 1.0) is None and be(1.0, 1.0, None, 1.0) is None
+    cases = (be(10.0, 1.0, 2.0, 1.5), be(2.0, 1.5, 10.0, 1.0), be(3.0, 1.0, 2.0, 1.5), be(10.0, 2.0, 2.0, 1.5), None)
+    assert [report.break_even_text(x) for x in cases] == [
+        "from 17 steps", "up to 15 steps", "from 3 steps", "never", None]
+    a = {"one_time_s": 10.0, "warm_step_median": 1.0, "warm_step_p20": 0.9, "warm_step_p80": 1.1, "warm_step_n": 9}
+    b = {"one_time_s": 2.0, "warm_step_median": 1.5, "warm_step_p20": 1.4, "warm_step_p80": 1.6, "warm_step_n": 49}
+    assert report.break_even_cell(a, b) == "from 17 steps (p20–p80: 12–27; n=9 vs 49)"
+    assert report.break_even_cell({**a, "warm_step_p80": 1.5}, b) == (
+        "from 17 steps (p20–p80: from 12 steps to never; n=9 vs 49)")
+    tight = {**a, "warm_step_p20": 1.0, "warm_step_p80": 1.0}
+    tight_b = {**b, "warm_step_p20": 1.5, "warm_step_p80": 1.5}
+    assert report.break_even_cell(tight, tight_b) == "from 17 steps (n=9 vs 49)"
+    assert report.break_even_cell({"warm_step_median": 1.0}, b) is None  # a file without one-time figures
+
+
+def test_end_to_end_one_time_and_break_even_columns_and_old_files(tmp_path):
+    """New entries carry end_to_end_s and one_time on their first repetition; the report reads them from the
+    latest run's first repetition; a file written before them gives empty cells, and no break-even note."""
+    def timed(label, steps, one_time_s, e2e, **kw):
+        return [_entry(label, steps, repetition=0, run_id=label, end_to_end_s=e2e, steady_s=sum(steps),
+                       one_time={"load_s": 4.0, "total_s": one_time_s, "compile_s": None}, **kw),
+                _entry(label, steps, repetition=1, run_id=label, end_to_end_s=None, one_time={"total_s": 0.0})]
+
+    entries = (timed("default", [2.0, 1.5, 1.5, 1.5], 0.5, 30.0) + timed("fav3", [9.0, 1.0, 1.0, 1.0], 8.5, 34.0)
+               + [_entry("sdpa", [2.0, 1.2, 1.2, 1.2])] + timed("fp8_emu", [9.0, 8.0, 8.0, 8.0], 1.0, 90.0))
+    (tmp_path / "timing.json").write_text(json.dumps(entries))
+    sp = report.speed(tmp_path)
+    assert (sp["fav3"]["end_to_end_s"], sp["fav3"]["one_time_s"], sp["fav3"]["load_s"]) == (34.0, 8.5, 4.0)
+    assert sp["sdpa"]["end_to_end_s"] is None and sp["sdpa"]["one_time_s"] is None  # an old entry
+    assert sp["fp8_emu"]["end_to_end_s"] is None and sp["fp8_emu"]["one_time_s"] is None  # emulated: no speed
+    s = report.summarize(tmp_path)
+    rows = {r["backend"]: r for r in s["rows"]}
+    assert rows["fav3"]["break_even_steps_vs_default"] == "from 17 steps (n=6 vs 6)"
+    assert rows["default"]["break_even_steps_vs_default"] == "baseline"
+    assert rows["sdpa"]["break_even_steps_vs_default"] is None
+    assert any(n.startswith("break-even steps against default: ") for n in s["notes"])
+    page = report.write_html([s], tmp_path / "r.html").read_text()
+    fav3 = page[page.index("<tr><td>fav3</td>"):].split("</tr>")[0]
+    assert "<td class=n>34.00</td><td class=n>8.50</td><td>from 17 steps (n=6 vs 6)</td>" in fav3
+    sdpa = page[page.index("<tr><td>sdpa</td>"):].split("</tr>")[0]
+    assert "<td>–</td><td>–</td><td>–</td>" in sdpa  # no figure: the report's dash
+    report.write_csv([s], tmp_path / "s.csv")
+    row = {r["backend"]: r for r in csv.DictReader(open(tmp_path / "s.csv"))}
+    assert row["sdpa"]["end_to_end_s"] == "" and float(row["fav3"]["one_time_s"]) == 8.5
+    assert row["fp8_emu"]["end_to_end_s"] == row["fp8_emu"]["break_even_steps_vs_default"] == "emulated"
+    # a file from before these fields: read and rendered, no break-even note
+    old = [_entry("default", [2.0, 1.5, 1.5]), _entry("fav3", [9.0, 1.0, 1.0])]
+    (tmp_path / "timing.json").write_text(json.dumps(old))
+    s = report.summarize(tmp_path)
+    assert all(r["end_to_end_s"] is None and r["one_time_s"] is None for r in s["rows"])
+    assert not any("break-even" in n for n in s["notes"])
+    assert "<th>end-to-end (s)</th>" in report.write_html([s], tmp_path / "r.html").read_text()
 
 
 def test_repetitions_give_their_spread_and_error_bars(tmp_path):

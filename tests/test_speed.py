@@ -76,6 +76,9 @@ def test_run_wan_use_torch_compile_matches_eager(tmp_path):
     entry = json.loads((tmp_path / "compiled" / "results" / "timing.json").read_text())[-1]
     assert entry["run"]["resolved"]["speed_options"]["compile"]["models"]["transformer"]["blocks"] == 2
     assert entry["attention"]["calls_by_kernel"] == {"emu.sagev1": 16}
+    # torch.compile's time (its own counters) is a one-time cost of the compiled render, inside its first step
+    assert entry["one_time"]["compile_s"] > 0
+    assert json.loads((tmp_path / "eager" / "results" / "timing.json").read_text())[-1]["one_time"]["compile_s"] is None
 
 
 def test_cogvideox_compile_each_block(tmp_path):

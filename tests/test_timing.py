@@ -5,6 +5,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from vdbench import timing as T
 
@@ -200,3 +201,33 @@ def test_gpu_samples_write_over_l2_before_each_warm_call(monkeypatch):
     got = T.sample_ms(lambda: None, "cuda", rep_ms=100, warmup_ms=25)
     assert got.n == 5 and got.first_ms == 175.0 and got.warmup_calls == 1
     assert log == ["sync", "call", ("alloc", "cuda")] + ["flush", "call"] * 6
+
+
+def test_process_start_and_the_start_a_render_counts_from(monkeypatch):
+    import vdbench
+
+    t, clock = T.process_start()
+    if clock != "vdbench_import":  # Linux: the kernel's record, before this interpreter imported vdbench
+        assert clock in ("proc_starttime", "proc_starttime+btime") and t < vdbench.IMPORTED_AT
+    monkeypatch.setattr(T, "_PROCESS_START_USED", False)
+    first, second = T.wall_start(from_process=True), T.wall_start(from_process=True)
+    assert first.since in ("process start", "vdbench import") and first.clock == clock
+    assert second.as_dict() == {"since": "render call", "clock": "perf_counter"} and second.t > first.t
+    assert T.wall_start(from_process=False).since == "render call"
+
+    def unreadable(*a, **k):
+        raise OSError("no /proc here")
+
+    monkeypatch.setattr(T, "open", unreadable, raising=False)  # no /proc: the import of vdbench is the start
+    assert T.process_start() == (vdbench.IMPORTED_AT, "vdbench_import")
+    monkeypatch.setattr(T, "_PROCESS_START_USED", False)
+    assert T.wall_start(from_process=True).as_dict() == {"since": "vdbench import", "clock": "vdbench_import"}
+
+
+def test_compile_seconds_reads_torch_compiles_time():
+    from vdbench.timing import compile_seconds
+
+    before = compile_seconds()
+    fn = torch.compile(lambda x: torch.sin(x) * 2 + 1, backend="aot_eager")
+    fn(torch.randn(8))
+    assert compile_seconds() - before > 0

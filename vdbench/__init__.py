@@ -13,6 +13,12 @@ concern, are described in docs/ARCHITECTURE.md.
 """
 
 import importlib
+import time
+
+#: The host clock (``time.perf_counter``) when vdbench was first imported: the earliest mark a render run from the
+#: CLI can take itself, what ``end_to_end_s`` counts from where the process's start can't be read
+#: (:func:`vdbench.timing.process_start`).
+IMPORTED_AT = time.perf_counter()
 
 __version__ = "0.1.0"
 

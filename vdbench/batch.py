@@ -4,11 +4,14 @@
 
 What ``render_all_WAN.sh`` / ``render_all_attention.sh`` print after their renders, so a batch never ends on bare
 counts. Rows, in the batch's order: backend, parallel layout, warm ms/step with its spread (``vdbench.timing``'s
-definition: the median of the steps after the first, p20–p80 and n), speed-up against the batch's first exact
-backend (:attr:`vdbench.backends.Backend.exact`; emulations say "emulated", never a speed), PSNR of the decoded
-video against the ``reference`` render when the batch rendered one, and the kernels that actually ran. A backend
-that failed gets its exit code and the first error line of its log; one that can't run on this machine gets its
-install hint and its emulation twin from the registry, so what to do next is on screen.
+definition: the median of the steps after the first, p20–p80 and n), the render's end-to-end time (the process's
+start to the video on disk) and its one-time costs (timing.json's ``one_time.total_s``: the first step's excess over
+a warm step, the warm-up calls', the decode's), speed-up against the batch's first exact backend
+(:attr:`vdbench.backends.Backend.exact`; emulations say "emulated", never a speed), the break-even steps against
+that same baseline (:func:`vdbench.report.break_even`: from how many denoising steps the render beats it), PSNR of
+the decoded video against the ``reference`` render when the batch rendered one, and the kernels that actually ran.
+A backend that failed gets its exit code and the first error line of its log; one that can't run on this machine
+gets its install hint and its emulation twin from the registry, so what to do next is on screen.
 
 Everything is read with :mod:`vdbench.report`'s readers (:func:`vdbench.report.speed`: the latest run of each
 output, never two runs mixed; :func:`vdbench.report.video_psnr`), not parsed again here.
@@ -23,10 +26,18 @@ from pathlib import Path
 from . import backends as B
 from .families import split_label
 from .helptext import DefaultsHelpFormatter
-from .report import EMULATED, match_label, speed, video_psnr
+from .report import BREAK_EVEN_NOTE, EMULATED, break_even_cell, match_label, speed, video_psnr
 from .video import label_from_filename
 
 __all__ = ["rows", "table", "failure_line", "main"]
+
+
+#: A cell with no figure (a file written before it was recorded, a render with no warm step).
+MISSING = "—"
+
+
+def _s(v) -> str:
+    return MISSING if v is None else f"{v:.2f}"
 
 
 def _ms(v) -> str:
@@ -57,14 +68,21 @@ def rows(results, outputs, reference: str = "reference") -> tuple[list[dict], li
     ref_video = outputs[labels.index(ref_label)] if ref_label else None
     base_label = next((lab for lab in labels if (sp.get(lab) or {}).get("warm_step_median")
                        and (b := _backend(lab)) is not None and b.exact), None)
-    base = (sp.get(base_label) or {}).get("warm_step_median") if base_label else None
-    out, whys = [], {}
+    base_s = (sp.get(base_label) or {}) if base_label else {}
+    base = base_s.get("warm_step_median")
+    out, whys, broke_even = [], {}, False
     for label, video in zip(labels, outputs):
         s = sp.get(label) or {}
         row = {"backend": label, "layout": _layout(s) if s else "?", "warm": "no timing entry", "speedup": "",
-               "psnr": "", "kernels": "; ".join(f"{k}×{n}" for k, n in (s.get("calls_by_kernel") or {}).items())}
+               "end_to_end": _s(s.get("end_to_end_s")) if s else "", "one_time": _s(s.get("one_time_s")) if s else "",
+               "break_even": "", "psnr": "",
+               "kernels": "; ".join(f"{k}×{n}" for k, n in (s.get("calls_by_kernel") or {}).items())}
+        if s and base_label:
+            cell = "baseline" if label == base_label else break_even_cell(s, base_s)
+            row["break_even"] = cell or MISSING
+            broke_even |= cell is not None and label != base_label
         if s.get("emulated"):
-            row.update(warm=EMULATED, speedup=EMULATED)
+            row.update(warm=EMULATED, speedup=EMULATED, end_to_end=EMULATED, one_time=EMULATED, break_even=EMULATED)
         elif s.get("warm_step_median") is not None:
             row["warm"] = (f"{_ms(s['warm_step_median'])} ({_ms(s['warm_step_p20'])}–{_ms(s['warm_step_p80'])}, "
                            f"n={s['warm_step_n']})")
@@ -82,6 +100,8 @@ def rows(results, outputs, reference: str = "reference") -> tuple[list[dict], li
     notes = [f"not a speed figure ({why}): {', '.join(names)}" for why, names in whys.items()]
     if base_label:
         notes.insert(0, f"speed-up: against {base_label}, the batch's first exact backend")
+    if broke_even:
+        notes.insert(1, BREAK_EVEN_NOTE.format(base=base_label))
     if ref_video is None:
         notes.append(f"no PSNR column: the batch rendered no {reference!r} (add it to --types)")
     return out, notes
@@ -108,7 +128,8 @@ def table(results, outputs, failed=(), logs=None, reference: str = "reference") 
     """The whole comparison as text: the table of the renders, the failed backends, the notes."""
     found, notes = rows(results, outputs, reference) if outputs else ([], [])
     cols = [("backend", "backend"), ("layout", "layout"), ("warm ms/step (p20–p80, n)", "warm"),
-            ("speed-up", "speedup"), (f"PSNR vs {reference}", "psnr"), ("kernels that ran", "kernels")]
+            ("end-to-end (s)", "end_to_end"), ("one-time (s)", "one_time"), ("speed-up", "speedup"),
+            ("break-even steps", "break_even"), (f"PSNR vs {reference}", "psnr"), ("kernels that ran", "kernels")]
     lines = []
     if found:
         grid = [[c for c, _ in cols]] + [[r[k] for _, k in cols] for r in found]

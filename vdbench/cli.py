@@ -335,9 +335,10 @@ def exit_code(e: BaseException) -> int:
 def run(cfg, log=print) -> int:
     """Run a render and turn the project's expected failures into one clear line and an exit code."""
     from .render import render
+    from .timing import wall_start
 
-    try:
-        render(cfg, log=log, exit_code_of=exit_code)
+    try:  # end_to_end_s counts from the process's start (the first render of the process)
+        render(cfg, log=log, exit_code_of=exit_code, started=wall_start(from_process=True))
     except Exception as e:  # noqa: BLE001 - the expected ones get their code; anything else is re-raised
         code = exit_code(e)
         if code == 1:

@@ -11,7 +11,8 @@ Four stages, each a function with one job, so a refusal can never come after wor
   each step boundary; the encoders before the first step timed by hooks, :mod:`vdbench.stages`), decode with the
   VAE timed on its own, count calls per kernel.
 * :func:`finish` -- rank 0 writes the video of the last repetition (atomically) and appends the repetitions to
-  ``timing.json``.
+  ``timing.json``, the first with the render's end-to-end time (the process's start to the video on disk, broken
+  into stages: :func:`vdbench.stages.end_to_end`) and each with its one-time costs (:func:`vdbench.stages.one_time`).
 """
 
 from __future__ import annotations
@@ -31,8 +32,8 @@ from . import backends as B
 from . import families
 from .patching import AttentionPatch
 from .patching.schedule import as_schedule, resolve_attention
-from .timing import (Clock, StepProfiler, StepTimer, append_timing, describe_steps, peak_memory, reset_peak_memory,
-                     run_step_stats, step_stats, system_info)
+from .timing import (Clock, StepProfiler, StepTimer, WallStart, append_timing, compile_seconds, describe_steps,
+                     peak_memory, reset_peak_memory, run_step_stats, step_stats, system_info, wall_start)
 
 __all__ = ["RenderConfig", "Plan", "Loaded", "render", "validate", "load", "run_repetitions", "finish",
            "resolve_device", "resolve_dtype", "preflight", "VAEHang"]
@@ -203,8 +204,11 @@ def _save_frames(frames, path: Path) -> None:
     os.replace(tmp, path)
 
 
-def render(cfg: RenderConfig, log=print, exit_code_of=None) -> dict:
+def render(cfg: RenderConfig, log=print, exit_code_of=None, started: Optional[WallStart] = None) -> dict:
     """Run the render described by ``cfg``; returns the summary dict (also appended to timing.json).
+
+    ``started``: what ``end_to_end_s`` counts from (:func:`vdbench.timing.wall_start`: the CLIs pass the process's
+    start); by default this call.
 
     Under torchrun with a parallel degree (``cfg.ulysses_degree`` / ``ring_degree``) every rank renders its
     share through the chosen engine (vdbench.parallel); rank 0 alone writes the video and the merged timing.
@@ -213,14 +217,15 @@ def render(cfg: RenderConfig, log=print, exit_code_of=None) -> dict:
     """
     from . import parallel as P
 
+    started = started if started is not None else wall_start(from_process=False)
     spec = P.ParallelSpec(cfg.parallel_engine, cfg.ulysses_degree, cfg.ring_degree, cfg.use_cfg_parallel)
     dctx = P.init_distributed(spec, cfg.device)
     if dctx is None:
-        return _stages(cfg, log, None)
+        return _stages(cfg, log, None, started)
     watch = P.FailureWatch(dctx)
     try:
         P.maybe_inject_failure(dctx.rank, "start", B.canonical_name(cfg.attention_type))
-        out = _stages(replace(cfg, rank=dctx.rank), log if dctx.is_main else (lambda *a, **k: None), dctx)
+        out = _stages(replace(cfg, rank=dctx.rank), log if dctx.is_main else (lambda *a, **k: None), dctx, started)
     except BaseException as e:
         P.finish(dctx, watch, e, exit_code_of(e) if exit_code_of is not None else 1)
         raise
@@ -228,11 +233,23 @@ def render(cfg: RenderConfig, log=print, exit_code_of=None) -> dict:
     return out
 
 
-def _stages(cfg: RenderConfig, log, dctx) -> dict:
+@dataclass
+class Wall:
+    """The host-clock marks of a render that its end-to-end time is made of: what it counts from (``started``),
+    where the load began (``load_start``, ``time.perf_counter``) and how long it took (``load_s``)."""
+
+    started: WallStart
+    load_start: float
+    load_s: float
+
+
+def _stages(cfg: RenderConfig, log, dctx, started: Optional[WallStart] = None) -> dict:
+    started = started if started is not None else wall_start(from_process=False)
     plan = validate(cfg, dctx)
+    load_start = time.perf_counter()
     loaded = load(plan)
     entries, frames = run_repetitions(plan, loaded, log)
-    return finish(plan, entries, frames, log)
+    return finish(plan, entries, frames, log, wall=Wall(started, load_start, loaded.load_s))
 
 
 @dataclass
@@ -357,6 +374,7 @@ class Loaded:
     models: list
     kwargs: dict
     header: dict
+    load_s: Optional[float] = None  # the whole load stage (weights, checks, engine, speed options), host clock
 
 
 def _load_checked(plan: Plan) -> tuple:
@@ -393,6 +411,7 @@ def load(plan: Plan) -> Loaded:
     from .speed import apply_speed_options
 
     cfg, family, device, dctx = plan.cfg, plan.family, plan.device, plan.dctx
+    t0 = time.perf_counter()
     err = pipe = load_time = flow_shift = None
     try:  # what only the files or the loaded model can refuse is agreed like validate's refusals (torchrun)
         pipe, load_time, flow_shift = _load_checked(plan)
@@ -424,7 +443,21 @@ def load(plan: Plan) -> Loaded:
         "system": system_info(device),
         "load_time": load_time,
     }
-    return Loaded(pipe, models, kwargs, header)
+    if device.type == "cuda":  # the load's last copies and quantization kernels are the load's time
+        torch.cuda.synchronize(device)
+    return Loaded(pipe, models, kwargs, header, load_s=time.perf_counter() - t0)
+
+
+def _reported_since(info: dict, set_up: Optional[dict], before: dict) -> tuple[dict, dict]:
+    """The one-time costs a stage whose ``info`` lives across the pipeline calls (the encode's) reported for one
+    repetition, and, for the first, those it reported in the warm-up calls: (this repetition's, the warm-up's).
+    ``before``: ``info["one_time"]`` when the repetition began; ``set_up`` (the first repetition only): when the
+    warm-up calls began -- what was reported before them (on setting up) is the first repetition's."""
+    now = dict(info.get("one_time") or {})
+    if set_up is None:
+        return {k: v for k, v in now.items() if before.get(k) != v}, {}
+    in_warmup = {k: v for k, v in before.items() if set_up.get(k) != v}
+    return {k: v for k, v in now.items() if k not in in_warmup or in_warmup[k] != v}, in_warmup
 
 
 def _start_prewarm(plan: Plan, pipe):
@@ -451,7 +484,7 @@ def run_repetitions(plan: Plan, loaded: Loaded, log) -> tuple[list[dict], object
     from . import parallel as P
     from .decode import decode_latents
     from .encode import EncodeOptions, use_encode
-    from .stages import StageTimers
+    from .stages import StageTimers, merge_one_time
     from .watchdog import Watchdog, WatchdogTimeout
 
     cfg, device, dctx, pipe, header, backend = plan.cfg, plan.device, plan.dctx, loaded.pipe, loaded.header, plan.backend
@@ -491,10 +524,16 @@ def run_repetitions(plan: Plan, loaded: Loaded, log) -> tuple[list[dict], object
                                                        EncodeOptions(fused_glue=plan.encode_glue), info=encode_info):
             from tqdm.auto import tqdm
 
+            compiled_before = compile_seconds()  # torch.compile's time from here on is this render's
+            encode_set_up = dict(encode_info.get("one_time") or {})  # reported before any call: the first rep's
+            warmup_s = None
+            warm_start = Clock(device)
             for _ in range(cfg.warmup_calls):  # untimed: compilation, cuDNN plans, Triton JIT, allocator
                 patch.step = 0  # steps advance as in a timed call: a schedule warms every backend it names
                 pipe(generator=torch.Generator("cpu").manual_seed(cfg.seed), callback_on_step_end=StepTimer(
                     device, then=advance), **loaded.kwargs)
+            if cfg.warmup_calls:  # not a step time: the whole calls, one-time costs and all (one_time)
+                warmup_s = warm_start.seconds_until(Clock(device))
             for rep in tqdm(range(cfg.num_repetitions), desc=f"{cfg.attention_type}", unit="rep",
                             disable=cfg.num_repetitions < 2 or not sys.stderr.isatty()):
                 patch.reset_counts()
@@ -512,6 +551,8 @@ def run_repetitions(plan: Plan, loaded: Loaded, log) -> tuple[list[dict], object
                 if prof_now is not None:
                     prof_now.__enter__()
                 generator = torch.Generator("cpu").manual_seed(cfg.seed)
+                encode_before = dict(encode_info.get("one_time") or {})
+                compiled_at_start = compile_seconds()
                 start = Clock(device)
                 timer.start()
                 try:
@@ -545,6 +586,15 @@ def run_repetitions(plan: Plan, loaded: Loaded, log) -> tuple[list[dict], object
                 attn_time = patch.finish_timing()
                 pipe_time = start.seconds_until(after_pipe)
                 decode_time = after_pipe.seconds_until(after_decode)
+                # what this repetition paid once (completed in finish: vdbench.stages.one_time); the first
+                # repetition carries the render's: the load, the warm-up calls, torch.compile's time since the load
+                compiled = compile_seconds() - (compiled_before if rep == 0 else compiled_at_start)
+                once: dict = ({"load_s": loaded.load_s, "warmup_calls_s": warmup_s} if rep == 0 else {})
+                once["compile_s"] = compiled if compiled > 0 else None
+                mine, in_warmup = _reported_since(encode_info, encode_set_up if rep == 0 else None, encode_before)
+                merge_one_time(once, "vae_encode", {"one_time": mine})
+                merge_one_time(once, "warmup_calls.vae_encode", {"one_time": in_warmup})  # inside their time
+                merge_one_time(once, "vae_decode", vae_info)
                 stages = stage_timers.entry(start=start, after_pipe=after_pipe, after_decode=after_decode,
                                             last_step=timer.marks[-1] if len(timer.marks) > 1 else None,
                                             step_times=step_times, vae_decode=decode_time)
@@ -565,6 +615,7 @@ def run_repetitions(plan: Plan, loaded: Loaded, log) -> tuple[list[dict], object
                                    **{k: v for k, v in vae_info.items() if isinstance(v, (int, float, str, bool))}},
                     "total_time": start.seconds_until(after_decode),
                     **stages,  # stages, unaccounted (+ share, where): vdbench.stages.breakdown
+                    "one_time": once,  # + steady_s; end_to_end_s and end_to_end on the first: finish
                     "attention": patch.stats.as_dict(),
                     "attention_share": (attn_time / sum(step_times)) if attn_time and step_times else None,
                     "peak_memory_bytes": peak_memory(device),
@@ -586,10 +637,35 @@ def run_repetitions(plan: Plan, loaded: Loaded, log) -> tuple[list[dict], object
     return entries, frames
 
 
-def finish(plan: Plan, entries: list[dict], frames, log) -> dict:
-    """Merge the ranks' entries; rank 0 writes the video (and raw frames) and appends to timing.json."""
+def _end_to_end(entries: list[dict], wall: Wall, write_s: float, end: float) -> dict:
+    """timing.json's ``end_to_end`` of a render (:func:`vdbench.stages.end_to_end`, with what it counts from, the
+    clock, the repetitions it covers): the stages of ``wall`` and of every repetition, summed, and the write."""
+    from .stages import STAGES, end_to_end
+
+    def summed(stage):
+        vals = [(e.get("stages") or {}).get(stage) for e in entries]
+        vals = [v for v in vals if v is not None]
+        return sum(vals) if vals else None
+
+    stages = {"startup": wall.load_start - wall.started.t, "load": wall.load_s,
+              "warmup_calls": (entries[0].get("one_time") or {}).get("warmup_calls_s"),
+              **{k: summed(k) for k in STAGES}, "write": write_s}
+    in_reps = [e.get("unaccounted") for e in entries]
+    return {**wall.started.as_dict(), "repetitions": len(entries),
+            **end_to_end(end - wall.started.t, stages,
+                         in_repetitions=sum(in_reps) if all(v is not None for v in in_reps) else None)}
+
+
+def finish(plan: Plan, entries: list[dict], frames, log, wall: Optional[Wall] = None) -> dict:
+    """Merge the ranks' entries; rank 0 writes the video (and raw frames) and appends to timing.json.
+
+    Each entry's ``one_time`` is completed (:func:`vdbench.stages.one_time`). With ``wall`` (the render's marks), the
+    first repetition's entry gets ``end_to_end_s`` -- the render's start (the process's, from the CLIs) to the video
+    and raw frames on disk, every repetition included -- and its ``end_to_end`` breakdown; the later repetitions'
+    entries get None for both (the render's wait is counted once)."""
     from . import parallel as P
     from .stages import describe as describe_stages
+    from .stages import describe_end_to_end, one_time
     from .video import write_video
 
     cfg, device, backend = plan.cfg, plan.device, plan.backend
@@ -597,10 +673,16 @@ def finish(plan: Plan, entries: list[dict], frames, log) -> dict:
     if merged is None:
         return {"attention_type": cfg.attention_type, "rank": cfg.rank, "output": None,
                 "calls_by_kernel": entries[-1]["attention"]["calls_by_kernel"]}
-    entries = merged
+    entries = one_time(merged)
+    write_start = time.perf_counter()
     write_video(frames, cfg.output_path, fps=cfg.fps)
     if cfg.save_frames:
         _save_frames(frames, cfg.output_path.with_suffix(".npy"))
+    end = time.perf_counter()
+    for i, e in enumerate(entries):
+        e2e = _end_to_end(entries, wall, end - write_start, end) if (wall is not None and i == 0) else None
+        e["end_to_end_s"] = (end - wall.started.t) if e2e else None
+        e["end_to_end"] = e2e
     append_timing(cfg.timing_path, entries)
     last = entries[-1]
     steps = run_step_stats([e["step_times"] for e in entries], device, backend.emulated)
@@ -611,12 +693,17 @@ def finish(plan: Plan, entries: list[dict], frames, log) -> dict:
         "why_not_speed": steps["why_not_speed"], "vae_decode_time": last["vae_decode_time"],
         "vae_encode_time": last.get("vae_encode_time"),
         "calls_by_kernel": last["attention"]["calls_by_kernel"], "fallback_calls": last["attention"]["fallback_calls"],
+        "end_to_end_s": entries[0].get("end_to_end_s"), "one_time_s": entries[0]["one_time"]["total_s"],
+        "load_s": entries[0]["one_time"].get("load_s"),
     }
     kernels = ", ".join(f"{k}×{v}" for k, v in last["attention"]["calls_by_kernel"].items())
     timing_text = "emulated backend: no speed figure" if backend.emulated else describe_steps(steps)
     log(f"[{cfg.attention_type}] {timing_text}, decode {last['vae_decode_time']:.2f} s, kernels: {kernels} "
         f"-> {cfg.output_path}")
     log(f"[{cfg.attention_type}] {describe_stages(last)}")
+    e2e_line = describe_end_to_end(entries[0])
+    if e2e_line:
+        log(f"[{cfg.attention_type}] {e2e_line}")
     if not steps["speed_figure"] and not backend.emulated:
         log(f"warning: [{cfg.attention_type}] not a speed figure: {steps['why_not_speed']}")
     log(f"output: {cfg.output_path}")

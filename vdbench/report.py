@@ -8,7 +8,9 @@ the report gives the warm step (``vdbench.timing``'s one definition: the median 
 with its n, p20–p80 and min–max; the first step apart; each repetition's warm median), the speedup against
 ``default``, the attention share of the step, the VAE decode time, peak memory, PSNR/SSIM against the reference
 render, and the kernels that actually ran (``attention.calls_by_kernel``, so a silent fallback cannot pass for
-the kernel that was asked for).
+the kernel that was asked for). Beside the warm step: the render's end-to-end time (the process's start to the
+video on disk), its one-time costs (timing.json's ``one_time.total_s``) and the break-even steps against
+``default`` (:func:`break_even`: from how many denoising steps a render on the backend beats one on ``default``).
 
 Emulated backends (``run.backend.emulated``) carry no speed: their time, speedup and attention-share cells say
 "emulated" (their accuracy stays). Timings from a CPU or from fewer than three warm steps are flagged "not a
@@ -47,7 +49,8 @@ from vdbench.helptext import DefaultsHelpFormatter
 from vdbench.video import iter_frames, label_from_filename
 
 __all__ = ["resolve_results", "collect", "load_frames", "speed", "summarize", "write_csv", "write_html",
-           "figure_labels", "video_psnr", "main", "CSV_COLUMNS", "SPEED_COLUMNS", "EMULATED"]
+           "figure_labels", "video_psnr", "main", "CSV_COLUMNS", "SPEED_COLUMNS", "EMULATED", "break_even",
+           "break_even_text", "break_even_cell", "BREAK_EVEN_NOTE"]
 
 #: summary.csv columns, in order. ``warm_step_*``: the median of the steps after the first of every repetition of
 #: the last run, pooled, with its n and spread; ``first_step_ms`` the first step alone (median over repetitions);
@@ -57,17 +60,23 @@ __all__ = ["resolve_results", "collect", "load_frames", "speed", "summarize", "w
 #: patched attention processors; ``work`` the fraction of (query, key) block pairs the self-attention calls
 #: computed (1.0 dense; a sparse pattern less; ``attention.fraction_computed`` in timing.json).
 #: ``text_encode_s`` / ``image_encode_s`` / ``vae_encode_s``: the stages before the first step (vdbench.stages;
-#: empty where the pipeline has none), ``unaccounted_s`` what no stage covers.
+#: empty where the pipeline has none), ``unaccounted_s`` what no stage covers. ``end_to_end_s``: the process's start
+#: to the video on disk; ``one_time_s``: the render's one-time costs beyond its steady work (timing.json's
+#: ``one_time.total_s``; the load apart, ``load_s``; ``compile_s`` torch.compile's share, inside them);
+#: ``steady_s`` a repetition's time less its one-time costs; ``break_even_steps_vs_default`` the denoising steps from
+#: which the backend's render beats default's (:func:`break_even`). Empty for files written before they existed.
 CSV_COLUMNS = ["run", "backend", "warm_step_ms", "warm_step_n", "warm_step_p20_ms", "warm_step_p80_ms",
                "warm_step_min_ms", "warm_step_max_ms", "first_step_ms", "repetitions", "rep_warm_min_ms",
-               "rep_warm_max_ms", "speedup_vs_default", "speed_figure", "why_not_speed", "emulated",
+               "rep_warm_max_ms", "end_to_end_s", "one_time_s", "load_s", "compile_s", "steady_s",
+               "break_even_steps_vs_default", "speedup_vs_default", "speed_figure", "why_not_speed", "emulated",
                "attention_share", "vae_decode_s", "text_encode_s", "image_encode_s", "vae_encode_s", "unaccounted_s",
                "peak_memory_gib", "psnr_db", "ssim", "quality_source", "kernels", "work", "fallback_calls", "note"]
 
 #: The columns that are a speed (a time of the attention's work or derived from one): "emulated" in their place
 #: for an emulated backend, whose numerics are emulated in pure torch and whose time means nothing.
 SPEED_COLUMNS = ("warm_step_ms", "warm_step_p20_ms", "warm_step_p80_ms", "warm_step_min_ms", "warm_step_max_ms",
-                 "first_step_ms", "rep_warm_min_ms", "rep_warm_max_ms", "speedup_vs_default", "attention_share")
+                 "first_step_ms", "rep_warm_min_ms", "rep_warm_max_ms", "end_to_end_s", "one_time_s", "steady_s",
+                 "break_even_steps_vs_default", "speedup_vs_default", "attention_share")
 EMULATED = "emulated"
 
 
@@ -190,8 +199,11 @@ def speed(results: Path) -> dict[str, dict]:
     ``step_times``: the per-step times, median over the repetitions (for the per-step plot).
     ``vae_decode_time``, ``attention_share`` (medians), ``calls_by_kernel``, ``fallback_calls``,
     ``peak_memory_bytes`` (of the last repetition), ``emulated``, ``device`` and ``run`` (its header).
+    ``end_to_end_s`` (the process's start to the video on disk), ``one_time_s`` (``one_time.total_s``),
+    ``load_s``, ``compile_s`` and ``one_time`` (the section) of the run's first repetition, which carries the
+    render's one-time costs; ``steady_s`` the median over the repetitions; None for files written before them.
     For an emulated backend every time of the attention's work (warm and first step, per-step times, attention
-    share) is None: emulations never carry speed.
+    share, end-to-end and one-time) is None: emulations never carry speed.
     """
     from vdbench.timing import load_timing, run_step_stats
 
@@ -211,7 +223,12 @@ def speed(results: Path) -> dict[str, dict]:
         per_step = [_median((e.get("step_times") or [])[i] for e in last_run if i < len(e.get("step_times") or []))
                     for i in range(n_steps)]
         att = last_run[-1].get("attention") or {}
+        first = next((e for e in last_run if e.get("repetition", 0) == 0), last_run[0])
+        once = first.get("one_time") or {}
         out[label] = {**stats,
+                      "end_to_end_s": first.get("end_to_end_s"), "one_time_s": once.get("total_s"),
+                      "load_s": once.get("load_s"), "compile_s": once.get("compile_s"), "one_time": once or None,
+                      "steady_s": _median(e.get("steady_s") for e in last_run),
                       "step_times": per_step,
                       "vae_decode_time": _median(e.get("vae_decode_time") for e in last_run),
                       **{k: _median(e.get(k) for e in last_run)
@@ -230,7 +247,8 @@ def speed(results: Path) -> dict[str, dict]:
         if emulated:
             out[label].update({k: None for k in stats if k.startswith(("warm_step_", "first_step", "rep_warm_"))
                                and k != "warm_step_n"},
-                              rep_warm_medians=[], step_times=None, attention_share=None,
+                              rep_warm_medians=[], step_times=None, attention_share=None, end_to_end_s=None,
+                              one_time_s=None, steady_s=None,
                               stages={k: v for k, v in out[label]["stages"].items() if k != "denoise"})
     return out
 
@@ -252,6 +270,74 @@ def _stages_text(s: dict):
         return None
     rest = s.get("unaccounted")
     return " · ".join(parts + ([f"other {rest:.2f}"] if rest is not None else []))
+
+
+def break_even(one_a, warm_a, one_b, warm_b) -> dict | None:
+    """When a render on backend *a* costs less than one on baseline *b*: solve ``one_a + n·warm_a = one_b + n·warm_b``
+    for the number of denoising steps ``n`` (one-time costs and warm steps in the same unit). None when a figure is
+    missing. ``verdict``: ``"always"`` (a is ahead at every length: not slower per step and no more one-time
+    cost), ``"never"`` (not faster per step and no less one-time cost, or ahead only below one step), ``"from"``
+    (a is faster per step but pays more once: it wins from ``steps`` = the first whole n past the crossing),
+    ``"up to"`` (a is slower per step but pays less once: it wins for renders of at most ``steps``), ``"same"``
+    (identical figures); ``n`` the crossing itself (None where there is none)."""
+    if any(v is None for v in (one_a, warm_a, one_b, warm_b)):
+        return None
+    more_once, saved_per_step = one_a - one_b, warm_b - warm_a  # a pays more_once more, saves saved_per_step a step
+    if saved_per_step == 0:
+        verdict = "always" if more_once < 0 else ("never" if more_once > 0 else "same")
+        return {"verdict": verdict, "steps": None, "n": None}
+    n = more_once / saved_per_step
+    if saved_per_step > 0:
+        if more_once <= 0:
+            return {"verdict": "always", "steps": None, "n": n}
+        return {"verdict": "from", "steps": math.floor(n) + 1, "n": n}
+    if more_once >= 0:
+        return {"verdict": "never", "steps": None, "n": n}
+    steps = math.ceil(n) - 1  # a wins while n·saved > more_once, i.e. below the crossing
+    if steps < 1:
+        return {"verdict": "never", "steps": None, "n": n}
+    return {"verdict": "up to", "steps": steps, "n": n}
+
+
+def break_even_text(be: dict | None) -> str | None:
+    """``always``, ``never``, ``same``, ``from 38 steps``, ``up to 12 steps``; None for None."""
+    if be is None:
+        return None
+    if be["steps"] is None:
+        return be["verdict"]
+    return f"{be['verdict']} {be['steps']} step" + ("s" if be["steps"] != 1 else "")
+
+
+def break_even_cell(s: dict, base: dict) -> str | None:
+    """The break-even cell of a backend's :func:`speed` figures ``s`` against the baseline's ``base``: the verdict
+    from the warm medians and the one-time totals, and, where the warm steps' p20–p80 spread changes it, the range
+    from the backend at its best (its p20 against the baseline's p80) to its worst, with each side's n kept:
+    ``from 38 steps (p20–p80: 25–70; n=3 vs 3)``, ``from 38 steps (p20–p80: from 25 steps to never; n=3 vs 3)``.
+    None where a figure is missing."""
+    def at(mine, theirs):
+        return break_even(s.get("one_time_s"), s.get(mine), base.get("one_time_s"), base.get(theirs))
+
+    main = break_even_text(at("warm_step_median", "warm_step_median"))
+    if main is None:
+        return None
+    best, worst = at("warm_step_p20", "warm_step_p80"), at("warm_step_p80", "warm_step_p20")
+    n = f"n={s.get('warm_step_n')} vs {base.get('warm_step_n')}"
+    if best is None or worst is None or break_even_text(best) == break_even_text(worst) == main:
+        return f"{main} ({n})"
+    if best["verdict"] == worst["verdict"] and best["steps"] is not None and worst["steps"] is not None:
+        lo, hi = sorted((best["steps"], worst["steps"]))
+        spread = f"{lo}–{hi}"
+    else:
+        spread = f"{break_even_text(best)} to {break_even_text(worst)}"
+    return f"{main} (p20–p80: {spread}; {n})"
+
+
+#: What the break-even figures are, said under the table that shows them.
+BREAK_EVEN_NOTE = ("break-even steps against {base}: the denoising steps a render needs before the backend's total "
+                   "(one-time costs + steps × warm step) is below {base}'s, from the measured warm steps (median, "
+                   "with the p20–p80 range where it changes the answer, and each side's n) and one-time totals "
+                   "(the first step's excess over a warm step, the warm-up calls', the decode's; the load not "
+                   "counted); 'always' / 'never': ahead / behind at every length")
 
 
 def summarize(run_dir, reference: str = "reference", device=None) -> dict:
@@ -286,6 +372,9 @@ def summarize(run_dir, reference: str = "reference", device=None) -> dict:
     base = base_s.get("warm_step_median")
     if sp and base is None:
         notes.append("no 'default' backend with a warm step in timing.json: no speedup column")
+    base_key = match_label("default", sp) or "default"
+    if any(break_even_cell(s, base_s) for k, s in sp.items() if k != base_key and not s.get("emulated")):
+        notes.append(BREAK_EVEN_NOTE.format(base=base_key))
     rows = []
     for label in list(dict.fromkeys(list(sp) + list(sources))):
         s = sp.get(label, {})
@@ -301,6 +390,10 @@ def summarize(run_dir, reference: str = "reference", device=None) -> dict:
                "first_step_ms": ms("first_step"), "repetitions": s.get("repetitions"),
                "rep_warm_min_ms": ms("rep_warm_min"), "rep_warm_max_ms": ms("rep_warm_max"),
                "rep_warm_medians_ms": [m * 1e3 for m in s.get("rep_warm_medians") or []],
+               "end_to_end_s": s.get("end_to_end_s"), "one_time_s": s.get("one_time_s"), "load_s": s.get("load_s"),
+               "compile_s": s.get("compile_s"), "steady_s": s.get("steady_s"),
+               "break_even_steps_vs_default": (("baseline" if label == base_key else break_even_cell(s, base_s))
+                                               if s else None),
                "speedup_vs_default": (base / st) if (base and st) else None,
                "speed_figure": (not why) if s else None, "why_not_speed": why,
                "emulated": s.get("emulated"),
@@ -559,7 +652,10 @@ def write_html(summaries: list[dict], path) -> Path:
         multi = any((r.get("repetitions") or 0) > 1 for r in s["rows"])
         cols = [("backend", "backend", ""), ("warm step ms (median after the first step)", "warm_step_ms", ".1f"),
                 ("n", "warm_step_n", ""), ("p20–p80 ms", ("warm_step_p20_ms", "warm_step_p80_ms"), ".1f"),
-                ("min–max ms", ("warm_step_min_ms", "warm_step_max_ms"), ".1f"), ("first step ms", "first_step_ms", ".1f")]
+                ("min–max ms", ("warm_step_min_ms", "warm_step_max_ms"), ".1f"),
+                ("first step ms", "first_step_ms", ".1f"),
+                ("end-to-end (s)", "end_to_end_s", ".2f"), ("one-time (s)", "one_time_s", ".2f"),
+                ("break-even steps vs default", "break_even_steps_vs_default", "")]
         if multi:
             cols += [("repetitions", "repetitions", ""),
                      ("their warm medians, min–max ms", ("rep_warm_min_ms", "rep_warm_max_ms"), ".1f")]

@@ -16,23 +16,44 @@ encoders (tokenization, image preprocessing, the initial latents, the scheduler'
 step until the pipeline returns; the two parts are measured on their own, so their sum equals ``unaccounted`` only
 if the stages neither overlap nor leave a gap elsewhere (tests/test_stages.py). :func:`describe` is the line the
 render prints.
+
+The same for the whole render, from the process's start to the video on disk (timing.json's ``end_to_end_s`` and
+``end_to_end``): :func:`end_to_end` adds :data:`END_TO_END_STAGES` -- the startup, the load, the untimed warm-up
+calls, the repetitions' stages summed, the write -- and names the rest ``unaccounted``, so the stages and
+``unaccounted`` add up to ``end_to_end_s`` by construction. :func:`one_time` completes each repetition's
+``one_time`` section (what a render pays once, apart from its steady work) and ``steady_s``;
+:func:`merge_one_time` takes the one-time costs a stage reports itself (``info["one_time"]`` of the decode or the
+encode) into it under the stage's prefix; :func:`describe_end_to_end` is the render's end-to-end line.
 """
 
 from __future__ import annotations
 
 import contextlib
+import statistics
 from typing import Callable, Optional
 
 import torch
 
 from .timing import Clock
 
-__all__ = ["STAGES", "CallTimer", "StageTimers", "breakdown", "describe"]
+__all__ = ["STAGES", "END_TO_END_STAGES", "CallTimer", "StageTimers", "breakdown", "describe", "end_to_end",
+           "merge_one_time", "one_time", "describe_end_to_end"]
 
 #: The stages of a render, in pipeline order (timing.json ``stages``; None where the pipeline has no such stage).
 STAGES = ("text_encode", "image_encode", "vae_encode", "denoise", "vae_decode")
 _LABELS = {"text_encode": "text encode", "image_encode": "image encode", "vae_encode": "VAE encode",
-           "denoise": "denoising", "vae_decode": "VAE decode"}
+           "denoise": "denoising", "vae_decode": "VAE decode", "startup": "startup", "load": "load",
+           "warmup_calls": "warm-up calls", "write": "write"}
+
+#: The stages of a whole render, from the process's start to the video on disk (timing.json ``end_to_end.stages``):
+#: ``startup`` (the process's start until the load: the interpreter, the imports, the argument parsing, the checks
+#: that need no weights), ``load`` (the pipeline's weights, the checks of the loaded model, the parallel engine,
+#: the speed options), ``warmup_calls`` (``--warmup_calls``' untimed calls), the :data:`STAGES` of every repetition
+#: summed, ``write`` (the video, and the raw frames with ``--save_frames``).
+END_TO_END_STAGES = ("startup", "load", "warmup_calls", *STAGES, "write")
+
+#: The stages that may report one-time costs of their own (``info["one_time"]``), merged under their name.
+ONE_TIME_STAGES = ("vae_decode", "vae_encode")
 
 
 class CallTimer:
@@ -170,3 +191,111 @@ def describe(entry: dict) -> str:
             named = f": {where['before_denoise']:.3f} before the denoising, {where['after_denoise']:.3f} after"
         tail = f"; unaccounted {rest:.3f} s ({share:.1%} of {entry.get('total_time', float('nan')):.2f} s{named})"
     return "stages: " + ", ".join(parts) + tail
+
+
+def end_to_end(total: float, stages: dict, *, in_repetitions: Optional[float] = None) -> dict:
+    """A whole render's ``total`` seconds (process start to the video on disk) broken into ``stages`` (seconds by
+    :data:`END_TO_END_STAGES` name, None: no such stage): ``stages``, ``unaccounted`` (``total`` minus the stages:
+    ``stages`` + ``unaccounted`` = ``total`` exactly), ``unaccounted_share`` and ``unaccounted_where`` --
+    ``in_repetitions`` (the repetitions' own ``unaccounted``, summed) and ``outside`` (the rest: the gaps between
+    the load, the repetitions and the write)."""
+    unknown = set(stages) - set(END_TO_END_STAGES)
+    if unknown:
+        raise ValueError(f"unknown stage(s) {', '.join(sorted(unknown))}; valid: {', '.join(END_TO_END_STAGES)}")
+    rest = total - sum(v for v in stages.values() if v is not None)
+    return {"stages": {s: stages.get(s) for s in END_TO_END_STAGES}, "unaccounted": rest,
+            "unaccounted_share": rest / total if total > 0 else None,
+            "unaccounted_where": {"in_repetitions": in_repetitions,
+                                  "outside": None if in_repetitions is None else rest - in_repetitions}}
+
+
+def merge_one_time(section: dict, stage: str, info: Optional[dict], *, keys=None) -> dict:
+    """Put the one-time costs ``info["one_time"]`` (``{"name_s": seconds}``, reported by the stage itself) into
+    ``section`` as ``"<stage>.name_s"``; values that are not numbers are left out. ``keys``: only these names (the
+    ones a repetition reported itself). Returns ``section``."""
+    reported = (info or {}).get("one_time") or {}
+    for k, v in reported.items():
+        if (keys is None or k in keys) and isinstance(v, (int, float)) and not isinstance(v, bool):
+            section[f"{stage}.{k}"] = float(v)
+    return section
+
+
+def _reported(section: dict) -> dict:
+    return {k: v for k, v in section.items() if k.split(".", 1)[0] in ONE_TIME_STAGES and v is not None}
+
+
+def one_time(entries: list[dict]) -> list[dict]:
+    """Complete the ``one_time`` section and ``steady_s`` of a render's entries (in place; returns them).
+
+    ``one_time`` holds what a repetition paid once, apart from its steady work: ``first_step_excess_s`` (its first
+    step minus its warm median; None without a warm step), ``first_decode_excess_s`` (the first repetition's VAE
+    decode minus the median of the later ones': with two repetitions or more), the costs the stages reported
+    themselves (``vae_decode.<name>_s``, ``vae_encode.<name>_s``), and on the first repetition, which carries the
+    render's one-time costs, ``load_s`` (the load stage), ``warmup_calls_s`` / ``warmup_calls_excess_s``
+    (``--warmup_calls``: their time, and that time minus as many steady pipeline calls) and ``compile_s``
+    (torch.compile's time, already inside the first step's, the warm-up's or the decode's time: not added).
+
+    ``total_s`` adds each cost once: the first step's excess, the warm-up calls' excess and the stages' reported
+    costs -- or, for a decode that reported none, ``first_decode_excess_s``. The load is not in it (it is the same
+    work whatever the attention backend; ``load_s`` beside it). ``steady_s``: the repetition's ``total_time`` minus
+    its one-time costs (those paid inside it: ``total_s`` less the warm-up's), what a warm render would take."""
+    decodes = [e.get("vae_decode_time") for e in entries[1:] if e.get("vae_decode_time") is not None]
+    for i, e in enumerate(entries):
+        section = dict(e.get("one_time") or {})
+        first, warm = e.get("first_step"), e.get("warm_step_median")
+        section["first_step_excess_s"] = (first - warm) if first is not None and warm is not None else None
+        if i == 0:
+            section.setdefault("load_s", None)
+            section.setdefault("warmup_calls_s", None)
+            section.setdefault("compile_s", None)
+            section["first_decode_excess_s"] = (e["vae_decode_time"] - statistics.median(decodes)
+                                                if decodes and e.get("vae_decode_time") is not None else None)
+        reported = _reported(section)
+        counted_decode = (section.get("first_decode_excess_s")
+                          if not any(k.startswith("vae_decode.") for k in reported) else None)
+        inside = sum(v for v in (section["first_step_excess_s"], counted_decode, *reported.values()) if v is not None)
+        warmup_excess = None
+        if i == 0 and section.get("warmup_calls_s") is not None:
+            calls = int(((e.get("run") or {}).get("settings") or {}).get("warmup_calls") or 1)
+            steady_call = (e.get("pipe_time") or 0.0) - (section["first_step_excess_s"] or 0.0)
+            warmup_excess = section["warmup_calls_s"] - calls * steady_call
+            section["warmup_calls_excess_s"] = warmup_excess
+        section["total_s"] = inside + (warmup_excess or 0.0)
+        e["one_time"] = section
+        e["steady_s"] = (e["total_time"] - inside) if e.get("total_time") is not None else None
+    return entries
+
+
+def describe_end_to_end(entry: dict) -> Optional[str]:
+    """One line for a person: ``end-to-end 41.3 s (process start to the video on disk: startup 6.10, load 9.20,
+    denoising 24.0, VAE decode 1.10, write 0.30, ...; unaccounted 0.21, 0.5%); one-time 2.05 s beyond the steady
+    work (first step +1.90, compile 1.70 within it), load 9.20 s``; None when the entry has no end-to-end time."""
+    total = entry.get("end_to_end_s")
+    if total is None:
+        return None
+    e2e = entry.get("end_to_end") or {}
+    since = {"process start": "process start", "vdbench import": "vdbench's import",
+             "render call": "the render's call"}.get(e2e.get("since"), "start")
+    parts = [f"{_LABELS.get(k, k)} {v:.2f}" for k, v in (e2e.get("stages") or {}).items() if v]
+    rest, share = e2e.get("unaccounted"), e2e.get("unaccounted_share")
+    if rest is not None:
+        parts.append(f"unaccounted {rest:.2f}" + (f", {share:.1%}" if share is not None else ""))
+    reps = e2e.get("repetitions") or 1
+    line = (f"end-to-end {total:.2f} s ({since} to the video on disk"
+            + (f", {reps} repetitions" if reps > 1 else "") + ": " + ", ".join(parts) + ")")
+    ot = entry.get("one_time") or {}
+    if ot.get("total_s") is not None:
+        bits = []
+        if ot.get("first_step_excess_s") is not None:
+            bits.append(f"first step {ot['first_step_excess_s']:+.2f}")
+        if ot.get("warmup_calls_excess_s") is not None:
+            bits.append(f"warm-up calls {ot['warmup_calls_excess_s']:+.2f}")
+        bits += [f"{k} {v:+.2f}" for k, v in _reported(ot).items()]
+        if ot.get("first_decode_excess_s") is not None and not any(k.startswith("vae_decode.") for k in _reported(ot)):
+            bits.append(f"first decode {ot['first_decode_excess_s']:+.2f}")
+        if ot.get("compile_s"):
+            bits.append(f"compile {ot['compile_s']:.2f} within them")
+        line += f"; one-time {ot['total_s']:.2f} s beyond the steady work ({', '.join(bits)})"
+    if ot.get("load_s") is not None:
+        line += f", load {ot['load_s']:.2f} s"
+    return line

@@ -53,7 +53,8 @@ import torch
 __all__ = ["Clock", "StepTimer", "MIN_SAMPLES", "STEP_KEYS", "spread", "speed_verdict", "step_stats", "run_step_stats",
            "call_ms", "first_call_ms", "TARGET_SAMPLES", "Sampled", "sample_ms", "CACHE_VARS", "cache_state",
            "fresh_cache_env", "describe_steps", "system_info", "append_timing", "load_timing", "peak_memory",
-           "reset_peak_memory", "KERNEL_CATEGORIES", "kernel_category", "kernel_summary", "StepProfiler"]
+           "reset_peak_memory", "KERNEL_CATEGORIES", "kernel_category", "kernel_summary", "StepProfiler",
+           "process_start", "WallStart", "wall_start", "compile_seconds"]
 
 
 class Clock:
@@ -72,6 +73,80 @@ class Clock:
             later.event.synchronize()
             return self.event.elapsed_time(later.event) / 1000.0
         return later.t - self.t
+
+
+def process_start() -> tuple[float, str]:
+    """(the process's start on the ``time.perf_counter`` clock, the clock it was read from).
+
+    On Linux the kernel's record of the process's start (``/proc/self/stat`` field 22, clock ticks since boot: 10 ms
+    resolution) against ``CLOCK_BOOTTIME`` (the clock that field counts on): ``"proc_starttime"``; where that clock
+    is missing, against the wall clock and ``/proc/stat``'s ``btime`` (whole seconds: up to 1 s early):
+    ``"proc_starttime+btime"``. Elsewhere, or where /proc can't be read, the moment vdbench was first imported
+    (``vdbench.IMPORTED_AT``; the interpreter's start and the imports before it are not counted):
+    ``"vdbench_import"``."""
+    from . import IMPORTED_AT
+
+    now = time.perf_counter()
+    try:
+        with open("/proc/self/stat") as f:
+            stat = f.read()
+        # field 2 (the command name) is in parentheses and may hold spaces: count the fields after its ")"
+        ticks = int(stat[stat.rindex(")") + 2:].split()[19])
+        since_boot = ticks / os.sysconf("SC_CLK_TCK")
+        if hasattr(time, "CLOCK_BOOTTIME"):
+            age, clock = time.clock_gettime(time.CLOCK_BOOTTIME) - since_boot, "proc_starttime"
+        else:
+            with open("/proc/stat") as f:
+                btime = next(int(line.split()[1]) for line in f if line.startswith("btime "))
+            age, clock = time.time() - (btime + since_boot), "proc_starttime+btime"
+    except (OSError, ValueError, IndexError, StopIteration):
+        return IMPORTED_AT, "vdbench_import"
+    start = now - age
+    if age < 0 or start > IMPORTED_AT:  # a clock that disagrees with what this process saw itself: not trusted
+        return IMPORTED_AT, "vdbench_import"
+    return start, clock
+
+
+class WallStart:
+    """What a render's ``end_to_end_s`` counts from: ``t`` on the ``time.perf_counter`` clock, ``since`` (``"process
+    start"``, ``"vdbench import"`` or ``"render call"``) and ``clock`` (:func:`process_start`'s name, or
+    ``"perf_counter"`` for a render call)."""
+
+    def __init__(self, t: float, since: str, clock: str):
+        self.t, self.since, self.clock = t, since, clock
+
+    def as_dict(self) -> dict:
+        return {"since": self.since, "clock": self.clock}
+
+
+_PROCESS_START_USED = False
+
+
+def wall_start(from_process: bool) -> WallStart:
+    """The start a render's end-to-end time counts from. ``from_process`` (the render CLIs): the process's start
+    (:func:`process_start`) for the first render of the process -- what the user waited, interpreter and imports
+    included; a later render in the same process (tests, a script calling the CLI twice) counts from now, its own
+    call, since the process's start was paid for by the first. Otherwise (a render called as a library) from now."""
+    global _PROCESS_START_USED
+    if from_process and not _PROCESS_START_USED:
+        _PROCESS_START_USED = True
+        t, clock = process_start()
+        return WallStart(t, "vdbench import" if clock == "vdbench_import" else "process start", clock)
+    return WallStart(time.perf_counter(), "render call", "perf_counter")
+
+
+def compile_seconds() -> float:
+    """Seconds torch.compile (dynamo and its backend: inductor's code generation and Triton builds, FlexAttention's
+    kernel on CUDA) has spent compiling in this process so far, from torch's own counters
+    (``torch._dynamo.utils.calculate_time_spent()["total_wall_time"]``); 0.0 when nothing was compiled or the
+    counters can't be read. The difference of two readings is what was compiled between them."""
+    utils = sys.modules.get("torch._dynamo.utils")  # not imported: nothing was compiled
+    if utils is None:
+        return 0.0
+    try:
+        return float(utils.calculate_time_spent().get("total_wall_time", 0.0))
+    except Exception:  # noqa: BLE001 - a private counter of torch's: its absence must not stop a render
+        return 0.0
 
 
 class StepTimer:
