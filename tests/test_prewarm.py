@@ -162,5 +162,5 @@ def test_a_failed_prewarm_is_recorded_and_the_decode_still_runs(monkeypatch):
     frames = D.decode_latents(pipe, latents, "wan", mode="fast", fused_glue=True, info=info, prewarm=pw)
     assert frames.shape[-1] == 3
     assert info["prewarm"] == "failed (RuntimeError: CUDA out of memory.)"
-    assert set(info["one_time"]) == {"prewarm_s", "prewarm_wait_s"}
+    assert set(info["one_time"]) == {"prewarm_wait_s"} and info["prewarm_s"] >= 0
     assert pw.done
