@@ -40,7 +40,6 @@ def _child(args) -> dict:
     from vdbench import kernels as K
     from vdbench import prewarm as W
     from vdbench.decode import DecodeOptions
-    from vdbench.encode import EncodeOptions
     from vdbench.pipelines import build_vae
     from vdbench.timing import cache_state, speed_verdict
 
@@ -65,10 +64,9 @@ def _child(args) -> dict:
 
     if variant.startswith("prewarm"):
         t0 = time.perf_counter()
-        p = W.plan(vae, decode_mode="fast", decode_options=DecodeOptions(), encode_mode=None,
-                   encode_options=EncodeOptions(), latent_hw=(h, w), pixel_hw=(height, width),
-                   real_frames=2 if variant == "prewarm+real" else 0)
-        row["prewarm"] = None if p is None else W.start(vae, p).wait()
+        p = W.plan(vae_class=type(vae).__name__, device=dev, decode_mode="fast", decode_options=DecodeOptions(),
+                   pixel_hw=(height, width), real_frames=2 if variant == "prewarm+real" else 0)
+        row["prewarm"] = None if p is None else W.start(lambda: W.scratch_like(vae), p).wait()
         row["prewarm_wall_s"] = time.perf_counter() - t0
         if variant == "prewarm+main":
             t0 = time.perf_counter()

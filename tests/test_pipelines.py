@@ -589,3 +589,19 @@ def test_head_dims_read_from_configs_without_weights(tmp_path, monkeypatch):
     assert P.config_head_dims(str(P.resolve_model("tiny", "t2v"))) == [32]  # a local directory's config.json
     assert P.config_head_dims("Wan-AI/Wan2.1-T2V-1.3B-Diffusers") is None  # not cached: unknown, nothing fetched
     assert P.config_head_dims(str(tmp_path / "missing")) is None and P.config_head_dims("tiny:nope") is None
+
+
+def test_config_vae_reads_the_vae_without_loading_a_weight(tmp_path):
+    """What the render's prewarm builds its scratch VAE from before the pipeline loads."""
+    from vdbench.pipelines import config_vae
+
+    cls, cfg = config_vae("random:wan2.1-t2v-1.3b")
+    assert cls == "AutoencoderKLWan" and cfg["base_dim"] == 96  # the real checkpoint's architecture
+    assert config_vae("tiny")[0] == "AutoencoderKLWan"
+    assert config_vae("random:cogvideox-2b")[0] == "AutoencoderKLCogVideoX"
+    d = tmp_path / "model"
+    (d / "vae").mkdir(parents=True)
+    (d / "vae" / "config.json").write_text('{"_class_name": "AutoencoderKLWan", "z_dim": 16}')
+    assert config_vae(str(d)) == ("AutoencoderKLWan", {"_class_name": "AutoencoderKLWan", "z_dim": 16})
+    assert config_vae(str(tmp_path / "missing")) is None  # nothing to read: the render starts it after the load
+    assert config_vae("random:no-such-variant") is None

@@ -19,6 +19,7 @@ Public API (used by the rest of vdbench and its CLIs):
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Any
 
@@ -132,47 +133,67 @@ def hub_id_problem(model: str) -> str | None:
     return None
 
 
-def config_head_dims(model: str, task: str | None = None, family: str = "wan") -> list[int] | None:
-    """The attention head dims of ``model``'s denoiser(s), read from their configs without loading a weight: a tiny
-    or random-weight name from its variant, a local directory or a cached hub id from ``transformer/config.json``
-    (diffusers' ``load_config``, local files only); None when that can't be known without a download (the loaded
-    model is checked instead). Lets the render refuse a backend that can't serve the model's head dim before any
-    weight loads."""
-    configs: list[dict] = []
+def _component_configs(model: str, task: str | None, family: str, names: tuple[str, ...]) -> dict | None:
+    """Component name (``transformer``, ``transformer_2``, ``vae``) -> (class name or None, config) of ``model``,
+    read without loading a weight: a tiny or random-weight name from its variant, a local directory or a cached hub
+    id from ``<name>/config.json`` (diffusers' ``load_config``, local files only; the class from its
+    ``_class_name``); None when that can't be known without a download. A component the model lacks is left out."""
+    out: dict = {}
+    variant = None
     if model.startswith("random:"):
         base, overrides = RANDOM_VARIANTS.get(model[len("random:"):], (None, {}))
         if base is None:
             return None
-        variant = TINY_VARIANTS[base]
-        configs = [overrides.get("transformer", variant.transformer)]
-        if variant.transformer_2 is not None:
-            configs.append(overrides.get("transformer_2", variant.transformer_2))
+        variant = dataclasses.replace(TINY_VARIANTS[base], **overrides)
     elif model == "tiny" or model.startswith("tiny:"):
         try:
-            name = _tiny_variant_name(model, task, family)
+            variant = TINY_VARIANTS[_tiny_variant_name(model, task, family)]
         except ValueError:
             return None
-        variant = TINY_VARIANTS[name]
-        configs = [c for c in (variant.transformer, variant.transformer_2) if c is not None]
-    else:
-        from diffusers import ConfigMixin
+    if variant is not None:
+        for n in names:
+            cfg = getattr(variant, n)
+            if cfg is not None:
+                out[n] = (variant.vae_class if n == "vae" else variant.transformer_class, cfg)
+        return out
+    from diffusers import ConfigMixin
 
-        class ModelConfig(ConfigMixin):  # diffusers' config reader for any model's config.json, no class needed
-            config_name = "config.json"
+    class ModelConfig(ConfigMixin):  # diffusers' config reader for any model's config.json, no class needed
+        config_name = "config.json"
 
-        local = os.path.expanduser(model)
-        where = local if os.path.isdir(local) else model
-        if not os.path.isdir(local) and (_looks_like_path(model) or hub_id_problem(model)):
-            return None
-        for sub in ("transformer", "transformer_2"):
-            try:
-                configs.append(ModelConfig.load_config(where, subfolder=sub, local_files_only=True,
-                                                      cache_dir=None if os.path.isdir(local) else _hf_cache_dir()))
-            except (OSError, ValueError):
-                if sub == "transformer":
-                    return None
-    dims = [c.get("attention_head_dim") for c in configs]
+    local = os.path.expanduser(model)
+    where = local if os.path.isdir(local) else model
+    if not os.path.isdir(local) and (_looks_like_path(model) or hub_id_problem(model)):
+        return None
+    for n in names:
+        try:
+            cfg = dict(ModelConfig.load_config(where, subfolder=n, local_files_only=True,
+                                               cache_dir=None if os.path.isdir(local) else _hf_cache_dir()))
+        except (OSError, ValueError):
+            continue
+        out[n] = (cfg.get("_class_name"), cfg)
+    return out
+
+
+def config_head_dims(model: str, task: str | None = None, family: str = "wan") -> list[int] | None:
+    """The attention head dims of ``model``'s denoiser(s), read from their configs without loading a weight
+    (:func:`_component_configs`); None when that can't be known without a download (the loaded model is checked
+    instead). Lets the render refuse a backend that can't serve the model's head dim before any weight loads."""
+    found = _component_configs(model, task, family, ("transformer", "transformer_2"))
+    if not found or "transformer" not in found:
+        return None
+    dims = [cfg.get("attention_head_dim") for _, cfg in found.values()]
     return [int(d) for d in dims] if dims and all(isinstance(d, int) for d in dims) else None
+
+
+def config_vae(model: str, task: str | None = None, family: str = "wan") -> tuple[str, dict] | None:
+    """(class name, config) of ``model``'s VAE, read without loading a weight (:func:`_component_configs`), or None
+    where that needs a download: what a scratch VAE of the same architecture is built from before the pipeline
+    loads (:mod:`vdbench.prewarm`)."""
+    found = _component_configs(model, task, family, ("vae",))
+    if not found or "vae" not in found or not found["vae"][0]:
+        return None
+    return found["vae"]
 
 
 def _offline_help(model: str, reason: str) -> str:

@@ -5,10 +5,11 @@ Why: a render decodes once, so its decode is always a *first* call. The fast Wan
 fast decode's first call at Wan 720p x 81 took 9.41 s against 2.07 s warm, ~6.5 s of it Triton compiling the
 glue -- enough to make ``--vae_decode fast`` slower end to end than diffusers' decode (4.72 s first call).
 
-What :class:`Prewarm` does: while the GPU denoises, a daemon thread decodes (and, for image-to-video, first
-encodes) a *small* clip through the same fast path, on a scratch copy of the VAE (same class, config, dtype and
-device; seeded random weights; freed afterwards -- the pipeline's VAE is never touched, so an encode or decode
-running meanwhile is not disturbed). The small clip's spatial size is congruent to the real one modulo 16 at the
+What :class:`Prewarm` does: while the pipeline loads (the render starts it before the weights, from the VAE's
+config alone) and then while the GPU denoises, a daemon thread decodes (and, for image-to-video, first encodes) a
+*small* clip through the same fast path, on a scratch VAE (same class, config, dtype and device; seeded random
+weights; freed afterwards -- the pipeline's VAE is never touched, so an encode or decode running meanwhile is not
+disturbed). The small clip's spatial size is congruent to the real one modulo 16 at the
 latent level (128 in pixels for the encoder, whose deepest level is 1/8), with a first chunk and steady chunks, so
 every Triton launch has the real call's specialization -- dtypes, channel counts, layouts and the divisibility of
 every size and stride by 16 -- and the real decode finds each kernel compiled in the process. Its GPU work is a
@@ -35,7 +36,7 @@ from . import vae as V
 from .decode import DecodeMode, DecodeOptions, check_decode
 from .encode import EncodeMode, EncodeOptions, check_encode
 
-__all__ = ["Prewarm", "PrewarmPlan", "plan", "start", "small_size"]
+__all__ = ["Prewarm", "PrewarmPlan", "plan", "start", "small_size", "scratch_vae", "scratch_like", "SPEC_MODULUS"]
 
 #: Latent frames of the small decode: the first chunk alone, then chunks until every causal cache and temporal
 #: upsampler is in its steady state (Wan 2.2's up blocks reach it later than Wan 2.1's).
@@ -55,75 +56,78 @@ def small_size(size: int, modulus: int) -> int:
 
 @dataclass(frozen=True)
 class PrewarmPlan:
-    """What one prewarm runs: the fast decode of latents (B, z, T, ``latent_hw``) and/or the fast encode of video at
-    ``pixel_hw``, with the options the render's decode and encode will use; ``real_frames`` latent frames decoded
-    at the real size after the small clip (0: none)."""
+    """What one prewarm runs: the fast decode and/or the fast encode (each its mode entry and options, as the
+    render's decode and encode will run them) of a clip whose real size is ``pixel_hw``; ``real_frames`` latent
+    frames decoded at the real size after the small clip (0: none); ``why_not``: why a part has nothing to
+    prewarm."""
 
     decode: Optional[tuple[DecodeMode, DecodeOptions]]
     encode: Optional[tuple[EncodeMode, EncodeOptions]]
-    latent_hw: tuple[int, int]
     pixel_hw: tuple[int, int]
     real_frames: int = 0
     why_not: dict = field(default_factory=dict)
 
 
-def _uses_triton(vae, fused_glue, compile_backend) -> tuple[bool, str]:
-    """Whether the fast path on this VAE would run the Triton glue (the one-time cost worth paying ahead)."""
+def _part(mode, options, vae_class: str, device):
+    """(mode, options) where ``mode`` drives ``vae_class`` and would run the Triton glue on ``device`` (the one-time
+    cost worth paying ahead), else (None, why)."""
+    if not mode.prewarm or (mode.vaes is not None and vae_class not in mode.vaes):
+        return None, f"mode {mode.name!r} compiles nothing ahead for {vae_class}"
     info: dict = {}
     try:
-        used = V.resolve_glue(vae, fused_glue, compile_backend, info)
-    except RuntimeError as e:  # fused_glue=True where it can't run: the decode itself will refuse, with the reason
-        return False, str(e)
-    return used, info.get("glue", "")
+        used = V.glue_for(device, options.fused_glue, options.compile_backend, info)
+    except RuntimeError as e:  # fused_glue=True where it can't run: the decode itself refuses, with the reason
+        return None, str(e)
+    return ((mode, options), "") if used else (None, info.get("glue", ""))
 
 
-def plan(vae, *, decode_mode: str, decode_options: DecodeOptions, encode_mode: Optional[str],
-         encode_options: EncodeOptions, latent_hw: tuple[int, int], pixel_hw: tuple[int, int],
-         real_frames: int = 0) -> Optional[PrewarmPlan]:
-    """The prewarm a render's decode (and encode, when ``encode_mode`` is given) would profit from, or None: only
-    the fast layers with the Triton glue have a compile to pay ahead (diffusers' own decode has none of vdbench's)."""
+def plan(*, vae_class: str, device, decode_mode: str, decode_options: DecodeOptions,
+         encode_mode: Optional[str] = None, encode_options: EncodeOptions = EncodeOptions(),
+         pixel_hw: tuple[int, int], real_frames: int = 0) -> Optional[PrewarmPlan]:
+    """The prewarm a render's decode (and encode, when ``encode_mode`` is given) of a ``vae_class`` VAE on
+    ``device`` would profit from, or None: only the fast layers with the Triton glue have a compile to pay ahead
+    (diffusers' own decode has none of vdbench's)."""
     why: dict = {}
-    dec = enc = None
-    m = check_decode(decode_mode, decode_options, vae=vae)
-    if m.prewarm:
-        ok, glue = _uses_triton(vae, decode_options.fused_glue, decode_options.compile_backend)
-        dec = (m, decode_options) if ok else None
-        if not ok:
-            why["decode"] = glue
-    e = None if encode_mode is None else check_encode(encode_mode, encode_options, vae=vae)
-    if e is not None and e.prewarm:
-        ok, glue = _uses_triton(vae, encode_options.fused_glue, encode_options.compile_backend)
-        enc = (e, encode_options) if ok else None
-        if not ok:
-            why["encode"] = glue
+    dec, why["decode"] = _part(check_decode(decode_mode, decode_options), decode_options, vae_class, device)
+    enc = None
+    if encode_mode is not None:
+        enc, why["encode"] = _part(check_encode(encode_mode, encode_options), encode_options, vae_class, device)
     if dec is None and enc is None:
         return None
-    return PrewarmPlan(dec, enc, latent_hw, pixel_hw, real_frames, why)
+    return PrewarmPlan(dec, enc, pixel_hw, real_frames, {k: v for k, v in why.items() if v})
 
 
-def _scratch_vae(vae):
-    """A VAE of ``vae``'s class and config on its device and dtype, seeded random weights (no copy of the real ones:
-    the kernels compiled depend on shapes, dtypes and layouts only)."""
-    dev, dtype = next(vae.parameters()).device, vae.dtype
+def scratch_vae(vae_class, config: dict, device, dtype):
+    """A ``vae_class`` (a class or a diffusers class name) VAE of ``config`` on ``device`` in ``dtype``, seeded random
+    weights: the kernels a decode compiles depend on shapes, dtypes and layouts only, never on the weights."""
+    import diffusers
+
+    cls = getattr(diffusers, vae_class) if isinstance(vae_class, str) else vae_class
     with torch.device("meta"):
-        scratch = type(vae).from_config(vae.config)
-    scratch = scratch.to_empty(device=dev).to(dtype)
-    gen = torch.Generator(dev).manual_seed(0)
+        scratch = cls.from_config(config)
+    scratch = scratch.to_empty(device=device).to(dtype)
+    gen = torch.Generator(device).manual_seed(0)
     for t in scratch.state_dict().values():
         if t.is_floating_point():
             t.normal_(0.0, 0.02, generator=gen)
     return scratch.eval().requires_grad_(False)
 
 
-class Prewarm:
-    """A :class:`PrewarmPlan` running on a daemon thread from construction; :meth:`wait` joins it. Never raises into
-    the render: a failure is recorded (``status`` "failed" with the error) and the real call then pays its own
-    first-call costs, as it would have without a prewarm."""
+def scratch_like(vae):
+    """:func:`scratch_vae` of ``vae``'s class, config, device and dtype."""
+    return scratch_vae(type(vae), dict(vae.config), next(vae.parameters()).device, vae.dtype)
 
-    def __init__(self, vae, p: PrewarmPlan):
+
+class Prewarm:
+    """A :class:`PrewarmPlan` running on a daemon thread from construction, on the VAE ``make_vae()`` builds there
+    (:func:`scratch_vae`, :func:`scratch_like`); :meth:`wait` joins it. Never raises into the render: a failure is
+    recorded (``status`` "failed" with the error) and the real call then pays its own first-call costs, as it would
+    have without a prewarm."""
+
+    def __init__(self, make_vae, p: PrewarmPlan):
         self.plan = p
         self.record: dict = {"status": "running", "jobs": {}}
-        self._vae = vae
+        self._make_vae = make_vae
         self._t0 = time.perf_counter()
         self._thread = threading.Thread(target=self._run, name="vdbench-vae-prewarm", daemon=True)
         self._thread.start()
@@ -133,12 +137,13 @@ class Prewarm:
         try:
             with torch.inference_mode():
                 t = time.perf_counter()
-                scratch = _scratch_vae(self._vae)
+                scratch = self._make_vae()
                 dev = next(scratch.parameters()).device
                 rec["jobs"]["scratch_vae_s"] = time.perf_counter() - t
                 gen = torch.Generator(dev).manual_seed(0)
-                h, w = self.plan.latent_hw
                 ph, pw = self.plan.pixel_hw
+                s = int(scratch.config.scale_factor_spatial)
+                h, w = ph // s, pw // s
                 if self.plan.encode is not None:  # image-to-video encodes before it denoises: warm that first
                     t = time.perf_counter()
                     x = torch.rand((1, 3, _ENCODE_FRAMES, small_size(ph, 8 * SPEC_MODULUS),
@@ -182,6 +187,7 @@ class Prewarm:
         return {**self.record, "waited_s": time.perf_counter() - t}
 
 
-def start(vae, p: Optional[PrewarmPlan]) -> Optional[Prewarm]:
-    """Start ``p`` (from :func:`plan`) on its thread, or None when there is nothing to prewarm."""
-    return None if p is None else Prewarm(vae, p)
+def start(make_vae, p: Optional[PrewarmPlan]) -> Optional[Prewarm]:
+    """Start ``p`` (from :func:`plan`) on its thread with the VAE ``make_vae()`` builds, or None when there is
+    nothing to prewarm."""
+    return None if p is None else Prewarm(make_vae, p)

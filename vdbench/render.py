@@ -375,6 +375,33 @@ class Loaded:
     kwargs: dict
     header: dict
     load_s: Optional[float] = None  # the whole load stage (weights, checks, engine, speed options), host clock
+    prewarm: object = None  # vdbench.prewarm.Prewarm started before the weights loaded, or None
+
+
+def _start_prewarm(plan: Plan, pipe=None):
+    """The fast VAE path's first-call compiles started on a thread (:mod:`vdbench.prewarm`) before the weights load,
+    on a scratch VAE built from the model's VAE config, so that they run under the load and the denoising; None
+    where there is nothing to compile ahead or ``--no_vae_prewarm``. ``pipe``: the loaded pipeline, whose VAE's
+    config serves where the model's could not be read before the load (a hub id downloaded by it)."""
+    from . import prewarm as W
+    from .decode import DecodeOptions
+    from .encode import EncodeOptions
+    from .pipelines import config_vae
+
+    cfg, device = plan.cfg, plan.device
+    if not cfg.vae_prewarm or device.type != "cuda" or cfg.cpu_offload or cfg.vae_tiling:
+        return None
+    spec = config_vae(cfg.model, cfg.task, cfg.family) if pipe is None else (type(pipe.vae).__name__,
+                                                                             dict(pipe.vae.config))
+    if spec is None:
+        return None
+    image = bool(cfg.image) and plan.family.takes_image(cfg.task)
+    p = W.plan(vae_class=spec[0], device=device, decode_mode=cfg.vae_decode,
+               decode_options=DecodeOptions(max_memory_gib=cfg.vae_max_memory, fused_glue=plan.fused_glue),
+               encode_mode=cfg.vae_encode if image else None, encode_options=EncodeOptions(fused_glue=plan.encode_glue),
+               pixel_hw=(cfg.height, cfg.width))
+    dtype = plan.vae_dtype or plan.dtype
+    return W.start(lambda: W.scratch_vae(spec[0], spec[1], device, dtype), p)
 
 
 def _load_checked(plan: Plan) -> tuple:
@@ -407,17 +434,20 @@ def _load_checked(plan: Plan) -> tuple:
 def load(plan: Plan) -> Loaded:
     """Load the pipeline and check what only the loaded model can tell (its exact size rules, its head dims)."""
     from . import parallel as P
-    from .pipelines import ModelLoadError, model_summary, transformers_of
+    from .pipelines import ModelLoadError, config_vae, model_summary, transformers_of
     from .speed import apply_speed_options
 
     cfg, family, device, dctx = plan.cfg, plan.family, plan.device, plan.dctx
     t0 = time.perf_counter()
     err = pipe = load_time = flow_shift = None
+    prewarm = _start_prewarm(plan)  # on its thread while the weights load
     try:  # what only the files or the loaded model can refuse is agreed like validate's refusals (torchrun)
         pipe, load_time, flow_shift = _load_checked(plan)
     except (ModelLoadError, B.BackendUnavailable, ValueError, OSError) as e:
         err = e
     P.agree(dctx, err)  # single process: raises err itself
+    if prewarm is None and pipe is not None and cfg.vae_prewarm and config_vae(cfg.model, cfg.task, cfg.family) is None:
+        prewarm = _start_prewarm(plan, pipe)  # the config came with the download: start it now, before the denoising
     models = transformers_of(pipe)
     head_dims = [m.config.attention_head_dim for _, m in models]
     if dctx is not None:
@@ -445,7 +475,7 @@ def load(plan: Plan) -> Loaded:
     }
     if device.type == "cuda":  # the load's last copies and quantization kernels are the load's time
         torch.cuda.synchronize(device)
-    return Loaded(pipe, models, kwargs, header, load_s=time.perf_counter() - t0)
+    return Loaded(pipe, models, kwargs, header, load_s=time.perf_counter() - t0, prewarm=prewarm)
 
 
 def _reported_since(info: dict, set_up: Optional[dict], before: dict) -> tuple[dict, dict]:
@@ -458,25 +488,6 @@ def _reported_since(info: dict, set_up: Optional[dict], before: dict) -> tuple[d
         return {k: v for k, v in now.items() if before.get(k) != v}, {}
     in_warmup = {k: v for k, v in before.items() if set_up.get(k) != v}
     return {k: v for k, v in now.items() if k not in in_warmup or in_warmup[k] != v}, in_warmup
-
-
-def _start_prewarm(plan: Plan, pipe):
-    """The fast VAE path's first-call compiles started on a thread (:mod:`vdbench.prewarm`), to run while the GPU
-    denoises; None where there is nothing to compile ahead or ``--no_vae_prewarm``."""
-    from . import prewarm as W
-    from .decode import DecodeOptions
-    from .encode import EncodeOptions
-
-    cfg = plan.cfg
-    if not cfg.vae_prewarm or plan.device.type != "cuda" or cfg.cpu_offload:
-        return None
-    s = int(pipe.vae_scale_factor_spatial)
-    image = bool(cfg.image) and plan.family.takes_image(cfg.task)
-    p = W.plan(pipe.vae, decode_mode=cfg.vae_decode,
-               decode_options=DecodeOptions(max_memory_gib=cfg.vae_max_memory, fused_glue=plan.fused_glue),
-               encode_mode=cfg.vae_encode if image else None, encode_options=EncodeOptions(fused_glue=plan.encode_glue),
-               latent_hw=(cfg.height // s, cfg.width // s), pixel_hw=(cfg.height, cfg.width))
-    return W.start(pipe.vae, p)
 
 
 def run_repetitions(plan: Plan, loaded: Loaded, log) -> tuple[list[dict], object]:
@@ -504,7 +515,7 @@ def run_repetitions(plan: Plan, loaded: Loaded, log) -> tuple[list[dict], object
                            call_kind=plan.family.call_kind, grid_hooks=plan.family.grid_hooks,
                            tile_order_once=not cfg.compile)  # compiled blocks would trace the tile-order hooks
     entries, frames = [], None
-    prewarm = _start_prewarm(plan, pipe)
+    prewarm = loaded.prewarm
     progress = _Progress(cfg.attention_type, cfg.num_inference_steps, cfg.num_repetitions, log,
                          enabled=not sys.stderr.isatty())
 

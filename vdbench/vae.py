@@ -144,21 +144,28 @@ def resolve_glue(vae, fused_glue: Optional[bool], compile_backend: Optional[str]
     recorded in ``info["glue"]``: the Triton kernels where asked for (refused with the reason where they can't
     run) or, by default, where the VAE is on a GPU they run on; else the eager glue (with why, when by default)
     or the compiled one."""
+    return glue_for(next(vae.parameters()).device, fused_glue, compile_backend, info)
+
+
+def glue_for(device, fused_glue: Optional[bool], compile_backend: Optional[str], info: dict) -> bool:
+    """:func:`resolve_glue` for a VAE on ``device`` (also before any VAE exists: :mod:`vdbench.prewarm`)."""
+    from . import kernels as K
+
+    dev = torch.device(device)
     if compile_backend:
         info["glue"] = f"torch.compile ({compile_backend})"
         return False
     if fused_glue is False:
         info["glue"] = "eager (asked for)"
         return False
-    dev = next(vae.parameters()).device
     if fused_glue is None:
-        from . import kernels as K
-
         ok, why = K.probe("vae_glue", dev) if dev.type == "cuda" else (False, f"the VAE is on {dev.type}")
         if not ok:
             info["glue"] = f"eager (Triton glue not used: {why})"
             return False
-    _fused_kernels(vae)  # required: raises with the reason where the kernels can't run
+    ok, why = K.probe("vae_glue", dev)
+    if not ok:  # required: refused with the reason (no silent fallback to the eager glue)
+        raise RuntimeError(f"fused_glue can't run here (the VAE is on {dev}): {why}")
     info["glue"] = GLUE_TRITON
     return True
 
