@@ -25,8 +25,11 @@ that many latent frames at the real size on the thread, to measure what of the r
 
 from __future__ import annotations
 
+import importlib
+import logging
 import threading
 import time
+import traceback
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -35,6 +38,8 @@ import torch
 from . import vae as V
 from .decode import DecodeMode, DecodeOptions, check_decode
 from .encode import EncodeMode, EncodeOptions, check_encode
+
+log = logging.getLogger(__name__)
 
 __all__ = ["Prewarm", "PrewarmPlan", "plan", "start", "small_size", "scratch_vae", "scratch_like", "SPEC_MODULUS"]
 
@@ -61,6 +66,7 @@ class PrewarmPlan:
     frames decoded at the real size after the small clip (0: none); ``why_not``: why a part has nothing to
     prewarm."""
 
+    vae_class: str
     decode: Optional[tuple[DecodeMode, DecodeOptions]]
     encode: Optional[tuple[EncodeMode, EncodeOptions]]
     pixel_hw: tuple[int, int]
@@ -94,7 +100,7 @@ def plan(*, vae_class: str, device, decode_mode: str, decode_options: DecodeOpti
         enc, why["encode"] = _part(check_encode(encode_mode, encode_options), encode_options, vae_class, device)
     if dec is None and enc is None:
         return None
-    return PrewarmPlan(dec, enc, pixel_hw, real_frames, {k: v for k, v in why.items() if v})
+    return PrewarmPlan(vae_class, dec, enc, pixel_hw, real_frames, {k: v for k, v in why.items() if v})
 
 
 def scratch_vae(vae_class, config: dict, device, dtype):
@@ -125,6 +131,13 @@ class Prewarm:
     have without a prewarm."""
 
     def __init__(self, make_vae, p: PrewarmPlan):
+        import diffusers
+
+        from .kernels import glue  # noqa: F401 - imported here, see below
+
+        # Every module the thread needs is imported here, on the calling thread: the render loads the pipeline
+        # meanwhile, and an import of one of diffusers' lazy modules from two threads at once fails in the second.
+        importlib.import_module(getattr(diffusers, p.vae_class).__module__)
         self.plan = p
         self.record: dict = {"status": "running", "jobs": {}}
         self._make_vae = make_vae
@@ -172,6 +185,7 @@ class Prewarm:
         except Exception as e:  # recorded, never raised: the real call pays its own first-call costs instead
             rec["status"] = "failed"
             rec["error"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            log.warning("VAE prewarm failed; the decode compiles its own kernels:\n%s", traceback.format_exc())
         finally:
             rec["seconds"] = time.perf_counter() - self._t0
 

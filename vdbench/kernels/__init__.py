@@ -83,10 +83,13 @@ def probe(kernel: str, device) -> tuple[bool, str]:
 
 def compiled_variants(kernel: str):
     """How many compiled variants (specializations x devices) the JIT functions of ``kernel``'s module hold in
-    this process -- what a first call pays to compile -- or None where that can't be read (module not imported,
-    interpreted, or a Triton whose JIT cache is laid out otherwise). Never imports triton."""
+    this process -- what a first call pays to compile -- (0 before the module is imported: nothing compiled yet)
+    or None where that can't be read (interpreted, or a Triton whose JIT cache is laid out otherwise). Never imports
+    triton."""
     mod = sys.modules.get(_MODULES[kernel])
-    if mod is None or mod.INTERPRETED:
+    if mod is None:
+        return 0
+    if mod.INTERPRETED:
         return None
     total = 0
     for obj in vars(mod).values():
