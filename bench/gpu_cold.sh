@@ -6,13 +6,14 @@
 #
 #   PARTS="cold480 cold720 r480" bash bench/gpu_cold.sh     # one device call
 #   PARTS="r720 attn14" bash bench/gpu_cold.sh              # the next
-#   N=3 (renders per mode and size), STEPS=4, LIMIT_S=560 (the call's deadline), DRY_RUN=1 (print, run nothing)
+#   N=3 (renders per mode and size; N720 for 720p), STEPS=4, COLD_VARIANTS, LIMIT_S=560 (the call's deadline), DRY_RUN=1 (print, run nothing)
 # Results: $OUT/cold_<call>.tgz (logs, JSON, timing.json files; no videos) and $OUT/summary_<call>.txt.
 set -uo pipefail
 source "$(dirname "$0")/gpu_lib.sh"
 LIMIT_S=${LIMIT_S:-560}
 W=$(mktemp -d); RES=$W/res; runs_init
-N=${N:-3}; STEPS=${STEPS:-4}
+N=${N:-3}; N720=${N720:-$N}; STEPS=${STEPS:-4}
+CV=${COLD_VARIANTS:-bf16,fast,prewarm,prewarm+main}  # bench/cold_decode.py's variants
 PARTS=${PARTS:-"cold480 cold720 r480"}
 has() { [[ " $PARTS " == *" $1 "* ]]; }
 
@@ -35,13 +36,14 @@ render() {  # SIZE(480|720) MODE REP: one render in a fresh process, wall time f
 
 export -f fresh render; export RES STEPS PY  # r runs its command in a child bash
 gpu_info "$W/gpu.txt"
-has cold480 && r cold480 150 200 "$PY" bench/cold_decode.py --model wan2.1 --size '832*480' --frames 81 \
+has cold480 && r cold480 150 200 "$PY" bench/cold_decode.py --model wan2.1 --size '832*480' --frames 81 --variants "$CV" \
   -o "$W/cold480.json"
-has cold720 && r cold720 200 260 "$PY" bench/cold_decode.py --model wan2.1 --size '1280*720' --frames 81 \
+has cold720 && r cold720 200 260 "$PY" bench/cold_decode.py --model wan2.1 --size '1280*720' --frames 81 --variants "$CV" \
   -o "$W/cold720.json"
 for size in 480 720; do
   has "r$size" || continue
-  for rep in $(seq 1 "$N"); do
+  n=$N; [ "$size" = 720 ] && n=$N720
+  for rep in $(seq 1 "$n"); do
     for mode in default fast; do  # interleaved: drift falls on both
       r "r${size}_${mode}_$rep" 60 150 render "$size" "$mode" "$rep"
     done

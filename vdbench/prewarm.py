@@ -5,22 +5,22 @@ Why: a render decodes once, so its decode is always a *first* call. The fast Wan
 fast decode's first call at Wan 720p x 81 took 9.41 s against 2.07 s warm, ~6.5 s of it Triton compiling the
 glue -- enough to make ``--vae_decode fast`` slower end to end than diffusers' decode (4.72 s first call).
 
-What :class:`Prewarm` does: while the pipeline loads (the render starts it before the weights, from the VAE's
-config alone) and then while the GPU denoises, a daemon thread decodes (and, for image-to-video, first encodes) a
-*small* clip through the same fast path, on a scratch VAE (same class, config, dtype and device; seeded random
-weights; freed afterwards -- the pipeline's VAE is never touched, so an encode or decode running meanwhile is not
-disturbed). The small clip's spatial size is congruent to the real one modulo 16 at the
-latent level (128 in pixels for the encoder, whose deepest level is 1/8), with a first chunk and steady chunks, so
-every Triton launch has the real call's specialization -- dtypes, channel counts, layouts and the divisibility of
-every size and stride by 16 -- and the real decode finds each kernel compiled in the process. Its GPU work is a
-few milliseconds. :meth:`Prewarm.wait` joins the thread (the render calls it inside the decode stage, so any wait
+What :class:`Prewarm` does: from before the pipeline's weights load (the render starts it from the VAE's config
+alone) until they are loaded and the GPU denoises, a daemon thread runs the fast path's decode (and, for
+image-to-video, first its encode) *on the meta device* -- a VAE of the same class and config with no storage,
+at the real spatial size, a first chunk and steady chunks, convolutions keeping channels_last as cuDNN's do
+(:class:`cuda_layouts`) -- with the glue in :func:`vdbench.kernels.glue.compile_only`
+mode: each kernel call compiles its variant for the real GPU through Triton's own JIT (``warmup``: the same
+specialization and cache as a launch) and launches nothing. So the thread does no GPU work, allocates no GPU
+memory, loads no module on the device (a module load or a first launch there can wait for the denoising's queued
+work), and touches neither the pipeline's VAE nor any stream. The real decode then finds every variant compiled
+in the process. :meth:`Prewarm.wait` joins the thread (the render calls it inside the decode stage, so any wait
 is counted there) and returns what it did; the decode records how many glue variants were still compiled during
 the real call (0 when the prewarm covered them).
 
-Costs not moved: cuDNN's execution plans are cached per thread and per shape in PyTorch, so a warm-up on another
-thread, or at another size, does not make the real call's convolutions warm; ``real_frames`` > 0 adds a decode of
-that many latent frames at the real size on the thread, to measure what of the remaining first-call work moves
-(bench/cold_decode.py). The CPU work of compiling runs under the GIL beside the denoising loop's kernel launches.
+Not moved: cuDNN's execution plans (cached per thread and per shape in PyTorch; on an H200 the fast decode's first
+call after the prewarm is within ~0.05 s of a warm one: bench/cold_decode.py), and the GIL the compile holds
+beside the load's and the denoising loop's Python.
 """
 
 from __future__ import annotations
@@ -34,43 +34,36 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
+from torch.overrides import TorchFunctionMode
 
+from . import encode as E
+from . import kernels as K
 from . import vae as V
 from .decode import DecodeMode, DecodeOptions, check_decode
 from .encode import EncodeMode, EncodeOptions, check_encode
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Prewarm", "PrewarmPlan", "plan", "start", "small_size", "scratch_vae", "scratch_like", "SPEC_MODULUS"]
+__all__ = ["Prewarm", "PrewarmPlan", "plan", "start", "meta_vae", "cuda_layouts"]
 
-#: Latent frames of the small decode: the first chunk alone, then chunks until every causal cache and temporal
-#: upsampler is in its steady state (Wan 2.2's up blocks reach it later than Wan 2.1's).
+#: Latent frames of the decode run for its shapes: the first chunk alone, then chunks until every causal cache and
+#: temporal upsampler is in its steady state (Wan 2.2's up blocks reach it later than Wan 2.1's).
 _DECODE_FRAMES = 5
-#: The divisibility Triton specializes integer arguments and pointers on.
-SPEC_MODULUS = 16
-#: Video frames of the small encode: the first frame alone, then chunks of four (1 + 4k).
+#: Video frames of the encode run for its shapes: the first frame alone, then chunks of four (1 + 4k).
 _ENCODE_FRAMES = 9
-
-
-def small_size(size: int, modulus: int) -> int:
-    """The smallest size >= ``modulus`` congruent to ``size`` modulo ``modulus``: every product of it with the other
-    sizes of a level has the same divisibility by ``modulus`` as the real one's (Triton specializes on divisibility
-    by :data:`SPEC_MODULUS`)."""
-    return modulus + size % modulus
 
 
 @dataclass(frozen=True)
 class PrewarmPlan:
     """What one prewarm runs: the fast decode and/or the fast encode (each its mode entry and options, as the
-    render's decode and encode will run them) of a clip whose real size is ``pixel_hw``; ``real_frames`` latent
-    frames decoded at the real size after the small clip (0: none); ``why_not``: why a part has nothing to
-    prewarm."""
+    render's decode and encode will run them) of a ``vae_class`` VAE on ``device``, for a video of ``pixel_hw``;
+    ``why_not``: why a part has nothing to prewarm."""
 
     vae_class: str
     decode: Optional[tuple[DecodeMode, DecodeOptions]]
     encode: Optional[tuple[EncodeMode, EncodeOptions]]
     pixel_hw: tuple[int, int]
-    real_frames: int = 0
+    device: torch.device = torch.device("cuda")
     why_not: dict = field(default_factory=dict)
 
 
@@ -89,7 +82,7 @@ def _part(mode, options, vae_class: str, device):
 
 def plan(*, vae_class: str, device, decode_mode: str, decode_options: DecodeOptions,
          encode_mode: Optional[str] = None, encode_options: EncodeOptions = EncodeOptions(),
-         pixel_hw: tuple[int, int], real_frames: int = 0) -> Optional[PrewarmPlan]:
+         pixel_hw: tuple[int, int]) -> Optional[PrewarmPlan]:
     """The prewarm a render's decode (and encode, when ``encode_mode`` is given) of a ``vae_class`` VAE on
     ``device`` would profit from, or None: only the fast layers with the Triton glue have a compile to pay ahead
     (diffusers' own decode has none of vdbench's)."""
@@ -100,33 +93,41 @@ def plan(*, vae_class: str, device, decode_mode: str, decode_options: DecodeOpti
         enc, why["encode"] = _part(check_encode(encode_mode, encode_options), encode_options, vae_class, device)
     if dec is None and enc is None:
         return None
-    return PrewarmPlan(vae_class, dec, enc, pixel_hw, real_frames, {k: v for k, v in why.items() if v})
+    return PrewarmPlan(vae_class, dec, enc, pixel_hw, torch.device(device), {k: v for k, v in why.items() if v})
 
 
-def scratch_vae(vae_class, config: dict, device, dtype):
-    """A ``vae_class`` (a class or a diffusers class name) VAE of ``config`` on ``device`` in ``dtype``, seeded random
-    weights: the kernels a decode compiles depend on shapes, dtypes and layouts only, never on the weights."""
+class cuda_layouts(TorchFunctionMode):
+    """Within (this thread only): a convolution whose input or weight is channels_last(_3d) returns its output in
+    that format, as cuDNN's do on a GPU -- the meta device's (and the CPU's 3-D) convolutions return contiguous
+    outputs, and the glue's kernels specialize on the layout they are handed (row strides (C, 1) or (1, voxels))."""
+
+    _CONVS = (torch.conv2d, torch.conv3d, torch.nn.functional.conv2d, torch.nn.functional.conv3d)
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func in self._CONVS and isinstance(out, torch.Tensor):
+            x = args[0] if args else kwargs["input"]
+            w = args[1] if len(args) > 1 else kwargs["weight"]
+            fmt = torch.channels_last if out.dim() == 4 else torch.channels_last_3d
+            if any(t.is_contiguous(memory_format=fmt) and not t.is_contiguous() for t in (x, w)):
+                out = out.contiguous(memory_format=fmt)
+        return out
+
+
+def meta_vae(vae_class, config: dict):
+    """A ``vae_class`` (a class or a diffusers class name) VAE of ``config`` on the meta device: its modules, shapes
+    and dtypes, no storage -- what the kernels a decode compiles depend on."""
     import diffusers
 
     cls = getattr(diffusers, vae_class) if isinstance(vae_class, str) else vae_class
     with torch.device("meta"):
-        scratch = cls.from_config(config)
-    scratch = scratch.to_empty(device=device).to(dtype)
-    gen = torch.Generator(device).manual_seed(0)
-    for t in scratch.state_dict().values():
-        if t.is_floating_point():
-            t.normal_(0.0, 0.02, generator=gen)
-    return scratch.eval().requires_grad_(False)
-
-
-def scratch_like(vae):
-    """:func:`scratch_vae` of ``vae``'s class, config, device and dtype."""
-    return scratch_vae(type(vae), dict(vae.config), next(vae.parameters()).device, vae.dtype)
+        vae = cls.from_config(config)
+    return vae.eval().requires_grad_(False)
 
 
 class Prewarm:
-    """A :class:`PrewarmPlan` running on a daemon thread from construction, on the VAE ``make_vae()`` builds there
-    (:func:`scratch_vae`, :func:`scratch_like`); :meth:`wait` joins it. Never raises into the render: a failure is
+    """A :class:`PrewarmPlan` running on a daemon thread from construction, on the meta-device VAE ``make_vae()``
+    builds there (:func:`meta_vae`); :meth:`wait` joins it. Never raises into the render: a failure is
     recorded (``status`` "failed" with the error) and the real call then pays its own first-call costs, as it would
     have without a prewarm."""
 
@@ -146,41 +147,32 @@ class Prewarm:
         self._thread.start()
 
     def _run(self) -> None:
-        rec = self.record
+        from .kernels import glue
+
+        rec, p = self.record, self.plan
         try:
-            with torch.inference_mode():
+            with torch.inference_mode(), glue.compile_only(p.device), cuda_layouts():
                 t = time.perf_counter()
-                scratch = self._make_vae()
-                dev = next(scratch.parameters()).device
-                rec["jobs"]["scratch_vae_s"] = time.perf_counter() - t
-                gen = torch.Generator(dev).manual_seed(0)
-                ph, pw = self.plan.pixel_hw
-                s = int(scratch.config.scale_factor_spatial)
-                h, w = ph // s, pw // s
-                if self.plan.encode is not None:  # image-to-video encodes before it denoises: warm that first
+                vae = self._make_vae()
+                rec["jobs"]["meta_vae_s"] = time.perf_counter() - t
+                ph, pw = p.pixel_hw
+                if p.encode is not None:  # image-to-video encodes before it denoises: that first
                     t = time.perf_counter()
-                    x = torch.rand((1, 3, _ENCODE_FRAMES, small_size(ph, 8 * SPEC_MODULUS),
-                                    small_size(pw, 8 * SPEC_MODULUS)), device=dev,
-                                   dtype=scratch.dtype, generator=gen) * 2 - 1
-                    mode, options = self.plan.encode
-                    mode.run(scratch, x, options, {}, None)
+                    _, o = p.encode
+                    x = torch.empty((1, 3, _ENCODE_FRAMES, ph, pw), device="meta", dtype=vae.dtype)
+                    E.wan_encode_chunked(vae, x, o.chunk_frames or E.FAST_ENCODE_DEFAULT_CHUNK, lean=True,
+                                         channels_last=o.channels_last is not False, fused_glue=True)
                     rec["jobs"]["encode_s"] = time.perf_counter() - t
-                if self.plan.decode is not None:
-                    mode, options = self.plan.decode
+                if p.decode is not None:
                     t = time.perf_counter()
-                    z_dim = scratch.config.z_dim
-                    z = torch.randn((1, z_dim, _DECODE_FRAMES, small_size(h, SPEC_MODULUS),
-                                     small_size(w, SPEC_MODULUS)), device=dev,
-                                    dtype=scratch.dtype, generator=gen)
-                    mode.run(scratch, z, options, {}, None)
+                    _, o = p.decode
+                    s = int(vae.config.scale_factor_spatial)
+                    z = torch.empty((1, vae.config.z_dim, _DECODE_FRAMES, ph // s, pw // s), device="meta",
+                                    dtype=vae.dtype)
+                    V.wan_decode_chunked(vae, z, o.chunk_frames or V.FAST_DEFAULT_CHUNK, lean=True,
+                                         channels_last=o.channels_last is not False, fused_glue=True)
                     rec["jobs"]["decode_s"] = time.perf_counter() - t
-                    if self.plan.real_frames:
-                        t = time.perf_counter()
-                        z = torch.randn((1, z_dim, self.plan.real_frames, h, w), device=dev, dtype=scratch.dtype,
-                                        generator=gen)
-                        mode.run(scratch, z, options, {}, None)
-                        rec["jobs"]["decode_real_size_s"] = time.perf_counter() - t
-                del scratch
+            rec["compiled"] = K.compiled_variants("vae_glue")
             rec["status"] = "done"
         except Exception as e:  # recorded, never raised: the real call pays its own first-call costs instead
             rec["status"] = "failed"

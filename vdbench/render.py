@@ -380,7 +380,7 @@ class Loaded:
 
 def _start_prewarm(plan: Plan, pipe=None):
     """The fast VAE path's first-call compiles started on a thread (:mod:`vdbench.prewarm`) before the weights load,
-    on a scratch VAE built from the model's VAE config, so that they run under the load and the denoising; None
+    on a meta-device VAE built from the model's VAE config, so that they run under the load and the denoising; None
     where there is nothing to compile ahead or ``--no_vae_prewarm``. ``pipe``: the loaded pipeline, whose VAE's
     config serves where the model's could not be read before the load (a hub id downloaded by it)."""
     from . import prewarm as W
@@ -401,7 +401,7 @@ def _start_prewarm(plan: Plan, pipe=None):
                encode_mode=cfg.vae_encode if image else None, encode_options=EncodeOptions(fused_glue=plan.encode_glue),
                pixel_hw=(cfg.height, cfg.width))
     dtype = plan.vae_dtype or plan.dtype
-    return W.start(lambda: W.scratch_vae(spec[0], spec[1], device, dtype), p)
+    return W.start(lambda: W.meta_vae(spec[0], spec[1]).to(dtype), p)
 
 
 def _load_checked(plan: Plan) -> tuple:

@@ -23,13 +23,15 @@ Like the attention kernels, importing this module decides whether Triton compile
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import os
 
 import torch
 import triton
 import triton.language as tl
 
-__all__ = ["rms_silu_rows", "norm_silu_cat", "add_rows_", "INTERPRETED"]
+__all__ = ["rms_silu_rows", "norm_silu_cat", "add_rows_", "compile_only", "compiling_for", "INTERPRETED"]
 
 #: Whether this module's kernel was decorated under Triton's interpreter (read once, at import).
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
@@ -65,6 +67,37 @@ def _add_rows_kernel(y_ptr, b_ptr, r_ptr, n_rows, C, ys_r, ys_c, rs_r, rs_c,
     if HAS_RES:
         y += tl.load(r_ptr + rows[:, None] * rs_r + cols[None, :] * rs_c, mask=mask, other=0.0).to(tl.float32)
     tl.store(ptr, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+# A CUDA device inside compile_only() (per thread: a context variable), else None.
+_COMPILE_FOR: contextvars.ContextVar = contextvars.ContextVar("vdbench_glue_compile_for", default=None)
+
+
+@contextlib.contextmanager
+def compile_only(device):
+    """Within (this thread only): every kernel call compiles its variant for the CUDA ``device`` -- Triton's
+    ``warmup``: the JIT's own specialization and cache, no launch, no module load, no GPU work -- and leaves its
+    output unwritten; the tensors may be on the meta device (a decode run for its shapes alone). What
+    :mod:`vdbench.prewarm` runs on a thread while the GPU does other work."""
+    token = _COMPILE_FOR.set(torch.device(device))
+    try:
+        yield
+    finally:
+        _COMPILE_FOR.reset(token)
+
+
+def compiling_for():
+    """The CUDA device of an enclosing :func:`compile_only` in this thread, or None."""
+    return _COMPILE_FOR.get()
+
+
+def _launch(kernel, grid, *args, **kw):
+    dev = _COMPILE_FOR.get()
+    if dev is None:
+        kernel[grid](*args, **kw)
+        return
+    with torch.cuda.device(dev) if dev.type == "cuda" else contextlib.nullcontext():
+        kernel.warmup(*args, grid=grid, **kw)
 
 
 def _try_rows(t: torch.Tensor, dim: int = 0):
@@ -116,7 +149,7 @@ def rms_silu_rows(x: torch.Tensor, g: torch.Tensor, out: torch.Tensor, eps: floa
     g = _vec(g, c, "rms_silu_rows: gain", x.device)
     b = g if bias is None else _vec(bias, c, "rms_silu_rows: bias", x.device)
     block_c, block_r, warps = _blocks(c)
-    _rms_silu_rows_kernel[(triton.cdiv(n, block_r),)](
+    _launch(_rms_silu_rows_kernel, (triton.cdiv(n, block_r),),
         x, b, g, out, n, c, x.stride(0), x.stride(1), out.stride(0), out.stride(1), eps,
         HAS_BIAS=bias is not None, BLOCK_R=block_r, BLOCK_C=block_c, num_warps=warps)
     return out
@@ -135,7 +168,7 @@ def add_rows_(y: torch.Tensor, bias: torch.Tensor, residual: torch.Tensor | None
     for yv, rv in _paired_rows(y, residual, dim=1):
         n = yv.shape[0]
         r = yv if rv is None else rv
-        _add_rows_kernel[(triton.cdiv(n, block_r),)](
+        _launch(_add_rows_kernel, (triton.cdiv(n, block_r),),
             yv, b, r, n, c, yv.stride(0), yv.stride(1), r.stride(0), r.stride(1),
             HAS_RES=rv is not None, BLOCK_R=block_r, BLOCK_C=block_c, num_warps=warps)
     return y
