@@ -21,8 +21,8 @@ module.
 That fallback is what a machine never seen runs, so it is exercised on every run, recorded machine or not: one
 test takes a case's recorded hashes away and requires it to pass through the reference render (the same code, the
 same bytes), another renders the case with the reference code changed by one line -- the frame conversion
-truncates instead of rounding, which moves frame values by exactly one level whatever the CPU -- and requires the
-check to fail on that one level.
+truncates instead of rounding, which moves each frame value by 0 or 1 level by construction, whatever the CPU --
+and requires the check to fail on a difference of exactly one level.
 
 Recorded with torch 2.13.0 (CPU build), 2 threads: the machine the cases were first recorded on (first hash of each
 case) and an AMD EPYC with AVX512 (second), where 691f123 and the redesigned code were checked to give the same
