@@ -63,3 +63,10 @@ def checkout_env() -> dict:
     have their own folder as ``sys.path[0]``; torchrun children likewise): they import the vdbench under test, as a
     device run does with ``PYTHONPATH=$PWD``, never another installed copy."""
     return dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]))
+
+
+@pytest.fixture(scope="session")
+def vdbench_cache(tmp_path_factory):
+    """One temporary tiny-model cache for the whole session (builds are shared between the tests that use it):
+    models built here, in this run, by this machine's arithmetic, never ones a persistent cache kept."""
+    return tmp_path_factory.mktemp("vdbench_cache")

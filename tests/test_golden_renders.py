@@ -1,22 +1,37 @@
-"""Tiny renders are bit-identical to the frames main produced before the redesign (issue 17).
+"""Tiny renders are bit-identical to the frames of a reference commit (691f123, main before the redesign).
 
-The reference is commit 691f123 (main before the redesign). Bit-identical frames depend on the arithmetic of the
-machine as well as on the code (oneDNN / MKL kernels per CPU: the same render differs by up to 3 of 255 levels
-between torch's AVX512 and AVX2 kernels, and tiny models are so weakly coupled that two attention backends differ by
-no more than that), so a tolerance would not tell a changed behaviour from a changed CPU. Each case therefore runs
-the render CLI exactly as a user types it -- flag parsing, model loading, the attention patch, the denoising loop,
-the VAE decode, the frame conversion -- and compares the SHA-256 of the raw uint8 frames (``--save_frames``:
-(T, H, W, 3), C order) with the hashes recorded on the machines listed below; on any other machine it renders the
-same case with the reference commit's code (``git archive`` of this clone, same interpreter, same machine) and
-requires the same bytes. Same seed, same weights, same arithmetic: a difference is a change of behaviour, not noise
-(the renders were checked deterministic: two runs, same bytes).
+Bit-identical frames depend on the arithmetic of the machine as well as on the code: torch picks its CPU kernels
+per machine (AVX512, AVX2 or none; oneDNN / MKL likewise), the same render differs by a level or a few of 255
+between them, and even the tiny models' random weights come out slightly different where torch samples them with
+other kernels. The tiny models are so weakly coupled that swapping the attention backend for an int8 one moves
+their frames by no more than that, so no tolerance tells a changed behaviour from a changed CPU, and no test here
+bounds a difference between two renders by what the CPU's arithmetic happens to give.
 
-Recorded with torch 2.13.0 (CPU build), 2 threads: the session-5 machine (first hash of each case) and an AMD EPYC
-with AVX512 (second), where 691f123 and the redesigned code were checked to give the same bytes.
+Each case therefore runs the render CLI exactly as a user types it -- flag parsing, model loading, the attention
+patch, the denoising loop, the VAE decode, the frame conversion -- and compares the SHA-256 of the raw uint8 frames
+(``--save_frames``: (T, H, W, 3), C order) with the hashes recorded on the machines listed below; on any other
+machine it renders the same case with the reference commit's code (``git archive`` of this clone, same
+interpreter, same machine, same environment) and requires the same bytes. Same seed, same weights, same
+arithmetic: a difference is a change of behaviour, not noise (the renders were checked deterministic: two runs,
+same bytes). Both trees build their tiny models into one temporary cache, here and in this run (a persistent cache
+may hold weights that another CPU built, from a shared home directory or a run under ``ATEN_CPU_CAPABILITY``, and
+the two trees would then differ for a reason that is not the code); each tree's render of a case is made once per
+module.
+
+That fallback is what a machine never seen runs, so it is exercised on every run, recorded machine or not: one
+test takes a case's recorded hashes away and requires it to pass through the reference render (the same code, the
+same bytes), another renders the case with the reference code changed by one line -- the frame conversion
+truncates instead of rounding, which moves each frame value by 0 or 1 level by construction, whatever the CPU --
+and requires the check to fail on a difference of exactly one level.
+
+Recorded with torch 2.13.0 (CPU build), 2 threads: the machine the cases were first recorded on (first hash of each
+case) and an AMD EPYC with AVX512 (second), where 691f123 and the redesigned code were checked to give the same
+bytes.
 """
 
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -70,6 +85,11 @@ def _image(path: Path) -> Path:
 
 REFERENCE_COMMIT = "691f123"
 
+# The case the fallback tests run, and the line they change in the reference commit's frame conversion
+# (vdbench/video.py: floats in [0, 1] to uint8, rounded to nearest) to truncate instead: each value moves by 0 or 1.
+FALLBACK_CASE = "wan_t2v_sdpa"
+ROUNDED, TRUNCATED = "* 255.0 + 0.5).astype(np.uint8)", "* 255.0).astype(np.uint8)"
+
 
 @pytest.fixture(scope="module")
 def reference_tree(tmp_path_factory):
@@ -81,9 +101,8 @@ def reference_tree(tmp_path_factory):
             dest = tmp_path_factory.mktemp("golden_reference")
             archive = subprocess.run(["git", "-C", str(ROOT), "archive", REFERENCE_COMMIT], capture_output=True)
             if archive.returncode:
-                pytest.fail(f"frames differ from every recorded hash and the reference commit {REFERENCE_COMMIT} is "
-                            f"not in this clone to render them here (a shallow clone?): "
-                            f"{archive.stderr.decode()[-300:]}")
+                pytest.fail(f"the golden check needs the reference commit {REFERENCE_COMMIT} to render its frames "
+                            f"here, and it is not in this clone (a shallow clone?): {archive.stderr.decode()[-300:]}")
             subprocess.run(["tar", "-x", "-C", str(dest)], input=archive.stdout, check=True)
             made["root"] = dest
         return made["root"]
@@ -91,13 +110,27 @@ def reference_tree(tmp_path_factory):
     return get
 
 
-def _render(root: Path, case: str, tmp: Path) -> np.ndarray:
+@pytest.fixture(scope="module")
+def render(tmp_path_factory, vdbench_cache):
+    """``render(root, case)``: the frames of ``case`` rendered by the code of the tree at ``root``, made once per
+    module (a render is deterministic: a second one would give the same bytes), with the session's tiny models."""
+    made: dict = {}
+
+    def get(root: Path, case: str) -> np.ndarray:
+        if (root, case) not in made:
+            made[root, case] = _render(root, case, tmp_path_factory.mktemp(case), vdbench_cache)
+        return made[root, case]
+
+    return get
+
+
+def _render(root: Path, case: str, tmp: Path, cache: Path) -> np.ndarray:
     script, extra, out_flag, rel, _ = CASES[case]
-    tmp.mkdir(parents=True, exist_ok=True)
     image = _image(tmp / "img.png")
     extra = [a.replace("{image}", str(image)) for a in extra]
     out = tmp / "out"
-    env = {**os.environ, "PYTHONPATH": str(root)}  # the tree's own vdbench, not the installed one
+    # the tree's own vdbench, not the installed one; tiny models built here, in this run
+    env = {**os.environ, "PYTHONPATH": str(root), "VDBENCH_CACHE": str(cache)}
     proc = subprocess.run([sys.executable, str(root / script), *SMALL, *extra, out_flag, str(out)], cwd=root,
                           capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -110,25 +143,43 @@ def _sha(frames: np.ndarray) -> str:
     return hashlib.sha256(np.ascontiguousarray(frames).tobytes()).hexdigest()
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("case", sorted(CASES))
-def test_tiny_render_frames_unchanged(case, tmp_path, reference_tree):
-    frames = _render(ROOT, case, tmp_path / "now")
+def _check(case: str, frames: np.ndarray, reference_frames) -> None:
+    """The golden check of ``frames``, a render of ``case``: a hash recorded for the case, or else byte for byte
+    the reference commit's render of the case on this machine (``reference_frames()``, called only then)."""
     if _sha(frames) in CASES[case][4]:
         return  # the bytes recorded on a known machine
-    ref = _render(reference_tree(), case, tmp_path / "ref")  # an unrecorded machine: the reference code, here
+    ref = reference_frames()  # an unrecorded machine: the reference code, here
     diff = np.abs(frames.astype(np.int16) - ref).max()
     assert np.array_equal(frames, ref), (f"{case}: the frames differ from commit {REFERENCE_COMMIT}'s on this machine "
                                          f"(max |diff| {diff} levels; sha256 {_sha(frames)} vs {_sha(ref)})")
 
 
-def test_an_unrecorded_machine_is_checked_against_the_reference_code(tmp_path, reference_tree, monkeypatch):
-    """The fallback path: with no recorded hash, a case passes through the reference render alone, and that
-    comparison tells a changed backend (here within one level of 255 of the reference) from the same code."""
-    case = "wan_t2v_sdpa"
-    script, extra, flag, rel, _ = CASES[case]
-    monkeypatch.setitem(CASES, case, (script, extra, flag, rel, ()))
-    test_tiny_render_frames_unchanged(case, tmp_path / "a", reference_tree)  # passes by the reference render
-    ref = _render(reference_tree(), case, tmp_path / "ref")
-    swapped = _render(ROOT, "wan_t2v_sagev1_emu", tmp_path / "swapped")
-    assert not np.array_equal(swapped, ref) and np.abs(swapped.astype(np.int16) - ref).max() <= 1
+@pytest.mark.slow
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_tiny_render_frames_unchanged(case, render, reference_tree):
+    _check(case, render(ROOT, case), lambda: render(reference_tree(), case))
+
+
+@pytest.mark.slow
+def test_the_fallback_accepts_the_same_code(render, reference_tree, monkeypatch):
+    """What a machine never seen runs, forced here: with the case's recorded hashes taken away, the frames of the
+    code under test pass only by being byte for byte the reference commit's render on this machine."""
+    script, extra, flag, rel, _ = CASES[FALLBACK_CASE]
+    monkeypatch.setitem(CASES, FALLBACK_CASE, (script, extra, flag, rel, ()))
+    _check(FALLBACK_CASE, render(ROOT, FALLBACK_CASE), lambda: render(reference_tree(), FALLBACK_CASE))
+
+
+@pytest.mark.slow
+def test_the_fallback_catches_a_change_of_one_level(render, reference_tree, tmp_path):
+    """The reference commit's code with its frame conversion truncating instead of rounding to nearest -- a change
+    of behaviour that moves frame values by 0 or 1 level by construction, whatever the CPU's arithmetic -- fails
+    the check (no recorded hash is theirs, so it goes to the reference render), on exactly one level. The change
+    lives in the tree's vdbench package, so this also shows that a tree's render runs its own code."""
+    tree = tmp_path / "changed"
+    shutil.copytree(reference_tree(), tree)
+    video = tree / "vdbench" / "video.py"
+    text = video.read_text()
+    assert text.count(ROUNDED) == 1, "the reference commit's frame conversion is not where this test changes it"
+    video.write_text(text.replace(ROUNDED, TRUNCATED))
+    with pytest.raises(AssertionError, match=r"max \|diff\| 1 levels"):
+        _check(FALLBACK_CASE, render(tree, FALLBACK_CASE), lambda: render(reference_tree(), FALLBACK_CASE))

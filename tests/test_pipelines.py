@@ -29,12 +29,6 @@ ALL_VARIANTS = [
 PROMPT = "A cat and a dog baking a cake together in a kitchen"
 
 
-@pytest.fixture(scope="session")
-def vdbench_cache(tmp_path_factory):
-    """One temporary tiny-model cache for the whole session (builds are shared between tests)."""
-    return tmp_path_factory.mktemp("vdbench_cache")
-
-
 @pytest.fixture(scope="module", autouse=True)
 def _use_vdbench_cache(vdbench_cache):
     """Point VDBENCH_CACHE at the session cache while this file's tests run (never ~/.cache/vdbench)."""
