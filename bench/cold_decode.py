@@ -118,17 +118,17 @@ def _child(args) -> dict:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="wan2.1", help="a VAE of vdbench.pipelines.vae_names() with a fast decode")
+    p.add_argument("--model", default="wan2.1", help="a Wan VAE name the VAE bench knows (wan2.1, wan2.2; default: wan2.1)")
     p.add_argument("--size", default="832*480", help="WIDTH*HEIGHT in pixels (default: 832*480)")
-    p.add_argument("--frames", type=int, default=81)
-    p.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated, of {', '.join(VARIANTS)}")
+    p.add_argument("--frames", type=int, default=81, help="video frames (default: 81)")
+    p.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated, of {', '.join(VARIANTS)} (default: all)")
     p.add_argument("--repeats", type=int, default=1, help="fresh processes per variant (default: 1)")
     p.add_argument("--warm", type=int, default=2, help="warm calls after the first, per process (default: 2)")
-    p.add_argument("--tiny", action="store_true", help="the tiny VAE (a CPU check of the plumbing)")
+    p.add_argument("--tiny", action="store_true", help="the tiny VAE (a CPU check of the plumbing; default: off)")
     p.add_argument("--keep_caches", action="store_true",
-                   help="don't empty the Triton / inductor caches (the user's own caches, whatever they hold)")
+                   help="don't empty the Triton / inductor caches (the user's own caches, whatever they hold; default: off)")
     p.add_argument("--timeout", type=float, default=300, help="seconds per process (default: 300)")
-    p.add_argument("-o", "--output", default=None, help="JSON file of every row")
+    p.add_argument("-o", "--output", default=None, help="JSON file of every row (default: none)")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
