@@ -434,7 +434,7 @@ def _load_checked(plan: Plan) -> tuple:
 def load(plan: Plan) -> Loaded:
     """Load the pipeline and check what only the loaded model can tell (its exact size rules, its head dims)."""
     from . import parallel as P
-    from .pipelines import ModelLoadError, config_vae, model_summary, transformers_of
+    from .pipelines import ModelLoadError, model_summary, transformers_of
     from .speed import apply_speed_options
 
     cfg, family, device, dctx = plan.cfg, plan.family, plan.device, plan.dctx
@@ -446,8 +446,8 @@ def load(plan: Plan) -> Loaded:
     except (ModelLoadError, B.BackendUnavailable, ValueError, OSError) as e:
         err = e
     P.agree(dctx, err)  # single process: raises err itself
-    if prewarm is None and pipe is not None and cfg.vae_prewarm and config_vae(cfg.model, cfg.task, cfg.family) is None:
-        prewarm = _start_prewarm(plan, pipe)  # the config came with the download: start it now, before the denoising
+    if prewarm is None and pipe is not None:  # the config came with the download: start it now, before the denoising
+        prewarm = _start_prewarm(plan, pipe)
     models = transformers_of(pipe)
     head_dims = [m.config.attention_head_dim for _, m in models]
     if dctx is not None:

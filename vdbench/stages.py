@@ -158,19 +158,26 @@ class StageTimers:
             h.remove()
 
 
+def _split(total: float, stages: dict, names) -> dict:
+    """``stages`` (seconds by name of ``names``; an unknown name refused) in ``names``' order, and ``total`` minus
+    them as ``unaccounted`` (with its share of ``total``): the one arithmetic of both breakdowns."""
+    unknown = set(stages) - set(names)
+    if unknown:
+        raise ValueError(f"unknown stage(s) {', '.join(sorted(unknown))}; valid: {', '.join(names)}")
+    rest = total - sum(v for v in stages.values() if v is not None)
+    return {"stages": {s: stages.get(s) for s in names}, "unaccounted": rest,
+            "unaccounted_share": rest / total if total > 0 else None}
+
+
 def breakdown(total: float, stages: dict, *, before_denoise: Optional[float] = None,
               after_denoise: Optional[float] = None) -> dict:
     """A render's ``total`` seconds broken into ``stages`` (seconds by :data:`STAGES` name, None: no such stage):
     ``stages``, ``unaccounted`` (``total`` minus the stages), ``unaccounted_share`` (of ``total``) and
     ``unaccounted_where`` -- ``before_denoise`` (inside the pipeline call before its first denoising step, outside
     the encoders) and ``after_denoise`` (after the last step until the pipeline returns), None where unmeasured."""
-    unknown = set(stages) - set(STAGES)
-    if unknown:
-        raise ValueError(f"unknown stage(s) {', '.join(sorted(unknown))}; valid: {', '.join(STAGES)}")
-    rest = total - sum(v for v in stages.values() if v is not None)
-    return {"stages": {s: stages.get(s) for s in STAGES}, "unaccounted": rest,
-            "unaccounted_share": rest / total if total > 0 else None,
-            "unaccounted_where": {"before_denoise": before_denoise, "after_denoise": after_denoise}}
+    out = _split(total, stages, STAGES)
+    out["unaccounted_where"] = {"before_denoise": before_denoise, "after_denoise": after_denoise}
+    return out
 
 
 def describe(entry: dict) -> str:
@@ -199,14 +206,11 @@ def end_to_end(total: float, stages: dict, *, in_repetitions: Optional[float] = 
     ``stages`` + ``unaccounted`` = ``total`` exactly), ``unaccounted_share`` and ``unaccounted_where`` --
     ``in_repetitions`` (the repetitions' own ``unaccounted``, summed) and ``outside`` (the rest: the gaps between
     the load, the repetitions and the write)."""
-    unknown = set(stages) - set(END_TO_END_STAGES)
-    if unknown:
-        raise ValueError(f"unknown stage(s) {', '.join(sorted(unknown))}; valid: {', '.join(END_TO_END_STAGES)}")
-    rest = total - sum(v for v in stages.values() if v is not None)
-    return {"stages": {s: stages.get(s) for s in END_TO_END_STAGES}, "unaccounted": rest,
-            "unaccounted_share": rest / total if total > 0 else None,
-            "unaccounted_where": {"in_repetitions": in_repetitions,
-                                  "outside": None if in_repetitions is None else rest - in_repetitions}}
+    out = _split(total, stages, END_TO_END_STAGES)
+    rest = out["unaccounted"]
+    out["unaccounted_where"] = {"in_repetitions": in_repetitions,
+                                "outside": None if in_repetitions is None else rest - in_repetitions}
+    return out
 
 
 def merge_one_time(section: dict, stage: str, info: Optional[dict], *, keys=None) -> dict:
