@@ -27,14 +27,16 @@ render() {  # SIZE(480|720) MODE REP: one render in a fresh process, wall time f
   local size=$1 mode=$2 rep=$3 hw=(--height 480 --width 832)
   [ "$size" = 720 ] && hw=(--height 720 --width 1280)
   local dir=$RES/r$size/$mode/$rep s; s=$(date +%s%N)
-  fresh "$PY" run_wan.py --model random:wan2.1-t2v-1.3b "${hw[@]}" --num_frames 81 --num_inference_steps "$STEPS" \
+  local base; read -r -a base <<< "$WAN13_S"  # the library's Wan 1.3B arguments; the later --height/--width win
+  fresh "$PY" run_wan.py "${base[@]}" "${hw[@]}" --num_inference_steps "$STEPS" \
     --attention_type default --vae_decode "$mode" --benchmark_output_directory "$dir"
   local rc=$?
   echo "shell_wall_ms $(( ($(date +%s%N) - s) / 1000000 ))" > "$dir/shell_wall.txt"
   return $rc
 }
 
-export -f fresh render; export RES STEPS PY  # r runs its command in a child bash
+WAN13_S="${WAN13[*]}"  # arrays don't cross into r's child bash; a string does
+export -f fresh render; export RES STEPS PY WAN13_S  # r runs its command in a child bash
 gpu_info "$W/gpu.txt"
 has cold480 && r cold480 150 200 "$PY" bench/cold_decode.py --model wan2.1 --size '832*480' --frames 81 --variants "$CV" \
   -o "$W/cold480.json"
