@@ -15,7 +15,9 @@ Variants (``--variants``, comma-separated):
     python3 bench/cold_decode.py --model wan2.1 --size 832*480 --variants fast,prewarm --repeats 2
 
 Prints one row per process; the JSON holds every row (seconds; n of warm calls; host-time breakdown; the glue
-variants compiled during the first call; the prewarm's record). CPU runs are not speed figures (said per row).
+variants compiled during the first call; the prewarm's record; ``glue_trace``: on a GPU, the launch forms -- dtype,
+shape, strides, alignment, ints, constexprs: what Triton specializes on -- that compiled a variant in each phase, and
+those the first call made that the prewarm's meta-device decode did not). CPU runs are not speed figures (said per row).
 """
 
 from __future__ import annotations
@@ -29,6 +31,17 @@ import sys
 import time
 
 VARIANTS = ("bf16", "fast", "prewarm", "prewarm+main")
+
+
+def _launch_spec(kernel, args, kw) -> str:
+    """What Triton specializes a launch on, in words: per tensor dtype, shape, strides and 16-byte alignment; per
+    int its value; the constexprs."""
+    def one(a):
+        if hasattr(a, "data_ptr") and hasattr(a, "stride"):
+            return f"{str(a.dtype)[6:]}{list(a.shape)}@{list(a.stride())}{'' if a.data_ptr() % 16 == 0 else '!a16'}"
+        return repr(a) if isinstance(a, (int, bool)) else type(a).__name__
+    name = getattr(getattr(kernel, "fn", None), "__name__", None) or getattr(kernel, "__name__", str(kernel))
+    return f"{name}({', '.join(one(a) for a in args)}; {', '.join(f'{k}={v}' for k, v in sorted(kw.items()))})"
 
 
 def _child(args) -> dict:
@@ -60,6 +73,22 @@ def _child(args) -> dict:
     def sync():
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
+
+    trace = {"phase": "prewarm", "compiled_by": {"prewarm": [], "first": [], "warm": []}, "specs": {}}
+    if mode == "fast" and dev.type == "cuda":  # which launches compiled a glue variant, in which phase
+        from vdbench.kernels import glue as _g
+
+        launch = _g._launch
+
+        def traced(kernel, grid, *a, **kw):
+            before = K.compiled_variants("vae_glue")
+            launch(kernel, grid, *a, **kw)
+            spec = _launch_spec(kernel, a, kw)
+            trace["specs"].setdefault(trace["phase"], set()).add(spec)
+            if K.compiled_variants("vae_glue") != before:
+                trace["compiled_by"][trace["phase"]].append(spec)
+
+        _g._launch = traced
 
     if variant.startswith("prewarm"):
         t0 = time.perf_counter()
@@ -93,6 +122,7 @@ def _child(args) -> dict:
 
     calls = []
     for i in range(1 + args.warm):
+        trace["phase"] = "first" if i == 0 else "warm"
         host.update(conv=0.0, glue=0.0)
         before = K.compiled_variants("vae_glue")
         info: dict = {}
@@ -111,6 +141,14 @@ def _child(args) -> dict:
                warm_median_s=statistics.median(warm) if warm else None, warm_n=len(warm),
                first_excess_s=(calls[0]["wall_s"] - statistics.median(warm)) if warm else None,
                process_s=time.perf_counter() - t_proc)
+    specs = trace["specs"]
+    row["glue_trace"] = {
+        "compiled_by": trace["compiled_by"],
+        # launch forms the first call made that the prewarm's decode never made (what it still had to compile)
+        "first_not_in_prewarm": sorted(specs.get("first", set()) - specs.get("prewarm", set()))
+        if "prewarm" in specs else None,
+        "prewarm_not_in_first": sorted(specs.get("prewarm", set()) - specs.get("first", set()))
+        if "prewarm" in specs else None}
     ok, why = speed_verdict(dev, len(warm)) if warm else (False, "no warm call")
     row.update(speed_figure=ok, why_not_speed=why)
     return row

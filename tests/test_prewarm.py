@@ -119,6 +119,44 @@ def test_the_meta_decode_compiles_every_variant_the_real_decode_launches(cfg, mo
     assert seen and seen <= warmed, f"launches the prewarm did not make: {seen - warmed}"
 
 
+def test_a_contiguous_attention_output_changes_no_variant(monkeypatch):
+    """On a GPU the mid block's attention (diffusers' own layer) can hand the next block a contiguous tensor where
+    the meta device's keeps channels_last (an H200's fast decode compiled 3 variants the prewarm had not); the
+    lean blocks put their input back in their weights' layout, so the decode launches the same variants either
+    way."""
+    from diffusers.models.autoencoders import autoencoder_kl_wan as AW
+
+    seen = _launch_recorder(monkeypatch)
+    vae = _vae()
+    s = vae.config.scale_factor_spatial
+    p = _plan(vae, (5 * s, 7 * s))
+    assert _start(vae, p).wait()["status"] == "done"
+    warmed = set(seen)
+    seen.clear()
+    forward = AW.WanAttentionBlock.forward
+    outs = []
+
+    def contiguous_out(self, x):
+        y = forward(self, x).contiguous()
+        outs.append(y.is_contiguous(memory_format=torch.channels_last_3d))
+        return y
+
+    monkeypatch.setattr(AW.WanAttentionBlock, "forward", contiguous_out)
+    z = torch.randn(1, vae.config.z_dim, 3, 5, 7, generator=torch.Generator().manual_seed(0))
+    with W.cuda_layouts():
+        D.decode_video(vae, z, mode="fast", fused_glue=True)
+    assert outs and not any(outs)  # the attention's output really was contiguous
+    assert seen and seen <= warmed, f"launches the prewarm did not make: {seen - warmed}"
+    # and the guard is a no-op where the layouts already agree (no copy)
+    x = torch.randn(1, 4, 2, 3, 5).contiguous(memory_format=torch.channels_last_3d)
+    conv = torch.nn.Conv3d(4, 4, 3)
+    conv.weight.data = conv.weight.data.contiguous(memory_format=torch.channels_last_3d)
+    assert V._match_weight_layout(x, conv) is x
+    c = V._match_weight_layout(x.contiguous(), conv)
+    assert c.is_contiguous(memory_format=torch.channels_last_3d) and torch.equal(c, x)
+    assert V._match_weight_layout(x.contiguous(), torch.nn.Conv3d(4, 4, 3)).is_contiguous()  # weights contiguous
+
+
 def test_the_prewarm_leaves_the_pipeline_vae_untouched_and_covers_the_encode(monkeypatch):
     seen = _launch_recorder(monkeypatch)
     vae = _vae()

@@ -390,10 +390,27 @@ def _conv_valid_t(conv, buf, defer_bias: bool = False):
     return y if defer_bias else rows.add_rows_(y, conv.bias)
 
 
+def _match_weight_layout(x: torch.Tensor, conv) -> torch.Tensor:
+    """``x`` in channels_last_3d where ``conv``'s weight is and ``x`` is not (one copy), else ``x`` itself.
+
+    Why: a block's input can arrive contiguous from a layer the lean path doesn't own -- the mid block's
+    attention (diffusers' ``WanAttentionBlock``) on a GPU -- and every conv, glue kernel and residual of the
+    block would then follow that layout: the glue's strided variants (slower than its channels_last ones) and,
+    in a fresh process, Triton variants that :mod:`vdbench.prewarm`'s meta-device decode, whose attention
+    keeps channels_last, never compiled (on an H200, 3 of the fast decode's 18). One layout on every device."""
+    w = getattr(conv, "weight", None)
+    if (x.dim() == 5 and isinstance(w, torch.Tensor) and w.dim() == 5 and not w.is_contiguous()
+            and w.is_contiguous(memory_format=torch.channels_last_3d)
+            and not x.is_contiguous(memory_format=torch.channels_last_3d)):
+        return x.contiguous(memory_format=torch.channels_last_3d)
+    return x
+
+
 def _lean_residual_block(self, x, feat_cache=None, feat_idx=[0]):  # noqa: B006 - diffusers' signature
     """WanResidualBlock.forward with norm -> SiLU written straight into each conv's input buffer (no SiLU
     output, no cat with the cache, no padded copy), the old cache released before the conv instead of after,
     the conv1 output released before conv2 runs, and the residual added in place into conv2's output."""
+    x = _match_weight_layout(x, self.conv1)
     h = self.conv_shortcut(x)
     if not (_lean_norm_ok(self.norm1, self.nonlinearity, self.conv1)
             and _lean_norm_ok(self.norm2, self.nonlinearity, self.conv2)
