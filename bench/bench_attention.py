@@ -87,6 +87,7 @@ from vdbench.timing import (TARGET_SAMPLES, cache_state, call_ms, first_call_ms,
 # (B, H, Sq, Sk, D): self-attention of the real models at their usual sizes
 #: Real models' attention shapes (B, H, Sq, Sk, D), by name: each family's ``attention_presets``.
 PRESETS = families.attention_presets()
+PRESET_GRIDS = families.attention_grids()
 METRICS = ("all", "time", "throughput", "bandwidth", "arithmetic_intensity", "accuracy")
 ATOL, RTOL = 1e-2, 1e-2
 COLUMNS = ["input", "kernel", "kernel_label", "B", "H", "Sq", "Sk", "D", "dtype", "cast_from", "time_ms",
@@ -398,6 +399,10 @@ def _bench(args, device, dtype, backends, want, timed, skipped, rows, sink, stat
     call on each input is timed on its own before anything else runs it (accuracy, warm-up); ``state``: the
     compile caches' state when this process started (:func:`vdbench.timing.cache_state`)."""
     grids = {g.seq_len: g for g in args.grid or []}
+    for p in args.preset or []:  # a preset's own grid, unless --grid gave one of that length
+        if p in PRESET_GRIDS and not args.max_seq:
+            g = parse_grid(PRESET_GRIDS[p])
+            grids.setdefault(g.seq_len, g)
     caches = (state or cache_state())["caches"]
     ran: set = set()  # kernels this process has run: their first call on a later input is not a cold one
     for name, q, k, v, cast_from in iter_inputs(args, device, dtype or torch.bfloat16, skipped):

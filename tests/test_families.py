@@ -414,3 +414,15 @@ def test_unregistering_a_family_removes_its_variants(toy_family):
     assert "toy" not in families.names() and "toy-t2v" not in tiny.TINY_VARIANTS
     with pytest.raises(ValueError, match="Unknown model family 'toy'"):
         P.resolve_model("tiny", "t2v", "toy")
+
+
+def test_every_attention_preset_grid_matches_its_sequence_length():
+    """bench_attention's presets carry their token grid (the sparse patterns need it): each one's length is the
+    preset's, and every video preset has one."""
+    from vdbench import families
+    from vdbench.sparse import parse_grid
+
+    presets, grids = families.attention_presets(), families.attention_grids()
+    assert set(grids) == set(presets)
+    for name, grid in grids.items():
+        assert parse_grid(grid).seq_len == presets[name][2] == presets[name][3], name

@@ -204,6 +204,20 @@ def test_cache_dir_hash_follows_spec(monkeypatch):
     assert P.tiny_model_dir("wan2.1-t2v") != base
 
 
+@pytest.mark.parametrize("what", ["cpu_capability", "torch"])
+def test_cache_dir_hash_follows_the_machine_and_torch(monkeypatch, what):
+    """A cache shared between machines is never read as another CPU's (AVX2 vs AVX-512) or torch's build."""
+    import torch
+
+    base = P.tiny_model_dir("wan2.1-t2v")
+    if what == "torch":
+        monkeypatch.setattr(torch, "__version__", torch.__version__ + "+other")
+    else:
+        other = "AVX2" if torch.backends.cpu.get_cpu_capability() != "AVX2" else "AVX512"
+        monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: other)
+    assert P.tiny_model_dir("wan2.1-t2v") != base
+
+
 # --------------------------------------------------------------------------------------------------------------
 # Build / save / load
 # --------------------------------------------------------------------------------------------------------------

@@ -331,3 +331,22 @@ def test_fast_path_compiled_glue_equals_stock_fp32():
     assert V._GLUE.get() is None and _instance_forwards(vae) == []
     with pytest.raises(ValueError, match="compile_backend"):
         D.decode_video(vae, z, mode="default", compile_backend="eager")
+
+
+def test_a_pointwise_conv_runs_as_one_gemm_and_keeps_channels_last():
+    """1x1x1 convs (residual shortcuts, post_quant_conv) on channels_last_3d input: one GEMM over the rows with the
+    bias in its epilogue, the output channels_last_3d whatever the device's conv would choose; the conv's result
+    to rounding; not taken where the layout or the conv's shape doesn't allow a rows view."""
+    from vdbench import vae as V
+
+    torch.manual_seed(0)
+    conv = torch.nn.Conv3d(8, 12, 1)
+    x = torch.randn(2, 8, 3, 5, 7).contiguous(memory_format=torch.channels_last_3d)
+    y = V._pointwise_gemm(conv, x)
+    ref = torch.nn.functional.conv3d(x, conv.weight, conv.bias)
+    assert y.is_contiguous(memory_format=torch.channels_last_3d) and not y.is_contiguous()
+    torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-5)
+    assert V._pointwise_gemm(torch.nn.Conv3d(8, 12, 1, bias=False), x).shape == ref.shape
+    assert V._pointwise_gemm(conv, x.contiguous()) is None  # contiguous input: the conv as it is
+    assert V._pointwise_gemm(torch.nn.Conv3d(8, 12, 3), x) is None
+    assert V._pointwise_gemm(torch.nn.Conv3d(8, 12, 1, stride=2), x) is None

@@ -450,8 +450,12 @@ def _spec_hash(variant: TinyVariant) -> str:
 
     The diffusers/transformers versions are included because their module constructors define the random init
     and the on-disk format; a different version must not silently reuse (or be compared against) old weights.
+    torch's version and the CPU kernels it picks (its SIMD capability) too: the init runs torch's RNG and math,
+    whose float results may differ in the last bits between versions and between AVX2 and AVX-512 kernels, so a
+    cache folder shared between machines is never read as another machine's build.
     """
     import diffusers
+    import torch
     import transformers
 
     payload = {
@@ -462,6 +466,8 @@ def _spec_hash(variant: TinyVariant) -> str:
         "tokenizer_vocab": _tokenizer_vocab(),
         "diffusers": diffusers.__version__,
         "transformers": transformers.__version__,
+        "torch": torch.__version__,
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
     }
     blob = json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()
     return hashlib.sha256(blob).hexdigest()[:10]

@@ -378,11 +378,35 @@ def _norm_act_conv_input(norm, act, conv, x, feat_cache, feat_idx, x_bias=None):
     return buf
 
 
+def _pointwise_gemm(conv, x):
+    """A 1x1x1 conv (the residual shortcuts, ``post_quant_conv``) on channels_last_3d ``x`` as one GEMM over its
+    rows, the bias in the GEMM's epilogue: output channels_last_3d on every device, or None where ``x``'s layout
+    or the conv's shape doesn't allow it.
+
+    Why not the conv: on a GPU a pointwise conv's output layout is cuDNN's choice (on an H200 it returned a
+    contiguous tensor for a channels_last_3d input), so the glue after it ran a strided variant, slower than its
+    channels_last one, which :mod:`vdbench.prewarm`'s meta-device decode -- whose conv keeps channels_last -- never
+    compiled (2 of the fast decode's 18 variants). A GEMM's (rows, C_out) output is that layout by construction,
+    and its bias costs no pass of its own."""
+    w = conv.weight
+    if (w.dim() != 5 or tuple(w.shape[2:]) != (1, 1, 1) or tuple(conv.stride) != (1, 1, 1) or conv.groups != 1
+            or x.dim() != 5 or x.is_contiguous() or not x.is_contiguous(memory_format=torch.channels_last_3d)):
+        return None
+    b, c, t, h, ww = x.shape
+    rows = x.permute(0, 2, 3, 4, 1).view(-1, c)  # channels_last_3d: a free (voxels, C) view
+    w2 = w.reshape(w.shape[0], c).t()
+    y = rows @ w2 if conv.bias is None else torch.addmm(conv.bias, rows, w2)
+    return y.view(b, t, h, ww, -1).permute(0, 4, 1, 2, 3)
+
+
 def _conv_valid_t(conv, buf, defer_bias: bool = False):
     """The causal conv on a buffer that already holds its time context (spatial padding by the conv). With the
     fused glue (:data:`_ROWS` set) the conv runs without its bias, which is added by one Triton row pass, or not
     at all with ``defer_bias`` (the caller adds it where it reads the output next: the glue, the residual)."""
     pw, _, ph, _, _, _ = conv._padding
+    y = _pointwise_gemm(conv, buf) if pw == ph == 0 and not defer_bias else None
+    if y is not None:
+        return y
     rows = _ROWS.get()
     if rows is None or conv.bias is None:
         return F.conv3d(buf, conv.weight, conv.bias, conv.stride, (0, ph, pw), conv.dilation, conv.groups)

@@ -23,7 +23,7 @@ from typing import Any, Callable, Mapping, Optional
 
 from .. import tiny
 
-__all__ = ["CliDefaults", "Family", "XfuserWiring", "attention_presets", "discover", "for_pipeline", "for_vae",
+__all__ = ["CliDefaults", "Family", "XfuserWiring", "attention_grids", "attention_presets", "discover", "for_pipeline", "for_vae",
            "get", "layout_tag", "model_tag", "names", "register", "split_label", "split_layout", "unregister",
            "vae_config", "vae_names"]
 
@@ -153,6 +153,7 @@ class Family:
         call time though diffusers imports it without them; checked before the load.
     Benchmarks
         ``attention_presets`` (name -> (B, H, Sq, Sk, D) of a real model's attention, bench/bench_attention.py);
+        ``attention_grids`` (preset name -> its token grid, ``FxHxW[+T]``: what the sparse patterns need);
         ``vae_configs`` (:func:`vdbench.pipelines.build_vae` name -> (tiny config, real config) of the VAE class).
     Listing
         ``order``: where the family is listed (names, variants, error messages); lower first.
@@ -184,6 +185,7 @@ class Family:
     parallel_refusal: Callable[[str, str, int, bool], Optional[str]] = _always_allowed
     xfuser: Mapping[str, XfuserWiring] = dataclasses.field(default_factory=dict)
     attention_presets: Mapping[str, tuple[int, int, int, int, int]] = dataclasses.field(default_factory=dict)
+    attention_grids: Mapping[str, str] = dataclasses.field(default_factory=dict)
     vae_configs: Mapping[str, tuple[dict, dict]] = dataclasses.field(default_factory=dict)
     grid_hooks: Optional[Callable[..., Any]] = None
     pipeline_requirements: Mapping[str, tuple[tuple[str, str], ...]] = dataclasses.field(default_factory=dict)
@@ -288,6 +290,11 @@ def for_vae(vae) -> Family:
 def attention_presets() -> dict[str, tuple[int, int, int, int, int]]:
     """Every family's attention shapes (B, H, Sq, Sk, D) of real models, by preset name."""
     return {name: shape for family in _REGISTRY.values() for name, shape in family.attention_presets.items()}
+
+
+def attention_grids() -> dict[str, str]:
+    """The token grid (``FxHxW[+T]``, :func:`vdbench.sparse.parse_grid`) of every attention preset that has one."""
+    return {name: grid for family in _REGISTRY.values() for name, grid in family.attention_grids.items()}
 
 
 def vae_names() -> tuple[str, ...]:

@@ -277,6 +277,7 @@ FAMILY = Family(
         "cogvideox-2b": (1, 30, 17776, 17776, 64),  # 720x480, 49 frames: 13x30x45 + 226 text tokens
         "cogvideox-5b": (1, 48, 17776, 17776, 64),
     },
+    attention_grids={"cogvideox-2b": "13x30x45+226", "cogvideox-5b": "13x30x45+226"},
     vae_configs={"cogvideox": (COG_VAE, COG_VAE_REAL)},
     order=1,
 )

@@ -382,6 +382,7 @@ FAMILY = Family(
         "wan2.1-14b-720p": (1, 40, 75600, 75600, 128),  # 1280x720, 81 frames: 21x45x80
         "wan2.2-a14b-720p": (1, 40, 75600, 75600, 128),
     },
+    attention_grids={"wan2.1-1.3b-480p": "21x30x52", "wan2.1-14b-720p": "21x45x80", "wan2.2-a14b-720p": "21x45x80"},
     vae_configs={"wan2.1": (WAN21_VAE, WAN21_VAE_REAL), "wan2.2": (WAN22_VAE, WAN22_VAE_REAL)},
     order=0,
 )
