@@ -44,7 +44,7 @@ from vdbench import families
 from vdbench.capture import list_captures, load_capture
 from vdbench.metrics import rel_l2
 from vdbench.numerics import exact_attention, fp8_bh_inputs, quantize_fp8
-from vdbench.timing import call_ms, speed_verdict, spread, system_info
+from vdbench.timing import interleaved_ms, speed_verdict, spread, system_info
 from vdbench.helptext import DefaultsHelpFormatter
 
 PRESETS = families.attention_presets()
@@ -170,18 +170,8 @@ def sample(h: int, s: int, heads: int, rows: int, device):
 
 
 def time_interleaved(fns: dict, device, warmup: int, reps: int) -> dict:
-    """Samples (ms) of each callable, the callables taking turns call by call (drift and clocks hit all alike):
-    ``vdbench.timing.call_ms``, CUDA events on a GPU, the host clock elsewhere (not a speed figure)."""
-    for _ in range(warmup):
-        for fn in fns.values():
-            fn()
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize()
-    samples = {name: [] for name in fns}
-    for _ in range(reps):
-        for name, fn in fns.items():
-            samples[name].append(call_ms(fn, device))
-    return samples
+    """Samples (ms) of each callable, taking turns call by call: ``vdbench.timing.interleaved_ms``."""
+    return interleaved_ms(fns, device, reps=reps, warmup=warmup)
 
 
 def _timing(samples: list, flops: float, device) -> dict:

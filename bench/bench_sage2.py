@@ -30,7 +30,6 @@ import functools
 import importlib
 import importlib.metadata
 import json
-import math
 import os
 import platform
 import sys
@@ -43,7 +42,7 @@ import torch
 
 from vdbench.metrics import rel_l2
 from vdbench.numerics import exact_attention, sagev2_emulated
-from vdbench.timing import call_ms
+from vdbench.timing import fixed_ms, spread
 from vdbench.helptext import DefaultsHelpFormatter
 
 SHAPES = {  # name -> (heads, seq, head_dim), B = 1
@@ -105,22 +104,10 @@ DISPATCH_EMU = {
 }
 
 
-def percentile(sorted_vals, p):
-    """Linear-interpolation percentile of an already sorted list (p in [0, 100])."""
-    if not sorted_vals:
-        return None
-    x = (len(sorted_vals) - 1) * p / 100.0
-    lo = math.floor(x)
-    hi = min(lo + 1, len(sorted_vals) - 1)
-    return sorted_vals[lo] + (sorted_vals[hi] - sorted_vals[lo]) * (x - lo)
-
-
 def time_calls(fn, device, warmup, reps):
-    """Per-call times in ms (``vdbench.timing.call_ms``: CUDA events on a GPU, the host clock on a CPU)."""
-    for _ in range(warmup):
-        fn()
-    s = sorted(call_ms(fn, device) for _ in range(reps))
-    return {"median_ms": percentile(s, 50), "p20_ms": percentile(s, 20), "p80_ms": percentile(s, 80), "n": len(s)}
+    """Per-call times in ms after ``warmup`` calls (``vdbench.timing.fixed_ms``), as median / p20 / p80 / n."""
+    st = spread(fixed_ms(fn, device, reps=reps, warmup=warmup))
+    return {"median_ms": st["median"], "p20_ms": st["p20"], "p80_ms": st["p80"], "n": st["n"]}
 
 
 def sample_rows(seq, rows):

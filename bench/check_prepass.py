@@ -36,22 +36,14 @@ import torch  # noqa: E402
 
 from vdbench import numerics as N  # noqa: E402
 from vdbench.helptext import DefaultsHelpFormatter  # noqa: E402
-from vdbench.timing import call_ms, spread, system_info  # noqa: E402
+from vdbench.timing import burst_ms, call_ms, spread, system_info  # noqa: E402
 
 SHAPES = {"wan2.1-1.3b-480p": (12, 32760, 128), "wan2.1-14b-720p": (40, 75600, 128), "cogvideox-2b": (30, 17776, 64),
           "tiny": (2, 200, 64)}
 
 
 def _stream_ms(fn, burst: int, device) -> float:
-    if device.type != "cuda":
-        return call_ms(lambda: [fn() for _ in range(burst)], device) / burst
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    for _ in range(burst):
-        fn()
-    b.record()
-    b.synchronize()
-    return a.elapsed_time(b) / burst
+    return burst_ms(fn, device, burst)
 
 
 def _host_us(fn, device) -> float:

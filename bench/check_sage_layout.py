@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from vdbench.backends import sage2
 from vdbench.helptext import DefaultsHelpFormatter
 from vdbench.metrics import rel_l2
-from vdbench.timing import call_ms, spread, system_info
+from vdbench.timing import fixed_ms, spread, system_info
 
 SHAPES = {"wan2.1-1.3b-480p": (12, 32760, 128), "wan2.1-14b-720p": (40, 75600, 128), "cogvideox-2b": (30, 17776, 64),
           "wan-cross-512": (40, 75600, 128, 512), "tiny": (2, 256, 64), "tiny-cross": (2, 256, 64, 128)}
@@ -31,10 +31,7 @@ DEFAULT_SHAPES = "wan2.1-1.3b-480p,wan2.1-14b-720p,cogvideox-2b,wan-cross-512"
 
 def _timed(fn, reps: int, device: torch.device) -> dict:
     """vdbench.timing.spread of ``reps`` calls after one warm-up (the project's one median and p20/p80)."""
-    fn()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return spread([call_ms(fn, device) for _ in range(reps)])
+    return spread(fixed_ms(fn, device, reps=reps, warmup=1))
 
 
 def check(name: str, shape: tuple, reps: int, device: torch.device) -> dict:

@@ -132,10 +132,10 @@ def test_sampled_rows_are_128_aligned_blocks():
     assert bs.sample_heads(2, 8) == [0, 1]
 
 
-def test_percentile_and_argument_errors(tmp_path):
-    assert bs.percentile([1.0, 2.0, 3.0, 4.0, 5.0], 50) == 3.0
-    assert bs.percentile([1.0, 2.0, 3.0, 4.0, 5.0], 20) == pytest.approx(1.8)
-    assert bs.percentile([], 50) is None
+def test_time_calls_and_argument_errors(tmp_path):
+    calls = []
+    t = bs.time_calls(lambda: calls.append(1), "cpu", warmup=2, reps=5)
+    assert len(calls) == 7 and t["n"] == 5 and t["p20_ms"] <= t["median_ms"] <= t["p80_ms"]
     with pytest.raises(SystemExit):
         bs.main(["--dry_run", "--out", str(tmp_path), "--shapes", "wan2.1-14b-720p"])  # not a dry-run shape
     with pytest.raises(SystemExit):

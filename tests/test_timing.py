@@ -231,3 +231,23 @@ def test_compile_seconds_reads_torch_compiles_time():
     fn = torch.compile(lambda x: torch.sin(x) * 2 + 1, backend="aot_eager")
     fn(torch.randn(8))
     assert compile_seconds() - before > 0
+
+
+def test_fixed_interleaved_and_burst_timers_count_their_calls():
+    """The benches' other timers live beside sample_ms: a fixed count after warm-up, several callables taking turns,
+    a burst timed as one; each calls exactly as often as it says."""
+    from vdbench import timing as T
+
+    n = {"a": 0, "b": 0}
+
+    def a():
+        n["a"] += 1
+
+    def b():
+        n["b"] += 1
+
+    xs = T.fixed_ms(a, "cpu", reps=4, warmup=2)
+    assert len(xs) == 4 and n["a"] == 6 and all(x >= 0 for x in xs)
+    got = T.interleaved_ms({"a": a, "b": b}, "cpu", reps=3, warmup=1)
+    assert set(got) == {"a", "b"} and all(len(v) == 3 for v in got.values()) and n == {"a": 10, "b": 4}
+    assert T.burst_ms(b, "cpu", 5) >= 0 and n["b"] == 9

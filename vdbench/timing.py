@@ -222,6 +222,50 @@ def call_ms(fn, device) -> float:
     return (time.perf_counter() - t0) * 1e3
 
 
+def fixed_ms(fn, device, *, reps: int, warmup: int = 1) -> list[float]:
+    """:func:`call_ms` of ``reps`` calls after ``warmup`` untimed ones (the device drained between): a fixed sample
+    count, for checks that compare like with like at one count (:func:`sample_ms` fits the count to the call's
+    time instead)."""
+    for _ in range(warmup):
+        fn()
+    _drain(device)
+    return [call_ms(fn, device) for _ in range(reps)]
+
+
+def interleaved_ms(fns: dict, device, *, reps: int, warmup: int = 1) -> dict:
+    """{name: :func:`call_ms` samples} of several callables taking turns call by call, after ``warmup`` rounds:
+    clock drift and thermal state fall on all of them alike (a comparison's figures, taken together)."""
+    for _ in range(warmup):
+        for fn in fns.values():
+            fn()
+    _drain(device)
+    samples = {name: [] for name in fns}
+    for _ in range(reps):
+        for name, fn in fns.items():
+            samples[name].append(call_ms(fn, device))
+    return samples
+
+
+def burst_ms(fn, device, burst: int) -> float:
+    """Milliseconds per call of ``burst`` calls issued back to back and timed as one (CUDA events around the burst:
+    no wait between calls, so a kernel's launch gaps overlap the previous call as in a pipeline); the host clock on
+    a CPU."""
+    if torch.device(device).type != "cuda":
+        return call_ms(lambda: [fn() for _ in range(burst)], device) / burst
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    for _ in range(burst):
+        fn()
+    b.record()
+    b.synchronize()
+    return a.elapsed_time(b) / burst
+
+
+def _drain(device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def first_call_ms(fn, device) -> float:
     """Milliseconds of the first call of ``fn()`` on its own: the device drained first (so no earlier work hides
     in the figure, and none of the call's host-side work -- a JIT compile, a plan search -- hides behind earlier
