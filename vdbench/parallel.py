@@ -206,18 +206,19 @@ def init_distributed(spec: ParallelSpec, device_arg: str = "auto") -> Optional[D
     return DistContext(spec, rank, world, local_rank, device, pg, owns_group=owns)
 
 
-def check_backend_for_path(spec: ParallelSpec, attention_type: str, device, family: str = "wan",
-                           task: str = "t2v") -> None:
+def check_backend_for_path(spec: ParallelSpec, attention_type: "str | B.Backend", device,
+                           family: "str | families.Family" = "wan", task: str = "t2v") -> None:
     """Refuse (BackendUnavailable) what the chosen engine and path can't run, before any work.
 
     What each engine can split is the family's (:attr:`vdbench.families.Family.parallel_refusal`; as shipped,
     diffusers 0.42.1 and xfuser 0.7.0: Wan every task under both engines, CFG parallel for I2V only; CogVideoX
     T2V under xfuser only); what any backend needs on a path (ring: the log-sum-exp) is checked here.
     """
-    why = families.get(family).parallel_refusal(spec.engine, task, spec.world_size, spec.use_cfg_parallel)
+    fam = family if isinstance(family, families.Family) else families.get(family)
+    why = fam.parallel_refusal(spec.engine, task, spec.world_size, spec.use_cfg_parallel)
     if why:
         raise B.BackendUnavailable(why)
-    backend = B.resolve(attention_type)
+    backend = attention_type if isinstance(attention_type, B.Backend) else B.resolve(attention_type)
     if spec.engine == "xfuser" and spec.world_size > 1 and backend.passthrough:
         raise B.BackendUnavailable(
             f"--attention_type {backend.name} under --parallel_engine xfuser would leave the kernel to xfuser's own "

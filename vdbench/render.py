@@ -315,7 +315,7 @@ def _checked_plan(cfg: RenderConfig, dctx) -> Plan:
                                     grid_family=family.name if family.grid_hooks is not None else None)
     if dctx is not None:  # the backend must serve this parallel path (ring: LSE), on every rank
         for member in as_schedule(backend).members:
-            P.check_backend_for_path(dctx.spec, member, device, cfg.family, cfg.task)
+            P.check_backend_for_path(dctx.spec, member, device, family, cfg.task)
         if cfg.compile:
             raise ValueError("--use_torch_compile under torchrun isn't supported: the compiled attention op "
                              "routes plain single-process calls only\nrender without --use_torch_compile, or on one "
@@ -345,8 +345,12 @@ def _checked_plan(cfg: RenderConfig, dctx) -> Plan:
         raise ValueError(f"unknown --vae_glue {cfg.vae_glue!r}; valid: {', '.join(GLUES)}")
     # the decode and encode asked for, refused before the load where they can't apply to this family or can't run
     # here; --vae_glue is the fast encode's alone when only the encode is fast
-    encode_glue = GLUES[cfg.vae_glue] if cfg.vae_encode == "fast" else None
-    decode_glue = None if (encode_glue is not None and cfg.vae_decode != "fast") else GLUES[cfg.vae_glue]
+    # which modes take the glue option is the modes' (their ``options``), not their names'
+    takes_glue = {kind: "fused_glue" in check(name, family=cfg.family).options
+                  for kind, check, name in (("encode", check_encode, cfg.vae_encode),
+                                            ("decode", check_decode, cfg.vae_decode))}
+    encode_glue = GLUES[cfg.vae_glue] if takes_glue["encode"] else None
+    decode_glue = None if (encode_glue is not None and not takes_glue["decode"]) else GLUES[cfg.vae_glue]
     check_decode(cfg.vae_decode, DecodeOptions(max_memory_gib=cfg.vae_max_memory, fused_glue=decode_glue),
                  family=cfg.family, device=device)
     encode = check_encode(cfg.vae_encode, EncodeOptions(fused_glue=encode_glue), family=cfg.family, device=device)
