@@ -129,6 +129,15 @@ def test_one_time_costs_a_stage_reports_are_merged_and_the_render_call_is_timed_
     assert sum(v for v in e2e["stages"].values() if v is not None) + e2e["unaccounted"] == pytest.approx(
         entry["end_to_end_s"], abs=1e-9)
     assert 0 <= e2e["unaccounted"] < 1.0, e2e  # small: gaps between the stages (a GC pass on a loaded CPU: 0.3 s)
+    # the same repetition in the record schema every tool writes, beside timing.json, with its command and identity
+    from vdbench.measure import record as M
+
+    (rec,) = M.read(_cfg(tmp_path).timing_path.with_name("records.jsonl"))
+    assert rec.suite == "render" and rec.case == "sdpa" and rec.config["backend"]["name"] == "sdpa"
+    assert rec.config["settings"]["height"] == 64 and rec.command and rec.data == entry
+    steps = [s * 1e3 for s in entry["step_times"]]
+    assert rec.figures["step_ms"]["first"] == steps[0] and rec.figures["step_ms"]["samples"] == steps[1:]
+    assert rec.figures["end_to_end_s"] == entry["end_to_end_s"] and rec.verdict["speed_figure"] is False
 
 
 def test_an_encode_reports_across_calls_split_by_repetition_and_warm_up():

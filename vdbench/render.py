@@ -32,6 +32,7 @@ from . import backends as B
 from . import families
 from .patching import AttentionPatch
 from .patching.schedule import as_schedule, resolve_attention
+from .measure.record import Writer, command_line, commit, from_render_entry
 from .timing import (Clock, StepProfiler, StepTimer, WallStart, append_timing, compile_seconds, describe_steps,
                      peak_memory, reset_peak_memory, run_step_stats, step_stats, system_info, wall_start)
 
@@ -476,6 +477,8 @@ def load(plan: Plan) -> Loaded:
         "model": model_summary(pipe),
         "system": system_info(device),
         "load_time": load_time,
+        "command": command_line(),
+        "commit": commit(),
     }
     if device.type == "cuda":  # the load's last copies and quantization kernels are the load's time
         torch.cuda.synchronize(device)
@@ -699,6 +702,8 @@ def finish(plan: Plan, entries: list[dict], frames, log, wall: Optional[Wall] = 
         e["end_to_end_s"] = (end - wall.started.t) if e2e else None
         e["end_to_end"] = e2e
     append_timing(cfg.timing_path, entries)
+    # the same repetitions in the record schema every tool writes (vdbench.measure.record), beside timing.json
+    Writer(cfg.timing_path.with_name("records.jsonl")).write(*(from_render_entry(e) for e in entries))
     last = entries[-1]
     steps = run_step_stats([e["step_times"] for e in entries], device, backend.emulated)
     summary = {

@@ -1,0 +1,1 @@
+"""What vdbench measures, in one shape: the record every tool writes and reads (:mod:`vdbench.measure.record`)."""

@@ -1,0 +1,277 @@
+"""One measurement, one record: the schema every vdbench tool writes and every reader reads.
+
+A :class:`Record` says what was measured and how far to trust it, in one shape whatever the tool:
+
+* ``suite`` / ``case``: which tool (``render``, ``attention``, ``vae``, ``cold_decode``, ``quality``) and which of
+  its cases (a render's backend stack, a kernel on an input, a VAE config);
+* ``config``: the resolved configuration as data (backend stack, layout, model, sizes): readers take a run's
+  identity from here, never from a file name;
+* ``figures``: named measurements; a timed one is :func:`figure` -- its samples, their spread (n, median, p20/p80,
+  min/max) and the first call apart; others plain numbers;
+* ``verdict``: ``speed_figure`` (True / False / None: not judged) and ``why_not``; ``timer``: how it was timed;
+* ``system`` (devices, versions), ``commit`` (of the vdbench checkout, ``-dirty`` when it had changes),
+  ``command`` (the exact command line), ``created`` (UTC);
+* ``data``: the tool's own row or entry, whole (nothing the tool wrote is lost in the conversion).
+
+Records are written one JSON object per line (``records.jsonl``: :class:`Writer`, appends under a file lock, each
+line complete or absent) and read back by :func:`read`, which also reads the files the tools wrote before they wrote
+records (a render's ``timing.json``, the attention, VAE and cold-decode benches' JSON, ``compare_outputs``' quality
+JSON) as records of the same schema. A file of a newer schema version is refused, not guessed at.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import functools
+import json
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Optional
+
+from ..timing import spread
+
+__all__ = ["SCHEMA", "VERSION", "Record", "figure", "commit", "command_line", "Writer", "read", "read_many",
+           "RecordError", "from_render_entry"]
+
+SCHEMA = "vdbench.record"
+#: Bump when a reader of the previous version would misread a record; readers refuse versions above theirs.
+VERSION = 1
+
+
+class RecordError(ValueError):
+    """A file that holds no records this reader knows (with the path, and the line where there is one)."""
+
+
+@dataclasses.dataclass
+class Record:
+    suite: str
+    case: str
+    config: dict = dataclasses.field(default_factory=dict)
+    figures: dict = dataclasses.field(default_factory=dict)
+    verdict: dict = dataclasses.field(default_factory=lambda: {"speed_figure": None, "why_not": None})
+    timer: Optional[str] = None
+    system: dict = dataclasses.field(default_factory=dict)
+    commit: Optional[str] = None
+    command: Optional[str] = None
+    created: Optional[str] = None
+    data: dict = dataclasses.field(default_factory=dict)
+    schema: str = SCHEMA
+    version: int = VERSION
+    #: where a reader found it (not written): the file, and the line or index in it
+    source: Optional[str] = dataclasses.field(default=None, compare=False)
+
+    def to_json(self) -> dict:
+        d = dataclasses.asdict(self)
+        d.pop("source")
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict, source: Optional[str] = None) -> "Record":
+        if not isinstance(d, dict) or d.get("schema") != SCHEMA:
+            raise RecordError(f"{source or 'record'}: not a {SCHEMA} object")
+        v = d.get("version")
+        if not isinstance(v, int) or v > VERSION:
+            raise RecordError(f"{source or 'record'}: {SCHEMA} version {v!r}; this vdbench reads up to {VERSION} "
+                              "(update vdbench to read it)")
+        names = {f.name for f in dataclasses.fields(cls)} - {"source"}
+        missing = {"suite", "case"} - set(d)
+        if missing:
+            raise RecordError(f"{source or 'record'}: missing {', '.join(sorted(missing))}")
+        return cls(**{k: d[k] for k in names if k in d}, source=source)
+
+    @property
+    def speed_figure(self) -> Optional[bool]:
+        return self.verdict.get("speed_figure")
+
+
+def figure(samples: Iterable, *, unit: str = "ms", first=None, **extra) -> dict:
+    """A timed figure: the samples (all of them, so the spread can be recomputed), their spread
+    (:func:`vdbench.timing.spread`), the unit, and the first call's time apart (never one of the samples)."""
+    xs = [float(x) for x in samples if x is not None]
+    return {"unit": unit, "samples": xs, **spread(xs), "first": None if first is None else float(first), **extra}
+
+
+@functools.lru_cache(maxsize=None)
+def commit(root: Optional[str] = None) -> Optional[str]:
+    """The vdbench checkout's commit (``-dirty`` with uncommitted changes), or None where it isn't a git checkout
+    (an installed package) or git isn't there."""
+    root = root or str(Path(__file__).resolve().parents[2])
+    try:
+        out = subprocess.run(["git", "-C", root, "describe", "--always", "--dirty", "--abbrev=12"],
+                             capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None
+
+
+def command_line(argv: Optional[list] = None) -> str:
+    """The command as a user would type it again: the script's name and its arguments, shell-quoted."""
+    argv = list(sys.argv if argv is None else argv)
+    if argv:
+        argv[0] = os.path.basename(argv[0]) if argv[0].endswith(".py") else argv[0]
+    return shlex.join(argv)
+
+
+def now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+class Writer:
+    """Append records to a JSON-lines file (created with its folder), each line written whole under a file lock:
+    concurrent writers (ranks, parallel benches) interleave lines, never bytes; a crash leaves the lines written
+    before it."""
+
+    def __init__(self, path):
+        self.path = Path(path)
+
+    def write(self, *records: Record) -> Path:
+        from filelock import FileLock
+
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        lines = "".join(json.dumps(r.to_json(), default=str, sort_keys=True) + "\n" for r in records)
+        with FileLock(str(self.path) + ".lock"):
+            with open(self.path, "a") as f:
+                f.write(lines)
+                f.flush()
+                os.fsync(f.fileno())
+        return self.path
+
+
+def read(path) -> list[Record]:
+    """Every record in ``path``: a ``.jsonl`` file of records, or a JSON file a tool wrote before it wrote records
+    (converted: see the module doc). RecordError with the path (and line) for anything else -- a malformed line,
+    a newer schema version, a JSON shape no tool writes."""
+    path = Path(path)
+    text = path.read_text()
+    if path.suffix == ".jsonl":
+        out = []
+        for i, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                d = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise RecordError(f"{path}:{i}: not JSON ({e.msg})") from None
+            out.append(Record.from_json(d, f"{path}:{i}"))
+        return out
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise RecordError(f"{path}: not JSON ({e.msg})") from None
+    for test, convert in _LEGACY:
+        if test(data):
+            return [dataclasses.replace(r, source=f"{path}#{i}") for i, r in enumerate(convert(data))]
+    raise RecordError(f"{path}: no vdbench tool writes this JSON shape (a record file is .jsonl; known older "
+                      f"shapes: {', '.join(name for name, _ in _LEGACY_NAMES)})")
+
+
+def read_many(paths: Iterable) -> Iterator[Record]:
+    for p in paths:
+        yield from read(p)
+
+
+# --- the files the tools wrote before records -------------------------------------------------------------------
+
+def from_render_entry(e: dict) -> Record:
+    """The record of one timing.json entry (a render's repetition): its backend stack and settings as the
+    configuration, the warm steps (after the first) as the timed figure with the first step apart, the stage and
+    end-to-end seconds beside it."""
+    if not isinstance(e, dict):
+        raise RecordError("timing.json entry is not an object")
+    run = e.get("run") or {}
+    steps = e.get("step_times") or []
+    figs: dict[str, Any] = {"step_ms": figure([s * 1e3 for s in steps[1:]], first=steps[0] * 1e3 if steps else None)}
+    for k in ("end_to_end_s", "steady_s", "vae_decode_time", "vae_encode_time", "text_encode_time",
+              "peak_memory_bytes"):
+        if e.get(k) is not None:
+            figs[k] = e[k]
+    if isinstance(e.get("one_time"), dict):
+        figs["one_time_s"] = e["one_time"].get("total_s")
+    system = run.get("system") or {}
+    backend = run.get("backend") or {"name": e.get("attention_type")}
+    return Record(
+        suite="render", case=str(backend.get("name", e.get("attention_type"))),
+        config={"backend": backend, "settings": run.get("settings") or {}, "resolved": run.get("resolved") or {}},
+        figures=figs, verdict={"speed_figure": e.get("speed_figure"), "why_not": e.get("why_not_speed")},
+        timer=("CUDA events per step" if str(system.get("device", "")).startswith("cuda") else "host clock per step"),
+        system=system, commit=run.get("commit"), command=run.get("command"), created=e.get("run_id"), data=e)
+
+
+def _render(entries: list) -> Iterator[Record]:
+    for e in entries:
+        yield from_render_entry(e)
+
+
+def _attention(d: dict) -> Iterator[Record]:
+    for r in d["rows"]:
+        samples = r.get("time_samples_ms") or []
+        f = {"unit": "ms", "samples": samples, "n": r.get("time_n"), "median": r.get("time_ms"),
+             "p20": r.get("time_p20_ms"), "p80": r.get("time_p80_ms"), "min": r.get("time_min_ms"),
+             "max": r.get("time_max_ms"), "mean": None, "first": r.get("first_call_ms")}
+        figs = {"time_ms": f}
+        for k in ("tflops", "gbps", "rel_l2", "cosine", "max_abs", "quant_ms"):
+            if r.get(k) not in (None, ""):
+                figs[k] = r[k]
+        yield Record(suite="attention", case=f"{r.get('input')}/{r.get('kernel')}",
+                     config={"backend": r.get("kernel"), "kernel": r.get("kernel_label"), "input": r.get("input"),
+                             "shape": {k: r.get(k) for k in ("B", "H", "Sq", "Sk", "D")}, "dtype": r.get("dtype"),
+                             "grid": r.get("grid") or None},
+                     figures=figs, verdict={"speed_figure": r.get("speed_figure"), "why_not": r.get("why_not_speed")
+                                            or (r.get("status") if r.get("status") not in (None, "ok") else None)},
+                     timer=r.get("timer"), system=d.get("system") or {}, data=r)
+
+
+def _vae(d: dict) -> Iterator[Record]:
+    args = d.get("args") or {}
+    for r in d["results"]:
+        figs = {k: r[k] for k in ("peak_memory_gib", "psnr_min", "psnr_mean", "ssim_min", "latent_rel_l2")
+                if r.get(k) is not None}
+        times = r.get("times_s") or r.get("decode_times_s")
+        if times:
+            figs["decode_s"] = figure(times, unit="s", first=r.get("first_call_s"))
+        yield Record(suite="vae", case=str(r.get("config")),
+                     config={"vae_config": r.get("config"), "model": args.get("model"), "size": args.get("size"),
+                             "frames": args.get("frames"), "dtype": r.get("dtype")},
+                     figures=figs, verdict={"speed_figure": r.get("speed_figure"), "why_not": r.get("why_not_speed")},
+                     system=d.get("system") or {}, data=r)
+
+
+def _cold(d: dict) -> Iterator[Record]:
+    for r in d["rows"]:
+        warm = [c.get("wall_s") for c in r.get("warm") or []]
+        yield Record(suite="cold_decode", case=str(r.get("variant")),
+                     config={"variant": r.get("variant"), "model": r.get("model"), "size": r.get("size"),
+                             "frames": r.get("frames"), "caches": r.get("caches")},
+                     figures={"decode_s": figure(warm, unit="s", first=r.get("first_s"))},
+                     verdict={"speed_figure": r.get("speed_figure"), "why_not": r.get("why_not_speed")},
+                     timer="host clock around a synchronized call", system={"device": r.get("device")},
+                     command=d.get("command"), data=r)
+
+
+def _quality(d: dict) -> Iterator[Record]:
+    for r in d["rows"]:
+        if not isinstance(r, dict):
+            raise RecordError("quality row is not an object")
+        case = r.get("video") or r.get("name") or r.get("backend") or "?"
+        figs = {k: v for k, v in r.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        yield Record(suite="quality", case=str(case), config={"reference": d.get("reference")}, figures=figs,
+                     data=r)
+
+
+_LEGACY_NAMES = (
+    ("a render's timing.json (a list of entries)", lambda d: isinstance(d, list), _render),
+    ("the attention bench's JSON ({system, rows})",
+     lambda d: isinstance(d, dict) and "rows" in d and "system" in d and "flops" in d, _attention),
+    ("the VAE bench's JSON ({system, args, results})",
+     lambda d: isinstance(d, dict) and "results" in d and "args" in d, _vae),
+    ("bench/cold_decode.py's JSON ({command, rows})",
+     lambda d: isinstance(d, dict) and "rows" in d and "command" in d, _cold),
+    ("bench/compare_outputs.py's JSON ({reference, rows})",
+     lambda d: isinstance(d, dict) and "rows" in d and "reference" in d, _quality),
+)
+_LEGACY = tuple((test, convert) for _, test, convert in _LEGACY_NAMES)
+_LEGACY_NAMES = tuple((name, test) for name, test, _ in _LEGACY_NAMES)
