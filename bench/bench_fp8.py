@@ -160,7 +160,8 @@ def make_inputs(shape, device, *, alpha=1.0, k_bias=3.0, seed=0, dtype=torch.bfl
 def sample(h: int, s: int, heads: int, rows: int, device):
     """(head indices, query row indices): ``heads`` spread over the heads, ``rows`` as whole 128-row blocks starting at
     multiples of 128 (every SageAttention 2 Q scale group stays whole, so an emulation of the sample is exact)."""
-    hs = sorted({round(i * (h - 1) / max(1, heads - 1)) for i in range(max(1, min(h, heads)))})
+    n_heads = max(1, min(h, heads))
+    hs = sorted({round(i * (h - 1) / max(1, n_heads - 1)) for i in range(n_heads)})
     if s <= 128:
         return hs, torch.arange(s, device=device)
     n = max(1, min(s // 128, rows // 128))

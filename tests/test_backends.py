@@ -30,8 +30,15 @@ PREPASS_INSIDE = ("sagev1", "sagev2", "sagev2_fp8", "sagev2_fp16", "sagev2_trito
 
 # ----- names, aliases, unknown names -----
 
+def _known(names):
+    """``names`` restricted to EXPECTED_NAMES: what a check pins about the entries it knows, so that an entry added
+    by a new module leaves it standing."""
+    return [n for n in names if n in EXPECTED_NAMES]
+
+
 def test_names_are_the_shared_vocabulary():
-    assert B.names() == EXPECTED_NAMES
+    # every name the CLIs have taken is still registered, in its place; new entries may sit anywhere among them
+    assert _known(B.names()) == EXPECTED_NAMES
     with pytest.raises(B.BackendUnavailable, match="unknown attention backend 'nope'; valid: default, sdpa"):
         B.get_backend("nope")
 
@@ -135,8 +142,10 @@ def test_require_names_the_install_hint_and_the_emulation(monkeypatch):
 
 def test_cpu_available_set(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # with it (and triton), the Triton kernels join the set
-    assert B.available_names("cpu", torch.float32) == ["default", "sdpa", "sdpa_flash", "sdpa_math", "reference",
-                                                      "flex", "sta", "radial", "sagev1_emu", "sagev2_emu", "fp8_emu"]
+    got = B.available_names("cpu", torch.float32)
+    assert got == [n for n in B.names() if B.availability(n, "cpu", torch.float32)[0]]
+    assert _known(got) == ["default", "sdpa", "sdpa_flash", "sdpa_math", "reference", "flex", "sta", "radial",
+                           "sagev1_emu", "sagev2_emu", "fp8_emu"]
 
 
 def test_capability_table_lists_every_backend_with_reason():
@@ -188,7 +197,8 @@ def test_lse_forms_and_reasons():
         B.resolve("sdpa_cudnn").lse_form("cpu")
     with pytest.raises(B.BackendUnavailable, match="math kernel returns the attention weights"):
         B.resolve("sdpa_math").lse_form("cpu")
-    assert [n for n, b in B.BACKENDS.items() if b.has_lse("cpu")] == ["sdpa", "sdpa_flash", "reference", "sagev2_emu"]
+    assert _known(n for n, b in B.BACKENDS.items() if b.has_lse("cpu")) == ["sdpa", "sdpa_flash", "reference",
+                                                                           "sagev2_emu"]
 
 
 def test_call_labels_name_what_ran():
@@ -237,23 +247,61 @@ def test_register_refuses_clashes_and_entries_without_an_lse_answer():
     assert "toy" not in B.names()
 
 
-def test_every_module_of_the_package_registers_in_its_order():
-    import importlib
+def _entry_modules() -> list[str]:
+    return [info.name for info in pkgutil.iter_modules(B.__path__) if info.name != "registry"]
 
-    orders = []
-    for info in pkgutil.iter_modules(B.__path__):
-        if info.name != "registry":
-            orders.append(importlib.import_module(f"vdbench.backends.{info.name}").ORDER)
-    assert len(orders) == len(set(orders)) == 7  # torch_sdpa, sage, sage2, flash, triton_kernels, sparse, emulated
+
+def test_every_module_of_the_package_registers_its_entries_in_its_order(monkeypatch):
+    """Each entry module the package discovers, run once more against an empty registry, registers at least one entry,
+    every one placed by the module's own ORDER (distinct across modules); each of them is in the real registry under
+    the same name, place and kernel, and together the modules account for every registered entry. Whatever a new
+    module adds, these hold or say which module breaks them."""
+    modules = _entry_modules()
+    assert modules, "the package discovers no entry module"
+    orders = {m: importlib.import_module(f"vdbench.backends.{m}").ORDER for m in modules}
+    assert all(isinstance(o, int) for o in orders.values()), orders
+    assert len(set(orders.values())) == len(orders), f"two modules share an ORDER: {orders}"
+    real, real_place = dict(registry.BACKENDS), dict(registry._PLACE)
+    seen: dict[str, str] = {}
+    for m in modules:
+        for attr in ("BACKENDS", "_ALIASES", "_PLACE", "_BOUND"):
+            monkeypatch.setattr(registry, attr, {})
+        spec = importlib.util.find_spec(f"vdbench.backends.{m}")
+        fresh = importlib.util.module_from_spec(spec)
+        monkeypatch.setitem(sys.modules, spec.name, fresh)  # dataclasses look their module up there
+        spec.loader.exec_module(fresh)
+        got = dict(registry.BACKENDS)
+        assert got, f"module {m} registers no entry"
+        for name, entry in got.items():
+            assert registry._PLACE[name][0] == orders[m], f"{name} from {m} is not placed by the module's ORDER"
+            assert name in real and real_place[name][0] == orders[m], f"{name} from {m} is not in the registry"
+            assert entry.kernel == real[name].kernel and entry.aliases == real[name].aliases, name
+            assert name not in seen, f"{name} registered by both {seen.get(name)} and {m}"
+            seen[name] = m
+    assert set(seen) == set(real), f"registered by no module of the package: {sorted(set(real) - set(seen))}"
+
+
+def test_every_registered_entry_resolves_by_its_name_and_aliases():
+    """What ``register`` promises for each entry: resolvable by its name and each alias to the entry itself, listed
+    in ``names()`` ordered by its module's place, unbound, and in the capability table."""
+    table = B.capability_table("cpu")
+    places = [registry._PLACE[n] for n in B.names()]
+    assert places == sorted(places)
+    for name, entry in B.BACKENDS.items():
+        assert entry.name == name and B.resolve(name) is entry and entry.bound == ()
+        assert re.fullmatch(r"[A-Za-z0-9_.\-]+", name) and f"\n{name} " in table
+        for alias in entry.aliases:
+            assert B.resolve(alias) is entry and B.aliases()[alias] == name
 
 
 def test_no_caller_keys_on_a_backend_name():
     """Callers ask the entry (passthrough, lse_form, call_label, bytes_moved, prepass): outside vdbench/backends no
     source compares a backend name to a literal or tests it against a tuple of names. ("default" is left out of
     the tuple test: the VAE's decode modes use the same word.)"""
-    names = "|".join(EXPECTED_NAMES)
+    every = [re.escape(n) for n in B.names()]  # entries added later are covered too
+    names = "|".join(every)
     pats = [re.compile(r"\.name\s*[!=]=\s*['\"](%s)['\"]" % names), re.compile(r"attention_type\s*[!=]=\s*['\"]"),
-            re.compile(r"\bin\s*[(\[{]\s*['\"](%s)['\"]" % "|".join(EXPECTED_NAMES[1:]))]
+            re.compile(r"\bin\s*[(\[{]\s*['\"](%s)['\"]" % "|".join(n for n in every if n != "default"))]
     files = [p for p in (ROOT / "vdbench").rglob("*.py") if "backends" not in p.parts] + \
         list((ROOT / "bench").glob("*.py"))
     hits = [f"{p.relative_to(ROOT)}:{i}: {line.strip()}" for p in files

@@ -120,10 +120,107 @@ def test_nothing_available_exits_4_and_arguments_are_checked(tmp_path, monkeypat
         bf.main(["--dry_run", "--out", str(out), "--backends", "sagev2_fp8:gran=per_block"])
 
 
-def test_deadline_and_samples():
-    hs, rs = bf.sample(40, 75600, 8, 1024, "cpu")
-    assert hs == [0, 6, 11, 17, 22, 28, 33, 39] and rs.numel() == 1024
-    starts = rs.view(-1, 128)[:, 0]
-    assert (starts % 128 == 0).all() and starts[-1] == (75600 - 128) // 128 * 128
-    assert bf.sample(2, 100, 8, 1024, "cpu")[1].tolist() == list(range(100))
+class FakeClock:
+    """``time.perf_counter`` for bench_fp8: still until a measured row advances it by ``per_row`` seconds."""
+
+    def __init__(self, per_row: float):
+        self.now, self.per_row = 0.0, per_row
+
+    def perf_counter(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def fake_clock(monkeypatch):
+    """Install a fake clock (returned) and a measure() that costs ``per_row`` seconds of it and computes nothing."""
+    def install(per_row: float) -> FakeClock:
+        clock = FakeClock(per_row)
+        monkeypatch.setattr(bf, "time", clock)
+
+        def measure(be, *a, **kw):
+            clock.now += clock.per_row
+            return {"measured_at": clock.now}
+
+        monkeypatch.setattr(bf, "measure", measure)
+        return clock
+
+    return install
+
+
+def _run_rows(names, deadline_s, t_start=0.0):
+    q = torch.zeros(1, 1, 8, 64, dtype=torch.bfloat16)
+    rows, saves = [], []
+    args = type("Args", (), {"deadline_s": deadline_s})()
+    ran = bf.run_rows(names, q, q, q, None, args, torch.device("cpu"), 0.0, rows, lambda: saves.append(len(rows)),
+                      label="x", t_start=t_start)
+    return ran, rows, saves
+
+
+CPU_NAMES = ["sdpa", "reference", "sdpa_math", "fp8_emu", "sagev1_emu"]  # available on a CPU
+
+
+def test_a_row_that_would_start_after_the_deadline_is_skipped_and_recorded(fake_clock):
+    """The deadline is checked before each row: a row starting in time runs to its end (even past the deadline), every
+    later one is recorded as skipped(deadline) without being measured, so the report still lists every row."""
+    fake_clock(4.0)  # each measured row takes 4 s
+    ran, rows, saves = _run_rows(CPU_NAMES, deadline_s=10.0)  # rows start at 0, 4, 8 (ends at 12), then 12 > 10
+    assert [r["backend"] for r in rows] == CPU_NAMES  # every row in the report, in order
+    assert [r["status"] for r in rows] == ["ok"] * 3 + ["skipped(deadline)"] * 2 and ran == 3
+    assert [r.get("measured_at") for r in rows] == [4.0, 8.0, 12.0, None, None]
+    assert all(r["wall_s"] == 4.0 for r in rows[:3]) and all("wall_s" not in r for r in rows[3:])
+    assert saves == [1, 2, 3]  # the JSON written after each measured row
+
+
+def test_no_deadline_and_a_late_start(fake_clock):
+    fake_clock(1000.0)
+    ran, rows, _ = _run_rows(CPU_NAMES, deadline_s=0.0)  # 0: no deadline however long the rows take
+    assert ran == len(CPU_NAMES) and {r["status"] for r in rows} == {"ok"}
+    ran, rows, _ = _run_rows(CPU_NAMES, deadline_s=10.0, t_start=-20.0)  # the bench started 20 s before these rows
+    assert ran == 0 and {r["status"] for r in rows} == {"skipped(deadline)"}
+
+
+def test_the_deadline_cuts_the_alpha_table_first(tmp_path, fake_clock):
+    """main(): the kernel rows come before the α table, so a deadline that the kernel rows use up skips the α table
+    (recorded, every row), the kernel rows are kept, and the report and tables are written (exit 0: something ran)."""
+    fake_clock(5.0)
+    out = tmp_path / "o"
+    assert bf.main(["--dry_run", "--out", str(out), "--shapes", "tiny-d64", "--backends", "reference,fp8_emu",
+                    "--alpha_backends", "fp8_emu,sagev1_emu", "--deadline_s", "7"]) == 0
+    report = json.loads((out / "fp8_bench.json").read_text())
+    assert [(r["backend"], r["status"]) for r in report["rows"]] == [("reference", "ok"), ("fp8_emu", "ok")]
+    assert len(report["alpha"]) == len(bf.ALPHAS) * 2 and {r["status"] for r in report["alpha"]} == {
+        "skipped(deadline)"}
+    assert report["wall_s"] == 10.0 and (out / "fp8_tables.md").exists()
+
+
+def test_a_deadline_nothing_fits_in_exits_4_with_every_row_recorded(tmp_path):
+    out = tmp_path / "o"
+    assert bf.main(["--dry_run", "--out", str(out), "--shapes", "tiny-d64", "--backends", "reference,fp8_emu",
+                    "--alpha_shape", "none", "--deadline_s", "1e-9"]) == bf.EXIT_NOTHING_RAN
+    report = json.loads((out / "fp8_bench.json").read_text())
+    assert [(r["backend"], r["status"]) for r in report["rows"]] == [("reference", "skipped(deadline)"),
+                                                                     ("fp8_emu", "skipped(deadline)")]
+
+
+@pytest.mark.parametrize("h, s, heads, rows", [(40, 75600, 8, 1024), (2, 100, 8, 1024), (12, 32760, 8, 1024),
+                                               (5, 1000, 0, 10), (3, 129, 8, 1024), (1, 300, 1, 64)])
+def test_samples_are_whole_blocks_spread_over_the_input_with_their_minimums(h, s, heads, rows):
+    """Heads: min(h, heads) of them but at least one, distinct, from the first head to the last. Rows: whole 128-row
+    blocks at multiples of 128 (every SageAttention 2 Q scale group whole), min(s // 128, rows // 128) of them but at
+    least one, from the first block to the last whole one; every row when the input has at most 128."""
+    hs, rs = bf.sample(h, s, heads, rows, "cpu")
+    assert hs == sorted(set(hs)) and len(hs) == max(1, min(h, heads)) and hs[0] == 0
+    assert hs[-1] == (h - 1 if len(hs) > 1 else 0) and all(0 <= x < h for x in hs)
+    if s <= 128:
+        assert rs.tolist() == list(range(s))
+        return
+    blocks = rs.view(-1, 128)
+    starts = blocks[:, 0]
+    assert torch.equal(blocks - starts[:, None], torch.arange(128).expand_as(blocks))  # whole blocks
+    assert (starts % 128 == 0).all() and (starts.diff() > 0).all() and int(rs.max()) < s
+    assert len(starts) == max(1, min(s // 128, rows // 128))
+    assert starts[0] == 0 and (len(starts) == 1 or starts[-1] == (s - 128) // 128 * 128)
+
+
+def test_the_bench_covers_the_issue_backends():
     assert set(bf.BACKENDS) >= {"sagev2", "sagev2_fp8", "sagev2_fp16", "fav3_fp8", "fav3", "sdpa_cudnn"}

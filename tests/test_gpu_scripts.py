@@ -5,8 +5,10 @@ pack -- what a device call would do, without the device."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
+import shlex
 import subprocess
 import sys
 import tarfile
@@ -157,18 +159,83 @@ def test_issue20_scripts_dry_run(tmp_path):
     assert "--ulysses_degree 2" in r.stdout
 
 
-def test_sparse_script_dry_run(tmp_path):
-    """bench/gpu_sparse.sh with DRY_RUN=1: its runs in priority order (kernels and the 14B pipeline first), none
-    started, the summary and the archive written."""
-    w, out = tmp_path / "w", tmp_path / "o"
+def _bench_module(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault(name, mod)  # dataclasses resolve string annotations through sys.modules
+    spec.loader.exec_module(sys.modules[name] if sys.modules[name] is not mod else mod)
+    return sys.modules[name]
+
+
+def _option(argv: list[str], flag: str, default=None):
+    """The last value of ``flag`` in ``argv`` (argparse's rule for a repeated store option)."""
+    values = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == flag]
+    return values[-1] if values else default
+
+
+def test_sparse_script_dry_run(tmp_path, capsys):
+    """bench/gpu_sparse.sh with DRY_RUN=1, checked for what a device call relies on rather than its run names: every
+    run is listed once and none started, within the call's deadline; every Python command parses with its own
+    parser and names backends, schedules and patterns the registry takes; a comparison or a window-mass run comes
+    after the render or capture it reads; the CUDA tests come first and a kernel bench before the first render; the
+    summary and the archive are written."""
+    from vdbench import backends as B
+    from vdbench import cli
+    from vdbench.patching.schedule import resolve_attention
+    from vdbench.sparse import parse_spec, split_attention_types
+
+    w, out, res = tmp_path / "w", tmp_path / "o", tmp_path / "res"
+    limit_s = 530
     r = subprocess.run(["bash", str(ROOT / "bench" / "gpu_sparse.sh")], cwd=tmp_path, capture_output=True, text=True,
                        timeout=120, env=dict(os.environ, PY=sys.executable, DRY_RUN="1", OUT=str(out), W=str(w),
-                                             RES=str(tmp_path / "res")))
+                                             RES=str(res), LIMIT_S=str(limit_s)))
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     rows = _runs(w)[1:]
     names = [row[1] for row in rows]
-    assert names[:5] == ["gpu_tests", "k14", "w14_fav3", "w14_sta", "w14_stax"] and {row[2] for row in rows} == {"dry"}
-    assert {"k13", "w13_sched", "w14_sched", "mass13", "mass14", "q13ref"} <= set(names)
-    assert "--attention_schedule fav3@steps:0,sta" in r.stdout and "--grid 21x45x80" in r.stdout
-    assert "--attention_schedule fav3@kind:cross,sta" in r.stdout
-    assert (out / "results_sparse.tgz").exists() and (out / "summary_sparse.txt").exists()
+    assert rows and {row[2] for row in rows} == {"dry"} and len(names) == len(set(names)), rows
+    # one record per run (a bash -c command spans lines): "[ELAPSEDs] NAME (limit LIMs): COMMAND"
+    listed = list(re.finditer(r"^\[(\d+)s\] (\S+) \(limit (\d+)s\): (.*?)(?=^\[\d+s\] |\Z)", r.stdout,
+                              re.M | re.S))
+    assert [m[2] for m in listed] == names  # the runner printed every run it recorded, in order
+    runs = []
+    for m in listed:
+        elapsed, lim = int(m[1]), int(m[3])
+        assert 0 < lim <= limit_s - elapsed - 5, m[0]  # cut to what is left before the deadline (5 s kept)
+        command = m[4].strip()
+        runs.append((m[2], shlex.split(command) if command.startswith(sys.executable + " ") else command.split()))
+    assert runs[0][1][:3] == [sys.executable, "-m", "pytest"]  # the CUDA tests first
+
+    def script(argv):
+        return Path(argv[1]).name if len(argv) > 1 and argv[0] == sys.executable else None
+
+    bench_attention = _bench_module("bench_attention")
+    rendered: list[tuple[str, str]] = []  # (output folder, canonical attention) of each render so far
+    captured: set[str] = set()
+    first_kernel_bench = first_render = None
+    for i, (name, argv) in enumerate(runs):
+        which, args = script(argv), argv[2:]
+        if which == "run_wan.py":
+            first_render = i if first_render is None else first_render
+            assert cli.main("wan", [*args, "--print_output_path"]) == 0, name  # parses; the model is known
+            attention = _option(args, "--attention_schedule") or _option(args, "--attention_type")
+            assert attention, name
+            rendered.append((_option(args, "--benchmark_output_directory"), resolve_attention(attention).name))
+            if "--save_inputs" in args:
+                captured.add(_option(args, "--input_dir"))
+        elif which == "bench_attention.py":
+            first_kernel_bench = i if first_kernel_bench is None else first_kernel_bench
+            parsed = bench_attention.build_parser().parse_args(args)
+            kernels = B.names() if parsed.kernel == "all" else [B.resolve(k).name for k in
+                                                                 split_attention_types(parsed.kernel)]
+            assert parsed.baseline is None or B.resolve(parsed.baseline).name in kernels, name
+        elif which == "compare_outputs.py":
+            folder, ref = str(Path(args[0]).parent), _option(args, "--reference")
+            assert (folder, B.resolve(ref).name) in rendered, f"{name} compares with a render not made before it"
+        elif which == "window_mass.py":
+            assert args[0] in captured, f"{name} reads captures no earlier run saves"
+            assert all(parse_spec(p) for p in [a for j, a in enumerate(args[1:]) if args[j] == "--pattern"]), name
+    assert first_kernel_bench is not None and first_render is not None and first_kernel_bench < first_render
+    capsys.readouterr()  # the --print_output_path lines
+    with tarfile.open(out / "results_sparse.tgz") as t:
+        assert {"./runs.tsv", "./backends.txt"} <= set(t.getnames())
+    assert (out / "summary_sparse.txt").read_text().startswith((w / "runs.tsv").read_text())
