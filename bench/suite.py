@@ -1,0 +1,288 @@
+#!/usr/bin/env python3
+"""Run a benchmark suite: cases described as data (``bench/suites/<name>.toml``), under one time budget,
+resumable, dry-runnable, every run recorded.
+
+    python3 bench/suite.py --list                                   # the suites and what each measures
+    python3 bench/suite.py cold --dry_run                           # what it would run, in order (no GPU needed)
+    python3 bench/suite.py cold --budget_s 540 --set N=3            # on the GPU machine: one device call
+    python3 bench/suite.py cold --only 'r720_.*'                    # a later call: what the first one left
+
+A suite file holds ``description``, ``[vars]`` (defaults; ``--set NAME=VALUE`` overrides, strings or numbers) and
+``[[case]]`` entries: ``name``, ``run`` (the command: a list of arguments or one string split like a shell line;
+``{NAME}`` takes a var, ``{py}`` the Python, ``{out}`` the results folder, ``{model.wan13}`` etc. the model
+arguments of :data:`MODELS`), ``need_s`` (not started with fewer seconds left), ``limit_s`` (its own time limit,
+cut to what is left), ``fresh_caches`` (Triton / inductor caches pointed at new empty folders: a cold start),
+``env`` (extra variables), and ``for`` (``{mode = ["default", "fast"], rep = "1..{N}"}``: one case per combination,
+the first key outermost; a later key varies fastest, so runs of two modes interleave and drift falls on both).
+
+Each run's log goes to ``OUT/logs/<case>.log`` and its outcome to ``OUT/runs.jsonl`` as a
+:mod:`vdbench.measure.record` (suite, case, the command, rc, wall seconds, skipped and why); a re-run skips the
+cases already done with rc 0 (``--force`` runs them again). ``OUT`` defaults to
+``results/<suite>/<UTC date>_<device>``; ``results/index.md`` lists every run folder (regenerated each time).
+The environment is the device scripts': unbuffered Python, NVLink multicast off for NCCL and symmetric memory, 8
+OpenMP threads unless set, this checkout first on PYTHONPATH.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import itertools
+import os
+import re
+import shlex
+import subprocess
+import sys
+import time
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SUITES = ROOT / "bench" / "suites"
+if str(ROOT) not in sys.path:  # a script run by path: the checkout's vdbench, as PYTHONPATH gives the children
+    sys.path.insert(0, str(ROOT))
+
+from vdbench.measure.record import Record, Writer, commit, now, read  # noqa: E402
+from vdbench.timing import fresh_cache_env  # noqa: E402
+
+#: Model arguments the suites share (random weights at the real architectures and sizes).
+MODELS = {
+    "wan13": "--model random:wan2.1-t2v-1.3b --height 480 --width 832 --num_frames 81",
+    "wan14": "--model random:wan2.1-t2v-14b --height 720 --width 1280 --num_frames 81",
+    "cog2b": "--model_path random:cogvideox-2b --height 480 --width 720 --num_frames 49",
+}
+
+
+class SuiteError(ValueError):
+    pass
+
+
+def suites() -> dict[str, Path]:
+    return {p.stem: p for p in sorted(SUITES.glob("*.toml"))}
+
+
+def load(name: str) -> dict:
+    path = suites().get(name)
+    if path is None:
+        raise SuiteError(f"unknown suite {name!r}; known: {', '.join(suites()) or 'none'}")
+    with open(path, "rb") as f:
+        try:
+            spec = tomllib.load(f)
+        except tomllib.TOMLDecodeError as e:
+            raise SuiteError(f"{path}: {e}") from None
+    if not spec.get("case"):
+        raise SuiteError(f"{path}: no [[case]]")
+    return spec
+
+
+class _Vars(dict):
+    def __missing__(self, key):
+        raise SuiteError(f"unknown name {{{key}}} (vars: {', '.join(sorted(self))})")
+
+
+def _fmt(text: str, vars_: dict) -> str:
+    try:
+        return text.format_map(vars_)
+    except (KeyError, IndexError, ValueError, AttributeError) as e:
+        raise SuiteError(f"can't fill {text!r}: {e}") from None
+
+
+def _values(v, vars_: dict) -> list:
+    if isinstance(v, list):
+        return [_fmt(str(x), vars_) for x in v]
+    m = re.fullmatch(r"(\d+)\.\.(\d+)", _fmt(str(v), vars_))
+    if not m:
+        raise SuiteError(f"a 'for' value is a list or 'A..B', not {v!r}")
+    return [str(i) for i in range(int(m.group(1)), int(m.group(2)) + 1)]
+
+
+class _Models:
+    def __getattr__(self, name):
+        try:
+            return MODELS[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+
+def expand(spec: dict, sets: dict, out: Path, py: str) -> list[dict]:
+    """The suite's runs in order: every case, one per combination of its ``for`` values, commands filled in."""
+    vars_ = _Vars({k: str(v) for k, v in (spec.get("vars") or {}).items()})
+    vars_.update({k: str(v) for k, v in sets.items()})
+    vars_.update(py=py, out=str(out), model=_Models())
+    runs, seen = [], set()
+    for case in spec["case"]:
+        missing = {"name", "run"} - set(case)
+        if missing:
+            raise SuiteError(f"a case lacks {', '.join(sorted(missing))}: {case}")
+        loops = case.get("for") or {}
+        keys = list(loops)
+        for combo in itertools.product(*(_values(loops[k], vars_) for k in keys)):
+            v = _Vars({**vars_, **dict(zip(keys, combo))})
+            name = _fmt(case["name"], v)
+            if name in seen:
+                raise SuiteError(f"two runs named {name!r}")
+            seen.add(name)
+            cmd = case["run"]
+            args = [_fmt(str(a), v) for a in cmd] if isinstance(cmd, list) else shlex.split(_fmt(cmd, v))
+            runs.append({"name": name, "args": args, "need_s": float(case.get("need_s", 0)),
+                         "limit_s": float(case.get("limit_s", 600)), "fresh_caches": bool(case.get("fresh_caches")),
+                         "env": {k: _fmt(str(x), v) for k, x in (case.get("env") or {}).items()}})
+    return runs
+
+
+def environment(base=None) -> dict:
+    env = dict(os.environ if base is None else base)
+    env.update(PYTHONUNBUFFERED="1", NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1")
+    env.setdefault("OMP_NUM_THREADS", "8")
+    paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *[p for p in paths if p != str(ROOT)]])
+    return env
+
+
+def done_runs(out: Path) -> set[str]:
+    """The runs a previous call finished with rc 0 (skipped by a resumed call)."""
+    path = out / "runs.jsonl"
+    if not path.exists():
+        return set()
+    return {r.case for r in read(path) if r.data.get("rc") == 0}
+
+
+def _device() -> str:
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return re.sub(r"[^A-Za-z0-9]+", "-", torch.cuda.get_device_name(0)).strip("-").lower()
+    except ImportError:
+        pass
+    return "cpu"
+
+
+def write_index(results: Path) -> Path:
+    """``results/index.md``: every run folder (suite, date, device), its runs and how they ended."""
+    lines = ["# Benchmark results", "", "Generated by bench/suite.py: one folder per suite, UTC date and device; "
+             "`runs.jsonl` in each holds every run's command, rc and wall seconds.", "",
+             "| suite | folder | runs ok | skipped | failed | commit |", "| --- | --- | --- | --- | --- | --- |"]
+    for runs in sorted(results.glob("*/*/runs.jsonl")):
+        try:
+            recs = read(runs)
+        except ValueError:
+            continue
+        last = {r.case: r for r in recs}.values()
+        ok = sum(r.data.get("rc") == 0 for r in last)
+        skipped = sum(r.data.get("rc") is None for r in last)
+        commits = sorted({r.commit for r in last if r.commit})
+        lines.append(f"| {runs.parent.parent.name} | [{runs.parent.name}]({runs.parent.parent.name}/{runs.parent.name}/)"
+                     f" | {ok} | {skipped} | {len(last) - ok - skipped} | {', '.join(commits) or '-'} |")
+    path = results / "index.md"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def run_suite(name: str, *, out: Path, budget_s: float, sets: dict, only: str | None = None, dry_run: bool = False,
+              force: bool = False, py: str = sys.executable, log=print, clock=time.monotonic) -> list[dict]:
+    spec = load(name)
+    runs = expand(spec, sets, out, py)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "logs").mkdir(exist_ok=True)
+    writer = Writer(out / "runs.jsonl")
+    done = set() if force else done_runs(out)
+    start = clock()
+    env = environment()
+    outcomes = []
+    for run in runs:
+        rec = Record(suite=name, case=run["name"], config={"args": run["args"], "fresh_caches": run["fresh_caches"],
+                                                           "env": run["env"]},
+                     command=shlex.join(run["args"]), commit=commit(), created=now())
+        left = budget_s - (clock() - start)
+        why = None
+        if only and not re.fullmatch(only, run["name"]):
+            why = "not in --only"
+        elif run["name"] in done:
+            why = "done in an earlier call"
+        elif left < run["need_s"]:
+            why = f"deadline: {left:.0f} s left, needs {run['need_s']:.0f}"
+        if why:
+            outcomes.append({"name": run["name"], "skipped": why})
+            if why != "not in --only":
+                rec.data = {"rc": None, "skipped": why}
+                if not dry_run:
+                    writer.write(rec)
+            continue
+        limit = max(1.0, min(run["limit_s"], left))
+        if dry_run:
+            log(f"[{clock() - start:5.0f}s] {run['name']} (limit {limit:.0f} s"
+                f"{', fresh caches' if run['fresh_caches'] else ''}): {shlex.join(run['args'])}")
+            outcomes.append({"name": run["name"], "dry": True, "limit_s": limit})
+            continue
+        t0 = clock()
+        rc = _run(run, env, limit, out / "logs" / f"{run['name']}.log")
+        wall = clock() - t0
+        rec.data = {"rc": rc, "wall_s": wall, "limit_s": limit}
+        rec.figures = {"wall_s": wall}
+        writer.write(rec)
+        outcomes.append({"name": run["name"], "rc": rc, "wall_s": wall})
+        log(f"[{clock() - start:5.0f}s] {run['name']} rc={rc} ({wall:.0f} s)")
+    if not dry_run and out.parent.parent.name == "results":
+        write_index(out.parent.parent)
+    return outcomes
+
+
+def _run(run: dict, env: dict, limit: float, log_path: Path) -> int:
+    import contextlib
+
+    cm = fresh_cache_env(env) if run["fresh_caches"] else contextlib.nullcontext(env)
+    with cm as e, open(log_path, "w") as logf:
+        try:
+            p = subprocess.run(run["args"], cwd=ROOT, env={**e, **run["env"]}, stdout=logf, stderr=subprocess.STDOUT,
+                               timeout=limit)
+            return p.returncode
+        except subprocess.TimeoutExpired:
+            logf.write(f"\n[suite] timed out after {limit:.0f} s\n")
+            return 124
+        except OSError as err:
+            logf.write(f"\n[suite] could not start: {err}\n")
+            return 127
+
+
+def _sets(items) -> dict:
+    out = {}
+    for item in items or []:
+        k, sep, v = item.partition("=")
+        if not sep or not k.isidentifier():
+            raise SuiteError(f"--set takes NAME=VALUE, not {item!r}")
+        out[k] = v
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("suite", nargs="?", help="the suite (bench/suites/<suite>.toml)")
+    p.add_argument("--list", action="store_true", help="list the suites and exit")
+    p.add_argument("--dry_run", action="store_true", help="print what would run, in order; run nothing")
+    p.add_argument("--budget_s", type=float, default=540.0, help="seconds for the whole suite (default: 540)")
+    p.add_argument("--set", action="append", metavar="NAME=VALUE", help="override a suite var (repeatable)")
+    p.add_argument("--only", default=None, help="run only the cases whose name matches this regex in full")
+    p.add_argument("--force", action="store_true", help="run cases an earlier call finished (default: skip them)")
+    p.add_argument("--out", type=Path, default=None,
+                   help="results folder (default: results/<suite>/<UTC date>_<device>)")
+    args = p.parse_args(argv)
+    try:
+        if args.list or not args.suite:
+            for n, path in suites().items():
+                print(f"{n:12s} {load(n).get('description', '').strip().splitlines()[0]}")
+            return 0
+        out = args.out or ROOT / "results" / args.suite / f"{dt.datetime.now(dt.timezone.utc):%Y%m%d}_{_device()}"
+        outcomes = run_suite(args.suite, out=out, budget_s=args.budget_s, sets=_sets(args.set), only=args.only,
+                             dry_run=args.dry_run, force=args.force)
+    except SuiteError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    failed = [o["name"] for o in outcomes if o.get("rc") not in (None, 0)]
+    if not args.dry_run:
+        print(f"results: {out} ({len(outcomes)} runs, {len(failed)} failed)")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
