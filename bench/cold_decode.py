@@ -212,6 +212,11 @@ def main(argv=None) -> int:
                 with open(args.output, "w") as fh:
                     json.dump({"command": " ".join([os.path.basename(sys.argv[0]), *sys.argv[1:]]), "rows": rows},
                               fh, indent=1)
+    if args.output:  # the same rows in the record schema every tool writes, beside the JSON
+        from vdbench.measure.record import write_beside
+
+        write_beside(args.output, {"command": " ".join([os.path.basename(sys.argv[0]), *sys.argv[1:]]),
+                                   "rows": [r for r in rows if "error" not in r]})
     return 0 if all("error" not in r for r in rows) else 1
 
 

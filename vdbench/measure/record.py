@@ -35,7 +35,7 @@ from typing import Any, Iterable, Iterator, Optional
 from ..timing import spread
 
 __all__ = ["SCHEMA", "VERSION", "Record", "figure", "commit", "command_line", "Writer", "read", "read_many",
-           "RecordError", "from_render_entry"]
+           "RecordError", "from_render_entry", "records_of", "write_beside"]
 
 SCHEMA = "vdbench.record"
 #: Bump when a reader of the previous version would misread a record; readers refuse versions above theirs.
@@ -167,6 +167,24 @@ def read(path) -> list[Record]:
             return [dataclasses.replace(r, source=f"{path}#{i}") for i, r in enumerate(convert(data))]
     raise RecordError(f"{path}: no vdbench tool writes this JSON shape (a record file is .jsonl; known older "
                       f"shapes: {', '.join(name for name, _ in _LEGACY_NAMES)})")
+
+
+def records_of(doc, *, command: Optional[str] = None) -> list[Record]:
+    """The records of a document a tool builds (a timing.json list, a bench's JSON object: the shapes
+    :func:`read` knows), stamped with the command (default: this process's) and the checkout's commit -- what a
+    tool writes beside its own files."""
+    for test, convert in _LEGACY:
+        if test(doc):
+            stamp = {"command": command or command_line(), "commit": commit(), "created": now()}
+            return [dataclasses.replace(r, **{k: v for k, v in stamp.items() if getattr(r, k) is None})
+                    for r in convert(doc)]
+    raise RecordError("no vdbench tool builds this document shape")
+
+
+def write_beside(path, doc, *, command: Optional[str] = None) -> Path:
+    """Append ``doc``'s records (:func:`records_of`) to ``records.jsonl`` in the folder of ``path`` (the file the
+    tool wrote)."""
+    return Writer(Path(path).with_name("records.jsonl")).write(*records_of(doc, command=command))
 
 
 def read_many(paths: Iterable) -> Iterator[Record]:
