@@ -77,7 +77,7 @@ import torch
 
 from vdbench import backends as B
 from vdbench import families
-from vdbench import metrics as M
+from vdbench.measure import quality as Q
 from vdbench.capture import MAX_CAPTURE_BYTES, CaptureError, list_captures, load_capture
 from vdbench.helptext import DefaultsHelpFormatter
 from vdbench.sparse import block_mask, parse_grid, split_attention_types, to_layout
@@ -171,14 +171,8 @@ def poisoned_call(fn, q, k, v):
 
 
 def accuracy(out, ref):
-    o, r = out.double(), ref.double()
-    finite = torch.isfinite(o)
-    bad = (~finite).sum().item()
-    diff = (o - r).abs()
-    beyond = ((diff > ATOL + RTOL * r.abs()) | ~finite).double().mean().item()
-    o_f = torch.where(finite, o, torch.zeros_like(o))
-    return {"rel_l2": M.rel_l2(o_f, r), "cosine": M.cosine(o_f, r), "max_abs": diff[finite].max().item() if finite.any() else math.inf,
-            "frac_beyond_tol": beyond, "nan_inf": int(bad)}
+    """The accuracy columns: the shared attention-quality dict at this bench's tolerances."""
+    return Q.attention_quality(out, ref, ATOL, RTOL)
 
 
 def iter_inputs(args, device, dtype, skipped: list):

@@ -42,7 +42,7 @@ import torch
 from vdbench import backends as B
 from vdbench import families
 from vdbench.capture import list_captures, load_capture
-from vdbench.metrics import rel_l2
+from vdbench.measure.quality import max_abs, nan_inf, rel_l2
 from vdbench.numerics import exact_attention, fp8_bh_inputs, quantize_fp8
 from vdbench.timing import interleaved_ms, speed_verdict, spread, system_info
 from vdbench.helptext import DefaultsHelpFormatter
@@ -230,18 +230,18 @@ def measure(be, q, k, v, smp: Sample, args, device, flops, reps: int) -> dict:
     before = [t.clone() for t in (q, k, v)]
     if be.emulated:
         out_sub, ref, _ = on_sample(be, (q, k, v), smp, args.emu_heads)
-        row.update(rel_l2=rel_l2(out_sub, ref), nan_inf=int((~torch.isfinite(out_sub)).sum().item()),
+        row.update(rel_l2=rel_l2(out_sub, ref), nan_inf=nan_inf(out_sub),
                    inputs_unchanged=all(torch.equal(a, t) for a, t in zip(before, (q, k, v))))
         return row
     out = be(q, k, v)
     row["inputs_unchanged"] = all(torch.equal(a, t) for a, t in zip(before, (q, k, v)))
     out_sub = smp.cut(out)
     row["rel_l2"] = rel_l2(out_sub, smp.ref)
-    row["nan_inf"] = int((~torch.isfinite(out)).sum().item())
+    row["nan_inf"] = nan_inf(out)
     del out
     if be.has_lse(device):
         _, lse = be.lse_form(device).fn(q, k, v)
-        row["lse_max_abs"] = (lse[:, smp.heads][:, :, smp.rows].double() - smp.lref).abs().max().item()
+        row["lse_max_abs"] = max_abs(lse[:, smp.heads][:, :, smp.rows], smp.lref, keep_device=True)
         row["inputs_unchanged"] &= all(torch.equal(a, t) for a, t in zip(before, (q, k, v)))
         del lse
     del before

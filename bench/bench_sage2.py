@@ -40,7 +40,7 @@ from pathlib import Path
 
 import torch
 
-from vdbench.metrics import rel_l2
+from vdbench.measure.quality import max_abs, mean_abs, nan_inf, rel_l2
 from vdbench.numerics import exact_attention, sagev2_emulated
 from vdbench.timing import fixed_ms, spread
 from vdbench.helptext import DefaultsHelpFormatter
@@ -189,8 +189,7 @@ def emu_config_for_dispatch(dispatch):
 
 
 def lse_errors(lse, lref):
-    e = (lse.double() - lref).abs()
-    return {"max_abs": e.max().item(), "mean_abs": e.mean().item()}
+    return {"max_abs": max_abs(lse, lref, keep_device=True), "mean_abs": mean_abs(lse, lref, keep_device=True)}
 
 
 def run_variant(var, sage, emu_cfg, inputs, sub, ref, lref, args, emu_cache, flops, sage_reason=None):
@@ -235,7 +234,7 @@ def run_variant(var, sage, emu_cfg, inputs, sub, ref, lref, args, emu_cache, flo
         unchanged = all(torch.equal(a, b) for a, b in zip(before, (q, k, v)))
         out_sub = out[:, heads][:, :, rows]
         row["rel_l2"] = rel_l2(out_sub, ref)
-        row["nan_inf"] = int((~torch.isfinite(out)).sum().item())
+        row["nan_inf"] = nan_inf(out)
         del out
         # kernel vs emulation directly: far below rel_l2 when the emulation rounds the same values the same way
         for tag, emu in emus.items():
@@ -246,7 +245,7 @@ def run_variant(var, sage, emu_cfg, inputs, sub, ref, lref, args, emu_cache, flo
             lse_sub = res[1][:, heads][:, :, rows]
             row["lse"] = lse_errors(lse_sub, lref)
             if "" in emus:
-                row["lse_emu_vs_kernel_max_abs"] = (emus[""][1].double() - lse_sub.double()).abs().max().item()
+                row["lse_emu_vs_kernel_max_abs"] = max_abs(emus[""][1], lse_sub, keep_device=True)
         else:
             row["lse"] = "no (out, lse) tuple returned"
         del res

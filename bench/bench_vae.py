@@ -73,7 +73,6 @@ import json
 import math
 import os
 import platform
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -331,23 +330,15 @@ def _to_frames(video):
 
 
 def quality(frames, ref) -> dict:
-    """PSNR and SSIM per frame of ``frames`` vs ``ref`` ((F, H, W, 3) tensors in [0, 1]), float64."""
-    from vdbench.metrics import psnr_from_mse, ssim_per_frame
+    """This bench's columns of ``frames`` vs ``ref`` ((F, H, W, 3) tensors in [0, 1]): the shared frame-quality
+    dict (``vdbench.measure.quality.frame_quality``, float64 on the frames' device) under the names its CSV and
+    JSON have always used."""
+    from vdbench.measure.quality import frame_quality
 
-    if frames.shape != ref.shape:
-        raise ValueError(f"shape mismatch: {tuple(frames.shape)} vs reference {tuple(ref.shape)}")
-    ref = ref.to(frames.device)
-    mse = [float(((frames[i].double() - ref[i].double()) ** 2).mean()) for i in range(frames.shape[0])]
-    psnr = [psnr_from_mse(m, 1.0) for m in mse]
-    if min(frames.shape[1], frames.shape[2]) >= 11:
-        ssim = ssim_per_frame(frames, ref, 1.0)
-    else:
-        ssim = []
-    return {"psnr_min": min(psnr), "psnr_mean": statistics.fmean(psnr) if all(map(math.isfinite, psnr)) else
-            (math.inf if all(p == math.inf for p in psnr) else statistics.fmean([p for p in psnr if math.isfinite(p)])),
-            "psnr_all": psnr_from_mse(statistics.fmean(mse), 1.0),
-            "ssim_min": min(ssim) if ssim else None, "ssim_mean": statistics.fmean(ssim) if ssim else None,
-            "psnr_per_frame": psnr, "ssim_per_frame": ssim}
+    q = frame_quality(frames, ref)
+    return {"psnr_min": q["psnr_min"], "psnr_mean": q["psnr_mean"], "psnr_all": q["psnr"],
+            "ssim_min": q["ssim_min"], "ssim_mean": q["ssim"], "psnr_per_frame": q["psnr_per_frame"],
+            "ssim_per_frame": q["ssim_per_frame"]}
 
 
 def _injected_stall(name: str, op: str = "decode") -> float:
@@ -613,19 +604,13 @@ def _time_fields(times, first: float, peak, device: str, prefix: str = "") -> di
     return out
 
 
-def rel_l2(a, b) -> float:
-    """||a - b|| / ||b|| in float64 (the encode's latents against the fp32 encode's)."""
-    import torch
-
-    a, b = a.double(), b.to(a.device).double()
-    return float(torch.linalg.vector_norm(a - b) / torch.linalg.vector_norm(b))
-
-
 def run_config(spec: str, args, device: str, ref: dict | None = None, wd=None) -> tuple[dict, dict]:
     """Build, warm up, time and check one config in this process: the decode of the latents and the encode of the
     video (``--ops``), each against the fp32 reference's (``ref``: its outputs). Returns (result row, outputs:
     ``frames`` of the decode, ``latents`` and ``roundtrip`` frames of the encode, on the CPU)."""
     import torch
+
+    from vdbench.measure.quality import rel_l2
 
     name, value = parse_config(spec)
     ops = parse_ops(args.ops)
@@ -691,7 +676,7 @@ def run_config(spec: str, args, device: str, ref: dict | None = None, wd=None) -
         res["roundtrip_decode"] = "this config's" if "decode" in fns else "diffusers' (the config's doesn't apply)"
         stage("encode quality")
         if "latents" in ref:
-            res["latent_rel_l2"] = rel_l2(lat, ref["latents"])
+            res["latent_rel_l2"] = rel_l2(lat, ref["latents"], keep_device=True)
             q = quality(rt, ref["roundtrip"])
             res.update({f"roundtrip_{k}": v for k, v in q.items()})
             res["encode_quality_flag"] = q["psnr_min"] < args.min_psnr
@@ -1061,7 +1046,7 @@ def _preimport():
 
     import vdbench.decode  # noqa: F401
     import vdbench.encode  # noqa: F401
-    import vdbench.metrics  # noqa: F401
+    import vdbench.measure.quality  # noqa: F401
     import vdbench.pipelines  # noqa: F401
     import vdbench.vae  # noqa: F401
 

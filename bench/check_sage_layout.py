@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 from vdbench.backends import sage2
 from vdbench.helptext import DefaultsHelpFormatter
-from vdbench.metrics import rel_l2
+from vdbench.measure.quality import rel_l2
 from vdbench.timing import fixed_ms, spread, system_info
 
 SHAPES = {"wan2.1-1.3b-480p": (12, 32760, 128), "wan2.1-14b-720p": (40, 75600, 128), "cogvideox-2b": (30, 17776, 64),

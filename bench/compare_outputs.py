@@ -19,7 +19,7 @@ import json
 import sys
 from pathlib import Path
 
-from vdbench.metrics import compare_frames
+from vdbench.measure.quality import frame_quality
 from vdbench.report import collect, load_frames, speed  # (one definition, shared with the report)
 from vdbench.helptext import DefaultsHelpFormatter
 
@@ -52,13 +52,10 @@ def main(argv=None) -> int:
         frames, src = load_frames(path)
         if src != ref_src:
             src = f"{src} vs {ref_src}"
-        q = compare_frames(frames, ref, device=args.device) if frames.shape == ref.shape else None
+        q = quality_columns(frames, ref, args.device)
         s = sp.get(label, {})
         st = s.get("warm_step_median")
-        rows.append({"backend": label, "source": src,
-                     "psnr_db": q["psnr"] if q else None, "ssim": q["ssim"] if q else None,
-                     "worst_frame_psnr_db": min(q["psnr_per_frame"]) if q else None,
-                     "max_abs": q["max_abs"] if q else None, "mean_abs": q["mean_abs"] if q else None,
+        rows.append({"backend": label, "source": src, **q,
                      "warm_step_ms": st * 1e3 if st else None, "warm_step_n": s.get("warm_step_n"),
                      "first_step_ms": s["first_step"] * 1e3 if s.get("first_step") else None,
                      "speedup_vs_default": (base / st) if (base and st) else None,
@@ -82,6 +79,15 @@ def main(argv=None) -> int:
         args.output.write_text(json.dumps({"reference": args.reference, "rows": rows}, indent=1,
                                           default=lambda o: None if o == float("inf") else str(o)))
     return 0
+
+
+def quality_columns(frames, ref, device=None) -> dict:
+    """This tool's quality columns of one render against the reference: the shared frame-quality dict under the
+    names its JSON has always used (all None when the shapes differ)."""
+    q = frame_quality(frames, ref, device=device) if frames.shape == ref.shape else None
+    return {"psnr_db": q["psnr"] if q else None, "ssim": q["ssim"] if q else None,
+            "worst_frame_psnr_db": q["psnr_min"] if q else None,
+            "max_abs": q["max_abs"] if q else None, "mean_abs": q["mean_abs"] if q else None}
 
 
 def _not_speed(rows: list[dict]) -> dict[str, list[str]]:

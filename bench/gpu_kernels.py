@@ -42,6 +42,7 @@ import torch
 
 from vdbench import backends as B
 from vdbench.helptext import DefaultsHelpFormatter
+from vdbench.measure import quality as Q
 
 NAMES = ("fav3_sage", "fp8_triton", "fav2_triton")
 #: The sweep's shapes (B, H, S, D) per head dim: Wan 2.1 1.3B at 480p (D128), CogVideoX-2b (D64); tiny with --dry.
@@ -97,7 +98,8 @@ def make_env(out, dry: bool) -> Env:
 
 
 def rel(x, r) -> float:
-    return ((x.double() - r.double()).norm() / r.double().norm()).item()
+    """Relative L2 of ``x`` vs ``r`` where they lie (the shared definition; outputs stay on the GPU)."""
+    return Q.rel_l2(x, r, keep_device=True)
 
 
 def inputs(env: Env, b, h, s, d, seed=0, k_bias=3.0, dtype=torch.bfloat16):
@@ -156,7 +158,7 @@ def check(env: Env, dry: bool = False) -> int:
                     out = torch.full_like(q, float("nan"))
                     env.A.KERNELS[name](q, k, v, out=out, is_causal=causal, **kw)
                     env.sync()
-                    nan = int((~torch.isfinite(out)).sum())
+                    nan = Q.nan_inf(out)
                     r = env.N.exact_attention(q, k, v, is_causal=True) if causal else ref
                     e = emu(env, name, q, k, v, cfg, is_causal=causal, **kw)
                     row = dict(kernel=name + ("[pv=fp16]" if kw else ""), D=d, S=s, dtype=str(dtype)[6:],

@@ -67,7 +67,7 @@ def _steps(e: dict) -> dict:
 
 
 def summarize(res: Path) -> list[dict]:
-    from vdbench import metrics as M
+    from vdbench.measure import quality as M
     from vdbench.timing import step_stats
 
     rows = []

@@ -13,9 +13,9 @@ ROOT = Path(__file__).resolve().parents[1] / "vdbench"
 
 #: top-level module or subpackage of vdbench -> its layer (0 = bottom)
 LAYERS = {
-    "numerics": 0, "metrics": 0, "kernels": 0, "watchdog": 0, "sparse": 0, "sparse_attention": 0, "sparse_hooks": 0,
+    "numerics": 0, "measure": 0, "kernels": 0, "watchdog": 0, "sparse": 0, "sparse_attention": 0, "sparse_hooks": 0,
     "capture": 0,
-    "tiny": 0, "timing": 0, "stages": 0, "helptext": 0, "measure": 0,
+    "tiny": 0, "timing": 0, "stages": 0, "helptext": 0,
     "backends": 1,
     "families": 2,
     "pipelines": 3, "video": 3, "vae": 3, "vae_parallel": 3,

@@ -417,9 +417,9 @@ def summarize(run_dir, reference: str = "reference", device=None) -> dict:
                 if frames.shape != ref.shape:
                     row["note"] = f"shape {frames.shape} differs from the reference {ref.shape}"
                 else:
-                    from vdbench.metrics import compare_frames, lpips_distance
+                    from vdbench.measure.quality import frame_quality, lpips_distance
 
-                    q = compare_frames(frames, ref, device=device)
+                    q = frame_quality(frames, ref, device=device)
                     row.update(psnr_db=q["psnr"], ssim=q["ssim"], psnr_per_frame=q["psnr_per_frame"],
                                quality_source=src if src == ref_src else f"{src} vs {ref_src}")
                     if lpips_note is None:
@@ -713,24 +713,14 @@ def write_html(summaries: list[dict], path) -> Path:
 def video_psnr(video, ref_video) -> float | None:
     """PSNR (dB, over all frames) of two decoded videos, streamed frame by frame so two 81-frame 480p clips
     never sit in memory at once; None when their sizes or frame counts differ (not comparable)."""
-    sq, n = 0, 0
+    from vdbench.measure.quality import stream_psnr
+
     a_gen, b_gen = iter_frames(video), iter_frames(ref_video)
     try:
-        for a in a_gen:
-            b = next(b_gen, None)
-            if b is None or a.shape != b.shape:
-                return None
-            d = a.astype(np.int32) - b.astype(np.int32)
-            sq += int((d * d).sum(dtype=np.int64))
-            n += d.size
-        if next(b_gen, None) is not None:
-            return None
+        return stream_psnr(a_gen, b_gen)
     finally:
         a_gen.close()
         b_gen.close()
-    if sq == 0:
-        return math.inf
-    return 10.0 * math.log10(255.0 ** 2 * n / sq)
 
 
 def figure_labels(inputs, labels, reference: str, timing_dir=None, warnings: list | None = None) -> list[str]:

@@ -139,7 +139,7 @@ class SageSelfCheck:
 
 
 def _self_check(name: str, kwargs: dict, device) -> Optional[str]:
-    from vdbench.metrics import rel_l2
+    from vdbench.measure.quality import rel_l2
     from vdbench.numerics import exact_attention
 
     mod, why = import_sageattention()
