@@ -378,6 +378,10 @@ def _finish(args, rows, want, skipped, device, extra=None, rewrite_csv=False) ->
     print_table(rows, want)
     if args.output:
         write_outputs(rows, args.output, device, extra, rewrite_csv)
+        from vdbench.measure.record import write_beside
+        from vdbench.timing import system_info
+
+        write_beside(args.output, {"system": system_info(device), "flops": "4*B*H*Sq*Sk*D", "rows": rows})
     if rows and not any(r["status"].startswith("ok") for r in rows):
         reasons = dict.fromkeys(r["status"] for r in rows)
         print(f"error: no kernel ran ({len(rows)} rows, none ok): " + " | ".join(reasons), file=sys.stderr)

@@ -1093,7 +1093,10 @@ def main(argv=None) -> int:
         print(f"[bench_vae] shapes: {'; '.join(shapes)}")
     if args.output:
         write_output(args.output, header, rows)
-        print(f"[bench_vae] wrote {args.output}")
+        from vdbench.measure.record import write_beside
+
+        write_beside(args.output, {"system": header["system"], "args": header["args"], "results": rows})
+        print(f"[bench_vae] wrote {args.output} and records.jsonl beside it")
     whys = dict.fromkeys(r.get(k) for r in ok for k in ("why_not_speed", "encode_why_not_speed") if r.get(k))
     for why in whys:
         print(f"[bench_vae] warning: these times are not speed figures: {why}")

@@ -58,6 +58,11 @@ def test_preset_run_csv_schema_and_plot(tmp_path):
     rows = list(csv.DictReader(open(tmp_path / "a.csv")))
     assert list(rows[0]) == ba.COLUMNS
     assert {r["input"] for r in rows} == {"wan2.1-1.3b-480p", "random"}
+    from vdbench.measure.record import read
+
+    recs = read(tmp_path / "records.jsonl")  # the same rows in the record schema, with the command that made them
+    assert [r.case for r in recs] == [f"{r['input']}/{r['kernel']}" for r in rows]
+    assert all(r.suite == "attention" and r.command and r.config["shape"]["Sq"] == 96 for r in recs)
     by = {(r["input"], r["kernel"]): r for r in rows}
     r = by[("wan2.1-1.3b-480p", "fp8_emu")]
     assert float(r["rel_l2"]) > float(by[("wan2.1-1.3b-480p", "sagev1_emu")]["rel_l2"]) > float(

@@ -73,6 +73,10 @@ def test_every_config_in_process(tmp_path, monkeypatch, capsys, checkout_env):
     data = json.loads(out.read_text())
     rows = {r["config"]: r for r in data["results"]}
     assert list(rows)[0] == "fp32" and rows["fp32"]["psnr_min"] == math.inf
+    from vdbench.measure.record import read
+
+    recs = {r.case: r for r in read(out.with_name("records.jsonl"))}  # the rows again, in the record schema
+    assert list(recs) == list(rows) and recs["bf16"].figures["time_s"]["n"] == len(rows["bf16"]["times_s"])
     assert rows["cudnn_benchmark"]["status"] == "not_applicable"
     assert rows["miopen_fast"]["status"] == "not_applicable" and "ROCm" in rows["miopen_fast"]["reason"]
     for name in ("bf16", "bf16_autocast", "tiled", "chunked@2", "channels_last_3d", "compile", "fast@2", "memory@100"):
