@@ -27,8 +27,9 @@ def bash(script: str, tmp_path, timeout=120, **env) -> subprocess.CompletedProce
 
 def test_every_device_script_parses_and_sources_the_library():
     # the multi-GPU campaigns; the one-GPU ones are suites (bench/suites/*.toml, tests/test_suite.py)
+    # (gpu_vae.sh and gpu_kernels.sh stay while gpu_x4*.sh / gpu_x8.sh call them; one GPU: suites vae, kernels)
     assert {p.name for p in SCRIPTS} >= {"gpu_parallel.sh", "gpu_vae_parallel.sh", "gpu_x4.sh", "gpu_x4b.sh",
-                                         "gpu_x8.sh"}
+                                         "gpu_x8.sh", "gpu_vae.sh", "gpu_kernels.sh"}
     for p in [*SCRIPTS, LIB]:
         r = subprocess.run(["bash", "-n", str(p)], capture_output=True, text=True)
         assert r.returncode == 0, (p.name, r.stderr)
