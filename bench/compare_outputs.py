@@ -30,10 +30,21 @@ def main(argv=None) -> int:
     p.add_argument("--reference", default="reference",
                    help="label of the reference render in RESULTS, or a path to a render (.npy/.mp4) elsewhere "
                         "(e.g. the eager render when RESULTS holds compiled ones)")
+    p.add_argument("--reference_dir", type=Path, default=None,
+                   help="take the render labelled --reference from this results directory instead (e.g. the eager "
+                        "renders' folder when RESULTS holds compiled ones)")
     p.add_argument("-o", "--output", type=Path, help="write the rows as JSON here")
     p.add_argument("--device", default=None, help="run the SSIM windows here (e.g. cuda): much faster on 480p clips")
     args = p.parse_args(argv)
     sources = collect(args.results)
+    if args.reference_dir is not None:
+        others = collect(args.reference_dir)
+        if args.reference not in others:
+            print(f"error: no render labelled {args.reference!r} in {args.reference_dir} "
+                  f"(found: {', '.join(others) or 'none'})", file=sys.stderr)
+            return 2
+        sources = {"reference-file": others[args.reference], **sources}
+        args.reference = "reference-file"
     if args.reference not in sources and Path(args.reference).suffix in (".npy", ".mp4"):
         if not Path(args.reference).is_file():
             print(f"error: reference file {args.reference} does not exist", file=sys.stderr)

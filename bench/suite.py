@@ -7,15 +7,25 @@ resumable, dry-runnable, every run recorded.
     python3 bench/suite.py cold --budget_s 540 --set N=3            # on the GPU machine: one device call
     python3 bench/suite.py cold --only 'r720_.*'                    # a later call: what the first one left
 
-A suite file holds ``description``, ``[vars]`` (defaults; ``--set NAME=VALUE`` overrides, strings or numbers) and
+A suite file holds ``description``, ``budget_s`` (its default budget; 540 s unless set), ``[vars]`` (defaults; ``--set NAME=VALUE`` overrides, strings or numbers; a var may name an earlier one) and
 ``[[case]]`` entries: ``name``, ``run`` (the command: a list of arguments or one string split like a shell line;
 ``{NAME}`` takes a var, ``{py}`` the Python, ``{out}`` the results folder, ``{model.wan13}`` etc. the model
 arguments of :data:`MODELS`), ``need_s`` (not started with fewer seconds left), ``limit_s`` (its own time limit,
-cut to what is left), ``fresh_caches`` (Triton / inductor caches pointed at new empty folders: a cold start),
-``env`` (extra variables), and ``for`` (``{mode = ["default", "fast"], rep = "1..{N}"}``: one case per combination,
-the first key outermost; a later key varies fastest, so runs of two modes interleave and drift falls on both).
+cut to what is left; ``{limit_s}`` or ``{limit_s-N}`` in the command is that limit, or N seconds less, filled in
+when the run starts: a bench's own deadline), ``fresh_caches`` (Triton / inductor caches pointed at new empty
+folders: a cold start), ``env`` (extra variables), ``env_if_exists`` (``{VAR = "{out}/file"}``: VAR is the path
+if that file exists and is not empty when the run starts, else unset: one run reading what an earlier one wrote),
+``optional`` (run only when ``--only`` names it: a part for another call or machine), ``always`` (run by every
+call, never skipped as done nor by ``--only``: a summary of what the calls so far wrote), and ``for``
+(``{mode = ["default", "fast"], rep = "1..{N}"}``: one case per combination, the first key outermost; a later key
+varies fastest, so runs of two modes interleave and drift falls on both; a string is a range ``A..B`` or words
+split at spaces, so a var can hold a list: ``b = "{BACKENDS}"``, none when empty). A run's name keeps letters,
+digits, ``_ . -`` and spells every other character ``_`` (it names the log). ``[collect]`` (``{"{out}/t.json" =
+"{RES}/results/timing.json"}``) copies each source that exists to its destination after every run: what the
+results folder keeps of renders written elsewhere, there for the runs after it.
 
-Each run's log goes to ``OUT/logs/<case>.log`` and its outcome to ``OUT/runs.jsonl`` as a
+Each call writes ``OUT/system.json`` (vdbench.timing.system_info: the GPU, the versions). Each run's log goes
+to ``OUT/logs/<case>.log`` and its outcome to ``OUT/runs.jsonl`` as a
 :mod:`vdbench.measure.record` (suite, case, the command, rc, wall seconds, skipped and why); a re-run skips the
 cases already done with rc 0 (``--force`` runs them again). ``OUT`` defaults to
 ``results/<suite>/<UTC date>_<device>``; ``results/index.md`` lists every run folder (regenerated each time).
@@ -31,6 +41,7 @@ import itertools
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -43,7 +54,7 @@ if str(ROOT) not in sys.path:  # a script run by path: the checkout's vdbench, a
     sys.path.insert(0, str(ROOT))
 
 from vdbench.measure.record import Record, Writer, commit, now, read  # noqa: E402
-from vdbench.timing import fresh_cache_env  # noqa: E402
+from vdbench.timing import fresh_cache_env, system_info  # noqa: E402
 
 #: Model arguments the suites share (random weights at the real architectures and sizes).
 MODELS = {
@@ -51,6 +62,9 @@ MODELS = {
     "wan14": "--model random:wan2.1-t2v-14b --height 720 --width 1280 --num_frames 81",
     "cog2b": "--model_path random:cogvideox-2b --height 480 --width 720 --num_frames 49",
 }
+
+
+DEFAULT_BUDGET_S = 540.0  #: a suite's budget unless its file (``budget_s``) or --budget_s says otherwise
 
 
 class SuiteError(ValueError):
@@ -75,8 +89,13 @@ def load(name: str) -> dict:
     return spec
 
 
+_LIMIT = re.compile(r"\{limit_s(?:-(\d+))?\}")
+
+
 class _Vars(dict):
     def __missing__(self, key):
+        if _LIMIT.fullmatch("{" + key + "}"):  # filled when the run starts: the limit it gets
+            return "{" + key + "}"
         raise SuiteError(f"unknown name {{{key}}} (vars: {', '.join(sorted(self))})")
 
 
@@ -90,10 +109,19 @@ def _fmt(text: str, vars_: dict) -> str:
 def _values(v, vars_: dict) -> list:
     if isinstance(v, list):
         return [_fmt(str(x), vars_) for x in v]
-    m = re.fullmatch(r"(\d+)\.\.(\d+)", _fmt(str(v), vars_))
-    if not m:
-        raise SuiteError(f"a 'for' value is a list or 'A..B', not {v!r}")
-    return [str(i) for i in range(int(m.group(1)), int(m.group(2)) + 1)]
+    text = _fmt(str(v), vars_)
+    m = re.fullmatch(r"\s*(\d+)\.\.(\d+)\s*", text)
+    if m:
+        return [str(i) for i in range(int(m.group(1)), int(m.group(2)) + 1)]
+    return text.split()
+
+
+def _name(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", text)
+
+
+def _limit_filled(args: list[str], limit: float) -> list[str]:
+    return [_LIMIT.sub(lambda m: str(int(limit) - int(m.group(1) or 0)), a) for a in args]
 
 
 class _Models:
@@ -104,11 +132,22 @@ class _Models:
             raise AttributeError(name) from None
 
 
-def expand(spec: dict, sets: dict, out: Path, py: str) -> list[dict]:
-    """The suite's runs in order: every case, one per combination of its ``for`` values, commands filled in."""
+def _base_vars(spec: dict, sets: dict, out: Path, py: str) -> _Vars:
+    """The vars, ``--set`` over the file's, each filled in (a var may name another)."""
     vars_ = _Vars({k: str(v) for k, v in (spec.get("vars") or {}).items()})
     vars_.update({k: str(v) for k, v in sets.items()})
     vars_.update(py=py, out=str(out), model=_Models())
+    for _ in range(8):
+        filled = {k: _fmt(v, vars_) for k, v in vars_.items() if isinstance(v, str)}
+        if all(filled[k] == vars_[k] for k in filled):
+            return vars_
+        vars_.update(filled)
+    raise SuiteError("vars that name each other in a loop: " + ", ".join(k for k in filled if "{" in filled[k]))
+
+
+def expand(spec: dict, sets: dict, out: Path, py: str) -> list[dict]:
+    """The suite's runs in order: every case, one per combination of its ``for`` values, commands filled in."""
+    vars_ = _base_vars(spec, sets, out, py)
     runs, seen = [], set()
     for case in spec["case"]:
         missing = {"name", "run"} - set(case)
@@ -118,7 +157,7 @@ def expand(spec: dict, sets: dict, out: Path, py: str) -> list[dict]:
         keys = list(loops)
         for combo in itertools.product(*(_values(loops[k], vars_) for k in keys)):
             v = _Vars({**vars_, **dict(zip(keys, combo))})
-            name = _fmt(case["name"], v)
+            name = _name(_fmt(case["name"], v))
             if name in seen:
                 raise SuiteError(f"two runs named {name!r}")
             seen.add(name)
@@ -126,8 +165,27 @@ def expand(spec: dict, sets: dict, out: Path, py: str) -> list[dict]:
             args = [_fmt(str(a), v) for a in cmd] if isinstance(cmd, list) else shlex.split(_fmt(cmd, v))
             runs.append({"name": name, "args": args, "need_s": float(case.get("need_s", 0)),
                          "limit_s": float(case.get("limit_s", 600)), "fresh_caches": bool(case.get("fresh_caches")),
-                         "env": {k: _fmt(str(x), v) for k, x in (case.get("env") or {}).items()}})
+                         "env": {k: _fmt(str(x), v) for k, x in (case.get("env") or {}).items()},
+                         "env_if_exists": {k: _fmt(str(x), v) for k, x in (case.get("env_if_exists") or {}).items()},
+                         "optional": bool(case.get("optional")), "always": bool(case.get("always"))})
     return runs
+
+
+def collect_pairs(spec: dict, sets: dict, out: Path, py: str) -> list[tuple[str, str]]:
+    """The suite's ``[collect]`` table filled in: (source, destination) pairs."""
+    vars_ = _base_vars(spec, sets, out, py)
+    return [(_fmt(str(src), vars_), _fmt(str(dst), vars_)) for dst, src in (spec.get("collect") or {}).items()]
+
+
+def collect(pairs) -> list[str]:
+    """Copy each source that exists to its destination; the destinations written."""
+    done = []
+    for src, dst in pairs:
+        if Path(src).is_file():
+            Path(dst).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(src, dst)
+            done.append(dst)
+    return done
 
 
 def environment(base=None) -> dict:
@@ -179,14 +237,19 @@ def write_index(results: Path) -> Path:
     return path
 
 
-def run_suite(name: str, *, out: Path, budget_s: float, sets: dict, only: str | None = None, dry_run: bool = False,
+def run_suite(name: str, *, out: Path, budget_s: float | None, sets: dict, only: str | None = None, dry_run: bool = False,
               force: bool = False, py: str = sys.executable, log=print, clock=time.monotonic) -> list[dict]:
     spec = load(name)
+    if budget_s is None:
+        budget_s = float(spec.get("budget_s", DEFAULT_BUDGET_S))
     runs = expand(spec, sets, out, py)
     out.mkdir(parents=True, exist_ok=True)
     (out / "logs").mkdir(exist_ok=True)
     writer = Writer(out / "runs.jsonl")
     done = set() if force else done_runs(out)
+    pairs = collect_pairs(spec, sets, out, py)
+    if not dry_run:
+        _write_system(out / "system.json")
     start = clock()
     env = environment()
     outcomes = []
@@ -196,8 +259,13 @@ def run_suite(name: str, *, out: Path, budget_s: float, sets: dict, only: str | 
                      command=shlex.join(run["args"]), commit=commit(), created=now())
         left = budget_s - (clock() - start)
         why = None
-        if only and not re.fullmatch(only, run["name"]):
+        chosen = bool(only) and re.fullmatch(only, run["name"]) is not None
+        if run["always"]:
+            pass
+        elif only and not chosen:
             why = "not in --only"
+        elif run["optional"] and not chosen:
+            why = "not in --only"  # an optional run is asked for by name
         elif run["name"] in done:
             why = "done in an earlier call"
         elif left < run["need_s"]:
@@ -210,6 +278,8 @@ def run_suite(name: str, *, out: Path, budget_s: float, sets: dict, only: str | 
                     writer.write(rec)
             continue
         limit = max(1.0, min(run["limit_s"], left))
+        run = {**run, "args": _limit_filled(run["args"], limit)}
+        rec.config["args"], rec.command = run["args"], shlex.join(run["args"])
         if dry_run:
             log(f"[{clock() - start:5.0f}s] {run['name']} (limit {limit:.0f} s"
                 f"{', fresh caches' if run['fresh_caches'] else ''}): {shlex.join(run['args'])}")
@@ -223,18 +293,33 @@ def run_suite(name: str, *, out: Path, budget_s: float, sets: dict, only: str | 
         writer.write(rec)
         outcomes.append({"name": run["name"], "rc": rc, "wall_s": wall})
         log(f"[{clock() - start:5.0f}s] {run['name']} rc={rc} ({wall:.0f} s)")
+        collect(pairs)
     if not dry_run and out.parent.parent.name == "results":
         write_index(out.parent.parent)
     return outcomes
+
+
+def _write_system(path: Path) -> None:
+    import json
+
+    try:
+        import torch
+
+        info = system_info("cuda" if torch.cuda.is_available() else "cpu")
+    except Exception as e:  # noqa: BLE001 - a record, never fatal
+        info = {"error": f"{type(e).__name__}: {e}"}
+    path.write_text(json.dumps(info, indent=1) + "\n")
 
 
 def _run(run: dict, env: dict, limit: float, log_path: Path) -> int:
     import contextlib
 
     cm = fresh_cache_env(env) if run["fresh_caches"] else contextlib.nullcontext(env)
+    extra = {k: p for k, p in run.get("env_if_exists", {}).items() if os.path.isfile(p) and os.path.getsize(p)}
     with cm as e, open(log_path, "w") as logf:
+        e = {k: v for k, v in e.items() if k not in run.get("env_if_exists", {})}
         try:
-            p = subprocess.run(run["args"], cwd=ROOT, env={**e, **run["env"]}, stdout=logf, stderr=subprocess.STDOUT,
+            p = subprocess.run(run["args"], cwd=ROOT, env={**e, **run["env"], **extra}, stdout=logf, stderr=subprocess.STDOUT,
                                timeout=limit)
             return p.returncode
         except subprocess.TimeoutExpired:
@@ -260,7 +345,8 @@ def main(argv=None) -> int:
     p.add_argument("suite", nargs="?", help="the suite (bench/suites/<suite>.toml)")
     p.add_argument("--list", action="store_true", help="list the suites and exit")
     p.add_argument("--dry_run", action="store_true", help="print what would run, in order; run nothing")
-    p.add_argument("--budget_s", type=float, default=540.0, help="seconds for the whole suite (default: 540)")
+    p.add_argument("--budget_s", type=float, default=None,
+                   help="seconds for the whole suite (default: the suite's budget_s, else 540)")
     p.add_argument("--set", action="append", metavar="NAME=VALUE", help="override a suite var (repeatable)")
     p.add_argument("--only", default=None, help="run only the cases whose name matches this regex in full")
     p.add_argument("--force", action="store_true", help="run cases an earlier call finished (default: skip them)")

@@ -1,14 +1,12 @@
 """bench/gpu_*.sh on a CPU: every device script parses and takes its plumbing from bench/gpu_lib.sh (one environment
 line, one set of model arguments, one budgeted runner, one packing), sourcing the library runs nothing that needs a
 GPU, the runner keeps its budget and its record, and the multi-GPU scripts' dry runs (DRY_RUN=1) list their runs and
-pack -- what a device call would do, without the device."""
+pack -- what a device call would do, without the device. The one-GPU campaigns are suites: tests/test_suite.py."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
-import shlex
 import subprocess
 import sys
 import tarfile
@@ -28,8 +26,10 @@ def bash(script: str, tmp_path, timeout=120, **env) -> subprocess.CompletedProce
 
 
 def test_every_device_script_parses_and_sources_the_library():
-    assert {p.name for p in SCRIPTS} >= {"gpu_kernels.sh", "gpu_parallel.sh", "gpu_vae.sh", "gpu_vae_parallel.sh",
-                                         "gpu_verify.sh", "gpu_x4.sh", "gpu_x4b.sh", "gpu_x8.sh"}
+    # the multi-GPU campaigns; the one-GPU ones are suites (bench/suites/*.toml, tests/test_suite.py)
+    # (gpu_vae.sh and gpu_kernels.sh stay while gpu_x4*.sh / gpu_x8.sh call them; one GPU: suites vae, kernels)
+    assert {p.name for p in SCRIPTS} >= {"gpu_parallel.sh", "gpu_vae_parallel.sh", "gpu_x4.sh", "gpu_x4b.sh",
+                                         "gpu_x8.sh", "gpu_vae.sh", "gpu_kernels.sh"}
     for p in [*SCRIPTS, LIB]:
         r = subprocess.run(["bash", "-n", str(p)], capture_output=True, text=True)
         assert r.returncode == 0, (p.name, r.stderr)
@@ -41,7 +41,7 @@ def test_every_device_script_parses_and_sources_the_library():
         assert "NCCL_NVLS_ENABLE" not in text and "PYTHONPATH=" not in text.split("set -uo pipefail")[-1], p.name
         assert "nvidia-smi" not in text and "random:wan2.1-t2v" not in text, p.name
         assert not re.search(r"^[^#]*\bpython3\b", text, re.M), p.name
-        assert "<<'PYEOF'" not in text, p.name  # gpu_kernels.sh's Python lives in bench/gpu_kernels.py
+        assert "<<'PYEOF'" not in text, p.name  # a script's Python lives in a bench/*.py tool
 
 
 def test_sourcing_sets_the_environment_and_runs_nothing_else(tmp_path):
@@ -129,113 +129,3 @@ def test_multi_gpu_scripts_dry_run(tmp_path, script, runs):
     assert '"torch"' in (w / "gpu_2.txt").read_text()  # vdbench.timing.system_info's record
     assert (out / "results_2.tgz").exists() and (out / "summary_2.txt").exists()
     assert "call 2 done" in r.stdout
-
-
-def test_issue20_scripts_dry_run(tmp_path):
-    """bench/gpu_fp8.sh and bench/gpu_fp8_pipelines.sh with DRY_RUN=1: each stage and render listed in its priority
-    order (the reference first; option characters spelled _ in run names), the GPU and sageattention records
-    written, nothing started -- the device calls' plumbing on a CPU."""
-    def run(script, out, **env):
-        r = subprocess.run(["bash", str(ROOT / "bench" / script)], cwd=tmp_path, capture_output=True, text=True,
-                           timeout=180, env=dict(os.environ, PY=sys.executable, DRY_RUN="1", OUT=str(out),
-                                                 RES=str(tmp_path / "res"), **env))
-        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-        return r, [row[1] for row in _runs(out)[1:] if row[2] == "dry"]
-
-    r, names = run("gpu_fp8.sh", tmp_path / "k")
-    assert names == ["capture", "bench"] and "bench/bench_fp8.py --out" in r.stdout
-    assert (tmp_path / "k" / "sageattention.txt").read_text().strip()  # what imports, or why nothing does
-    r, names = run("gpu_fp8_pipelines.sh", tmp_path / "p", PIPELINES="w13 cog w14 w13u2")
-    backends = ["sagev2", "fav3_fp8", "fav3", "sdpa_cudnn", "fav3_fp8_smooth_k_1", "sagev2_fp16",
-                "sagev2_fp8_gran_per_warp"]
-    assert names == (["w13_reference", *(f"w13_{b}" for b in backends), "compare_w13",
-                      "cog_reference", *(f"cog_{b}" for b in backends), "compare_cog",
-                      *(f"w14_{b}" for b in ["fav3", "sagev2", "fav3_fp8", "sdpa_cudnn", "fav3_fp8_smooth_k_1",
-                                             "sagev2_fp16"]), "compare_w14",
-                      *(f"w13u2_{b}" for b in ["sagev2", "fav3_fp8_smooth_k_1", "fav3_fp8", "fav3"]),
-                      "compare_w13u2"])
-    assert "--attention_type fav3_fp8:smooth_k=1" in r.stdout and "--num_inference_steps 5" in r.stdout
-    assert "compare_outputs.py" in r.stdout and "--reference fav3" in r.stdout  # 14B: the fav3 render as reference
-    assert "--ulysses_degree 2" in r.stdout
-
-
-def _bench_module(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault(name, mod)  # dataclasses resolve string annotations through sys.modules
-    spec.loader.exec_module(sys.modules[name] if sys.modules[name] is not mod else mod)
-    return sys.modules[name]
-
-
-def _option(argv: list[str], flag: str, default=None):
-    """The last value of ``flag`` in ``argv`` (argparse's rule for a repeated store option)."""
-    values = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == flag]
-    return values[-1] if values else default
-
-
-def test_sparse_script_dry_run(tmp_path, capsys):
-    """bench/gpu_sparse.sh with DRY_RUN=1, checked for what a device call relies on rather than its run names: every
-    run is listed once and none started, within the call's deadline; every Python command parses with its own
-    parser and names backends, schedules and patterns the registry takes; a comparison or a window-mass run comes
-    after the render or capture it reads; the CUDA tests come first and a kernel bench before the first render; the
-    summary and the archive are written."""
-    from vdbench import backends as B
-    from vdbench import cli
-    from vdbench.patching.schedule import resolve_attention
-    from vdbench.sparse import parse_spec, split_attention_types
-
-    w, out, res = tmp_path / "w", tmp_path / "o", tmp_path / "res"
-    limit_s = 530
-    r = subprocess.run(["bash", str(ROOT / "bench" / "gpu_sparse.sh")], cwd=tmp_path, capture_output=True, text=True,
-                       timeout=120, env=dict(os.environ, PY=sys.executable, DRY_RUN="1", OUT=str(out), W=str(w),
-                                             RES=str(res), LIMIT_S=str(limit_s)))
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-    rows = _runs(w)[1:]
-    names = [row[1] for row in rows]
-    assert rows and {row[2] for row in rows} == {"dry"} and len(names) == len(set(names)), rows
-    # one record per run (a bash -c command spans lines): "[ELAPSEDs] NAME (limit LIMs): COMMAND"
-    listed = list(re.finditer(r"^\[(\d+)s\] (\S+) \(limit (\d+)s\): (.*?)(?=^\[\d+s\] |\Z)", r.stdout,
-                              re.M | re.S))
-    assert [m[2] for m in listed] == names  # the runner printed every run it recorded, in order
-    runs = []
-    for m in listed:
-        elapsed, lim = int(m[1]), int(m[3])
-        assert 0 < lim <= limit_s - elapsed - 5, m[0]  # cut to what is left before the deadline (5 s kept)
-        command = m[4].strip()
-        runs.append((m[2], shlex.split(command) if command.startswith(sys.executable + " ") else command.split()))
-    assert runs[0][1][:3] == [sys.executable, "-m", "pytest"]  # the CUDA tests first
-
-    def script(argv):
-        return Path(argv[1]).name if len(argv) > 1 and argv[0] == sys.executable else None
-
-    bench_attention = _bench_module("bench_attention")
-    rendered: list[tuple[str, str]] = []  # (output folder, canonical attention) of each render so far
-    captured: set[str] = set()
-    first_kernel_bench = first_render = None
-    for i, (name, argv) in enumerate(runs):
-        which, args = script(argv), argv[2:]
-        if which == "run_wan.py":
-            first_render = i if first_render is None else first_render
-            assert cli.main("wan", [*args, "--print_output_path"]) == 0, name  # parses; the model is known
-            attention = _option(args, "--attention_schedule") or _option(args, "--attention_type")
-            assert attention, name
-            rendered.append((_option(args, "--benchmark_output_directory"), resolve_attention(attention).name))
-            if "--save_inputs" in args:
-                captured.add(_option(args, "--input_dir"))
-        elif which == "bench_attention.py":
-            first_kernel_bench = i if first_kernel_bench is None else first_kernel_bench
-            parsed = bench_attention.build_parser().parse_args(args)
-            kernels = B.names() if parsed.kernel == "all" else [B.resolve(k).name for k in
-                                                                 split_attention_types(parsed.kernel)]
-            assert parsed.baseline is None or B.resolve(parsed.baseline).name in kernels, name
-        elif which == "compare_outputs.py":
-            folder, ref = str(Path(args[0]).parent), _option(args, "--reference")
-            assert (folder, B.resolve(ref).name) in rendered, f"{name} compares with a render not made before it"
-        elif which == "window_mass.py":
-            assert args[0] in captured, f"{name} reads captures no earlier run saves"
-            assert all(parse_spec(p) for p in [a for j, a in enumerate(args[1:]) if args[j] == "--pattern"]), name
-    assert first_kernel_bench is not None and first_render is not None and first_kernel_bench < first_render
-    capsys.readouterr()  # the --print_output_path lines
-    with tarfile.open(out / "results_sparse.tgz") as t:
-        assert {"./runs.tsv", "./backends.txt"} <= set(t.getnames())
-    assert (out / "summary_sparse.txt").read_text().startswith((w / "runs.tsv").read_text())

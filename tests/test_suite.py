@@ -17,34 +17,136 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _module(name):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    """bench/NAME.py, loaded once (registered first: dataclasses resolve string annotations through sys.modules)."""
+    key = f"_bench_{name}"
+    if key not in sys.modules:
+        spec = importlib.util.spec_from_file_location(key, ROOT / "bench" / f"{name}.py")
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[key] = mod
+        try:
+            spec.loader.exec_module(mod)
+        except BaseException:
+            del sys.modules[key]
+            raise
+    return sys.modules[key]
 
 
 S = _module("suite")
 
 
+class _Parsed(Exception):
+    pass
+
+
+def parse_with_tool(tool: str, args: list[str], monkeypatch):
+    """``args`` through the tool's own argparse parser, nothing run: main() stops as its parser returns."""
+    import argparse
+
+    real = argparse.ArgumentParser.parse_args
+
+    def parse(self, argv=None, namespace=None):
+        raise _Parsed(real(self, argv, namespace))
+
+    with monkeypatch.context() as m:
+        m.setattr(argparse.ArgumentParser, "parse_args", parse)
+        with pytest.raises(_Parsed) as got:
+            _module(tool[:-3]).main(args)
+    return got.value.args[0]
+
+
+def check_command(argv: list[str], name: str, monkeypatch):
+    """One suite command, checked as far as a CPU can: the tool exists and takes its arguments."""
+    assert argv[0] == sys.executable, name
+    if argv[1] == "-c":  # inline Python: it compiles
+        compile(argv[2], name, "exec")
+        return None
+    if argv[1:3] == ["-m", "pytest"]:
+        assert all((ROOT / a).is_file() for a in argv[3:] if a.startswith("tests/")), name
+        return None
+    if argv[1:3] == ["-m", "torch.distributed.run"]:
+        script = next(i for i, a in enumerate(argv) if a.endswith(".py"))  # torchrun's own flags come before it
+        argv = [argv[0], *argv[script:]]
+    assert (ROOT / argv[1]).is_file(), name
+    tool, args = Path(argv[1]).name, argv[2:]
+    if tool in ("run_wan.py", "sageattn_cogvideo.py"):
+        family = "wan" if tool == "run_wan.py" else "cogvideox"
+        if "--list_backends" in args:
+            return cli.build_parser(cli.families.get(family)).parse_args(args)
+        assert cli.main(family, [*args, "--print_output_path"]) == 0, name
+        return None
+    if tool == "cold_decode.py":
+        mod = _module("cold_decode")
+        variants = args[args.index("--variants") + 1].split(",")
+        assert set(variants) <= set(mod.VARIANTS), name
+        return None
+    if tool == "bench_vae.py":
+        mod = _module("bench_vae")
+        parsed = mod.build_parser().parse_args(args)
+        for c in parsed.configs.split(","):
+            mod.parse_config(c)
+        return parsed
+    if tool in ("bench_attention.py", "gpu_kernels.py", "vae_summary.py"):
+        return _module(tool[:-3]).build_parser().parse_args(args)
+    if tool in ("bench_fp8.py", "bench_sage2.py", "compare_outputs.py", "window_mass.py", "patch_overhead.py"):
+        return parse_with_tool(tool, args, monkeypatch)
+    raise AssertionError(f"{name}: no parser check for {tool}: add one here")
+
+
 @pytest.mark.parametrize("name", sorted(S.suites()))
-def test_every_shipped_suite_dry_runs_and_its_commands_parse(name, tmp_path, capsys):
+def test_every_shipped_suite_dry_runs_and_its_commands_parse(name, tmp_path, capsys, monkeypatch):
     spec = S.load(name)
     assert spec.get("description", "").strip(), name
     outcomes = S.run_suite(name, out=tmp_path, budget_s=10_000, sets={}, dry_run=True, log=lambda *a: None)
-    assert outcomes and all(o.get("dry") for o in outcomes)
+    assert outcomes and all(o.get("dry") or o.get("skipped") == "not in --only" for o in outcomes)
     assert not (tmp_path / "runs.jsonl").exists()  # a dry run records nothing
     for run in S.expand(spec, {}, tmp_path, sys.executable):
-        argv = run["args"]
-        assert argv[0] == sys.executable and (ROOT / argv[1]).is_file(), run["name"]
-        tool, args = Path(argv[1]).name, argv[2:]
-        if tool == "run_wan.py":
-            assert cli.main("wan", [*args, "--print_output_path"]) == 0, run["name"]
-        elif tool in ("bench_attention.py",):
-            _module(tool[:-3]).build_parser().parse_args(args)
-        elif tool == "cold_decode.py":
-            mod = _module("cold_decode")
-            variants = args[args.index("--variants") + 1].split(",")
-            assert set(variants) <= set(mod.VARIANTS), run["name"]
+        check_command(S._limit_filled(run["args"], run["limit_s"]), run["name"], monkeypatch)
+    capsys.readouterr()
+
+
+def _option(argv: list[str], flag: str, default=None):
+    """The last value of ``flag`` in ``argv`` (argparse's rule for a repeated store option)."""
+    values = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == flag]
+    return values[-1] if values else default
+
+
+def test_the_sparse_suite_runs_in_an_order_that_works(tmp_path, capsys):
+    """What a device call relies on rather than run names: the CUDA tests come first and a kernel bench before the
+    first render; every backend, schedule and pattern is one the registry takes; a comparison or a window-mass run
+    comes after the render or capture it reads."""
+    from vdbench import backends as B
+    from vdbench.patching.schedule import resolve_attention
+    from vdbench.sparse import parse_spec, split_attention_types
+
+    runs = S.expand(S.load("sparse"), {}, tmp_path, sys.executable)
+    assert runs[0]["args"][1:3] == ["-m", "pytest"]  # the CUDA tests first
+    assert all(r["need_s"] <= r["limit_s"] for r in runs)
+    bench_attention = _module("bench_attention")
+    rendered: list[tuple[str, str]] = []  # (output folder, canonical attention) of each render so far
+    captured: set[str] = set()
+    first_kernel_bench = first_render = None
+    for i, run in enumerate(runs):
+        name, argv = run["name"], run["args"]
+        which, args = Path(argv[1]).name, argv[2:]
+        if which == "run_wan.py" and "--list_backends" not in args:
+            first_render = i if first_render is None else first_render
+            attention = _option(args, "--attention_schedule") or _option(args, "--attention_type")
+            rendered.append((_option(args, "--benchmark_output_directory"), resolve_attention(attention).name))
+            if "--save_inputs" in args:
+                captured.add(_option(args, "--input_dir"))
+        elif which == "bench_attention.py":
+            first_kernel_bench = i if first_kernel_bench is None else first_kernel_bench
+            parsed = bench_attention.build_parser().parse_args(args)
+            kernels = [B.resolve(k).name for k in split_attention_types(parsed.kernel)]
+            assert parsed.baseline is None or B.resolve(parsed.baseline).name in kernels, name
+        elif which == "compare_outputs.py":
+            ref = _option(args, "--reference")
+            folder = str(Path(_option(args, "--reference_dir") or args[0]).parent)
+            assert (folder, B.resolve(ref).name) in rendered, f"{name} compares with a render not made before it"
+        elif which == "window_mass.py":
+            assert args[0] in captured, f"{name} reads captures no earlier run saves"
+            assert all(parse_spec(p) for p in [a for j, a in enumerate(args[1:]) if args[j] == "--pattern"]), name
+    assert first_kernel_bench is not None and first_render is not None and first_kernel_bench < first_render
     capsys.readouterr()
 
 
@@ -118,3 +220,51 @@ def test_the_index_lists_every_run_folder(tmp_path, monkeypatch):
     text = (results / "index.md").read_text()
     assert "| toy | [20261126_cpu](toy/20261126_cpu/) | 1 | 0 | 1 |" in text
     assert os.path.exists(out.parent)
+
+
+def test_lists_in_vars_names_limits_optional_and_always_runs(tmp_path, monkeypatch):
+    """A 'for' string is a range or words (a var can hold a list; none when empty); vars name vars; a run's name
+    spells odd characters _; {limit_s-N} is the run's limit less N; an optional run needs --only to name it; an
+    always run is run by every call, --only or not, done or not; the suite's budget_s is the default budget."""
+    out = _toy(tmp_path, monkeypatch,
+               'budget_s = 77\n' + _case("b_{b}", "print('{b} {W}')", **{"for": {"b": "{BS}"}})
+               + _case("none_{s}", "pass", **{"for": {"s": "{EMPTY}"}})
+               + _case("lim", "print('{limit_s} {limit_s-7}')", limit_s=30)
+               + _case("opt", "print('opt')", optional=True) + _case("sum", "print('sum')", always=True),
+               vars_='BS = "x:1 y=2"\nEMPTY = ""\nV = "v"\nW = "w{V}"')
+    got = S.run_suite("toy", out=out, budget_s=None, sets={}, log=lambda *a: None)
+    assert [(o["name"], o.get("rc"), o.get("skipped")) for o in got] == [
+        ("b_x_1", 0, None), ("b_y_2", 0, None), ("lim", 0, None), ("opt", None, "not in --only"), ("sum", 0, None)]
+    assert (out / "logs" / "b_x_1.log").read_text().split() == ["x:1", "wv"]
+    assert (out / "logs" / "lim.log").read_text().split() == ["30", "23"]
+    assert "30 23" in {r.case: r for r in read(out / "runs.jsonl")}["lim"].command  # the record has what ran
+    assert "torch" in json.loads((out / "system.json").read_text())  # each call records the system
+    again = S.run_suite("toy", out=out, budget_s=None, sets={}, only="opt", log=lambda *a: None)
+    assert {o["name"]: o.get("rc") for o in again if "rc" in o} == {"opt": 0, "sum": 0}
+    budgets = []
+    monkeypatch.setattr(S, "run_suite", lambda name, **kw: budgets.append(kw["budget_s"]) or [])
+    S.main(["toy", "--dry_run", "--out", str(out)])
+    assert budgets == [None]  # main leaves the default to the suite file
+
+
+def test_env_if_exists_and_collect(tmp_path, monkeypatch):
+    """env_if_exists sets a variable to a file only once that file exists and is not empty (an inherited value is
+    dropped otherwise); [collect] copies what exists after each run, so a later run (a summary) reads it."""
+    src = tmp_path / "res" / "timing.json"
+    code_env = "import os; print(os.environ.get('CFG', 'unset'))"
+    write = f"import pathlib; p = pathlib.Path({str(src)!r}); p.parent.mkdir(parents=True, exist_ok=True); p.write_text('[1]')"
+    read_back = "import pathlib, sys; print(pathlib.Path(sys.argv[1]).read_text())"
+    out = _toy(tmp_path, monkeypatch,
+               _case("before", code_env, env_if_exists={"CFG": "{out}/best.json"})
+               + _case("makes", f"import pathlib; pathlib.Path({str(tmp_path / 'out' / 'best.json')!r}).write_text('x'); {write}")
+               + _case("after", code_env, env_if_exists={"CFG": "{out}/best.json"})
+               + '[[case]]\nname = "reads"\nrun = ["{py}", "-c", ' + json.dumps(read_back) + ', "{out}/kept.json"]\n'
+               + '[collect]\n"{out}/kept.json" = "{RES}/timing.json"\n"{out}/never.json" = "{RES}/nothere.json"\n',
+               vars_=f'RES = "{tmp_path / "res"}"')
+    monkeypatch.setenv("CFG", "inherited")
+    got = S.run_suite("toy", out=out, budget_s=60, sets={}, log=lambda *a: None)
+    assert [o["rc"] for o in got] == [0, 0, 0, 0]
+    assert (out / "logs" / "before.log").read_text().strip() == "unset"
+    assert (out / "logs" / "after.log").read_text().strip() == str(out / "best.json")
+    assert (out / "logs" / "reads.log").read_text().strip() == "[1]"
+    assert not (out / "never.json").exists()
