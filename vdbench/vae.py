@@ -404,10 +404,11 @@ def _conv_valid_t(conv, buf, defer_bias: bool = False):
     fused glue (:data:`_ROWS` set) the conv runs without its bias, which is added by one Triton row pass, or not
     at all with ``defer_bias`` (the caller adds it where it reads the output next: the glue, the residual)."""
     pw, _, ph, _, _, _ = conv._padding
-    y = _pointwise_gemm(conv, buf) if pw == ph == 0 and not defer_bias else None
+    rows = _ROWS.get()
+    # with the Triton glue only: its variants are what the layout decides (the eager glue's output is unchanged)
+    y = _pointwise_gemm(conv, buf) if rows is not None and pw == ph == 0 and not defer_bias else None
     if y is not None:
         return y
-    rows = _ROWS.get()
     if rows is None or conv.bias is None:
         return F.conv3d(buf, conv.weight, conv.bias, conv.stride, (0, ph, pw), conv.dilation, conv.groups)
     y = F.conv3d(buf, conv.weight, None, conv.stride, (0, ph, pw), conv.dilation, conv.groups)
@@ -434,7 +435,8 @@ def _lean_residual_block(self, x, feat_cache=None, feat_idx=[0]):  # noqa: B006 
     """WanResidualBlock.forward with norm -> SiLU written straight into each conv's input buffer (no SiLU
     output, no cat with the cache, no padded copy), the old cache released before the conv instead of after,
     the conv1 output released before conv2 runs, and the residual added in place into conv2's output."""
-    x = _match_weight_layout(x, self.conv1)
+    if _ROWS.get() is not None:  # with the Triton glue, whose variants the layout decides
+        x = _match_weight_layout(x, self.conv1)
     h = self.conv_shortcut(x)
     if not (_lean_norm_ok(self.norm1, self.nonlinearity, self.conv1)
             and _lean_norm_ok(self.norm2, self.nonlinearity, self.conv2)
