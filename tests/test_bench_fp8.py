@@ -3,10 +3,10 @@ checks and the JSON and markdown it writes -- with the stand-in packages of test
 pretended, so every code path a device call takes runs here first.
 
 Why: the script runs once on a rented GPU right after a 3-minute SageAttention build; an argument, schema or
-bookkeeping bug found there costs the call. The stand-ins compute the emulation of each kernel, so the figures must
-come out consistent: the twin reproduces the kernel exactly (emulation ratio 1), every input is left unchanged, the
-bare call and the registry call both timed with n samples, the zero-V-channel guard visible, the timings marked as
-no speed figures on a CPU.
+bookkeeping bug found there costs the call. The stand-ins compute an independent reference of each kernel, so the
+figures must come out consistent: the twin reproduces the kernel's error (emulation ratio 1) and stays within
+``twin_bound`` of its output, every input is left unchanged, the bare call and the registry call both timed with n
+samples, the zero-V-channel guard visible, the timings marked as no speed figures on a CPU.
 """
 
 import importlib.util
@@ -59,7 +59,11 @@ def test_dry_run_with_the_stand_ins(tmp_path, gpu_pretended):
         row = r[("tiny-d128", name)]
         assert row["status"] == "ok" and row["inputs_unchanged"] is True and row["nan_inf"] == 0, name
         assert row["rel_l2"] < 0.05 and "lse_max_abs" not in row  # the LSE forms are CUDA-only: not on a CPU
-        assert row["emu_vs_kernel_rel_l2"] == 0 and row["emu_ratio"] == pytest.approx(1.0)  # the stand-in IS it
+        # the stand-in is the tests' reference of the kernel: the twin has its error (0.2% apart here) and stays
+        # within twin_bound of its output (bf16 inputs)
+        pv = "fp16" if name.startswith(("sagev2_fp16", "sagev2_triton")) else "fp8"
+        assert row["emu_ratio"] == pytest.approx(1.0, abs=0.01)
+        assert row["emu_vs_kernel_rel_l2"] < F.twin_bound(pv, torch.bfloat16) * row["rel_l2"]
         for key in ("time_registry", "time_bare"):
             t = row[key]
             assert t["n"] == 2 and t["p20"] <= t["median"] <= t["p80"] and t["speed_figure"] is False

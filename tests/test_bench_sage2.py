@@ -2,10 +2,11 @@
 
 Why: the script is meant to run once on a rented GPU right after a 3-minute build; an argument or schema bug found
 there costs a whole device call. So its logic is exercised here at tiny shapes: without sageattention (emulation
-only, the kernels listed as unavailable) and with a fake ``sageattention`` package whose functions are the
-emulation itself -- which must then come out with emu_ratio 1 (proving the sampled rows are emulated with the
-full run's quantization groups), with its dispatch recorded by name, a missing function refused by name, and an
-input-mutating function caught and its damage undone for the variants after it.
+only, the kernels listed as unavailable) and with a fake ``sageattention`` package whose functions compute the
+tests' independent reference of each kernel -- against which the emulation on the sampled rows must come out with
+the full run's error (emu_ratio 1: the sampled rows are emulated with the full run's quantization groups) and within
+``twin_bound`` of the kernel's error, with its dispatch recorded by name, a missing function refused by name, and
+an input-mutating function caught and its damage undone for the variants after it.
 """
 
 import importlib.util
@@ -24,27 +25,26 @@ bs = importlib.util.module_from_spec(spec)
 sys.modules["bench_sage2"] = bs  # dataclasses resolve the module's string annotations through sys.modules
 spec.loader.exec_module(bs)
 
-# the shared stand-in (each function the emulation of its kernel), with two functions replaced: the fp16 CUDA one
+# the shared stand-in (each function the reference of its kernel), with two functions wrapped: the fp16 CUDA one
 # smooths K in place as sageattention 1.x did (the bench must catch it and undo the damage), the Triton one records
 # the inputs it saw (proving the later variants got fresh inputs); sageattn_qk_int8_pv_fp8_cuda is left out of the
 # package (a variant the installed version lacks)
 FAKE_CORE = F.SAGE2_CORE + '''
 
-def sageattn_qk_int8_pv_fp16_cuda(q, k, v, tensor_layout="HND", is_causal=False, qk_quant_gran="per_thread",
-                                  sm_scale=None, pv_accum_dtype="fp32", smooth_k=True, return_lse=False, **kwargs):
+_fp16_cuda, _fp16_triton = sageattn_qk_int8_pv_fp16_cuda, sageattn_qk_int8_pv_fp16_triton
+
+
+def sageattn_qk_int8_pv_fp16_cuda(q, k, v, **kwargs):
     k -= k.mean(dim=2, keepdim=True)  # what sageattention 1.x did: smoothing K in place
-    return sagev2_emulated(q, k, v, scale=sm_scale, is_causal=is_causal, qk_gran=qk_quant_gran, pv="fp16",
-                           pv_accum=pv_accum_dtype, smooth_k=smooth_k, return_lse=return_lse)
+    return _fp16_cuda(q, k, v, **kwargs)
 
 
 SEEN = []  # input checksums of every call of the Triton stand-in: the test checks they are the fresh inputs
 
 
-def sageattn_qk_int8_pv_fp16_triton(q, k, v, tensor_layout="HND", is_causal=False, sm_scale=None, smooth_k=True,
-                                    return_lse=False, **kwargs):
+def sageattn_qk_int8_pv_fp16_triton(q, k, v, **kwargs):
     SEEN.append(tuple(t.double().sum().item() for t in (q, k, v)))
-    return sagev2_emulated(q, k, v, scale=sm_scale, is_causal=is_causal, qk_gran="per_block", pv="fp16",
-                           smooth_k=smooth_k, return_lse=return_lse)
+    return _fp16_triton(q, k, v, **kwargs)
 '''
 
 
@@ -95,11 +95,16 @@ def test_dry_run_with_a_fake_sageattention(tmp_path, fake_sage):
     for name in ("sagev2", "fp8_sm90_per_thread", "fp8_sm90_per_warp"):
         r = rows[name]
         assert r["status"] == "ok" and r["inputs_unchanged"] is True and r["nan_inf"] == 0
-        # the fake IS the emulation, so sampled-row emulation must reproduce the full run's error
+        # the emulation on the sampled rows has the full run's error (the two agree to 0.2% here; emulating the
+        # rows with other Q groups than the full run's would not), and is the reference's output within the bound
         assert r["emu_ratio"] == pytest.approx(1.0, abs=0.01) and r["emu_within_10pct"]
-        assert r["emu_vs_kernel_rel_l2"] < 2e-3 and r["lse_emu_vs_kernel_max_abs"] < 1e-3
-        assert r["emu_fp22_status"] == "ok" and r["emu_vs_kernel_rel_l2_fp22"] > r["emu_vs_kernel_rel_l2"]
-        assert r["emu_fp22_ratio"] == pytest.approx(1.0, abs=0.05)
+        assert r["emu_vs_kernel_rel_l2"] < F.twin_bound("fp8", torch.bfloat16) * r["rel_l2"]
+        # both add core.py's bf16 q·mean(K) to the LSE: what is left (1e-3 of 2e-2) is INT8 roundings that differ
+        assert r["lse_emu_vs_kernel_max_abs"] < 0.1 * r["lse"]["max_abs"]
+        # the FP22 accumulator moves the output by ~1e-4, far below the reference's distance: which accumulator
+        # is closer cannot be told here (the GPU run tells it), only that the FP22 model runs and stays as close
+        assert r["emu_fp22_status"] == "ok" and r["emu_fp22_ratio"] == pytest.approx(1.0, abs=0.05)
+        assert r["emu_vs_kernel_rel_l2_fp22"] < F.twin_bound("fp8", torch.bfloat16) * r["rel_l2"]
         assert r["time"]["n"] == 2 and r["time"]["p20_ms"] <= r["time"]["median_ms"] <= r["time"]["p80_ms"]
         assert r["tflops"] > 0 and r["lse"]["max_abs"] < 0.2
     for name in ("fp16_cuda_per_thread_fp32", "fp16_cuda_per_warp_fp32", "fp16_cuda_per_thread_fp16+fp32"):
@@ -110,6 +115,8 @@ def test_dry_run_with_a_fake_sageattention(tmp_path, fake_sage):
         assert rows[name]["emu_status"] == "ok"  # the emulation still reports what the kernel would do
     # the mutating fp16 variants ran before fp16_triton: every call it got saw the fresh inputs again
     assert rows["fp16_triton"]["status"] == "ok" and rows["fp16_triton"]["inputs_unchanged"] is True
+    triton = rows["fp16_triton"]
+    assert triton["emu_vs_kernel_rel_l2"] < F.twin_bound("fp16", torch.bfloat16) * triton["rel_l2"]
     fresh = tuple(t.double().sum().item()
                   for t in bs.make_inputs(2, 300, 128, device="cpu", dtype=torch.bfloat16, k_bias=2.0, seed=0))
     seen = sys.modules["sageattention.core"].SEEN
@@ -117,8 +124,9 @@ def test_dry_run_with_a_fake_sageattention(tmp_path, fake_sage):
     assert all(s == fresh for s in seen[:5]) and all(s != fresh for s in seen[5:])
     edge = rows["fp8_sm90_per_thread"]["edge"]
     assert edge["zero_v_channel"] == {"emulation_finite": False, "kernel_finite": False}
-    for case in bs.EDGE_CASES:  # the fake is the emulation: identical outputs
-        assert edge[case]["rel_l2"] == edge[case]["rel_l2_emu"] and edge[case]["emu_vs_kernel_rel_l2"] == 0
+    for case in bs.EDGE_CASES:  # causal with an odd length, a padded head dim: the same error, the same output
+        assert edge[case]["rel_l2_emu"] == pytest.approx(edge[case]["rel_l2"], rel=0.02)
+        assert edge[case]["emu_vs_kernel_rel_l2"] < F.twin_bound("fp8", torch.bfloat16) * edge[case]["rel_l2"]
 
 
 def test_sampled_rows_are_128_aligned_blocks():
