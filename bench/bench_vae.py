@@ -317,6 +317,8 @@ def make_latents(vae, family: str, frames: int, width: int, height: int, seed: i
         lat = torch.randn(1, c, (frames - 1) // ts + 1, height // ss, width // ss, generator=g)
         if family == "cogvideox":
             lat = lat.permute(0, 2, 1, 3, 4)  # the pipeline's layout
+    if family == "hunyuanvideo":  # no render family: its pipeline divides by the scaling factor
+        return (lat.to(device) / vae.config.scaling_factor).to(vae.dtype).float()
     return prepare_latents(vae, lat.to(device), family).float()
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 from vdbench import backends as B
 from vdbench import families, pipelines as P, tiny
@@ -283,6 +284,10 @@ def test_attention_call_kinds():
         "self", "cross")
     assert COG.call_kind("sdpa", cog_attn, None) == COG.call_kind("xfuser", cog_attn, text) == "joint"
     assert COG.call_kind("xfuser", cog_attn, None) == "self"
+    # Wan 2.1 I2V: a cross-attention module with the image context's own projections makes two calls
+    wan_i2v_cross = types.SimpleNamespace(is_cross_attention=True, add_k_proj=object())
+    assert WAN.call_kind("dispatcher", wan_i2v_cross, text) == "cross+img"
+    assert WAN.call_kind("dispatcher", wan_i2v_cross, None) == "self"
     # the families agree with patching's default classifier on their own modules
     for mode, ehs in (("dispatcher", None), ("dispatcher", text), ("xfuser", text)):
         assert WAN.call_kind(mode, wan_cross, ehs) == _call_kind(mode, wan_cross, ehs)
@@ -313,6 +318,93 @@ def test_build_vae_one_builder_for_the_family_vaes():
     assert list(real.config.block_out_channels) == [128, 256, 256, 512]
     with pytest.raises(ValueError, match="Unknown VAE 'hunyuanvideo'; valid: wan2.1, wan2.2, cogvideox"):
         P.build_vae("hunyuanvideo")
+
+
+class _ToyProcessor:
+    def __call__(self, attn, hidden_states, encoder_hidden_states=None, **kwargs):
+        context = hidden_states if encoder_hidden_states is None else encoder_hidden_states
+        return F.scaled_dot_product_attention(hidden_states, context, context)
+
+
+class _ToyAttention(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.processor = _ToyProcessor()
+        self.w = torch.nn.Parameter(torch.zeros(1))
+
+
+class ToyTransformer(torch.nn.Module):
+    """A transformer class no shipped family claims: one attention module, called with and without a context."""
+
+    def __init__(self):
+        super().__init__()
+        self.attn = _ToyAttention()
+
+    def forward(self, x, context):
+        return self.attn.processor(self.attn, x) + self.attn.processor(self.attn, x, encoder_hidden_states=context)
+
+
+class ToyVAE:
+    dtype = torch.float32
+    use_tiling = False
+
+    def decode(self, z, return_dict=True):
+        return (z * 2,)
+
+
+def test_a_registered_family_is_what_the_generic_code_asks(monkeypatch):
+    """Grid hooks, the attention-kind rule and the VAE's latent handling come from the family's record, found by
+    class through the registry: a family registered here, in one place, changes what the patch, the decode and the
+    band decode do, with no name tested anywhere else."""
+    from vdbench import decode as D, vae_parallel
+    from vdbench.patching import AttentionPatch
+
+    hooked = []
+
+    def grid_hooks(transformer, spec, *, once_per_forward=True, active=None):
+        hooked.append((type(transformer).__name__, spec.pattern))
+        return types.SimpleNamespace(grid=None, layout=None, remove=lambda: hooked.append("removed"))
+
+    toy = dataclasses.replace(
+        WAN, name="toyfam", tasks=("t2v",), pipeline_classes={"t2v": "ToyPipeline"}, vae_class="ToyVAE",
+        transformer_classes=("ToyTransformer",), default_models={"t2v": "tiny"}, default_tiny={}, tiny_variants=(),
+        random_variants={}, attention_presets={}, attention_grids={}, vae_configs={}, xfuser={},
+        call_kind=lambda mode, attn, ehs: "self" if ehs is None else "cross+img", grid_hooks=grid_hooks,
+        prepare_latents=lambda vae, latents: latents + 1, trim_latents=lambda pipe, latents, n: latents[:, 1:],
+        pipeline_decode=False, vae_frame_chunks=False, order=50)
+    model, x = ToyTransformer(), torch.randn(1, 2, 8, 16)
+
+    # unknown to the registry: the generic classification, and no token grid
+    with AttentionPatch([("transformer", model)], "reference") as patch:
+        model(x, x)
+    assert dict(patch.stats.calls_by_kind) == {"joint": 2}
+    with pytest.raises(B.BackendUnavailable, match="ToyTransformer has no known token grid"):
+        AttentionPatch([("transformer", model)], "sta").install()
+
+    families.register(toy)
+    try:
+        assert families.for_transformer(model) is toy and families.for_vae(ToyVAE()) is toy
+        # the attention-kind rule: the family's (its cross+img counts an image-context call, then a text one)
+        with AttentionPatch([("transformer", model)], "reference") as patch:
+            model(x, x)
+        assert dict(patch.stats.calls_by_kind) == {"self": 1, "cross_img": 1}
+        # the sparse grid hooks: the family's, installed for the patch and removed with it
+        with AttentionPatch([("transformer", model)], "sta"):
+            assert hooked == [("ToyTransformer", "sta")]
+        assert hooked[-1] == "removed"
+        # the latents' way to the VAE: the family's trim and preparation, then the VAE's own decode
+        pipe = types.SimpleNamespace(vae=ToyVAE(), video_processor=types.SimpleNamespace(
+            postprocess_video=lambda video, output_type: [video]))
+        latents = torch.arange(3.0).view(1, 3, 1, 1, 1)
+        frames = D.decode_latents(pipe, latents, "toyfam")
+        assert torch.equal(frames, (latents[:, 1:] + 1) * 2)
+        # the band decode's driving of the decoder: per the family's vae_frame_chunks
+        monkeypatch.setattr(vae_parallel, "VAES", ("ToyVAE",))
+        with pytest.raises(ValueError, match=r"chunk_frames applies .* \(wan\); toyfam's decodes in its own"):
+            vae_parallel.decode_video_parallel(ToyVAE(), torch.zeros(1, 1, 2, 4, 4), chunk_frames=2)
+    finally:
+        families.unregister("toyfam")
+    assert "toyfam" not in families.names()
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -350,7 +350,7 @@ def _run_wan(transformer, monkeypatch, attend, timestep=None):
 
 
 def test_once_per_forward_tile_order_equals_raster_and_per_call(wan, monkeypatch):
-    from vdbench.sparse_hooks import GridTracker, WanTileOrder
+    from vdbench.families.wan import grid_hooks
 
     raster, _ = _run_wan(wan, monkeypatch, None)  # diffusers' own attention (sdpa), raster order
     dense = flex_attention_dense
@@ -361,7 +361,7 @@ def test_once_per_forward_tile_order_equals_raster_and_per_call(wan, monkeypatch
 
     # dense attention in padded tile order, once per forward (an STA window covering the grid): same output
     full = "sta:window=5x3x5,tile=2x4x4,block=16"
-    with WanTileOrder(wan, full) as hooks:
+    with grid_hooks(wan, full) as hooks:
         seen = []
         out, calls = _run_wan(wan, monkeypatch, lambda q, k, v, **kw: (seen.append(hooks.layout.length),
                                                                        hooks.attend(q, k, v, **kw))[1])
@@ -375,9 +375,9 @@ def test_once_per_forward_tile_order_equals_raster_and_per_call(wan, monkeypatch
     # real patterns: once per forward equals the per-call form (and not the dense output)
     for spec in ("sta:window=1x3x1,tile=2x4x4,block=16", "sta:window=3x1x1,tile=2x2x4,block=16,pad=none",
                  "radial:block=16,sink=0,decay=0.5"):
-        with WanTileOrder(wan, spec) as once:
+        with grid_hooks(wan, spec) as once:
             a, _ = _run_wan(wan, monkeypatch, once.attend)
-        with GridTracker(wan, spec) as per_call:
+        with grid_hooks(wan, spec, once_per_forward=False) as per_call:
             b, calls = _run_wan(wan, monkeypatch, per_call.attend)
             assert [c[0] for c in calls] == [210] * 4  # the model's own order inside the blocks
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
@@ -393,24 +393,26 @@ def test_once_per_forward_tile_order_equals_raster_and_per_call(wan, monkeypatch
 
 def test_once_per_forward_with_per_token_timesteps(wan, monkeypatch):
     """Wan 2.2 ti2v passes one timestep per token: its modulation is permuted with the hidden states."""
-    from vdbench.sparse_hooks import GridTracker, WanTileOrder
+    from vdbench.families.wan import grid_hooks
 
     spec = "sta:window=1x3x1,tile=2x4x4,block=16"
     ts = torch.linspace(0, 999, 210).round().long()[None]  # (batch, tokens), raster order
-    with WanTileOrder(wan, spec) as once:
+    with grid_hooks(wan, spec) as once:
         a, _ = _run_wan(wan, monkeypatch, once.attend, timestep=ts)
-    with GridTracker(wan, spec) as per_call:
+    with grid_hooks(wan, spec, once_per_forward=False) as per_call:
         b, _ = _run_wan(wan, monkeypatch, per_call.attend, timestep=ts)
     torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
 
 
 def test_hooks_refuse_other_models():
-    from vdbench.sparse_hooks import GridTracker, WanTileOrder
+    from vdbench import families
 
-    with pytest.raises(TypeError, match="WanTransformer3DModel"):
-        WanTileOrder(torch.nn.Linear(2, 2), "sta")
-    with pytest.raises(TypeError, match="Wan and CogVideoX"):
-        GridTracker(torch.nn.Linear(2, 2), "sta")
+    wan, cog = families.get("wan"), families.get("cogvideox")
+    for once in (True, False):
+        with pytest.raises(TypeError, match="WanTransformer3DModel"):
+            wan.grid_hooks(torch.nn.Linear(2, 2), "sta", once_per_forward=once)
+    with pytest.raises(TypeError, match="CogVideoXTransformer3DModel"):
+        cog.grid_hooks(torch.nn.Linear(2, 2), "sta")
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the compiled FlexAttention kernel needs CUDA")

@@ -47,7 +47,8 @@ def test_refuses_other_vaes_bad_arguments_and_missing_process_group():
     z = torch.zeros(1, 16, 2, 4, 4)
     with pytest.raises(NotImplementedError, match="AutoencoderKLHunyuanVideo"):
         decode_video_parallel(AutoencoderKLHunyuanVideo(), z)
-    with pytest.raises(ValueError, match="chunk_frames applies to the Wan VAE only"):
+    with pytest.raises(ValueError, match=r"chunk_frames applies to the VAEs decoded a few latent frames per call "
+                                         r"\(wan\); cogvideox's"):
         decode_video_parallel(AutoencoderKLCogVideoX(), z, chunk_frames=2)
     if not torch.distributed.is_initialized():
         with pytest.raises(RuntimeError, match="process group"):

@@ -227,13 +227,12 @@ def decode_latents(pipe, latents: torch.Tensor, family: str, num_frames: int | N
     compiled_before = K.compiled_variants("vae_glue")
     with Watchdog(timeout_s, label=f"vae decode ({mode})") as wd:
         wd.stage("prepare latents")
-        fam = families.get(family) if family in families.names() else None  # None: a bench-only VAE (hunyuanvideo)
+        fam = families.get(family)
         video = None
-        if fam is not None:
-            latents = fam.trim_latents(pipe, latents, num_frames)
-            if fam.pipeline_decode and m.stock and max_memory_gib is None:
-                wd.stage("decode")
-                video = pipe.decode_latents(latents.to(vae.dtype))  # the pipeline's own method, untouched
+        latents = fam.trim_latents(pipe, latents, num_frames)
+        if fam.pipeline_decode and m.stock and max_memory_gib is None:
+            wd.stage("decode")
+            video = pipe.decode_latents(latents.to(vae.dtype))  # the pipeline's own method, untouched
         if video is None:
             z = V.prepare_latents(vae, latents, family)
             wd.stage("decode")

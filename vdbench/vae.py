@@ -103,10 +103,8 @@ def prepare_latents(vae, latents: torch.Tensor, family: str) -> torch.Tensor:
 
     The family's :attr:`~vdbench.families.Family.prepare_latents` (Wan: ``latents * std + mean``, channel-first
     (B, C, T, H, W) already; CogVideoX: (B, T, C, H, W) -> (B, C, T, H, W) and divide by the scaling factor).
-    HunyuanVideo (a VAE the VAE bench builds, no render family): divide by the scaling factor.
+    ``family``: a registered family's name.
     """
-    if family == "hunyuanvideo":
-        return (latents / vae.config.scaling_factor).to(vae.dtype)
     return families.get(family).prepare_latents(vae, latents)
 
 

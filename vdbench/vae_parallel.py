@@ -26,8 +26,9 @@ given it:
   padding and conv caches are handled like Wan's (``CogVideoXSafeConv3d`` hooked; its time chunking kept).
 * At the end the bands are all-gathered, so **every rank returns the whole video**.
 
-Wan's decoder is driven by :func:`vdbench.vae.wan_decode_chunked` (diffusers' ``_decode`` loop, optionally
-several latent frames per decoder call), CogVideoX's by its own ``decode`` (frame batches); the layers are hooked
+How the decoder is driven is the VAE's family's (``Family.vae_frame_chunks``): Wan's by
+:func:`vdbench.vae.wan_decode_chunked` (diffusers' ``_decode`` loop, optionally several latent frames per decoder
+call), CogVideoX's by its own ``decode`` (frame batches); the layers are hooked
 by replacing ``forward`` on *this VAE's instances only* for the duration of the call (nothing global, restored
 afterwards). The weights and the architecture are
 diffusers'; only where rows come from changes. In fp32 on CPU (gloo) the result matches the single-process
@@ -53,6 +54,8 @@ from typing import Optional, Sequence
 
 import torch
 import torch.nn.functional as F
+
+from . import families
 
 __all__ = ["decode_video_parallel", "band_sizes", "BandComm", "VAES"]
 
@@ -328,9 +331,10 @@ def decode_video_parallel(vae, z: torch.Tensor, *, group=None, chunk_frames: Opt
 
     ``group``: an initialized process group (default: the world); not created here. ``z`` must be identical on
     all ranks and on this rank's device (cuda:LOCAL_RANK with NCCL, cpu with gloo).
-    ``chunk_frames`` (Wan only): latent frames per decoder call, as in :func:`vdbench.vae.wan_decode_chunked`
-    (None: all frames after the first in one call, like ``mode='fast'``; 1: diffusers' own per-frame loop).
-    CogVideoX runs diffusers' own ``decode`` loop (its frame batches) on the band.
+    ``chunk_frames`` (families with ``vae_frame_chunks``: Wan): latent frames per decoder call, as in
+    :func:`vdbench.vae.wan_decode_chunked` (None: all frames after the first in one call, like ``mode='fast'``; 1:
+    diffusers' own per-frame loop). The others (CogVideoX) run diffusers' own ``decode`` loop (its frame batches)
+    on the band.
     ``native_upsample`` (Wan only): see :mod:`vdbench.vae` (bit-identical nearest up-sampling, no fp32 copy).
     ``info`` (dict) receives the band, the chunk size and the communication counts.
     """
@@ -342,9 +346,13 @@ def decode_video_parallel(vae, z: torch.Tensor, *, group=None, chunk_frames: Opt
     if name not in VAES:
         raise NotImplementedError(f"parallel VAE decode is implemented for AutoencoderKLWan (Wan 2.1/2.2) and "
                                   f"AutoencoderKLCogVideoX only, not {name}; use --vae_decode default")
-    is_wan = name == "AutoencoderKLWan"
-    if not is_wan and chunk_frames is not None:
-        raise ValueError("chunk_frames applies to the Wan VAE only; CogVideoX decodes in its own frame batches")
+    # how the decoder is driven on a band is the family's: a few latent frames per call, or the VAE's own decode
+    family = families.for_vae(vae)
+    if not family.vae_frame_chunks and chunk_frames is not None:
+        chunked = [f.name for f in map(families.get, families.names()) if f.vae_frame_chunks]
+        raise ValueError(f"chunk_frames applies to the VAEs decoded a few latent frames per call "
+                         f"({', '.join(chunked) or 'none registered'}); {family.name}'s decodes in its own frame "
+                         "batches")
     if not (dist.is_available() and dist.is_initialized()):
         raise RuntimeError("decode_video_parallel needs an initialized torch.distributed process group "
                            "(run under torchrun; the caller initializes it)")
@@ -359,7 +367,7 @@ def decode_video_parallel(vae, z: torch.Tensor, *, group=None, chunk_frames: Opt
     band = z[:, :, :, comm.start:comm.stop].contiguous()
     k = None
     with _band_hooks(vae, comm) as patched:
-        if is_wan:
+        if family.vae_frame_chunks:
             k = chunk_frames or max(1, z.shape[2] - 1)
             part = wan_decode_chunked(vae, band, k, native_upsample=native_upsample)
         else:

@@ -23,9 +23,9 @@ from typing import Any, Callable, Mapping, Optional
 
 from .. import tiny
 
-__all__ = ["CliDefaults", "Family", "XfuserWiring", "attention_grids", "attention_presets", "discover", "for_pipeline", "for_vae",
-           "get", "layout_tag", "model_tag", "names", "register", "split_label", "split_layout", "unregister",
-           "vae_config", "vae_names"]
+__all__ = ["CliDefaults", "Family", "XfuserWiring", "attention_grids", "attention_presets", "discover", "for_pipeline",
+           "for_transformer", "for_vae", "get", "layout_tag", "model_tag", "names", "register", "split_label",
+           "split_layout", "unregister", "vae_config", "vae_names"]
 
 
 def model_tag(model: str) -> str:
@@ -115,7 +115,9 @@ class Family:
         ``name``; ``tasks`` (``--task`` values); ``pipeline_classes`` (task -> diffusers pipeline class name;
         :meth:`pipeline_class`); ``image_pipeline_classes`` (task -> the class that serves it when a conditioning
         image is given, for tasks that take one optionally: Wan TI2V's image-to-video path); ``vae_class``
-        (diffusers VAE class name); ``default_models`` (task -> the checkpoint a CLI loads when no model is given);
+        (diffusers VAE class name; :func:`for_vae`); ``transformer_classes`` (diffusers transformer class
+        names: how a bare transformer, patched with no family named, finds its family; :func:`for_transformer`);
+        ``default_models`` (task -> the checkpoint a CLI loads when no model is given);
         ``default_tiny`` (task -> the tiny variant ``--model tiny`` picks); ``tiny_variants``
         (:class:`vdbench.tiny.TinyVariant` objects, registered into :mod:`vdbench.tiny`); ``random_variants``
         (``random:<name>`` -> (base tiny variant, real-shape overrides)).
@@ -139,15 +141,21 @@ class Family:
         ``prepare_latents(vae, latents) -> z`` (pipeline latents -> what ``vae.decode`` takes, as the diffusers
         pipeline does it); ``trim_latents(pipe, latents, num_frames) -> latents`` (drop latent frames the
         pipeline pads, before decoding); ``pipeline_decode`` (the default decode is the pipeline's own
-        ``decode_latents`` instead of :func:`vdbench.vae.decode_video`).
+        ``decode_latents`` instead of :func:`vdbench.vae.decode_video`); ``vae_frame_chunks`` (the VAE decoder
+        can be driven a few latent frames per call, exactly -- a causal-conv cache carries the rest
+        (:func:`vdbench.vae.wan_decode_chunked`): the parallel band decode drives it so and takes
+        ``chunk_frames``; False: the VAE's own ``decode`` runs on each band).
     Parallel
         ``parallel_refusal(engine, task, world_size, use_cfg_parallel) -> str | None`` (why an engine/path can't
         split this family's task, None if it can); ``xfuser`` (pipeline class name -> :class:`XfuserWiring`).
     Attention
         ``call_kind(mode, attn, encoder_hidden_states) -> str`` ('self', 'cross' or 'joint' for one processor
-        call; ``mode`` is how the processor reaches attention: 'dispatcher', 'sdpa' or 'xfuser').
+        call; ``mode`` is how the processor reaches attention: 'dispatcher', 'sdpa' or 'xfuser'; 'cross+img'
+        for a cross-attention processor that makes two attention calls, image context first, then text).
         ``grid_hooks(transformer, spec, *, once_per_forward, active) -> hooks`` (the token grid of each forward
-        for the sparse patterns, :mod:`vdbench.sparse_hooks`: ``hooks.grid``, ``hooks.layout``, ``hooks.remove()``);
+        for the sparse patterns: a :class:`vdbench.sparse_hooks.GridTracker` or
+        :class:`~vdbench.sparse_hooks.TileOrder` built with the family's own grid rule and hook points;
+        ``hooks.grid``, ``hooks.layout``, ``hooks.remove()``; a TypeError for a transformer it can't hook);
         None: the family has no token grid and the sparse backends are refused before the load.
         ``pipeline_requirements`` (pipeline class name -> ((module, why), ...)): packages a pipeline class needs at
         call time though diffusers imports it without them; checked before the load.
@@ -182,6 +190,8 @@ class Family:
     flow_shift: Optional[Callable[[str, int, int], float]] = None
     trim_latents: Callable[[Any, Any, Optional[int]], Any] = lambda pipe, latents, num_frames: latents
     pipeline_decode: bool = False
+    vae_frame_chunks: bool = False
+    transformer_classes: tuple[str, ...] = ()
     parallel_refusal: Callable[[str, str, int, bool], Optional[str]] = _always_allowed
     xfuser: Mapping[str, XfuserWiring] = dataclasses.field(default_factory=dict)
     attention_presets: Mapping[str, tuple[int, int, int, int, int]] = dataclasses.field(default_factory=dict)
@@ -285,6 +295,17 @@ def for_vae(vae) -> Family:
                 return family
     raise ValueError(f"unsupported VAE class {type(vae).__name__} (no registered model family uses it; "
                      f"families: {', '.join(_REGISTRY)})")
+
+
+def for_transformer(transformer) -> Family:
+    """The family whose transformer classes include ``transformer``'s class (or a base class of it); the first in
+    listing order. ValueError when no registered family claims it."""
+    for cls_name in _class_names(transformer):
+        for family in _REGISTRY.values():
+            if cls_name in family.transformer_classes:
+                return family
+    raise ValueError(f"no registered model family uses transformer class {type(transformer).__name__} "
+                     f"(families: {', '.join(_REGISTRY)})")
 
 
 def attention_presets() -> dict[str, tuple[int, int, int, int, int]]:

@@ -236,12 +236,32 @@ def call_kind(mode: str, attn, encoder_hidden_states) -> str:
     return "joint" if mode == "sdpa" or encoder_hidden_states is not None else "self"
 
 
-def grid_hooks(transformer, spec, *, once_per_forward: bool = True, active=None):
-    """The token grid of each forward for the sparse patterns: per call (text tokens first in its joint attention) (:func:`vdbench.sparse_hooks.cogvideox_hooks`;
-    imported here, when a sparse backend is installed, so the family table stays free of torch)."""
-    from ..sparse_hooks import cogvideox_hooks
+def token_grid(transformer, args, kwargs):
+    """Grid of a CogVideoX forward: latents (B, F, C, H, W) over ``patch_size`` (and ``patch_size_t`` for 1.5),
+    with the text tokens first (CogVideoX's joint attention concatenates [text, video])."""
+    from ..sparse import TokenGrid
+    from ..sparse_hooks import call_arg
 
-    return cogvideox_hooks(transformer, spec, once_per_forward=once_per_forward, active=active)
+    p, pt = transformer.config.patch_size, transformer.config.patch_size_t
+    _, f, _, h, w = call_arg(args, kwargs, 0, "hidden_states").shape
+    text = call_arg(args, kwargs, 1, "encoder_hidden_states")
+    return TokenGrid(f // pt if pt else f, h // p, w // p, text_tokens=text.shape[1], text_first=True)
+
+
+def grid_hooks(transformer, spec, *, once_per_forward: bool = True, active=None):
+    """The token grid of each forward for the sparse patterns, per call (:class:`vdbench.sparse_hooks.GridTracker`)
+    -- a once-per-forward tile order would have to move the text tokens and CogVideoX's 3-D RoPE inside its
+    processors, which is not implemented; the per-call form permutes q, k, v in every call instead (what
+    ``once_per_forward`` and ``active`` would change is ignored). Imported here, when a sparse backend is installed,
+    so the family table stays free of torch."""
+    from diffusers.models.transformers.cogvideox_transformer_3d import CogVideoXTransformer3DModel
+
+    from ..sparse_hooks import GridTracker
+
+    if not isinstance(transformer, CogVideoXTransformer3DModel):
+        raise TypeError(f"the CogVideoX grid hooks need diffusers' CogVideoXTransformer3DModel, not "
+                        f"{type(transformer).__name__}")
+    return GridTracker(transformer, spec, token_grid)
 
 
 FAMILY = Family(
@@ -249,6 +269,7 @@ FAMILY = Family(
     tasks=("t2v", "i2v"),
     pipeline_classes={"t2v": "CogVideoXPipeline", "i2v": "CogVideoXImageToVideoPipeline"},
     vae_class="AutoencoderKLCogVideoX",
+    transformer_classes=("CogVideoXTransformer3DModel",),
     # the render command line's --model_path default, for either task
     default_models={"t2v": "THUDM/CogVideoX-2b", "i2v": "THUDM/CogVideoX-5b-I2V"},
     default_tiny={"t2v": "cogvideox-t2v", "i2v": "cogvideox-i2v"},

@@ -327,17 +327,98 @@ _XFUSER_TRANSFORMER = "xfuser.model_executor.models.transformers.transformer_wan
 
 
 def call_kind(mode: str, attn, encoder_hidden_states) -> str:
-    """Self-attention over the video tokens, or cross-attention to the text (Wan 2.1 I2V: image, then text)
-    context; under xfuser cross-attention stays local and self-attention goes through USP."""
-    return "self" if encoder_hidden_states is None else "cross"
+    """Self-attention over the video tokens, or cross-attention to the text context; under xfuser cross-attention
+    stays local and self-attention goes through USP. Wan 2.1 I2V's cross-attention modules carry ``add_k_proj``
+    (the image context's own keys and values): such a processor call makes two attention calls, image context
+    first, hence ``cross+img`` (counted as ``cross_img`` then ``cross``)."""
+    if encoder_hidden_states is None:
+        return "self"
+    return "cross+img" if getattr(attn, "add_k_proj", None) is not None else "cross"
+
+
+# ----- sparse attention: the token grid and the tile order once per forward -----
+#
+# Hook points, read from diffusers 0.42's ``WanTransformer3DModel.forward``: ``rotary_emb = self.rope(hidden_states)``
+# is computed once before the blocks and passed to every block -> a forward hook on ``rope`` permutes its (cos, sin)
+# outputs, shape (1, S, 1, D), along dim 1; ``timestep_proj`` comes out of ``condition_embedder`` with a token
+# dimension only for ti2v (batch, S, 6 * dim) -> a forward hook there permutes it, while ``temb`` (used after the
+# blocks, in raster order) is left alone; the blocks are called as ``block(hidden_states, encoder_hidden_states,
+# timestep_proj, rotary_emb)`` -> a forward pre-hook on ``blocks[0]`` permutes ``hidden_states`` (B, S, C) and a
+# forward hook on ``blocks[-1]`` permutes its output back before ``norm_out`` / ``proj_out`` / unpatchify. These are
+# the very points diffusers' own context-parallel plan (``_cp_plan``) splits and gathers the sequence at, which is
+# why they are the least invasive: nothing of the model's code is replaced.
+#
+# Padding decision for the once-per-forward form: the layout is the pattern's own (``pad`` option, default
+# ``block``), so pad tokens do flow through the blocks. Every op of a Wan block but attention is per token (norms,
+# modulation, projections, FFN, cross-attention queries), so pads never change a real token (pad keys are masked in
+# self-attention, and pads are dropped at the exit); they cost work in proportion to their count. Measured with
+# vdbench.sparse.block_mask on the two grids of the H200 probe (STA window 3x3x3, tile 6x8x8):
+#
+#   grid                   pad       extra tokens   partial / computed blocks
+#   21x30x52 (1.3B 480p)   block     14.1 %         12.7 %
+#   21x30x52               none      0              37.1 %
+#   21x45x80 (14B 720p)    block     5.0 %          8.5 %
+#   21x45x80               none      0              33.1 %
+#
+# Unpadded tile order (partial edge tiles) makes a third of the computed blocks partial -- blocks that straddle two
+# tiles and need the per-token ``mask_mod`` at 3-8x the cost of a full block (H200 probe) -- which costs more than the
+# 5-14 % extra tokens through the per-token layers of the padded layout. ``pad=none`` stays available (the spec's
+# option) to measure the other side. Radial's layout is raster order with frames padded to whole blocks (6.7 % /
+# 3.1 % extra tokens; with ``pad=none`` it is the model's own order and the hook permutes nothing).
+
+
+def token_grid(transformer, args, kwargs):
+    """Grid of a Wan forward: latents (B, C, F, H, W) over ``patch_size`` (t, h, w), as the model patchifies."""
+    from ..sparse import TokenGrid
+    from ..sparse_hooks import call_arg
+
+    pt, ph, pw = transformer.config.patch_size
+    _, _, f, h, w = call_arg(args, kwargs, 0, "hidden_states").shape
+    return TokenGrid(f // pt, h // ph, w // pw)
+
+
+def _check_transformer(transformer) -> None:
+    from diffusers.models.transformers.transformer_wan import WanTransformer3DModel
+
+    if not isinstance(transformer, WanTransformer3DModel):
+        raise TypeError(f"the Wan grid hooks need diffusers' WanTransformer3DModel, not {type(transformer).__name__}"
+                        " (its forward computes rope, the blocks and the output stage where the hooks expect)")
+
+
+def _permute_rope(output, permute):
+    return tuple(permute(t) for t in output)
+
+
+def _permute_timestep_proj(output, permute):
+    temb, timestep_proj, *rest = output
+    if timestep_proj.ndim != 3:
+        return None  # one modulation per sample (Wan 2.1, 2.2 A14B): nothing per token to permute
+    return (temb, permute(timestep_proj), *rest)
+
+
+def tile_order(transformer, spec, active=None):
+    """The once-per-forward tile order on a ``WanTransformer3DModel`` (:class:`vdbench.sparse_hooks.TileOrder` at
+    the hook points above: RoPE and per-token timesteps permuted with the hidden states)."""
+    from ..sparse_hooks import TileOrder
+
+    _check_transformer(transformer)
+    return TileOrder(transformer, spec, token_grid, entry=transformer.blocks[0], exit=transformer.blocks[-1],
+                     rewrites=((transformer.rope, _permute_rope),
+                               (transformer.condition_embedder, _permute_timestep_proj)),
+                     active=active)
 
 
 def grid_hooks(transformer, spec, *, once_per_forward: bool = True, active=None):
-    """The token grid of each forward for the sparse patterns: the tile order once per forward (RoPE and per-token timesteps permuted with it), or per call (:func:`vdbench.sparse_hooks.wan_hooks`;
-    imported here, when a sparse backend is installed, so the family table stays free of torch)."""
-    from ..sparse_hooks import wan_hooks
+    """The token grid of each forward for the sparse patterns: the tile order once per forward (:func:`tile_order`),
+    or the per-call form (:class:`vdbench.sparse_hooks.GridTracker`: under torch.compile, whose compiled blocks
+    would trace the block hooks, and for schedules by layer, where one forward mixes backends). Imported here,
+    when a sparse backend is installed, so the family table stays free of torch."""
+    if once_per_forward:
+        return tile_order(transformer, spec, active=active)
+    from ..sparse_hooks import GridTracker
 
-    return wan_hooks(transformer, spec, once_per_forward=once_per_forward, active=active)
+    _check_transformer(transformer)
+    return GridTracker(transformer, spec, token_grid)
 
 
 FAMILY = Family(
@@ -345,6 +426,7 @@ FAMILY = Family(
     tasks=("t2v", "i2v", "ti2v"),
     pipeline_classes={"t2v": "WanPipeline", "ti2v": "WanPipeline", "i2v": "WanImageToVideoPipeline"},
     vae_class="AutoencoderKLWan",
+    transformer_classes=("WanTransformer3DModel",),
     default_models={"t2v": "Wan-AI/Wan2.1-T2V-1.3B-Diffusers", "i2v": "Wan-AI/Wan2.1-I2V-14B-480P-Diffusers",
                     "ti2v": "Wan-AI/Wan2.2-TI2V-5B-Diffusers"},
     default_tiny={"t2v": "wan2.1-t2v", "i2v": "wan2.1-i2v", "ti2v": "wan2.2-ti2v-5b"},
@@ -368,6 +450,8 @@ FAMILY = Family(
                                                                 "prompt with ftfy"),)},
     flow_shift=default_flow_shift,
     prepare_latents=prepare_latents,
+    # the decoder's causal-conv cache makes decoding a few latent frames per call exact (vdbench.vae's chunked path)
+    vae_frame_chunks=True,
     parallel_refusal=parallel_refusal,
     xfuser={"WanPipeline": XfuserWiring(transformer_wrapper=_XFUSER_TRANSFORMER),
             "WanImageToVideoPipeline": XfuserWiring(

@@ -20,7 +20,7 @@ class CallInfo:
 
     index: int
     layer: str
-    kind: str  # "self", "cross", "cross_img" (Wan i2v image context), "joint" (CogVideoX text+video)
+    kind: str  # "self", "cross", "cross_img" (an image context's cross-attention), "joint" (text+video together)
     step: int
     model: str  # "transformer" / "transformer_2"
     kernel: str
@@ -73,11 +73,12 @@ class PatchStats:
 
 
 def call_kind(mode: str, attn, encoder_hidden_states) -> str:
-    """'self', 'cross' or 'joint' for one processor call (``mode``: the adapter that serves the processor).
+    """'self', 'cross' or 'joint' for one processor call (``mode``: the adapter that serves the processor), read
+    from the attention module alone: what a patch uses for a transformer no registered model family claims (a
+    family's own rule is ``Family.call_kind``).
 
-    CogVideoX's processors attend over text and video tokens together (joint) although they are handed the text as
-    ``encoder_hidden_states``; their ``Attention`` says ``is_cross_attention=False``. Wan's cross-attention modules
-    say True. The stock CogVideoX processor (F.scaled_dot_product_attention, mode 'sdpa') is always joint.
+    A processor handed a context whose ``Attention`` says ``is_cross_attention=False`` attends over both token sets
+    together (joint); a processor reaching F.scaled_dot_product_attention directly (mode 'sdpa') is taken as joint.
     Under xfuser the kind decides the path: cross-attention is local, joint/self goes through USP (Ulysses, ring).
     """
     if mode == "sdpa":

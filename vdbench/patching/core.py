@@ -28,6 +28,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
+from .. import families
 from ..backends import Backend, BackendUnavailable, LSEForm, UnsupportedCall
 from ..sparse import BlockStats
 from .adapter import Adapter
@@ -48,6 +49,24 @@ ON_UNSUPPORTED_CHOICES = ("error", "fallback:sdpa")
 # Tried in this order: an xfuser processor may read F too, a dispatcher processor may too (F.gelu ...), so the
 # sdpa route is asked last.
 ADAPTERS: tuple[type[Adapter], ...] = (XfuserAdapter, DispatcherAdapter, SdpaAdapter)
+
+
+def family_of(models) -> Optional[families.Family]:
+    """The one registered model family whose transformer classes all of ``models`` are; None when a model is no
+    family's (or they are several families')."""
+    found = set()
+    for _, model in models:
+        try:
+            found.add(families.for_transformer(model))
+        except ValueError:
+            return None
+    return found.pop() if len(found) == 1 else None
+
+
+def no_grid_hooks(model, spec, **kwargs):
+    """The grid hooks of a transformer whose family has none (or no registered family claims it): refused."""
+    raise TypeError(f"{type(model).__name__} has no known token grid (no registered model family with grid hooks "
+                    "uses its class)")
 
 
 def attention_modules(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
@@ -82,8 +101,11 @@ class AttentionPatch:
     ``fallback:sdpa`` so the report shows it.
 
     ``backend``: a name (options allowed: ``sta:window=3x3x3``), an entry, or a schedule (``"fav3@steps:0-9,sta"``,
-    :mod:`vdbench.patching.schedule`). ``grid_hooks``: the model family's token-grid hooks
-    (``Family.grid_hooks``) for backends that need the grid; default: known by the transformer's class.
+    :mod:`vdbench.patching.schedule`). ``call_kind``: the model family's classifier of a processor call
+    (``Family.call_kind``); ``grid_hooks``: its token-grid hooks (``Family.grid_hooks``) for backends that need
+    the grid. Either not given: the family of the patched transformers is asked (``families.for_transformer``, by
+    their class); for a transformer no registered family claims, calls are classified by the attention module
+    alone (:func:`vdbench.patching.calls.call_kind`) and a grid backend is refused.
     ``tile_order_once``: allow the once-per-forward tile order (False under torch.compile: per call).
 
     What the adapters use: ``serve`` (run one call on the backend), ``timed``, ``record``, ``compiled_call``,
@@ -99,14 +121,13 @@ class AttentionPatch:
             raise ValueError(f"on_unsupported must be one of {ON_UNSUPPORTED_CHOICES}, got {on_unsupported!r}")
         self.schedule = as_schedule(backend)
         self._single = self.schedule.rules[0].backend if self.schedule.is_single else None
-        # the model family's classifier of a processor call (vdbench.families.Family.call_kind); the default tells
-        # the two families' modules apart by their is_cross_attention
-        self.call_kind = call_kind or default_call_kind
-        self.grid_hooks = grid_hooks
+        self.models = as_models(models)
+        family = None if call_kind and grid_hooks else family_of(self.models)
+        self.call_kind = call_kind or (family.call_kind if family else default_call_kind)
+        self.grid_hooks = grid_hooks or (family.grid_hooks if family and family.grid_hooks else no_grid_hooks)
         self.tile_order_once = tile_order_once
         self._grids = GridStates()
         self._lse: dict[tuple[str, str], LSEForm] = {}  # (backend, device type) -> its LSE form, at first use
-        self.models = as_models(models)
         self.on_unsupported = on_unsupported
         self.observers = list(observers or [])
         self.time_attention = time_attention
@@ -164,9 +185,7 @@ class AttentionPatch:
         n = 0
         try:
             if any(b.grid is not None for b in self.schedule.members):
-                from ..sparse_hooks import hooks_for
-
-                self._grids.install(self.models, self.schedule, self.grid_hooks or hooks_for, lambda: self.step,
+                self._grids.install(self.models, self.schedule, self.grid_hooks, lambda: self.step,
                                     self.tile_order_once)
             for model_name, model in self.models:
                 for layer, module in attention_modules(model):
@@ -351,8 +370,8 @@ class AttentionPatch:
         self.step = 0
 
     def _next_kind(self) -> str:
-        """The kind of the attention call in progress; counts it within its processor call. A Wan i2v
-        cross-attention processor makes two calls, image context first ("cross+img" -> cross_img, cross)."""
+        """The kind of the attention call in progress; counts it within its processor call. A processor call the
+        family classifies "cross+img" makes two calls, image context first (-> cross_img, cross)."""
         kind = self.context[2]
         if kind == "cross+img":
             kind = "cross_img" if self._sub == 0 else "cross"
@@ -404,9 +423,6 @@ def _patched_call(self_, attn, hidden_states, *args, **kwargs):
     ehs = kwargs.get("encoder_hidden_states", args[0] if args else None)
     patch = self_._vd_patch
     kind = patch.call_kind(self_._vd_mode, attn, ehs)
-    # Wan i2v: a cross-attention module with add_k_proj makes two calls, image context first.
-    if kind == "cross" and getattr(attn, "add_k_proj", None) is not None:
-        kind = "cross+img"
     # Under compile the layer name is not read: it differs per repeated block and dynamo would guard on it.
     compiling = torch.compiler.is_compiling()
     layer = "?" if compiling else self_._vd_layer
