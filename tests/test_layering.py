@@ -21,7 +21,7 @@ LAYERS = {
     "pipelines": 3, "video": 3, "vae": 3, "vae_parallel": 3,
     "patching": 4, "parallel": 4, "decode": 4, "encode": 4, "speed": 4, "prewarm": 4,
     "render": 5, "report": 5, "api": 5, "batch": 5,
-    "cli": 6,
+    "cli": 6, "sweep": 6,
 }
 
 

@@ -1,0 +1,88 @@
+"""sweep.py (vdbench.sweep): what runs here, the kernel bench on the model's captured attention inputs, the
+candidates rendered beside default and reference, the ranking, the Pareto set and the verdict -- on the tiny model,
+on a CPU, within its budget, resumable."""
+
+import json
+import math
+
+import pytest
+
+from vdbench import sweep as S
+from vdbench.measure.record import read
+
+
+def test_stacks_parse_and_bad_ones_say_what_is_valid():
+    c = S.parse_stack("fav3+compile+fp8gemm+vae=fast")
+    assert (c.attention, c.flags) == ("fav3", ["--use_torch_compile", "--use_fp8_gemms", "--vae_decode", "fast"])
+    assert c.slug == "fav3_compile_fp8gemm_vae=fast"
+    with pytest.raises(ValueError, match="unknown option 'turbo'.*compile"):
+        S.parse_stack("fav3+turbo")
+    with pytest.raises(ValueError, match="no attention type"):
+        S.parse_stack("+compile")
+
+
+def _avail(name, runs=True, emulated=False, why=None):
+    return {"backend": name, "runs": runs, "why_not": why, "emulated": emulated, "exact": False}
+
+
+def test_candidates_are_the_fast_accurate_runnable_kernels_fastest_first():
+    avail = [_avail("default"), _avail("reference"), _avail("sdpa"), _avail("sdpa_math"), _avail("flex"),
+             _avail("fav3", runs=False, why="package not installed"), _avail("sagev1_emu", emulated=True),
+             _avail("fp8_emu", emulated=True), _avail("sta")]
+    rows = [{"kernel": "sdpa", "status": "ok", "time_ms": 2.0, "rel_l2": 1e-3},
+            {"kernel": "sdpa", "status": "ok", "time_ms": 4.0, "rel_l2": 2e-3},
+            {"kernel": "sdpa_math", "status": "ok", "time_ms": 1.0, "rel_l2": 1e-3},
+            {"kernel": "flex", "status": "ok", "time_ms": 0.5, "rel_l2": 0.5},
+            {"kernel": "sta", "status": "unavailable: needs the token grid", "time_ms": "", "rel_l2": ""}]
+    stack = S.parse_stack("sdpa+compile")
+    cands, left = S.plan_candidates(avail, rows, max_candidates=1, max_rel_l2=0.1, stacks=[stack])
+    assert [c.name for c in cands] == ["default", "reference", "sdpa_math", "sdpa+compile"]
+    why = {x["backend"]: x["why"] for x in left}
+    assert why["fav3"] == "can't run here: package not installed"
+    assert why["sagev1_emu"].startswith("emulation") and why["flex"].startswith("rel L2 0.5")
+    assert why["sdpa"] == "beyond --max_candidates 1" and why["sta"].startswith("kernel bench: unavailable")
+
+
+def _row(stack, ms, db, speed=True, emulated=False):
+    return {"stack": stack, "warm_ms": ms, "psnr_db": db, "speed_figure": speed, "why_not_speed": None if speed
+            else "CPU timing", "emulated": emulated}
+
+
+def test_ranking_pareto_and_verdict():
+    rows = S.rank([_row("default", 100.0, 45.0), _row("reference", 400.0, math.inf), _row("fast_ok", 80.0, 44.8),
+                   _row("fastest", 50.0, 30.0), _row("slow_good", 90.0, 46.0), _row("emu", 10.0, 50.0, emulated=True)])
+    assert [r["stack"] for r in rows] == ["fastest", "fast_ok", "slow_good", "default", "reference", "emu"]
+    by = {r["stack"]: r for r in rows}
+    assert by["fast_ok"]["speedup"] == pytest.approx(1.25) and by["emu"]["speedup"] is None
+    assert {s for s, r in by.items() if r["pareto"]} == {"fastest", "fast_ok", "slow_good", "reference"}
+    text = S.verdict(rows, device="H200", model="m", tolerance_db=0.5)
+    assert text.startswith("on this H200 for m: fast_ok is fastest within 0.5 dB of exact attention's 45.0 dB")
+    assert "; fastest is fastest overall (50 ms/step, 2.00x default, 30.0 dB vs the reference)" in text
+    assert "NOT speed" not in text
+    cpu = S.verdict(S.rank([_row("default", 10.0, 40.0, speed=False)]), device="CPU", model="m", tolerance_db=0.5)
+    assert cpu.endswith("-- NOT speed figures (CPU timing)")
+
+
+def test_a_tiny_sweep_on_a_cpu_ranks_within_its_budget_and_resumes(tmp_path, capsys):
+    out = tmp_path / "sweep"
+    args = ["--model", "tiny", "--budget_min", "3", "--max_candidates", "1", "--out", str(out)]
+    assert S.main(args) == 0
+    meta = json.loads((out / "sweep.json").read_text())
+    rows = {r["stack"]: r for r in meta["rows"]}
+    assert {"default", "reference"} <= set(rows)
+    planned = set(rows) | {x["backend"] for x in meta["left_out"] if x["why"].startswith(("budget", "render failed"))}
+    assert len(planned) == 3  # default, reference and the fastest accurate kernel: rendered, or said why not
+    assert all(not x["why"].startswith("render failed") for x in meta["left_out"]), meta["left_out"]
+    assert rows["reference"]["psnr_db"] == math.inf and rows["default"]["psnr_db"] > 20
+    assert all(r["n"] == 3 and r["speed_figure"] is False for r in rows.values())  # 4 steps; a CPU's host clock
+    assert meta["verdict"].startswith("on this CPU for tiny: ") and "NOT speed figures" in meta["verdict"]
+    assert meta["elapsed_s"] < 180  # the budget: no render started that the slowest so far says won't fit
+    recs = read(out / "records.jsonl")
+    assert {r.case for r in recs} == set(rows) and all(r.suite == "sweep" for r in recs)
+    assert "<b>on this CPU for tiny" in (out / "report.html").read_text()
+    assert (out / "kernels" / "attention.csv").exists() and (out / "backends.txt").read_text().count("\n") > 5
+    capsys.readouterr()
+    assert S.main(args) == 0  # resumed: nothing rendered again
+    log = capsys.readouterr().out
+    assert log.count("done earlier (records read back)") == len(rows) and "[sweep] default: rendered" not in log
+    assert S.main(["--model", "tiny", "--stacks", "sdpa+turbo", "--out", str(out)]) == 2

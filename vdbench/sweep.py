@@ -1,0 +1,455 @@
+"""Which attention backend for this model, at this size, on this machine: one command that measures and ranks.
+
+    python sweep.py --model random:wan2.1-t2v-1.3b --height 480 --width 832 --num_frames 81 --budget_min 15
+    python sweep.py --model tiny --budget_min 3                        # on a CPU: the plumbing, no speed figures
+    python sweep.py --model tiny --stacks "fav3+compile" "sdpa+vae=fast"   # stacks beside the plain backends
+
+What it does, in order, everything under ``--out`` (default ``outputs/sweep``):
+
+1. **What runs here**: every registered backend with whether it can run on this device, and why not
+   (``backends.txt``).
+2. **The model's real attention inputs**: one short render with ``--save_inputs`` (one denoising step), then
+   ``bench/bench_attention.py`` on those captures for every backend that runs here: speed with n and spread,
+   accuracy against exact fp64 attention (``kernels/``: its CSV, JSON and records).
+3. **Renders**: the candidates -- the backends that run here, are not emulations, and stayed within
+   ``--max_rel_l2`` of exact attention on the captures, fastest first, at most ``--max_candidates`` -- plus the
+   pipeline's own attention (``default``, the speed baseline), the exact ``reference`` (the quality baseline) and
+   every ``--stacks`` entry, same prompt, seed and size, each in its own process and folder (``runs/<name>/``).
+   A render is skipped when the budget left is below what the slowest render so far took (+20%); a re-run skips
+   the renders already done (their records are read back).
+4. **The ranking** (``sweep.csv``, ``sweep.json``, ``report.html``, ``records.jsonl``): warm ms/step with p20-p80
+   and n, speed-up against ``default``, end-to-end seconds, one-time seconds, PSNR / SSIM against ``reference``,
+   peak memory, the kernels that ran; the Pareto set on (warm step, PSNR); and the verdict line: the fastest
+   within ``--psnr_tolerance_db`` of exact, and the fastest overall.
+
+A stack is ``<attention type>[+option...]``: ``compile`` (``--use_torch_compile``), ``fp8gemm``
+(``--use_fp8_gemms``), ``vae=<mode>`` (``--vae_decode``), ``encode=<mode>`` (``--vae_encode``). CPU figures are not
+speed figures (said in the verdict and per row); emulations are never ranked on speed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import html
+import json
+import math
+import re
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from . import backends as B
+from . import families
+from .helptext import DefaultsHelpFormatter
+from .measure.record import Record, Writer, command_line, commit, now, read
+from .report import load_frames, pareto_front
+
+__all__ = ["Candidate", "parse_stack", "plan_candidates", "rank", "verdict", "main"]
+
+ROOT = Path(__file__).resolve().parents[1]
+
+#: Stack options -> the render flags they add.
+STACK_OPTIONS = {"compile": ["--use_torch_compile"], "fp8gemm": ["--use_fp8_gemms"]}
+STACK_VALUES = {"vae": "--vae_decode", "encode": "--vae_encode"}
+
+
+@dataclass
+class Candidate:
+    """One render of the sweep: its name (the stack as written), the attention type and the extra render flags;
+    ``why``: why it is in the sweep (a role or the kernel bench's figure)."""
+
+    name: str
+    attention: str
+    flags: list = field(default_factory=list)
+    why: str = ""
+
+    @property
+    def slug(self) -> str:
+        return re.sub(r"[^A-Za-z0-9_.=-]+", "_", self.name)
+
+
+def parse_stack(text: str) -> Candidate:
+    """``"fav3+compile+vae=fast"`` -> Candidate(attention="fav3", flags=[...]); ValueError naming the valid
+    options otherwise (the attention type itself is checked by the render, before it loads anything)."""
+    head, *opts = [p.strip() for p in text.split("+")]
+    if not head:
+        raise ValueError(f"stack {text!r}: no attention type before the options")
+    flags: list[str] = []
+    for o in opts:
+        key, sep, value = o.partition("=")
+        if o in STACK_OPTIONS:
+            flags += STACK_OPTIONS[o]
+        elif sep and key in STACK_VALUES and value:
+            flags += [STACK_VALUES[key], value]
+        else:
+            valid = [*STACK_OPTIONS, *(f"{k}=<mode>" for k in STACK_VALUES)]
+            raise ValueError(f"stack {text!r}: unknown option {o!r}; valid: {', '.join(valid)}")
+    return Candidate(text, head, flags, "asked for (--stacks)")
+
+
+def availability(device) -> list[dict]:
+    """Every registered backend: can it run on ``device``, and why not."""
+    out = []
+    for name in B.names():
+        b = B.BACKENDS[name]
+        ok, why = b.availability(device)
+        out.append({"backend": name, "runs": bool(ok), "why_not": None if ok else why,
+                    "emulated": b.emulated, "exact": bool(getattr(b, "exact", False))})
+    return out
+
+
+def plan_candidates(avail: list[dict], bench_rows: list[dict], *, max_candidates: int, max_rel_l2: float,
+                    stacks: list[Candidate], baseline: str = "default",
+                    reference: str = "reference") -> tuple[list[Candidate], list[dict]]:
+    """(the renders, the backends left out with why): the runnable, non-emulated, non-exact backends within
+    ``max_rel_l2`` on the captures, fastest (median kernel time over the captures) first, at most
+    ``max_candidates``; then the baseline, the reference and the stacks."""
+    runs = {a["backend"] for a in avail if a["runs"]}
+    by: dict[str, list[dict]] = {}
+    for r in bench_rows:
+        by.setdefault(B.resolve(r["kernel"]).name if r.get("kernel") else "", []).append(r)
+    scored, left_out = [], []
+    for a in avail:
+        name = a["backend"]
+        if name in (baseline, reference):
+            continue
+        if not a["runs"]:
+            left_out.append({"backend": name, "why": f"can't run here: {a['why_not']}"})
+            continue
+        if a["emulated"]:
+            left_out.append({"backend": name, "why": "emulation (accuracy only, never a speed)"})
+            continue
+        rows = [r for r in by.get(name, []) if str(r.get("status", "")).startswith("ok")]
+        if not rows:
+            why = next((r.get("status") for r in by.get(name, []) if r.get("status")), "no kernel-bench row")
+            left_out.append({"backend": name, "why": f"kernel bench: {why}"})
+            continue
+        errs = [float(r["rel_l2"]) for r in rows if r.get("rel_l2") not in (None, "")]
+        err = max(errs) if errs else math.nan
+        if not errs or err > max_rel_l2:
+            left_out.append({"backend": name, "why": f"rel L2 {err:.3g} vs exact on the captures > {max_rel_l2:g}"})
+            continue
+        times = sorted(float(r["time_ms"]) for r in rows if r.get("time_ms") not in (None, ""))
+        t = times[len(times) // 2] if times else math.inf
+        scored.append((t, name, err))
+    scored.sort()
+    chosen = [Candidate(n, n, [], f"kernel bench: {t:.3g} ms, rel L2 {e:.2g}") for t, n, e in scored[:max_candidates]]
+    left_out += [{"backend": n, "why": f"beyond --max_candidates {max_candidates}"} for _, n, _ in
+                 scored[max_candidates:]]
+    return [Candidate(baseline, baseline, [], "baseline: the pipeline's own attention"),
+            Candidate(reference, reference, [], "quality reference: exact attention"), *chosen, *stacks], left_out
+
+
+def _render_cmd(family: str, args, cand: Candidate, out: Path, extra: list[str]) -> list[str]:
+    return [sys.executable, "-c", "import sys; from vdbench.cli import main; sys.exit(main(sys.argv[1], sys.argv[2:]))",
+            family, "--model", args.model, "--height", str(args.height), "--width", str(args.width),
+            "--num_frames", str(args.num_frames), "--num_inference_steps", str(args.steps), "--seed",
+            str(args.seed), "--device", args.device, "--attention_type", cand.attention,
+            "--benchmark_output_directory", str(out), *cand.flags, *extra]
+
+
+def _records(folder: Path) -> list[Record]:
+    recs = []
+    for p in sorted(folder.rglob("records.jsonl")):
+        recs += [r for r in read(p) if r.suite == "render"]
+    return recs
+
+
+def _video(rec: Record) -> Optional[Path]:
+    out = rec.data.get("output")
+    return Path(out) if out and Path(out).exists() else None
+
+
+def row_of(cand: Candidate, rec: Record, ref_frames, device_type: str) -> dict:
+    """A candidate's row from its render's record (the last repetition) and its video against the reference's."""
+    step = rec.figures.get("step_ms") or {}
+    peak = rec.figures.get("peak_memory_bytes")
+    row = {"stack": cand.name, "attention": cand.attention, "why": cand.why,
+           "warm_ms": step.get("median"), "p20_ms": step.get("p20"), "p80_ms": step.get("p80"),
+           "n": step.get("n"), "first_step_ms": step.get("first"),
+           "end_to_end_s": rec.figures.get("end_to_end_s"), "one_time_s": rec.figures.get("one_time_s"),
+           "peak_gib": None if peak is None else peak / 2**30,
+           "speed_figure": rec.verdict.get("speed_figure"), "why_not_speed": rec.verdict.get("why_not"),
+           "emulated": bool((rec.config.get("backend") or {}).get("emulated")),
+           "kernels": ", ".join(f"{k}×{v}" for k, v in
+                                ((rec.data.get("attention") or {}).get("calls_by_kernel") or {}).items()),
+           "psnr_db": None, "ssim": None, "video": str(_video(rec) or "")}
+    video = _video(rec)
+    if video is not None and ref_frames is not None:
+        from .measure.quality import frame_quality
+
+        frames, _ = load_frames(video)
+        if frames.shape == ref_frames.shape:
+            q = frame_quality(frames, ref_frames)
+            row["psnr_db"], row["ssim"] = q["psnr"], q["ssim"]
+    return row
+
+
+def rank(rows: list[dict], baseline: str = "default") -> list[dict]:
+    """Rows sorted by warm step (emulations and rows without a step last), with the speed-up against
+    ``baseline`` and the Pareto mark on (warm step, PSNR vs reference)."""
+    base = next((r for r in rows if r["stack"] == baseline and r["warm_ms"]), None)
+    for r in rows:
+        r["speedup"] = (base["warm_ms"] / r["warm_ms"]) if base and r["warm_ms"] and not r["emulated"] else None
+    pts = [(r["warm_ms"], math.inf if r["psnr_db"] is None and r["stack"] == "reference" else r["psnr_db"],
+            r["stack"]) for r in rows if r["warm_ms"] and not r["emulated"] and
+           (r["psnr_db"] is not None or r["stack"] == "reference")]
+    front = {label for _, _, label in pareto_front(pts)}
+    for r in rows:
+        r["pareto"] = r["stack"] in front
+    return sorted(rows, key=lambda r: (r["emulated"] or not r["warm_ms"], r["warm_ms"] or math.inf))
+
+
+def verdict(rows: list[dict], *, device: str, model: str, tolerance_db: float) -> str:
+    """One line: the fastest within ``tolerance_db`` of exact, and the fastest overall with its PSNR."""
+    timed = [r for r in rows if r["warm_ms"] and not r["emulated"] and r["stack"] != "reference"]
+    if not timed:
+        return f"on this {device} for {model}: no render gave a warm step (see the rows' notes)"
+    speed = all(r["speed_figure"] for r in timed)
+    exact_db = _exact_db(rows)
+    near = [r for r in timed if r["psnr_db"] is not None and r["psnr_db"] >= exact_db - tolerance_db]
+    best = min(near, key=lambda r: r["warm_ms"]) if near else None
+    fastest = min(timed, key=lambda r: r["warm_ms"])
+    text = f"on this {device} for {model}: "
+    if best is not None:
+        scale = "identical to exact" if math.isinf(exact_db) else f"exact attention's {exact_db:.1f} dB"
+        text += (f"{best['stack']} is fastest within {tolerance_db:g} dB of {scale} ({best['warm_ms']:.4g} "
+                 f"ms/step{_x(best)}, {_db(best)})")
+    else:
+        text += "no render reached exact attention's quality"
+    if fastest is not best:
+        text += (f"; {fastest['stack']} is fastest overall ({fastest['warm_ms']:.4g} ms/step{_x(fastest)}, "
+                 f"{_db(fastest)})")
+    if not speed:
+        why = next((r["why_not_speed"] for r in timed if not r["speed_figure"]), "")
+        text += f" -- NOT speed figures ({why})"
+    return text
+
+
+def _exact_db(rows, baseline: str = "default") -> float:
+    """The quality 'within N dB of exact' reads on: the PSNR against the fp64/fp32 ``reference`` of the pipeline's
+    own attention (exact math in the model's dtype: what no faster backend needs to beat), else the best PSNR of
+    the batch."""
+    base = next((r["psnr_db"] for r in rows if r["stack"] == baseline and r["psnr_db"] is not None), None)
+    if base is not None:
+        return base
+    got = [r["psnr_db"] for r in rows if r["psnr_db"] is not None and r["stack"] != "reference"]
+    return max(got) if got else math.inf
+
+
+def _x(r) -> str:
+    return f", {r['speedup']:.2f}x default" if r.get("speedup") else ""
+
+
+def _db(r) -> str:
+    return "PSNR n/a" if r["psnr_db"] is None else f"{r['psnr_db']:.1f} dB vs the reference"
+
+
+COLUMNS = ["stack", "warm_ms", "p20_ms", "p80_ms", "n", "speedup", "first_step_ms", "end_to_end_s", "one_time_s",
+           "psnr_db", "ssim", "peak_gib", "pareto", "speed_figure", "why_not_speed", "emulated", "kernels", "why",
+           "attention", "video"]
+
+
+def _cell(v) -> str:
+    if v is None:
+        return "—"
+    if isinstance(v, float):
+        return "inf" if math.isinf(v) else f"{v:.4g}"
+    return str(v)
+
+
+def write_outputs(out: Path, rows: list[dict], meta: dict) -> None:
+    with open(out / "sweep.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
+        w.writeheader()
+        w.writerows(rows)
+    (out / "sweep.json").write_text(json.dumps({**meta, "rows": rows}, indent=1, default=str))
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in COLUMNS[:17])
+    body = "".join("<tr" + (' class="pareto"' if r["pareto"] else "") + ">" +
+                   "".join(f"<td>{html.escape(_cell(r.get(c)))}</td>" for c in COLUMNS[:17]) + "</tr>" for r in rows)
+    left = "".join(f"<li>{html.escape(x['backend'])}: {html.escape(x['why'])}</li>" for x in meta["left_out"])
+    (out / "report.html").write_text(
+        "<!doctype html><meta charset=utf-8><title>vdbench sweep</title><style>body{font:14px sans-serif}"
+        "td,th{border:1px solid #ccc;padding:2px 6px}table{border-collapse:collapse}.pareto{background:#e8f5e9}"
+        f"</style><h1>Which backend: {html.escape(meta['model'])}</h1><p><b>{html.escape(meta['verdict'])}</b></p>"
+        f"<p>{html.escape(meta['device'])}; {meta['height']}x{meta['width']}, {meta['num_frames']} frames, "
+        f"{meta['steps']} steps; warm = median of the steps after the first (p20-p80, n); green rows: the Pareto "
+        f"set on (warm step, PSNR vs reference). Command: <code>{html.escape(meta['command'])}</code>; commit "
+        f"{html.escape(str(meta['commit']))}.</p><table><tr>{head}</tr>{body}</table>"
+        f"<h2>Not rendered</h2><ul>{left}</ul><p>Kernel bench on the captures: kernels/attention.csv</p>")
+
+
+def _log(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def run(args) -> int:
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    budget = args.budget_min * 60.0
+    left = lambda: budget - (time.monotonic() - t0)  # noqa: E731
+    fam = families.get(args.family or _family_of(args.model))
+    import torch
+
+    device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
+    args.device = device
+    dev_name = torch.cuda.get_device_name(0) if device.startswith("cuda") else "CPU"
+    stacks = [parse_stack(s) for s in args.stacks or []]
+
+    avail = availability(device)
+    (out / "backends.txt").write_text("".join(
+        f"{a['backend']:22s} {'runs' if a['runs'] else 'no: ' + str(a['why_not'])}\n" for a in avail))
+    n_run = sum(a["runs"] for a in avail)
+    _log(f"[sweep] {n_run} of {len(avail)} backends run on {dev_name} ({out / 'backends.txt'})")
+
+    # 2. capture the model's attention inputs with one short render, then bench every runnable kernel on them
+    caps, kdir = out / "captures", out / "kernels"
+    bench_rows: list[dict] = []
+    capture_s = 0.0
+    if not (kdir / "attention.json").exists():
+        cap = Candidate("capture", "default")
+        cmd = _render_cmd(fam.name, argparse.Namespace(**{**vars(args), "steps": 1}), cap, out / "capture_run",
+                          ["--save_inputs", "--input_dir", str(caps), "--max_captures", str(args.max_captures),
+                           "--overwrite"])
+        t = time.monotonic()
+        rc = _run(cmd, out / "logs" / "capture.log", left())
+        capture_s = time.monotonic() - t  # a lower bound of a render's time: the first render's budget check
+        if rc != 0:
+            _log(f"[sweep] error: the capture render failed (rc {rc}); see {out / 'logs' / 'capture.log'}")
+            return 1
+        kdir.mkdir(exist_ok=True)
+        runnable = [a["backend"] for a in avail if a["runs"] and a["backend"] != "default"]
+        cmd = [sys.executable, str(ROOT / "bench" / "bench_attention.py"), "--input_dir", str(caps), "--kernel",
+               ",".join(runnable), "--device", device, "--budget_s", str(args.kernel_budget_s), "-o",
+               str(kdir / "attention.csv")]
+        rc = _run(cmd, out / "logs" / "kernels.log", left())
+        if rc not in (0, 3):  # 3: some kernels skipped (their rows say why)
+            _log(f"[sweep] warning: the kernel bench ended with rc {rc}; see {out / 'logs' / 'kernels.log'}")
+    if (kdir / "attention.json").exists():
+        bench_rows = json.loads((kdir / "attention.json").read_text())["rows"]
+    cands, left_out = plan_candidates(avail, bench_rows, max_candidates=args.max_candidates,
+                                      max_rel_l2=args.max_rel_l2, stacks=stacks)
+    _log(f"[sweep] rendering {len(cands)}: {', '.join(c.name for c in cands)} ({left():.0f} s of budget left)")
+
+    # 3. the renders, reference first (the others are compared with it), each skipped when done or out of time
+    order = sorted(cands, key=lambda c: c.name != "reference")
+    slowest, records = capture_s, {}
+    for c in order:
+        folder = out / "runs" / c.slug
+        done = _records(folder) if folder.exists() else []
+        if done and _video(done[-1]) is not None:
+            records[c.name] = done[-1]
+            _log(f"[sweep] {c.name}: done earlier (records read back)")
+            continue
+        if left() < slowest * 1.2:
+            left_out.append({"backend": c.name, "why": f"budget: {left():.0f} s left, a render took {slowest:.0f} s"})
+            _log(f"[sweep] {c.name}: skipped, {left():.0f} s of budget left")
+            continue
+        t = time.monotonic()
+        rc = _run(_render_cmd(fam.name, args, c, folder, ["--overwrite"]), out / "logs" / f"{c.slug}.log", left())
+        slowest = max(slowest, time.monotonic() - t)
+        recs = _records(folder)
+        if rc != 0 or not recs:
+            left_out.append({"backend": c.name, "why": f"render failed (rc {rc}): {_first_error(out, c)}"})
+            _log(f"[sweep] {c.name}: failed (rc {rc}); see {out / 'logs' / (c.slug + '.log')}")
+            continue
+        records[c.name] = recs[-1]
+        _log(f"[sweep] {c.name}: rendered in {time.monotonic() - t:.0f} s")
+
+    # 4. rank against the reference video
+    ref = records.get("reference")
+    ref_frames = load_frames(_video(ref))[0] if ref is not None and _video(ref) is not None else None
+    rows = rank([row_of(c, records[c.name], ref_frames, device) for c in cands if c.name in records])
+    text = verdict(rows, device=dev_name, model=args.model, tolerance_db=args.psnr_tolerance_db)
+    meta = {"model": args.model, "family": fam.name, "device": dev_name, "height": args.height, "width": args.width,
+            "num_frames": args.num_frames, "steps": args.steps, "verdict": text, "left_out": left_out,
+            "command": command_line(), "commit": commit(), "budget_min": args.budget_min,
+            "elapsed_s": time.monotonic() - t0}
+    write_outputs(out, rows, meta)
+    Writer(out / "records.jsonl").write(*(Record(
+        suite="sweep", case=r["stack"], config={"model": args.model, "size": [args.height, args.width],
+                                                "num_frames": args.num_frames, "steps": args.steps,
+                                                "attention": r["attention"], "stack": r["stack"]},
+        figures={k: r[k] for k in ("warm_ms", "p20_ms", "p80_ms", "n", "speedup", "end_to_end_s", "one_time_s",
+                                   "psnr_db", "ssim", "peak_gib")},
+        verdict={"speed_figure": r["speed_figure"], "why_not": r["why_not_speed"]}, command=meta["command"],
+        commit=meta["commit"], created=now(), data=r) for r in rows))
+    _print_table(rows)
+    _log(f"[sweep] {text}")
+    _log(f"[sweep] {out / 'report.html'}, {out / 'sweep.csv'} ({meta['elapsed_s']:.0f} s of "
+         f"{budget:.0f} s budget)")
+    return 0 if rows else 1
+
+
+def _print_table(rows):
+    cols = ["stack", "warm_ms", "n", "speedup", "end_to_end_s", "one_time_s", "psnr_db", "pareto"]
+    print("  ".join(f"{c:>12s}" for c in cols))
+    for r in rows:
+        print("  ".join(f"{_cell(r.get(c)):>12s}" for c in cols))
+
+
+def _first_error(out: Path, c: Candidate) -> str:
+    try:
+        lines = (out / "logs" / f"{c.slug}.log").read_text().splitlines()
+    except OSError:
+        return "no log"
+    return next((ln for ln in lines if ln.startswith("error")), lines[-1] if lines else "empty log")[:200]
+
+
+def _run(cmd: list[str], log: Path, left_s: float) -> int:
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "w") as f:
+        try:
+            return subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT,
+                                  timeout=max(1.0, left_s)).returncode
+        except subprocess.TimeoutExpired:
+            f.write("\n[sweep] stopped: out of budget\n")
+            return 124
+
+
+def _family_of(model: str) -> str:
+    return "cogvideox" if "cogvideo" in model.lower() else "wan"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="sweep.py", description=__doc__, formatter_class=DefaultsHelpFormatter)
+    p.add_argument("--model", default="tiny", help="hub id, local path, random:<arch>, tiny or tiny:<variant>")
+    p.add_argument("--family", default=None, choices=families.names(),
+                   help="the model family (default: from the model name: cogvideox when it says so, else wan)")
+    p.add_argument("--height", type=int, default=64)
+    p.add_argument("--width", type=int, default=96)
+    p.add_argument("--num_frames", type=int, default=9)
+    p.add_argument("--steps", type=int, default=4, help="denoising steps per render (warm n = steps - 1)")
+    p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--device", default="auto")
+    p.add_argument("--budget_min", type=float, default=15.0, help="minutes for the whole sweep")
+    p.add_argument("--max_candidates", type=int, default=8, help="backends rendered beside default and reference")
+    p.add_argument("--max_rel_l2", type=float, default=0.1,
+                   help="leave out backends further than this from exact attention on the captures")
+    p.add_argument("--psnr_tolerance_db", type=float, default=0.5, help="'within N dB of exact' in the verdict")
+    p.add_argument("--stacks", nargs="*", default=[], metavar="STACK",
+                   help="extra renders: <attention type>[+compile][+fp8gemm][+vae=<mode>][+encode=<mode>]")
+    p.add_argument("--max_captures", type=int, default=8, help="attention calls captured for the kernel bench")
+    p.add_argument("--kernel_budget_s", type=float, default=10.0, help="seconds of timed calls per kernel and input")
+    p.add_argument("--out", default="outputs/sweep", help="where everything goes (a re-run resumes there)")
+    return p
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        for s in args.stacks or []:
+            parse_stack(s)
+        return run(args)
+    except (ValueError, B.BackendUnavailable) as e:
+        print(f"error: {str(e).splitlines()[0]}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
