@@ -9,7 +9,7 @@ given: a figure from fewer than 3 is no speed figure, ``speed_figure`` / ``why_n
     torchrun --nproc_per_node=2 bench/bench_vae_parallel.py --case tiny --case tiny:wan2.2 --json out.json
     torchrun --nproc_per_node=3 bench/bench_vae_parallel.py --case tiny:cogvideox:5x7x6 --ablation  # on CPU: gloo
 
-(with vdbench importable: installed, or ``PYTHONPATH=$PWD`` from the repo root; bench/gpu_vae_parallel.sh runs it on
+(with vdbench importable: installed, or ``PYTHONPATH=$PWD`` from the repo root; ``python3 bench/suite.py vae_parallel`` runs it on
 GPUs). Cases ``NAME[:TxHxW[:DTYPE[:K,K..]]]``: random-weight VAEs of the tiny or the real widths, latent frames x
 rows x cols, chunk sizes. Per run: ``vs_single`` (PSNR of the [0, 1] video and max |difference| against the
 single-device decode), with ``--stock`` ``vs_stock`` (against diffusers' untouched ``vae.decode``), with

@@ -17,7 +17,7 @@ same shape, steps, prompt, seed, flow shift, dtype and attention kernel, by each
   configured by the render CLI's own parser: FailureWatch, per-step callbacks, the attention patch, the decode, the
   merged timing -- everything a user's run pays.
 * ``vdbench_timed`` (``--sides``) -- the same with ``--time_attention`` (a CUDA event pair around every attention
-  call), which the multi-GPU table's runs (bench/gpu_lib.sh's W13) pass.
+  call), which the multi-GPU table's runs (the W13 of the x4b / x8 suites) pass.
 
 The bare side runs ``pipe(...)`` under ``torch.inference_mode()`` as the render does, so the difference measured is
 the harness's and not autograd's bookkeeping (diffusers' own ``@torch.no_grad`` costs host time per op).

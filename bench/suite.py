@@ -24,6 +24,14 @@ digits, ``_ . -`` and spells every other character ``_`` (it names the log). ``[
 "{RES}/results/timing.json"}``) copies each source that exists to its destination after every run: what the
 results folder keeps of renders written elsewhere, there for the runs after it.
 
+Side by side (several GPUs of one machine): ``track`` names the lane a run goes in; the runs of one track run in
+order, the tracks at once (e.g. one per GPU, each run with ``env = {CUDA_VISIBLE_DEVICES = "2"}``); runs without a
+track are track ``main``. ``wait = true`` starts a run only once every earlier run has ended, ``wait =
+["g0", "g1"]`` once the earlier runs of those tracks have. ``deadline_s`` (seconds after the call's start) ends a
+run's window before the budget does: its limit is cut to it and ``need_s`` counts from it (a phase of a call).
+``if_ok = "case"`` / ``if_failed = "case"`` run it only after that earlier run of this call ended with rc 0 / not 0
+(a run done in an earlier call counts as ok; a dry run lists both).
+
 Each call writes ``OUT/system.json`` (vdbench.timing.system_info: the GPU, the versions). Each run's log goes
 to ``OUT/logs/<case>.log`` and its outcome to ``OUT/runs.jsonl`` as a
 :mod:`vdbench.measure.record` (suite, case, the command, rc, wall seconds, skipped and why); a re-run skips the
@@ -45,6 +53,7 @@ import shutil
 import subprocess
 import sys
 import time
+import threading
 import tomllib
 from pathlib import Path
 
@@ -167,8 +176,36 @@ def expand(spec: dict, sets: dict, out: Path, py: str) -> list[dict]:
                          "limit_s": float(case.get("limit_s", 600)), "fresh_caches": bool(case.get("fresh_caches")),
                          "env": {k: _fmt(str(x), v) for k, x in (case.get("env") or {}).items()},
                          "env_if_exists": {k: _fmt(str(x), v) for k, x in (case.get("env_if_exists") or {}).items()},
-                         "optional": bool(case.get("optional")), "always": bool(case.get("always"))})
+                         "optional": bool(case.get("optional")), "always": bool(case.get("always")),
+                         "track": _fmt(str(case.get("track", "main")), v), "wait": case.get("wait", False),
+                         "deadline_s": float(case["deadline_s"]) if "deadline_s" in case else None,
+                         "if_ok": _fmt(str(case["if_ok"]), v) if "if_ok" in case else None,
+                         "if_failed": _fmt(str(case["if_failed"]), v) if "if_failed" in case else None})
+    names = {r["name"]: i for i, r in enumerate(runs)}
+    for i, r in enumerate(runs):
+        for key in ("if_ok", "if_failed"):
+            if r[key] is not None and names.get(r[key], i) >= i:
+                raise SuiteError(f"{r['name']}: {key} names {r[key]!r}, not an earlier run")
     return runs
+
+
+def dependencies(runs: list[dict]) -> list[set[int]]:
+    """For each run, the earlier runs it waits for: the one before it in its track, what its ``wait`` names, the run
+    its ``if_ok`` / ``if_failed`` reads."""
+    names = {r["name"]: i for i, r in enumerate(runs)}
+    deps, last = [], {}
+    for i, r in enumerate(runs):
+        d = {last[r["track"]]} if r["track"] in last else set()
+        w = r["wait"]
+        if w is True:
+            d |= set(range(i))
+        elif w not in (False, None):
+            tracks = {w} if isinstance(w, str) else set(w)
+            d |= {j for j in range(i) if runs[j]["track"] in tracks}
+        d |= {names[r[k]] for k in ("if_ok", "if_failed") if r[k] is not None}
+        deps.append(d)
+        last[r["track"]] = i
+    return deps
 
 
 def collect_pairs(spec: dict, sets: dict, out: Path, py: str) -> list[tuple[str, str]]:
@@ -252,12 +289,16 @@ def run_suite(name: str, *, out: Path, budget_s: float | None, sets: dict, only:
         _write_system(out / "system.json")
     start = clock()
     env = environment()
-    outcomes = []
-    for run in runs:
+    outcomes: list = [None] * len(runs)
+    lock = threading.Lock()
+
+    def step(i: int) -> dict:
+        run = runs[i]
         rec = Record(suite=name, case=run["name"], config={"args": run["args"], "fresh_caches": run["fresh_caches"],
                                                            "env": run["env"]},
                      command=shlex.join(run["args"]), commit=commit(), created=now())
-        left = budget_s - (clock() - start)
+        end = budget_s if run["deadline_s"] is None else min(budget_s, run["deadline_s"])
+        left = end - (clock() - start)
         why = None
         chosen = bool(only) and re.fullmatch(only, run["name"]) is not None
         if run["always"]:
@@ -270,30 +311,63 @@ def run_suite(name: str, *, out: Path, budget_s: float | None, sets: dict, only:
             why = "done in an earlier call"
         elif left < run["need_s"]:
             why = f"deadline: {left:.0f} s left, needs {run['need_s']:.0f}"
+        for key, want_ok in (("if_ok", True), ("if_failed", False)):
+            other = run[key]
+            if why or other is None or dry_run:
+                continue
+            got = outcomes[[r["name"] for r in runs].index(other)] or {}
+            ok = got.get("rc") == 0 or other in done
+            if ok != want_ok:
+                why = f"{key} {other}: {'it ended ok' if ok else 'it did not end ok'}"
         if why:
-            outcomes.append({"name": run["name"], "skipped": why})
             if why != "not in --only":
                 rec.data = {"rc": None, "skipped": why}
                 if not dry_run:
-                    writer.write(rec)
-            continue
+                    with lock:
+                        writer.write(rec)
+            return {"name": run["name"], "skipped": why}
         limit = max(1.0, min(run["limit_s"], left))
         run = {**run, "args": _limit_filled(run["args"], limit)}
         rec.config["args"], rec.command = run["args"], shlex.join(run["args"])
         if dry_run:
+            cond = "".join(f", {k} {run[k]}" for k in ("if_ok", "if_failed") if run[k])
             log(f"[{clock() - start:5.0f}s] {run['name']} (limit {limit:.0f} s"
-                f"{', fresh caches' if run['fresh_caches'] else ''}): {shlex.join(run['args'])}")
-            outcomes.append({"name": run["name"], "dry": True, "limit_s": limit})
-            continue
+                f"{', fresh caches' if run['fresh_caches'] else ''}{', track ' + run['track'] if run['track'] != 'main' else ''}"
+                f"{cond}): {shlex.join(run['args'])}")
+            return {"name": run["name"], "dry": True, "limit_s": limit}
         t0 = clock()
         rc = _run(run, env, limit, out / "logs" / f"{run['name']}.log")
         wall = clock() - t0
         rec.data = {"rc": rc, "wall_s": wall, "limit_s": limit}
         rec.figures = {"wall_s": wall}
-        writer.write(rec)
-        outcomes.append({"name": run["name"], "rc": rc, "wall_s": wall})
-        log(f"[{clock() - start:5.0f}s] {run['name']} rc={rc} ({wall:.0f} s)")
-        collect(pairs)
+        with lock:
+            writer.write(rec)
+            log(f"[{clock() - start:5.0f}s] {run['name']} rc={rc} ({wall:.0f} s)")
+            collect(pairs)
+        return {"name": run["name"], "rc": rc, "wall_s": wall}
+
+    deps = dependencies(runs)
+    if dry_run or all(r["track"] == "main" and not r["wait"] for r in runs):
+        for i in range(len(runs)):  # one after another (a dry run too: each run's dependencies come before it)
+            outcomes[i] = step(i)
+    else:
+        ended = [threading.Event() for _ in runs]
+
+        def lane(i: int) -> None:
+            for d in deps[i]:
+                ended[d].wait()
+            try:
+                outcomes[i] = step(i)
+            except BaseException as e:  # noqa: BLE001 - recorded; the runs waiting on it go on
+                outcomes[i] = {"name": runs[i]["name"], "rc": 1, "error": repr(e)}
+            finally:
+                ended[i].set()
+
+        threads = [threading.Thread(target=lane, args=(i,), daemon=True) for i in range(len(runs))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
     if not dry_run and out.parent.parent.name == "results":
         write_index(out.parent.parent)
     return outcomes

@@ -1,4 +1,4 @@
-"""bench/gpu_kernels.py (the check and sweep stages of bench/gpu_kernels.sh) on a CPU: its arguments, the warm
+"""bench/gpu_kernels.py (the check and sweep runs of the kernels suite) on a CPU: its arguments, the warm
 workers' shares, the sweep's variant order and its choice of defaults, the files it writes, and both stages run
 end to end over stand-in kernels (torch attention with injected faults, a fake timer), so everything but the
 Triton kernels' own numbers is checked here (tests/test_kernels.py checks those under the interpreter)."""
@@ -200,7 +200,7 @@ def test_main_runs_the_stage_and_returns_its_verdict(tmp_path, monkeypatch):
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton not installed")
 def test_both_stages_run_the_real_kernels_under_the_interpreter(tmp_path, checkout_env):
-    """The script as bench/gpu_kernels.sh runs it, with --dry: the project's kernels under Triton's interpreter (a
+    """The script as the kernels suite runs it, with --dry: the project's kernels under Triton's interpreter (a
     process of its own: the interpreter is chosen when the kernel module is imported). Every check row passes and
     the sweep writes one row per variant and a winner per kernel and head dim (~30 s on a CPU)."""
     env = dict(checkout_env, TRITON_INTERPRET="1")

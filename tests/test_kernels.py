@@ -9,7 +9,7 @@ re-importing) the kernel modules under it, so no other test module sees the inte
 Two interpreter bugs of Triton 3.9 are worked around inside the kernels under the interpreter only, and the
 workarounds are tested here: tl.dot on bf16 operands (operands rounded to bf16, product taken in fp32) and
 fp32 -> e4m3 conversion (pre-rounded to the e4m3 grid; ``test_e4m3_rounding_matches_torch``). The compiled
-GPU kernels take neither path; bench/gpu_kernels.sh checks them against the same emulations on the GPU.
+GPU kernels take neither path; the kernels suite (python3 bench/suite.py kernels) checks them against the same emulations on the GPU.
 """
 
 import importlib.util

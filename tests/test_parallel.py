@@ -5,7 +5,7 @@ itself raises NotImplementedError there (``xfuser/core/distributed/__init__.py``
 ``envs.get_device_version()``: "No Accelerators ... available"), its ``envs.get_torch_distributed_backend()``
 raises likewise, and ``layers.usp`` binds yunchang's PROCESS_GROUP only when ``torch.cuda.is_available()``. So
 here it is checked to be refused with that reason before any work; its registry installation is checked against
-xfuser's own lookup where xfuser imports (a GPU machine), and the GPU run is bench/gpu_parallel.sh.
+xfuser's own lookup where xfuser imports (a GPU machine), and the GPU run is python3 bench/suite.py parallel.
 
 Tolerances, float32 latents before the VAE, rank 0's vs the single process's:
   Ulysses-2: bit-identical (each head's attention is computed whole, on one rank);
@@ -253,7 +253,7 @@ def test_xfuser_registry_install_serves_ulysses_and_ring_lookups(monkeypatch):
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2,
                     reason="xfuser needs CUDA + NCCL: xfuser.envs.get_torch_distributed_backend() raises "
                            "NotImplementedError without a GPU and xfuser.model_executor.layers.usp binds yunchang's "
-                           "PROCESS_GROUP only when torch.cuda.is_available(); run bench/gpu_parallel.sh")
+                           "PROCESS_GROUP only when torch.cuda.is_available(); run python3 bench/suite.py parallel")
 def test_xfuser_engine_on_gpus(tmp_path):
     proc, _ = torchrun(["--model", "tiny", "--height", "64", "--width", "96", "--num_frames", "9",
                         "--num_inference_steps", "2", "--attention_type", "sdpa_cudnn", "--ulysses_degree", "2"],

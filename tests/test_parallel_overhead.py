@@ -89,22 +89,20 @@ def test_xfuser_on_a_cpu_is_a_row_with_the_reason(result):
     assert any(line.startswith("xfuser     skipped: ") for line in stdout.splitlines())
 
 
-@pytest.mark.parametrize("call,runs", [("1", {"cudnn_timing": "diffusers,xfuser", "diffusers_profile": "diffusers"}),
-                                       ("2", {"xfuser_profile": "xfuser", "flash_timing": "diffusers,xfuser"})])
-def test_device_script_dry_run_lists_its_bench_runs(tmp_path, call, runs):
-    """bench/gpu_parallel_overhead.sh with DRY_RUN=1: each call's torchrun runs of the bench, recorded by gpu_lib.sh's
-    runner at the real model size (none started), within the call's budget."""
-    out = tmp_path / "o"
-    proc = subprocess.run(["bash", str(ROOT / "bench" / "gpu_parallel_overhead.sh")], cwd=tmp_path, timeout=120,
-                          capture_output=True, text=True,
-                          env=dict(os.environ, PY=sys.executable, DRY_RUN="1", CALL=call, OUT=str(out),
-                                   RES=str(tmp_path / "res")))
+@pytest.mark.parametrize("only,runs", [(None, {"cudnn_timing": "diffusers,xfuser", "diffusers_profile": "diffusers"}),
+                                       ("xfuser_profile|flash_timing",
+                                        {"xfuser_profile": "xfuser", "flash_timing": "diffusers,xfuser"})])
+def test_the_suite_dry_run_lists_its_bench_runs(tmp_path, only, runs):
+    """python3 bench/suite.py parallel_overhead --dry_run (and the second call's --only): each call's torchrun runs of
+    the bench at the real model size (none started), within the call's budget."""
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "suite.py"), "parallel_overhead", "--dry_run",
+                           "--out", str(tmp_path / "o"), *(["--only", only] if only else [])],
+                          cwd=tmp_path, timeout=120, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    rows = [line.split("\t") for line in (out / "runs.tsv").read_text().splitlines()[1:]]
-    assert [(row[1], row[2]) for row in rows] == [(name, "dry") for name in runs]
+    listed = [ln.split("] ")[1].split(" (limit ")[0] for ln in proc.stdout.splitlines() if "(limit " in ln]
+    assert listed == list(runs)
     for name, engines in runs.items():
         line = next(ln for ln in proc.stdout.splitlines() if f"] {name} (limit " in ln)
-        assert "torch.distributed.run --nproc_per_node=2" in line and "bench/parallel_overhead.py" in line
+        assert "torch.distributed.run --standalone --nproc_per_node=2" in line and "bench/parallel_overhead.py" in line
         assert "--height 480 --width 832 --num_frames 81" in line and f"--engines {engines} " in line
-        assert int(line.split("(limit ")[1].split("s)")[0]) <= 330
-    assert f"call {call} done" in proc.stdout
+        assert int(line.split("(limit ")[1].split(" s")[0]) <= 330

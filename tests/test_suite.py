@@ -56,6 +56,15 @@ def parse_with_tool(tool: str, args: list[str], monkeypatch):
 
 def check_command(argv: list[str], name: str, monkeypatch):
     """One suite command, checked as far as a CPU can: the tool exists and takes its arguments."""
+    if argv[0] == "bash":  # a render script: it parses, and the render it runs is run_wan.py's
+        import subprocess
+
+        assert argv[1] in ("render_all_WAN.sh", "render_all_attention.sh") and (ROOT / argv[1]).is_file(), name
+        assert subprocess.run(["bash", "-n", str(ROOT / argv[1])]).returncode == 0, name
+        if "--" in argv:
+            check_command([sys.executable, "run_wan.py", *argv[argv.index("--") + 1:], "--attention_type", "sdpa"],
+                          name, monkeypatch)
+        return None
     assert argv[0] == sys.executable, name
     if argv[1] == "-c":  # inline Python: it compiles
         compile(argv[2], name, "exec")
@@ -85,9 +94,21 @@ def check_command(argv: list[str], name: str, monkeypatch):
         for c in parsed.configs.split(","):
             mod.parse_config(c)
         return parsed
-    if tool in ("bench_attention.py", "gpu_kernels.py", "vae_summary.py"):
+    if tool in ("bench_attention.py", "vae_summary.py"):
         return _module(tool[:-3]).build_parser().parse_args(args)
-    if tool in ("bench_fp8.py", "bench_sage2.py", "compare_outputs.py", "window_mass.py", "patch_overhead.py"):
+    if tool == "suite.py":  # another suite: it exists, takes the --set names it is given, and dry-runs so
+        parsed = parse_with_tool(tool, args, monkeypatch)
+        spec = S.load(parsed.suite)
+        assert set(S._sets(parsed.set)) <= set(spec.get("vars") or {}), name
+        S.run_suite(parsed.suite, out=parsed.out, budget_s=parsed.budget_s, sets=S._sets(parsed.set),
+                    only=parsed.only, dry_run=True, log=lambda *a: None)
+        return parsed
+    if tool == "parallel_overhead.py":
+        return _module("parallel_overhead").parse(args)
+    if tool in ("ulysses_model.py", "gpu_kernels.py"):
+        return _module(tool[:-3]).build_parser().parse_args(args)
+    if tool in ("bench_fp8.py", "bench_sage2.py", "compare_outputs.py", "window_mass.py", "patch_overhead.py",
+                "parallel_summary.py", "bench_vae_parallel.py"):
         return parse_with_tool(tool, args, monkeypatch)
     raise AssertionError(f"{name}: no parser check for {tool}: add one here")
 
@@ -100,6 +121,11 @@ def test_every_shipped_suite_dry_runs_and_its_commands_parse(name, tmp_path, cap
     assert outcomes and all(o.get("dry") or o.get("skipped") == "not in --only" for o in outcomes)
     assert not (tmp_path / "runs.jsonl").exists()  # a dry run records nothing
     for run in S.expand(spec, {}, tmp_path, sys.executable):
+        image = _option(run["args"], "--img_file_path")
+        if image and Path(image).is_relative_to(tmp_path) and not Path(image).exists():  # an earlier run's output
+            from PIL import Image
+
+            Image.new("RGB", (64, 64)).save(image)
         check_command(S._limit_filled(run["args"], run["limit_s"]), run["name"], monkeypatch)
     capsys.readouterr()
 
@@ -268,3 +294,85 @@ def test_env_if_exists_and_collect(tmp_path, monkeypatch):
     assert (out / "logs" / "after.log").read_text().strip() == str(out / "best.json")
     assert (out / "logs" / "reads.log").read_text().strip() == "[1]"
     assert not (out / "never.json").exists()
+
+
+def test_tracks_run_side_by_side_wait_deadlines_and_conditions(tmp_path, monkeypatch):
+    """Runs of two tracks overlap, runs of one track don't; ``wait`` holds a run until the runs it names have ended;
+    ``deadline_s`` cuts a run's limit and skips what can't start before it; ``if_ok`` / ``if_failed`` pick the run
+    that follows an earlier one's outcome."""
+    stamp = ("import pathlib, sys, time; t0 = time.time(); time.sleep(float(sys.argv[1])); "
+             "pathlib.Path(sys.argv[2]).write_text(str(t0) + ' ' + str(time.time()))")
+
+    def timed(name, secs, **kw):
+        return (f'[[case]]\nname = "{name}"\nrun = ["{{py}}", "-c", {json.dumps(stamp)}, "{secs}", "{{out}}/{name}.t"]\n'
+                + "".join(f"{k} = {json.dumps(v)}\n" for k, v in kw.items()))
+
+    out = _toy(tmp_path, monkeypatch,
+               timed("a1", 1.5, track="a") + timed("a2", 0.2, track="a") + timed("b1", 1.5, track="b")
+               + timed("after", 0.1, wait=True) + _case("cut", "print('{limit_s}')", deadline_s=60, limit_s=5000)
+               + _case("late", "pass", deadline_s=1, need_s=5)
+               + _case("fails", "raise SystemExit(1)") + _case("if_ok", "pass", if_ok="fails")
+               + _case("if_failed", "pass", if_failed="fails"))
+    got = {o["name"]: o for o in S.run_suite("toy", out=out, budget_s=120, sets={}, log=lambda *a: None)}
+    span = {n: tuple(map(float, (out / f"{n}.t").read_text().split())) for n in ("a1", "a2", "b1", "after")}
+    assert span["b1"][0] < span["a1"][1] and span["a1"][0] < span["b1"][1]  # tracks a and b overlap
+    assert span["a2"][0] >= span["a1"][1]  # a track runs in order
+    assert span["after"][0] >= max(span["a2"][1], span["b1"][1])  # wait = true: after every earlier run
+    assert 50 <= int((out / "logs" / "cut.log").read_text()) <= 60
+    assert got["late"]["skipped"].startswith("deadline")
+    assert got["if_ok"]["skipped"].startswith("if_ok fails") and got["if_failed"]["rc"] == 0
+    # a dry run lists both branches, in the file's order
+    lines = []
+    S.run_suite("toy", out=tmp_path / "dry", budget_s=120, sets={}, dry_run=True, log=lines.append)
+    assert [ln.split("] ")[1].split(" (")[0] for ln in lines] == [
+        "a1", "a2", "b1", "after", "cut", "fails", "if_ok", "if_failed"]
+    assert "track a" in lines[0] and "if_failed fails" in lines[-1]
+    _toy(tmp_path, monkeypatch, _case("x", "pass", if_ok="y") + _case("y", "pass"))
+    with pytest.raises(S.SuiteError, match="not an earlier run"):
+        S.run_suite("toy", out=out, budget_s=10, sets={}, dry_run=True)
+
+
+@pytest.mark.parametrize("name,runs", [("x8_8gpu", 17), ("x4b_4gpu", 17), ("x8", 28), ("x4b", 30)])
+def test_the_multi_gpu_campaigns_dry_run(name, runs, tmp_path):
+    """The 4- and 8-GPU campaigns on a CPU: every run listed (none started), each torchrun over as many ranks as the
+    degrees it asks for and on GPUs of its own while another track runs; the table last."""
+    import re
+
+    lines = []
+    got = S.run_suite(name, out=tmp_path, budget_s=None, sets={}, dry_run=True, log=lines.append)
+    assert len([o for o in got if o.get("dry")]) == runs and not (tmp_path / "runs.jsonl").exists()
+    runs_ = [r for r in S.expand(S.load(name), {}, tmp_path, sys.executable) if not r["optional"]]
+    assert runs_[-1]["name"] == "summary" and runs_[-1]["always"] and runs_[0]["name"] == "topology"
+    for r in runs_:
+        a = " ".join(r["args"])
+        m = re.search(r"--nproc_per_node=(\d+)", a)
+        if m and "run_wan.py" in a:
+            u, g = (int(x.group(1)) if x else 1 for x in (re.search(r"--ulysses_degree (\d+)", a),
+                                                          re.search(r"--ring_degree (\d+)", a)))
+            assert u * g == int(m.group(1)), r["name"]
+        gpus = r["env"].get("CUDA_VISIBLE_DEVICES")
+        if m and gpus:
+            assert len(gpus.split(",")) == int(m.group(1)), r["name"]
+    by_track: dict = {}
+    deps = S.dependencies(runs_)
+    for i, r in enumerate(runs_):  # runs that may overlap (neither waits for the other) use different GPUs
+        for j in range(i):
+            if r["env"].get("CUDA_VISIBLE_DEVICES") and runs_[j]["env"].get("CUDA_VISIBLE_DEVICES"):
+                if not _waits(deps, i, j):
+                    mine = set(r["env"]["CUDA_VISIBLE_DEVICES"].split(","))
+                    assert not mine & set(runs_[j]["env"]["CUDA_VISIBLE_DEVICES"].split(",")), (r["name"], runs_[j]["name"])
+        by_track.setdefault(r["track"], []).append(r["name"])
+    assert any("vae" in n for names in by_track.values() for n in names)
+
+
+def _waits(deps, i, j) -> bool:
+    """Whether run i starts only after run j ended (through any chain of dependencies)."""
+    todo, seen = list(deps[i]), set()
+    while todo:
+        k = todo.pop()
+        if k == j:
+            return True
+        if k not in seen:
+            seen.add(k)
+            todo.extend(deps[k])
+    return False

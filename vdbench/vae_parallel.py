@@ -42,7 +42,7 @@ the benchmark); this module never initializes one. CogVideoX: ``z`` is the pipel
 Other VAE classes (not in :data:`VAES`) are refused (NotImplementedError), as is a VAE with tiling enabled or
 ``replicate`` padding.
 
-Self-check / benchmark: ``bench/bench_vae_parallel.py`` (run by bench/gpu_vae_parallel.sh)::
+Self-check / benchmark: ``bench/bench_vae_parallel.py`` (run by python3 bench/suite.py vae_parallel)::
 
     torchrun --nproc_per_node=2 bench/bench_vae_parallel.py --case tiny-wan2.1 --case tiny-wan2.2 --json out.json
 """

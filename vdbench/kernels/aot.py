@@ -126,7 +126,7 @@ def main(argv=None) -> int:
     p.add_argument("--helpers", action="store_true",
                    help="compile the backends' helper kernels (fav3_fp8's pre-pass, the zero-V guard) instead")
     p.add_argument("--sweep", action="store_true",
-                   help="compile every config of attention.SWEEP (what bench/gpu_kernels.sh's sweep runs) instead")
+                   help="compile every config of attention.SWEEP (what the kernels suite's sweep runs) instead")
     args = p.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         print("error: unset TRITON_INTERPRET to compile ahead of time", file=sys.stderr)

@@ -91,7 +91,7 @@ def _apply_config_file(path: str, source: str):
 
 def _load_config_override():
     """The tuned table next to this file, then ``VDBENCH_KERNEL_CONFIGS=path.json`` (same format): how the
-    sweep's winners (bench/gpu_kernels.sh, best_configs.json) become the backends' defaults."""
+    sweep's winners (python3 bench/suite.py kernels, best_configs.json) become the backends' defaults."""
     if os.path.exists(TUNED_PATH):
         _apply_config_file(TUNED_PATH, "tuned_configs.json")
     path = os.environ.get("VDBENCH_KERNEL_CONFIGS")
@@ -105,7 +105,7 @@ def _c(bm, bn, w, st, tma=0, pv_acc=0, fold=0):
     return dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=w, num_stages=st, TMA=tma, PV_ACC=pv_acc, FOLD=fold)
 
 
-# What bench/gpu_kernels.sh's sweep stage measures (and ``python -m vdbench.kernels.aot --sweep`` compiles),
+# What the kernels suite's sweep run measures (and ``python -m vdbench.kernels.aot --sweep`` compiles),
 # per head dim and kernel. The first entries are v1's configs (its measured best first, then v1's builtin
 # default), so the sweep's winner can never be slower than v1; the v2 variants follow, each flag added on
 # top of the previous so the sweep shows what each one buys.
