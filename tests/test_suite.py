@@ -103,6 +103,13 @@ def check_command(argv: list[str], name: str, monkeypatch):
         S.run_suite(parsed.suite, out=parsed.out, budget_s=parsed.budget_s, sets=S._sets(parsed.set),
                     only=parsed.only, dry_run=True, log=lambda *a: None)
         return parsed
+    if tool == "sweep.py":
+        from vdbench import sweep
+
+        parsed = sweep.build_parser().parse_args(args)
+        for st in parsed.stacks:
+            sweep.parse_stack(st)
+        return parsed
     if tool == "parallel_overhead.py":
         return _module("parallel_overhead").parse(args)
     if tool in ("ulysses_model.py", "gpu_kernels.py"):
