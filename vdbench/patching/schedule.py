@@ -160,6 +160,12 @@ class Schedule:
         return any(b.emulated for b in self.members)
 
     @property
+    def exact(self) -> bool:
+        """Exact when every member is (:attr:`vdbench.backends.Backend.exact`): one quantized or sparse rule makes
+        the run's output differ from exact attention's."""
+        return all(b.exact for b in self.members)
+
+    @property
     def kernel(self) -> str:
         return "; ".join(b.kernel for b in self.members)
 
