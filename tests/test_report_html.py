@@ -309,3 +309,25 @@ def test_a_render_appends_its_run_id(run_dir):
     entries = json.loads((run_dir / "results" / "timing.json").read_text())
     ids = {e["attention_type"]: e["run_id"] for e in entries}
     assert all(ids.values()) and len(set(ids.values())) == len(ids)  # one id per render, shared by its repetitions
+
+
+def test_rows_take_their_identity_from_records_and_say_where_a_file_name_stood_in(tmp_path):
+    """A video its record names is that record's run (a schedule, with its '@', is not its first rule's backend);
+    a video no record names is identified from its file name, with a note on its row."""
+    import numpy as np
+
+    from vdbench.video import write_video
+
+    frames = np.zeros((3, 16, 16, 3), np.uint8)
+    sched = tmp_path / "wan_result_t2v_tiny_3f_4s_attn_default@steps:0-1,sdpa_16x16.mp4"
+    orphan = tmp_path / "wan_result_t2v_tiny_3f_4s_attn_reference_16x16.mp4"
+    for p in (sched, orphan):
+        write_video(frames, p, fps=8)
+    entries = [_entry("default@steps:0-1,sdpa", [3.0, 1.0, 1.0, 1.0], output=str(sched), run_id="s")]
+    (tmp_path / "timing.json").write_text(json.dumps(entries))
+    s = report.summarize(tmp_path)
+    row = {r["backend"]: r for r in s["rows"]}
+    assert set(row) == {"default@steps:0-1,sdpa", "reference"}
+    assert row["default@steps:0-1,sdpa"]["note"] is None and row["default@steps:0-1,sdpa"]["warm_step_ms"] == 1000
+    assert row["reference"]["note"] == report.FROM_FILE_NAME
+    assert "no 'default' backend with a warm step in timing.json: no speedup column" in s["notes"]
