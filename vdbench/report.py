@@ -3,7 +3,9 @@
     python -m vdbench.report outputs/demo [more run dirs...] [--reference reference] [-o OUT_DIR]
 
 A run dir is a results directory (the per-backend videos, the optional raw ``.npy`` frames that
-``--save_frames`` writes, and ``timing.json``) or a directory holding one as ``results/``. For each backend
+``--save_frames`` writes, ``timing.json`` and ``records.jsonl``) or a directory holding one as ``results/``. Each
+render's identity (backend or schedule, layout, VAE modes: its label) is its record's (:func:`identities`); a
+video no record names is identified from its file name and its row's note says so. For each backend
 the report gives the warm step (``vdbench.timing``'s one definition: the median of the steps after the first,
 with its n, p20–p80 and min–max; the first step apart; each repetition's warm median), the speedup against
 ``default``, the attention share of the step, the VAE decode time, peak memory, PSNR/SSIM against the reference
@@ -49,9 +51,10 @@ from vdbench.helptext import DefaultsHelpFormatter
 from vdbench.measure import record as R
 from vdbench.video import identity_from_filename, iter_frames, run_of
 
-__all__ = ["resolve_results", "collect", "render_records", "identities", "match_label", "FROM_FILE_NAME", "load_frames", "speed", "summarize", "write_csv", "write_html",
-           "figure_labels", "video_psnr", "main", "CSV_COLUMNS", "SPEED_COLUMNS", "EMULATED", "break_even",
-           "break_even_text", "break_even_cell", "BREAK_EVEN_NOTE"]
+__all__ = ["resolve_results", "collect", "render_records", "identities", "match_label", "resolved", "FROM_FILE_NAME",
+           "load_frames", "speed", "summarize", "write_csv", "write_html", "figure_labels", "video_psnr", "main",
+           "CSV_COLUMNS", "SPEED_COLUMNS", "EMULATED", "break_even", "break_even_text", "break_even_cell",
+           "BREAK_EVEN_NOTE"]
 
 #: summary.csv columns, in order. ``warm_step_*``: the median of the steps after the first of every repetition of
 #: the last run, pooled, with its n and spread; ``first_step_ms`` the first step alone (median over repetitions);

@@ -5,7 +5,8 @@ A :class:`Record` says what was measured and how far to trust it, in one shape w
 * ``suite`` / ``case``: which tool (``render``, ``attention``, ``vae``, ``cold_decode``, ``quality``) and which of
   its cases (a render's backend stack, a kernel on an input, a VAE config);
 * ``config``: the resolved configuration as data (backend stack, layout, model, sizes): readers take a run's
-  identity from here, never from a file name;
+  identity from here (:func:`identity`; a render's layout and VAE modes from its entry in ``data``), never from a
+  file name;
 * ``figures``: named measurements; a timed one is :func:`figure` -- its samples, their spread (n, median, p20/p80,
   min/max) and the first call apart; others plain numbers;
 * ``verdict``: ``speed_figure`` (True / False / None: not judged) and ``why_not``; ``timer``: how it was timed;
