@@ -11,9 +11,11 @@ in name order; files named on the command line (what ``render_all_WAN.sh --stitc
 order given. The grid goes to ``--output``, by default ``comparison_grid.mp4`` in the input directory (beside the
 first video when files are named). Grids this tool made (recognised by the tag every grid carries) and the output
 itself are never taken as cells; what was left out is said, with why. An existing output is replaced only when it
-is a grid this tool made, other files only with ``--overwrite``. Cells are labelled from the file names
-(``wan_result_..._attn_<type>_<H>x<W>[_<layout>].mp4`` and ``cogvideox-<model>_<type>[_<layout>].mp4`` give
-``<type>``, ``<type>@<layout>`` for a parallel render such as ``sdpa@u2``) unless ``--labels`` is given. Bad input
+is a grid this tool made, other files only with ``--overwrite``. Cells are labelled with each render's identity as
+its record says it (records.jsonl or timing.json beside the video: the record naming the video's path; the
+backend or schedule with its options, then the parallel layout and any VAE mode other than default in parentheses,
+such as ``sdpa (u2)``) unless ``--labels`` is given; a video no record names is labelled from its file name
+(``wan_result_..._attn_<type>_<H>x<W>[_<layout>].mp4``, ``cogvideox-<model>_<type>[_<layout>].mp4``). Bad input
 (no matching file, an unreadable video, a single video) exits with status 2 and a one-line message naming what is
 wrong.
 """
@@ -27,7 +29,7 @@ import sys
 import textwrap
 
 from vdbench.helptext import DefaultsHelpFormatter
-from vdbench.video import MADE_BY_GRID, VideoError, grid_shape, label_from_filename, made_by, stitch_grid
+from vdbench.video import MADE_BY_GRID, VideoError, grid_shape, made_by, stitch_grid
 
 DEFAULT_OUTPUT = "comparison_grid.mp4"
 
@@ -67,8 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Stitch benchmark videos into a labelled comparison grid.",
         epilog="examples:\n" + "\n".join(__doc__.splitlines()[2:6]) + "\n\n" + textwrap.fill(
             "Grids this tool made and the output itself are never taken as cells (what was left out is said); an "
-            "existing output is replaced only when it is such a grid. Labels come from the file names: the "
-            "backend, with the parallel layout of a torchrun render (sdpa@u2). Exit status 2 on bad input.", 100),
+            "existing output is replaced only when it is such a grid. Labels come from each render's record: the "
+            "backend or schedule, with the parallel layout of a torchrun render (sdpa (u2)); from the file name "
+            "for a video without a record. Exit status 2 on bad input.", 100),
         formatter_class=DefaultsHelpFormatter)
     p.add_argument("inputs", nargs="*", metavar="VIDEO",
                    help="videos to stitch, in this order (instead of --input_dir)")
@@ -82,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fps", type=_positive_float, default=None,
                    help="output frame rate (default: the first input's)")
     p.add_argument("--labels", default=None,
-                   help="comma-separated cell labels, one per input in name order (default: from the file names)")
+                   help="comma-separated cell labels, one per input in name order (default: each render's record)")
     p.add_argument("--reference", default=None, metavar="LABEL",
                    help="add figures to each label: speedup of the warm steps (median of the steps after the "
                         "first, from timing.json next to the videos; 'emulated' for an emulation, flagged when "
@@ -157,7 +160,9 @@ def main(argv: list[str] | None = None) -> int:
             names = ", ".join(os.path.basename(p) for p in inputs)
             return fail(f"--labels gives {len(labels)} labels for {len(inputs)} videos: {names}")
     else:
-        labels = [label_from_filename(p) for p in inputs]
+        from vdbench.report import identities
+
+        labels = [i.label for i in identities(inputs)]
     if args.reference is not None:
         from vdbench.report import figure_labels
 

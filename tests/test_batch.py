@@ -11,12 +11,13 @@ from vdbench.video import write_video
 SETTINGS = {"height": 16}
 
 
-def _entry(video, label, steps, device="cuda:0", emulated=False, run_id="r1", parallel=None, kernels=None, rep=0):
-    return {"attention_type": label.split("@")[0], "output": str(video), "repetition": rep, "run_id": run_id,
+def _entry(video, name, steps, device="cuda:0", emulated=False, run_id="r1", parallel=None, kernels=None, rep=0,
+           **extra):
+    return {"attention_type": name, "output": str(video), "repetition": rep, "run_id": run_id,
             "step_times": steps, "parallel": parallel,
-            "attention": {"calls_by_kernel": kernels or {label: 8}, "fallback_calls": 0},
+            "attention": {"calls_by_kernel": kernels or {name: 8}, "fallback_calls": 0},
             "run": {"settings": SETTINGS, "resolved": {"device": device},
-                    "backend": {"name": label, "emulated": emulated}}}
+                    "backend": {"name": name, "emulated": emulated}}, **extra}
 
 
 @pytest.fixture
@@ -74,13 +75,13 @@ def test_parallel_layouts_and_cpu_timings_are_said(results):
     entries = json.loads((d / "timing.json").read_text())
     u2 = d / "wan_result_t2v_tiny_5f_4s_attn_sdpa_16x16_u2.mp4"
     u2.write_bytes(v["sdpa"].read_bytes())
-    entries.append(_entry(u2, "sdpa@u2", [0.5, 0.3, 0.3, 0.3], device="cpu", parallel={
-        "label": "ulysses2", "engine": "diffusers", "world_size": 2}))
+    entries.append(_entry(u2, "sdpa", [0.5, 0.3, 0.3, 0.3], device="cpu", parallel={
+        "label": "ulysses2", "tag": "u2", "engine": "diffusers", "world_size": 2}))
     (d / "timing.json").write_text(json.dumps(entries))
     rows, notes = batch.rows(d, [v["sdpa"], u2])
-    assert [r["backend"] for r in rows] == ["sdpa", "sdpa@u2"]
+    assert [r["backend"] for r in rows] == ["sdpa", "sdpa (u2)"]
     assert rows[1]["layout"] == "ulysses2 (diffusers, 2 ranks)" and rows[1]["speedup"] == "0.37×"
-    assert any(n.startswith("not a speed figure (CPU timing") and n.endswith("sdpa@u2") for n in notes)
+    assert any(n.startswith("not a speed figure (CPU timing") and n.endswith("sdpa (u2)") for n in notes)
 
 
 def test_command_line(results, capsys):
@@ -119,3 +120,73 @@ def test_end_to_end_one_time_and_break_even_beside_the_warm_step(results):
     assert [(r["end_to_end"], r["one_time"], r["break_even"]) for r in rows] == [("—", "—", "baseline"),
                                                                                   ("—", "—", "—")]
     assert not any(n.startswith("break-even") for n in notes)
+
+
+SCHEDULE = "sdpa@steps:0-1,sagev1"  # '@' selects steps here: the run is a schedule, not sdpa on a layout
+
+
+def test_a_schedule_is_identified_from_its_record_not_its_first_rule(results):
+    """A schedule's video, named with its spec (``@`` and ``,`` in the file name), is that schedule: never the
+    backend of its first rule, so never the exact baseline sdpa is."""
+    d, v = results
+    entries = json.loads((d / "timing.json").read_text())
+    sched = d / f"wan_result_t2v_tiny_5f_4s_attn_{SCHEDULE}_16x16.mp4"
+    sched.write_bytes(v["sdpa"].read_bytes())
+    entries.append(_entry(sched, SCHEDULE, [0.9, 0.05, 0.05, 0.05]))
+    (d / "timing.json").write_text(json.dumps(entries))
+    rows, notes = batch.rows(d, [sched, v["sdpa"]])
+    assert [r["backend"] for r in rows] == [SCHEDULE, "sdpa"]
+    assert notes[0] == "speed-up: against sdpa, the batch's first exact backend"  # the schedule's sagev1 isn't exact
+    assert rows[0]["speedup"] == "2.20×" and rows[1]["speedup"] == "1.00×"
+    assert all(r["note"] == "" for r in rows) and "note" not in batch.table(d, [sched, v["sdpa"]]).splitlines()[0]
+    # a record that says the run is exact is taken at its word (the registry is asked only where it doesn't say)
+    entries[-1]["run"]["backend"]["exact"] = True
+    (d / "timing.json").write_text(json.dumps(entries))
+    assert batch.rows(d, [sched, v["sdpa"]])[1][0] == f"speed-up: against {SCHEDULE}, the batch's first exact backend"
+
+
+def test_a_parallel_schedule_is_identified_from_records_jsonl(results):
+    """records.jsonl is the record source where it is there: the layout is the record's (its ``parallel``
+    section), the VAE modes too, whatever the file is called; timing.json still gives the figures."""
+    from vdbench.measure.record import Writer, from_render_entry
+
+    d, v = results
+    entries = json.loads((d / "timing.json").read_text())
+    par = d / "my_clip.mp4"  # a name no family parses
+    par.write_bytes(v["sdpa"].read_bytes())
+    e = _entry(par, SCHEDULE, [0.9, 0.3, 0.3, 0.3], run_id="p", vae_decode={"mode": "fast"},
+               parallel={"label": "ulysses2", "tag": "u2", "engine": "xfuser", "world_size": 2})
+    entries.append(e)
+    (d / "timing.json").write_text(json.dumps(entries))
+    Writer(d / "records.jsonl").write(*(from_render_entry(x) for x in entries))
+    rows, _ = batch.rows(d, [v["sdpa"], par])
+    assert rows[1]["backend"] == f"{SCHEDULE} (u2; VAE decode fast)"
+    assert rows[1]["layout"] == "ulysses2 (xfuser, 2 ranks)" and rows[1]["warm"].startswith("300 ")
+    assert rows[1]["note"] == ""
+
+
+def test_a_renamed_video_keeps_its_identity(results):
+    """A render's video carries its run id (the container comment): renamed on disk, away from the path its record
+    names, it is still found by its record -- not identified by its new name."""
+    from vdbench.video import render_comment, write_video
+
+    d, v = results
+    entries = json.loads((d / "timing.json").read_text())
+    old = d / "wan_result_t2v_tiny_5f_4s_attn_sdpa_16x16_u2.mp4"
+    entries.append(_entry(old, "sdpa", [0.9, 0.2, 0.2, 0.2], run_id="run-u2",
+                          parallel={"label": "ulysses2", "tag": "u2", "engine": "diffusers", "world_size": 2}))
+    (d / "timing.json").write_text(json.dumps(entries))
+    renamed = d / "wan_result_t2v_tiny_5f_4s_attn_fav3_16x16.mp4"  # a name that says another backend
+    write_video(np.zeros((5, 16, 16, 3), np.uint8), renamed, fps=8, made_by=render_comment("run-u2"))
+    rows, _ = batch.rows(d, [v["sdpa"], renamed])
+    assert rows[1]["backend"] == "sdpa (u2)" and rows[1]["warm"].startswith("200 ") and rows[1]["note"] == ""
+
+
+def test_a_folder_without_records_falls_back_to_the_file_names_and_says_so(results):
+    d, v = results
+    (d / "timing.json").unlink()
+    rows, _ = batch.rows(d, [v["sdpa"], v["reference"]])
+    assert [r["backend"] for r in rows] == ["sdpa", "reference"]
+    assert all(r["note"] == "identity from the file name (no record names this video)" for r in rows)
+    head, first = batch.table(d, [v["sdpa"], v["reference"]]).splitlines()[:2]
+    assert head.endswith("note") and first.endswith("identity from the file name (no record names this video)")

@@ -123,14 +123,14 @@ def test_output_names_parse_back_to_the_attention_type():
         assert other.parse_label(stem) is None
         assert label_from_filename(name) == family.parse_label(stem)
     assert WAN.parse_label("wan_result_old_attn_sage_64x96") == "sage"  # the loose form (no frames/steps)
-    # a torchrun render's name ends with its layout; the label carries it (the stitcher's and the report's key)
+    # a torchrun render's name ends with its layout; the fallback label carries it as a run's label does
     for layout in ("u2", "r2", "u2r2", "cfg2", "u2cfg2"):
         wan_par = WAN.output_name("t2v", "tiny", 9, 2, "sdpa_cudnn", 64, 96, layout=layout)
         cog_par = COG.output_name("t2v", "tiny", 9, 2, "fav3_fp8", 64, 96, layout=layout)
         assert wan_par.endswith(f"_64x96_{layout}.mp4") and cog_par == f"cogvideox-tiny_fav3_fp8_{layout}.mp4"
-        assert label_from_filename(wan_par) == f"sdpa_cudnn@{layout}"
-        assert label_from_filename(cog_par) == f"fav3_fp8@{layout}"
-        assert families.split_label(f"sdpa@{layout}") == ("sdpa", layout)
+        assert label_from_filename(wan_par) == f"sdpa_cudnn ({layout})"
+        assert label_from_filename(cog_par) == f"fav3_fp8 ({layout})"
+        assert WAN.parse_name(Path(wan_par).stem) == ("sdpa_cudnn", layout)
     assert families.layout_tag(2, 1) == "u2" and families.layout_tag(1, 2) == "r2"
     assert families.layout_tag(2, 2) == "u2r2" and families.layout_tag(1, 1, True) == "cfg2"
     assert families.layout_tag() == "" and WAN.output_name("t2v", "tiny", 9, 2, "sdpa", 64, 96).endswith("_64x96.mp4")

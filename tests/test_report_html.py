@@ -280,12 +280,13 @@ def test_stages_and_encode_times_in_the_summary(tmp_path):
 def test_the_latest_run_of_each_output_never_two_runs_mixed(tmp_path):
     """Re-rendering into the same directory appends; the report reads each output's latest run only (its run id;
     for files written before run ids, the trailing repetitions 0..r) and says how many runs the file holds. A
-    Ulysses-2 render of the same backend is another output (its own label)."""
+    Ulysses-2 render of the same backend is another run (its record's layout, its own label)."""
     sdpa = str(tmp_path / "wan_result_t2v_tiny_9f_4s_attn_sdpa_64x96.mp4")
     sdpa_u2 = str(tmp_path / "wan_result_t2v_tiny_9f_4s_attn_sdpa_64x96_u2.mp4")
     entries = [_entry("sdpa", [3.0, 1.0, 1.0, 1.0], run_id="a", output=sdpa, repetition=0),
                _entry("sdpa", [3.0, 1.0, 1.0, 1.0], run_id="a", output=sdpa, repetition=1),
-               _entry("sdpa", [3.0, 4.0, 4.0, 4.0], run_id="u", output=sdpa_u2, repetition=0),
+               _entry("sdpa", [3.0, 4.0, 4.0, 4.0], run_id="u", output=sdpa_u2, repetition=0,
+                      parallel={"tag": "u2", "label": "ulysses2", "engine": "diffusers", "world_size": 2}),
                _entry("sdpa", [3.0, 2.0, 2.0, 2.0], run_id="b", output=sdpa, repetition=0),
                # an old file's entries: no run id; a re-run with the same settings starts again at repetition 0
                _entry("default", [3.0, 5.0, 5.0, 5.0], repetition=0), _entry("default", [3.0, 5.0, 5.0, 5.0],
@@ -293,18 +294,40 @@ def test_the_latest_run_of_each_output_never_two_runs_mixed(tmp_path):
                _entry("default", [3.0, 6.0, 6.0, 6.0], repetition=0)]
     (tmp_path / "timing.json").write_text(json.dumps(entries))
     sp = report.speed(tmp_path)
-    assert set(sp) == {"sdpa", "sdpa@u2", "default"}
+    assert set(sp) == {"sdpa", "sdpa (u2)", "default"}
     assert sp["sdpa"]["warm_step_median"] == 2.0 and sp["sdpa"]["repetitions"] == 1  # run b alone
     assert (sp["sdpa"]["runs_recorded"], sp["sdpa"]["run_id"]) == (2, "b")
-    assert sp["sdpa@u2"]["warm_step_median"] == 4.0 and sp["sdpa@u2"]["runs_recorded"] == 1
+    assert sp["sdpa (u2)"]["warm_step_median"] == 4.0 and sp["sdpa (u2)"]["runs_recorded"] == 1
     assert sp["default"]["warm_step_median"] == 6.0 and sp["default"]["runs_recorded"] == 2
     notes = report.summarize(tmp_path)["notes"]
     assert "timing.json holds 2 runs of sdpa: the latest is used (run b)" in notes
     assert "timing.json holds 2 runs of default: the latest is used" in notes
-    assert not any("sdpa@u2" in n and "runs of" in n for n in notes)
+    assert not any("sdpa (u2)" in n and "runs of" in n for n in notes)
 
 
 def test_a_render_appends_its_run_id(run_dir):
     entries = json.loads((run_dir / "results" / "timing.json").read_text())
     ids = {e["attention_type"]: e["run_id"] for e in entries}
     assert all(ids.values()) and len(set(ids.values())) == len(ids)  # one id per render, shared by its repetitions
+
+
+def test_rows_take_their_identity_from_records_and_say_where_a_file_name_stood_in(tmp_path):
+    """A video its record names is that record's run (a schedule, with its '@', is not its first rule's backend);
+    a video no record names is identified from its file name, with a note on its row."""
+    import numpy as np
+
+    from vdbench.video import write_video
+
+    frames = np.zeros((3, 16, 16, 3), np.uint8)
+    sched = tmp_path / "wan_result_t2v_tiny_3f_4s_attn_default@steps:0-1,sdpa_16x16.mp4"
+    orphan = tmp_path / "wan_result_t2v_tiny_3f_4s_attn_reference_16x16.mp4"
+    for p in (sched, orphan):
+        write_video(frames, p, fps=8)
+    entries = [_entry("default@steps:0-1,sdpa", [3.0, 1.0, 1.0, 1.0], output=str(sched), run_id="s")]
+    (tmp_path / "timing.json").write_text(json.dumps(entries))
+    s = report.summarize(tmp_path)
+    row = {r["backend"]: r for r in s["rows"]}
+    assert set(row) == {"default@steps:0-1,sdpa", "reference"}
+    assert row["default@steps:0-1,sdpa"]["note"] is None and row["default@steps:0-1,sdpa"]["warm_step_ms"] == 1000
+    assert row["reference"]["note"] == report.FROM_FILE_NAME
+    assert "no 'default' backend with a warm step in timing.json: no speedup column" in s["notes"]

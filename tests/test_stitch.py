@@ -381,3 +381,29 @@ def test_labels_wrap_at_one_size_for_every_cell(tmp_path):
     assert all(1 <= len(ls) <= LABEL_MAX_LINES for ls in lines)
     assert [" ".join(ls) for ls in lines] == labels  # nothing ellipsised
     assert fit_labels(["sdpa"], 192, 24) == (24, [["sdpa"]])
+
+
+def test_cli_labels_cells_with_each_renders_record(tmp_path, capsys):
+    """The default labels are the renders' identities as their records say them (records.jsonl beside the
+    videos, matched by the video's path): a schedule keeps its '@' and ',', a parallel run its layout; a video no
+    record names is labelled from its file name."""
+    import json
+
+    from vdbench.measure.record import Writer, from_render_entry
+
+    sched, plain, loose = (tmp_path / "a.mp4", tmp_path / "b.mp4", tmp_path / WAN.format("sagev1"))
+    for k, p in enumerate((sched, plain, loose)):
+        write_video(moving_frames(seed=k), p, fps=8)
+    entries = [{"attention_type": "fav3@steps:0-9,sta", "output": str(sched), "run_id": "s", "step_times": [1.0],
+                "run": {"backend": {"name": "fav3@steps:0-9,sta"}},
+                "parallel": {"tag": "u2", "label": "ulysses2", "engine": "xfuser", "world_size": 2}},
+               {"attention_type": "sdpa", "output": str(plain), "run_id": "p", "step_times": [1.0],
+                "run": {"backend": {"name": "sdpa"}}}]
+    Writer(tmp_path / "records.jsonl").write(*(from_render_entry(e) for e in entries))
+    (tmp_path / "timing.json").write_text(json.dumps(entries))
+    out = tmp_path / "grid.mp4"
+    assert stitch_comparison.main(["--output", str(out), "--font_size", "10", str(sched), str(plain),
+                                   str(loose)]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert [ln.split("  <- ")[0].split("] ", 1)[1] for ln in printed[1:]] == [
+        "fav3@steps:0-9,sta (u2)", "sdpa", "sagev1"]

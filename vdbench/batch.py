@@ -14,7 +14,10 @@ A backend that failed gets its exit code and the first error line of its log; on
 gets its install hint and its emulation twin from the registry, so what to do next is on screen.
 
 Everything is read with :mod:`vdbench.report`'s readers (:func:`vdbench.report.speed`: the latest run of each
-output, never two runs mixed; :func:`vdbench.report.video_psnr`), not parsed again here.
+output, never two runs mixed; :func:`vdbench.report.video_psnr`), not parsed again here. Each video's identity --
+its backend or schedule with their options, the parallel layout, the VAE modes -- is its record's
+(:func:`vdbench.report.identities`: the record naming the video's path), never its file name; a video no record
+names is identified from its file name, and a ``note`` column says so.
 """
 
 from __future__ import annotations
@@ -24,10 +27,9 @@ import sys
 from pathlib import Path
 
 from . import backends as B
-from .families import split_label
 from .helptext import DefaultsHelpFormatter
-from .report import BREAK_EVEN_NOTE, EMULATED, break_even_cell, match_label, speed, video_psnr
-from .video import label_from_filename
+from .report import (BREAK_EVEN_NOTE, EMULATED, FROM_FILE_NAME, break_even_cell, identities, match_label, resolved,
+                     speed, video_psnr)
 
 __all__ = ["rows", "table", "failure_line", "main"]
 
@@ -51,11 +53,10 @@ def _layout(s: dict) -> str:
     return f"{par.get('label')} ({par.get('engine')}, {par.get('world_size')} ranks)"
 
 
-def _backend(label: str):
-    try:
-        return B.resolve(split_label(label)[0])
-    except B.BackendUnavailable:
-        return None
+def _exact(ident) -> bool:
+    """Whether a run's attention is exact: as its record says, else the registry's answer for the recorded spec
+    (a backend or a whole schedule: :attr:`vdbench.patching.schedule.Schedule.exact`)."""
+    return bool(ident.exact if ident.exact is not None else resolved(ident.attention, "exact"))
 
 
 def rows(results, outputs, reference: str = "reference") -> tuple[list[dict], list[str]]:
@@ -63,20 +64,23 @@ def rows(results, outputs, reference: str = "reference") -> tuple[list[dict], li
     speed figures, said once per reason)."""
     results = Path(results)
     sp = speed(results)
-    labels = [label_from_filename(o) for o in outputs]
-    ref_label = match_label(reference, labels)
+    ids = identities(outputs, results)
+    labels = [i.label for i in ids]
+    ref_label = match_label(reference, dict(zip(labels, ids)))
     ref_video = outputs[labels.index(ref_label)] if ref_label else None
-    base_label = next((lab for lab in labels if (sp.get(lab) or {}).get("warm_step_median")
-                       and (b := _backend(lab)) is not None and b.exact), None)
+    base_label = next((i.label for i in ids if (sp.get(i.label) or {}).get("warm_step_median") and _exact(i)),
+                      None)
     base_s = (sp.get(base_label) or {}) if base_label else {}
     base = base_s.get("warm_step_median")
     out, whys, broke_even = [], {}, False
-    for label, video in zip(labels, outputs):
+    for ident, video in zip(ids, outputs):
+        label = ident.label
         s = sp.get(label) or {}
         row = {"backend": label, "layout": _layout(s) if s else "?", "warm": "no timing entry", "speedup": "",
                "end_to_end": _s(s.get("end_to_end_s")) if s else "", "one_time": _s(s.get("one_time_s")) if s else "",
                "break_even": "", "psnr": "",
-               "kernels": "; ".join(f"{k}×{n}" for k, n in (s.get("calls_by_kernel") or {}).items())}
+               "kernels": "; ".join(f"{k}×{n}" for k, n in (s.get("calls_by_kernel") or {}).items()),
+               "note": "" if ident.from_record else FROM_FILE_NAME}
         if s and base_label:
             cell = "baseline" if label == base_label else break_even_cell(s, base_s)
             row["break_even"] = cell or MISSING
@@ -115,7 +119,10 @@ def failure_line(name: str, code: str, log: Path | None = None) -> str:
         lines = Path(log).read_text(errors="replace").splitlines()
         first = next((ln[len("error: "):] for ln in lines if ln.startswith("error: ")), "")
     text = f"{name}: FAILED (exit {code})" + (f": {first}" if first else "")
-    backend = _backend(name)
+    try:  # the name the batch asked for (a --types entry), not a label read back from a file
+        backend = B.resolve(name)
+    except B.BackendUnavailable:
+        backend = None
     if backend is not None and not backend.availability()[0]:
         extra = [f"install: {backend.install_hint}"] if backend.install_hint else []
         extra += [f"runs anywhere as its emulation: {backend.twin}"] if backend.twin else []
@@ -130,6 +137,8 @@ def table(results, outputs, failed=(), logs=None, reference: str = "reference") 
     cols = [("backend", "backend"), ("layout", "layout"), ("warm ms/step (p20–p80, n)", "warm"),
             ("end-to-end (s)", "end_to_end"), ("one-time (s)", "one_time"), ("speed-up", "speedup"),
             ("break-even steps", "break_even"), (f"PSNR vs {reference}", "psnr"), ("kernels that ran", "kernels")]
+    if any(r["note"] for r in found):
+        cols.append(("note", "note"))
     lines = []
     if found:
         grid = [[c for c, _ in cols]] + [[r[k] for _, k in cols] for r in found]

@@ -473,7 +473,7 @@ def load(plan: Plan) -> Loaded:
                      "vae_dtype": str(pipe.vae.dtype).replace("torch.", ""), "flow_shift": flow_shift,
                      "speed_options": speed},
         "backend": {"name": backend.name, "kernel": backend.kernel, "emulated": backend.emulated,
-                    "description": backend.description},
+                    "exact": backend.exact, "description": backend.description},
         "model": model_summary(pipe),
         "system": system_info(device),
         "load_time": load_time,
@@ -684,7 +684,7 @@ def finish(plan: Plan, entries: list[dict], frames, log, wall: Optional[Wall] = 
     from . import parallel as P
     from .stages import describe as describe_stages
     from .stages import describe_end_to_end, one_time
-    from .video import write_video
+    from .video import MADE_BY_RENDER, render_comment, write_video
 
     cfg, device, backend = plan.cfg, plan.device, plan.backend
     merged = P.merge_rank_entries(plan.dctx, entries)  # a collective under torchrun; None on ranks other than 0
@@ -693,7 +693,8 @@ def finish(plan: Plan, entries: list[dict], frames, log, wall: Optional[Wall] = 
                 "calls_by_kernel": entries[-1]["attention"]["calls_by_kernel"]}
     entries = one_time(merged)
     write_start = time.perf_counter()
-    write_video(frames, cfg.output_path, fps=cfg.fps)
+    run_id = entries[-1].get("run_id")
+    write_video(frames, cfg.output_path, fps=cfg.fps, made_by=render_comment(run_id) if run_id else MADE_BY_RENDER)
     if cfg.save_frames:
         _save_frames(frames, cfg.output_path.with_suffix(".npy"))
     end = time.perf_counter()

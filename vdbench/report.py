@@ -3,7 +3,9 @@
     python -m vdbench.report outputs/demo [more run dirs...] [--reference reference] [-o OUT_DIR]
 
 A run dir is a results directory (the per-backend videos, the optional raw ``.npy`` frames that
-``--save_frames`` writes, and ``timing.json``) or a directory holding one as ``results/``. For each backend
+``--save_frames`` writes, ``timing.json`` and ``records.jsonl``) or a directory holding one as ``results/``. Each
+render's identity (backend or schedule, layout, VAE modes: its label) is its record's (:func:`identities`); a
+video no record names is identified from its file name and its row's note says so. For each backend
 the report gives the warm step (``vdbench.timing``'s one definition: the median of the steps after the first,
 with its n, p20–p80 and min–max; the first step apart; each repetition's warm median), the speedup against
 ``default``, the attention share of the step, the VAE decode time, peak memory, PSNR/SSIM against the reference
@@ -36,6 +38,7 @@ import base64
 import csv
 import html
 import io
+import contextlib
 import math
 import os
 import statistics
@@ -44,13 +47,14 @@ from pathlib import Path
 
 import numpy as np
 
-from vdbench.families import split_label
 from vdbench.helptext import DefaultsHelpFormatter
-from vdbench.video import iter_frames, label_from_filename
+from vdbench.measure import record as R
+from vdbench.video import identity_from_filename, iter_frames, run_of
 
-__all__ = ["resolve_results", "collect", "load_frames", "speed", "summarize", "write_csv", "write_html",
-           "figure_labels", "video_psnr", "main", "CSV_COLUMNS", "SPEED_COLUMNS", "EMULATED", "break_even",
-           "break_even_text", "break_even_cell", "BREAK_EVEN_NOTE"]
+__all__ = ["resolve_results", "collect", "render_records", "identities", "match_label", "resolved", "FROM_FILE_NAME",
+           "load_frames", "speed", "summarize", "write_csv", "write_html", "figure_labels", "video_psnr", "main",
+           "CSV_COLUMNS", "SPEED_COLUMNS", "EMULATED", "break_even", "break_even_text", "break_even_cell",
+           "BREAK_EVEN_NOTE"]
 
 #: summary.csv columns, in order. ``warm_step_*``: the median of the steps after the first of every repetition of
 #: the last run, pooled, with its n and spread; ``first_step_ms`` the first step alone (median over repetitions);
@@ -105,30 +109,93 @@ def load_frames(path: Path):
     return np.stack(list(iter_frames(path))), "decoded video"
 
 
-def collect(results: Path) -> dict[str, Path]:
-    """label -> best available frame source (raw .npy preferred over the mp4). The stitched grid is not a
-    render and is left out."""
-    found: dict[str, Path] = {}
-    for p in sorted(Path(results).glob("*.mp4")) + sorted(Path(results).glob("*.npy")):
-        if p.stem == "comparison_grid":
-            continue
-        label = label_from_filename(p.with_suffix(".mp4"))
-        if p.suffix == ".npy" or label not in found:
-            found[label] = p
+#: The note of a video no record names: its identity is the documented fallback, read from its file name.
+FROM_FILE_NAME = "identity from the file name (no record names this video)"
+
+
+def render_records(folder) -> list:
+    """The render records of a results folder, oldest first: ``records.jsonl``, after the ``timing.json`` entries
+    (read as records by :func:`vdbench.measure.record.read`) of renders records.jsonl does not hold -- folders
+    written before records; [] when neither is there or readable."""
+    folder = Path(folder)
+
+    def read(path):
+        try:
+            return [r for r in R.read(path) if r.suite == "render"] if path.is_file() else []
+        except (R.RecordError, OSError):
+            return []
+
+    recs = read(folder / "records.jsonl")
+    key = lambda r: (r.data.get("run_id"), r.data.get("output"), r.data.get("repetition"))  # noqa: E731
+    held = {key(r) for r in recs}
+    return [r for r in read(folder / "timing.json") if key(r) not in held] + recs
+
+
+def _names_video(output, video: Path, folder: Path) -> bool:
+    """Whether a record's ``output`` path is ``video``: the same file, the same absolute path, or the same name in
+    the records' own folder (a results folder moved, or read from a directory other than the render's)."""
+    if not output:
+        return False
+    out = Path(output)
+    if os.path.abspath(out) == os.path.abspath(video):
+        return True
+    with contextlib.suppress(OSError):
+        if out.exists() and video.exists() and os.path.samefile(out, video):
+            return True
+    return out.name == video.name and video.parent.resolve() == folder.resolve()
+
+
+def identities(videos, results=None) -> list:
+    """Each video's :class:`vdbench.measure.record.Identity`, from the records of its folder (and of ``results``,
+    where given: :func:`render_records`): the latest record whose ``data["output"]`` is the video's path
+    (:func:`_names_video`), else the record of the run id the video's comment carries (a video renamed on disk:
+    :func:`vdbench.video.run_of`). A video no record names falls back to its file name
+    (:func:`vdbench.video.identity_from_filename`, ``source == "file name"``): the one place a name is parsed."""
+    cache: dict[Path, list] = {}
+
+    def recs(folder: Path):
+        if folder not in cache:
+            cache[folder] = render_records(folder)
+        return cache[folder]
+
+    out = []
+    for v in videos:
+        video = Path(v)
+        folders = list(dict.fromkeys([video.parent] + ([Path(results)] if results is not None else [])))
+        found = next((r for f in folders for r in reversed(recs(f)) if _names_video(r.data.get("output"), video, f)),
+                     None)
+        if found is None and any(recs(f) for f in folders):
+            run = run_of(video)
+            found = next((r for f in folders for r in reversed(recs(f)) if run and r.data.get("run_id") == run), None)
+        out.append(R.identity(found) if found is not None else identity_from_filename(video))
+    return out
+
+
+def _sources(results: Path) -> dict:
+    """label -> (best available frame source, the render's identity): raw .npy preferred over the mp4, both named
+    by the mp4's record. The stitched grid is not a render and is left out."""
+    found: dict = {}
+    paths = [p for p in sorted(Path(results).glob("*.mp4")) + sorted(Path(results).glob("*.npy"))
+             if p.stem != "comparison_grid"]
+    for p, ident in zip(paths, identities([p.with_suffix(".mp4") for p in paths], results)):
+        if p.suffix == ".npy" or ident.label not in found:
+            found[ident.label] = (p, ident)
     return found
 
 
-def _videos(results: Path) -> dict[str, Path]:
-    return {label_from_filename(p): p for p in sorted(Path(results).glob("*.mp4")) if p.stem != "comparison_grid"}
+def collect(results: Path) -> dict[str, Path]:
+    """label (the render's identity: :func:`identities`) -> best available frame source (raw .npy preferred over
+    the mp4). The stitched grid is not a render and is left out."""
+    return {label: p for label, (p, _) in _sources(results).items()}
 
 
-def match_label(name: str, labels) -> str | None:
-    """The label in ``labels`` that ``name`` means: itself, else the first whose backend part is ``name`` (so
-    ``reference`` finds ``reference@u2`` in a batch rendered under torchrun); None if none."""
-    labels = list(labels)
-    if name in labels:
+def match_label(name: str, runs) -> str | None:
+    """The label among ``runs`` (label -> :class:`~vdbench.measure.record.Identity`) that ``name`` means: itself,
+    else the first run whose attention is ``name`` (so ``reference`` finds ``reference (u2)`` in a batch rendered
+    under torchrun); None if none."""
+    if name in runs:
         return name
-    return next((lab for lab in labels if split_label(lab)[0] == name), None)
+    return next((label for label, ident in runs.items() if ident.attention == name), None)
 
 
 def _median(values):
@@ -136,18 +203,26 @@ def _median(values):
     return statistics.median(values) if values else None
 
 
-def _emulated(label, entry: dict) -> bool:
+def _emulated(ident, entry: dict) -> bool:
     """Whether the backend of these timings is an emulation: the entry's own record (``run.backend.emulated``),
-    else the registry's entry for the label (older files), else False (a label the registry doesn't know)."""
+    else the registry's entry for the recorded attention spec (older files), else False (a spec the registry
+    doesn't know)."""
     recorded = ((entry.get("run") or {}).get("backend") or {}).get("emulated")
     if recorded is not None:
         return bool(recorded)
-    from vdbench import backends as B
+    return bool(resolved(ident.attention, "emulated"))
+
+
+def resolved(attention: str, attr: str):
+    """``attr`` of the backend or schedule an attention spec names (the registry's answer, for records that did not
+    store it); None where the spec doesn't resolve here."""
+    from vdbench.backends import BackendUnavailable
+    from vdbench.patching.schedule import resolve_attention
 
     try:
-        return B.resolve(split_label(label)[0]).emulated
-    except B.BackendUnavailable:
-        return False
+        return getattr(resolve_attention(attention), attr)
+    except (BackendUnavailable, ValueError):
+        return None
 
 
 def _device(entry: dict):
@@ -155,11 +230,15 @@ def _device(entry: dict):
     return (run.get("resolved") or {}).get("device") or (run.get("system") or {}).get("device")
 
 
+def entry_identity(entry: dict):
+    """The identity of the render a timing entry belongs to: its record's (:func:`vdbench.measure.record.identity`
+    of :func:`~vdbench.measure.record.from_render_entry`), never its file name."""
+    return R.identity(R.from_render_entry(entry))
+
+
 def entry_label(entry: dict) -> str:
-    """The label of the render a timing entry belongs to: its video's (``label_from_filename`` of ``output``:
-    the backend, ``type@layout`` for a parallel render), else its ``attention_type`` (entries without a video)."""
-    out = entry.get("output")
-    return label_from_filename(out) if out else str(entry.get("attention_type"))
+    """The label of :func:`entry_identity`: the attention spec, with the layout of a parallel render."""
+    return entry_identity(entry).label
 
 
 def latest_run(entries: list[dict]) -> list[dict]:
@@ -216,7 +295,8 @@ def speed(results: Path) -> dict[str, dict]:
         by.setdefault(entry_label(e), []).append(e)
     for label, entries in by.items():
         last_run = latest_run(entries)
-        emulated = _emulated(label, last_run[-1])
+        ident = entry_identity(last_run[-1])
+        emulated = _emulated(ident, last_run[-1])
         device = _device(last_run[-1])
         stats = run_step_stats([e.get("step_times") or [] for e in last_run], device, emulated)
         n_steps = max(len(e.get("step_times") or []) for e in last_run)
@@ -242,7 +322,7 @@ def speed(results: Path) -> dict[str, dict]:
                       "peak_memory_bytes": last_run[-1].get("peak_memory_bytes"),
                       "emulated": emulated, "device": device, "runs_recorded": _run_count(entries),
                       "run_id": last_run[-1].get("run_id"), "output": last_run[-1].get("output"),
-                      "parallel": last_run[-1].get("parallel"),
+                      "parallel": last_run[-1].get("parallel"), "identity": ident,
                       "run": last_run[-1].get("run") or {}}
         if emulated:
             out[label].update({k: None for k in stats if k.startswith(("warm_step_", "first_step", "rep_warm_"))
@@ -347,8 +427,10 @@ def summarize(run_dir, reference: str = "reference", device=None) -> dict:
     results = resolve_results(run_dir)
     notes: list[str] = []
     lpips_note = None  # None: not tried yet; "": available; else the reason it is not computed
-    sources = collect(results)
+    found = _sources(results)
+    sources = {label: p for label, (p, _) in found.items()}
     sp = speed(results)
+    runs = {**{label: ident for label, (_, ident) in found.items()}, **{k: v["identity"] for k, v in sp.items()}}
     if not sp:
         notes.append(f"no timing.json in {results}: no speed figures")
     if not sources:
@@ -358,7 +440,7 @@ def summarize(run_dir, reference: str = "reference", device=None) -> dict:
         if (s.get("runs_recorded") or 1) > 1:
             notes.append(f"timing.json holds {s['runs_recorded']} runs of {lab}: the latest is used"
                          + (f" (run {s['run_id']})" if s.get("run_id") else ""))
-    ref_key = match_label(reference, sources)
+    ref_key = match_label(reference, {k: runs[k] for k in sources})
     if ref_key is not None:
         reference = ref_key
         try:
@@ -368,11 +450,11 @@ def summarize(run_dir, reference: str = "reference", device=None) -> dict:
     elif sources:
         notes.append(f"no reference render labelled {reference!r} in {results} (found: {', '.join(sources)}): "
                      "no quality figures (render one with --attention_type reference)")
-    base_s = sp.get(match_label("default", sp) or "default") or {}
+    base_key = match_label("default", {k: runs[k] for k in sp}) or "default"
+    base_s = sp.get(base_key) or {}
     base = base_s.get("warm_step_median")
     if sp and base is None:
         notes.append("no 'default' backend with a warm step in timing.json: no speedup column")
-    base_key = match_label("default", sp) or "default"
     if any(break_even_cell(s, base_s) for k, s in sp.items() if k != base_key and not s.get("emulated")):
         notes.append(BREAK_EVEN_NOTE.format(base=base_key))
     rows = []
@@ -381,7 +463,7 @@ def summarize(run_dir, reference: str = "reference", device=None) -> dict:
         st = s.get("warm_step_median")
         ms = lambda key: s[key] * 1e3 if s.get(key) is not None else None  # noqa: E731
         why = s.get("why_not_speed")
-        if st and base and label != "default" and not base_s.get("speed_figure", True):
+        if st and base and label != base_key and not base_s.get("speed_figure", True):
             why = "; ".join(filter(None, [why, "the 'default' baseline is not a speed figure"]))
         row = {"run": str(run_dir), "backend": label,
                "warm_step_ms": ms("warm_step_median"), "warm_step_n": s.get("warm_step_n"),
@@ -408,14 +490,17 @@ def summarize(run_dir, reference: str = "reference", device=None) -> dict:
                "psnr_per_frame": None, "step_times": s.get("step_times")}
         if label not in sources:
             row["note"] = "no video or raw frames found (timing only)"
+        elif not runs[label].from_record:
+            row["note"] = FROM_FILE_NAME
         elif ref is not None:
             try:
                 frames, src = load_frames(sources[label])
             except (OSError, ValueError) as exc:
-                row["note"] = f"unreadable: {exc}"
+                row["note"] = "; ".join(filter(None, [row["note"], f"unreadable: {exc}"]))
             else:
                 if frames.shape != ref.shape:
-                    row["note"] = f"shape {frames.shape} differs from the reference {ref.shape}"
+                    row["note"] = "; ".join(filter(None, [row["note"], f"shape {frames.shape} differs from the "
+                                                                       f"reference {ref.shape}"]))
                 else:
                     from vdbench.measure.quality import frame_quality, lpips_distance
 
@@ -434,7 +519,7 @@ def summarize(run_dir, reference: str = "reference", device=None) -> dict:
     header = next((s["run"] for s in sp.values() if s.get("run")), {})
     grid = next((p for p in (results / "comparison_grid.mp4", results.parent / "comparison_grid.mp4") if p.exists()),
                 None)
-    videos = _videos(results)
+    videos = {label: p.with_suffix(".mp4") for label, (p, _) in found.items() if p.with_suffix(".mp4").is_file()}
     poster = grid or videos.get(reference) or next(iter(videos.values()), None)
     return {"run": str(run_dir), "results": str(results), "reference": reference, "rows": rows, "notes": notes,
             "header": header, "poster": str(poster) if poster else None,
@@ -728,21 +813,25 @@ def figure_labels(inputs, labels, reference: str, timing_dir=None, warnings: lis
     definition: median of the steps after the first) and its speedup from ``timing_dir/timing.json`` (against
     ``default`` when it was rendered, else against the first input), PSNR of each decoded video against the
     reference input's decoded video.
-    ``reference`` names an input by its label or by the backend in its file name. Parts that cannot be computed
+    Each input's figures are its render's, found through its record (:func:`identities`: the record naming the
+    video's path, in its folder or ``timing_dir``). ``reference`` names an input by its label, by its run's label
+    or by its run's attention spec (``reference`` finds ``reference (u2)``). Parts that cannot be computed
     (no timing entry, another size) are left out of that label. The speedup carries the n of the backend's warm
     steps; an emulated backend gets "emulated" instead of a speedup; a speedup from timings that are not speed
     figures (a CPU, n < 3) says so in the label, and the reason is appended to ``warnings`` when a list is given
     (the caller prints it)."""
-    keys = [label_from_filename(p) for p in inputs]
+    ids = identities(inputs, timing_dir)
+    keys = [i.label for i in ids]
+    runs = dict(zip(keys, ids))
     if reference in labels:
         ref_idx = list(labels).index(reference)
-    elif match_label(reference, keys) is not None:
-        ref_idx = keys.index(match_label(reference, keys))
+    elif match_label(reference, runs) is not None:
+        ref_idx = keys.index(match_label(reference, runs))
     else:
         raise ValueError(f"--reference {reference!r} is none of the inputs ({', '.join(labels)})")
     sp = speed(Path(timing_dir)) if timing_dir is not None else {}
     step = {k: (sp.get(k) or {}).get("warm_step_median") for k in keys}
-    default_key = match_label("default", keys)
+    default_key = match_label("default", runs)
     base_key = default_key if default_key and (sp.get(default_key) or {}).get("warm_step_median") else keys[0]
     base = step.get(base_key) or (sp.get(base_key) or {}).get("warm_step_median")
     base_why = (sp.get(base_key) or {}).get("why_not_speed")

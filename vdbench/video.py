@@ -45,7 +45,10 @@ __all__ = [
     "probe_video",
     "iter_frames",
     "label_from_filename",
+    "identity_from_filename",
+    "render_comment",
     "made_by",
+    "run_of",
     "MADE_BY_RENDER",
     "MADE_BY_GRID",
     "find_font",
@@ -70,9 +73,17 @@ MIN_FONT_SIZE = 8
 #: The container ``comment`` tag of every video this module writes: a render's video and a stitched grid. It is how
 #: the tools recognise their own outputs (:func:`made_by`) -- a previous output may be replaced, any other file is
 #: not without ``--overwrite``, and the stitcher never takes a grid of its own for a cell.
+#: A render's comment also carries its run id (:func:`render_comment`), so a video renamed or moved away from the
+#: path its record names still finds its record (:func:`run_of`).
 MADE_BY_RENDER = "vdbench render"
 MADE_BY_GRID = "vdbench comparison grid"
-_MADE_BY_RE = re.compile(r"^\s*comment\s*:\s*(?P<tag>vdbench [a-z ]+?)\s*$", re.MULTILINE)
+_MADE_BY_RE = re.compile(r"^\s*comment\s*:\s*(?P<tag>vdbench [a-z ]+?)(?: \(run (?P<run>[\w.:-]+)\))?\s*$",
+                         re.MULTILINE)
+
+
+def render_comment(run_id: str) -> str:
+    """The comment tag of a render's video: :data:`MADE_BY_RENDER` and the run id its records carry."""
+    return f"{MADE_BY_RENDER} (run {run_id})"
 
 
 class VideoError(ValueError):
@@ -359,16 +370,27 @@ def _read_meta(path: str) -> dict:
         gen.close()
 
 
-def made_by(path) -> str | None:
-    """The vdbench tag of a video this project wrote (:data:`MADE_BY_RENDER`, :data:`MADE_BY_GRID`), read from the
-    container's comment by ffmpeg without decoding a frame; None for any other file (or one ffmpeg can't open)."""
+def _comment(path):
     path = os.fspath(path)
     if imageio_ffmpeg is None or not os.path.isfile(path):
         return None
     proc = subprocess.run([imageio_ffmpeg.get_ffmpeg_exe(), "-hide_banner", "-i", path], capture_output=True,
                           timeout=60)
-    m = _MADE_BY_RE.search(proc.stderr.decode(errors="replace"))
+    return _MADE_BY_RE.search(proc.stderr.decode(errors="replace"))
+
+
+def made_by(path) -> str | None:
+    """The vdbench tag of a video this project wrote (:data:`MADE_BY_RENDER`, :data:`MADE_BY_GRID`), read from the
+    container's comment by ffmpeg without decoding a frame; None for any other file (or one ffmpeg can't open)."""
+    m = _comment(path)
     return m["tag"] if m else None
+
+
+def run_of(path) -> str | None:
+    """The run id a render wrote into its video's comment (:func:`render_comment`); None for a video written
+    without one, any other file, or one ffmpeg can't open."""
+    m = _comment(path)
+    return m["run"] if m else None
 
 
 def probe_video(path) -> VideoInfo:
@@ -419,18 +441,26 @@ def iter_frames(path) -> Iterator[np.ndarray]:
 # Labels
 # --------------------------------------------------------------------------------------------------------
 
-def label_from_filename(path) -> str:
-    """The attention type a benchmark video was rendered with, recovered from its file name by the family that
-    wrote it (:attr:`vdbench.families.Family.parse_label`, each registered family asked in turn):
-    ``wan_result_t2v_1.3B_81f_30s_attn_sdpa_cudnn_480x832.mp4`` -> ``sdpa_cudnn``,
-    ``cogvideox-2b_fav3_fp8.mp4`` -> ``fav3_fp8``, a parallel render's ``..._480x832_u2.mp4`` -> ``sdpa_cudnn@u2``;
-    any other name -> its stem."""
+def identity_from_filename(path):
+    """The :class:`vdbench.measure.record.Identity` a benchmark video's file name tells, parsed by the family that
+    wrote it (:meth:`vdbench.families.Family.parse_name`, each registered family asked in turn), with ``source``
+    ``"file name"``: ``wan_result_t2v_1.3B_81f_30s_attn_sdpa_cudnn_480x832.mp4`` -> ``sdpa_cudnn``, a parallel
+    render's ``..._480x832_u2.mp4`` -> ``sdpa_cudnn`` on layout ``u2``; any other name -> its stem. The fallback
+    for a video no record names: the readers take a render's identity from its record."""
+    from .measure.record import Identity
+
     stem = Path(os.fspath(path)).stem
     for name in families.names():
-        label = families.get(name).label(stem)
-        if label is not None:
-            return label
-    return stem
+        parsed = families.get(name).parse_name(stem)
+        if parsed is not None:
+            return Identity(attention=parsed[0], layout=parsed[1], source="file name")
+    return Identity(attention=stem, source="file name")
+
+
+def label_from_filename(path) -> str:
+    """The label of :func:`identity_from_filename` (``sdpa_cudnn``, ``cogvideox-2b_fav3_fp8.mp4`` -> ``fav3_fp8``,
+    ``..._480x832_u2.mp4`` -> ``sdpa_cudnn (u2)``; any other name -> its stem)."""
+    return identity_from_filename(path).label
 
 
 @functools.lru_cache(maxsize=32)

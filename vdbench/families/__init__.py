@@ -22,9 +22,10 @@ import re
 from typing import Any, Callable, Mapping, Optional
 
 from .. import tiny
+from ..measure import record
 
 __all__ = ["CliDefaults", "Family", "XfuserWiring", "attention_grids", "attention_presets", "discover", "for_pipeline",
-           "for_transformer", "for_vae", "get", "layout_tag", "model_tag", "names", "register", "split_label",
+           "for_transformer", "for_vae", "get", "layout_tag", "model_tag", "names", "register",
            "split_layout", "unregister", "vae_config", "vae_names"]
 
 
@@ -36,9 +37,9 @@ def model_tag(model: str) -> str:
 
 def layout_tag(ulysses: int = 1, ring: int = 1, cfg: bool = False) -> str:
     """The parallel layout as a file-name tag: ``u2``, ``r2``, ``u2r2``, ``cfg2``, ``u2cfg2``; ``""`` for one
-    process. Output names end with it (``..._u2.mp4``) so a Ulysses-2 render never overwrites the one-GPU render of
-    the same settings, and ``--reuse`` and the stitcher's labels (``sdpa@u2``) tell them apart."""
-    return (f"u{ulysses}" if ulysses > 1 else "") + (f"r{ring}" if ring > 1 else "") + ("cfg2" if cfg else "")
+    process (:func:`vdbench.measure.record.layout_tag`, the one definition). Output names end with it
+    (``..._u2.mp4``) so a Ulysses-2 render never overwrites the one-GPU render of the same settings."""
+    return record.layout_tag(ulysses, ring, cfg)
 
 
 #: A layout tag (:func:`layout_tag`) at the end of a file stem, after an underscore.
@@ -50,16 +51,6 @@ def split_layout(stem: str) -> tuple[str, str]:
     ends in none."""
     m = _LAYOUT_RE.match(stem)
     return (m["rest"], m["tag"]) if m and m["tag"] else (stem, "")
-
-
-def split_label(label: str) -> tuple[str, str]:
-    """A render's label ``"sdpa@u2"`` -> ``("sdpa", "u2")``; ``"sdpa"`` -> ``("sdpa", "")``."""
-    name, _, tag = str(label).partition("@")
-    return name, tag
-
-
-def _with_layout(label: Optional[str], tag: str) -> Optional[str]:
-    return None if label is None else (f"{label}@{tag}" if tag else label)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,7 +116,8 @@ class Family:
         ``cli`` (:class:`CliDefaults`); ``output_name(task, model, num_frames, steps, attention_type, height,
         width, layout="") -> str`` (the video's file name; ``layout`` the parallel layout's :func:`layout_tag`,
         which ends the name); ``parse_label(stem) -> str | None`` (the attention type back from a file name this
-        family wrote, None if not one of its names; :meth:`label` adds a name's layout: ``type@layout``);
+        family wrote, None if not one of its names; :meth:`parse_name` adds a name's layout tag: the fallback
+        for a video without a record);
         ``image_size_multiple(task, model) -> int | None`` (the multiple an image-derived output size is rounded
         to; None: the family renders the requested size).
     Sizes
@@ -212,15 +204,23 @@ class Family:
         """Whether ``task`` uses a conditioning image (always, or optionally through its image pipeline)."""
         return task in self.image_tasks or task in self.image_pipeline_classes
 
-    def label(self, stem: str) -> Optional[str]:
-        """The label of a video this family wrote: its attention type, ``type@layout`` when the name ends in a
-        parallel layout tag; None for a name that isn't this family's."""
+    def parse_name(self, stem: str) -> Optional[tuple[str, str]]:
+        """``(attention type, layout tag)`` of a video this family wrote, read back from its file name; None for a
+        name that isn't this family's. The fallback for a video no record names: a render's identity is its
+        record's (:func:`vdbench.measure.record.identity`)."""
         rest, tag = split_layout(stem)
         if tag:
             inner = self.parse_label(rest)
             if inner is not None:
-                return _with_layout(inner, tag)
-        return self.parse_label(stem)
+                return inner, tag
+        inner = self.parse_label(stem)
+        return None if inner is None else (inner, "")
+
+    def label(self, stem: str) -> Optional[str]:
+        """The label of a video this family wrote (:func:`vdbench.measure.record.run_label` of its
+        :meth:`parse_name`: ``sdpa``, ``sdpa (u2)``); None for a name that isn't this family's."""
+        parsed = self.parse_name(stem)
+        return None if parsed is None else record.run_label(*parsed)
 
     def check_task(self, task: Optional[str]) -> str:
         """``task`` (None: t2v) if this family has it; ValueError naming the valid ones otherwise."""

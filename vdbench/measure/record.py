@@ -5,7 +5,8 @@ A :class:`Record` says what was measured and how far to trust it, in one shape w
 * ``suite`` / ``case``: which tool (``render``, ``attention``, ``vae``, ``cold_decode``, ``quality``) and which of
   its cases (a render's backend stack, a kernel on an input, a VAE config);
 * ``config``: the resolved configuration as data (backend stack, layout, model, sizes): readers take a run's
-  identity from here, never from a file name;
+  identity from here (:func:`identity`; a render's layout and VAE modes from its entry in ``data``), never from a
+  file name;
 * ``figures``: named measurements; a timed one is :func:`figure` -- its samples, their spread (n, median, p20/p80,
   min/max) and the first call apart; others plain numbers;
 * ``verdict``: ``speed_figure`` (True / False / None: not judged) and ``why_not``; ``timer``: how it was timed;
@@ -35,7 +36,8 @@ from typing import Any, Iterable, Iterator, Optional
 from ..timing import spread
 
 __all__ = ["SCHEMA", "VERSION", "Record", "figure", "commit", "command_line", "Writer", "read", "read_many",
-           "RecordError", "from_render_entry", "records_of", "write_beside"]
+           "RecordError", "from_render_entry", "records_of", "write_beside", "Identity", "identity", "layout_tag",
+           "run_label"]
 
 SCHEMA = "vdbench.record"
 #: Bump when a reader of the previous version would misread a record; readers refuse versions above theirs.
@@ -190,6 +192,76 @@ def write_beside(path, doc, *, command: Optional[str] = None) -> Path:
 def read_many(paths: Iterable) -> Iterator[Record]:
     for p in paths:
         yield from read(p)
+
+
+# --- a render's identity ---------------------------------------------------------------------------------------
+
+def layout_tag(ulysses: int = 1, ring: int = 1, cfg: bool = False) -> str:
+    """The parallel layout as a tag: ``u2``, ``r2``, ``u2r2``, ``cfg2``, ``u2cfg2``; ``""`` for one process (what
+    output file names end with, and what a run's label carries)."""
+    return (f"u{ulysses}" if ulysses > 1 else "") + (f"r{ring}" if ring > 1 else "") + ("cfg2" if cfg else "")
+
+
+def run_label(attention: str, layout: str = "", vae_decode: Optional[str] = None,
+              vae_encode: Optional[str] = None) -> str:
+    """A run's label: its attention spec, then, in one pair of parentheses, what else sets it apart -- the parallel
+    layout tag and any VAE mode other than ``default`` -- separated by ``; ``: ``sdpa``, ``sdpa (u2)``,
+    ``fav3@steps:0-9,sta (u2; VAE decode fast)``. Display text, built from a record and never parsed back: the
+    attention spec keeps its own grammar (docs/ARCHITECTURE.md, "Run identity") and nothing is appended to it."""
+    quals = [layout] if layout else []
+    quals += [f"VAE decode {vae_decode}"] if vae_decode not in (None, "default") else []
+    quals += [f"VAE encode {vae_encode}"] if vae_encode not in (None, "default") else []
+    return attention + (f" ({'; '.join(quals)})" if quals else "")
+
+
+@dataclasses.dataclass(frozen=True)
+class Identity:
+    """Which run a render is: ``attention`` (a backend name with its options, or a schedule's one spelling: the
+    recorded ``config["backend"]["name"]``), ``layout`` (the parallel layout tag, ``""`` for one process), the VAE
+    decode and encode modes, whether the backend is an emulation / exact where the record says (None: not
+    recorded), the ``run_id``, and ``source``: ``"record"``, or ``"file name"`` for a video no record names (the
+    documented fallback: the family's output-name parser)."""
+
+    attention: str
+    layout: str = ""
+    vae_decode: Optional[str] = None
+    vae_encode: Optional[str] = None
+    emulated: Optional[bool] = None
+    exact: Optional[bool] = None
+    run_id: Optional[str] = None
+    source: str = "record"
+
+    @property
+    def label(self) -> str:
+        return run_label(self.attention, self.layout, self.vae_decode, self.vae_encode)
+
+    @property
+    def from_record(self) -> bool:
+        return self.source == "record"
+
+
+def identity(rec: Record) -> Identity:
+    """A render record's :class:`Identity`, from its configuration and its entry alone (no file name): the backend
+    stack as recorded (``config.backend``), the layout from the entry's ``parallel`` section (else the settings'
+    degrees), the VAE modes from the entry (else the settings)."""
+    cfg, data = rec.config or {}, rec.data or {}
+    backend = cfg.get("backend") if isinstance(cfg.get("backend"), dict) else {"name": cfg.get("backend")}
+    settings = cfg.get("settings") or {}
+    attention = backend.get("name") or data.get("attention_type") or settings.get("attention_type") or rec.case
+    par = data.get("parallel") or {}
+    if par.get("tag") is not None:
+        layout = par["tag"]
+    else:
+        src = par or settings
+        layout = layout_tag(int(src.get("ulysses_degree") or 1), int(src.get("ring_degree") or 1),
+                            bool(src.get("use_cfg_parallel")))
+    # the entry's section says the mode that ran; an entry without an encode stage has ``vae_encode: None``, so
+    # the settings' encode mode (given to a text-to-video render too) is taken only where the entry has no key
+    decode = (data.get("vae_decode") or {}).get("mode") or settings.get("vae_decode")
+    encode = (data["vae_encode"] or {}).get("mode") if "vae_encode" in data else settings.get("vae_encode")
+    return Identity(attention=str(attention), layout=layout, vae_decode=decode, vae_encode=encode,
+                    emulated=backend.get("emulated"), exact=backend.get("exact"),
+                    run_id=data.get("run_id") or rec.created)
 
 
 # --- the files the tools wrote before records -------------------------------------------------------------------

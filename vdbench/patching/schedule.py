@@ -19,7 +19,8 @@ cross-attention) or ``joint`` (CogVideoX's text+video attention), joined by ``+`
 cross-attention and runs it dense on its own mechanism (FlexAttention), so ``fav3@kind:cross,sta`` gives those calls
 to FA3, as FastVideo pairs STA with FlashAttention. The first rule that matches a call serves it; the last rule has no
 selector and serves every other call. A plain backend name is the one-rule schedule, so the patching core has one
-code path.
+code path. Every separator of this grammar, and of the labels a run is shown under, is listed in
+docs/ARCHITECTURE.md ("Run identity"): ``@`` here only ever starts a selector.
 
 What keeps counting honest: a schedule is one :class:`~vdbench.patching.AttentionPatch` holding every backend;
 each call is counted under the kernel that ran it, by step too (``attention.calls_by_step`` in timing.json).
@@ -158,6 +159,12 @@ class Schedule:
     def emulated(self) -> bool:
         """A run with an emulated member carries no speed figure."""
         return any(b.emulated for b in self.members)
+
+    @property
+    def exact(self) -> bool:
+        """Exact when every member is (:attr:`vdbench.backends.Backend.exact`): one quantized or sparse rule makes
+        the run's output differ from exact attention's."""
+        return all(b.exact for b in self.members)
 
     @property
     def kernel(self) -> str:
