@@ -95,13 +95,10 @@ class ModelSpec:
     variant_error: Optional[str] = None
 
 
-def parse_model(model: "str | ModelSpec", task: str | None = None,
-                family: "str | families.Family" = "wan") -> ModelSpec:
+def parse_model(model: str, task: str | None = None, family: "str | families.Family" = "wan") -> ModelSpec:
     """The one parser of a model string (``tiny``, ``tiny:<variant>``, ``random:<arch>``, a local path, a hub id)
-    for ``family`` (a name or the :class:`~vdbench.families.Family`) and ``task`` (None: t2v); a
-    :class:`ModelSpec` is returned as it is. Never raises: see :class:`ModelSpec`."""
-    if isinstance(model, ModelSpec):
-        return model
+    for ``family`` (a name or the :class:`~vdbench.families.Family`) and ``task`` (None: t2v). Never raises: see
+    :class:`ModelSpec`."""
     fam, checked, task_error = None, None, None
     try:
         fam = family if isinstance(family, families.Family) else families.get(family)
@@ -125,6 +122,11 @@ def parse_model(model: "str | ModelSpec", task: str | None = None,
     return ModelSpec(kind="hub", hub_id=model, hub_problem=hub_id_problem(model), **common)
 
 
+def _as_spec(model: "str | ModelSpec", task: str | None, family: "str | families.Family") -> ModelSpec:
+    """``model`` itself when it is parsed already (it carries its task and family), else :func:`parse_model`'s."""
+    return model if isinstance(model, ModelSpec) else parse_model(model, task, family)
+
+
 def resolve_model(model: "str | ModelSpec", task: str | None = None, family: "str | families.Family" = "wan") -> str:
     """Map ``--model`` (a string, or a :class:`ModelSpec` that carries its task and family) to something
     ``from_pretrained`` accepts.
@@ -135,7 +137,7 @@ def resolve_model(model: "str | ModelSpec", task: str | None = None, family: "st
     explicit one; both are built into the cache if missing and the local directory is returned. Anything else
     (a hub id or a local path) is returned unchanged.
     """
-    spec = parse_model(model, task, family)
+    spec = _as_spec(model, task, family)
     if spec.kind != "tiny":
         return spec.model
     if spec.variant is None:
@@ -237,7 +239,7 @@ def config_head_dims(model: "str | ModelSpec", task: str | None = None,
     and family), read from their configs without loading a weight (:func:`_component_configs`); None when that
     can't be known without a download (the loaded model is checked instead). Lets the render refuse a backend that
     can't serve the model's head dim before any weight loads."""
-    found = _component_configs(parse_model(model, task, family), ("transformer", "transformer_2"))
+    found = _component_configs(_as_spec(model, task, family), ("transformer", "transformer_2"))
     if not found or "transformer" not in found:
         return None
     dims = [cfg.get("attention_head_dim") for _, cfg in found.values()]
@@ -249,7 +251,7 @@ def config_vae(model: "str | ModelSpec", task: str | None = None,
     """(class name, config) of ``model``'s VAE (a string, or a :class:`ModelSpec`), read without loading a weight
     (:func:`_component_configs`), or None where that needs a download: what a scratch VAE of the same architecture
     is built from before the pipeline loads (:mod:`vdbench.prewarm`)."""
-    found = _component_configs(parse_model(model, task, family), ("vae",))
+    found = _component_configs(_as_spec(model, task, family), ("vae",))
     if not found or "vae" not in found or not found["vae"][0]:
         return None
     return found["vae"]
@@ -293,7 +295,7 @@ def load_pipeline(
     """
     import diffusers
 
-    spec = parse_model(model, task, family)
+    spec = _as_spec(model, task, family)
     if spec.task_error is not None:
         raise ValueError(spec.task_error)
     model, task, fam = spec.model, spec.task, spec.family
