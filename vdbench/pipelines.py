@@ -81,7 +81,7 @@ class ModelSpec:
     ``path``: a local model's path, ``~`` expanded; ``hub_id``: a hub model's id, and ``hub_problem`` why it can't
     be one (None if it can). Parsing refuses nothing: what a name can't resolve to is kept for the step that needs
     it (``task_error``: the family or task is unknown; ``variant_error``: a tiny name names no variant), so that a
-    config read answers "unknown" and the load refuses with the message it always gave."""
+    config read answers "unknown" and the load refuses, with the family's or the variant registry's message."""
 
     model: str
     kind: str

@@ -343,7 +343,7 @@ def _checked_plan(cfg: RenderConfig, dctx) -> Plan:
     backend = resolve_attention(cfg.attention_type)
     cfg = replace(cfg, attention_type=backend.name)  # an alias (diffusers' / SGLang's name) is recorded as ours
     family = families.get(cfg.family)  # the one lookup of the render: the Family object travels from here
-    model = parse_model(cfg.model, cfg.task, family)  # parsed once; refuses nothing (the load does, as it always did)
+    model = parse_model(cfg.model, cfg.task, family)  # parsed once; an unknown variant is the load's refusal
     as_schedule(backend).check_plan(num_steps=cfg.num_inference_steps, compiled=cfg.compile, parallel=dctx is not None,
                                     grid_family=family.name if family.grid_hooks is not None else None)
     if dctx is not None:  # the backend must serve this parallel path (ring: LSE), on every rank
