@@ -149,3 +149,30 @@ def test_an_encode_reports_across_calls_split_by_repetition_and_warm_up():
     before = dict(info["one_time"])
     info["one_time"]["plan_s"] = 0.3  # a later repetition reported again
     assert R._reported_since(info, None, before) == ({"plan_s": 0.3}, {})
+
+
+def test_a_render_resolves_its_configuration_once(tmp_path, monkeypatch):
+    """validate looks the family up and parses the model string once; the later stages (load, the repetitions'
+    decode and encode, finish) take the plan's objects, so neither happens again in a whole render."""
+    from vdbench import decode as D
+    from vdbench import families
+    from vdbench import pipelines as P
+
+    calls = {"families.get": 0, "parse_model": 0}
+
+    def counted(name, fn):
+        def wrapper(*a, **k):
+            calls[name] += 1
+            return fn(*a, **k)
+        return wrapper
+
+    monkeypatch.setattr(families, "get", counted("families.get", families.get))
+    monkeypatch.setattr(P, "parse_model", counted("parse_model", P.parse_model))
+    plan = R.validate(_cfg(tmp_path))
+    assert isinstance(plan.family, families.Family) and isinstance(plan.model, P.ModelSpec)
+    assert (plan.model.kind, plan.model.variant, plan.model.task) == ("tiny", "wan2.1-t2v", "t2v")
+    assert plan.decode.mode is D.MODES["default"] and plan.parallel is None
+    assert calls == {"families.get": 1, "parse_model": 1}
+    calls.update(dict.fromkeys(calls, 0))
+    R.render(_cfg(tmp_path), log=lambda *a, **k: None)
+    assert calls == {"families.get": 1, "parse_model": 1}

@@ -129,19 +129,22 @@ MODES: dict[str, DecodeMode] = {m.name: m for m in (
 )}
 
 
-def check_mode(modes: dict, mode: str, options, *, kind: str, vae=None, family: Optional[str] = None,
-               device=None):
+def check_mode(modes: dict, mode: "str | DecodeMode", options, *, kind: str, vae=None,
+               family: "str | families.Family | None" = None, device=None):
     """What every VAE mode switch checks (this module's decode modes, :mod:`vdbench.encode`'s encode modes): returns
     (the ``modes`` entry, the VAE class name or None, the options given) or raises with what to use instead.
 
+    ``mode``: a name, or an entry of ``modes`` already found (its options and VAE are checked, its name is not
+    looked up again). ``family``: a name or the :class:`vdbench.families.Family`.
     ``kind``: "decode" or "encode" (the flag the messages name: ``--vae_<kind>``). Refused (ValueError): an
     unknown mode; an option that does not apply to the mode, or two that exclude each other; a VAE class the mode
     does not drive (from ``vae``, else from the pipeline ``family``'s VAE). With ``device`` (the render, before
     the model loads): ``fused_glue=True`` where the Triton glue cannot run there (``BackendUnavailable``, as an
     attention backend that cannot run is refused)."""
-    m = modes.get(mode)
+    m = mode if isinstance(mode, DecodeMode) else modes.get(mode)
     if m is None:
         raise ValueError(f"unknown VAE {kind} mode {mode!r}; valid: {', '.join(modes)}")
+    mode = m.name
     values = {f.name: getattr(options, f.name) for f in dataclasses.fields(options)}
     given = [k for k, v in values.items() if v is not None and v is not False]
     for opt in given:
@@ -154,7 +157,8 @@ def check_mode(modes: dict, mode: str, options, *, kind: str, vae=None, family: 
     if vae is not None:
         cls = type(vae).__name__
     elif family is not None:
-        cls = families.get(family).vae_class  # the family's VAE: what the render checks before the load
+        fam = family if isinstance(family, families.Family) else families.get(family)
+        cls = fam.vae_class  # the family's VAE: what the render checks before the load
     else:
         cls = None
     if cls is not None and m.vaes is not None and cls not in m.vaes:
@@ -166,9 +170,10 @@ def check_mode(modes: dict, mode: str, options, *, kind: str, vae=None, family: 
     return m, cls, given
 
 
-def check_decode(mode: str, options: DecodeOptions = DecodeOptions(), *, vae=None, family: Optional[str] = None,
-                 device=None) -> DecodeMode:
+def check_decode(mode: "str | DecodeMode", options: DecodeOptions = DecodeOptions(), *, vae=None,
+                 family: "str | families.Family | None" = None, device=None) -> DecodeMode:
     """The one check of a decode request; returns its :data:`MODES` entry or raises with what would run instead.
+    ``mode``: a name or the entry; ``family``: a name or the family (:func:`check_mode`).
 
     Refused (ValueError): what :func:`check_mode` refuses, and ``max_memory_gib`` on a VAE the fast decode does
     not drive. With ``device``: ``fused_glue=True`` where the Triton glue cannot run there
@@ -196,15 +201,17 @@ def decode_video(vae, z: torch.Tensor, *, mode: str = "default", chunk_frames: O
 
 
 @torch.no_grad()
-def decode_latents(pipe, latents: torch.Tensor, family: str, num_frames: int | None = None, *,
-                   mode: str = "default", max_memory_gib: Optional[float] = None, timeout_s: Optional[float] = None,
-                   chunk_frames: Optional[int] = None, info: Optional[dict] = None,
-                   fused_glue: Optional[bool] = None, prewarm=None):
+def decode_latents(pipe, latents: torch.Tensor, family: "str | families.Family", num_frames: int | None = None, *,
+                   mode: "str | DecodeMode" = "default", max_memory_gib: Optional[float] = None,
+                   timeout_s: Optional[float] = None, chunk_frames: Optional[int] = None, info: Optional[dict] = None,
+                   fused_glue: Optional[bool] = None, prewarm=None, options: Optional[DecodeOptions] = None):
     """Latents from ``pipe(..., output_type="latent")`` -> float frames (T, H, W, 3) in [0, 1] (numpy), decoded
     as the pipeline would have (:func:`vdbench.vae.prepare_latents`) by ``mode`` (checked before any work).
 
-    ``family``: a :mod:`vdbench.families` name (how its latents reach the VAE, and whether the default decode is
-    the pipeline's own ``decode_latents``). ``num_frames``: the requested frame count, for the family's
+    ``family``: a :mod:`vdbench.families` name or the family (how its latents reach the VAE, and whether the
+    default decode is the pipeline's own ``decode_latents``). ``mode``: a name or its :data:`MODES` entry.
+    ``options``: the :class:`DecodeOptions` whole, in place of ``chunk_frames``, ``max_memory_gib`` and
+    ``fused_glue``. ``num_frames``: the requested frame count, for the family's
     ``trim_latents`` (CogVideoX 1.5 drops the padding latent frames its temporal patch size adds). ``timeout_s``: the decode
     runs under a :class:`~vdbench.watchdog.Watchdog`; on expiry all stacks are dumped and
     :class:`~vdbench.watchdog.WatchdogTimeout` is raised (its ``report`` names the last completed stage).
@@ -216,7 +223,10 @@ def decode_latents(pipe, latents: torch.Tensor, family: str, num_frames: int | N
     none was left to compile).
     """
     vae = pipe.vae
-    options = DecodeOptions(chunk_frames=chunk_frames, max_memory_gib=max_memory_gib, fused_glue=fused_glue)
+    if options is None:
+        options = DecodeOptions(chunk_frames=chunk_frames, max_memory_gib=max_memory_gib, fused_glue=fused_glue)
+    elif (chunk_frames, max_memory_gib, fused_glue) != (None, None, None):
+        raise TypeError("decode_latents: pass the options whole (options=) or one by one, not both")
     m = check_decode(mode, options, vae=vae)
     info = {} if info is None else info
     if prewarm is not None:
@@ -225,16 +235,16 @@ def decode_latents(pipe, latents: torch.Tensor, family: str, num_frames: int | N
         info["prewarm_s"] = rec["seconds"]  # on its thread, beside the denoising: not a cost of the decode's
         info.setdefault("one_time", {})["prewarm_wait_s"] = rec["waited_s"]  # what the decode waited for it
     compiled_before = K.compiled_variants("vae_glue")
-    with Watchdog(timeout_s, label=f"vae decode ({mode})") as wd:
+    with Watchdog(timeout_s, label=f"vae decode ({m.name})") as wd:
         wd.stage("prepare latents")
-        fam = families.get(family)
+        fam = family if isinstance(family, families.Family) else families.get(family)
         video = None
         latents = fam.trim_latents(pipe, latents, num_frames)
-        if fam.pipeline_decode and m.stock and max_memory_gib is None:
+        if fam.pipeline_decode and m.stock and options.max_memory_gib is None:
             wd.stage("decode")
             video = pipe.decode_latents(latents.to(vae.dtype))  # the pipeline's own method, untouched
         if video is None:
-            z = V.prepare_latents(vae, latents, family)
+            z = V.prepare_latents(vae, latents, fam)
             wd.stage("decode")
             video = m.run(vae, z, options, info, wd)
         wd.stage("postprocess")

@@ -36,6 +36,7 @@ from typing import Optional
 
 import torch
 
+from . import families
 from . import vae as V
 from .decode import DecodeMode, check_mode
 
@@ -97,9 +98,10 @@ MODES: dict[str, EncodeMode] = {m.name: m for m in (
 )}
 
 
-def check_encode(mode: str, options: EncodeOptions = EncodeOptions(), *, vae=None, family: Optional[str] = None,
-                 device=None) -> EncodeMode:
+def check_encode(mode: "str | EncodeMode", options: EncodeOptions = EncodeOptions(), *, vae=None,
+                 family: "str | families.Family | None" = None, device=None) -> EncodeMode:
     """The one check of an encode request; returns its :data:`MODES` entry or raises with what would run instead.
+    ``mode``: a name or the entry; ``family``: a name or the family (:func:`vdbench.decode.check_mode`).
 
     Refused (ValueError): what :func:`vdbench.decode.check_mode` refuses (an unknown mode, an option that doesn't
     apply or two that exclude each other, a VAE class the mode does not encode with -- from ``vae``, else from the
@@ -110,7 +112,7 @@ def check_encode(mode: str, options: EncodeOptions = EncodeOptions(), *, vae=Non
     if options.chunk_frames is not None and options.chunk_frames < 1:
         raise ValueError(f"chunk_frames must be >= 1 latent frame per encoder call, got {options.chunk_frames}")
     if vae is not None and not m.stock and getattr(vae, "use_tiling", False):
-        raise ValueError(f"mode={mode!r} does not tile, and this VAE has tiling enabled (enable_tiling()); use "
+        raise ValueError(f"mode={m.name!r} does not tile, and this VAE has tiling enabled (enable_tiling()); use "
                          "mode='default' for diffusers' tiled encode, or disable_tiling()")
     return m
 
@@ -134,12 +136,13 @@ def encode_video(vae, x: torch.Tensor, *, mode: str = "default", chunk_frames: O
 
 
 @contextlib.contextmanager
-def use_encode(vae, mode: str = "default", options: EncodeOptions = EncodeOptions(), *,
+def use_encode(vae, mode: "str | EncodeMode" = "default", options: EncodeOptions = EncodeOptions(), *,
                info: Optional[dict] = None):
     """For the scope, ``vae.encode`` -- called inside a pipeline (``WanImageToVideoPipeline.prepare_latents``) --
     encodes by ``mode``: diffusers' ``encode`` (slicing, offload hooks, the posterior) calls ``self._encode``, which
     is set on this instance to the mode's encode and deleted on exit, also on error; the class and every other VAE
-    are untouched. A stock mode installs nothing. Checked first (:func:`check_encode`); a VAE whose ``_encode`` is
+    are untouched. A stock mode installs nothing. ``mode``: a name or its :data:`MODES` entry. Checked first
+    (:func:`check_encode`); a VAE whose ``_encode`` is
     already replaced on the instance is refused (two swaps would undo each other). Yields ``info`` (a dict),
     which receives what the last encode did."""
     m = check_encode(mode, options, vae=vae)

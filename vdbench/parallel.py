@@ -270,9 +270,10 @@ def one_device_presented(device: torch.device):
         torch.accelerator.device_count = orig
 
 
-def apply_engine(ctx: DistContext, pipe, models: list) -> tuple:
+def apply_engine(ctx: DistContext, pipe, models: list, family: "families.Family | None" = None) -> tuple:
     """Make the pipeline parallel with the chosen engine; returns ``(pipe, models)`` (both may be new objects:
-    xfuser wraps the transformers, and for CFG parallel / CogVideoX the pipeline itself)."""
+    xfuser wraps the transformers, and for CFG parallel / CogVideoX the pipeline itself). ``family``: the
+    pipeline's family where the caller holds it (the render); by default the one serving its class."""
     spec = ctx.spec
     if spec.engine == "diffusers":
         from diffusers import ContextParallelConfig
@@ -285,10 +286,10 @@ def apply_engine(ctx: DistContext, pipe, models: list) -> tuple:
                 m.enable_parallelism(config=ContextParallelConfig(ulysses_degree=spec.ulysses_degree,
                                                                   ring_degree=spec.ring_degree))
         return pipe, models
-    return _apply_xfuser(ctx, pipe, models)
+    return _apply_xfuser(ctx, pipe, models, family)
 
 
-def _apply_xfuser(ctx: DistContext, pipe, models: list) -> tuple:
+def _apply_xfuser(ctx: DistContext, pipe, models: list, family: "families.Family | None" = None) -> tuple:
     """xDiT's own integration of each pipeline, in xfuser's order: world group, engine config, its wrappers, then
     the runtime state (which builds the Ulysses / ring / CFG groups from the engine config). Which wrapper applies
     is the family's (:attr:`vdbench.families.Family.xfuser`, a :class:`~vdbench.families.XfuserWiring` per
@@ -304,7 +305,7 @@ def _apply_xfuser(ctx: DistContext, pipe, models: list) -> tuple:
     from xfuser.core.distributed import init_distributed_environment, initialize_runtime_state
     spec = ctx.spec
     kind = type(pipe).__name__
-    wiring = _xfuser_wiring(pipe)
+    wiring = _xfuser_wiring(pipe, family)
     if wiring is None:
         wired = [cls for name in families.names() for cls in families.get(name).xfuser]
         raise B.BackendUnavailable(f"--parallel_engine xfuser: {kind} is not wired to xfuser in vdbench "
@@ -351,12 +352,14 @@ def _apply_xfuser(ctx: DistContext, pipe, models: list) -> tuple:
     return pipe, new
 
 
-def _xfuser_wiring(pipe):
-    """The family's :class:`~vdbench.families.XfuserWiring` for ``pipe``'s class, or None if none is wired."""
-    try:
-        family = families.for_pipeline(pipe)
-    except ValueError:
-        return None
+def _xfuser_wiring(pipe, family: "families.Family | None" = None):
+    """The family's (``family``, else the one serving ``pipe``'s class) :class:`~vdbench.families.XfuserWiring` for
+    ``pipe``'s class, or None if none is wired."""
+    if family is None:
+        try:
+            family = families.for_pipeline(pipe)
+        except ValueError:
+            return None
     return family.xfuser.get(type(pipe).__name__)
 
 

@@ -7,6 +7,8 @@ handling and component wiring are exercised too.
 
 Public API (used by the rest of vdbench and its CLIs):
 
+* :func:`parse_model` -- a model string parsed once into a :class:`ModelSpec` (kind, variant, path or hub id,
+  family, task), what the functions below also accept in place of the string.
 * :func:`resolve_model` -- ``"tiny"`` / ``"tiny:<variant>"`` -> a local directory (built on demand); anything
   else is returned unchanged.
 * :func:`load_pipeline` -- resolve + ``from_pretrained`` with the family's pipeline class, offline-friendly errors.
@@ -21,7 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
@@ -31,7 +33,9 @@ from .tiny import (BUILDER_VERSION, RANDOM_VARIANTS, TINY_VARIANTS, TinyVariant,
 
 __all__ = [
     "BUILDER_VERSION",
+    "MODEL_KINDS",
     "ModelLoadError",
+    "ModelSpec",
     "TINY_VARIANTS",
     "TinyVariant",
     "RANDOM_VARIANTS",
@@ -43,6 +47,7 @@ __all__ = [
     "hub_id_problem",
     "load_pipeline",
     "model_summary",
+    "parse_model",
     "resolve_model",
     "tiny_model_dir",
     "transformers_of",
@@ -59,22 +64,72 @@ class ModelLoadError(RuntimeError):
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def _check_family_task(family: str, task: str | None) -> str:
-    return families.get(family).check_task(task)
+#: What ``--model`` names (:attr:`ModelSpec.kind`): an embedded tiny model, a random-weight model of a real
+#: architecture, a local path, a hub id.
+MODEL_KINDS = ("tiny", "random", "local", "hub")
 
 
-def _tiny_variant_name(model: str, task: str | None, family: str) -> str | None:
-    """The tiny variant ``model`` names (``tiny`` / ``tiny:<variant>``), or None if it is not a tiny name."""
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+    """``--model`` parsed once (:func:`parse_model`), for a family and a task: what the config reads, the load and
+    the messages take instead of the string.
+
+    ``model``: the string as given (what messages name). ``kind``: one of :data:`MODEL_KINDS`. ``family``: the
+    :class:`vdbench.families.Family` (None where the name given is not a registered family). ``task``: the
+    family's task (None: it has no such task). ``variant``: the tiny variant (``tiny`` resolved through the
+    family's default for the task) or the random-weight architecture (``random:<arch>``, registered or not).
+    ``path``: a local model's path, ``~`` expanded; ``hub_id``: a hub model's id, and ``hub_problem`` why it can't
+    be one (None if it can). Parsing refuses nothing: what a name can't resolve to is kept for the step that needs
+    it (``task_error``: the family or task is unknown; ``variant_error``: a tiny name names no variant), so that a
+    config read answers "unknown" and the load refuses, with the family's or the variant registry's message."""
+
+    model: str
+    kind: str
+    family: Optional[families.Family]
+    task: Optional[str]
+    variant: Optional[str] = None
+    path: Optional[str] = None
+    hub_id: Optional[str] = None
+    hub_problem: Optional[str] = None
+    task_error: Optional[str] = None
+    variant_error: Optional[str] = None
+
+
+def parse_model(model: str, task: str | None = None, family: "str | families.Family" = "wan") -> ModelSpec:
+    """The one parser of a model string (``tiny``, ``tiny:<variant>``, ``random:<arch>``, a local path, a hub id)
+    for ``family`` (a name or the :class:`~vdbench.families.Family`) and ``task`` (None: t2v). Never raises: see
+    :class:`ModelSpec`."""
+    fam, checked, task_error = None, None, None
+    try:
+        fam = family if isinstance(family, families.Family) else families.get(family)
+        checked = fam.check_task(task)
+    except ValueError as e:
+        task_error = str(e)
+    common = dict(model=model, family=fam, task=checked, task_error=task_error)
+    if model.startswith("random:"):
+        return ModelSpec(kind="random", variant=model[len("random:"):], **common)
     if model == "tiny":
-        task = _check_family_task(family, task)
-        return families.get(family).default_tiny[task]
+        variant = fam.default_tiny[checked] if task_error is None else None
+        return ModelSpec(kind="tiny", variant=variant, variant_error=task_error, **common)
     if model.startswith("tiny:"):
-        return get_variant(model[len("tiny:") :]).name
-    return None
+        try:
+            return ModelSpec(kind="tiny", variant=get_variant(model[len("tiny:"):]).name, **common)
+        except ValueError as e:
+            return ModelSpec(kind="tiny", variant_error=str(e), **common)
+    local = os.path.expanduser(model)
+    if os.path.exists(local) or _looks_like_path(model):
+        return ModelSpec(kind="local", path=local, **common)
+    return ModelSpec(kind="hub", hub_id=model, hub_problem=hub_id_problem(model), **common)
 
 
-def resolve_model(model: str, task: str | None = None, family: str = "wan") -> str:
-    """Map ``--model`` to something ``from_pretrained`` accepts.
+def _as_spec(model: "str | ModelSpec", task: str | None, family: "str | families.Family") -> ModelSpec:
+    """``model`` itself when it is parsed already (it carries its task and family), else :func:`parse_model`'s."""
+    return model if isinstance(model, ModelSpec) else parse_model(model, task, family)
+
+
+def resolve_model(model: "str | ModelSpec", task: str | None = None, family: "str | families.Family" = "wan") -> str:
+    """Map ``--model`` (a string, or a :class:`ModelSpec` that carries its task and family) to something
+    ``from_pretrained`` accepts.
 
     ``"tiny"`` is the family's default tiny variant for ``task`` (:attr:`vdbench.families.Family.default_tiny`;
     wan: t2v -> wan2.1-t2v, i2v -> wan2.1-i2v, ti2v -> wan2.2-ti2v-5b; cogvideox: t2v -> cogvideox-t2v, i2v ->
@@ -82,10 +137,12 @@ def resolve_model(model: str, task: str | None = None, family: str = "wan") -> s
     explicit one; both are built into the cache if missing and the local directory is returned. Anything else
     (a hub id or a local path) is returned unchanged.
     """
-    name = _tiny_variant_name(model, task, family)
-    if name is None:
-        return model
-    return str(ensure_tiny(name))
+    spec = _as_spec(model, task, family)
+    if spec.kind != "tiny":
+        return spec.model
+    if spec.variant is None:
+        raise ValueError(spec.variant_error)
+    return str(ensure_tiny(spec.variant))
 
 
 def _env_flag(name: str) -> bool:
@@ -133,64 +190,68 @@ def hub_id_problem(model: str) -> str | None:
     return None
 
 
-def _component_configs(model: str, task: str | None, family: str, names: tuple[str, ...]) -> dict | None:
-    """Component name (``transformer``, ``transformer_2``, ``vae``) -> (class name or None, config) of ``model``,
-    read without loading a weight: a tiny or random-weight name from its variant, a local directory or a cached hub
-    id from ``<name>/config.json`` (diffusers' ``load_config``, local files only; the class from its
-    ``_class_name``); None when that can't be known without a download. A component the model lacks is left out."""
+def _component_configs(spec: ModelSpec, names: tuple[str, ...]) -> dict | None:
+    """Component name (``transformer``, ``transformer_2``, ``vae``) -> (class name or None, config) of the model
+    ``spec`` names, read without loading a weight: a tiny or random-weight model from its variant, a local
+    directory or a cached hub id from ``<name>/config.json`` (diffusers' ``load_config``, local files only; the
+    class from its ``_class_name``); None when that can't be known without a download. A component the model lacks
+    is left out."""
     out: dict = {}
     variant = None
-    if model.startswith("random:"):
-        base, overrides = RANDOM_VARIANTS.get(model[len("random:"):], (None, {}))
+    if spec.kind == "random":
+        base, overrides = RANDOM_VARIANTS.get(spec.variant, (None, {}))
         if base is None:
             return None
         variant = dataclasses.replace(TINY_VARIANTS[base], **overrides)
-    elif model == "tiny" or model.startswith("tiny:"):
-        try:
-            variant = TINY_VARIANTS[_tiny_variant_name(model, task, family)]
-        except ValueError:
+    elif spec.kind == "tiny":
+        if spec.variant is None:
             return None
+        variant = TINY_VARIANTS[spec.variant]
     if variant is not None:
         for n in names:
             cfg = getattr(variant, n)
             if cfg is not None:
                 out[n] = (variant.vae_class if n == "vae" else variant.transformer_class, cfg)
         return out
+    if spec.kind == "local" and os.path.isdir(spec.path):
+        where, cache_dir = spec.path, None
+    elif spec.kind == "hub" and spec.hub_problem is None:
+        where, cache_dir = spec.hub_id, _hf_cache_dir()
+    else:
+        return None
     from diffusers import ConfigMixin
 
     class ModelConfig(ConfigMixin):  # diffusers' config reader for any model's config.json, no class needed
         config_name = "config.json"
 
-    local = os.path.expanduser(model)
-    where = local if os.path.isdir(local) else model
-    if not os.path.isdir(local) and (_looks_like_path(model) or hub_id_problem(model)):
-        return None
     for n in names:
         try:
-            cfg = dict(ModelConfig.load_config(where, subfolder=n, local_files_only=True,
-                                               cache_dir=None if os.path.isdir(local) else _hf_cache_dir()))
+            cfg = dict(ModelConfig.load_config(where, subfolder=n, local_files_only=True, cache_dir=cache_dir))
         except (OSError, ValueError):
             continue
         out[n] = (cfg.get("_class_name"), cfg)
     return out
 
 
-def config_head_dims(model: str, task: str | None = None, family: str = "wan") -> list[int] | None:
-    """The attention head dims of ``model``'s denoiser(s), read from their configs without loading a weight
-    (:func:`_component_configs`); None when that can't be known without a download (the loaded model is checked
-    instead). Lets the render refuse a backend that can't serve the model's head dim before any weight loads."""
-    found = _component_configs(model, task, family, ("transformer", "transformer_2"))
+def config_head_dims(model: "str | ModelSpec", task: str | None = None,
+                     family: "str | families.Family" = "wan") -> list[int] | None:
+    """The attention head dims of ``model``'s denoiser(s) (a string, or a :class:`ModelSpec` that carries its task
+    and family), read from their configs without loading a weight (:func:`_component_configs`); None when that
+    can't be known without a download (the loaded model is checked instead). Lets the render refuse a backend that
+    can't serve the model's head dim before any weight loads."""
+    found = _component_configs(_as_spec(model, task, family), ("transformer", "transformer_2"))
     if not found or "transformer" not in found:
         return None
     dims = [cfg.get("attention_head_dim") for _, cfg in found.values()]
     return [int(d) for d in dims] if dims and all(isinstance(d, int) for d in dims) else None
 
 
-def config_vae(model: str, task: str | None = None, family: str = "wan") -> tuple[str, dict] | None:
-    """(class name, config) of ``model``'s VAE, read without loading a weight (:func:`_component_configs`), or None
-    where that needs a download: what a scratch VAE of the same architecture is built from before the pipeline
-    loads (:mod:`vdbench.prewarm`)."""
-    found = _component_configs(model, task, family, ("vae",))
+def config_vae(model: "str | ModelSpec", task: str | None = None,
+               family: "str | families.Family" = "wan") -> tuple[str, dict] | None:
+    """(class name, config) of ``model``'s VAE (a string, or a :class:`ModelSpec`), read without loading a weight
+    (:func:`_component_configs`), or None where that needs a download: what a scratch VAE of the same architecture
+    is built from before the pipeline loads (:mod:`vdbench.prewarm`)."""
+    found = _component_configs(_as_spec(model, task, family), ("vae",))
     if not found or "vae" not in found or not found["vae"][0]:
         return None
     return found["vae"]
@@ -208,17 +269,18 @@ def _offline_help(model: str, reason: str) -> str:
 
 
 def load_pipeline(
-    model: str,
+    model: "str | ModelSpec",
     task: str = "t2v",
-    family: str = "wan",
+    family: "str | families.Family" = "wan",
     *,
     dtype: torch.dtype = torch.float32,
     device: str | torch.device = "cpu",
     vae_dtype: torch.dtype | None = None,
     image: bool = False,
 ):
-    """Load a pipeline of ``family`` (a registered :mod:`vdbench.families` name) for ``task`` from a tiny name, a
-    random-weight name, a local directory or a hub id.
+    """Load a pipeline of ``family`` (a registered :mod:`vdbench.families` name, or the family itself) for ``task``
+    from a tiny name, a random-weight name, a local directory or a hub id; or from a :class:`ModelSpec`
+    (:func:`parse_model`), which carries its task and family (``task`` and ``family`` are then not read).
 
     Everything goes through ``<PipelineClass>.from_pretrained(path, dtype=dtype)`` (diffusers 0.42's name for
     ``torch_dtype``) -- tiny models included, so they exercise the real loading code. The class is the family's
@@ -233,27 +295,33 @@ def load_pipeline(
     """
     import diffusers
 
-    task = _check_family_task(family, task)
-    if model.startswith("random:"):
-        base = RANDOM_VARIANTS.get(model[len("random:"):], ("",))[0]
-        if base and TINY_VARIANTS[base].family != family:
-            raise ValueError(f"{model!r} is a {TINY_VARIANTS[base].family} model, but family {family!r} was requested.")
-        pipe = build_random(model[len("random:"):], dtype=dtype, device=device)
+    spec = _as_spec(model, task, family)
+    if spec.task_error is not None:
+        raise ValueError(spec.task_error)
+    model, task, fam = spec.model, spec.task, spec.family
+    if spec.kind == "random":
+        base = RANDOM_VARIANTS.get(spec.variant, ("",))[0]
+        if base and TINY_VARIANTS[base].family != fam.name:
+            raise ValueError(f"{model!r} is a {TINY_VARIANTS[base].family} model, but family {fam.name!r} was "
+                             "requested.")
+        pipe = build_random(spec.variant, dtype=dtype, device=device)
         if vae_dtype is not None and vae_dtype != dtype:
             pipe.vae.to(vae_dtype)
         return pipe
-    tiny_name = _tiny_variant_name(model, task, family)
-    if tiny_name is not None:
-        v = TINY_VARIANTS[tiny_name]
-        if v.family != family:
-            raise ValueError(f"Tiny variant {tiny_name!r} is a {v.family} model, but family {family!r} was requested.")
+    if spec.kind == "tiny":
+        if spec.variant is None:
+            raise ValueError(spec.variant_error)
+        v = TINY_VARIANTS[spec.variant]
+        if v.family != fam.name:
+            raise ValueError(f"Tiny variant {spec.variant!r} is a {v.family} model, but family {fam.name!r} was "
+                             "requested.")
         if task not in v.tasks:
             raise ValueError(
-                f"Tiny variant {tiny_name!r} supports task(s) {', '.join(v.tasks)}, not {task!r}; "
+                f"Tiny variant {spec.variant!r} supports task(s) {', '.join(v.tasks)}, not {task!r}; "
                 f"pick a matching --task or another variant ({', '.join(TINY_VARIANTS)})."
             )
-    source = resolve_model(model, task, family)
-    fam = families.get(family)
+    local = str(ensure_tiny(spec.variant)) if spec.kind == "tiny" else spec.path
+    source = spec.hub_id
     cls = getattr(diffusers, fam.pipeline_class(task, image=image))
     vae_cls = getattr(diffusers, fam.vae_class)
 
@@ -264,8 +332,7 @@ def load_pipeline(
             kwargs["vae"] = vae_cls.from_pretrained(source, subfolder="vae", dtype=vae_dtype, **hub_kwargs)
         return cls.from_pretrained(source, **kwargs, **hub_kwargs)
 
-    local = os.path.expanduser(source)
-    if os.path.isdir(local):
+    if local is not None and os.path.isdir(local):
         if not os.path.isfile(os.path.join(local, "model_index.json")):
             raise ModelLoadError(
                 f"Model directory {local!r} has no model_index.json, so it is not a diffusers pipeline. Download the "
@@ -275,19 +342,19 @@ def load_pipeline(
             )
         source = local
         pipe = _load()
-    elif os.path.exists(local):
+    elif local is not None and os.path.exists(local):
         raise ModelLoadError(
             f"Model path {local!r} is a file; expected a diffusers pipeline directory (with model_index.json). "
             f"Pass the directory (e.g. from `huggingface-cli download <id> --local-dir DIR`), or use `--model tiny`."
         )
-    elif _looks_like_path(source):
+    elif local is not None:
         raise ModelLoadError(
             f"Model path {local!r} does not exist. Pass a diffusers pipeline directory (e.g. downloaded with "
             f"`huggingface-cli download <id> --local-dir DIR`), a hub id, or `--model tiny`."
         )
-    elif hub_id_problem(source):
+    elif spec.hub_problem:
         raise ModelLoadError(
-            f"Model {model!r} is not a local directory and can't be a hub id ({hub_id_problem(source)}); nothing "
+            f"Model {model!r} is not a local directory and can't be a hub id ({spec.hub_problem}); nothing "
             f"was downloaded.\nThe embedded tiny models are spelled `tiny` or `tiny:<variant>` "
             f"({', '.join(TINY_VARIANTS)}); a real checkpoint is a hub id such as Wan-AI/Wan2.1-T2V-1.3B-Diffusers "
             f"or a local diffusers directory.")
@@ -351,19 +418,22 @@ def _nearest_valid(value: int, step: int, offset: int = 0) -> str:
     return f"{lo}" if lo == hi else f"{lo} or {hi}"
 
 
-def check_video_size(pipe, height: int, width: int, num_frames: int, family: str | None = None) -> None:
+def check_video_size(pipe, height: int, width: int, num_frames: int,
+                     family: "str | families.Family | None" = None) -> None:
     """Raise ``ValueError`` unless (height, width, num_frames) is a size the model renders exactly.
 
     diffusers' pipelines silently round a bad size (or fail deep inside the model), which makes benchmark rows
     incomparable. Rules: height and width must be multiples of VAE spatial factor x transformer patch size (Wan
     2.1 / A14B / CogVideoX: 8 x 2 = 16; Wan 2.2 TI2V-5B: 16 x 2 = 32). The frame count and any fixed size are the
-    family's (``family``, by default the one serving the pipeline's class; :class:`vdbench.families.Family`):
+    family's (``family``: a name or the :class:`vdbench.families.Family`; by default the one serving the
+    pipeline's class):
     Wan needs num_frames = 4k + 1 (the causal VAE maps 1 + 4k frames to 1 + k latents); CogVideoX needs 8k + 1
     (its VAE decodes latents two at a time and only an odd latent count comes back as 4 (L - 1) + 1 frames, an
     even count gives 4L frames, which is why the real default is 49), and its models with learned positional
     embeddings (5b-I2V) only run at their sample size.
     """
-    fam = families.get(family) if family is not None else families.for_pipeline(pipe)
+    fam = (family if isinstance(family, families.Family) else families.get(family) if family is not None
+           else families.for_pipeline(pipe))
     name, transformer = transformers_of(pipe)[0]
     ph, pw = _patch_hw(transformer)
     spatial = int(pipe.vae_scale_factor_spatial)

@@ -80,12 +80,13 @@ def _part(mode, options, vae_class: str, device):
     return ((mode, options), "") if used else (None, info.get("glue", ""))
 
 
-def plan(*, vae_class: str, device, decode_mode: str, decode_options: DecodeOptions,
-         encode_mode: Optional[str] = None, encode_options: EncodeOptions = EncodeOptions(),
+def plan(*, vae_class: str, device, decode_mode: "str | DecodeMode", decode_options: DecodeOptions,
+         encode_mode: "str | EncodeMode | None" = None, encode_options: EncodeOptions = EncodeOptions(),
          pixel_hw: tuple[int, int]) -> Optional[PrewarmPlan]:
     """The prewarm a render's decode (and encode, when ``encode_mode`` is given) of a ``vae_class`` VAE on
     ``device`` would profit from, or None: only the fast layers with the Triton glue have a compile to pay ahead
-    (diffusers' own decode has none of vdbench's)."""
+    (diffusers' own decode has none of vdbench's). The modes: names, or their entries as the render resolved
+    them."""
     why: dict = {}
     dec, why["decode"] = _part(check_decode(decode_mode, decode_options), decode_options, vae_class, device)
     enc = None

@@ -4,7 +4,9 @@ Four stages, each a function with one job, so a refusal can never come after wor
 
 * :func:`validate` -- every refusal that needs no weights (unknown or unavailable backend, a parallel path the
   backend or the family can't serve, a decode mode that doesn't apply, options that exclude each other) before
-  anything loads; returns a :class:`Plan` (the resolved backend, family, device and dtypes travel down in it).
+  anything loads; returns a :class:`Plan`: the configuration resolved once (the backend or schedule, the family,
+  the parsed model, the decode and encode modes with their options, device and dtypes, the parallel layout), the
+  objects every later stage takes instead of looking a name up again.
 * :func:`load` -- the pipeline (real id, local path, tiny or random-weight model), its size and head-dim checks,
   the parallel engine, the speed options; returns a :class:`Loaded`.
 * :func:`run_repetitions` -- per repetition: denoise with ``output_type="latent"`` (per-step times from events at
@@ -36,7 +38,7 @@ from .measure.record import Writer, command_line, commit, from_render_entry
 from .timing import (Clock, StepProfiler, StepTimer, WallStart, append_timing, compile_seconds, describe_steps,
                      peak_memory, reset_peak_memory, run_step_stats, step_stats, system_info, wall_start)
 
-__all__ = ["RenderConfig", "Plan", "Loaded", "render", "validate", "load", "run_repetitions", "finish",
+__all__ = ["RenderConfig", "Plan", "VaeMode", "Loaded", "render", "validate", "load", "run_repetitions", "finish",
            "resolve_device", "resolve_dtype", "preflight", "VAEHang"]
 
 
@@ -253,20 +255,49 @@ def _stages(cfg: RenderConfig, log, dctx, started: Optional[WallStart] = None) -
     return finish(plan, entries, frames, log, wall=Wall(started, load_start, loaded.load_s))
 
 
+@dataclass(frozen=True)
+class VaeMode:
+    """A VAE mode as the render runs it: its entry (:data:`vdbench.decode.MODES` / :data:`vdbench.encode.MODES`)
+    and the options it runs with (:class:`~vdbench.decode.DecodeOptions` / :class:`~vdbench.encode.EncodeOptions`),
+    both checked by :func:`validate`."""
+
+    mode: object
+    options: object
+
+
 @dataclass
 class Plan:
-    """What :func:`validate` settled before any weight loads: the backend entry (resolved once, the object that
-    travels down), the family, the device and dtypes, the decode's glue choice, the torchrun context."""
+    """What :func:`validate` settled before any weight loads, each thing resolved once into the object the later
+    stages take (none of them looks a name of ``cfg`` up again): the backend entry (or schedule), the family, the
+    parsed model (:class:`vdbench.pipelines.ModelSpec`), the device and dtypes, the decode and encode modes with
+    their options, the torchrun context and its parallel layout (:class:`vdbench.parallel.ParallelSpec`, None for
+    one process)."""
 
     cfg: RenderConfig
     family: families.Family
+    model: object  # vdbench.pipelines.ModelSpec
     backend: B.Backend
     device: torch.device
     dtype: torch.dtype
     vae_dtype: torch.dtype
-    fused_glue: Optional[bool]
+    decode: VaeMode
+    encode: VaeMode
     dctx: object = None
-    encode_glue: Optional[bool] = None  # the fast encode's (--vae_encode fast) glue choice
+
+    @property
+    def parallel(self):
+        """The parallel layout (:class:`vdbench.parallel.ParallelSpec`) under torchrun; None for one process."""
+        return self.dctx.spec if self.dctx is not None else None
+
+    @property
+    def fused_glue(self) -> Optional[bool]:
+        """The decode's glue choice (:class:`~vdbench.decode.DecodeOptions`' ``fused_glue``)."""
+        return self.decode.options.fused_glue
+
+    @property
+    def encode_glue(self) -> Optional[bool]:
+        """The encode's glue choice: set where the encode takes it (``--vae_encode fast``)."""
+        return self.encode.options.fused_glue
 
 
 def validate(cfg: RenderConfig, dctx=None) -> Plan:
@@ -304,14 +335,15 @@ def _checked_plan(cfg: RenderConfig, dctx) -> Plan:
     from . import parallel as P
     from .decode import GLUES, DecodeOptions, check_decode
     from .encode import EncodeOptions, check_encode
-    from .pipelines import config_head_dims
+    from .pipelines import config_head_dims, parse_model
 
     device = dctx.device if dctx is not None else resolve_device(cfg.device)
     dtype = resolve_dtype(cfg.dtype, device)
     # unknown names, bad options and malformed schedules fail before the (slow) model load
     backend = resolve_attention(cfg.attention_type)
     cfg = replace(cfg, attention_type=backend.name)  # an alias (diffusers' / SGLang's name) is recorded as ours
-    family = families.get(cfg.family)
+    family = families.get(cfg.family)  # the one lookup of the render: the Family object travels from here
+    model = parse_model(cfg.model, cfg.task, family)  # parsed once; an unknown variant is the load's refusal
     as_schedule(backend).check_plan(num_steps=cfg.num_inference_steps, compiled=cfg.compile, parallel=dctx is not None,
                                     grid_family=family.name if family.grid_hooks is not None else None)
     if dctx is not None:  # the backend must serve this parallel path (ring: LSE), on every rank
@@ -323,7 +355,7 @@ def _checked_plan(cfg: RenderConfig, dctx) -> Plan:
                              "process")
     # the head dims from the model's config (no weights; the loaded model is checked again): a backend that can't
     # serve them, or can't run on this device at all (sagev1 on a CPU), is refused here
-    preflight(backend, device, dtype, config_head_dims(cfg.model, cfg.task, cfg.family) or [])
+    preflight(backend, device, dtype, config_head_dims(model) or [])
     if cfg.image and cfg.task in family.image_refusals:
         raise ValueError(family.image_refusals[cfg.task])
     if cfg.task in family.image_tasks and not cfg.image:
@@ -347,14 +379,15 @@ def _checked_plan(cfg: RenderConfig, dctx) -> Plan:
     # the decode and encode asked for, refused before the load where they can't apply to this family or can't run
     # here; --vae_glue is the fast encode's alone when only the encode is fast
     # which modes take the glue option is the modes' (their ``options``), not their names'
-    takes_glue = {kind: "fused_glue" in check(name, family=cfg.family).options
-                  for kind, check, name in (("encode", check_encode, cfg.vae_encode),
-                                            ("decode", check_decode, cfg.vae_decode))}
-    encode_glue = GLUES[cfg.vae_glue] if takes_glue["encode"] else None
-    decode_glue = None if (encode_glue is not None and not takes_glue["decode"]) else GLUES[cfg.vae_glue]
-    check_decode(cfg.vae_decode, DecodeOptions(max_memory_gib=cfg.vae_max_memory, fused_glue=decode_glue),
-                 family=cfg.family, device=device)
-    encode = check_encode(cfg.vae_encode, EncodeOptions(fused_glue=encode_glue), family=cfg.family, device=device)
+    # the names become the modes' entries here; the checks with the options (and every later stage) take the entries
+    encode = check_encode(cfg.vae_encode, family=family)
+    decode = check_decode(cfg.vae_decode, family=family)
+    encode_glue = GLUES[cfg.vae_glue] if "fused_glue" in encode.options else None
+    decode_glue = None if (encode_glue is not None and "fused_glue" not in decode.options) else GLUES[cfg.vae_glue]
+    decode_options = DecodeOptions(max_memory_gib=cfg.vae_max_memory, fused_glue=decode_glue)
+    encode_options = EncodeOptions(fused_glue=encode_glue)
+    check_decode(decode, decode_options, family=family, device=device)
+    check_encode(encode, encode_options, family=family, device=device)
     if not encode.stock and cfg.task not in family.image_tasks:
         raise ValueError(f"--vae_encode {cfg.vae_encode}: task {cfg.task} encodes no video (the image-conditioned "
                          f"task(s) {', '.join(family.image_tasks)} do); drop the flag")
@@ -367,7 +400,8 @@ def _checked_plan(cfg: RenderConfig, dctx) -> Plan:
     if cfg.profile_output and steps_profiled > cfg.num_inference_steps:
         raise ValueError(f"--profile_wait + --profile_warmup + --profile_active = {steps_profiled} exceeds the "
                          f"{cfg.num_inference_steps} denoising steps of the profiled repetition")
-    return Plan(cfg, family, backend, device, dtype, vae_dtype, decode_glue, dctx, encode_glue)
+    return Plan(cfg, family, model, backend, device, dtype, vae_dtype, VaeMode(decode, decode_options),
+                VaeMode(encode, encode_options), dctx)
 
 
 @dataclass
@@ -389,21 +423,17 @@ def _start_prewarm(plan: Plan, pipe=None):
     where there is nothing to compile ahead or ``--no_vae_prewarm``. ``pipe``: the loaded pipeline, whose VAE's
     config serves where the model's could not be read before the load (a hub id downloaded by it)."""
     from . import prewarm as W
-    from .decode import DecodeOptions
-    from .encode import EncodeOptions
     from .pipelines import config_vae
 
     cfg, device = plan.cfg, plan.device
     if not cfg.vae_prewarm or device.type != "cuda" or cfg.cpu_offload or cfg.vae_tiling:
         return None
-    spec = config_vae(cfg.model, cfg.task, cfg.family) if pipe is None else (type(pipe.vae).__name__,
-                                                                             dict(pipe.vae.config))
+    spec = config_vae(plan.model) if pipe is None else (type(pipe.vae).__name__, dict(pipe.vae.config))
     if spec is None:
         return None
     image = bool(cfg.image) and plan.family.takes_image(cfg.task)
-    p = W.plan(vae_class=spec[0], device=device, decode_mode=cfg.vae_decode,
-               decode_options=DecodeOptions(max_memory_gib=cfg.vae_max_memory, fused_glue=plan.fused_glue),
-               encode_mode=cfg.vae_encode if image else None, encode_options=EncodeOptions(fused_glue=plan.encode_glue),
+    p = W.plan(vae_class=spec[0], device=device, decode_mode=plan.decode.mode, decode_options=plan.decode.options,
+               encode_mode=plan.encode.mode if image else None, encode_options=plan.encode.options,
                pixel_hw=(cfg.height, cfg.width))
     dtype = plan.vae_dtype or plan.dtype
     return W.start(lambda: W.meta_vae(spec[0], spec[1]).to(dtype), p)
@@ -416,7 +446,7 @@ def _load_checked(plan: Plan) -> tuple:
 
     cfg, family, device = plan.cfg, plan.family, plan.device
     t_load = time.perf_counter()
-    pipe = load_pipeline(cfg.model, cfg.task, cfg.family, dtype=plan.dtype,
+    pipe = load_pipeline(plan.model, dtype=plan.dtype,
                          device="cpu" if cfg.cpu_offload else device, vae_dtype=plan.vae_dtype,
                          image=bool(cfg.image) and family.takes_image(cfg.task))
     if cfg.cpu_offload:
@@ -431,7 +461,7 @@ def _load_checked(plan: Plan) -> tuple:
         flow_shift = _set_flow_shift(pipe, cfg.flow_shift if cfg.flow_shift is not None
                                      else family.flow_shift(cfg.task, cfg.height, cfg.width))
     pipe.set_progress_bar_config(disable=not sys.stderr.isatty(), leave=False)
-    check_video_size(pipe, cfg.height, cfg.width, cfg.num_frames, family=cfg.family)
+    check_video_size(pipe, cfg.height, cfg.width, cfg.num_frames, family=family)
     preflight(plan.backend, device, plan.dtype, [m.config.attention_head_dim for _, m in transformers_of(pipe)])
     return pipe, load_time, flow_shift
 
@@ -456,7 +486,7 @@ def load(plan: Plan) -> Loaded:
     models = transformers_of(pipe)
     head_dims = [m.config.attention_head_dim for _, m in models]
     if dctx is not None:
-        pipe, models = P.apply_engine(dctx, pipe, models)
+        pipe, models = P.apply_engine(dctx, pipe, models, family)
     speed = apply_speed_options(pipe, models, device=device, compile=cfg.compile,
                                 compile_backend=cfg.compile_backend, compile_mode=cfg.compile_mode,
                                 bf16_te_gemms=cfg.bf16_te_gemms, fp8_gemms=cfg.fp8_gemms)
@@ -501,7 +531,7 @@ def run_repetitions(plan: Plan, loaded: Loaded, log) -> tuple[list[dict], object
     """The untimed warm-up calls, then the timed repetitions: one timing entry each, and the last one's frames."""
     from . import parallel as P
     from .decode import decode_latents
-    from .encode import EncodeOptions, use_encode
+    from .encode import use_encode
     from .stages import StageTimers, merge_one_time
     from .watchdog import Watchdog, WatchdogTimeout
 
@@ -538,8 +568,8 @@ def run_repetitions(plan: Plan, loaded: Loaded, log) -> tuple[list[dict], object
         profiler = StepProfiler(Path(root) / cfg.profile_output, cfg.rank, cfg.profile_wait, cfg.profile_warmup,
                                 cfg.profile_active, device)
     try:
-        with patch, torch.inference_mode(), use_encode(pipe.vae, cfg.vae_encode,
-                                                       EncodeOptions(fused_glue=plan.encode_glue), info=encode_info):
+        with patch, torch.inference_mode(), use_encode(pipe.vae, plan.encode.mode, plan.encode.options,
+                                                       info=encode_info):
             from tqdm.auto import tqdm
 
             compiled_before = compile_seconds()  # torch.compile's time from here on is this render's
@@ -585,9 +615,9 @@ def run_repetitions(plan: Plan, loaded: Loaded, log) -> tuple[list[dict], object
                 after_pipe = Clock(device)
                 vae_info: dict = {}
                 try:
-                    frames = decode_latents(pipe, latents, cfg.family, num_frames=cfg.num_frames,
-                                            mode=cfg.vae_decode, max_memory_gib=cfg.vae_max_memory,
-                                            timeout_s=cfg.vae_timeout, info=vae_info, fused_glue=plan.fused_glue,
+                    frames = decode_latents(pipe, latents, plan.family, num_frames=cfg.num_frames,
+                                            mode=plan.decode.mode, options=plan.decode.options,
+                                            timeout_s=cfg.vae_timeout, info=vae_info,
                                             prewarm=prewarm if rep == 0 else None)
                 except WatchdogTimeout as e:  # never wait forever: say where it hung, exit non-zero
                     raise VAEHang(f"VAE decode hung (> {cfg.vae_timeout} s, --vae_timeout); last completed stage: "
@@ -597,7 +627,7 @@ def run_repetitions(plan: Plan, loaded: Loaded, log) -> tuple[list[dict], object
                     from .capture import save_latents
 
                     save_latents(cfg.capture_dir, latents, cfg.attention_type, rank=cfg.rank, repetition=rep,
-                                 meta={"family": cfg.family, "model": cfg.model, "height": cfg.height,
+                                 meta={"family": plan.family.name, "model": plan.model.model, "height": cfg.height,
                                        "width": cfg.width, "num_frames": cfg.num_frames})
                 timer.starts_at(stage_timers.denoise_start)  # the encoders before the first step are no step's
                 step_times = timer.step_times()
@@ -623,13 +653,13 @@ def run_repetitions(plan: Plan, loaded: Loaded, log) -> tuple[list[dict], object
                     "text_encode_time": stages.pop("text_encode_time"),
                     "image_encode_time": stages.pop("image_encode_time"),
                     "vae_encode_time": stages.pop("vae_encode_time"),
-                    "vae_encode": ({"mode": cfg.vae_encode, **{k: v for k, v in encode_info.items()
+                    "vae_encode": ({"mode": plan.encode.mode.name, **{k: v for k, v in encode_info.items()
                                                                if isinstance(v, (int, float, str, bool))}}
                                    if stages["stages"]["vae_encode"] is not None else None),
                     "step_times": step_times,
                     **step_stats(step_times, device, backend.emulated),  # warm step, first step, spread, verdict
                     "vae_decode_time": decode_time,
-                    "vae_decode": {"mode": cfg.vae_decode, "max_memory_gib": cfg.vae_max_memory,
+                    "vae_decode": {"mode": plan.decode.mode.name, "max_memory_gib": cfg.vae_max_memory,
                                    **{k: v for k, v in vae_info.items() if isinstance(v, (int, float, str, bool))}},
                     "total_time": start.seconds_until(after_decode),
                     **stages,  # stages, unaccounted (+ share, where): vdbench.stages.breakdown

@@ -98,14 +98,15 @@ FAST_DEFAULT_CHUNK = 1  # latent frames per decoder call in mode "fast" when no 
 _GIB = 1024 ** 3
 
 
-def prepare_latents(vae, latents: torch.Tensor, family: str) -> torch.Tensor:
+def prepare_latents(vae, latents: torch.Tensor, family: "str | families.Family") -> torch.Tensor:
     """Pipeline latents -> what ``vae.decode`` takes, exactly as the diffusers pipeline does it.
 
     The family's :attr:`~vdbench.families.Family.prepare_latents` (Wan: ``latents * std + mean``, channel-first
     (B, C, T, H, W) already; CogVideoX: (B, T, C, H, W) -> (B, C, T, H, W) and divide by the scaling factor).
-    ``family``: a registered family's name.
+    ``family``: a registered family's name, or the family.
     """
-    return families.get(family).prepare_latents(vae, latents)
+    fam = family if isinstance(family, families.Family) else families.get(family)
+    return fam.prepare_latents(vae, latents)
 
 
 @torch.no_grad()
