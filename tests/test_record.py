@@ -72,19 +72,19 @@ def test_bad_files_are_refused_with_the_path_and_line(tmp_path):
 
 
 def test_older_files_read_as_records():
-    (r,) = M.read(RAW / "cold" / "f" / "res" / "r480" / "fast" / "1" / "results" / "timing.json")
+    (r,) = M.read(RAW / "h200" / "2026-11-26_cold" / "f" / "res" / "r480" / "fast" / "1" / "results" / "timing.json")
     assert r.suite == "render" and r.case == "default" and r.config["settings"]["vae_decode"] == "fast"
     assert r.figures["step_ms"]["n"] == 1 and r.figures["step_ms"]["first"] == pytest.approx(1505.198486328125)
     assert r.system["gpu"] == "NVIDIA H200" and r.verdict == {"speed_figure": False, "why_not": r.data["why_not_speed"]}
-    att = M.read(RAW / "cold" / "e" / "attn14.json")
+    att = M.read(RAW / "h200" / "2026-11-26_cold" / "e" / "attn14.json")
     fav3 = next(a for a in att if a.case == "wan2.1-14b-720p/fav3")
     assert fav3.figures["time_ms"]["n"] == 5 and fav3.figures["time_ms"]["first"] == pytest.approx(3456.668701171875)
     assert fav3.config["shape"]["Sq"] == 75600 and fav3.timer == "CUDA events, L2 flushed" and fav3.speed_figure
     sta = next(a for a in att if a.case.endswith("/sta"))
     assert sta.verdict["why_not"].startswith("unavailable")
-    cold = M.read(RAW / "cold" / "f" / "cold480.json")
+    cold = M.read(RAW / "h200" / "2026-11-26_cold" / "f" / "cold480.json")
     assert {c.case for c in cold} == {"bf16", "prewarm"} and all(c.figures["decode_s"]["n"] == 2 for c in cold)
-    vae = M.read(RAW / "s2" / "vae_wan21.json")
+    vae = M.read(RAW / "4xh200" / "2026-11-22_x4" / "vae" / "vae_wan21.json")
     assert vae and all(v.suite == "vae" and v.config["model"] for v in vae)
-    q = M.read(RAW / "s2" / "wan_quality.json")
+    q = M.read(RAW / "h200" / "2026-11-22_verify_call2" / "wan_quality.json")
     assert q and all(v.suite == "quality" for v in q)

@@ -41,7 +41,7 @@ produced. Which decode then runs (diffusers' own, this module's, the band-parall
       (:mod:`vdbench.kernels.glue`), and every conv run *without* its bias, which is added where the output is
       read next (inside that glue, with the residual in one pass, or in one vectorized row pass): PyTorch's own
       bias add is a non-vectorized broadcast pass over channels_last rows. On an H200 the glue went from 543 to
-      85 ms of a Wan 2.1 480p x 81 decode (docs/PERFORMANCE.md §6).
+      85 ms of a Wan 2.1 480p x 81 decode (docs/PERFORMANCE.md §8.1).
     * **nearest upsampling in the working dtype**: diffusers' ``WanUpsample`` upcasts to fp32 before a
       ``nearest-exact`` interpolation and casts back. Nearest interpolation only copies values, so the result
       is bit-identical in bf16, without the fp32 temporary.

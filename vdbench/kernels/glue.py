@@ -3,7 +3,7 @@
 Between two causal 3x3x3 convolutions of the Wan decoder sits ``conv_in = cat(cache, silu(rms_norm(x)))``.
 Eagerly that is four memory-bound passes over the activation (the fp32-accumulated norm reduction, ``x / norm``
 into the conv's input buffer, ``* gamma``, SiLU in place); on an H200 they cost about as much as the convolutions
-themselves (docs/PERFORMANCE.md §6). The whole glue is a row-wise op over voxels: read ``x`` once, write
+themselves (docs/PERFORMANCE.md §8.1). The whole glue is a row-wise op over voxels: read ``x`` once, write
 ``silu(x / ||x|| * g)`` once, straight into the frames of the conv's input buffer behind the causal context.
 In channels_last_3d (the GPU fast path) every voxel's channels are one contiguous row; the contiguous layout
 (what CPU convolutions return) is handled by strides, for tests.
@@ -159,7 +159,7 @@ def add_rows_(y: torch.Tensor, bias: torch.Tensor, residual: torch.Tensor | None
     """In place ``y += bias (+ residual)`` over channels (dim 1) of a (B, C, *S) tensor, in one pass, fp32 math
     rounded once: a convolution's bias (and a residual block's skip input) added after a conv run without its
     bias. PyTorch adds a conv bias in a pass of its own whose broadcast over channels_last rows takes the
-    non-vectorized elementwise path (on an H200, ~11% of the fast Wan decode; docs/PERFORMANCE.md §6)."""
+    non-vectorized elementwise path (on an H200, ~11% of the fast Wan decode; docs/PERFORMANCE.md §8.1)."""
     c = y.shape[1]
     b = _vec(bias, c, "add_rows_: bias", y.device)
     if residual is not None and residual.shape != y.shape:
