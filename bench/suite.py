@@ -417,12 +417,12 @@ def _sets(items) -> dict:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("suite", nargs="?", help="the suite (bench/suites/<suite>.toml)")
-    p.add_argument("--list", action="store_true", help="list the suites and exit")
-    p.add_argument("--dry_run", action="store_true", help="print what would run, in order; run nothing")
+    p.add_argument("--list", action="store_true", help="list the suites and exit (default: off)")
+    p.add_argument("--dry_run", action="store_true", help="print what would run, in order; run nothing (default: off)")
     p.add_argument("--budget_s", type=float, default=None,
                    help="seconds for the whole suite (default: the suite's budget_s, else 540)")
-    p.add_argument("--set", action="append", metavar="NAME=VALUE", help="override a suite var (repeatable)")
-    p.add_argument("--only", default=None, help="run only the cases whose name matches this regex in full")
+    p.add_argument("--set", action="append", metavar="NAME=VALUE", help="override a suite var (repeatable; default: the suite's [vars])")
+    p.add_argument("--only", default=None, help="run only the cases whose name matches this regex in full (default: every case)")
     p.add_argument("--force", action="store_true", help="run cases an earlier call finished (default: skip them)")
     p.add_argument("--out", type=Path, default=None,
                    help="results folder (default: results/<suite>/<UTC date>_<device>)")

@@ -120,7 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("table", choices=("decode", "encode"), help="which suite's summary")
     p.add_argument("out", type=Path, help="the suite's results folder")
-    p.add_argument("-o", "--output", type=Path, default=None, help="also write the summary here")
+    p.add_argument("-o", "--output", type=Path, default=None, help="also write the summary here (default: printed only)")
     return p
 
 

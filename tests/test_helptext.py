@@ -14,7 +14,7 @@ from vdbench.helptext import DefaultsHelpFormatter
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = sorted(p.name for p in (ROOT / "bench").glob("*.py") if "argparse" in p.read_text())
-COMMANDS = [["run_wan.py"], ["sageattn_cogvideo.py"], ["stitch_comparison.py"], ["-m", "vdbench.report"],
+COMMANDS = [["run_wan.py"], ["sageattn_cogvideo.py"], ["sweep.py"], ["stitch_comparison.py"], ["-m", "vdbench.report"],
             ["-m", "vdbench.batch"], ["render_all_WAN.sh"], ["render_all_attention.sh"]]
 COMMANDS += [[f"bench/{b}"] for b in BENCH]
 

@@ -421,12 +421,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default="tiny", help="hub id, local path, random:<arch>, tiny or tiny:<variant>")
     p.add_argument("--family", default=None, choices=families.names(),
                    help="the model family (default: from the model name: cogvideox when it says so, else wan)")
-    p.add_argument("--height", type=int, default=64)
-    p.add_argument("--width", type=int, default=96)
-    p.add_argument("--num_frames", type=int, default=9)
+    p.add_argument("--height", type=int, default=64, help="video height in pixels")
+    p.add_argument("--width", type=int, default=96, help="video width in pixels")
+    p.add_argument("--num_frames", type=int, default=9, help="video frames")
     p.add_argument("--steps", type=int, default=4, help="denoising steps per render (warm n = steps - 1)")
-    p.add_argument("--seed", type=int, default=42)
-    p.add_argument("--device", default="auto")
+    p.add_argument("--seed", type=int, default=42, help="one seed for every render: same noise, comparable videos")
+    p.add_argument("--device", default="auto", help="auto (CUDA when available, else CPU), cpu, cuda, cuda:N")
     p.add_argument("--budget_min", type=float, default=15.0, help="minutes for the whole sweep")
     p.add_argument("--max_candidates", type=int, default=8, help="backends rendered beside default and reference")
     p.add_argument("--max_rel_l2", type=float, default=0.1,

@@ -1,6 +1,6 @@
 """Timing that is honest about asynchronous devices, and the timing.json every render appends to.
 
-Rules (see README): device work is timed with CUDA events (or after a synchronize); host clocks are only used
+Rules (docs/RENDERING.md): device work is timed with CUDA events (or after a synchronize); host clocks are only used
 around work that is synchronous (CPU) or after an explicit synchronize. Per-step times come from events
 recorded at each step boundary by the pipeline's ``callback_on_step_end``, so they cost no synchronization
 during the run; they are read once at the end.

@@ -50,7 +50,7 @@ from .sage import SageMajor, import_sageattention, sage_version
 ORDER = 15
 
 INSTALL_HINT = ("no wheel on PyPI: build it from a thu-ml/SageAttention source checkout as its README says, with "
-                "TORCH_CUDA_ARCH_LIST set to your GPU; README, 'SageAttention 2'")
+                "TORCH_CUDA_ARCH_LIST set to your GPU; docs/BACKENDS.md, 'SageAttention 2'")
 FP8_SM90 = "sageattn_qk_int8_pv_fp8_cuda_sm90"
 FP8_SM89 = "sageattn_qk_int8_pv_fp8_cuda"
 FP16_CUDA = "sageattn_qk_int8_pv_fp16_cuda"
