@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The project's Triton attention kernels (vdbench/kernels) on a GPU: the two Python stages of bench/gpu_kernels.sh.
+"""The project's Triton attention kernels (vdbench/kernels) on a GPU: the check and sweep stages of the kernels suite (bench/suites/kernels.toml).
 
     python bench/gpu_kernels.py check --out DIR    # kernels vs their torch emulations and fp64 -> DIR/check.json
     python bench/gpu_kernels.py sweep --out DIR    # the tile sweep -> DIR/sweep.csv, DIR/best_configs.json
