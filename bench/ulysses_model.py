@@ -24,6 +24,15 @@ import os
 import sys
 
 
+def _registry_order(names):
+    """``names`` in the registry's order (vdbench.backends.names()), unknown ones last: rows follow the backend
+    table, no name is singled out here."""
+    from vdbench import backends as B
+
+    rank = {n: i for i, n in enumerate(B.names())}
+    return sorted(names, key=lambda n: (rank.get(n, len(rank)), n))
+
+
 def a2a(path: str) -> None:
     import torch
     import torch.distributed as dist
@@ -61,8 +70,7 @@ def summary(res: str, out: str) -> None:
     rows, table = [], []
     configs = [("1gpu", "1 GPU", "-")] + [(f"{e}_{p}2", f"{p}-2".replace("u-", "Ulysses-").replace("r-", "ring-"), e)
                                          for p in ("u", "r") for e in ("diffusers", "xfuser")]
-    order = ["sdpa_cudnn", "fav3", "sagev1", "fav3_fp8"]
-    for b in order + sorted(set(base) - set(order)):
+    for b in _registry_order(base):
         ref_e, ref_f, ref_l = base.get(b), frames("1gpu", b), latents("1gpu", b)
         for cfg, label, engine in configs:
             e = entries(cfg).get(b)
@@ -95,7 +103,7 @@ def summary(res: str, out: str) -> None:
     model = {}
     a2a = json.load(open(os.path.join(out, "a2a.json"))) if os.path.exists(os.path.join(out, "a2a.json")) else None
     f = lambda n: (n - 1) / n ** 2
-    for b in ["sdpa_cudnn", "fav3"] + sorted(set(base) - set(order)):
+    for b in _registry_order(base):
         t1 = base.get(b, {}).get("warm_step_median")
         for eng in ("diffusers", "xfuser"):
             u2 = entries(f"{eng}_u2").get(b, {}).get("warm_step_median")

@@ -45,7 +45,7 @@ def test_candidates_are_the_fast_accurate_runnable_kernels_fastest_first():
 
 def _row(stack, ms, db, speed=True, emulated=False):
     return {"stack": stack, "warm_ms": ms, "psnr_db": db, "speed_figure": speed, "why_not_speed": None if speed
-            else "CPU timing", "emulated": emulated}
+            else "CPU timing", "emulated": emulated, "is_reference": stack == "reference"}
 
 
 def test_ranking_pareto_and_verdict():

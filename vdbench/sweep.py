@@ -66,6 +66,7 @@ class Candidate:
     attention: str
     flags: list = field(default_factory=list)
     why: str = ""
+    is_reference: bool = False
 
     @property
     def slug(self) -> str:
@@ -141,7 +142,8 @@ def plan_candidates(avail: list[dict], bench_rows: list[dict], *, max_candidates
     left_out += [{"backend": n, "why": f"beyond --max_candidates {max_candidates}"} for _, n, _ in
                  scored[max_candidates:]]
     return [Candidate(baseline, baseline, [], "baseline: the pipeline's own attention"),
-            Candidate(reference, reference, [], "quality reference: exact attention"), *chosen, *stacks], left_out
+            Candidate(reference, reference, [], "quality reference: exact attention", is_reference=True), *chosen,
+            *stacks], left_out
 
 
 def _render_cmd(family: str, args, cand: Candidate, out: Path, extra: list[str]) -> list[str]:
@@ -168,7 +170,7 @@ def row_of(cand: Candidate, rec: Record, ref_frames, device_type: str) -> dict:
     """A candidate's row from its render's record (the last repetition) and its video against the reference's."""
     step = rec.figures.get("step_ms") or {}
     peak = rec.figures.get("peak_memory_bytes")
-    row = {"stack": cand.name, "attention": cand.attention, "why": cand.why,
+    row = {"stack": cand.name, "attention": cand.attention, "why": cand.why, "is_reference": cand.is_reference,
            "warm_ms": step.get("median"), "p20_ms": step.get("p20"), "p80_ms": step.get("p80"),
            "n": step.get("n"), "first_step_ms": step.get("first"),
            "end_to_end_s": rec.figures.get("end_to_end_s"), "one_time_s": rec.figures.get("one_time_s"),
@@ -195,9 +197,9 @@ def rank(rows: list[dict], baseline: str = "default") -> list[dict]:
     base = next((r for r in rows if r["stack"] == baseline and r["warm_ms"]), None)
     for r in rows:
         r["speedup"] = (base["warm_ms"] / r["warm_ms"]) if base and r["warm_ms"] and not r["emulated"] else None
-    pts = [(r["warm_ms"], math.inf if r["psnr_db"] is None and r["stack"] == "reference" else r["psnr_db"],
+    pts = [(r["warm_ms"], math.inf if r["psnr_db"] is None and r.get("is_reference") else r["psnr_db"],
             r["stack"]) for r in rows if r["warm_ms"] and not r["emulated"] and
-           (r["psnr_db"] is not None or r["stack"] == "reference")]
+           (r["psnr_db"] is not None or r.get("is_reference"))]
     front = {label for _, _, label in pareto_front(pts)}
     for r in rows:
         r["pareto"] = r["stack"] in front
@@ -206,7 +208,7 @@ def rank(rows: list[dict], baseline: str = "default") -> list[dict]:
 
 def verdict(rows: list[dict], *, device: str, model: str, tolerance_db: float) -> str:
     """One line: the fastest within ``tolerance_db`` of exact, and the fastest overall with its PSNR."""
-    timed = [r for r in rows if r["warm_ms"] and not r["emulated"] and r["stack"] != "reference"]
+    timed = [r for r in rows if r["warm_ms"] and not r["emulated"] and not r.get("is_reference")]
     if not timed:
         return f"on this {device} for {model}: no render gave a warm step (see the rows' notes)"
     speed = all(r["speed_figure"] for r in timed)
@@ -237,7 +239,7 @@ def _exact_db(rows, baseline: str = "default") -> float:
     base = next((r["psnr_db"] for r in rows if r["stack"] == baseline and r["psnr_db"] is not None), None)
     if base is not None:
         return base
-    got = [r["psnr_db"] for r in rows if r["psnr_db"] is not None and r["stack"] != "reference"]
+    got = [r["psnr_db"] for r in rows if r["psnr_db"] is not None and not r.get("is_reference")]
     return max(got) if got else math.inf
 
 
@@ -337,7 +339,7 @@ def run(args) -> int:
     _log(f"[sweep] rendering {len(cands)}: {', '.join(c.name for c in cands)} ({left():.0f} s of budget left)")
 
     # 3. the renders, reference first (the others are compared with it), each skipped when done or out of time
-    order = sorted(cands, key=lambda c: c.name != "reference")
+    order = sorted(cands, key=lambda c: not c.is_reference)  # the others are compared with its video
     slowest, records = capture_s, {}
     for c in order:
         folder = out / "runs" / c.slug
@@ -362,7 +364,7 @@ def run(args) -> int:
         _log(f"[sweep] {c.name}: rendered in {time.monotonic() - t:.0f} s")
 
     # 4. rank against the reference video
-    ref = records.get("reference")
+    ref = next((records.get(c.name) for c in cands if c.is_reference), None)
     ref_frames = load_frames(_video(ref))[0] if ref is not None and _video(ref) is not None else None
     rows = rank([row_of(c, records[c.name], ref_frames, device) for c in cands if c.name in records])
     text = verdict(rows, device=dev_name, model=args.model, tolerance_db=args.psnr_tolerance_db)
