@@ -518,3 +518,15 @@ def test_every_attention_preset_grid_matches_its_sequence_length():
     assert set(grids) == set(presets)
     for name, grid in grids.items():
         assert parse_grid(grid).seq_len == presets[name][2] == presets[name][3], name
+
+
+def test_a_renders_token_grid_follows_from_its_size():
+    """``size_grid`` (what the sweep hands the kernel bench for the sparse patterns) agrees with the presets' grids
+    at the presets' sizes."""
+    from vdbench import families
+
+    wan, cog = families.get("wan"), families.get("cogvideox")
+    grids = families.attention_grids()
+    assert wan.size_grid(480, 832, 81) == grids["wan2.1-1.3b-480p"]
+    assert wan.size_grid(720, 1280, 81) == grids["wan2.1-14b-720p"]
+    assert cog.size_grid(480, 720, 49) == grids["cogvideox-2b"]

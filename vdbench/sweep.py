@@ -326,8 +326,9 @@ def run(args) -> int:
             return 1
         kdir.mkdir(exist_ok=True)
         runnable = [a["backend"] for a in avail if a["runs"] and a["backend"] != "default"]
+        grid = ["--grid", fam.size_grid(args.height, args.width, args.num_frames)] if fam.size_grid else []
         cmd = [sys.executable, str(ROOT / "bench" / "bench_attention.py"), "--input_dir", str(caps), "--kernel",
-               ",".join(runnable), "--device", device, "--budget_s", str(args.kernel_budget_s), "-o",
+               ",".join(runnable), "--device", device, "--budget_s", str(args.kernel_budget_s), *grid, "-o",
                str(kdir / "attention.csv")]
         rc = _run(cmd, out / "logs" / "kernels.log", left())
         if rc not in (0, 3):  # 3: some kernels skipped (their rows say why)

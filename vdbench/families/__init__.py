@@ -154,6 +154,8 @@ class Family:
     Benchmarks
         ``attention_presets`` (name -> (B, H, Sq, Sk, D) of a real model's attention, bench/bench_attention.py);
         ``attention_grids`` (preset name -> its token grid, ``FxHxW[+T]``: what the sparse patterns need);
+        ``size_grid(height, width, num_frames)`` -> the self-attention token grid of a render of that size (the
+        same ``FxHxW[+T]``), for benching captured inputs with the sparse patterns;
         ``vae_configs`` (:func:`vdbench.pipelines.build_vae` name -> (tiny config, real config) of the VAE class).
     Listing
         ``order``: where the family is listed (names, variants, error messages); lower first.
@@ -188,6 +190,7 @@ class Family:
     xfuser: Mapping[str, XfuserWiring] = dataclasses.field(default_factory=dict)
     attention_presets: Mapping[str, tuple[int, int, int, int, int]] = dataclasses.field(default_factory=dict)
     attention_grids: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    size_grid: Optional[Callable[[int, int, int], str]] = None
     vae_configs: Mapping[str, tuple[dict, dict]] = dataclasses.field(default_factory=dict)
     grid_hooks: Optional[Callable[..., Any]] = None
     pipeline_requirements: Mapping[str, tuple[tuple[str, str], ...]] = dataclasses.field(default_factory=dict)

@@ -299,6 +299,10 @@ FAMILY = Family(
         "cogvideox-5b": (1, 48, 17776, 17776, 64),
     },
     attention_grids={"cogvideox-2b": "13x30x45+226", "cogvideox-5b": "13x30x45+226"},
+    # 4x in time (the first frame alone), 8x in space, 2x2 patches; the 226 text tokens come first in the joint
+    # attention
+    size_grid=lambda height, width, num_frames: (f"{(num_frames - 1) // 4 + 1}x{height // 16}x{width // 16}"
+                                                 "+226"),
     vae_configs={"cogvideox": (COG_VAE, COG_VAE_REAL)},
     order=1,
 )

@@ -467,6 +467,8 @@ FAMILY = Family(
         "wan2.2-a14b-720p": (1, 40, 75600, 75600, 128),
     },
     attention_grids={"wan2.1-1.3b-480p": "21x30x52", "wan2.1-14b-720p": "21x45x80", "wan2.2-a14b-720p": "21x45x80"},
+    # the VAE compresses time 4x (the first frame alone) and space 8x; the transformer patchifies 1x2x2
+    size_grid=lambda height, width, num_frames: f"{(num_frames - 1) // 4 + 1}x{height // 16}x{width // 16}",
     vae_configs={"wan2.1": (WAN21_VAE, WAN21_VAE_REAL), "wan2.2": (WAN22_VAE, WAN22_VAE_REAL)},
     order=0,
 )
