@@ -14,7 +14,7 @@ follows the token mask exactly (the block lists are checked separately with
 Layout convention: q, k, v, out are (batch, heads, seq, head_dim), as every backend of the registry; the output
 has q's dtype. ``sparse_attention`` takes the tokens in the model's order and permutes them into the pattern's
 tile layout and back inside the call, or -- ``already_tile_ordered=True`` -- takes them already in that layout
-(the once-per-forward form of :mod:`vdbench.sparse_hooks`).
+(the once-per-forward form of :mod:`vdbench.sparse.hooks`).
 
 Where no grid applies (cross-attention: the keys are text, not the video grid; or no grid known), a sparse
 backend runs dense attention on the same FlexAttention path and says so in its :class:`~vdbench.sparse.BlockStats`
@@ -28,7 +28,7 @@ from typing import Optional, Union
 
 import torch
 
-from .sparse import BlockStats, SparseSpec, TokenGrid, block_mask, from_layout, layout_for, parse_spec, to_layout
+from . import BlockStats, SparseSpec, TokenGrid, block_mask, from_layout, layout_for, parse_spec, to_layout
 
 __all__ = ["flex_attention_dense", "sparse_attention", "flex_callable", "expected_length"]
 

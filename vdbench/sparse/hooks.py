@@ -26,9 +26,8 @@ from typing import Any, Callable, Optional, Sequence, Union
 
 import torch
 
-from .sparse import (SparseSpec, SparsityTally, TileLayout, TokenGrid, from_layout, layout_for, parse_spec,
-                     to_layout)
-from .sparse_attention import sparse_attention
+from . import SparseSpec, SparsityTally, TileLayout, TokenGrid, from_layout, layout_for, parse_spec, to_layout
+from .attention import sparse_attention
 
 __all__ = ["call_arg", "GridTracker", "TileOrder"]
 

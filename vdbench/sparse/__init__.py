@@ -21,7 +21,7 @@ What is here (nothing of vdbench is imported, so the backend registry can import
 * :func:`tile_layout` -- the tile-order permutation (:class:`TileLayout`: ``index``, ``inverse``) in three pad
   modes: ``none`` (partial edge tiles, no extra tokens), ``block`` (every tile's slot rounded up to whole blocks,
   the default: at Wan's grids it leaves 3-4x fewer partial blocks than ``none`` for 5-14 % more tokens, see
-  :mod:`vdbench.sparse_hooks`) and ``tile`` (every slot a whole tile); :func:`layout_for` picks a pattern's
+  :mod:`vdbench.sparse.hooks`) and ``tile`` (every slot a whole tile); :func:`layout_for` picks a pattern's
   layout (STA: its tile; radial: a whole frame per tile, i.e. raster order with frames padded to whole blocks);
   :func:`to_layout` / :func:`from_layout` apply it.
 * the patterns at three granularities: :func:`token_allows` (one token pair, plain Python, the literal definition
