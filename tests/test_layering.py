@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[1] / "vdbench"
 
 #: top-level module or subpackage of vdbench -> its layer (0 = bottom)
 LAYERS = {
-    "numerics": 0, "measure": 0, "kernels": 0, "watchdog": 0, "sparse": 0, "sparse_attention": 0, "sparse_hooks": 0,
+    "numerics": 0, "measure": 0, "kernels": 0, "watchdog": 0, "sparse": 0,
     "capture": 0,
     "tiny": 0, "timing": 0, "stages": 0, "helptext": 0,
     "backends": 1,

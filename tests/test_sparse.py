@@ -8,7 +8,7 @@ import torch
 from vdbench.sparse import (SparseSpec, SparseSpecError, TokenGrid, block_mask, clear_block_mask_cache, from_layout,
                             kernel_view_mask, layout_for, parse_spec, radial_band, reference_mask,
                             split_attention_types, tile_layout, to_layout, token_allows)
-from vdbench.sparse_attention import flex_attention_dense, sparse_attention
+from vdbench.sparse.attention import flex_attention_dense, sparse_attention
 
 pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
 

@@ -34,7 +34,7 @@ from typing import Optional
 import torch
 
 from vdbench.sparse import PATTERNS, BlockStats, SparseSpec, TokenGrid, block_mask, from_layout, parse_spec, to_layout
-from vdbench.sparse_attention import flex_attention_dense, sparse_attention
+from vdbench.sparse.attention import flex_attention_dense, sparse_attention
 
 from .registry import (ANY_FLOAT, Backend, GridUse, UnsupportedCall, cuda, probe, register, requires_package)
 

@@ -145,8 +145,8 @@ class Family:
         call; ``mode`` is how the processor reaches attention: 'dispatcher', 'sdpa' or 'xfuser'; 'cross+img'
         for a cross-attention processor that makes two attention calls, image context first, then text).
         ``grid_hooks(transformer, spec, *, once_per_forward, active) -> hooks`` (the token grid of each forward
-        for the sparse patterns: a :class:`vdbench.sparse_hooks.GridTracker` or
-        :class:`~vdbench.sparse_hooks.TileOrder` built with the family's own grid rule and hook points;
+        for the sparse patterns: a :class:`vdbench.sparse.hooks.GridTracker` or
+        :class:`~vdbench.sparse.hooks.TileOrder` built with the family's own grid rule and hook points;
         ``hooks.grid``, ``hooks.layout``, ``hooks.remove()``; a TypeError for a transformer it can't hook);
         None: the family has no token grid and the sparse backends are refused before the load.
         ``pipeline_requirements`` (pipeline class name -> ((module, why), ...)): packages a pipeline class needs at

@@ -240,7 +240,7 @@ def token_grid(transformer, args, kwargs):
     """Grid of a CogVideoX forward: latents (B, F, C, H, W) over ``patch_size`` (and ``patch_size_t`` for 1.5),
     with the text tokens first (CogVideoX's joint attention concatenates [text, video])."""
     from ..sparse import TokenGrid
-    from ..sparse_hooks import call_arg
+    from ..sparse.hooks import call_arg
 
     p, pt = transformer.config.patch_size, transformer.config.patch_size_t
     _, f, _, h, w = call_arg(args, kwargs, 0, "hidden_states").shape
@@ -249,14 +249,14 @@ def token_grid(transformer, args, kwargs):
 
 
 def grid_hooks(transformer, spec, *, once_per_forward: bool = True, active=None):
-    """The token grid of each forward for the sparse patterns, per call (:class:`vdbench.sparse_hooks.GridTracker`)
+    """The token grid of each forward for the sparse patterns, per call (:class:`vdbench.sparse.hooks.GridTracker`)
     -- a once-per-forward tile order would have to move the text tokens and CogVideoX's 3-D RoPE inside its
     processors, which is not implemented; the per-call form permutes q, k, v in every call instead (what
     ``once_per_forward`` and ``active`` would change is ignored). Imported here, when a sparse backend is installed,
     so the family table stays free of torch."""
     from diffusers.models.transformers.cogvideox_transformer_3d import CogVideoXTransformer3DModel
 
-    from ..sparse_hooks import GridTracker
+    from ..sparse.hooks import GridTracker
 
     if not isinstance(transformer, CogVideoXTransformer3DModel):
         raise TypeError(f"the CogVideoX grid hooks need diffusers' CogVideoXTransformer3DModel, not "

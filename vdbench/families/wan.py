@@ -370,7 +370,7 @@ def call_kind(mode: str, attn, encoder_hidden_states) -> str:
 def token_grid(transformer, args, kwargs):
     """Grid of a Wan forward: latents (B, C, F, H, W) over ``patch_size`` (t, h, w), as the model patchifies."""
     from ..sparse import TokenGrid
-    from ..sparse_hooks import call_arg
+    from ..sparse.hooks import call_arg
 
     pt, ph, pw = transformer.config.patch_size
     _, _, f, h, w = call_arg(args, kwargs, 0, "hidden_states").shape
@@ -397,9 +397,9 @@ def _permute_timestep_proj(output, permute):
 
 
 def tile_order(transformer, spec, active=None):
-    """The once-per-forward tile order on a ``WanTransformer3DModel`` (:class:`vdbench.sparse_hooks.TileOrder` at
+    """The once-per-forward tile order on a ``WanTransformer3DModel`` (:class:`vdbench.sparse.hooks.TileOrder` at
     the hook points above: RoPE and per-token timesteps permuted with the hidden states)."""
-    from ..sparse_hooks import TileOrder
+    from ..sparse.hooks import TileOrder
 
     _check_transformer(transformer)
     return TileOrder(transformer, spec, token_grid, entry=transformer.blocks[0], exit=transformer.blocks[-1],
@@ -410,12 +410,12 @@ def tile_order(transformer, spec, active=None):
 
 def grid_hooks(transformer, spec, *, once_per_forward: bool = True, active=None):
     """The token grid of each forward for the sparse patterns: the tile order once per forward (:func:`tile_order`),
-    or the per-call form (:class:`vdbench.sparse_hooks.GridTracker`: under torch.compile, whose compiled blocks
+    or the per-call form (:class:`vdbench.sparse.hooks.GridTracker`: under torch.compile, whose compiled blocks
     would trace the block hooks, and for schedules by layer, where one forward mixes backends). Imported here,
     when a sparse backend is installed, so the family table stays free of torch."""
     if once_per_forward:
         return tile_order(transformer, spec, active=active)
-    from ..sparse_hooks import GridTracker
+    from ..sparse.hooks import GridTracker
 
     _check_transformer(transformer)
     return GridTracker(transformer, spec, token_grid)

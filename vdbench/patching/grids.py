@@ -2,7 +2,7 @@
 
 Why a piece of its own: a sparse pattern needs the latent grid of each call, which only the transformer knows. For
 every patched model and every member of the patch's schedule that carries a :class:`~vdbench.backends.GridUse`,
-the model family's hooks (``Family.grid_hooks``, :mod:`vdbench.sparse_hooks`) are installed on the transformer for
+the model family's hooks (``Family.grid_hooks``, :mod:`vdbench.sparse.hooks`) are installed on the transformer for
 as long as the patch is; the core then hands such a backend's calls to :meth:`GridStates.attend`, which passes it
 the grid of the forward in progress -- for self/joint attention only: a cross-attention call gets no grid and runs
 dense, whatever its lengths happen to be.

@@ -1,24 +1,24 @@
 """Attention on PyTorch's FlexAttention: the dense baseline ``flex`` and the sparse patterns ``sta`` / ``radial``.
 
 Why FlexAttention: one kernel family runs the dense baseline and every pattern, so a figure compares *patterns*,
-not kernels; the pattern reaches the kernel as a ``BlockMask`` (:func:`vdbench.sparse.block_mask`), whose empty
-blocks are skipped and whose full blocks run without any per-token mask.
+not kernels; the pattern reaches the kernel as a ``BlockMask`` (:func:`vdbench.sparse.masks.block_mask`), whose
+empty blocks are skipped and whose full blocks run without any per-token mask.
 
 Where it runs: on CUDA through ``torch.compile(flex_attention)`` (the fused Triton kernel; compiled once per
 process, recompiled per new shape or mask by torch's own guards). On a CPU, eagerly: torch 2.13's eager
 ``flex_attention`` runs on CPU tensors (it warns once that it is unfused) by materializing the scores and
 evaluating ``mask_mod`` on every (query, key) pair -- it ignores the BlockMask's block lists, so the CPU result
 follows the token mask exactly (the block lists are checked separately with
-:func:`vdbench.sparse.kernel_view_mask`). That path is for correctness tests only: it is O(L**2) in memory.
+:func:`vdbench.sparse.masks.kernel_view_mask`). That path is for correctness tests only: it is O(L**2) in memory.
 
 Layout convention: q, k, v, out are (batch, heads, seq, head_dim), as every backend of the registry; the output
 has q's dtype. ``sparse_attention`` takes the tokens in the model's order and permutes them into the pattern's
 tile layout and back inside the call, or -- ``already_tile_ordered=True`` -- takes them already in that layout
-(the once-per-forward form of :mod:`vdbench.sparse_hooks`).
+(the once-per-forward form of :mod:`vdbench.sparse.hooks`).
 
 Where no grid applies (cross-attention: the keys are text, not the video grid; or no grid known), a sparse
-backend runs dense attention on the same FlexAttention path and says so in its :class:`~vdbench.sparse.BlockStats`
-(``sparse_call=False``), so the reports count those calls as dense.
+backend runs dense attention on the same FlexAttention path and says so in its
+:class:`~vdbench.sparse.masks.BlockStats` (``sparse_call=False``), so the reports count those calls as dense.
 """
 
 from __future__ import annotations
@@ -28,7 +28,9 @@ from typing import Optional, Union
 
 import torch
 
-from .sparse import BlockStats, SparseSpec, TokenGrid, block_mask, from_layout, layout_for, parse_spec, to_layout
+from .layout import from_layout, layout_for, to_layout
+from .masks import BlockStats, block_mask
+from .spec import SparseSpec, TokenGrid, parse_spec
 
 __all__ = ["flex_attention_dense", "sparse_attention", "flex_callable", "expected_length"]
 

@@ -26,9 +26,10 @@ from typing import Any, Callable, Optional, Sequence, Union
 
 import torch
 
-from .sparse import (SparseSpec, SparsityTally, TileLayout, TokenGrid, from_layout, layout_for, parse_spec,
-                     to_layout)
-from .sparse_attention import sparse_attention
+from .attention import sparse_attention
+from .layout import TileLayout, from_layout, layout_for, to_layout
+from .masks import SparsityTally
+from .spec import SparseSpec, TokenGrid, parse_spec
 
 __all__ = ["call_arg", "GridTracker", "TileOrder"]
 
