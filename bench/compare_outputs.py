@@ -89,6 +89,9 @@ def main(argv=None) -> int:
     if args.output:
         args.output.write_text(json.dumps({"reference": args.reference, "rows": rows}, indent=1,
                                           default=lambda o: None if o == float("inf") else str(o)))
+        from vdbench.measure.record import write_beside
+
+        write_beside(args.output, {"reference": args.reference, "rows": rows})  # the same rows as records
     return 0
 
 

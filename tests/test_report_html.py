@@ -102,6 +102,10 @@ def test_compare_outputs_cli(run_dir, tmp_path, capsys):
     assert rows["fp8_emu"]["emulated"] is True and rows["fp8_emu"]["warm_step_ms"] is None
     assert rows["fp8_emu"]["speedup_vs_default"] is None
     assert rows["default"]["warm_step_n"] == 1 and rows["default"]["speed_figure"] is False
+    from vdbench.measure.record import read
+
+    recs = read(tmp_path / "records.jsonl")  # the rows again, as records with the command that made them
+    assert {r.case for r in recs} == set(rows) and all(r.suite == "quality" and r.command for r in recs)
     printed = capsys.readouterr().out
     assert "not a speed figure (CPU timing" in printed
     assert [line for line in printed.splitlines() if line.startswith("fp8_emu ")][0].split()[1] == "emulated"
