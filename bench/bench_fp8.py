@@ -407,6 +407,9 @@ def main(argv=None) -> int:
     report["wall_s"] = time.perf_counter() - t_start
     save()
     (out_dir / "fp8_tables.md").write_text(tables(report))
+    from vdbench.measure.record import write_beside
+
+    write_beside(out_path, report)  # the rows again, as records with the command that made them
     print(f"wrote {out_path} and fp8_tables.md ({report['wall_s']:.0f} s)")
     if not ran:
         print("error: no backend ran: " + " | ".join(dict.fromkeys(r["status"] for r in report["rows"])),

@@ -433,7 +433,10 @@ def main(argv=None):
         save()
     report["wall_s"] = time.perf_counter() - t_start
     save()
-    print(f"wrote {out_path} ({report['wall_s']:.1f} s)")
+    from vdbench.measure.record import write_beside
+
+    write_beside(out_path, report)  # the variants again, as records with the command that made them
+    print(f"wrote {out_path} and records.jsonl beside it ({report['wall_s']:.1f} s)")
     return report
 
 

@@ -88,3 +88,13 @@ def test_older_files_read_as_records():
     assert vae and all(v.suite == "vae" and v.config["model"] for v in vae)
     q = M.read(RAW / "h200" / "2026-11-22_verify_call2" / "wan_quality.json")
     assert q and all(v.suite == "quality" for v in q)
+
+
+def test_the_fp8_and_sage2_benches_json_read_as_records():
+    fp8 = M.read(next(RAW.rglob("fp8_bench.json")))
+    assert fp8 and all(r.suite == "fp8" and "/" in r.case for r in fp8)
+    timed = [r for r in fp8 if "registry_ms" in r.figures]
+    assert timed and all(r.figures["registry_ms"]["n"] for r in timed)
+    sage = M.read(next(RAW.rglob("sage2_bench_h200.json")))
+    assert sage and all(r.suite == "sage2" for r in sage) and any("time_ms" in r.figures for r in sage)
+

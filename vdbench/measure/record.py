@@ -353,6 +353,47 @@ def _quality(d: dict) -> Iterator[Record]:
                      data=r)
 
 
+def _spread_figure(t, unit="ms") -> Optional[dict]:
+    """A spread the tool kept without its samples (``{n, median, p20, p80, ...}`` or ``median_ms`` keys)."""
+    if not isinstance(t, dict):
+        return None
+    g = lambda k: t.get(k, t.get(f"{k}_ms"))  # noqa: E731
+    return {"unit": unit, "samples": [], "n": t.get("n"), "median": g("median"), "p20": g("p20"), "p80": g("p80"),
+            "min": g("min"), "max": g("max"), "mean": g("mean"), "first": None}
+
+
+def _fp8(d: dict) -> Iterator[Record]:
+    for r in d["rows"]:
+        figs = {k: r[k] for k in ("rel_l2", "rel_l2_emu", "emu_vs_kernel_rel_l2", "emu_ratio", "registry_over_bare",
+                                  "lse_max_abs") if r.get(k) is not None}
+        for k in ("time_registry", "time_bare", "time_prepass", "time_torch_prepass_then_kernel"):
+            f = _spread_figure(r.get(k))
+            if f:
+                figs[k[5:] + "_ms"] = f
+        yield Record(suite="fp8", case=f"{r.get('input')}/{r.get('backend')}",
+                     config={"backend": r.get("backend"), "kernel": r.get("kernel"), "input": r.get("input"),
+                             "twin": r.get("twin")}, figures=figs,
+                     verdict={"speed_figure": None, "why_not": None if r.get("status") == "ok" else r.get("status")},
+                     timer="CUDA events, interleaved", system=d.get("system") or {}, data=r)
+
+
+def _sage2(d: dict) -> Iterator[Record]:
+    system = {k: d.get(k) for k in ("torch", "python", "device", "capability")}
+    for shape in d["shapes"]:
+        for v in shape.get("variants") or []:
+            figs = {k: v[k] for k in ("rel_l2", "rel_l2_emu", "emu_vs_kernel_rel_l2", "emu_ratio", "tflops")
+                    if v.get(k) is not None}
+            t = _spread_figure(v.get("time"))
+            if t:
+                figs["time_ms"] = t
+            yield Record(suite="sage2", case=f"{shape.get('name')}/{v.get('name')}",
+                         config={"backend": v.get("name"), "function": v.get("function"), "kwargs": v.get("kwargs"),
+                                 "shape": {k: shape.get(k) for k in ("B", "H", "S", "D")}}, figures=figs,
+                         verdict={"speed_figure": None,
+                                  "why_not": None if v.get("status") == "ok" else v.get("status")},
+                         timer="CUDA events", system=system, data=v)
+
+
 _LEGACY_NAMES = (
     ("a render's timing.json (a list of entries)", lambda d: isinstance(d, list), _render),
     ("the attention bench's JSON ({system, rows})",
@@ -363,6 +404,10 @@ _LEGACY_NAMES = (
      lambda d: isinstance(d, dict) and "rows" in d and "command" in d, _cold),
     ("bench/compare_outputs.py's JSON ({reference, rows})",
      lambda d: isinstance(d, dict) and "rows" in d and "reference" in d, _quality),
+    ("bench/bench_fp8.py's JSON ({system, rows, alpha, checks})",
+     lambda d: isinstance(d, dict) and "rows" in d and "alpha" in d and "checks" in d, _fp8),
+    ("bench/bench_sage2.py's JSON ({device, capability, shapes})",
+     lambda d: isinstance(d, dict) and "shapes" in d and "capability" in d, _sage2),
 )
 _LEGACY = tuple((test, convert) for _, test, convert in _LEGACY_NAMES)
 _LEGACY_NAMES = tuple((name, test) for name, test, _ in _LEGACY_NAMES)
