@@ -15,4 +15,4 @@ from vdbench.patching import install_backend  # noqa: F401
 from vdbench.pipelines import check_video_size, load_pipeline, resolve_model, transformers_of  # noqa: F401
 from vdbench.families import model_tag  # noqa: F401
 from vdbench.families.wan import output_name as wan_output_name  # noqa: F401
-from vdbench.decode import decode_latents  # noqa: F401
+from vdbench.vae.decode import decode_latents  # noqa: F401

@@ -17,7 +17,7 @@ Configs (``--configs``, comma-separated; ``name@value`` sets its parameter; ``na
   fp32, bf16 (weights cast), bf16_autocast (fp32 weights, autocast), tiled (``--tile_px``),
   chunked[@K] (temporal chunks of K latent frames, stock layers), channels_last_3d, cudnn_benchmark, compile
   (torch.compile of the decoder / encoder), fast[@K] (the fast paths, bf16: lean layers + channels_last, K latent
-  frames per decoder / encoder call, defaults ``vdbench.vae.FAST_DEFAULT_CHUNK`` / ``vdbench.encode.
+  frames per decoder / encoder call, defaults ``vdbench.vae.fast.FAST_DEFAULT_CHUNK`` / ``vdbench.vae.encode.
   FAST_ENCODE_DEFAULT_CHUNK`` as in ``--vae_decode fast`` / ``--vae_encode fast``), fast_nocl[@K]
   (the same without channels_last), memory[@GiB] (fast decode bounded by ``--vae_max_memory``; no encode), miopen_fast /
   miopen_immediate / miopen_naive_off (ROCm MIOpen presets, set in a child process's environment before torch
@@ -300,7 +300,7 @@ def make_latents(vae, family: str, frames: int, width: int, height: int, seed: i
     space (what a denoiser produces) mapped through the pipeline's un-normalization — never zeros."""
     import torch
 
-    from vdbench.vae import prepare_latents
+    from vdbench.vae.fast import prepare_latents
 
     if latents_file:
         from vdbench.capture import load_latents
@@ -360,7 +360,7 @@ class NotApplicable(Exception):
 
 def _encode_refusal(base: str, family: str, vae, glue, comp: bool, value, args) -> tuple[str | None, object]:
     """(why the config's encode does not apply or None, the fast encode's options or None)."""
-    from vdbench import encode as E
+    from vdbench.vae import encode as E
 
     if base == "memory":
         return ("memory@GiB bounds the decode's activations; the encode has no memory-bounded mode (its chunk is "
@@ -389,9 +389,9 @@ def prepare_config(name: str, value, vae, family: str, args, device: str, ops=("
 
     import torch
 
-    from vdbench import decode as D
-    from vdbench import encode as E
-    from vdbench import vae as V
+    from vdbench.vae import decode as D
+    from vdbench.vae import encode as E
+    from vdbench.vae import fast as V
 
     base, mods = split_config(name)
     bench, comp = uses(name, "cudnn_benchmark"), uses(name, "compile")
@@ -456,7 +456,7 @@ def prepare_config(name: str, value, vae, family: str, args, device: str, ops=("
         desc["compile_backend"] = args.compile_backend
         # fast paths: the norm/SiLU glue of the lean layers compiled (convs stay cuDNN's); others: the decoder and
         # the encoder (each compiled where its op is run)
-        desc["compiled"] = ("fast-path glue (vdbench.vae._norm_silu_cat)" if fast else
+        desc["compiled"] = ("fast-path glue (vdbench.vae.fast._norm_silu_cat)" if fast else
                             " and ".join(f"vae.{m}" for op, m in (("decode", "decoder"), ("encode", "encoder"))
                                          if op in ops))
         if not fast:
@@ -990,7 +990,7 @@ def exit_code(rows: list[dict]) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     from vdbench.helptext import DefaultsHelpFormatter
-    from vdbench.vae import FAST_DEFAULT_CHUNK
+    from vdbench.vae.fast import FAST_DEFAULT_CHUNK
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=DefaultsHelpFormatter)
     ap.add_argument("--model", default="wan2.1",
@@ -1046,11 +1046,11 @@ def _preimport():
     import diffusers  # noqa: F401
     from diffusers import AutoencoderKLCogVideoX, AutoencoderKLHunyuanVideo, AutoencoderKLWan  # noqa: F401
 
-    import vdbench.decode  # noqa: F401
-    import vdbench.encode  # noqa: F401
+    import vdbench.vae.decode  # noqa: F401
+    import vdbench.vae.encode  # noqa: F401
     import vdbench.measure.quality  # noqa: F401
     import vdbench.pipelines  # noqa: F401
-    import vdbench.vae  # noqa: F401
+    import vdbench.vae.fast  # noqa: F401
 
 
 def main(argv=None) -> int:

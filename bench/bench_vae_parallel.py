@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Band-parallel VAE decode (vdbench.vae_parallel) under torchrun: exactness against the single-device decode,
+"""Band-parallel VAE decode (vdbench.vae.parallel) under torchrun: exactness against the single-device decode,
 time, peak memory. Every rank also decodes the whole latent alone (the single-device reference and time: Wan through
 ``wan_decode_chunked``, the loop the band decode drives; CogVideoX through diffusers' own ``decode``), then its
 band in the parallel decode; medians of ``--repeats`` timed runs after ``--warmup`` (on a GPU 5 after 1 unless
@@ -30,8 +30,8 @@ import torch.distributed as dist
 
 from vdbench.measure import quality as Q
 from vdbench.timing import TARGET_SAMPLES, speed_verdict
-from vdbench.vae import wan_decode_chunked
-from vdbench.vae_parallel import decode_video_parallel
+from vdbench.vae.fast import wan_decode_chunked
+from vdbench.vae.parallel import decode_video_parallel
 from vdbench.helptext import DefaultsHelpFormatter
 
 

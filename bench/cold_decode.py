@@ -6,7 +6,7 @@ split into convolutions (cuDNN's per-shape plans), the Triton glue launches (the
 Variants (``--variants``, comma-separated):
   bf16              diffusers' own decode (``mode="default"``), the VAE in bf16
   fast              the fast decode, nothing ahead of it: what a standalone first call pays
-  prewarm           the fast decode after vdbench.prewarm's thread has finished (a render: it runs while the model
+  prewarm           the fast decode after vdbench.vae.prewarm's thread has finished (a render: it runs while the model
                     loads and the GPU denoises): the glue compiled for the GPU from a decode on the meta device
   prewarm+main      prewarm, then two latent frames decoded at the real size on the calling thread (what is left
                     of the first call is then not per-shape work)
@@ -48,10 +48,10 @@ def _child(args) -> dict:
     import torch
     import torch.nn.functional as F
 
-    from vdbench import decode as D
+    from vdbench.vae import decode as D
     from vdbench import kernels as K
-    from vdbench import prewarm as W
-    from vdbench.decode import DecodeOptions
+    from vdbench.vae import prewarm as W
+    from vdbench.vae.decode import DecodeOptions
     from vdbench.pipelines import build_vae
     from vdbench.timing import cache_state, speed_verdict
 

@@ -188,7 +188,7 @@ def test_composite_configs_parse():
 
 
 def test_fast_variants_compile_and_profile(tmp_path):
-    from vdbench.vae import FAST_DEFAULT_CHUNK
+    from vdbench.vae.fast import FAST_DEFAULT_CHUNK
 
     out = tmp_path / "r.json"
     rc = B.main(SMALL + ["--configs", "bf16,fast,fast_nocl@2,fast+compile,fast+cudnn_benchmark,tiled",

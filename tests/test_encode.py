@@ -1,4 +1,4 @@
-"""vdbench.encode: the fast Wan encode is the stock encode (fp32: to rounding; chunks of 1 with diffusers' layers:
+"""vdbench.vae.encode: the fast Wan encode is the stock encode (fp32: to rounding; chunks of 1 with diffusers' layers:
 bit-identical) and runs the lean layers, swapped in for the encode only; the pipeline swap (use_encode) is scoped to
 its block, also on error, and refuses a second one; one check refuses what can't apply; a watchdog sees each
 chunk. The fused (Triton) glue: tests/test_vae_glue.py."""
@@ -7,8 +7,8 @@ import pytest
 import torch
 from diffusers import AutoencoderKLCogVideoX, AutoencoderKLWan
 
-from vdbench import encode as E
-from vdbench import vae as V
+from vdbench.vae import encode as E
+from vdbench.vae import fast as V
 from vdbench.families.cogvideox import COG_VAE
 from vdbench.families.wan import WAN21_VAE, WAN21_VAE_REAL, WAN22_VAE
 from vdbench.watchdog import Watchdog

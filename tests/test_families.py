@@ -164,14 +164,14 @@ def test_sizes_flow_shift_and_image_rules():
 
 
 def test_latent_preparation_is_the_pipelines():
-    from vdbench.vae import prepare_latents
+    from vdbench.vae.fast import prepare_latents
 
     wan_vae = types.SimpleNamespace(dtype=torch.float32, config=types.SimpleNamespace(
         z_dim=2, latents_mean=[0.5, -1.0], latents_std=[2.0, 4.0]))
     lat = torch.ones(1, 2, 3, 4, 4)
     z = WAN.prepare_latents(wan_vae, lat)
     assert torch.equal(z[0, :, 0, 0, 0], torch.tensor([2.5, 3.0]))  # latents * std + mean
-    assert torch.equal(prepare_latents(wan_vae, lat, "wan"), z)  # vdbench.vae delegates to the family
+    assert torch.equal(prepare_latents(wan_vae, lat, "wan"), z)  # vdbench.vae.fast delegates to the family
     cog_vae = types.SimpleNamespace(dtype=torch.float32, config=types.SimpleNamespace(scaling_factor=2.0))
     lat = torch.arange(2 * 3 * 4, dtype=torch.float32).view(1, 2, 3, 2, 2)  # (B, T, C, H, W)
     z = COG.prepare_latents(cog_vae, lat)
@@ -356,7 +356,7 @@ def test_a_registered_family_is_what_the_generic_code_asks(monkeypatch):
     """Grid hooks, the attention-kind rule and the VAE's latent handling come from the family's record, found by
     class through the registry: a family registered here, in one place, changes what the patch, the decode and the
     band decode do, with no name tested anywhere else."""
-    from vdbench import decode as D, vae_parallel
+    from vdbench.vae import decode as D, parallel as vae_parallel
     from vdbench.patching import AttentionPatch
 
     hooked = []

@@ -40,7 +40,7 @@ import torch
 
 import vdbench
 from vdbench import cli
-from vdbench.decode import decode_latents
+from vdbench.vae.decode import decode_latents
 from vdbench.measure.quality import psnr, rel_l2
 from vdbench.numerics import exact_attention
 from vdbench.pipelines import load_pipeline

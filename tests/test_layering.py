@@ -1,7 +1,8 @@
 """The package's layering (docs/ARCHITECTURE.md): imports only go down, no cycle, no other module's private name.
 
-Why a test: the redesign of issue 17 removed an import cycle (vae <-> vae_parallel), upward imports (backends ->
-kernels inside functions) and private names imported across modules; this keeps them from coming back. The layer
+Why a test: the redesign of issue 17 removed an import cycle (the fast decode <-> the band decode), upward imports (backends ->
+kernels inside functions) and private names imported across modules; this keeps them from coming back, between
+top-level modules and between the modules of one subpackage. The layer
 of each top-level module or subpackage is the table below (the same as the architecture document's drawing); a
 module may import its own layer or the ones under it, never one above. Imports inside functions count too.
 """
@@ -18,8 +19,8 @@ LAYERS = {
     "tiny": 0, "timing": 0, "stages": 0, "helptext": 0,
     "backends": 1,
     "families": 2,
-    "pipelines": 3, "video": 3, "vae": 3, "vae_parallel": 3,
-    "patching": 4, "parallel": 4, "decode": 4, "encode": 4, "speed": 4, "prewarm": 4,
+    "pipelines": 3, "video": 3, "vae": 3,
+    "patching": 4, "parallel": 4, "speed": 4,
     "render": 5, "report": 5, "api": 5, "batch": 5,
     "cli": 6, "sweep": 6,
 }
@@ -103,3 +104,43 @@ def test_no_import_cycle_between_top_level_modules():
 
     for node in sorted(edges):
         visit(node)
+
+
+def _first_cycle(edges: dict) -> list | None:
+    seen, stack = set(), []
+
+    def visit(node):
+        if node in stack:
+            return stack[stack.index(node):] + [node]
+        if node in seen:
+            return None
+        stack.append(node)
+        for nxt in sorted(edges.get(node, ())):
+            found = visit(nxt)
+            if found:
+                return found
+        stack.pop()
+        seen.add(node)
+        return None
+
+    for node in sorted(edges):
+        found = visit(node)
+        if found:
+            return found
+    return None
+
+
+def test_no_import_cycle_inside_a_subpackage():
+    """A subpackage (vae/: decode, encode, fast, parallel, prewarm) is one layer, so the test above sees none of its
+    own imports; its modules must still import one way (its ``__init__`` aside, which holds no code)."""
+    mods = _modules()
+    edges: dict[str, set] = {}
+    for name, path in mods.items():
+        here = _top(name)
+        if not here or name == f"vdbench.{here}":
+            continue
+        for target, _ in _imports(name, path, mods):
+            if _top(target) == here and target != f"vdbench.{here}" and target != name and target in mods:
+                edges.setdefault(name, set()).add(target)
+    cycle = _first_cycle(edges)
+    assert not cycle, "import cycle: " + " -> ".join(cycle)

@@ -1,4 +1,4 @@
-"""vdbench.prewarm: the fast VAE path's first-call compiles paid on a thread, from a decode on the meta device with
+"""vdbench.vae.prewarm: the fast VAE path's first-call compiles paid on a thread, from a decode on the meta device with
 the glue in compile-only mode. Checked on CPU under Triton's interpreter: every kernel call the thread compiles is
 compared, argument by argument, with the calls the real decode (and encode) makes -- the real one run with a GPU's
 convolution layouts (``cuda_layouts``), since the CPU's differ; that the GPU's decode compiles nothing more is
@@ -9,11 +9,11 @@ import torch
 
 pytest.importorskip("triton")
 
-from vdbench import decode as D  # noqa: E402
-from vdbench import prewarm as W  # noqa: E402
-from vdbench import vae as V  # noqa: E402
-from vdbench.decode import DecodeOptions  # noqa: E402
-from vdbench.encode import EncodeOptions  # noqa: E402
+from vdbench.vae import decode as D  # noqa: E402
+from vdbench.vae import prewarm as W  # noqa: E402
+from vdbench.vae import fast as V  # noqa: E402
+from vdbench.vae.decode import DecodeOptions  # noqa: E402
+from vdbench.vae.encode import EncodeOptions  # noqa: E402
 from vdbench.families.wan import WAN21_VAE, WAN22_VAE  # noqa: E402
 
 from tests.conftest import triton_interpreter  # noqa: E402
@@ -170,7 +170,7 @@ def test_the_prewarm_leaves_the_pipeline_vae_untouched_and_covers_the_encode(mon
     assert not any("forward" in m.__dict__ for m in vae.modules())  # no lean layer left on the real VAE
     warmed = set(seen)
     seen.clear()
-    from vdbench import encode as E
+    from vdbench.vae import encode as E
 
     x = torch.rand(1, 3, 9, 40, 56, generator=torch.Generator().manual_seed(2)) * 2 - 1
     with W.cuda_layouts():

@@ -106,7 +106,7 @@ def test_image_refusals_before_the_load(tmp_path, no_load):
 def test_one_time_costs_a_stage_reports_are_merged_and_the_render_call_is_timed_end_to_end(tmp_path, monkeypatch):
     """The decode's ``info["one_time"]`` lands in the entry's one_time section under ``vae_decode.`` and in its
     total; a render called as a library counts its end-to-end time from its call, stages + unaccounted = it."""
-    import vdbench.decode as D
+    import vdbench.vae.decode as D
 
     real = D.decode_latents
 
@@ -154,7 +154,7 @@ def test_an_encode_reports_across_calls_split_by_repetition_and_warm_up():
 def test_a_render_resolves_its_configuration_once(tmp_path, monkeypatch):
     """validate looks the family up and parses the model string once; the later stages (load, the repetitions'
     decode and encode, finish) take the plan's objects, so neither happens again in a whole render."""
-    from vdbench import decode as D
+    from vdbench.vae import decode as D
     from vdbench import families
     from vdbench import pipelines as P
 

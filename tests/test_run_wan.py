@@ -286,7 +286,7 @@ def test_vae_decode_fast_matches_default_and_is_recorded(tmp_path):
 def test_vae_glue_triton_is_refused_before_the_load_where_it_cant_apply_or_run(tmp_path, capsys):
     """--vae_glue triton asked for: without --vae_decode fast it doesn't apply, on a CPU it can't run -- both
     refused before the model loads, nothing written; never a silent eager glue. An unknown --vae_decode likewise
-    (the CLI's choices are vdbench.decode.MODES, the one table of decode modes)."""
+    (the CLI's choices are vdbench.vae.decode.MODES, the one table of decode modes)."""
     out = tmp_path / "o"
     for extra, msg in ((["--vae_glue", "triton"], "needs --vae_decode fast"),
                        (["--vae_glue", "triton", "--vae_decode", "fast"], "--vae_glue triton can't run on cpu")):

@@ -1,4 +1,4 @@
-"""vdbench.vae: the fast Wan decode path is the stock decode (fp32: to float rounding; bf16 upsampling:
+"""vdbench.vae.fast: the fast Wan decode path is the stock decode (fp32: to float rounding; bf16 upsampling:
 bit-identical; bf16 lean layers: as close to fp32 as diffusers' bf16), its lean layers and channels_last weights
 are swapped in for the duration of a decode only (restored on error too, foreign hooks left alone), the
 memory-bounded mode picks its chunk/tile from the budget, modes that can't run say so, and a decode can run under
@@ -12,8 +12,8 @@ import torch
 from diffusers import AutoencoderKLCogVideoX, AutoencoderKLWan
 from diffusers.video_processor import VideoProcessor
 
-from vdbench import decode as D
-from vdbench import vae as V
+from vdbench.vae import decode as D
+from vdbench.vae import fast as V
 from vdbench.families.cogvideox import COG_VAE as _COG_VAE
 from vdbench.families.wan import WAN21_VAE as _WAN21_VAE, WAN22_VAE as _WAN22_VAE
 from vdbench.watchdog import WatchdogTimeout
@@ -89,9 +89,9 @@ def test_fast_and_memory_refused_for_other_vaes():
 
 
 def test_parallel_mode_runs_the_band_decode(monkeypatch, wan21):
-    """mode='parallel' is vdbench.vae_parallel's band decode (stubbed here: it needs a process group), given the
+    """mode='parallel' is vdbench.vae.parallel's band decode (stubbed here: it needs a process group), given the
     chunk size and the info dict; what does not apply to a band decode is refused before it runs."""
-    from vdbench import vae_parallel
+    from vdbench.vae import parallel as vae_parallel
 
     calls = []
 
@@ -337,7 +337,7 @@ def test_a_pointwise_conv_runs_as_one_gemm_and_keeps_channels_last():
     """1x1x1 convs (residual shortcuts, post_quant_conv) on channels_last_3d input: one GEMM over the rows with the
     bias in its epilogue, the output channels_last_3d whatever the device's conv would choose; the conv's result
     to rounding; not taken where the layout or the conv's shape doesn't allow a rows view."""
-    from vdbench import vae as V
+    from vdbench.vae import fast as V
 
     torch.manual_seed(0)
     conv = torch.nn.Conv3d(8, 12, 1)

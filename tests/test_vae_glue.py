@@ -7,8 +7,8 @@ import torch
 pytest.importorskip("triton")
 
 from vdbench import kernels as K  # noqa: E402
-from vdbench import decode as D  # noqa: E402
-from vdbench import vae as V  # noqa: E402
+from vdbench.vae import decode as D  # noqa: E402
+from vdbench.vae import fast as V  # noqa: E402
 from vdbench.families.wan import WAN21_VAE as _WAN21_VAE, WAN22_VAE as _WAN22_VAE  # noqa: E402
 
 from tests.conftest import triton_interpreter  # noqa: E402
@@ -98,11 +98,11 @@ def test_fast_decode_with_fused_glue_equals_stock_fp32(cfg, cl, exact_fp32):
 @pytest.mark.parametrize("cl", [True, False], ids=["channels_last", "contiguous"])
 @pytest.mark.parametrize("cfg", [_WAN21_VAE, _WAN22_VAE], ids=["wan2.1", "wan2.2"])
 def test_fast_encode_with_fused_glue_equals_stock_fp32(cfg, cl, exact_fp32):
-    """The fast encode (vdbench.encode) runs the same Triton glue: convs without their bias, norm -> SiLU in one
+    """The fast encode (vdbench.vae.encode) runs the same Triton glue: convs without their bias, norm -> SiLU in one
     pass, the down-sampling conv's bias in a row pass."""
     from diffusers import AutoencoderKLWan
 
-    from vdbench import encode as E
+    from vdbench.vae import encode as E
 
     torch.manual_seed(0)
     vae = AutoencoderKLWan(**cfg).eval().to(DEV)

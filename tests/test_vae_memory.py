@@ -1,9 +1,9 @@
-"""vdbench.vae fast path: peak memory of the default chunk is below diffusers' decode.
+"""vdbench.vae.fast: peak memory of the default chunk is below diffusers' decode.
 
 Counted without a GPU: the real Wan 2.1 / 2.2 VAE architectures are built on the meta device (shapes only, no
 compute) and every tensor an aten op returns is tracked until it is freed (storage bytes, views counted once);
 the peak of live bytes is what the CUDA caching allocator would have to hold at least (no cuDNN workspace,
-no fragmentation). The module doc of vdbench.vae quotes the same count at 832x480, 81 frames.
+no fragmentation). The module doc of vdbench.vae.fast quotes the same count at 832x480, 81 frames.
 """
 
 import weakref
@@ -14,7 +14,7 @@ from diffusers import AutoencoderKLWan
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from vdbench import decode as D
+from vdbench.vae import decode as D
 from vdbench.families.wan import WAN21_VAE_REAL as _WAN21_VAE_REAL, WAN22_VAE_REAL as _WAN22_VAE_REAL
 
 

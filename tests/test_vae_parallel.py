@@ -1,4 +1,4 @@
-"""vdbench.vae_parallel: the band-parallel VAE decode (Wan 2.1/2.2, CogVideoX) under torchrun (gloo, CPU) equals
+"""vdbench.vae.parallel: the band-parallel VAE decode (Wan 2.1/2.2, CogVideoX) under torchrun (gloo, CPU) equals
 the single-process decode, as its benchmark (bench/bench_vae_parallel.py) measures it.
 
 One torchrun of 3 processes (one launch, because starting torch + diffusers is most of the cost) checks:
@@ -19,7 +19,7 @@ import sys
 import pytest
 import torch
 
-from vdbench.vae_parallel import band_sizes, decode_video_parallel
+from vdbench.vae.parallel import band_sizes, decode_video_parallel
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXACT_DB = 100.0  # fp32: the same arithmetic up to the conv kernels' summation order (observed ~140 dB)

@@ -74,8 +74,8 @@ class _Parser(argparse.ArgumentParser):
 def build_parser(family: str | families.Family, prog: Optional[str] = None,
                  description: Optional[str] = None) -> argparse.ArgumentParser:
     """The parser of one family's render CLI: the same flags for every family, the family's defaults."""
-    from .decode import GLUES, MODES
-    from .encode import MODES as ENCODE_MODES
+    from .vae.decode import GLUES, MODES
+    from .vae.encode import MODES as ENCODE_MODES
 
     fam = families.get(family) if isinstance(family, str) else family
     p = _Parser(prog=prog, description=description, epilog=EPILOG,

@@ -250,7 +250,7 @@ def config_vae(model: "str | ModelSpec", task: str | None = None,
                family: "str | families.Family" = "wan") -> tuple[str, dict] | None:
     """(class name, config) of ``model``'s VAE (a string, or a :class:`ModelSpec`), read without loading a weight
     (:func:`_component_configs`), or None where that needs a download: what a scratch VAE of the same architecture
-    is built from before the pipeline loads (:mod:`vdbench.prewarm`)."""
+    is built from before the pipeline loads (:mod:`vdbench.vae.prewarm`)."""
     found = _component_configs(_as_spec(model, task, family), ("vae",))
     if not found or "vae" not in found or not found["vae"][0]:
         return None

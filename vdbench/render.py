@@ -128,12 +128,12 @@ class RenderConfig:
     compile_mode: Optional[str] = None
     bf16_te_gemms: bool = False  # text encoder in bfloat16 whatever the pipeline dtype
     fp8_gemms: bool = False  # torchao float8 GEMMs in the transformer blocks
-    vae_decode: str = "default"  # default | fast | parallel (vdbench.decode.MODES)
-    vae_encode: str = "default"  # default | fast: the image-conditioned tasks' encode (vdbench.encode.MODES)
+    vae_decode: str = "default"  # default | fast | parallel (vdbench.vae.decode.MODES)
+    vae_encode: str = "default"  # default | fast: the image-conditioned tasks' encode (vdbench.vae.encode.MODES)
     vae_max_memory: Optional[float] = None  # GiB: chunk/tile size chosen from it
     vae_timeout: Optional[float] = None  # seconds: a decode (or encode) running longer is reported as hung (watchdog)
-    vae_glue: str = "auto"  # auto | triton | eager: the fast decode's (and encode's) glue (vdbench.decode.GLUES)
-    vae_prewarm: bool = True  # compile the fast VAE path's kernels on a thread while the GPU denoises (vdbench.prewarm)
+    vae_glue: str = "auto"  # auto | triton | eager: the fast decode's (and encode's) glue (vdbench.vae.decode.GLUES)
+    vae_prewarm: bool = True  # compile the fast VAE path's kernels on a thread while the GPU denoises (vdbench.vae.prewarm)
     extra_pipe_kwargs: dict = field(default_factory=dict)
     # multi-process (torchrun): see vdbench.parallel
     parallel_engine: str = "xfuser"
@@ -257,8 +257,8 @@ def _stages(cfg: RenderConfig, log, dctx, started: Optional[WallStart] = None) -
 
 @dataclass(frozen=True)
 class VaeMode:
-    """A VAE mode as the render runs it: its entry (:data:`vdbench.decode.MODES` / :data:`vdbench.encode.MODES`)
-    and the options it runs with (:class:`~vdbench.decode.DecodeOptions` / :class:`~vdbench.encode.EncodeOptions`),
+    """A VAE mode as the render runs it: its entry (:data:`vdbench.vae.decode.MODES` / :data:`vdbench.vae.encode.MODES`)
+    and the options it runs with (:class:`~vdbench.vae.decode.DecodeOptions` / :class:`~vdbench.vae.encode.EncodeOptions`),
     both checked by :func:`validate`."""
 
     mode: object
@@ -291,7 +291,7 @@ class Plan:
 
     @property
     def fused_glue(self) -> Optional[bool]:
-        """The decode's glue choice (:class:`~vdbench.decode.DecodeOptions`' ``fused_glue``)."""
+        """The decode's glue choice (:class:`~vdbench.vae.decode.DecodeOptions`' ``fused_glue``)."""
         return self.decode.options.fused_glue
 
     @property
@@ -333,8 +333,8 @@ def _previous_output(path: Path, timing_path: Optional[Path]) -> bool:
 
 def _checked_plan(cfg: RenderConfig, dctx) -> Plan:
     from . import parallel as P
-    from .decode import GLUES, DecodeOptions, check_decode
-    from .encode import EncodeOptions, check_encode
+    from .vae.decode import GLUES, DecodeOptions, check_decode
+    from .vae.encode import EncodeOptions, check_encode
     from .pipelines import config_head_dims, parse_model
 
     device = dctx.device if dctx is not None else resolve_device(cfg.device)
@@ -414,15 +414,15 @@ class Loaded:
     kwargs: dict
     header: dict
     load_s: Optional[float] = None  # the whole load stage (weights, checks, engine, speed options), host clock
-    prewarm: object = None  # vdbench.prewarm.Prewarm started before the weights loaded, or None
+    prewarm: object = None  # vdbench.vae.prewarm.Prewarm started before the weights loaded, or None
 
 
 def _start_prewarm(plan: Plan, pipe=None):
-    """The fast VAE path's first-call compiles started on a thread (:mod:`vdbench.prewarm`) before the weights load,
+    """The fast VAE path's first-call compiles started on a thread (:mod:`vdbench.vae.prewarm`) before the weights load,
     on a meta-device VAE built from the model's VAE config, so that they run under the load and the denoising; None
     where there is nothing to compile ahead or ``--no_vae_prewarm``. ``pipe``: the loaded pipeline, whose VAE's
     config serves where the model's could not be read before the load (a hub id downloaded by it)."""
-    from . import prewarm as W
+    from .vae import prewarm as W
     from .pipelines import config_vae
 
     cfg, device = plan.cfg, plan.device
@@ -530,8 +530,8 @@ def _reported_since(info: dict, set_up: Optional[dict], before: dict) -> tuple[d
 def run_repetitions(plan: Plan, loaded: Loaded, log) -> tuple[list[dict], object]:
     """The untimed warm-up calls, then the timed repetitions: one timing entry each, and the last one's frames."""
     from . import parallel as P
-    from .decode import decode_latents
-    from .encode import use_encode
+    from .vae.decode import decode_latents
+    from .vae.encode import use_encode
     from .stages import StageTimers, merge_one_time
     from .watchdog import Watchdog, WatchdogTimeout
 

@@ -133,9 +133,9 @@ class Family:
         ``prepare_latents(vae, latents) -> z`` (pipeline latents -> what ``vae.decode`` takes, as the diffusers
         pipeline does it); ``trim_latents(pipe, latents, num_frames) -> latents`` (drop latent frames the
         pipeline pads, before decoding); ``pipeline_decode`` (the default decode is the pipeline's own
-        ``decode_latents`` instead of :func:`vdbench.vae.decode_video`); ``vae_frame_chunks`` (the VAE decoder
+        ``decode_latents`` instead of :func:`vdbench.vae.decode.decode_video`); ``vae_frame_chunks`` (the VAE decoder
         can be driven a few latent frames per call, exactly -- a causal-conv cache carries the rest
-        (:func:`vdbench.vae.wan_decode_chunked`): the parallel band decode drives it so and takes
+        (:func:`vdbench.vae.fast.wan_decode_chunked`): the parallel band decode drives it so and takes
         ``chunk_frames``; False: the VAE's own ``decode`` runs on each band).
     Parallel
         ``parallel_refusal(engine, task, world_size, use_cfg_parallel) -> str | None`` (why an engine/path can't

@@ -450,7 +450,7 @@ FAMILY = Family(
                                                                 "prompt with ftfy"),)},
     flow_shift=default_flow_shift,
     prepare_latents=prepare_latents,
-    # the decoder's causal-conv cache makes decoding a few latent frames per call exact (vdbench.vae's chunked path)
+    # the decoder's causal-conv cache makes decoding a few latent frames per call exact (vdbench.vae.fast's chunked path)
     vae_frame_chunks=True,
     parallel_refusal=parallel_refusal,
     xfuser={"WanPipeline": XfuserWiring(transformer_wrapper=_XFUSER_TRANSFORMER),

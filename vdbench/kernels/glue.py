@@ -78,7 +78,7 @@ def compile_only(device):
     """Within (this thread only): every kernel call compiles its variant for the CUDA ``device`` -- Triton's
     ``warmup``: the JIT's own specialization and cache, no launch, no module load, no GPU work -- and leaves its
     output unwritten; the tensors may be on the meta device (a decode run for its shapes alone). What
-    :mod:`vdbench.prewarm` runs on a thread while the GPU does other work."""
+    :mod:`vdbench.vae.prewarm` runs on a thread while the GPU does other work."""
     token = _COMPILE_FOR.set(torch.device(device))
     try:
         yield
@@ -176,7 +176,7 @@ def add_rows_(y: torch.Tensor, bias: torch.Tensor, residual: torch.Tensor | None
 
 def norm_silu_cat(x: torch.Tensor, ctx: torch.Tensor, g: torch.Tensor,
                   bias: torch.Tensor | None = None) -> torch.Tensor:
-    """The fast path's glue contract (``vdbench.vae._norm_silu_cat``): a new conv-input buffer
+    """The fast path's glue contract (``vdbench.vae.fast._norm_silu_cat``): a new conv-input buffer
     ``cat([ctx, silu(rms_norm(x (+ bias)) * g)], dim=2)`` in ``x``'s memory format, the norm over channels
     (dim 1); ``bias``: the bias of the conv that produced ``x``, when that conv ran without it.
 

@@ -36,9 +36,9 @@ from typing import Optional
 import torch
 from torch.overrides import TorchFunctionMode
 
+from .. import kernels as K
 from . import encode as E
-from . import kernels as K
-from . import vae as V
+from . import fast as V
 from .decode import DecodeMode, DecodeOptions, check_decode
 from .encode import EncodeMode, EncodeOptions, check_encode
 
@@ -135,7 +135,7 @@ class Prewarm:
     def __init__(self, make_vae, p: PrewarmPlan):
         import diffusers
 
-        from .kernels import glue  # noqa: F401 - imported here, see below
+        from ..kernels import glue  # noqa: F401 - imported here, see below
 
         # Every module the thread needs is imported here, on the calling thread: the render loads the pipeline
         # meanwhile, and an import of one of diffusers' lazy modules from two threads at once fails in the second.
@@ -148,7 +148,7 @@ class Prewarm:
         self._thread.start()
 
     def _run(self) -> None:
-        from .kernels import glue
+        from ..kernels import glue
 
         rec, p = self.record, self.plan
         try:

@@ -1,20 +1,20 @@
 """The VAE encode mode switch: which encode turns a conditioning video into latents (``--vae_encode``, ``mode=``),
-the twin of :mod:`vdbench.decode`.
+the twin of :mod:`vdbench.vae.decode`.
 
 Why: image-to-video pipelines encode on every render -- Wan 2.1/2.2 I2V a whole conditioning video (the image,
 then zero frames: 81 frames at 480p; on an H200 the Wan 2.1 VAE's bf16 encode of it takes 1.125 s, 62% of its
 decode), CogVideoX I2V the image -- and the encode is where ROCm's MIOpen Find phase hangs as often as the decode.
 
 Every mode is one entry of :data:`MODES` -- what it encodes (the VAE classes, else its refusal), which options
-apply to it, how it runs -- checked in one place, :func:`check_encode` (over :func:`vdbench.decode.check_mode`,
+apply to it, how it runs -- checked in one place, :func:`check_encode` (over :func:`vdbench.vae.decode.check_mode`,
 the checks the decode modes share): the render calls it before the model loads (from the family), every function
 here before any work (from the VAE), the VAE bench for its encode configs.
 
 ``default``
     diffusers' own ``vae.encode``, untouched.
-``fast`` (Wan VAEs, :data:`vdbench.vae.FAST_VAES`)
+``fast`` (Wan VAEs, :data:`vdbench.vae.fast.FAST_VAES`)
     :func:`wan_encode_fast`: diffusers' ``AutoencoderKLWan._encode`` with the encoder driven as the fast decode
-    drives the decoder -- the same modules and weights through :func:`vdbench.vae.fast_layers` (``part="encoder"``,
+    drives the decoder -- the same modules and weights through :func:`vdbench.vae.fast.fast_layers` (``part="encoder"``,
     the lean layers the decode uses): causal convs without diffusers' ``F.pad`` copies, RMS norm -> SiLU written
     straight into each conv's input buffer (one Triton kernel where it runs, the conv biases folded into the next
     pass), the down-sampling pad as one copy in the input's layout, no clone of Wan 2.2's residual-down-block
@@ -36,8 +36,8 @@ from typing import Optional
 
 import torch
 
-from . import families
-from . import vae as V
+from .. import families
+from . import fast as V
 from .decode import DecodeMode, check_mode
 
 __all__ = ["EncodeOptions", "EncodeMode", "MODES", "FAST_ENCODE_DEFAULT_CHUNK", "check_encode", "encode_video",
@@ -66,7 +66,7 @@ class EncodeOptions:
 
 
 class EncodeMode(DecodeMode):
-    """One encode mode, with a decode mode's fields (:class:`vdbench.decode.DecodeMode`, so that one check serves
+    """One encode mode, with a decode mode's fields (:class:`vdbench.vae.decode.DecodeMode`, so that one check serves
     both): ``vaes`` the VAE classes it encodes with (None: any), ``refusal`` why another VAE is refused (``{vae}``:
     its class), ``options`` the :class:`EncodeOptions` that apply, ``run(vae, x, options, info, watchdog)`` -> the
     moments diffusers' ``_encode`` returns (B, 2z, T', h, w); ``stock``: diffusers' encode untouched (nothing to
@@ -101,9 +101,9 @@ MODES: dict[str, EncodeMode] = {m.name: m for m in (
 def check_encode(mode: "str | EncodeMode", options: EncodeOptions = EncodeOptions(), *, vae=None,
                  family: "str | families.Family | None" = None, device=None) -> EncodeMode:
     """The one check of an encode request; returns its :data:`MODES` entry or raises with what would run instead.
-    ``mode``: a name or the entry; ``family``: a name or the family (:func:`vdbench.decode.check_mode`).
+    ``mode``: a name or the entry; ``family``: a name or the family (:func:`vdbench.vae.decode.check_mode`).
 
-    Refused (ValueError): what :func:`vdbench.decode.check_mode` refuses (an unknown mode, an option that doesn't
+    Refused (ValueError): what :func:`vdbench.vae.decode.check_mode` refuses (an unknown mode, an option that doesn't
     apply or two that exclude each other, a VAE class the mode does not encode with -- from ``vae``, else from the
     ``family``'s VAE), ``chunk_frames`` below 1, and a mode other than diffusers' own on a VAE with tiling enabled
     (only diffusers' encode tiles). With ``device``: ``fused_glue=True`` where the Triton glue cannot run
@@ -170,7 +170,7 @@ def wan_encode_fast(vae, x: torch.Tensor, *, chunk_frames: Optional[int] = None,
     """The fast encode of a Wan VAE (module doc): ``x`` (B, C, F, H, W) in [-1, 1] -> the moments (B, 2z, T', h, w)
     diffusers' ``_encode`` returns, ``chunk_frames`` latent frames per encoder call (default
     :data:`FAST_ENCODE_DEFAULT_CHUNK`). ``compile_backend`` / ``fused_glue``: the glue compiled / as Triton kernels
-    (:func:`vdbench.vae.resolve_glue`; which ran is in ``info["glue"]``)."""
+    (:func:`vdbench.vae.fast.resolve_glue`; which ran is in ``info["glue"]``)."""
     info = {} if info is None else info
     fused = V.resolve_glue(vae, fused_glue, compile_backend, info)
     k = chunk_frames or FAST_ENCODE_DEFAULT_CHUNK
@@ -189,7 +189,7 @@ def wan_encode_chunked(vae, x: torch.Tensor, chunk_frames: int, *, lean: bool = 
     -- per encoder call after the first frame, -> the moments (B, 2z, T', h, w). Every temporal op of the Wan
     encoder is a causal conv whose cache holds the last input frames (the stride-2 temporal convs their last one)
     and every norm is per frame, so a chunk of K gives K single calls' result. ``lean`` / ``channels_last``: the
-    fast layers / channels_last weights and activations for the duration (:func:`vdbench.vae.fast_layers`,
+    fast layers / channels_last weights and activations for the duration (:func:`vdbench.vae.fast.fast_layers`,
     ``part="encoder"``); both off: diffusers' layers (the bench's ``chunked`` config). ``watchdog.stage`` names
     each chunk."""
     from diffusers.models.autoencoders.autoencoder_kl_wan import patchify

@@ -1,11 +1,11 @@
-"""The fast decode of Wan VAEs (``mode="fast"`` of :mod:`vdbench.decode`, the VAE mode switch) and the latents
+"""The fast decode of Wan VAEs (``mode="fast"`` of :mod:`vdbench.vae.decode`, the VAE mode switch) and the latents
 preparation every decode starts from.
 
 The pipelines are called with ``output_type="latent"``; :func:`prepare_latents` repeats exactly what each
 diffusers pipeline does after its loop (Wan: un-normalize with the VAE's latents_mean/std; CogVideoX: divide by
 the scaling factor and move frames to the channel-first layout), so the video is the one the pipeline would have
 produced. Which decode then runs (diffusers' own, this module's, the band-parallel one) is
-:mod:`vdbench.decode`'s choice; this module holds the mechanics of the fast one (:func:`wan_decode_fast`):
+:mod:`vdbench.vae.decode`'s choice; this module holds the mechanics of the fast one (:func:`wan_decode_fast`):
 
 ``fast`` (Wan VAEs: ``AutoencoderKLWan``, Wan 2.1 and 2.2)
     The same diffusers modules and weights, driven differently (see :func:`wan_decode_chunked`):
@@ -61,10 +61,10 @@ produced. Which decode then runs (diffusers' own, this module's, the band-parall
     decode; larger chunks are an explicit choice (``chunk_frames``, the bench's ``fast@K``), to be measured.
 
     The dtype is the VAE's: load it in bf16 (``--vae_dtype bf16``) for speed.
-    Other VAE classes (not in :data:`FAST_VAES`): ``fast`` is refused by :func:`vdbench.decode.check_decode`,
+    Other VAE classes (not in :data:`FAST_VAES`): ``fast`` is refused by :func:`vdbench.vae.decode.check_decode`,
     never silently replaced by ``default``.
 
-**The fast encode** (:mod:`vdbench.encode`) drives the encoder with the same lean layers
+**The fast encode** (:mod:`vdbench.vae.encode`) drives the encoder with the same lean layers
 (:func:`fast_layers` with ``part="encoder"``): the causal convs, RMS norms and residual blocks above, the encoder's
 head through the fused conv input buffer, its down-sampling pad as one copy into the stride-2 conv's input in the
 input's layout (diffusers: a ``permute().reshape()`` copy, then ``ZeroPad2d``'s), and Wan 2.2's residual down
@@ -86,7 +86,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from . import families
+from .. import families
 
 __all__ = ["wan_decode_fast", "wan_decode_chunked", "choose_chunk_frames", "prepare_latents", "FAST_VAES",
            "channels_last_3d", "fast_layers", "FAST_DEFAULT_CHUNK", "resolve_glue"]
@@ -119,7 +119,7 @@ def wan_decode_fast(vae, z: torch.Tensor, *, chunk_frames: Optional[int] = None,
     or, with ``max_memory_gib``, the chunk (and tiles) chosen from that budget. ``channels_last``: weights and
     activations in channels_last(_3d) for the duration. ``compile_backend`` / ``fused_glue``: the glue compiled /
     as Triton kernels (:func:`resolve_glue`; which one ran is in ``info["glue"]``). The combinations that apply
-    are :func:`vdbench.decode.check_decode`'s to refuse; this runs what it is given."""
+    are :func:`vdbench.vae.decode.check_decode`'s to refuse; this runs what it is given."""
     info = {} if info is None else info
     fused = resolve_glue(vae, fused_glue, compile_backend, info)
     if max_memory_gib is not None:
@@ -139,7 +139,7 @@ GLUE_TRITON = "triton (vdbench.kernels.glue)"
 
 
 def resolve_glue(vae, fused_glue: Optional[bool], compile_backend: Optional[str], info: dict) -> bool:
-    """Which norm/SiLU glue the fast path runs (see :func:`vdbench.decode.decode_video`'s ``fused_glue``),
+    """Which norm/SiLU glue the fast path runs (see :func:`vdbench.vae.decode.decode_video`'s ``fused_glue``),
     recorded in ``info["glue"]``: the Triton kernels where asked for (refused with the reason where they can't
     run) or, by default, where the VAE is on a GPU they run on; else the eager glue (with why, when by default)
     or the compiled one."""
@@ -147,8 +147,8 @@ def resolve_glue(vae, fused_glue: Optional[bool], compile_backend: Optional[str]
 
 
 def glue_for(device, fused_glue: Optional[bool], compile_backend: Optional[str], info: dict) -> bool:
-    """:func:`resolve_glue` for a VAE on ``device`` (also before any VAE exists: :mod:`vdbench.prewarm`)."""
-    from . import kernels as K
+    """:func:`resolve_glue` for a VAE on ``device`` (also before any VAE exists: :mod:`vdbench.vae.prewarm`)."""
+    from .. import kernels as K
 
     dev = torch.device(device)
     if compile_backend:
@@ -236,18 +236,18 @@ def _fused_kernels(vae):
     """The Triton glue module (:mod:`vdbench.kernels.glue`: ``norm_silu_cat``, the Triton form of
     :func:`_norm_silu_cat`, and ``add_rows_`` for the conv biases), refused with the reason where it can't run on
     the VAE's device (no silent fallback to the eager glue)."""
-    from . import kernels as K
+    from .. import kernels as K
 
     dev = next(vae.parameters()).device
-    if dev.type == "meta":  # shapes only: the kernels compiled for a GPU, nothing run (vdbench.prewarm)
-        from .kernels import glue
+    if dev.type == "meta":  # shapes only: the kernels compiled for a GPU, nothing run (vdbench.vae.prewarm)
+        from ..kernels import glue
 
         if glue.compiling_for() is not None:
             return glue
     ok, why = K.probe("vae_glue", dev)
     if not ok:
         raise RuntimeError(f"fused_glue can't run here (the VAE is on {dev}): {why}")
-    from .kernels import glue
+    from ..kernels import glue
 
     return glue
 
@@ -384,7 +384,7 @@ def _pointwise_gemm(conv, x):
 
     Why not the conv: on a GPU a pointwise conv's output layout is cuDNN's choice (on an H200 it returned a
     contiguous tensor for a channels_last_3d input), so the glue after it ran a strided variant, slower than its
-    channels_last one, which :mod:`vdbench.prewarm`'s meta-device decode -- whose conv keeps channels_last -- never
+    channels_last one, which :mod:`vdbench.vae.prewarm`'s meta-device decode -- whose conv keeps channels_last -- never
     compiled (2 of the fast decode's 18 variants). A GEMM's (rows, C_out) output is that layout by construction,
     and its bias costs no pass of its own."""
     w = conv.weight
@@ -420,7 +420,7 @@ def _match_weight_layout(x: torch.Tensor, conv) -> torch.Tensor:
     Why: a block's input can arrive contiguous from a layer the lean path doesn't own -- the mid block's
     attention (diffusers' ``WanAttentionBlock``) on a GPU -- and every conv, glue kernel and residual of the
     block would then follow that layout: the glue's strided variants (slower than its channels_last ones) and,
-    in a fresh process, Triton variants that :mod:`vdbench.prewarm`'s meta-device decode, whose attention
+    in a fresh process, Triton variants that :mod:`vdbench.vae.prewarm`'s meta-device decode, whose attention
     keeps channels_last, never compiled (on an H200, 3 of the fast decode's 18). One layout on every device."""
     w = getattr(conv, "weight", None)
     if (x.dim() == 5 and isinstance(w, torch.Tensor) and w.dim() == 5 and not w.is_contiguous()
@@ -553,7 +553,7 @@ def _lean_residual_up_block(self, x, feat_cache=None, feat_idx=[0], first_chunk=
     return x
 
 
-# The encoder's lean layers (the fast encode, vdbench.encode): the same pieces as the decoder's -- the lean causal
+# The encoder's lean layers (the fast encode, vdbench.vae.encode): the same pieces as the decoder's -- the lean causal
 # conv, RMS norm and residual block above serve both -- plus the encoder's own down-sampling and head.
 
 def _lean_encoder(self, x, feat_cache=None, feat_idx=[0]):  # noqa: B006 - diffusers' signature
@@ -654,7 +654,7 @@ def fast_layers(vae, *, channels_last: bool = True, lean: bool = True, compile_b
                 fused_glue: bool = False, part: str = "decoder"):
     """Scoped swap of the fast path (Wan VAEs): for the duration, this VAE's decoder instances (and its
     ``post_quant_conv``; with ``part="encoder"``: its encoder and ``quant_conv``, the fast encode of
-    :mod:`vdbench.encode`) run the lean forwards above instead of diffusers' (``forward`` set on the instance,
+    :mod:`vdbench.vae.encode`) run the lean forwards above instead of diffusers' (``forward`` set on the instance,
     deleted on exit -- also on error -- so the class and every other VAE are untouched); ``channels_last``:
     conv weights in channels_last(_3d) for the duration, put back in their original (contiguous) layout on exit
     (bit-exact copies both ways). A module that already has an instance-level ``forward`` (another hook, e.g.

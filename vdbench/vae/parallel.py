@@ -27,14 +27,14 @@ given it:
 * At the end the bands are all-gathered, so **every rank returns the whole video**.
 
 How the decoder is driven is the VAE's family's (``Family.vae_frame_chunks``): Wan's by
-:func:`vdbench.vae.wan_decode_chunked` (diffusers' ``_decode`` loop, optionally several latent frames per decoder
+:func:`vdbench.vae.fast.wan_decode_chunked` (diffusers' ``_decode`` loop, optionally several latent frames per decoder
 call), CogVideoX's by its own ``decode`` (frame batches); the layers are hooked
 by replacing ``forward`` on *this VAE's instances only* for the duration of the call (nothing global, restored
 afterwards). The weights and the architecture are
 diffusers'; only where rows come from changes. In fp32 on CPU (gloo) the result matches the single-process
 decode to rounding, ~140 dB PSNR (tested with 2 and 3 ranks, uneven bands included).
 
-Inputs: ``z`` is what ``vae.decode`` takes, i.e. *after* :func:`vdbench.vae.prepare_latents` (Wan:
+Inputs: ``z`` is what ``vae.decode`` takes, i.e. *after* :func:`vdbench.vae.fast.prepare_latents` (Wan:
 ``latents * std + mean``), shape (B, z_dim, T, H, W), the same on every rank (checked with one small
 collective), on the rank's device. The process group must already be initialized (torchrun + the render, or
 the benchmark); this module never initializes one. CogVideoX: ``z`` is the pipeline latent permuted to
@@ -55,7 +55,7 @@ from typing import Optional, Sequence
 import torch
 import torch.nn.functional as F
 
-from . import families
+from .. import families
 
 __all__ = ["decode_video_parallel", "band_sizes", "BandComm", "VAES"]
 
@@ -332,15 +332,15 @@ def decode_video_parallel(vae, z: torch.Tensor, *, group=None, chunk_frames: Opt
     ``group``: an initialized process group (default: the world); not created here. ``z`` must be identical on
     all ranks and on this rank's device (cuda:LOCAL_RANK with NCCL, cpu with gloo).
     ``chunk_frames`` (families with ``vae_frame_chunks``: Wan): latent frames per decoder call, as in
-    :func:`vdbench.vae.wan_decode_chunked` (None: all frames after the first in one call, like ``mode='fast'``; 1:
+    :func:`vdbench.vae.fast.wan_decode_chunked` (None: all frames after the first in one call, like ``mode='fast'``; 1:
     diffusers' own per-frame loop). The others (CogVideoX) run diffusers' own ``decode`` loop (its frame batches)
     on the band.
-    ``native_upsample`` (Wan only): see :mod:`vdbench.vae` (bit-identical nearest up-sampling, no fp32 copy).
+    ``native_upsample`` (Wan only): see :mod:`vdbench.vae.fast` (bit-identical nearest up-sampling, no fp32 copy).
     ``info`` (dict) receives the band, the chunk size and the communication counts.
     """
     import torch.distributed as dist
 
-    from vdbench.vae import wan_decode_chunked
+    from .fast import wan_decode_chunked
 
     name = type(vae).__name__
     if name not in VAES:

@@ -5,20 +5,20 @@ apply to it, and how it runs -- and a mode is checked in one place, :func:`check
 before the model loads (from the family: nothing is loaded for a decode that would be refused after the
 denoising), :func:`decode_video` / :func:`decode_latents` before any work (from the VAE itself), the VAE bench for
 its decode configs. No caller keys on a mode's name. The checks every VAE mode switch shares are
-:func:`check_mode`'s (the encode modes of :mod:`vdbench.encode` go through it too).
+:func:`check_mode`'s (the encode modes of :mod:`vdbench.vae.encode` go through it too).
 
 ``default``
     diffusers' own ``vae.decode``, untouched (CogVideoX: the pipeline's own ``decode_latents``). With
     ``max_memory_gib`` on a Wan VAE: the fast layers with the chunk (and tiles) chosen from the budget.
-``fast`` (Wan VAEs, :data:`vdbench.vae.FAST_VAES`)
-    :func:`vdbench.vae.wan_decode_fast`: the same diffusers modules and weights without diffusers' copies,
-    channels_last, a preallocated output, a chunk of latent frames per decoder call (see :mod:`vdbench.vae`).
-``parallel`` (Wan and CogVideoX VAEs, :data:`vdbench.vae_parallel.VAES`)
-    :func:`vdbench.vae_parallel.decode_video_parallel`: every rank of an initialized ``torch.distributed`` process
+``fast`` (Wan VAEs, :data:`vdbench.vae.fast.FAST_VAES`)
+    :func:`vdbench.vae.fast.wan_decode_fast`: the same diffusers modules and weights without diffusers' copies,
+    channels_last, a preallocated output, a chunk of latent frames per decoder call (see :mod:`vdbench.vae.fast`).
+``parallel`` (Wan and CogVideoX VAEs, :data:`vdbench.vae.parallel.VAES`)
+    :func:`vdbench.vae.parallel.decode_video_parallel`: every rank of an initialized ``torch.distributed`` process
     group (torchrun) decodes a band of rows, exactly; this module does not create the group.
 
-This module sits above both decode modules (:mod:`vdbench.vae`: the fast decode's mechanics;
-:mod:`vdbench.vae_parallel`: the band decode); neither imports it. ``timeout_s`` of :func:`decode_latents` runs
+This module sits above both decode modules (:mod:`vdbench.vae.fast`: the fast decode's mechanics;
+:mod:`vdbench.vae.parallel`: the band decode); neither imports it. ``timeout_s`` of :func:`decode_latents` runs
 the decode under :class:`vdbench.watchdog.Watchdog`.
 """
 
@@ -30,12 +30,12 @@ from typing import Callable, Optional
 
 import torch
 
-from . import backends as B
-from . import families
-from . import kernels as K
-from . import vae as V
-from . import vae_parallel
-from .watchdog import Watchdog
+from .. import backends as B
+from .. import families
+from .. import kernels as K
+from ..watchdog import Watchdog
+from . import fast as V
+from . import parallel
 
 __all__ = ["DecodeOptions", "DecodeMode", "MODES", "GLUES", "check_decode", "check_mode", "decode_video",
            "decode_latents"]
@@ -64,7 +64,7 @@ class DecodeOptions:
 
 
 #: What a user passes for each option (the messages name both spellings: the argument and the render's flag); the
-#: encode options (:mod:`vdbench.encode`) are a subset.
+#: encode options (:mod:`vdbench.vae.encode`) are a subset.
 _OPTION_NAMES = {"chunk_frames": "chunk_frames", "max_memory_gib": "max_memory_gib (--vae_max_memory)",
                  "channels_last": "channels_last", "compile_backend": "compile_backend",
                  "fused_glue": "fused_glue (--vae_glue triton)"}
@@ -79,7 +79,7 @@ class DecodeMode:
     that apply to it, ``run(vae, z, options, info, watchdog)`` -> video (B, 3, F, H, W) in [-1, 1]; ``stock``:
     without ``max_memory_gib`` it is diffusers' decode untouched, so a pipeline's own decode method (CogVideoX's
     ``decode_latents``, bit for bit what the pipeline returns) may stand in for it; ``prewarm``: its first call
-    compiles kernels that :mod:`vdbench.prewarm` can compile ahead (the fast layers' Triton glue)."""
+    compiles kernels that :mod:`vdbench.vae.prewarm` can compile ahead (the fast layers' Triton glue)."""
 
     name: str
     vaes: Optional[tuple[str, ...]]
@@ -102,7 +102,7 @@ def _run_default(vae, z, o: DecodeOptions, info: dict, watchdog):
 
 
 def _run_fast(vae, z, o: DecodeOptions, info: dict, watchdog):
-    """The fast Wan decode (:func:`vdbench.vae.wan_decode_fast`), channels_last unless turned off."""
+    """The fast Wan decode (:func:`vdbench.vae.fast.wan_decode_fast`), channels_last unless turned off."""
     return V.wan_decode_fast(vae, z, chunk_frames=o.chunk_frames, max_memory_gib=o.max_memory_gib,
                              channels_last=o.channels_last is not False, watchdog=watchdog, info=info,
                              compile_backend=o.compile_backend, fused_glue=o.fused_glue)
@@ -111,7 +111,7 @@ def _run_fast(vae, z, o: DecodeOptions, info: dict, watchdog):
 def _run_parallel(vae, z, o: DecodeOptions, info: dict, watchdog):
     """The band decode over the ranks of the current process group (each rank gets the whole video)."""
     info["path"] = "parallel"
-    return vae_parallel.decode_video_parallel(vae, z, chunk_frames=o.chunk_frames, info=info)
+    return parallel.decode_video_parallel(vae, z, chunk_frames=o.chunk_frames, info=info)
 
 
 #: The modes, by name: what each decodes, which options apply, how it runs (module doc).
@@ -122,8 +122,8 @@ MODES: dict[str, DecodeMode] = {m.name: m for m in (
                "with a bf16 VAE)",
                frozenset({"chunk_frames", "max_memory_gib", "channels_last", "compile_backend", "fused_glue"}),
                _run_fast, prewarm=True),
-    DecodeMode("parallel", vae_parallel.VAES,
-               "mode='parallel' (the band decode) is implemented for " + " and ".join(vae_parallel.VAES)
+    DecodeMode("parallel", parallel.VAES,
+               "mode='parallel' (the band decode) is implemented for " + " and ".join(parallel.VAES)
                + " only, not {vae}; use mode='default'",
                frozenset({"chunk_frames"}), _run_parallel),
 )}
@@ -131,7 +131,7 @@ MODES: dict[str, DecodeMode] = {m.name: m for m in (
 
 def check_mode(modes: dict, mode: "str | DecodeMode", options, *, kind: str, vae=None,
                family: "str | families.Family | None" = None, device=None):
-    """What every VAE mode switch checks (this module's decode modes, :mod:`vdbench.encode`'s encode modes): returns
+    """What every VAE mode switch checks (this module's decode modes, :mod:`vdbench.vae.encode`'s encode modes): returns
     (the ``modes`` entry, the VAE class name or None, the options given) or raises with what to use instead.
 
     ``mode``: a name, or an entry of ``modes`` already found (its options and VAE are checked, its name is not
@@ -206,7 +206,7 @@ def decode_latents(pipe, latents: torch.Tensor, family: "str | families.Family",
                    timeout_s: Optional[float] = None, chunk_frames: Optional[int] = None, info: Optional[dict] = None,
                    fused_glue: Optional[bool] = None, prewarm=None, options: Optional[DecodeOptions] = None):
     """Latents from ``pipe(..., output_type="latent")`` -> float frames (T, H, W, 3) in [0, 1] (numpy), decoded
-    as the pipeline would have (:func:`vdbench.vae.prepare_latents`) by ``mode`` (checked before any work).
+    as the pipeline would have (:func:`vdbench.vae.fast.prepare_latents`) by ``mode`` (checked before any work).
 
     ``family``: a :mod:`vdbench.families` name or the family (how its latents reach the VAE, and whether the
     default decode is the pipeline's own ``decode_latents``). ``mode``: a name or its :data:`MODES` entry.
@@ -216,7 +216,7 @@ def decode_latents(pipe, latents: torch.Tensor, family: "str | families.Family",
     runs under a :class:`~vdbench.watchdog.Watchdog`; on expiry all stacks are dumped and
     :class:`~vdbench.watchdog.WatchdogTimeout` is raised (its ``report`` names the last completed stage).
     ``max_memory_gib``, ``chunk_frames``, ``fused_glue``, ``info``: see :func:`decode_video`. ``prewarm``: a
-    :class:`vdbench.prewarm.Prewarm` started for this decode; it is waited for here (the wait is part of the
+    :class:`vdbench.vae.prewarm.Prewarm` started for this decode; it is waited for here (the wait is part of the
     decode), its status goes to ``info["prewarm"]``, its thread's time to ``info["prewarm_s"]`` and the wait to
     ``info["one_time"]``. With the
     Triton glue, ``info["glue_compiled_in_call"]`` counts the glue variants compiled during this call (0 when
