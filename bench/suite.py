@@ -77,7 +77,7 @@ DEFAULT_BUDGET_S = 540.0  #: a suite's budget unless its file (``budget_s``) or 
 
 
 class SuiteError(ValueError):
-    pass
+    """A suite file or a --set / --only that can't be run as written (the message says where)."""
 
 
 def suites() -> dict[str, Path]:
@@ -242,14 +242,27 @@ def done_runs(out: Path) -> set[str]:
     return {r.case for r in read(path) if r.data.get("rc") == 0}
 
 
+def _why_not(run: dict, only, done: set, left: float):
+    """Why ``run`` is not started on this call (None: it is): not asked for (an optional run is asked for by name),
+    finished by an earlier call, or past its deadline. Runs marked ``always`` never come here."""
+    chosen = bool(only) and re.fullmatch(only, run["name"]) is not None
+    if (only or run["optional"]) and not chosen:
+        return "not in --only"
+    if run["name"] in done:
+        return "done in an earlier call"
+    if left < run["need_s"]:
+        return f"deadline: {left:.0f} s left, needs {run['need_s']:.0f}"
+    return None
+
+
 def _device() -> str:
     try:
         import torch
 
-        if torch.cuda.is_available():
-            return re.sub(r"[^A-Za-z0-9]+", "-", torch.cuda.get_device_name(0)).strip("-").lower()
     except ImportError:
-        pass
+        return "cpu"
+    if torch.cuda.is_available():
+        return re.sub(r"[^A-Za-z0-9]+", "-", torch.cuda.get_device_name(0)).strip("-").lower()
     return "cpu"
 
 
@@ -299,18 +312,7 @@ def run_suite(name: str, *, out: Path, budget_s: float | None, sets: dict, only:
                      command=shlex.join(run["args"]), commit=commit(), created=now())
         end = budget_s if run["deadline_s"] is None else min(budget_s, run["deadline_s"])
         left = end - (clock() - start)
-        why = None
-        chosen = bool(only) and re.fullmatch(only, run["name"]) is not None
-        if run["always"]:
-            pass
-        elif only and not chosen:
-            why = "not in --only"
-        elif run["optional"] and not chosen:
-            why = "not in --only"  # an optional run is asked for by name
-        elif run["name"] in done:
-            why = "done in an earlier call"
-        elif left < run["need_s"]:
-            why = f"deadline: {left:.0f} s left, needs {run['need_s']:.0f}"
+        why = None if run["always"] else _why_not(run, only, done, left)
         for key, want_ok in (("if_ok", True), ("if_failed", False)):
             other = run[key]
             if why or other is None or dry_run:

@@ -270,8 +270,7 @@ def first_call_ms(fn, device) -> float:
     """Milliseconds of the first call of ``fn()`` on its own: the device drained first (so no earlier work hides
     in the figure, and none of the call's host-side work -- a JIT compile, a plan search -- hides behind earlier
     work), then :func:`call_ms`. What it pays once (compiles, plans, allocator growth) is in the figure."""
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize(device)
+    _drain(device)
     return call_ms(fn, device)
 
 

@@ -164,18 +164,18 @@ def read(path) -> list[Record]:
         data = json.loads(text)
     except json.JSONDecodeError as e:
         raise RecordError(f"{path}: not JSON ({e.msg})") from None
-    for test, convert in _LEGACY:
+    for _, test, convert in _LEGACY:
         if test(data):
             return [dataclasses.replace(r, source=f"{path}#{i}") for i, r in enumerate(convert(data))]
     raise RecordError(f"{path}: no vdbench tool writes this JSON shape (a record file is .jsonl; known older "
-                      f"shapes: {', '.join(name for name, _ in _LEGACY_NAMES)})")
+                      f"shapes: {', '.join(name for name, _, _ in _LEGACY)})")
 
 
 def records_of(doc, *, command: Optional[str] = None) -> list[Record]:
     """The records of a document a tool builds (a timing.json list, a bench's JSON object: the shapes
     :func:`read` knows), stamped with the command (default: this process's) and the checkout's commit -- what a
     tool writes beside its own files."""
-    for test, convert in _LEGACY:
+    for _, test, convert in _LEGACY:
         if test(doc):
             stamp = {"command": command or command_line(), "commit": commit(), "created": now()}
             return [dataclasses.replace(r, **{k: v for k, v in stamp.items() if getattr(r, k) is None})
@@ -394,7 +394,8 @@ def _sage2(d: dict) -> Iterator[Record]:
                          timer="CUDA events", system=system, data=v)
 
 
-_LEGACY_NAMES = (
+#: (what wrote it, does a document have its shape, its records), in the order :func:`read` tries them
+_LEGACY = (
     ("a render's timing.json (a list of entries)", lambda d: isinstance(d, list), _render),
     ("the attention bench's JSON ({system, rows})",
      lambda d: isinstance(d, dict) and "rows" in d and "system" in d and "flops" in d, _attention),
@@ -409,5 +410,3 @@ _LEGACY_NAMES = (
     ("bench/bench_sage2.py's JSON ({device, capability, shapes})",
      lambda d: isinstance(d, dict) and "shapes" in d and "capability" in d, _sage2),
 )
-_LEGACY = tuple((test, convert) for _, test, convert in _LEGACY_NAMES)
-_LEGACY_NAMES = tuple((name, test) for name, test, _ in _LEGACY_NAMES)

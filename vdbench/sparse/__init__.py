@@ -18,39 +18,10 @@ The names below are the grammar, layout, pattern and mask API; the attention cal
 from their units.
 """
 
-from .layout import TileLayout, from_layout, layout_for, pattern_tile, tile_layout, to_layout
-from .masks import BlockStats, SparsityTally, block_mask, clear_block_mask_cache, kernel_view_mask
-from .patterns import (block_structure, pattern_cells, radial_band, radial_cell_allow, reference_mask,
-                       sta_tile_allow, token_allows)
-from .spec import (DEFAULT_BLOCK, PAD_MODES, PATTERNS, SparseSpec, SparseSpecError, TokenGrid, parse_grid,
-                   parse_spec, split_attention_types)
+from . import layout as _layout, masks as _masks, patterns as _patterns, spec as _spec
+from .layout import *  # noqa: F401,F403 - each unit's __all__ is the package's API
+from .masks import *  # noqa: F401,F403
+from .patterns import *  # noqa: F401,F403
+from .spec import *  # noqa: F401,F403
 
-__all__ = [
-    "DEFAULT_BLOCK",
-    "PAD_MODES",
-    "PATTERNS",
-    "SparseSpecError",
-    "TokenGrid",
-    "parse_grid",
-    "SparseSpec",
-    "parse_spec",
-    "split_attention_types",
-    "TileLayout",
-    "tile_layout",
-    "pattern_tile",
-    "layout_for",
-    "to_layout",
-    "from_layout",
-    "token_allows",
-    "reference_mask",
-    "radial_band",
-    "sta_tile_allow",
-    "radial_cell_allow",
-    "pattern_cells",
-    "block_structure",
-    "BlockStats",
-    "SparsityTally",
-    "block_mask",
-    "clear_block_mask_cache",
-    "kernel_view_mask",
-]
+__all__ = [*_spec.__all__, *_layout.__all__, *_patterns.__all__, *_masks.__all__]
