@@ -22,7 +22,7 @@ def test_stacks_parse_and_bad_ones_say_what_is_valid():
 
 
 def _avail(name, runs=True, emulated=False, why=None):
-    return {"backend": name, "runs": runs, "why_not": why, "emulated": emulated, "exact": False}
+    return {"backend": name, "runs": runs, "why_not": why, "emulated": emulated}
 
 
 def test_candidates_are_the_fast_accurate_runnable_kernels_fastest_first():

@@ -99,17 +99,16 @@ def availability(device) -> list[dict]:
         b = B.BACKENDS[name]
         ok, why = b.availability(device)
         out.append({"backend": name, "runs": bool(ok), "why_not": None if ok else why,
-                    "emulated": b.emulated, "exact": bool(getattr(b, "exact", False))})
+                    "emulated": b.emulated})
     return out
 
 
 def plan_candidates(avail: list[dict], bench_rows: list[dict], *, max_candidates: int, max_rel_l2: float,
                     stacks: list[Candidate], baseline: str = "default",
                     reference: str = "reference") -> tuple[list[Candidate], list[dict]]:
-    """(the renders, the backends left out with why): the runnable, non-emulated, non-exact backends within
-    ``max_rel_l2`` on the captures, fastest (median kernel time over the captures) first, at most
+    """(the renders, the backends left out with why): the runnable, non-emulated backends (baseline and reference
+    aside) within ``max_rel_l2`` on the captures, fastest (median kernel time over the captures) first, at most
     ``max_candidates``; then the baseline, the reference and the stacks."""
-    runs = {a["backend"] for a in avail if a["runs"]}
     by: dict[str, list[dict]] = {}
     for r in bench_rows:
         by.setdefault(B.resolve(r["kernel"]).name if r.get("kernel") else "", []).append(r)
@@ -166,7 +165,7 @@ def _video(rec: Record) -> Optional[Path]:
     return Path(out) if out and Path(out).exists() else None
 
 
-def row_of(cand: Candidate, rec: Record, ref_frames, device_type: str) -> dict:
+def row_of(cand: Candidate, rec: Record, ref_frames) -> dict:
     """A candidate's row from its render's record (the last repetition) and its video against the reference's."""
     step = rec.figures.get("step_ms") or {}
     peak = rec.figures.get("peak_memory_bytes")
@@ -367,7 +366,7 @@ def run(args) -> int:
     # 4. rank against the reference video
     ref = next((records.get(c.name) for c in cands if c.is_reference), None)
     ref_frames = load_frames(_video(ref))[0] if ref is not None and _video(ref) is not None else None
-    rows = rank([row_of(c, records[c.name], ref_frames, device) for c in cands if c.name in records])
+    rows = rank([row_of(c, records[c.name], ref_frames) for c in cands if c.name in records])
     text = verdict(rows, device=dev_name, model=args.model, tolerance_db=args.psnr_tolerance_db)
     meta = {"model": args.model, "family": fam.name, "device": dev_name, "height": args.height, "width": args.width,
             "num_frames": args.num_frames, "steps": args.steps, "verdict": text, "left_out": left_out,
