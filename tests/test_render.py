@@ -176,3 +176,25 @@ def test_a_render_resolves_its_configuration_once(tmp_path, monkeypatch):
     calls.update(dict.fromkeys(calls, 0))
     R.render(_cfg(tmp_path), log=lambda *a, **k: None)
     assert calls == {"families.get": 1, "parse_model": 1}
+
+
+def test_the_vae_prewarm_starts_after_the_load_and_only_an_image_encode_part_before_it(tmp_path, monkeypatch):
+    """The prewarm's compile holds the GIL in long stretches: beside the load's Python it slows the load, beside
+    the denoising (a thread waiting on the GPU) it costs nothing; only an image's encode, which comes before the
+    denoising, has the load alone to hide under."""
+    events = []
+    real_load = R._load_checked
+
+    def load_checked(plan):
+        events.append("load")
+        return real_load(plan)
+
+    def start(plan, pipe=None, *, encode_only=False):
+        events.append(("prewarm", "encode_only" if encode_only else "all", pipe is not None))
+        return None
+
+    monkeypatch.setattr(R, "_load_checked", load_checked)
+    monkeypatch.setattr(R, "_start_prewarm", start)
+    loaded = R.load(R.validate(_cfg(tmp_path)))
+    assert events == [("prewarm", "encode_only", False), "load", ("prewarm", "all", True)]
+    assert loaded.load_s is not None and loaded.prewarm is None

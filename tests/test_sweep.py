@@ -85,4 +85,20 @@ def test_a_tiny_sweep_on_a_cpu_ranks_within_its_budget_and_resumes(tmp_path, cap
     assert S.main(args) == 0  # resumed: nothing rendered again
     log = capsys.readouterr().out
     assert log.count("done earlier (records read back)") == len(rows) and "[sweep] default: rendered" not in log
-    assert S.main(["--model", "tiny", "--stacks", "sdpa+turbo", "--out", str(out)]) == 2
+    again = json.loads((out / "sweep.json").read_text())
+    assert again["runs"] == 2 and again["elapsed_s"] >= meta["elapsed_s"]  # one budget across the runs
+    progress = json.loads((out / "progress.json").read_text())
+    (out / "progress.json").write_text(json.dumps({**progress, "spent_s": 179.0}))  # earlier runs spent nearly all
+    assert S.main([*args, "--stacks", "sdpa+vae=fast"]) == 0
+    late = json.loads((out / "sweep.json").read_text())
+    assert [x["why"].split(":")[0] for x in late["left_out"] if x["backend"] == "sdpa+vae=fast"] == ["budget"]
+    assert S.main([*args, "--budget_min", "60", "--stop_after_min", "0.01", "--stacks", "sdpa+vae=fast"]) == 0
+    assert "sdpa+vae=fast: skipped" in capsys.readouterr().out  # this run's own bound, the budget aside
+    moved = tmp_path / "elsewhere"  # carried to another machine (a device call that resumes): found by name there
+    out.rename(moved)
+    capsys.readouterr()
+    assert S.main([*args[:-1], str(moved), "--budget_min", "60"]) == 0
+    assert capsys.readouterr().out.count("done earlier (records read back)") == len(rows)
+    assert {r["stack"]: r["psnr_db"] for r in json.loads((moved / "sweep.json").read_text())["rows"]} == {
+        k: r["psnr_db"] for k, r in rows.items()}
+    assert S.main(["--model", "tiny", "--stacks", "sdpa+turbo", "--out", str(moved)]) == 2

@@ -414,27 +414,37 @@ class Loaded:
     kwargs: dict
     header: dict
     load_s: Optional[float] = None  # the whole load stage (weights, checks, engine, speed options), host clock
-    prewarm: object = None  # vdbench.vae.prewarm.Prewarm started before the weights loaded, or None
+    prewarm: object = None  # vdbench.vae.prewarm.Prewarm started for this render (_start_prewarm), or None
 
 
-def _start_prewarm(plan: Plan, pipe=None):
-    """The fast VAE path's first-call compiles started on a thread (:mod:`vdbench.vae.prewarm`) before the weights load,
-    on a meta-device VAE built from the model's VAE config, so that they run under the load and the denoising; None
-    where there is nothing to compile ahead or ``--no_vae_prewarm``. ``pipe``: the loaded pipeline, whose VAE's
-    config serves where the model's could not be read before the load (a hub id downloaded by it)."""
+def _start_prewarm(plan: Plan, pipe=None, *, encode_only: bool = False):
+    """The fast VAE path's first-call compiles started on a thread (:mod:`vdbench.vae.prewarm`), on a meta-device VAE
+    built from the model's VAE config; None where there is nothing to compile ahead, ``--no_vae_prewarm``, or
+    (``encode_only``) the prewarm has no encode part. ``pipe``: the loaded pipeline, whose VAE's config serves where
+    the model's could not be read before the load (a hub id downloaded by it).
+
+    When: the compile holds the GIL for tens of ms at a time, so beside the load's Python (random-weight init,
+    module building) it slows the load by about its own length (an H200's Wan 1.3B renders: load 11.2 s without,
+    12.1-15.7 s with it on the load); beside the denoising, whose thread mostly waits on the GPU, it costs
+    nothing. So the render starts it when the load ends -- except an image-to-video encode part, which runs before
+    the denoising: only the load can hide that one (``encode_only`` at the load's start)."""
     from .vae import prewarm as W
     from .pipelines import config_vae
 
     cfg, device = plan.cfg, plan.device
     if not cfg.vae_prewarm or device.type != "cuda" or cfg.cpu_offload or cfg.vae_tiling:
         return None
+    image = bool(cfg.image) and plan.family.takes_image(cfg.task)
+    if encode_only and not image:
+        return None
     spec = config_vae(plan.model) if pipe is None else (type(pipe.vae).__name__, dict(pipe.vae.config))
     if spec is None:
         return None
-    image = bool(cfg.image) and plan.family.takes_image(cfg.task)
     p = W.plan(vae_class=spec[0], device=device, decode_mode=plan.decode.mode, decode_options=plan.decode.options,
                encode_mode=plan.encode.mode if image else None, encode_options=plan.encode.options,
                pixel_hw=(cfg.height, cfg.width))
+    if encode_only and (p is None or p.encode is None):
+        return None
     dtype = plan.vae_dtype or plan.dtype
     return W.start(lambda: W.meta_vae(spec[0], spec[1]).to(dtype), p)
 
@@ -475,14 +485,12 @@ def load(plan: Plan) -> Loaded:
     cfg, family, device, dctx = plan.cfg, plan.family, plan.device, plan.dctx
     t0 = time.perf_counter()
     err = pipe = load_time = flow_shift = None
-    prewarm = _start_prewarm(plan)  # on its thread while the weights load
+    prewarm = _start_prewarm(plan, encode_only=True)  # an image's encode comes before the denoising: hide it here
     try:  # what only the files or the loaded model can refuse is agreed like validate's refusals (torchrun)
         pipe, load_time, flow_shift = _load_checked(plan)
     except (ModelLoadError, B.BackendUnavailable, ValueError, OSError) as e:
         err = e
     P.agree(dctx, err)  # single process: raises err itself
-    if prewarm is None and pipe is not None:  # the config came with the download: start it now, before the denoising
-        prewarm = _start_prewarm(plan, pipe)
     models = transformers_of(pipe)
     head_dims = [m.config.attention_head_dim for _, m in models]
     if dctx is not None:
@@ -512,7 +520,10 @@ def load(plan: Plan) -> Loaded:
     }
     if device.type == "cuda":  # the load's last copies and quantization kernels are the load's time
         torch.cuda.synchronize(device)
-    return Loaded(pipe, models, kwargs, header, load_s=time.perf_counter() - t0, prewarm=prewarm)
+    load_s = time.perf_counter() - t0
+    if prewarm is None:  # under the text encode and the denoising, where the main thread waits on the GPU
+        prewarm = _start_prewarm(plan, pipe)
+    return Loaded(pipe, models, kwargs, header, load_s=load_s, prewarm=prewarm)
 
 
 def _reported_since(info: dict, set_up: Optional[dict], before: dict) -> tuple[dict, dict]:

@@ -16,7 +16,8 @@ What it does, in order, everything under ``--out`` (default ``outputs/sweep``):
    pipeline's own attention (``default``, the speed baseline), the exact ``reference`` (the quality baseline) and
    every ``--stacks`` entry, same prompt, seed and size, each in its own process and folder (``runs/<name>/``).
    A render is skipped when the budget left is below what the slowest render so far took (+20%); a re-run skips
-   the renders already done (their records are read back).
+   the renders already done (their records are read back) and spends what is left of the same budget
+   (``progress.json``); ``--stop_after_min`` bounds one run alone (a machine lent for ten minutes at a time).
 4. **The ranking** (``sweep.csv``, ``sweep.json``, ``report.html``, ``records.jsonl``): warm ms/step with p20-p80
    and n, speed-up against ``default``, end-to-end seconds, one-time seconds, PSNR / SSIM against ``reference``,
    peak memory, the kernels that ran; the Pareto set on (warm step, PSNR); and the verdict line: the fastest
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import html
 import json
 import math
@@ -154,9 +156,19 @@ def _render_cmd(family: str, args, cand: Candidate, out: Path, extra: list[str])
 
 
 def _records(folder: Path) -> list[Record]:
+    """The render records under ``folder``; a video path that no longer exists where the record says (the sweep's
+    folder was moved or copied to another machine to resume there) is taken from ``folder`` by its file name."""
     recs = []
     for p in sorted(folder.rglob("records.jsonl")):
-        recs += [r for r in read(p) if r.suite == "render"]
+        for r in read(p):
+            if r.suite != "render":
+                continue
+            out = r.data.get("output")
+            if out and not Path(out).exists():
+                moved = sorted(folder.rglob(Path(out).name))
+                if moved:
+                    r = dataclasses.replace(r, data={**r.data, "output": str(moved[0])})
+            recs.append(r)
     return recs
 
 
@@ -293,7 +305,22 @@ def run(args) -> int:
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     budget = args.budget_min * 60.0
-    left = lambda: budget - (time.monotonic() - t0)  # noqa: E731
+    # the budget is the whole sweep's, across re-runs that resume it: what earlier runs spent is kept in progress.json
+    progress_path = out / "progress.json"
+    try:
+        progress = json.loads(progress_path.read_text())
+    except (OSError, ValueError):
+        progress = {}
+    spent_before, runs_before = float(progress.get("spent_s", 0.0)), int(progress.get("runs", 0))
+    stop_after = args.stop_after_min * 60.0 if args.stop_after_min else math.inf
+
+    def left() -> float:
+        now = time.monotonic() - t0
+        return min(budget - spent_before - now, stop_after - now)
+
+    def save_progress(**extra) -> None:
+        progress.update(spent_s=spent_before + time.monotonic() - t0, runs=runs_before + 1, **extra)
+        progress_path.write_text(json.dumps(progress))
     fam = families.get(args.family or _family_of(args.model))
     import torch
 
@@ -320,6 +347,7 @@ def run(args) -> int:
         t = time.monotonic()
         rc = _run(cmd, out / "logs" / "capture.log", left())
         capture_s = time.monotonic() - t  # a lower bound of a render's time: the first render's budget check
+        save_progress(slowest_s=max(capture_s, float(progress.get("slowest_s", 0.0))))
         if rc != 0:
             _log(f"[sweep] error: the capture render failed (rc {rc}); see {out / 'logs' / 'capture.log'}")
             return 1
@@ -340,7 +368,7 @@ def run(args) -> int:
 
     # 3. the renders, reference first (the others are compared with it), each skipped when done or out of time
     order = sorted(cands, key=lambda c: not c.is_reference)  # the others are compared with its video
-    slowest, records = capture_s, {}
+    slowest, records = max(capture_s, float(progress.get("slowest_s", 0.0))), {}
     for c in order:
         folder = out / "runs" / c.slug
         done = _records(folder) if folder.exists() else []
@@ -355,6 +383,7 @@ def run(args) -> int:
         t = time.monotonic()
         rc = _run(_render_cmd(fam.name, args, c, folder, ["--overwrite"]), out / "logs" / f"{c.slug}.log", left())
         slowest = max(slowest, time.monotonic() - t)
+        save_progress(slowest_s=slowest)
         recs = _records(folder)
         if rc != 0 or not recs:
             left_out.append({"backend": c.name, "why": f"render failed (rc {rc}): {_first_error(out, c)}"})
@@ -371,7 +400,8 @@ def run(args) -> int:
     meta = {"model": args.model, "family": fam.name, "device": dev_name, "height": args.height, "width": args.width,
             "num_frames": args.num_frames, "steps": args.steps, "verdict": text, "left_out": left_out,
             "command": command_line(), "commit": commit(), "budget_min": args.budget_min,
-            "elapsed_s": time.monotonic() - t0}
+            "elapsed_s": spent_before + time.monotonic() - t0, "runs": runs_before + 1}
+    save_progress()
     write_outputs(out, rows, meta)
     Writer(out / "records.jsonl").write(*(Record(
         suite="sweep", case=r["stack"], config={"model": args.model, "size": [args.height, args.width],
@@ -383,8 +413,9 @@ def run(args) -> int:
         commit=meta["commit"], created=now(), data=r) for r in rows))
     _print_table(rows)
     _log(f"[sweep] {text}")
+    runs = f" over {meta['runs']} runs" if meta["runs"] > 1 else ""
     _log(f"[sweep] {out / 'report.html'}, {out / 'sweep.csv'} ({meta['elapsed_s']:.0f} s of "
-         f"{budget:.0f} s budget)")
+         f"{budget:.0f} s budget{runs})")
     return 0 if rows else 1
 
 
@@ -429,7 +460,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=4, help="denoising steps per render (warm n = steps - 1)")
     p.add_argument("--seed", type=int, default=42, help="one seed for every render: same noise, comparable videos")
     p.add_argument("--device", default="auto", help="auto (CUDA when available, else CPU), cpu, cuda, cuda:N")
-    p.add_argument("--budget_min", type=float, default=15.0, help="minutes for the whole sweep")
+    p.add_argument("--budget_min", type=float, default=15.0,
+                   help="minutes for the whole sweep, re-runs that resume it included (progress.json keeps the count)")
+    p.add_argument("--stop_after_min", type=float, default=None,
+                   help="minutes for this run alone: it starts no render it can't finish within them, writes what "
+                        "it has, and a re-run resumes (default: none, only --budget_min)")
     p.add_argument("--max_candidates", type=int, default=8, help="backends rendered beside default and reference")
     p.add_argument("--max_rel_l2", type=float, default=0.1,
                    help="leave out backends further than this from exact attention on the captures")

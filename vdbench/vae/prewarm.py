@@ -5,12 +5,12 @@ Why: a render decodes once, so its decode is always a *first* call. The fast Wan
 fast decode's first call at Wan 720p x 81 took 9.41 s against 2.07 s warm, ~6.5 s of it Triton compiling the
 glue -- enough to make ``--vae_decode fast`` slower end to end than diffusers' decode (4.72 s first call).
 
-What :class:`Prewarm` does: from before the pipeline's weights load (the render starts it from the VAE's config
-alone) until they are loaded and the GPU denoises, a daemon thread runs the fast path's decode (and, for
-image-to-video, first its encode) *on the meta device* -- a VAE of the same class and config with no storage,
-at the real spatial size, a first chunk and steady chunks, convolutions keeping channels_last as cuDNN's do
-(:class:`cuda_layouts`) -- with the glue in :func:`vdbench.kernels.glue.compile_only`
-mode: each kernel call compiles its variant for the real GPU through Triton's own JIT (``warmup``: the same
+What :class:`Prewarm` does: while the GPU denoises (the render starts it when the load ends, from the VAE's
+config alone; an image-to-video encode part at the load's start, since that encode runs before the denoising), a
+daemon thread runs the fast path's decode (and, for image-to-video, first its encode) *on the meta device* --
+a VAE of the same class and config with no storage, at the real spatial size, a first chunk and steady chunks,
+convolutions keeping channels_last as cuDNN's do (:class:`cuda_layouts`) -- with the glue in
+:func:`vdbench.kernels.glue.compile_only` mode: each kernel call compiles its variant for the real GPU through Triton's own JIT (``warmup``: the same
 specialization and cache as a launch) and launches nothing. So the thread does no GPU work, allocates no GPU
 memory, loads no module on the device (a module load or a first launch there can wait for the denoising's queued
 work), and touches neither the pipeline's VAE nor any stream. The real decode then finds every variant compiled
@@ -19,8 +19,9 @@ is counted there) and returns what it did; the decode records how many glue vari
 the real call (0 when the prewarm covered them).
 
 Not moved: cuDNN's execution plans (cached per thread and per shape in PyTorch; on an H200 the fast decode's first
-call after the prewarm is within ~0.05 s of a warm one: bench/cold_decode.py), and the GIL the compile holds
-beside the load's and the denoising loop's Python.
+call after the prewarm is within ~0.05 s of a warm one: bench/cold_decode.py). The compile holds the GIL for tens
+of ms at a time: beside a CPU-bound main thread (a load building random weights) it costs that thread about its own
+length, beside the denoising loop (waiting on the GPU) next to nothing -- hence when the render starts it.
 """
 
 from __future__ import annotations
