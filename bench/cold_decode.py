@@ -6,8 +6,8 @@ split into convolutions (cuDNN's per-shape plans), the Triton glue launches (the
 Variants (``--variants``, comma-separated):
   bf16              diffusers' own decode (``mode="default"``), the VAE in bf16
   fast              the fast decode, nothing ahead of it: what a standalone first call pays
-  prewarm           the fast decode after vdbench.vae.prewarm's thread has finished (a render: it runs while the model
-                    loads and the GPU denoises): the glue compiled for the GPU from a decode on the meta device
+  prewarm           the fast decode after vdbench.vae.prewarm's thread has finished (a render: it runs while the GPU
+                    denoises): the glue compiled for the GPU from a decode on the meta device
   prewarm+main      prewarm, then two latent frames decoded at the real size on the calling thread (what is left
                     of the first call is then not per-shape work)
 

@@ -64,6 +64,14 @@ def _launch_recorder(monkeypatch):
     from vdbench.kernels import glue
 
     seen = set()
+    loaded = {}  # one compiled kernel per specialization, as Triton's cache returns: its handles set up once
+
+    class Compiled:
+        def __init__(self, key):
+            self.key, self.inits = key, 0
+
+        def _init_handles(self):
+            self.inits += 1
 
     def spec(a):
         if isinstance(a, torch.Tensor):
@@ -87,21 +95,24 @@ def _launch_recorder(monkeypatch):
             return launch
 
         def record(self, args, kw):
-            seen.add((self.name, tuple(spec(a) for a in args), tuple(sorted(kw.items()))))
+            key = (self.name, tuple(spec(a) for a in args), tuple(sorted(kw.items())))
+            seen.add(key)
+            return key
 
         def warmup(self, *args, grid, **kw):
-            self.record(args, kw)
+            key = self.record(args, kw)
+            return loaded.setdefault(key, Compiled(key))
 
     for name in ("_rms_silu_rows_kernel", "_add_rows_kernel"):
         monkeypatch.setattr(glue, name, Recorder(name, getattr(glue, name)))
-    return seen
+    return seen, loaded
 
 
 @pytest.mark.parametrize("cfg", [WAN21_VAE, WAN22_VAE], ids=["wan2.1", "wan2.2"])
 def test_the_meta_decode_compiles_every_variant_the_real_decode_launches(cfg, monkeypatch):
     """The real decode finds nothing left to compile: every specialization it launches was compiled by the
     prewarm's meta-device decode (which launches nothing and never touches the real VAE)."""
-    seen = _launch_recorder(monkeypatch)
+    seen, compiled = _launch_recorder(monkeypatch)
     vae = _vae(cfg)
     s = vae.config.scale_factor_spatial
     h, w = 5, 7
@@ -109,8 +120,10 @@ def test_the_meta_decode_compiles_every_variant_the_real_decode_launches(cfg, mo
     assert p is not None and p.decode is not None and p.encode is None
     rec = _start(vae, p).wait()
     assert rec["status"] == "done", rec
-    assert set(rec["jobs"]) == {"meta_vae_s", "decode_s"} and rec["waited_s"] >= 0
+    assert set(rec["jobs"]) == {"meta_vae_s", "decode_s", "load_s"} and rec["waited_s"] >= 0
     warmed = set(seen)
+    # and each compiled variant's module and launcher set up once: the first launch's host work done ahead
+    assert rec["loaded"] == len(compiled) == len(warmed) and all(k.inits == 1 for k in compiled.values())
     assert warmed, "the prewarm launched no glue kernel"
     seen.clear()
     z = torch.randn(1, vae.config.z_dim, 7, h, w, generator=torch.Generator().manual_seed(0))
@@ -126,7 +139,7 @@ def test_a_contiguous_attention_output_changes_no_variant(monkeypatch):
     way."""
     from diffusers.models.autoencoders import autoencoder_kl_wan as AW
 
-    seen = _launch_recorder(monkeypatch)
+    seen, _ = _launch_recorder(monkeypatch)
     vae = _vae()
     s = vae.config.scale_factor_spatial
     p = _plan(vae, (5 * s, 7 * s))
@@ -158,7 +171,7 @@ def test_a_contiguous_attention_output_changes_no_variant(monkeypatch):
 
 
 def test_the_prewarm_leaves_the_pipeline_vae_untouched_and_covers_the_encode(monkeypatch):
-    seen = _launch_recorder(monkeypatch)
+    seen, _ = _launch_recorder(monkeypatch)
     vae = _vae()
     before = {k: v.clone() for k, v in vae.state_dict().items()}
     p = _plan(vae, (40, 56), encode=True)
