@@ -54,6 +54,9 @@ __all__ = ["Candidate", "parse_stack", "plan_candidates", "rank", "verdict", "ma
 
 ROOT = Path(__file__).resolve().parents[1]
 
+#: The speed baseline (the pipeline's own attention) and the quality reference (exact attention) every sweep renders.
+BASELINE, REFERENCE = "default", "reference"
+
 #: Stack options -> the render flags they add.
 STACK_OPTIONS = {"compile": ["--use_torch_compile"], "fp8gemm": ["--use_fp8_gemms"]}
 STACK_VALUES = {"vae": "--vae_decode", "encode": "--vae_encode"}
@@ -106,8 +109,8 @@ def availability(device) -> list[dict]:
 
 
 def plan_candidates(avail: list[dict], bench_rows: list[dict], *, max_candidates: int, max_rel_l2: float,
-                    stacks: list[Candidate], baseline: str = "default",
-                    reference: str = "reference") -> tuple[list[Candidate], list[dict]]:
+                    stacks: list[Candidate], baseline: str = BASELINE,
+                    reference: str = REFERENCE) -> tuple[list[Candidate], list[dict]]:
     """(the renders, the backends left out with why): the runnable, non-emulated backends (baseline and reference
     aside) within ``max_rel_l2`` on the captures, fastest (median kernel time over the captures) first, at most
     ``max_candidates``; then the baseline, the reference and the stacks."""
@@ -177,8 +180,33 @@ def _video(rec: Record) -> Optional[Path]:
     return Path(out) if out and Path(out).exists() else None
 
 
-def row_of(cand: Candidate, rec: Record, ref_frames) -> dict:
-    """A candidate's row from its render's record (the last repetition) and its video against the reference's."""
+def quality_of(video: Optional[Path], ref_frames) -> Optional[dict]:
+    """{"psnr", "ssim"} of ``video`` against the reference's frames, or None where either is missing or their
+    shapes differ."""
+    if video is None or ref_frames is None:
+        return None
+    from .measure.quality import frame_quality
+
+    frames, _ = load_frames(video)
+    if frames.shape != ref_frames.shape:
+        return None
+    q = frame_quality(frames, ref_frames)
+    return {"psnr": q["psnr"], "ssim": q["ssim"]}
+
+
+def _stored_quality(folder: Path) -> Optional[dict]:
+    """The quality a render's folder keeps (``quality.json``, written when it was rendered): what ranks it where its
+    video is not at hand (a sweep resumed on another machine carries the reference's video only)."""
+    try:
+        q = json.loads((folder / "quality.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return q if isinstance(q, dict) and "psnr" in q else None
+
+
+def row_of(cand: Candidate, rec: Record, ref_frames, stored: Optional[dict] = None) -> dict:
+    """A candidate's row from its render's record (the last repetition) and its video against the reference's
+    (``stored``: its quality as kept beside it, where the video or the reference's frames are not at hand)."""
     step = rec.figures.get("step_ms") or {}
     peak = rec.figures.get("peak_memory_bytes")
     row = {"stack": cand.name, "attention": cand.attention, "why": cand.why, "is_reference": cand.is_reference,
@@ -191,14 +219,9 @@ def row_of(cand: Candidate, rec: Record, ref_frames) -> dict:
            "kernels": ", ".join(f"{k}×{v}" for k, v in
                                 ((rec.data.get("attention") or {}).get("calls_by_kernel") or {}).items()),
            "psnr_db": None, "ssim": None, "video": str(_video(rec) or "")}
-    video = _video(rec)
-    if video is not None and ref_frames is not None:
-        from .measure.quality import frame_quality
-
-        frames, _ = load_frames(video)
-        if frames.shape == ref_frames.shape:
-            q = frame_quality(frames, ref_frames)
-            row["psnr_db"], row["ssim"] = q["psnr"], q["ssim"]
+    q = quality_of(_video(rec), ref_frames) or (None if cand.is_reference else stored)
+    if q is not None:
+        row["psnr_db"], row["ssim"] = q["psnr"], q["ssim"]
     return row
 
 
@@ -352,7 +375,9 @@ def run(args) -> int:
             _log(f"[sweep] error: the capture render failed (rc {rc}); see {out / 'logs' / 'capture.log'}")
             return 1
         kdir.mkdir(exist_ok=True)
-        runnable = [a["backend"] for a in avail if a["runs"] and a["backend"] != "default"]
+        # what can be a candidate: emulations carry accuracy only and the exact reference is rendered anyway
+        runnable = [a["backend"] for a in avail if a["runs"] and not a["emulated"] and a["backend"] not in (
+            BASELINE, REFERENCE)]
         grid = ["--grid", fam.size_grid(args.height, args.width, args.num_frames)] if fam.size_grid else []
         cmd = [sys.executable, str(ROOT / "bench" / "bench_attention.py"), "--input_dir", str(caps), "--kernel",
                ",".join(runnable), "--device", device, "--budget_s", str(args.kernel_budget_s), *grid, "-o",
@@ -369,10 +394,19 @@ def run(args) -> int:
     # 3. the renders, reference first (the others are compared with it), each skipped when done or out of time
     order = sorted(cands, key=lambda c: not c.is_reference)  # the others are compared with its video
     slowest, records = max(capture_s, float(progress.get("slowest_s", 0.0))), {}
+    ref_frames = None
+
+    def reference_frames():
+        nonlocal ref_frames
+        ref = next((records.get(c.name) for c in cands if c.is_reference), None)
+        if ref_frames is None and ref is not None and _video(ref) is not None:
+            ref_frames = load_frames(_video(ref))[0]
+        return ref_frames
+
     for c in order:
         folder = out / "runs" / c.slug
         done = _records(folder) if folder.exists() else []
-        if done and _video(done[-1]) is not None:
+        if done and (_video(done[-1]) is not None or (not c.is_reference and _stored_quality(folder))):
             records[c.name] = done[-1]
             _log(f"[sweep] {c.name}: done earlier (records read back)")
             continue
@@ -390,12 +424,15 @@ def run(args) -> int:
             _log(f"[sweep] {c.name}: failed (rc {rc}); see {out / 'logs' / (c.slug + '.log')}")
             continue
         records[c.name] = recs[-1]
+        q = None if c.is_reference else quality_of(_video(recs[-1]), reference_frames())
+        if q is not None:  # kept beside the render: ranks it on a resume that has only the reference's video
+            (folder / "quality.json").write_text(json.dumps(q))
         _log(f"[sweep] {c.name}: rendered in {time.monotonic() - t:.0f} s")
 
     # 4. rank against the reference video
-    ref = next((records.get(c.name) for c in cands if c.is_reference), None)
-    ref_frames = load_frames(_video(ref))[0] if ref is not None and _video(ref) is not None else None
-    rows = rank([row_of(c, records[c.name], ref_frames) for c in cands if c.name in records])
+    reference_frames()
+    rows = rank([row_of(c, records[c.name], ref_frames, _stored_quality(out / "runs" / c.slug))
+                 for c in cands if c.name in records])
     text = verdict(rows, device=dev_name, model=args.model, tolerance_db=args.psnr_tolerance_db)
     meta = {"model": args.model, "family": fam.name, "device": dev_name, "height": args.height, "width": args.width,
             "num_frames": args.num_frames, "steps": args.steps, "verdict": text, "left_out": left_out,
