@@ -291,3 +291,24 @@ def test_find_font_missing_is_an_error(tmp_path, monkeypatch):
             find_font(17)
     finally:
         find_font.cache_clear()
+
+
+def test_without_imageio_ffmpeg_opencv_writes_and_reads_the_same_frames(tmp_path, monkeypatch):
+    """The GPU images have no imageio-ffmpeg (its wheel is too big to carry): OpenCV writes and reads there, and
+    what it reads back is the video the ffmpeg path reads (a sweep compares renders with the reference there)."""
+    frames = moving_frames(6, 48, 64)
+    by_ffmpeg = np.stack(list(iter_frames(write_video(frames, tmp_path / "ffmpeg.mp4", fps=8))))
+    monkeypatch.setattr(vv, "imageio_ffmpeg", None)
+    out = write_video(frames, tmp_path / "cv2.mp4", fps=8)
+    gen = iter_frames(out)
+    assert isinstance(gen, types.GeneratorType)
+    by_cv2 = np.stack(list(gen))
+    assert by_cv2.shape == by_ffmpeg.shape == (6, 48, 64, 3) and by_cv2.dtype == np.uint8
+    truth = (frames * 255).round()
+    # two lossy codecs of one input: each close to the frames written, and the colours not swapped (BGR/RGB)
+    assert np.abs(by_cv2 - truth).mean() < 6 and np.abs(by_ffmpeg - truth).mean() < 6
+    assert np.abs(by_cv2[..., 2].astype(float).mean() - truth[..., 2].mean()) < 6
+    bad = tmp_path / "bad.mp4"
+    bad.write_bytes(b"junk" * 100)
+    with pytest.raises(VideoError, match="bad.mp4"):
+        next(iter_frames(bad))

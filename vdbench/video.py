@@ -420,6 +420,9 @@ def iter_frames(path) -> Iterator[np.ndarray]:
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise VideoError(path, "no such file")
+    if imageio_ffmpeg is None:  # as the writer: OpenCV's decoder where ffmpeg's wheel is not installed
+        yield from _iter_frames_cv2(path)
+        return
     gen = imageio_ffmpeg.read_frames(path, pix_fmt="rgb24")
     try:
         try:
@@ -435,6 +438,30 @@ def iter_frames(path) -> Iterator[np.ndarray]:
             raise VideoError(path, "contains no video frames")
     finally:
         gen.close()
+
+
+def _iter_frames_cv2(path: str) -> Iterator[np.ndarray]:
+    """:func:`iter_frames` through OpenCV (BGR turned to RGB), for machines without imageio-ffmpeg."""
+    try:
+        import cv2
+    except ImportError:
+        raise VideoError(path, "no video decoder: pip install imageio-ffmpeg (or opencv-python-headless)") from None
+    cap = cv2.VideoCapture(path)
+    if not cap.isOpened():
+        cap.release()
+        raise VideoError(path, "OpenCV cannot open it")
+    n = 0
+    try:
+        while True:
+            ok, bgr = cap.read()
+            if not ok:
+                break
+            yield np.ascontiguousarray(bgr[..., ::-1])
+            n += 1
+    finally:
+        cap.release()
+    if n == 0:
+        raise VideoError(path, "contains no video frames")
 
 
 # --------------------------------------------------------------------------------------------------------
