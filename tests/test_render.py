@@ -198,3 +198,29 @@ def test_the_vae_prewarm_starts_after_the_load_and_only_an_image_encode_part_bef
     loaded = R.load(R.validate(_cfg(tmp_path)))
     assert events == [("prewarm", "encode_only", False), "load", ("prewarm", "all", True)]
     assert loaded.load_s is not None and loaded.prewarm is None
+
+
+def test_the_render_configuration_is_read_in_one_module_the_rest_get_resolved_objects(tmp_path, monkeypatch):
+    """A render resolves its configuration once (validate -> Plan) and hands resolved objects down (the Family, the
+    Backend, the decode mode...): no module below reads the raw settings again. Measured as the walk of a tiny
+    render: which modules read a RenderConfig or Plan attribute, in order."""
+    readers = []
+
+    def recording(cls):
+        real = cls.__getattribute__
+
+        def get(self, name):
+            if not name.startswith("__"):
+                mod = sys._getframe(1).f_globals.get("__name__", "")
+                if mod.startswith("vdbench") and (not readers or readers[-1] != mod):
+                    readers.append(mod)
+            return real(self, name)
+        monkeypatch.setattr(cls, "__getattribute__", get)
+
+    cfg = _cfg(tmp_path)
+    recording(R.RenderConfig)
+    recording(R.Plan)
+    R.render(cfg, log=lambda *a, **k: None)
+    monkeypatch.undo()
+    assert readers == ["vdbench.render"], readers
+    assert json.loads(cfg.timing_path.read_text())[-1]["attention_type"] == "sdpa"  # the render did run
