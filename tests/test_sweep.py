@@ -57,6 +57,13 @@ def test_ranking_pareto_and_verdict():
     assert [r["stack"] for r in rows] == ["fastest", "fast_ok", "slow_good", "default", "reference", "emu"]
     by = {r["stack"]: r for r in rows}
     assert by["fast_ok"]["speedup"] == pytest.approx(1.25) and by["emu"]["speedup"] is None
+    assert by["default"]["break_even"] is None and by["emu"]["break_even"] is None
+    # one-time costs against the gain per step: 20 ms saved a step pays 1.05 s more once back from step 53
+    once = {"default": 0.5, "compiled": 1.55, "free": 0.5, "slow": 0.5}
+    paid = S.rank([_row(name, ms, 45.0) | {"one_time_s": once[name]}
+                   for name, ms in (("default", 100.0), ("compiled", 80.0), ("free", 90.0), ("slow", 120.0))])
+    assert {r["stack"]: r["break_even"] for r in paid} == {"default": None, "compiled": "from 53 steps",
+                                                           "free": "always", "slow": "never"}
     assert {s for s, r in by.items() if r["pareto"]} == {"fastest", "fast_ok", "slow_good", "reference"}
     text = S.verdict(rows, device="H200", model="m", tolerance_db=0.5)
     assert text.startswith("on this H200 for m: fast_ok is fastest within 0.5 dB of exact attention's 45.0 dB")

@@ -48,7 +48,7 @@ from . import backends as B
 from . import families
 from .helptext import DefaultsHelpFormatter
 from .measure.record import Record, Writer, command_line, commit, now, read
-from .report import load_frames, pareto_front
+from .report import break_even, break_even_text, load_frames, pareto_front
 
 __all__ = ["Candidate", "parse_stack", "plan_candidates", "rank", "verdict", "main"]
 
@@ -241,10 +241,14 @@ def row_of(cand: Candidate, rec: Record, ref_frames, stored: Optional[dict] = No
 
 def rank(rows: list[dict], baseline: str = "default") -> list[dict]:
     """Rows sorted by warm step (emulations and rows without a step last), with the speed-up against
-    ``baseline`` and the Pareto mark on (warm step, PSNR vs reference)."""
+    ``baseline``, the break-even steps against it (:func:`vdbench.report.break_even`: one-time cost against the
+    gain per step) and the Pareto mark on (warm step, PSNR vs reference)."""
     base = next((r for r in rows if r["stack"] == baseline and r["warm_ms"]), None)
     for r in rows:
         r["speedup"] = (base["warm_ms"] / r["warm_ms"]) if base and r["warm_ms"] and not r["emulated"] else None
+        # from how many steps a render of this stack beats one of the baseline: its one-time cost against its gain
+        r["break_even"] = None if base is None or r is base or r["emulated"] or not r["warm_ms"] else break_even_text(
+            break_even(r.get("one_time_s"), r["warm_ms"] / 1e3, base.get("one_time_s"), base["warm_ms"] / 1e3))
     pts = [(r["warm_ms"], math.inf if r["psnr_db"] is None and r.get("is_reference") else r["psnr_db"],
             r["stack"]) for r in rows if r["warm_ms"] and not r["emulated"] and
            (r["psnr_db"] is not None or r.get("is_reference"))]
@@ -300,7 +304,7 @@ def _db(r) -> str:
 
 
 COLUMNS = ["stack", "warm_ms", "p20_ms", "p80_ms", "n", "speedup", "first_step_ms", "end_to_end_s", "one_time_s",
-           "psnr_db", "ssim", "peak_gib", "pareto", "speed_figure", "why_not_speed", "emulated", "kernels", "why",
+           "break_even", "psnr_db", "ssim", "peak_gib", "pareto", "speed_figure", "why_not_speed", "emulated", "kernels", "why",
            "attention", "video"]
 
 
@@ -318,9 +322,9 @@ def write_outputs(out: Path, rows: list[dict], meta: dict) -> None:
         w.writeheader()
         w.writerows(rows)
     (out / "sweep.json").write_text(json.dumps({**meta, "rows": rows}, indent=1, default=str))
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in COLUMNS[:17])
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in COLUMNS[:18])
     body = "".join("<tr" + (' class="pareto"' if r["pareto"] else "") + ">" +
-                   "".join(f"<td>{html.escape(_cell(r.get(c)))}</td>" for c in COLUMNS[:17]) + "</tr>" for r in rows)
+                   "".join(f"<td>{html.escape(_cell(r.get(c)))}</td>" for c in COLUMNS[:18]) + "</tr>" for r in rows)
     left = "".join(f"<li>{html.escape(x['backend'])}: {html.escape(x['why'])}</li>" for x in meta["left_out"])
     (out / "report.html").write_text(
         "<!doctype html><meta charset=utf-8><title>vdbench sweep</title><style>body{font:14px sans-serif}"
@@ -476,7 +480,7 @@ def run(args) -> int:
 
 
 def _print_table(rows):
-    cols = ["stack", "warm_ms", "n", "speedup", "end_to_end_s", "one_time_s", "psnr_db", "pareto"]
+    cols = ["stack", "warm_ms", "n", "speedup", "one_time_s", "break_even", "psnr_db", "pareto"]
     print("  ".join(f"{c:>12s}" for c in cols))
     for r in rows:
         print("  ".join(f"{_cell(r.get(c)):>12s}" for c in cols))
