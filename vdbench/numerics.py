@@ -180,17 +180,57 @@ class Fp8Inputs(NamedTuple):
     k_descale: torch.Tensor
     v_descale: torch.Tensor
     k_mean: Optional[torch.Tensor]
+    #: Q8·K8ᵀ over-counts Q·Kᵀ by this factor (the ±1 Hadamard rotation's n, :func:`rotate_qk`): the kernel's softmax
+    #: scale is divided by it.
+    qk_gain: float = 1.0
 
 
-def fp8_bh_inputs(q, k, v, *, smooth_k: bool = False) -> Fp8Inputs:
+def hadamard_signs(d: int) -> tuple[torch.Tensor, int]:
+    """(S, n): the d×d matrix of ±1 with S·Sᵀ = n·I -- Sylvester's Hadamard matrix of order n, the largest power of
+    two dividing d, repeated on the diagonal (d = 96: three of order 32). ±1 is exact in every float format, so a
+    rotation by S in bf16 stays orthogonal up to the product's rounding (a bf16 1/√n would scale Q·Kᵀ by up to
+    0.4%); the 1/n goes into the softmax scale."""
+    n = d & -d
+    h = torch.ones(1, 1)
+    while h.shape[0] < n:
+        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
+    return torch.block_diag(*[h] * (d // n)), n
+
+
+def rotate_qk(q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """(Q·S, K·S, n) for :func:`hadamard_signs` of the head dimension: Q·Kᵀ times n, each outlier channel spread over
+    n channels before a coarse quantization (FlashAttention-3's incoherent processing). In the inputs' dtype, the
+    product accumulated in fp32 by the matmul, as on the GPU."""
+    sgn, n = hadamard_signs(q.shape[-1])
+    sgn = sgn.to(device=q.device, dtype=q.dtype)
+    return torch.matmul(q, sgn), torch.matmul(k, sgn.to(k.dtype)), n
+
+
+def fp8_bh_inputs(q, k, v, *, smooth_k: bool = False, rotate: bool = False) -> Fp8Inputs:
     """``fav3_fp8``'s quantization, eagerly: one e4m3 scale per (batch, head) of each of Q, K, V (the finest FA3's
     descale arguments take), K smoothed first when ``smooth_k``. The Triton pre-pass
-    (``vdbench.kernels.fa3_prepass``) computes exactly this -- bit-equal values and scales -- in two reads."""
+    (``vdbench.kernels.fa3_prepass``) computes exactly this -- bit-equal values and scales -- in two reads.
+    ``rotate``: Q and K rotated first (:func:`rotate_qk`; ``qk_gain`` says by how much Q8·K8ᵀ over-counts; the
+    K mean stays in the unrotated coordinates, where the caller's Q is)."""
+    if rotate:
+        return rotated_fp8_inputs(q, k, v, smooth_k=smooth_k, quantize=fp8_bh_inputs)
     km = smoothing_mean(k) if smooth_k else None
     q8, _, qd = quantize_fp8(q, "bh")
     k8, _, kd = quantize_fp8(k.float() - km if smooth_k else k, "bh")
     v8, _, vd = quantize_fp8(v, "bh")
     return Fp8Inputs(q8, k8, v8, qd, kd, vd, km)
+
+
+def rotated_fp8_inputs(q, k, v, *, smooth_k: bool, quantize) -> Fp8Inputs:
+    """``quantize(Q·S, K·S, V, smooth_k=...)`` (an fp8 pre-pass: eager or Triton) of the rotated Q and K, with its
+    ``qk_gain`` set to the rotation's n and the K mean it subtracted taken back to the unrotated coordinates (the
+    log-sum-exp correction adds q·mean with the caller's Q)."""
+    qr, kr, n = rotate_qk(q, k)
+    x = quantize(qr, kr, v, smooth_k=smooth_k)
+    km = x.k_mean
+    if km is not None:  # mean(K·S) = mean(K)·S, and S⁻¹ = Sᵀ / n
+        km = torch.matmul(km, hadamard_signs(q.shape[-1])[0].to(km.device, km.dtype).T) / n
+    return x._replace(k_mean=km, qk_gain=float(n))
 
 
 def quantize_fp8_per_block(x: torch.Tensor, block: int, pre_scale: float = 1.0):
@@ -247,14 +287,19 @@ def sagev1_emulated(q, k, v, *, scale=None, is_causal=False, smooth_k=True):
     return out.to(q.dtype)
 
 
-def fp8_emulated(q, k, v, *, scale=None, is_causal=False, granularity="bh", smooth_k=False):
+def fp8_emulated(q, k, v, *, scale=None, is_causal=False, granularity="bh", smooth_k=False, rotate=False):
     """FA3 fp8 numerics in pure torch: e4m3 Q, K, V with the same scales ``fav3_fp8`` passes to FA3.
 
     S = Q8·K8ᵀ · q_descale · k_descale · scale in fp32; P = exp(S - max) in fp32, its row sum taken in
     fp32, then P rounded to e4m3 for the P·V product (as the FA3 fp8 kernel feeds P to its fp8 wgmma);
-    O = (P8·V8) · v_descale / rowsum. ``smooth_k``: K's mean subtracted before quantizing (``fav3_fp8:smooth_k=1``).
+    O = (P8·V8) · v_descale / rowsum. ``smooth_k``: K's mean subtracted before quantizing (``fav3_fp8:smooth_k=1``);
+    ``rotate``: Q and K rotated by :func:`rotate_qk` first, the softmax scale divided by its n
+    (``fav3_fp8:rotate=hadamard``).
     """
     scale = q.shape[-1] ** -0.5 if scale is None else scale
+    if rotate:  # as the backend: rotated in the inputs' dtype, then smoothed and quantized
+        q, k, n = rotate_qk(q, k)
+        scale = scale / n
     if smooth_k:
         k = k.float() - smoothing_mean(k)
     q8, qd, _ = quantize_fp8(q, granularity)

@@ -5,7 +5,7 @@ real kernels compared with them on a GPU. Slow by construction, never used to re
 ``sagev2_fp16:gran=per_warp`` is ``sagev2_emu:pv=fp16+gran=per_warp``. Like the ``sagev2*`` backends it writes
 exact zeros into the output channels of an all-zero V channel (the kernel's NaN there; see backends/sage2.py), and
 it has the package's log-sum-exp form, so ring attention runs it on a CPU. ``fp8_emu:smooth_k=1`` is the twin of
-``fav3_fp8:smooth_k=1``.
+``fav3_fp8:smooth_k=1``, ``fp8_emu:rotate=hadamard`` of ``fav3_fp8:rotate=hadamard``.
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ def _sage_prepass(q, k, v, scale=None):
     return quantize_int8_per_block(q, SAGE_BLKQ, pre_scale=sm * LOG2E), quantize_int8_per_block(k, SAGE_BLKK)
 
 
-def _fp8_prepass(q, k, v, scale=None, *, smooth_k=False):
+def _fp8_prepass(q, k, v, scale=None, *, smooth_k=False, rotate=False):
     """The emulation's e4m3 quantization of Q, K, V per (batch, head) (the softmax scale does not enter it)."""
-    return fp8_bh_inputs(q, k, v, smooth_k=smooth_k)
+    return fp8_bh_inputs(q, k, v, smooth_k=smooth_k, rotate=rotate)
 
 
 def _sagev2(q, k, v, *, scale=None, is_causal=False, return_lse=False, pv="fp8", gran="per_thread", arch="sm90"):
@@ -60,10 +60,12 @@ def _bind_sagev2(base: Backend, opts: dict) -> Backend:
 
 
 def _bind_fp8(base: Backend, opts: dict) -> Backend:
-    smooth = opts["smooth_k"] == "1"
-    return dataclasses.replace(base, fn=partial(fp8_emulated, smooth_k=smooth), kernel="emu.fp8[smooth_k]",
-                               prepass=partial(_fp8_prepass, smooth_k=smooth),
-                               bytes_model=traffic((1, 1, 1), (2, 3, 2)))
+    smooth, rotate = opts["smooth_k"] == "1", opts["rotate"] == "hadamard"
+    tag = ",".join(t for t, on in (("smooth_k", smooth), ("rotate=hadamard", rotate)) if on)
+    extra = 2 if rotate else 0
+    return dataclasses.replace(base, fn=partial(fp8_emulated, smooth_k=smooth, rotate=rotate),
+                               kernel=f"emu.fp8[{tag}]", prepass=partial(_fp8_prepass, smooth_k=smooth, rotate=rotate),
+                               bytes_model=traffic((1, 1, 1), (2 + extra, (3 if smooth else 2) + extra, 2)))
 
 
 _SAGEV2_DEFAULTS = dict(pv="fp8", gran="per_thread", arch="sm90")
@@ -91,5 +93,7 @@ register(Backend(
     fn=fp8_emulated, kernel="emu.fp8", emulated=True, dtypes=ANY_FLOAT,
     no_lse_reason="the fp8 emulation does not compute a log-sum-exp",
     bytes_model=traffic((1, 1, 1), (2, 2, 2)), prepass=_fp8_prepass,
-    options=(Option("smooth_k", "0", ("0", "1"), help="1: subtract K's mean over the sequence before quantizing"),),
+    options=(Option("smooth_k", "0", ("0", "1"), help="1: subtract K's mean over the sequence before quantizing"),
+             Option("rotate", "none", ("none", "hadamard"),
+                    help="hadamard: rotate Q and K along the head dimension before quantizing (fav3_fp8's option)")),
     bind=_bind_fp8))

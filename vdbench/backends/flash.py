@@ -6,7 +6,9 @@ once in e4m3) where Triton runs, else eagerly (``vdbench.numerics.fp8_bh_inputs`
 bit for bit, the eager one ~7x the memory traffic; which one ran is in the call's kernel label. Option
 ``smooth_k=1`` subtracts K's mean over the sequence first (exact in exact arithmetic; removes the share of the error
 a per-channel K bias causes, not the e4m3 Q·Kᵀ error of peaked attention); its log-sum-exp form adds q·mean·scale
-back, so ring attention merges the true LSE.
+back, so ring attention merges the true LSE. Option ``rotate=hadamard`` multiplies Q and K by a ±1 Hadamard matrix
+S (S·Sᵀ = n·I) first -- FlashAttention-3's incoherent processing: Q·Kᵀ is unchanged up to the factor n, which the
+softmax scale takes back, and a channel with outliers is spread over n channels before e4m3 rounds it.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from functools import partial
 import torch
 
 from vdbench import kernels
-from vdbench.numerics import fp8_bh_inputs
+from vdbench.numerics import fp8_bh_inputs, rotated_fp8_inputs
 
 from .registry import (HALF, Backend, BackendUnavailable, LSEForm, Option, cuda, register, requires_package,
                        traffic)
@@ -63,16 +65,19 @@ def _triton_prepass(device: torch.device) -> bool:
     return _PREPASS[device]
 
 
-def _fp8_inputs(q, k, v, scale=None, *, smooth_k: bool = False):
+def _fp8_inputs(q, k, v, scale=None, *, smooth_k: bool = False, rotate: bool = False):
     """fav3_fp8's quantization: e4m3 Q, K, V with one scale per (batch, head), the finest FA3's descale arguments
     take (``scale`` does not enter it: FA3 applies the softmax scale itself); fused in Triton where it runs, eager
-    elsewhere (bit-equal). Also its pre-pass for the bench."""
+    elsewhere (bit-equal). ``rotate``: Q and K rotated by a ±1 Hadamard matrix first (a bf16 matmul each, not fused
+    into the pre-pass; ``qk_gain`` tells the call to divide its softmax scale). Also its pre-pass for the bench."""
+    if rotate:
+        return rotated_fp8_inputs(q, k, v, smooth_k=smooth_k, quantize=_fp8_inputs)
     if _triton_prepass(q.device):
         return kernels.fa3_fp8_prepass(q, k, v, smooth_k)
     return fp8_bh_inputs(q, k, v, smooth_k=smooth_k)
 
 
-def _fa3_call(q, k, v, scale, is_causal, *, fp8: bool, lse: bool, smooth_k: bool = False):
+def _fa3_call(q, k, v, scale, is_causal, *, fp8: bool, lse: bool, smooth_k: bool = False, rotate: bool = False):
     """FA3 on BHSD inputs: bf16, or e4m3 (``_fp8_inputs``); with ``lse`` also its log-sum-exp (B, H, S) fp32, for
     ring attention. One call site for all the forms (plain / fp8, with / without LSE, smoothed K), so they can't
     drift apart."""
@@ -80,16 +85,18 @@ def _fa3_call(q, k, v, scale, is_causal, *, fp8: bool, lse: bool, smooth_k: bool
     kw = dict(causal=is_causal)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     x = None
+    kernel_scale = scale
     if fp8:
-        x = _fp8_inputs(q, k, v, smooth_k=smooth_k)
+        x = _fp8_inputs(q, k, v, smooth_k=smooth_k, rotate=rotate)
         q_, k_, v_ = x.q8, x.k8, x.v8
         kw.update(q_descale=x.q_descale, k_descale=x.k_descale, v_descale=x.v_descale)
+        kernel_scale = scale / x.qk_gain  # a rotated Q8·K8ᵀ over-counts Q·Kᵀ by the rotation's n
     else:
         q_, k_, v_ = q, k, v
     if lse:
         kw["return_attn_probs"] = True
-    res = fa3.flash_attn_func(q_.transpose(1, 2), k_.transpose(1, 2), v_.transpose(1, 2), softmax_scale=scale,
-                              **kw)
+    res = fa3.flash_attn_func(q_.transpose(1, 2), k_.transpose(1, 2), v_.transpose(1, 2),
+                              softmax_scale=kernel_scale, **kw)
     out = (res[0] if lse else _fa3_out(res)).transpose(1, 2)
     if fp8:
         out = out.to(q.dtype)
@@ -105,16 +112,16 @@ def _fav3(q, k, v, *, scale=None, is_causal=False):
     return _fa3_call(q, k, v, scale, is_causal, fp8=False, lse=False)
 
 
-def _fav3_fp8(q, k, v, *, scale=None, is_causal=False, smooth_k=False):
-    return _fa3_call(q, k, v, scale, is_causal, fp8=True, lse=False, smooth_k=smooth_k)
+def _fav3_fp8(q, k, v, *, scale=None, is_causal=False, smooth_k=False, rotate=False):
+    return _fa3_call(q, k, v, scale, is_causal, fp8=True, lse=False, smooth_k=smooth_k, rotate=rotate)
 
 
 def _lse_fav3(q, k, v, *, scale=None, is_causal=False):
     return _fa3_call(q, k, v, scale, is_causal, fp8=False, lse=True)
 
 
-def _lse_fav3_fp8(q, k, v, *, scale=None, is_causal=False, smooth_k=False):
-    return _fa3_call(q, k, v, scale, is_causal, fp8=True, lse=True, smooth_k=smooth_k)
+def _lse_fav3_fp8(q, k, v, *, scale=None, is_causal=False, smooth_k=False, rotate=False):
+    return _fa3_call(q, k, v, scale, is_causal, fp8=True, lse=True, smooth_k=smooth_k, rotate=rotate)
 
 
 _FP8_KERNEL = "fa3.flash_attn_func[e4m3]"
@@ -131,16 +138,22 @@ def _fp8_label(tag: str):
 
 
 def _bind_fav3_fp8(base: Backend, opts: dict) -> Backend:
-    """fav3_fp8 with K smoothing: the same kernel on K - mean(K); K is read once more for its mean."""
-    smooth = opts["smooth_k"] == "1"
-    tag = ",smooth_k" if smooth else ""
+    """fav3_fp8 with K smoothing (K read once more, for its mean) and/or Q and K rotated by a ±1 Hadamard matrix
+    (each read and written once more, in bf16, before the pre-pass)."""
+    smooth, rotate = opts["smooth_k"] == "1", opts["rotate"] == "hadamard"
+    tag = (",smooth_k" if smooth else "") + (",rotate=hadamard" if rotate else "")
+    what = [w for w, on in (("K smoothed (its mean over the sequence subtracted)", smooth),
+                            ("Q and K rotated by a Hadamard matrix along the head dimension", rotate)) if on]
+    twin_opts = "+".join(o for o, on in (("smooth_k=1", smooth), ("rotate=hadamard", rotate)) if on)
+    extra = 2 if rotate else 0  # the rotation: read once, written once, at the input's width
     return dataclasses.replace(
-        base, description=base.description + (", K smoothed (its mean over the sequence subtracted)" if smooth else ""),
-        fn=partial(_fav3_fp8, smooth_k=smooth), kernel=f"{_FP8_KERNEL[:-1]}{tag}]",
-        twin="fp8_emu:smooth_k=1" if smooth else base.twin,
-        lse=LSEForm(partial(_lse_fav3_fp8, smooth_k=smooth), ("cuda",), f"{_FP8_KERNEL[:-1]}{tag}][lse]"),
-        bytes_model=traffic((1, 1, 1), (2, 3 if smooth else 2, 2)), prepass=partial(_fp8_inputs, smooth_k=smooth),
-        label=_fp8_label(tag))
+        base, description=base.description + "".join(", " + w for w in what),
+        fn=partial(_fav3_fp8, smooth_k=smooth, rotate=rotate), kernel=f"{_FP8_KERNEL[:-1]}{tag}]",
+        twin=f"fp8_emu:{twin_opts}" if twin_opts else base.twin,
+        lse=LSEForm(partial(_lse_fav3_fp8, smooth_k=smooth, rotate=rotate), ("cuda",),
+                    f"{_FP8_KERNEL[:-1]}{tag}][lse]"),
+        bytes_model=traffic((1, 1, 1), (2 + extra, (3 if smooth else 2) + extra, 2)),
+        prepass=partial(_fp8_inputs, smooth_k=smooth, rotate=rotate), label=_fp8_label(tag))
 
 
 _FA3 = (requires_package(*_FA3_MODULES, hint="pip install -e '.[fa3]'"), cuda(major=9))
@@ -161,5 +174,8 @@ register(Backend(
     twin="fp8_emu", lse=LSEForm(_lse_fav3_fp8, ("cuda",), _FP8_KERNEL + "[lse]"),
     # e4m3 Q/K/V; the fused pre-pass reads each twice (amax, then quantization) and writes it in e4m3
     bytes_model=traffic((1, 1, 1), (2, 2, 2)), prepass=_fp8_inputs, label=_fp8_label(""),
-    options=(Option("smooth_k", "0", ("0", "1"), help="1: subtract K's mean over the sequence before quantizing"),),
+    options=(Option("smooth_k", "0", ("0", "1"), help="1: subtract K's mean over the sequence before quantizing"),
+             Option("rotate", "none", ("none", "hadamard"),
+                    help="hadamard: rotate Q and K along the head dimension before quantizing (Q·Kᵀ unchanged; "
+                         "outlier channels spread out)")),
     bind=_bind_fav3_fp8, notes="quantization pre-pass (Triton, fused) inside the call"))
