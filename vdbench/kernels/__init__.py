@@ -90,6 +90,7 @@ def register(kernel: Kernel) -> Kernel:
 
 
 def unregister(name: str) -> Kernel:
+    """Remove a kernel (a plugin's, a test's) and tell the listeners (the backends' registry drops its entry)."""
     kernel = KERNELS.pop(name)
     for _, removed in list(_LISTENERS.values()):
         if removed is not None:
