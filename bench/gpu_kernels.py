@@ -41,10 +41,12 @@ from typing import Any, Callable
 import torch
 
 from vdbench import backends as B
+from vdbench import kernels as KP
 from vdbench.helptext import DefaultsHelpFormatter
 from vdbench.measure import quality as Q
 
-NAMES = ("fav3_sage", "fp8_triton", "fav2_triton")
+#: The kernels of vdbench.kernels.attention (its CONFIGS and SWEEP), as the kernels' registry lists them.
+NAMES = KP.names(module="vdbench.kernels.attention")
 #: The sweep's shapes (B, H, S, D) per head dim: Wan 2.1 1.3B at 480p (D128), CogVideoX-2b (D64); tiny with --dry.
 SHAPES = {128: (1, 12, 32760, 128), 64: (1, 30, 17776, 64)}
 DRY_SHAPES = {128: (1, 2, 100, 128), 64: (1, 2, 70, 64)}

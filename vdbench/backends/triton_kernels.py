@@ -1,6 +1,7 @@
-"""The project's own Triton attention kernels (vdbench.kernels): availability through their probe (a GPU, or
-Triton's interpreter on a CPU), the forward and the quantization pre-pass imported at call time -- importing
-``vdbench.kernels`` never imports triton, its kernel modules do."""
+"""The project's own Triton attention kernels (vdbench.kernels): one entry per kernel of ``vdbench.kernels.KERNELS``
+that has a ``backend`` description, derived from it (this file names no kernel). Availability through the
+kernel's probe (a GPU, or Triton's interpreter on a CPU); the forward and the quantization pre-pass imported at call
+time -- importing ``vdbench.kernels`` never imports triton, its kernel modules do."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Callable
 
 from vdbench import kernels
 
-from .registry import HALF, Backend, probe, register, requires_package, traffic
+from .registry import BACKENDS, Backend, probe, register, requires_package, traffic, unregister
 
 ORDER = 30
 
@@ -40,23 +41,25 @@ def _probe(name: str) -> Callable:
     return check
 
 
-def _entry(name: str, description: str, **kw) -> Backend:
-    return Backend(name, description, fn=_forward(name), kernel=f"vdbench.{name}", dtypes=HALF, head_dims=(64, 128),
+def entry(kernel: kernels.Kernel) -> Backend:
+    """The backend entry of one registered kernel (with a ``backend`` description)."""
+    quantized = kernel.prepass_reads is not None
+    return Backend(kernel.name, kernel.backend, fn=_forward(kernel.name), kernel=f"vdbench.{kernel.name}",
+                   dtypes=kernel.dtypes, head_dims=kernel.head_dims,
                    constraints=(requires_package("triton", hint="pip install -e '.[test]'"),
-                                probe(_probe(name))),
-                   no_lse_reason=_NO_LSE, **kw)
+                                probe(_probe(kernel.name))),
+                   no_lse_reason=_NO_LSE, bytes_model=traffic(kernel.widths, kernel.prepass_reads or (0, 0, 0)),
+                   prepass=_prepass(kernel.name) if quantized else None, notes=kernel.notes)
 
 
-register(_entry(
-    "fav3_sage", "the project's Triton kernel: INT8 Q·K per block (K smoothed), exp2 softmax, e4m3 P·V with a "
-    "per-channel V scale",
-    # int8 Q/K, e4m3 V; the pre-pass reads Q once, K twice (its mean, then the quantization), V twice (its
-    # per-channel amax, then the quantization), and writes each in one byte
-    bytes_model=traffic((1, 1, 1), (1, 2, 2)), prepass=_prepass("fav3_sage"),
-    notes="quantization pre-pass (Triton) inside the call"))
-register(_entry(
-    "fp8_triton", "the project's Triton kernel: e4m3 Q/K/V with one scale per tile of tokens (K smoothed), e4m3 P",
-    # e4m3 Q/K/V; the pre-pass reads K twice (its mean), V once (per-block scales computed in the pass)
-    bytes_model=traffic((1, 1, 1), (1, 2, 1)), prepass=_prepass("fp8_triton"),
-    notes="quantization pre-pass (Triton) inside the call"))
-register(_entry("fav2_triton", "the project's Triton kernel: plain bf16/fp16 flash-attention forward"))
+def _added(kernel: kernels.Kernel) -> None:
+    if kernel.backend:
+        register(entry(kernel), order=ORDER)
+
+
+def _removed(kernel: kernels.Kernel) -> None:
+    if kernel.backend and kernel.name in BACKENDS:
+        unregister(kernel.name)
+
+
+kernels.on_register(_added, _removed)

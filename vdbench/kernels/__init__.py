@@ -1,7 +1,9 @@
 """The project's own attention kernels, written in Triton (so they can also be built for AMD GPUs).
 
-Three forward kernels, registered as backends in ``vdbench.backends.triton_kernels`` (BHSD in, BHSD out,
-bf16/fp16, D 64/128):
+Every kernel is registered once, in ``KERNELS`` below: the backend entries (``vdbench.backends.triton_kernels``),
+the availability probe and the ahead-of-time compile check (``vdbench.kernels.aot``) are derived from it, so a new
+kernel is its module, its test and one ``Kernel(...)`` line there. Three forward kernels are attention backends
+(BHSD in, BHSD out, bf16/fp16, D 64/128):
 
 * ``fav3_sage``  INT8 Q·Kᵀ with one scale per block of tokens per head (Q pre-multiplied by scale·log2 e,
   K mean-smoothed over the sequence), exp2 online softmax, P·V in fp8 e4m3 with a per-channel V scale
@@ -27,22 +29,111 @@ a CPU, ``TRITON_INTERPRET=1`` must be in the environment before ``vdbench.kernel
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import os
 import sys
+from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
-KERNEL_NAMES = ("fav3_sage", "fp8_triton", "fav2_triton")
-#: Which module holds each kernel (its decoration mode -- compiled or interpreted -- is the module's), and the
-#: compute capability it needs on NVIDIA (None: any GPU Triton supports). ``vae_glue``: the VAE fast path's
-#: norm -> SiLU glue (vdbench.kernels.glue); ``fa3_prepass``: fav3_fp8's quantization pre-pass; ``zero_channels``:
-#: the sagev2 fp8 backends' zero-V-channel guard -- helpers of backends, not attention backends themselves.
-_MODULES = {"fav3_sage": "vdbench.kernels.attention", "fp8_triton": "vdbench.kernels.attention",
-            "fav2_triton": "vdbench.kernels.attention", "vae_glue": "vdbench.kernels.glue",
-            "fa3_prepass": "vdbench.kernels.fa3_prepass", "zero_channels": "vdbench.kernels.channels"}
-_MIN_CAPABILITY = {"fav3_sage": (8, 9), "fp8_triton": (8, 9), "fav2_triton": (8, 0), "vae_glue": None,
-                   "fa3_prepass": (8, 9), "zero_channels": None}
+
+@dataclass(frozen=True)
+class Kernel:
+    """One of the project's Triton kernels: the one place it is registered. The attention backend entry
+    (``vdbench.backends.triton_kernels``), the availability probe and the ahead-of-time compile list
+    (``vdbench.kernels.aot``) are all read from here.
+
+    ``module`` holds the kernel (its decoration mode -- compiled or interpreted -- is the module's, read from its
+    ``INTERPRETED``); ``min_capability`` is the compute capability it needs on NVIDIA (None: any GPU Triton supports).
+
+    ``backend`` is the description of its attention backend; empty for a helper of backends (no entry of its own).
+    An attention kernel's module defines a function of the kernel's name, ``fn(q, k, v, *, scale=None,
+    is_causal=False)`` (BHSD in, BHSD out), and, where ``prepass_reads`` is given, ``prepass(name)`` -> the
+    quantization pre-pass alone, ``fn(q, k, v, scale=None)``. ``widths`` / ``prepass_reads`` are the bytes model's
+    (``backends.traffic``): the kernel's bytes per element of Q, K, V (None: the input's) and how many times the
+    pre-pass reads each. A module that defines ``aot_specs()`` is compiled by ``python -m vdbench.kernels.aot``
+    (see there).
+    """
+
+    name: str
+    module: str
+    min_capability: tuple[int, int] | None = None
+    backend: str = ""
+    dtypes: tuple = (torch.float16, torch.bfloat16)
+    head_dims: tuple[int, ...] = (64, 128)
+    widths: tuple = (None, None, None)
+    prepass_reads: tuple[int, int, int] | None = None
+    notes: str = ""
+
+
+_ATTN = "vdbench.kernels.attention"
+_PREPASS_NOTE = "quantization pre-pass (Triton) inside the call"
+
+#: name -> Kernel, in registration order. ``vae_glue``: the VAE fast path's norm -> SiLU glue; ``fa3_prepass``:
+#: fav3_fp8's quantization pre-pass; ``zero_channels``: the sagev2 fp8 backends' zero-V-channel guard -- helpers of
+#: backends, not attention backends themselves.
+KERNELS: dict[str, Kernel] = {}
+#: (module, name) of the ``added`` callable -> (added, removed): a module executed again replaces its listener
+_LISTENERS: dict[tuple[str, str], tuple[Callable, Callable | None]] = {}
+
+
+def register(kernel: Kernel) -> Kernel:
+    """Add ``kernel`` (refuses a name already taken) and tell the listeners (the backends' registry adds its entry)."""
+    if kernel.name in KERNELS:
+        raise ValueError(f"can't register Triton kernel '{kernel.name}': name already taken")
+    KERNELS[kernel.name] = kernel
+    for added, _ in list(_LISTENERS.values()):
+        added(kernel)
+    return kernel
+
+
+def unregister(name: str) -> Kernel:
+    """Remove a kernel (a plugin's, a test's) and tell the listeners (the backends' registry drops its entry)."""
+    kernel = KERNELS.pop(name)
+    for _, removed in list(_LISTENERS.values()):
+        if removed is not None:
+            removed(kernel)
+    return kernel
+
+
+def on_register(added: Callable, removed: Callable | None = None) -> None:
+    """Call ``added(kernel)`` for every kernel registered, now and later (and ``removed(kernel)`` on unregister): how
+    a layer above derives its entries from this table without this package importing it."""
+    _LISTENERS[(added.__module__, added.__qualname__)] = (added, removed)
+    for kernel in list(KERNELS.values()):
+        added(kernel)
+
+
+def names(backends_only: bool = False, module: str | None = None) -> tuple[str, ...]:
+    """The registered kernels' names, in order; ``backends_only``: those with an attention backend; ``module``: those
+    that ``module`` holds."""
+    return tuple(n for n, k in KERNELS.items()
+                 if (k.backend or not backends_only) and (module is None or k.module == module))
+
+
+for _kernel in (
+    Kernel("fav3_sage", _ATTN, (8, 9),
+           "the project's Triton kernel: INT8 Q·K per block (K smoothed), exp2 softmax, e4m3 P·V with a "
+           "per-channel V scale",
+           # int8 Q/K, e4m3 V; the pre-pass reads Q once, K twice (its mean, then the quantization), V twice (its
+           # per-channel amax, then the quantization), and writes each in one byte
+           widths=(1, 1, 1), prepass_reads=(1, 2, 2), notes=_PREPASS_NOTE),
+    Kernel("fp8_triton", _ATTN, (8, 9),
+           "the project's Triton kernel: e4m3 Q/K/V with one scale per tile of tokens (K smoothed), e4m3 P",
+           # e4m3 Q/K/V; the pre-pass reads K twice (its mean), V once (per-block scales computed in the pass)
+           widths=(1, 1, 1), prepass_reads=(1, 2, 1), notes=_PREPASS_NOTE),
+    Kernel("fav2_triton", _ATTN, (8, 0), "the project's Triton kernel: plain bf16/fp16 flash-attention forward"),
+    Kernel("vae_glue", "vdbench.kernels.glue"),
+    Kernel("fa3_prepass", "vdbench.kernels.fa3_prepass", (8, 9)),
+    Kernel("zero_channels", "vdbench.kernels.channels"),
+):
+    register(_kernel)
+del _kernel
+
+#: The attention kernels (those registered as backends) at import.
+KERNEL_NAMES = names(backends_only=True)
 
 
 def interpret_requested() -> bool:
@@ -50,12 +141,12 @@ def interpret_requested() -> bool:
 
 
 def probe(kernel: str, device) -> tuple[bool, str]:
-    """(available, reason) for one of the Triton kernels (``KERNEL_NAMES`` or ``vae_glue``) on ``device`` (never
+    """(available, reason) for one of the registered Triton kernels (``KERNELS``) on ``device`` (never
     imports triton)."""
     if importlib.util.find_spec("triton") is None:
         return False, "package not installed: triton"
     dev = torch.device(device)
-    mod_name = _MODULES[kernel]
+    mod_name = KERNELS[kernel].module
     mod = sys.modules.get(mod_name)
     if dev.type == "cuda":
         if not torch.cuda.is_available():
@@ -63,7 +154,7 @@ def probe(kernel: str, device) -> tuple[bool, str]:
         if mod is not None and mod.INTERPRETED:
             return False, (f"{mod_name} was imported with TRITON_INTERPRET=1 (interpreter mode): "
                            "it cannot launch on the GPU in this process")
-        need = _MIN_CAPABILITY[kernel]
+        need = KERNELS[kernel].min_capability
         if torch.version.hip is None and need is not None:
             cap = torch.cuda.get_device_capability(dev)
             if cap < need:
@@ -86,7 +177,7 @@ def compiled_variants(kernel: str):
     this process -- what a first call pays to compile -- (0 before the module is imported: nothing compiled yet)
     or None where that can't be read (interpreted, or a Triton whose JIT cache is laid out otherwise). Never imports
     triton."""
-    mod = sys.modules.get(_MODULES[kernel])
+    mod = sys.modules.get(KERNELS[kernel].module)
     if mod is None:
         return 0
     if mod.INTERPRETED:
@@ -104,18 +195,17 @@ def compiled_variants(kernel: str):
 
 
 def forward(kernel: str):
-    """One kernel's forward, ``fn(q, k, v, *, scale=None, is_causal=False)`` (imports triton on first use)."""
-    from vdbench.kernels import attention
-
-    return attention.KERNELS[kernel]
+    """One kernel's forward, ``fn(q, k, v, *, scale=None, is_causal=False)``: the function of its name in its module
+    (imports triton on first use)."""
+    return getattr(importlib.import_module(KERNELS[kernel].module), kernel)
 
 
 def prepass(kernel: str):
-    """The quantization pre-pass of a kernel alone, ``fn(q, k, v, scale=None)`` (None for ``fav2_triton``), to time
-    it apart."""
-    from vdbench.kernels import attention
-
-    return attention.prepass(kernel)
+    """The quantization pre-pass of a kernel alone, ``fn(q, k, v, scale=None)`` (None for a kernel that quantizes
+    nothing: no ``prepass_reads``), to time it apart."""
+    if KERNELS[kernel].prepass_reads is None:
+        return None
+    return importlib.import_module(KERNELS[kernel].module).prepass(kernel)
 
 
 def fa3_fp8_prepass(q, k, v, smooth_k: bool = False):

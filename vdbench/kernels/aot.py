@@ -7,6 +7,10 @@ they still build to real GPU code (e.g. wgmma on sm_90), not only run under the 
 
 Prints one line per kernel variant (OK with the MMA instruction count, or ERR with the error) and exits 1 if
 any failed. Must run WITHOUT TRITON_INTERPRET (an interpreted function cannot be compiled).
+
+What is compiled is not listed here: every module of a kernel registered in ``vdbench.kernels.KERNELS`` that
+defines ``aot_specs(d, causal, config)`` (label -> jit function, argument types, constexprs, compile options)
+is compiled -- the modules holding attention backends by default, the ones holding only helpers with --helpers.
 """
 
 from __future__ import annotations
@@ -17,75 +21,56 @@ import os
 import sys
 import time
 
-VARIANTS = {  # name -> (Q/K/V/Out element types, QK_MODE, PV_MODE, config key)
-    "fav2_triton[bf16]": (("bf16", "bf16", "bf16", "bf16"), 0, 0, "fav2_triton"),
-    "fav2_triton[fp16]": (("fp16", "fp16", "fp16", "fp16"), 0, 0, "fav2_triton"),
-    "fav3_sage": (("i8", "i8", "fp8e4nv", "bf16"), 1, 2, "fav3_sage"),
-    "fav3_sage[pv=fp16]": (("i8", "i8", "bf16", "bf16"), 1, 1, "fav3_sage"),
-    "fp8_triton": (("fp8e4nv", "fp8e4nv", "fp8e4nv", "bf16"), 2, 3, "fp8_triton"),
-}
-_ORDER = (["Q", "K", "V", "QS", "KS", "VS", "Out", "sq_len", "sk_len", "H", "nq_blk", "nk_blk"]
-          + [f"s{t}{x}" for t in "qkvo" for x in "bhsd"] + ["qk_scale", "causal_shift"])
+
+def _modules(helpers: bool, only=None) -> list:
+    """The registered kernels' modules (``vdbench.kernels.KERNELS``, in order, each once) that define
+    ``aot_specs``: those holding attention backends, or with ``helpers`` those holding only helpers of backends;
+    ``only``: the modules of these kernel names alone. Imports them (without TRITON_INTERPRET: compiled mode)."""
+    import importlib
+
+    from vdbench import kernels
+
+    mods = []
+    for name in (only or kernels.names()):
+        k = kernels.KERNELS[name]
+        holds_backend = any(o.backend for o in kernels.KERNELS.values() if o.module == k.module)
+        if k.module not in mods and (only is not None or holds_backend != helpers):
+            mods.append(k.module)
+    loaded = [importlib.import_module(m) for m in mods]
+    return [m for m in loaded if hasattr(m, "aot_specs")]
 
 
-def compile_variant(name: str, d: int, target, causal: bool = False, config: dict | None = None):
+def specs(helpers: bool = False, d: int = 128, causal: bool = False, config: dict | None = None, only=None) -> dict:
+    """label -> (jit function, argument types by name (others: i32), constexprs by name, compile options): every
+    specialization the kernels' modules ask to be compiled (their ``aot_specs(d, causal, config)``)."""
+    out = {}
+    for mod in _modules(helpers, only):
+        if mod.INTERPRETED:
+            raise RuntimeError("TRITON_INTERPRET is set: cannot compile ahead of time")
+        out.update(mod.aot_specs(d, causal, config))
+    return out
+
+
+def compile_spec(spec, target):
+    """Compile one of ``specs()``'s entries for ``target``."""
     import triton
     from triton.compiler import ASTSource
 
-    from vdbench.kernels import attention as A
-
-    if A.INTERPRETED:
-        raise RuntimeError("TRITON_INTERPRET is set: cannot compile ahead of time")
-    (qt, kt, vt, ot), qkm, pvm, key = VARIANTS[name]
-    cfg = dict(A.CONFIGS[(key, d)], **(config or {}))
-    tma = bool(cfg.get("TMA", 0))
-    types = {"Q": qt, "K": kt, "V": vt, "Out": ot}
-    names = list(inspect.signature(A._attn_fwd.fn).parameters)
-    sig = {}
-    for n, o in zip(names, _ORDER):
-        sig[n] = ("*" + types[o]) if o in types else ("*fp32" if o in ("QS", "KS", "VS") else
-                                                       ("fp32" if o == "qk_scale" else "i32"))
-    consts = dict(D=d, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], QK_MODE=qkm, PV_MODE=pvm, IS_CAUSAL=causal,
-                  P_SC=A.P_SCALE, UPCAST_DOT=False, FIX_FP8=False,
-                  TMA_QK=tma, TMA_V=tma, PV_ACC=bool(cfg.get("PV_ACC", 0)) and pvm >= 2,
-                  FOLD=bool(cfg.get("FOLD", 0)),
-                  P_SHIFT=A.P_SHIFT if cfg.get("FOLD", 0) and pvm >= 2 else 0.0)
-    for c in consts:
-        sig[c] = "constexpr"
-    src = ASTSource(fn=A._attn_fwd, signature=sig, constexprs={(names.index(k),): v for k, v in consts.items()})
-    return triton.compile(src, target=target, options=dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"]))
-
-
-def _helper_kernels():
-    """name -> (jit function, pointer types, constexprs): the backends' helper kernels (fa3_prepass, channels)."""
-    from vdbench.kernels import channels as C
-    from vdbench.kernels import fa3_prepass as P
-
-    red = {"X": "*bf16", "Amax": "*fp32", "CMax": "*fp32", "CMin": "*fp32"}
-    quant = {"X": "*bf16", "Out": "*fp8e4nv", "Descale": "*fp32", "Mean": "*fp32"}
-    qkv = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "QO": "*fp8e4nv", "KO": "*fp8e4nv", "VO": "*fp8e4nv",
-           "Amax": "*fp32", "Descale": "*fp32"}
-    return {
-        "fa3_prepass.reduce": (P._reduce_kernel, red, dict(BLK=P.CHUNK, BD=128, CHANNEL=False)),
-        "fa3_prepass.reduce[channel]": (P._reduce_kernel, red, dict(BLK=P.CHUNK, BD=128, CHANNEL=True)),
-        "fa3_prepass.quant": (P._quant_kernel, quant, dict(BLK=P.CHUNK, BD=128, HAS_MEAN=False, FIX=False)),
-        "fa3_prepass.quant[mean]": (P._quant_kernel, quant, dict(BLK=P.CHUNK, BD=128, HAS_MEAN=True, FIX=False)),
-        "fa3_prepass.qkv_amax": (P._qkv_amax_kernel, qkv, dict(BLK=P.CHUNK, BD=128)),
-        "fa3_prepass.qkv_quant": (P._qkv_quant_kernel, qkv, dict(BLK=P.CHUNK, BD=128, FIX=False)),
-        "channels.zero": (C._zero_kernel, {"Out": "*bf16", "Flags": "*u8"}, dict(BLK=C.CHUNK, BD=128)),
-    }
-
-
-def compile_helper(name: str, target):
-    """Compile one of ``_helper_kernels()`` for ``target`` (every other argument a 32-bit int)."""
-    import triton
-    from triton.compiler import ASTSource
-
-    fn, types, consts = _helper_kernels()[name]
+    fn, types, consts, options = spec
     names = list(inspect.signature(fn.fn).parameters)
     sig = {n: "constexpr" if n in consts else types.get(n, "i32") for n in names}
     src = ASTSource(fn=fn, signature=sig, constexprs={(names.index(k),): v for k, v in consts.items()})
-    return triton.compile(src, target=target, options=dict(num_warps=8 if name.startswith("fa3_prepass") else 4))
+    return triton.compile(src, target=target, options=options)
+
+
+def compile_variant(name: str, d: int, target, causal: bool = False, config: dict | None = None):
+    """Compile the attention specialization ``name`` (a label of ``specs()``) at head dim ``d``."""
+    return compile_spec(specs(False, d, causal, config)[name], target)
+
+
+def compile_helper(name: str, target):
+    """Compile one of the helpers' specializations (``specs(helpers=True)``) for ``target``."""
+    return compile_spec(specs(True)[name], target)
 
 
 def resource_usage(kernel) -> str:
@@ -121,7 +106,9 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", default="cuda:90", help="cuda:<sm> (e.g. cuda:90) or hip:<gfx> (e.g. hip:gfx950)")
     p.add_argument("--d", type=int, nargs="+", default=[128, 64])
-    p.add_argument("--kernels", nargs="+", default=list(VARIANTS))
+    p.add_argument("--kernels", nargs="+", default=None,
+                   help="labels of the attention specializations to compile (default: every one the kernels' "
+                        "modules list)")
     p.add_argument("--causal", action="store_true", help="also the causal variants")
     p.add_argument("--helpers", action="store_true",
                    help="compile the backends' helper kernels (fav3_fp8's pre-pass, the zero-V guard) instead")
@@ -154,7 +141,7 @@ def main(argv=None) -> int:
 
     bad = 0
     if args.helpers:
-        for name in _helper_kernels():
+        for name in specs(True):
             bad += attempt(f"{name:28s}", lambda name=name: compile_helper(name, target),
                            lambda k: f"{len(k.asm.get('ptx', k.asm.get('amdgcn', '')))} chars of code")
         return 1 if bad else 0
@@ -168,8 +155,9 @@ def main(argv=None) -> int:
                     bad += attempt(f"{name:20s} D{d} {A.config_label(cfg)}",
                                    lambda name=name, d=d, cfg=cfg: compile_variant(name, d, target, False, cfg), attn)
         return 1 if bad else 0
+    labels = args.kernels or list(specs(False))
     for d in args.d:
-        for name in args.kernels:
+        for name in labels:
             for causal in (False, True) if args.causal else (False,):
                 bad += attempt(f"{name:20s} D{d} causal={causal}",
                                lambda name=name, d=d, causal=causal: compile_variant(name, d, target, causal), attn)

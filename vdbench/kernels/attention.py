@@ -31,6 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
+from vdbench import kernels
 from vdbench.kernels import quant as Qz
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
@@ -476,7 +477,8 @@ def fav2_triton(q, k, v, *, scale=None, is_causal=False, config=None, out=None):
                    out=out)
 
 
-KERNELS = {"fav3_sage": fav3_sage, "fp8_triton": fp8_triton, "fav2_triton": fav2_triton}
+#: name -> forward of the kernels this module holds (the registry, ``vdbench.kernels.KERNELS``, says which)
+KERNELS = {name: globals()[name] for name in kernels.names(module=__name__)}
 
 
 def prepass(kernel: str, config=None):
@@ -491,3 +493,33 @@ def prepass(kernel: str, config=None):
     if kernel == "fav2_triton":
         return None
     raise KeyError(kernel)
+
+
+# The specializations the ahead-of-time check compiles (python -m vdbench.kernels.aot):
+# label -> (Q/K/V/Out element types, QK_MODE, PV_MODE, the kernel whose CONFIGS entry gives the tiles)
+AOT_VARIANTS = {
+    "fav2_triton[bf16]": (("bf16", "bf16", "bf16", "bf16"), 0, 0, "fav2_triton"),
+    "fav2_triton[fp16]": (("fp16", "fp16", "fp16", "fp16"), 0, 0, "fav2_triton"),
+    "fav3_sage": (("i8", "i8", "fp8e4nv", "bf16"), 1, 2, "fav3_sage"),
+    "fav3_sage[pv=fp16]": (("i8", "i8", "bf16", "bf16"), 1, 1, "fav3_sage"),
+    "fp8_triton": (("fp8e4nv", "fp8e4nv", "fp8e4nv", "bf16"), 2, 3, "fp8_triton"),
+}
+
+
+def aot_specs(d: int = 128, causal: bool = False, config: dict | None = None) -> dict:
+    """label -> (jit function, argument types by name (others: i32), constexprs by name, compile options) of each
+    of ``AOT_VARIANTS`` at head dim ``d`` with the backends' tiles (``config`` overriding them): what
+    ``vdbench.kernels.aot`` compiles."""
+    out = {}
+    for label, ((qt, kt, vt, ot), qkm, pvm, key) in AOT_VARIANTS.items():
+        cfg = dict(CONFIGS[(key, d)], **(config or {}))
+        tma = bool(cfg.get("TMA", 0))
+        types = {"Q": "*" + qt, "K": "*" + kt, "V": "*" + vt, "Out": "*" + ot, "QS": "*fp32", "KS": "*fp32",
+                 "VS": "*fp32", "qk_scale": "fp32"}
+        consts = dict(D=d, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], QK_MODE=qkm, PV_MODE=pvm,
+                      IS_CAUSAL=causal, P_SC=P_SCALE, UPCAST_DOT=False, FIX_FP8=False,
+                      TMA_QK=tma, TMA_V=tma, PV_ACC=bool(cfg.get("PV_ACC", 0)) and pvm >= 2,
+                      FOLD=bool(cfg.get("FOLD", 0)),
+                      P_SHIFT=P_SHIFT if cfg.get("FOLD", 0) and pvm >= 2 else 0.0)
+        out[label] = (_attn_fwd, types, consts, dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"]))
+    return out

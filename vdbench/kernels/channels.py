@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["zero_channels_", "INTERPRETED", "CHUNK"]
+__all__ = ["zero_channels_", "aot_specs", "INTERPRETED", "CHUNK"]
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
 CHUNK = 128
@@ -50,3 +50,10 @@ def zero_channels_(out: torch.Tensor, flags: torch.Tensor) -> torch.Tensor:
     _zero_kernel[(triton.cdiv(s, CHUNK), h, b)](out, f8, s, d, h, hf, *out.stride(), BLK=CHUNK,
                                                BD=triton.next_power_of_2(d), num_warps=4)
     return out
+
+
+def aot_specs(d: int = 128, causal: bool = False, config: dict | None = None) -> dict:
+    """label -> (jit function, pointer types by name (others: i32), constexprs by name, compile options) of the
+    guard at BD 128, what ``vdbench.kernels.aot --helpers`` compiles (the arguments are the attention kernels')."""
+    return {"channels.zero": (_zero_kernel, {"Out": "*bf16", "Flags": "*u8"}, dict(BLK=CHUNK, BD=128),
+                              dict(num_warps=4))}

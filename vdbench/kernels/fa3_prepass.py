@@ -41,7 +41,7 @@ import triton.language as tl
 from vdbench import numerics as N
 from vdbench.kernels.quant import to_e4m3
 
-__all__ = ["quantize_bh", "quantize_qkv", "prepass", "CHUNK", "WARPS", "INTERPRETED"]
+__all__ = ["quantize_bh", "quantize_qkv", "prepass", "aot_specs", "CHUNK", "WARPS", "INTERPRETED"]
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
 CHUNK = 64  # rows per program: a 64 x D tile, 16 KiB of bf16 per program at D 128
@@ -229,3 +229,22 @@ def prepass(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, smooth_k: bool = 
     k8, kd = quantize_bh(k, km)
     v8, vd = quantize_bh(v)
     return N.Fp8Inputs(q8, k8, v8, qd, kd, vd, km)
+
+
+def aot_specs(d: int = 128, causal: bool = False, config: dict | None = None) -> dict:
+    """label -> (jit function, pointer types by name (others: i32), constexprs by name, compile options) of the
+    pre-pass kernels at BD 128, what ``vdbench.kernels.aot --helpers`` compiles (the arguments are the attention
+    kernels' and mean nothing here)."""
+    red = {"X": "*bf16", "Amax": "*fp32", "CMax": "*fp32", "CMin": "*fp32"}
+    quant = {"X": "*bf16", "Out": "*fp8e4nv", "Descale": "*fp32", "Mean": "*fp32"}
+    qkv = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "QO": "*fp8e4nv", "KO": "*fp8e4nv", "VO": "*fp8e4nv",
+           "Amax": "*fp32", "Descale": "*fp32"}
+    opts = dict(num_warps=8)
+    return {
+        "fa3_prepass.reduce": (_reduce_kernel, red, dict(BLK=CHUNK, BD=128, CHANNEL=False), opts),
+        "fa3_prepass.reduce[channel]": (_reduce_kernel, red, dict(BLK=CHUNK, BD=128, CHANNEL=True), opts),
+        "fa3_prepass.quant": (_quant_kernel, quant, dict(BLK=CHUNK, BD=128, HAS_MEAN=False, FIX=False), opts),
+        "fa3_prepass.quant[mean]": (_quant_kernel, quant, dict(BLK=CHUNK, BD=128, HAS_MEAN=True, FIX=False), opts),
+        "fa3_prepass.qkv_amax": (_qkv_amax_kernel, qkv, dict(BLK=CHUNK, BD=128), opts),
+        "fa3_prepass.qkv_quant": (_qkv_quant_kernel, qkv, dict(BLK=CHUNK, BD=128, FIX=False), opts),
+    }
