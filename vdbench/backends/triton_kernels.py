@@ -9,7 +9,8 @@ from typing import Callable
 
 from vdbench import kernels
 
-from .registry import BACKENDS, Backend, probe, register, requires_package, traffic, unregister
+from . import registry
+from .registry import Backend, probe, register, requires_package, traffic, unregister
 
 ORDER = 30
 
@@ -58,7 +59,9 @@ def _added(kernel: kernels.Kernel) -> None:
 
 
 def _removed(kernel: kernels.Kernel) -> None:
-    if kernel.backend and kernel.name in BACKENDS:
+    # the registry's table looked up at call time: a re-run of this module (tests/test_backends.py does, with the
+    # tables swapped) replaces this listener, and a table bound at import would be the swapped one
+    if kernel.backend and kernel.name in registry.BACKENDS:
         unregister(kernel.name)
 
 
