@@ -82,6 +82,12 @@ def _timestep(pipe, steps, family) -> dict:
 
 
 def _faster_refusal(family, params) -> Optional[str]:
+    for key in ("spatial_attention_timestep_skip_range", "temporal_attention_timestep_skip_range"):
+        # a range holding the first step's timestep (1000 flow-matching, 999 DDPM-style) skips the first call,
+        # before anything is cached: diffusers fails there (indexes an empty cache)
+        if params.get(key) is not None and params[key][1] >= 999:
+            return (f"{key} ends at {params[key][1]}: FasterCache would skip the first step, before anything is "
+                    f"cached (diffusers fails there)\nend it below the first step's timestep, e.g. {key}=-1+900")
     if family is not None and not family.guidance_in_one_batch and not params.get("is_guidance_distilled"):
         return (f"diffusers' FasterCache skips the unconditional half of one guidance batch; the {family.name} "
                 "pipeline runs the conditional and unconditional passes as two calls\nuse "
