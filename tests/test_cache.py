@@ -61,6 +61,8 @@ def test_refusals_come_before_the_load(tmp_path, no_load, monkeypatch):  # noqa:
         R.validate(_cfg(tmp_path, cache="mag:threshold=0.06"))
     with pytest.raises(ValueError, match="with --use_torch_compile: "):
         R.validate(_cfg(tmp_path, cache="fbc", compile=True))
+    with pytest.raises(ValueError, match="under torchrun: each rank would decide on its own shard"):
+        C.check_cache(C.parse_cache("pab"), families.get("wan"), parallel=True)
     # a cache diffusers would apply to no module of this transformer (checked on the meta-built denoiser)
     nothing = C.CacheKind("nothing", "PyramidAttentionBroadcastConfig", "test", needs="-",
                           defaults={"spatial_attention_block_skip_range": 2,
@@ -142,3 +144,16 @@ def test_a_render_without_a_cache_records_none_and_the_label_is_unchanged():
     rec = M.from_render_entry(e)
     assert rec.config["cache"] is None and M.identity(rec).label == "sdpa"
     assert dataclasses.replace(M.identity(rec), cache="fbc").label == "sdpa (cache fbc)"
+
+
+def test_both_experts_of_wan_2_2_get_the_cache(tmp_path):
+    """Wan 2.2 A14B denoises with two transformers (high-noise, then low-noise): the cache is on each, and each
+    step's calls go through the blocks of the one that ran."""
+    cfg = _cfg(tmp_path, model="tiny:wan2.2-t2v-a14b", cache="fbc:threshold=0.5", num_inference_steps=4)
+    R.render(cfg, log=lambda *a, **k: None)
+    (entry,) = json.loads(cfg.timing_path.read_text())
+    c = entry["cache"]
+    assert c["units_per_denoiser"] == {"transformer": 2, "transformer_2": 2} and c["units"] == 4
+    assert all(a + b == 2 * f for a, b, f in zip(c["computed_blocks_per_step"], c["reused_blocks_per_step"],
+                                                 c["forwards_per_step"]))
+    assert sum(c["reused_blocks_per_step"]) > 0

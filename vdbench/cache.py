@@ -247,10 +247,11 @@ def parse_cache(text: Optional[str]) -> Optional[CacheSpec]:
 
 
 def check_cache(spec: Optional[CacheSpec], family, denoisers: Optional[dict] = None, *,
-                compiled: bool = False, steps: int = 1) -> None:
+                compiled: bool = False, parallel: bool = False, steps: int = 1) -> None:
     """Refuse (ValueError, one line and a hint) a cache that can't run: the kind's own refusal against the family
     and its parameters, diffusers' config refusing the values, torch.compile (the hooks' skip decisions are
-    data-dependent Python: a graph break, which the regional compile's fullgraph refuses), and, where the
+    data-dependent Python: a graph break, which the regional compile's fullgraph refuses), torchrun (``parallel``:
+    the ranks' decisions are their shards', and may differ), and, where the
     denoisers' configs are known without weights (``denoisers``: name -> (class name, config)), a cache diffusers
     can't apply to them or that would hook no module (built on the meta device)."""
     if spec is None:
@@ -258,6 +259,10 @@ def check_cache(spec: Optional[CacheSpec], family, denoisers: Optional[dict] = N
     why = spec.kind.refusal(family, spec.params)
     if why:
         raise ValueError(f"--cache {spec.name}: {why}")
+    if parallel:
+        raise ValueError(f"--cache {spec.name} under torchrun: each rank would decide on its own shard whether to "
+                         "compute, and ranks that decide differently wait on each other's collectives\nrender with "
+                         "--cache on one process")
     if compiled:
         raise ValueError(f"--cache {spec.name} with --use_torch_compile: the cache's hooks decide per call in "
                          "Python whether to compute (a graph break the regional compile refuses)\ndrop one of them")
@@ -389,7 +394,10 @@ class CacheCounter:
 
     def summary(self) -> dict:
         total = sum(self.computed) + sum(self.reused)
-        return {**self.spec.as_dict(), "units": len(self.units),
+        per = {}
+        for u in self.units:
+            per[u.split(".")[0]] = per.get(u.split(".")[0], 0) + 1
+        return {**self.spec.as_dict(), "units": len(self.units), "units_per_denoiser": per,
                 "unit": "block" if all(u.split(".")[-1].isdigit() for u in self.units) else "attention module",
                 "computed_blocks_per_step": list(self.computed), "reused_blocks_per_step": list(self.reused),
                 "forwards_per_step": list(self.forwards_per_step),

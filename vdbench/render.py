@@ -352,7 +352,7 @@ def _checked_plan(cfg: RenderConfig, dctx) -> Plan:
     # the family's rules, diffusers' config checks and, on the denoisers built on the meta device from their
     # configs, whether diffusers applies it at all: all before the weights
     check_cache(cache, family, config_denoisers(model) if cache else None, compiled=cfg.compile,
-                steps=cfg.num_inference_steps)
+                parallel=dctx is not None, steps=cfg.num_inference_steps)
     as_schedule(backend).check_plan(num_steps=cfg.num_inference_steps, compiled=cfg.compile, parallel=dctx is not None,
                                     grid_family=family.name if family.grid_hooks is not None else None)
     if dctx is not None:  # the backend must serve this parallel path (ring: LSE), on every rank
