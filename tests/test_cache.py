@@ -61,6 +61,10 @@ def test_refusals_come_before_the_load(tmp_path, no_load, monkeypatch):  # noqa:
         R.validate(_cfg(tmp_path, cache="mag:threshold=0.06"))
     with pytest.raises(ValueError, match="with --use_torch_compile: "):
         R.validate(_cfg(tmp_path, cache="fbc", compile=True))
+    with pytest.raises(ValueError, match="SeaCache needs the step index, sigma and step count .*; "
+                                         "CogVideoXPipeline passes none"):
+        R.validate(_cfg(tmp_path, family="cogvideox", cache="sea", height=128, width=192,
+                        output_path=tmp_path / "cogvideox-tiny_sdpa.mp4"))
     with pytest.raises(ValueError, match="under torchrun: each rank would decide on its own shard"):
         C.check_cache(C.parse_cache("pab"), families.get("wan"), parallel=True)
     # a cache diffusers would apply to no module of this transformer (checked on the meta-built denoiser)

@@ -44,7 +44,7 @@ class CacheKind:
     ``description`` (one line), ``needs`` (what the pipeline must provide), ``defaults`` (vdbench's values where
     diffusers' match nothing here; recorded with the params), ``provided(pipe, steps, family) -> dict`` (what the
     render fills in), ``hidden`` (fields a user does not set: filled in, or not spellable), ``refusal(family,
-    params) -> reason | None`` (before the load)."""
+    params, pipeline_class) -> reason | None`` (before the load)."""
 
     name: str
     config: str
@@ -53,7 +53,7 @@ class CacheKind:
     defaults: dict = dataclasses.field(default_factory=dict)
     provided: Callable[..., dict] = lambda pipe, steps, family: {}
     hidden: tuple[str, ...] = ()
-    refusal: Callable[..., Optional[str]] = lambda family, params: None
+    refusal: Callable[..., Optional[str]] = lambda family, params, pipeline_class: None
 
     def config_class(self):
         import diffusers.hooks
@@ -81,7 +81,7 @@ def _timestep(pipe, steps, family) -> dict:
     return {"current_timestep_callback": lambda: pipe.current_timestep}
 
 
-def _faster_refusal(family, params) -> Optional[str]:
+def _faster_refusal(family, params, pipeline_class) -> Optional[str]:
     for key in ("spatial_attention_timestep_skip_range", "temporal_attention_timestep_skip_range"):
         # a range holding the first step's timestep (1000 flow-matching, 999 DDPM-style) skips the first call,
         # before anything is cached: diffusers fails there (indexes an empty cache)
@@ -95,7 +95,15 @@ def _faster_refusal(family, params) -> Optional[str]:
     return None
 
 
-def _mag_refusal(family, params) -> Optional[str]:
+def _sea_refusal(family, params, pipeline_class) -> Optional[str]:
+    # without the step index, sigma and step count SeaCache runs "fail-open": every block computed, nothing cached
+    if family is not None and pipeline_class and pipeline_class not in family.step_context_pipelines:
+        return (f"diffusers' SeaCache needs the step index, sigma and step count from the pipeline's cache_context; "
+                f"{pipeline_class} passes none (SeaCache would cache nothing)\nuse another kind (fbc, mag)")
+    return None
+
+
+def _mag_refusal(family, params, pipeline_class) -> Optional[str]:
     if params.get("mag_ratios") is None and not params.get("calibrate"):
         return ("MagCache needs the model's magnitude ratios (model-dependent)\ngive mag:mag_ratios=R0+R1+... "
                 "(interpolated to the step count), or mag:calibrate=true to measure them (nothing reused)")
@@ -130,7 +138,8 @@ KINDS: dict[str, CacheKind] = {k.name: k for k in (
               hidden=("tensor_format",), refusal=_faster_refusal),
     CacheKind("sea", "SeaCacheConfig",
               "SeaCache: blocks skipped while the spectrum-weighted input change stays under threshold",
-              needs="a transformer with a list of blocks"),
+              needs="the step index, sigma and step count passed to cache_context (the family's "
+                    "step_context_pipelines)", refusal=_sea_refusal),
 )}
 
 #: the ``--cache`` help: the kinds with their one line
@@ -247,7 +256,8 @@ def parse_cache(text: Optional[str]) -> Optional[CacheSpec]:
 
 
 def check_cache(spec: Optional[CacheSpec], family, denoisers: Optional[dict] = None, *,
-                compiled: bool = False, parallel: bool = False, steps: int = 1) -> None:
+                compiled: bool = False, parallel: bool = False, steps: int = 1,
+                pipeline_class: Optional[str] = None) -> None:
     """Refuse (ValueError, one line and a hint) a cache that can't run: the kind's own refusal against the family
     and its parameters, diffusers' config refusing the values, torch.compile (the hooks' skip decisions are
     data-dependent Python: a graph break, which the regional compile's fullgraph refuses), torchrun (``parallel``:
@@ -256,7 +266,7 @@ def check_cache(spec: Optional[CacheSpec], family, denoisers: Optional[dict] = N
     can't apply to them or that would hook no module (built on the meta device)."""
     if spec is None:
         return
-    why = spec.kind.refusal(family, spec.params)
+    why = spec.kind.refusal(family, spec.params, pipeline_class)
     if why:
         raise ValueError(f"--cache {spec.name}: {why}")
     if parallel:

@@ -351,8 +351,9 @@ def _checked_plan(cfg: RenderConfig, dctx) -> Plan:
     cfg = replace(cfg, cache=cache.name if cache else None)  # recorded in its one spelling
     # the family's rules, diffusers' config checks and, on the denoisers built on the meta device from their
     # configs, whether diffusers applies it at all: all before the weights
-    check_cache(cache, family, config_denoisers(model) if cache else None, compiled=cfg.compile,
-                parallel=dctx is not None, steps=cfg.num_inference_steps)
+    if cache is not None:
+        check_cache(cache, family, config_denoisers(model), compiled=cfg.compile, parallel=dctx is not None,
+                    steps=cfg.num_inference_steps, pipeline_class=family.pipeline_class(cfg.task, image=bool(cfg.image)))
     as_schedule(backend).check_plan(num_steps=cfg.num_inference_steps, compiled=cfg.compile, parallel=dctx is not None,
                                     grid_family=family.name if family.grid_hooks is not None else None)
     if dctx is not None:  # the backend must serve this parallel path (ring: LSE), on every rank

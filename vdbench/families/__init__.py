@@ -172,7 +172,9 @@ class Family:
     Step caches (:mod:`vdbench.cache`)
         ``guidance_in_one_batch`` (the pipeline runs classifier-free guidance's two passes as one batch, which
         FasterCache's unconditional skip splits; Wan calls the denoiser twice); ``latent_format`` (the layout of
-        the denoiser's video latents, FasterCache's ``tensor_format``).
+        the denoiser's video latents, FasterCache's ``tensor_format``); ``step_context_pipelines`` (the pipeline
+        classes that pass the step index, sigma and step count to the denoiser's ``cache_context``: SeaCache reads
+        them, and caches nothing without them).
     Listing
         ``order``: where the family is listed (names, variants, error messages); lower first.
     """
@@ -212,6 +214,7 @@ class Family:
     pipeline_requirements: Mapping[str, tuple[tuple[str, str], ...]] = dataclasses.field(default_factory=dict)
     guidance_in_one_batch: bool = False
     latent_format: str = "BCFHW"
+    step_context_pipelines: tuple[str, ...] = ()
     order: int = 100
 
     def pipeline_class(self, task: str, image: bool = False) -> str:
