@@ -39,9 +39,10 @@ def test_the_kinds_take_their_parameters_and_defaults_from_diffusers_configs():
 @pytest.mark.parametrize("text,message", [
     ("bogus", "unknown --cache kind 'bogus'\nvalid: none, fbc, mag, taylor, pab, faster, sea"),
     ("fbc:foo=1", "--cache fbc: unknown parameter 'foo'\nvalid: threshold=0.05"),
-    ("fbc:threshold=abc", "--cache fbc: threshold='abc' is not a valid float"),
+    ("fbc:threshold=abc", "--cache fbc: threshold='abc': expected float"),
+    ("mag:mag_ratios=1+x", "mag_ratios='1+x': expected floats joined by '+' or none"),
     ("pab:spatial_attention_timestep_skip_range=1", "needs 2 items joined by '+'"),
-    ("taylor:use_lite_mode=maybe", "not a boolean"),
+    ("taylor:use_lite_mode=maybe", "expected boolean (not true or false)"),
 ])
 def test_an_invalid_spec_is_one_line_naming_the_valid_choices(text, message):
     with pytest.raises(ValueError) as e:

@@ -22,6 +22,7 @@ calls, reused = outer - inner.
 from __future__ import annotations
 
 import dataclasses
+import types
 import typing
 from typing import Any, Callable, Optional
 
@@ -153,17 +154,19 @@ def _parser(tp) -> Optional[Callable[[str], Any]]:
     (callbacks, module-name patterns, dtypes)."""
     args = typing.get_args(tp)
     origin = typing.get_origin(tp)
-    if origin in (typing.Union, getattr(__import__("types"), "UnionType", ())) and type(None) in args:
-        rest = [a for a in args if a is not type(None) and a is not torch.Tensor]
+    if origin in (typing.Union, types.UnionType) and type(None) in args:
+        rest = [a for a in args if a is not type(None) and a is not torch.Tensor]  # mag_ratios: a list or tensor
         inner = _parser(rest[0]) if len(rest) == 1 else None
-        return None if inner is None else (lambda s: None if s.lower() == "none" else inner(s))
+        if inner is None:
+            return None
+        return _named(lambda s: None if s.lower() == "none" else inner(s), f"{_type_name(inner)} or none")
     if tp is bool:
         def boolean(s):
             if s.lower() in ("true", "1", "yes"):
                 return True
             if s.lower() in ("false", "0", "no"):
                 return False
-            raise ValueError("not a boolean (true/false)")
+            raise ValueError("not true or false")
         return boolean
     if tp in (int, float):
         return tp
@@ -180,8 +183,13 @@ def _parser(tp) -> Optional[Callable[[str], Any]]:
             if n is not None and len(vals) != n:
                 raise ValueError(f"needs {n} items joined by '{ITEM_SEP}'")
             return origin(vals)
-        return seq
+        return _named(seq, f"{item.__name__}s joined by '{ITEM_SEP}'")
     return None
+
+
+def _named(fn, name: str):
+    fn.__name__ = name  # what an error names as the type expected
+    return fn
 
 
 def _show(v) -> str:
@@ -248,8 +256,8 @@ def parse_cache(text: Optional[str]) -> Optional[CacheSpec]:
         try:
             given[key] = parse(value.strip())
         except (ValueError, TypeError) as e:
-            raise ValueError(f"--cache {kind.name}: {key}={value.strip()!r} is not a valid {_type_name(parse)} "
-                             f"({e})\ndefault: {key}={_show(params[key][1])}") from None
+            raise ValueError(f"--cache {kind.name}: {key}={value.strip()!r}: expected {_type_name(parse)} ({e})"
+                             f"\ndefault: {key}={_show(params[key][1])}") from None
     order = list(params)
     given = {k: given[k] for k in order if k in given}
     return CacheSpec(kind, given, {k: given.get(k, d) for k, (_, d) in params.items()})
