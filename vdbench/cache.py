@@ -133,6 +133,8 @@ KINDS: dict[str, CacheKind] = {k.name: k for k in (
               "FasterCache: attention outputs reused with a frequency-weighted correction, the unconditional "
               "batch's skipped", needs="the pipeline's current timestep (filled in); guidance as one batch (or "
               "is_guidance_distilled=true); the latent layout (filled in)",
+              # attention_weight_callback: diffusers' own default (0.5 at every timestep), given so that its
+              # warning isn't printed by every render
               provided=lambda pipe, steps, family: {**_timestep(pipe, steps, family),
                                                     "tensor_format": family.latent_format,
                                                     "attention_weight_callback": lambda _: 0.5},
