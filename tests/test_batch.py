@@ -190,3 +190,22 @@ def test_a_folder_without_records_falls_back_to_the_file_names_and_says_so(resul
     assert all(r["note"] == "identity from the file name (no record names this video)" for r in rows)
     head, first = batch.table(d, [v["sdpa"], v["reference"]]).splitlines()[:2]
     assert head.endswith("note") and first.endswith("identity from the file name (no record names this video)")
+
+
+def test_a_cached_run_is_labelled_with_its_cache_and_its_speedup_is_the_denoisings(tmp_path):
+    """A step cache's steps are computed or reused: the warm median is one kind's, so the batch's speed-up of a
+    cached run is the denoising time's (every step), and its label names the cache."""
+    frames = np.zeros((5, 16, 16, 3), np.uint8)
+    plain = tmp_path / "wan_result_t2v_tiny_5f_4s_attn_sdpa_16x16.mp4"
+    cached = tmp_path / "wan_result_t2v_tiny_5f_4s_attn_sdpa_16x16_cache-fbc.mp4"
+    for v in (plain, cached):
+        write_video(frames, v, fps=8)
+    cache = {"kind": "fbc", "spec": "fbc", "computed_blocks_per_step": [4, 2, 4, 2],
+             "reused_blocks_per_step": [0, 2, 0, 2], "skipped_share": 0.25}
+    entries = [_entry(plain, "sdpa", [0.5, 0.2, 0.2, 0.2]),
+               _entry(cached, "sdpa", [0.5, 0.1, 0.2, 0.1], run_id="r2", cache=cache)]
+    (tmp_path / "timing.json").write_text(json.dumps(entries))
+    rows, notes = batch.rows(tmp_path, [plain, cached])
+    assert [r["backend"] for r in rows] == ["sdpa", "sdpa (cache fbc)"]
+    assert rows[1]["speedup"] == f"{1.1 / 0.9:.2f}× (denoising)" and rows[0]["speedup"] == "1.00×"
+    assert any("its speed-up is the denoising time's" in n for n in notes)

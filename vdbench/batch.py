@@ -72,7 +72,7 @@ def rows(results, outputs, reference: str = "reference") -> tuple[list[dict], li
                       None)
     base_s = (sp.get(base_label) or {}) if base_label else {}
     base = base_s.get("warm_step_median")
-    out, whys, broke_even = [], {}, False
+    out, whys, broke_even, cached = [], {}, False, False
     for ident, video in zip(ids, outputs):
         label = ident.label
         s = sp.get(label) or {}
@@ -90,7 +90,12 @@ def rows(results, outputs, reference: str = "reference") -> tuple[list[dict], li
         elif s.get("warm_step_median") is not None:
             row["warm"] = (f"{_ms(s['warm_step_median'])} ({_ms(s['warm_step_p20'])}–{_ms(s['warm_step_p80'])}, "
                            f"n={s['warm_step_n']})")
-            if base:
+            if base and s.get("cache") and s.get("denoise_s") and base_s.get("denoise_s"):
+                # a cached run's steps are computed or reused: its warm median is one kind's, its speed the
+                # denoising's
+                row["speedup"] = f"{base_s['denoise_s'] / s['denoise_s']:.2f}× (denoising)"
+                cached = True
+            elif base:
                 row["speedup"] = f"{base / s['warm_step_median']:.2f}×"
             if s.get("why_not_speed"):
                 whys.setdefault(s["why_not_speed"], []).append(label)
@@ -106,6 +111,9 @@ def rows(results, outputs, reference: str = "reference") -> tuple[list[dict], li
         notes.insert(0, f"speed-up: against {base_label}, the batch's first exact backend")
     if broke_even:
         notes.insert(1, BREAK_EVEN_NOTE.format(base=base_label))
+    if cached:
+        notes.append("a run with a step cache: its speed-up is the denoising time's (denoise_s, every step), not "
+                     "the warm step's (a median of computed or of reused steps)")
     if ref_video is None:
         notes.append(f"no PSNR column: the batch rendered no {reference!r} (add it to --types)")
     return out, notes

@@ -27,6 +27,7 @@ from typing import Optional
 
 from . import backends as B
 from . import families
+from .cache import CACHE_HELP, parse_cache
 from .parallel import ENGINE_CHOICES, EXIT_PEER_FAILED, ParallelSpec
 from .helptext import DefaultsHelpFormatter
 from .patching import ON_UNSUPPORTED_CHOICES
@@ -155,6 +156,7 @@ def build_parser(family: str | families.Family, prog: Optional[str] = None,
     add("--use_fp8_gemms", action="store_true",
         help="torchao float8 GEMMs (dynamic activation + weight, per-row scales) in the transformer blocks; needs "
              "torchao and a GPU with fp8")
+    add("--cache", default=None, metavar="KIND[:key=value,...]", help=CACHE_HELP)
 
     modes = [m for m, e in MODES.items() if e.vaes is None or fam.vae_class in e.vaes]
     add("--vae_decode", choices=modes, default="default",
@@ -234,13 +236,20 @@ def canonical_attention(attention_type: str) -> str:
 
 def output_path(fam: families.Family, args, model: str, attention_type: str) -> Path:
     """The video these arguments write for one backend (an alias is named by the backend it resolves to); the
-    name ends with the parallel layout (``_u2``, ``_r2``, ``_u2r2``, ``_cfg2``) of a torchrun render."""
+    name ends with the step cache's tag (``_cache-fbc-threshold=0.1``, :func:`vdbench.measure.record.cache_tag`)
+    and the parallel layout (``_u2``, ``_r2``, ``_u2r2``, ``_cfg2``) of a torchrun render, in that order."""
+    from .measure.record import cache_tag
+
     attention_type = canonical_attention(attention_type)
     layout = ParallelSpec(args.parallel_engine, args.ulysses_degree, args.ring_degree, args.use_cfg_parallel).tag
-    return results_dir(fam, args) / fam.output_name(task=args.task, model=model, num_frames=args.num_frames,
-                                                    steps=args.num_inference_steps, attention_type=attention_type,
-                                                    height=args.height, width=args.width,
-                                                    **({"layout": layout} if layout else {}))
+    name = Path(fam.output_name(task=args.task, model=model, num_frames=args.num_frames,
+                                steps=args.num_inference_steps, attention_type=attention_type,
+                                height=args.height, width=args.width, **({"layout": layout} if layout else {})))
+    cache = parse_cache(getattr(args, "cache", None))
+    if cache is not None:  # before the layout tag, which ends every name
+        rest, tag = families.split_layout(name.stem)
+        name = name.with_name(f"{rest}_{cache_tag(cache.name)}{'_' + tag if tag else ''}{name.suffix}")
+    return results_dir(fam, args) / name
 
 
 def config_from_args(fam: families.Family, args):
@@ -269,7 +278,8 @@ def config_from_args(fam: families.Family, args):
         profile_wait=args.profile_wait, profile_warmup=args.profile_warmup, profile_active=args.profile_active,
         cpu_offload=args.cpu_offload, vae_tiling=args.vae_tiling, vae_slicing=args.vae_slicing,
         compile=args.compile, compile_backend=args.compile_backend, compile_mode=args.compile_mode,
-        bf16_te_gemms=args.use_bf16_te_gemms, fp8_gemms=args.use_fp8_gemms, vae_decode=args.vae_decode,
+        bf16_te_gemms=args.use_bf16_te_gemms, fp8_gemms=args.use_fp8_gemms, cache=args.cache,
+        vae_decode=args.vae_decode,
         vae_encode=args.vae_encode, vae_max_memory=args.vae_max_memory, vae_timeout=args.vae_timeout, vae_glue=args.vae_glue,
         vae_prewarm=args.vae_prewarm,
         parallel_engine=args.parallel_engine, ulysses_degree=args.ulysses_degree, ring_degree=args.ring_degree,

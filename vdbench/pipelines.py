@@ -246,6 +246,15 @@ def config_head_dims(model: "str | ModelSpec", task: str | None = None,
     return [int(d) for d in dims] if dims and all(isinstance(d, int) for d in dims) else None
 
 
+def config_denoisers(model: "str | ModelSpec", task: str | None = None,
+                     family: "str | families.Family" = "wan") -> dict | None:
+    """``{"transformer": (class name, config), "transformer_2": ...}`` of ``model``'s denoiser(s), read without
+    loading a weight (:func:`_component_configs`), or None where that needs a download: what the step cache's
+    check builds on the meta device before the load (:func:`vdbench.cache.check_cache`)."""
+    found = _component_configs(_as_spec(model, task, family), ("transformer", "transformer_2"))
+    return found or None
+
+
 def config_vae(model: "str | ModelSpec", task: str | None = None,
                family: "str | families.Family" = "wan") -> tuple[str, dict] | None:
     """(class name, config) of ``model``'s VAE (a string, or a :class:`ModelSpec`), read without loading a weight

@@ -128,6 +128,7 @@ class RenderConfig:
     compile_mode: Optional[str] = None
     bf16_te_gemms: bool = False  # text encoder in bfloat16 whatever the pipeline dtype
     fp8_gemms: bool = False  # torchao float8 GEMMs in the transformer blocks
+    cache: Optional[str] = None  # diffusers' step cache, KIND[:key=value,...] (vdbench.cache); None: none
     vae_decode: str = "default"  # default | fast | parallel (vdbench.vae.decode.MODES)
     vae_encode: str = "default"  # default | fast: the image-conditioned tasks' encode (vdbench.vae.encode.MODES)
     vae_max_memory: Optional[float] = None  # GiB: chunk/tile size chosen from it
@@ -283,6 +284,7 @@ class Plan:
     decode: VaeMode
     encode: VaeMode
     dctx: object = None
+    cache: object = None  # vdbench.cache.CacheSpec, or None
 
     @property
     def parallel(self):
@@ -335,7 +337,8 @@ def _checked_plan(cfg: RenderConfig, dctx) -> Plan:
     from . import parallel as P
     from .vae.decode import GLUES, DecodeOptions, check_decode
     from .vae.encode import EncodeOptions, check_encode
-    from .pipelines import config_head_dims, parse_model
+    from .cache import check_cache, parse_cache
+    from .pipelines import config_denoisers, config_head_dims, parse_model
 
     device = dctx.device if dctx is not None else resolve_device(cfg.device)
     dtype = resolve_dtype(cfg.dtype, device)
@@ -344,6 +347,13 @@ def _checked_plan(cfg: RenderConfig, dctx) -> Plan:
     cfg = replace(cfg, attention_type=backend.name)  # an alias (diffusers' / SGLang's name) is recorded as ours
     family = families.get(cfg.family)  # the one lookup of the render: the Family object travels from here
     model = parse_model(cfg.model, cfg.task, family)  # parsed once; an unknown variant is the load's refusal
+    cache = parse_cache(cfg.cache)  # an unknown kind, key or value before anything else of the cache's
+    cfg = replace(cfg, cache=cache.name if cache else None)  # recorded in its one spelling
+    # the family's rules, diffusers' config checks and, on the denoisers built on the meta device from their
+    # configs, whether diffusers applies it at all: all before the weights
+    if cache is not None:
+        check_cache(cache, family, config_denoisers(model), compiled=cfg.compile, parallel=dctx is not None,
+                    steps=cfg.num_inference_steps, pipeline_class=family.pipeline_class(cfg.task, image=bool(cfg.image)))
     as_schedule(backend).check_plan(num_steps=cfg.num_inference_steps, compiled=cfg.compile, parallel=dctx is not None,
                                     grid_family=family.name if family.grid_hooks is not None else None)
     if dctx is not None:  # the backend must serve this parallel path (ring: LSE), on every rank
@@ -401,7 +411,7 @@ def _checked_plan(cfg: RenderConfig, dctx) -> Plan:
         raise ValueError(f"--profile_wait + --profile_warmup + --profile_active = {steps_profiled} exceeds the "
                          f"{cfg.num_inference_steps} denoising steps of the profiled repetition")
     return Plan(cfg, family, model, backend, device, dtype, vae_dtype, VaeMode(decode, decode_options),
-                VaeMode(encode, encode_options), dctx)
+                VaeMode(encode, encode_options), dctx, cache)
 
 
 @dataclass
@@ -415,6 +425,7 @@ class Loaded:
     header: dict
     load_s: Optional[float] = None  # the whole load stage (weights, checks, engine, speed options), host clock
     prewarm: object = None  # vdbench.vae.prewarm.Prewarm started for this render (_start_prewarm), or None
+    cache: object = None  # vdbench.cache.CacheCounter of the step cache applied, or None
 
 
 def _start_prewarm(plan: Plan, pipe=None, *, encode_only: bool = False):
@@ -498,6 +509,12 @@ def load(plan: Plan) -> Loaded:
     speed = apply_speed_options(pipe, models, device=device, compile=cfg.compile,
                                 compile_backend=cfg.compile_backend, compile_mode=cfg.compile_mode,
                                 bf16_te_gemms=cfg.bf16_te_gemms, fp8_gemms=cfg.fp8_gemms)
+    counter = None
+    if plan.cache is not None:  # beside the speed options: diffusers' hooks on every denoiser, counted
+        from .cache import apply_cache
+
+        counter = apply_cache(plan.cache, pipe, models, steps=cfg.num_inference_steps, family=family)
+        speed["cache"] = {**plan.cache.as_dict(), "units": len(counter.units)}
 
     kwargs = dict(prompt=cfg.prompt, negative_prompt=cfg.negative_prompt, height=cfg.height, width=cfg.width,
                   num_frames=cfg.num_frames, num_inference_steps=cfg.num_inference_steps,
@@ -523,7 +540,7 @@ def load(plan: Plan) -> Loaded:
     load_s = time.perf_counter() - t0
     if prewarm is None:  # under the text encode and the denoising, where the main thread waits on the GPU
         prewarm = _start_prewarm(plan, pipe)
-    return Loaded(pipe, models, kwargs, header, load_s=load_s, prewarm=prewarm)
+    return Loaded(pipe, models, kwargs, header, load_s=load_s, prewarm=prewarm, cache=counter)
 
 
 def _reported_since(info: dict, set_up: Optional[dict], before: dict) -> tuple[dict, dict]:
@@ -567,8 +584,12 @@ def run_repetitions(plan: Plan, loaded: Loaded, log) -> tuple[list[dict], object
     progress = _Progress(cfg.attention_type, cfg.num_inference_steps, cfg.num_repetitions, log,
                          enabled=not sys.stderr.isatty())
 
+    counter = loaded.cache
+
     def advance(step):
         patch.step = step + 1
+        if counter is not None:
+            counter.end_step()
         progress.step(step)
         if dctx is not None:
             P.maybe_inject_failure(dctx.rank, "step", cfg.attention_type)
@@ -588,7 +609,9 @@ def run_repetitions(plan: Plan, loaded: Loaded, log) -> tuple[list[dict], object
             warmup_s = None
             warm_start = Clock(device)
             for _ in range(cfg.warmup_calls):  # untimed: compilation, cuDNN plans, Triton JIT, allocator
-                patch.step = 0  # steps advance as in a timed call: a schedule warms every backend it names
+                patch.step = 0
+                if counter is not None:
+                    counter.reset()  # steps advance as in a timed call: a schedule warms every backend it names
                 pipe(generator=torch.Generator("cpu").manual_seed(cfg.seed), callback_on_step_end=StepTimer(
                     device, then=advance), **loaded.kwargs)
             if cfg.warmup_calls:  # not a step time: the whole calls, one-time costs and all (one_time)
@@ -596,6 +619,8 @@ def run_repetitions(plan: Plan, loaded: Loaded, log) -> tuple[list[dict], object
             for rep in tqdm(range(cfg.num_repetitions), desc=f"{cfg.attention_type}", unit="rep",
                             disable=cfg.num_repetitions < 2 or not sys.stderr.isatty()):
                 patch.reset_counts()
+                if counter is not None:  # each repetition starts the cache afresh, counted from its first step
+                    counter.reset()
                 stage_timers.reset()
                 reset_peak_memory(device)
                 prof_now = profiler if (profiler is not None and rep == 0) else None
@@ -675,6 +700,7 @@ def run_repetitions(plan: Plan, loaded: Loaded, log) -> tuple[list[dict], object
                     "total_time": start.seconds_until(after_decode),
                     **stages,  # stages, unaccounted (+ share, where): vdbench.stages.breakdown
                     "one_time": once,  # + steady_s; end_to_end_s and end_to_end on the first: finish
+                    "cache": counter.summary() if counter is not None else None,
                     "attention": patch.stats.as_dict(),
                     "attention_share": (attn_time / sum(step_times)) if attn_time and step_times else None,
                     "peak_memory_bytes": peak_memory(device),
@@ -757,12 +783,19 @@ def finish(plan: Plan, entries: list[dict], frames, log, wall: Optional[Wall] = 
         "calls_by_kernel": last["attention"]["calls_by_kernel"], "fallback_calls": last["attention"]["fallback_calls"],
         "end_to_end_s": entries[0].get("end_to_end_s"), "one_time_s": entries[0]["one_time"]["total_s"],
         "load_s": entries[0]["one_time"].get("load_s"),
+        "denoise_s": steps["denoise_s"], "step_mean": steps["step_mean"], "cache": last.get("cache"),
     }
     kernels = ", ".join(f"{k}×{v}" for k, v in last["attention"]["calls_by_kernel"].items())
-    timing_text = "emulated backend: no speed figure" if backend.emulated else describe_steps(steps)
+    timing_text = ("emulated backend: no speed figure" if backend.emulated
+                   else describe_steps(steps, cached=plan.cache is not None))
     log(f"[{cfg.attention_type}] {timing_text}, decode {last['vae_decode_time']:.2f} s, kernels: {kernels} "
         f"-> {cfg.output_path}")
     log(f"[{cfg.attention_type}] {describe_stages(last)}")
+    if last.get("cache"):
+        c = last["cache"]
+        share = "n/a" if c["skipped_share"] is None else f"{c['skipped_share']:.0%}"
+        log(f"[{cfg.attention_type}] cache {c['spec']}: {share} of the {c['unit']} calls reused; computed per "
+            f"step {c['computed_blocks_per_step']}, reused {c['reused_blocks_per_step']}")
     e2e_line = describe_end_to_end(entries[0])
     if e2e_line:
         log(f"[{cfg.attention_type}] {e2e_line}")

@@ -278,6 +278,8 @@ def speed(results: Path) -> dict[str, dict]:
     ``step_times``: the per-step times, median over the repetitions (for the per-step plot).
     ``vae_decode_time``, ``attention_share`` (medians), ``calls_by_kernel``, ``fallback_calls``,
     ``peak_memory_bytes`` (of the last repetition), ``emulated``, ``device`` and ``run`` (its header).
+    ``denoise_s`` / ``step_mean``: the denoising (every step) of the median repetition, and it over the steps;
+    ``cache``: the step cache's section of the last repetition (None: no cache).
     ``end_to_end_s`` (the process's start to the video on disk), ``one_time_s`` (``one_time.total_s``),
     ``load_s``, ``compile_s`` and ``one_time`` (the section) of the run's first repetition, which carries the
     render's one-time costs; ``steady_s`` the median over the repetitions; None for files written before them.
@@ -323,10 +325,11 @@ def speed(results: Path) -> dict[str, dict]:
                       "emulated": emulated, "device": device, "runs_recorded": _run_count(entries),
                       "run_id": last_run[-1].get("run_id"), "output": last_run[-1].get("output"),
                       "parallel": last_run[-1].get("parallel"), "identity": ident,
+                      "cache": last_run[-1].get("cache"),
                       "run": last_run[-1].get("run") or {}}
         if emulated:
             out[label].update({k: None for k in stats if k.startswith(("warm_step_", "first_step", "rep_warm_"))
-                               and k != "warm_step_n"},
+                               and k != "warm_step_n"}, denoise_s=None, step_mean=None,
                               rep_warm_medians=[], step_times=None, attention_share=None, end_to_end_s=None,
                               one_time_s=None, steady_s=None,
                               stages={k: v for k, v in out[label]["stages"].items() if k != "denoise"})

@@ -183,7 +183,7 @@ MIN_SAMPLES = 3
 
 #: The keys :func:`step_stats` adds to a timing.json entry (seconds; ``warm_step_n`` a count).
 STEP_KEYS = ("first_step", "warm_step_n", "warm_step_median", "warm_step_mean", "warm_step_min", "warm_step_max",
-             "warm_step_p20", "warm_step_p80", "speed_figure", "why_not_speed")
+             "warm_step_p20", "warm_step_p80", "denoise_s", "step_mean", "speed_figure", "why_not_speed")
 
 
 def _quantile(ordered: list[float], q: float) -> float:
@@ -435,12 +435,15 @@ def step_stats(step_times, device=None, emulated: bool = False) -> dict:
 
     ``warm_step_median`` is the median of the steps after the first (with ``warm_step_n``, min/max, p20/p80,
     mean); ``first_step`` is the first step alone (one-time costs). A one-step render has no warm step: its
-    warm figures are None and it is not a speed figure."""
+    warm figures are None and it is not a speed figure. ``denoise_s`` is every step summed and ``step_mean`` it
+    over the step count: where a step cache skips work on some steps (``--cache``), the median is a computed or a
+    reused step's time, and the denoising time is the speed-up's figure."""
     times = [float(t) for t in step_times]
     st = spread(times[1:])
     ok, why = speed_verdict(device, st["n"], emulated)
     out = {"first_step": times[0] if times else None, "warm_step_n": st["n"]}
     out.update({f"warm_step_{k}": st[k] for k in ("median", "mean", "min", "max", "p20", "p80")})
+    out.update(denoise_s=sum(times) if times else None, step_mean=sum(times) / len(times) if times else None)
     out.update(speed_figure=ok, why_not_speed=why)
     return out
 
@@ -459,12 +462,16 @@ def run_step_stats(repetitions, device=None, emulated: bool = False) -> dict:
     meds = [m for m in meds if m is not None]
     out.update(repetitions=len(reps), rep_warm_medians=meds, rep_warm_min=min(meds) if meds else None,
                rep_warm_max=max(meds) if meds else None)
+    totals = [sum(r) for r in reps]  # the synthetic sequence's sum is no repetition's: the median repetition's
+    out.update(denoise_s=statistics.median(totals) if totals else None,
+               step_mean=statistics.median(totals) / len(reps[0]) if totals else None)
     return out
 
 
-def describe_steps(stats: dict) -> str:
+def describe_steps(stats: dict, cached: bool = False) -> str:
     """One line for a person: ``warm step 941.2 ms (median of n=3 steps after the first; p20–p80 …, min–max …),
-    first step 1363.4 ms`` -- the definition is in the line, so it can't be mistaken for another median."""
+    first step 1363.4 ms`` -- the definition is in the line, so it can't be mistaken for another median. ``cached``
+    (a step cache ran): the denoising total and the mean step follow, the figures a cache's speed-up is read from."""
     first = stats.get("first_step")
     first_s = f"first step {first * 1e3:.1f} ms" if first is not None else "no step timed"
     if not stats.get("warm_step_n"):
@@ -474,8 +481,11 @@ def describe_steps(stats: dict) -> str:
     if stats.get("repetitions", 1) > 1 and stats.get("rep_warm_min") is not None:
         reps = (f"; {stats['repetitions']} repetitions, their warm medians {stats['rep_warm_min'] * 1e3:.1f}–"
                 f"{stats['rep_warm_max'] * 1e3:.1f} ms")
-    return (f"warm step {ms['median']:.1f} ms (median of n={stats['warm_step_n']} steps after the first; p20–p80 "
+    line = (f"warm step {ms['median']:.1f} ms (median of n={stats['warm_step_n']} steps after the first; p20–p80 "
             f"{ms['p20']:.1f}–{ms['p80']:.1f}, min–max {ms['min']:.1f}–{ms['max']:.1f}{reps}), {first_s}")
+    if cached and stats.get("denoise_s") is not None:  # steps of two kinds: the median is one kind's
+        line += f"; denoising {stats['denoise_s']:.2f} s (mean step {stats['step_mean'] * 1e3:.1f} ms)"
+    return line
 
 
 def reset_peak_memory(device) -> None:

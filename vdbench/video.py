@@ -480,7 +480,8 @@ def identity_from_filename(path):
     for name in families.names():
         parsed = families.get(name).parse_name(stem)
         if parsed is not None:
-            return Identity(attention=parsed[0], layout=parsed[1], source="file name")
+            cache = families.split_cache(families.split_layout(stem)[0])[1] or None
+            return Identity(attention=parsed[0], layout=parsed[1], cache=cache, source="file name")
     return Identity(attention=stem, source="file name")
 
 

@@ -26,7 +26,7 @@ from ..measure import record
 
 __all__ = ["CliDefaults", "Family", "XfuserWiring", "attention_grids", "attention_presets", "discover", "for_pipeline",
            "for_transformer", "for_vae", "get", "layout_tag", "model_tag", "names", "register",
-           "split_layout", "unregister", "vae_config", "vae_names"]
+           "split_layout", "split_cache", "unregister", "vae_config", "vae_names"]
 
 
 def model_tag(model: str) -> str:
@@ -51,6 +51,18 @@ def split_layout(stem: str) -> tuple[str, str]:
     ends in none."""
     m = _LAYOUT_RE.match(stem)
     return (m["rest"], m["tag"]) if m and m["tag"] else (stem, "")
+
+
+#: A step cache's tag (:func:`vdbench.measure.record.cache_tag`) at the end of a stem (its layout tag split off).
+_CACHE_RE = re.compile(r"^(?P<rest>.+)_(?P<tag>cache-[a-z]+(?:-.*)?)$")
+
+
+def split_cache(stem: str) -> tuple[str, str]:
+    """``(stem without its cache tag, the cache's spec)``: ``"x_64x96_cache-fbc-threshold=0.1"`` -> ``("x_64x96",
+    "fbc:threshold=0.1")``; ``(stem, "")`` when it has none. The layout tag, which follows it, is split off first
+    (:func:`split_layout`)."""
+    m = _CACHE_RE.match(stem)
+    return (m["rest"], record.spec_from_tag(m["tag"])) if m else (stem, "")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,6 +169,12 @@ class Family:
         ``size_grid(height, width, num_frames)`` -> the self-attention token grid of a render of that size (the
         same ``FxHxW[+T]``), for benching captured inputs with the sparse patterns;
         ``vae_configs`` (:func:`vdbench.pipelines.build_vae` name -> (tiny config, real config) of the VAE class).
+    Step caches (:mod:`vdbench.cache`)
+        ``guidance_in_one_batch`` (the pipeline runs classifier-free guidance's two passes as one batch, which
+        FasterCache's unconditional skip splits; Wan calls the denoiser twice); ``latent_format`` (the layout of
+        the denoiser's video latents, FasterCache's ``tensor_format``); ``step_context_pipelines`` (the pipeline
+        classes that pass the step index, sigma and step count to the denoiser's ``cache_context``: SeaCache reads
+        them, and caches nothing without them).
     Listing
         ``order``: where the family is listed (names, variants, error messages); lower first.
     """
@@ -194,6 +212,9 @@ class Family:
     vae_configs: Mapping[str, tuple[dict, dict]] = dataclasses.field(default_factory=dict)
     grid_hooks: Optional[Callable[..., Any]] = None
     pipeline_requirements: Mapping[str, tuple[tuple[str, str], ...]] = dataclasses.field(default_factory=dict)
+    guidance_in_one_batch: bool = False
+    latent_format: str = "BCFHW"
+    step_context_pipelines: tuple[str, ...] = ()
     order: int = 100
 
     def pipeline_class(self, task: str, image: bool = False) -> str:
@@ -213,17 +234,17 @@ class Family:
         record's (:func:`vdbench.measure.record.identity`)."""
         rest, tag = split_layout(stem)
         if tag:
-            inner = self.parse_label(rest)
+            inner = self.parse_label(split_cache(rest)[0])
             if inner is not None:
                 return inner, tag
-        inner = self.parse_label(stem)
+        inner = self.parse_label(split_cache(stem)[0])
         return None if inner is None else (inner, "")
 
     def label(self, stem: str) -> Optional[str]:
         """The label of a video this family wrote (:func:`vdbench.measure.record.run_label` of its
         :meth:`parse_name`: ``sdpa``, ``sdpa (u2)``); None for a name that isn't this family's."""
         parsed = self.parse_name(stem)
-        return None if parsed is None else record.run_label(*parsed)
+        return None if parsed is None else record.run_label(*parsed, cache=split_cache(split_layout(stem)[0])[1])
 
     def check_task(self, task: Optional[str]) -> str:
         """``task`` (None: t2v) if this family has it; ValueError naming the valid ones otherwise."""

@@ -287,6 +287,8 @@ FAMILY = Family(
     prepare_latents=prepare_latents,
     trim_latents=trim_latents,
     pipeline_decode=True,
+    guidance_in_one_batch=True,  # latent_model_input = torch.cat([latents] * 2)
+    latent_format="BFCHW",  # the pipeline's (B, T, C, H, W) latents
     parallel_refusal=parallel_refusal,
     xfuser={"CogVideoXPipeline": XfuserWiring(
         pipeline_wrapper="xfuser.model_executor.pipelines:xFuserCogVideoXPipeline")},

@@ -444,6 +444,8 @@ FAMILY = Family(
     # TI2V-5B is text(+image)-to-video: with an image, diffusers' WanImageToVideoPipeline runs the same checkpoint
     # (its expand_timesteps config conditions on the first frame's latents; no image encoder, no second expert)
     image_pipeline_classes={"ti2v": "WanImageToVideoPipeline"},
+    # diffusers 0.42: WanPipeline passes step_index, sigma and the step count to cache_context; its I2V pipeline none
+    step_context_pipelines=("WanPipeline",),
     # diffusers 0.42's Wan I2V pipeline calls ftfy.fix_text on every prompt without checking it is installed (its T2V
     # pipeline checks): without ftfy it fails with a NameError after the model has loaded
     pipeline_requirements={"WanImageToVideoPipeline": (("ftfy", "diffusers' WanImageToVideoPipeline cleans every "

@@ -37,7 +37,7 @@ from ..timing import spread
 
 __all__ = ["SCHEMA", "VERSION", "Record", "figure", "commit", "command_line", "Writer", "read", "read_many",
            "RecordError", "from_render_entry", "records_of", "write_beside", "Identity", "identity", "layout_tag",
-           "run_label"]
+           "run_label", "cache_tag", "spec_from_tag"]
 
 SCHEMA = "vdbench.record"
 #: Bump when a reader of the previous version would misread a record; readers refuse versions above theirs.
@@ -202,13 +202,32 @@ def layout_tag(ulysses: int = 1, ring: int = 1, cfg: bool = False) -> str:
     return (f"u{ulysses}" if ulysses > 1 else "") + (f"r{ring}" if ring > 1 else "") + ("cfg2" if cfg else "")
 
 
+def cache_tag(spec: str) -> str:
+    """The output-name tag of a step cache's canonical spec (``vdbench.cache``): ``fbc`` -> ``cache-fbc``,
+    ``fbc:threshold=0.1,x=2`` -> ``cache-fbc-threshold=0.1-x=2``; ``""`` for none. Output names carry it before the
+    layout tag (``..._64x96_cache-fbc_u2.mp4``) so a cached render never overwrites the uncached one."""
+    return "cache-" + spec.replace(":", "-", 1).replace(",", "-") if spec else ""
+
+
+def spec_from_tag(tag: str) -> str:
+    """The canonical cache spec back from :func:`cache_tag` (a video without a record): a ``-`` before
+    ``key=`` separated two parameters."""
+    import re
+
+    body = tag[len("cache-"):] if tag.startswith("cache-") else tag
+    kind, _, rest = body.partition("-")
+    return kind + (":" + re.sub(r"-(?=[a-z_]+=)", ",", rest) if rest else "")
+
+
 def run_label(attention: str, layout: str = "", vae_decode: Optional[str] = None,
-              vae_encode: Optional[str] = None) -> str:
+              vae_encode: Optional[str] = None, cache: Optional[str] = None) -> str:
     """A run's label: its attention spec, then, in one pair of parentheses, what else sets it apart -- the parallel
-    layout tag and any VAE mode other than ``default`` -- separated by ``; ``: ``sdpa``, ``sdpa (u2)``,
-    ``fav3@steps:0-9,sta (u2; VAE decode fast)``. Display text, built from a record and never parsed back: the
-    attention spec keeps its own grammar (docs/ARCHITECTURE.md, "Run identity") and nothing is appended to it."""
+    layout tag, the step cache (``cache fbc:threshold=0.1``) and any VAE mode other than ``default`` -- separated
+    by ``; ``: ``sdpa``, ``sdpa (u2)``, ``fav3@steps:0-9,sta (u2; cache fbc; VAE decode fast)``. Display text, built
+    from a record and never parsed back: the attention spec keeps its own grammar (docs/ARCHITECTURE.md, "Run
+    identity") and nothing is appended to it."""
     quals = [layout] if layout else []
+    quals += [f"cache {cache}"] if cache else []
     quals += [f"VAE decode {vae_decode}"] if vae_decode not in (None, "default") else []
     quals += [f"VAE encode {vae_encode}"] if vae_encode not in (None, "default") else []
     return attention + (f" ({'; '.join(quals)})" if quals else "")
@@ -218,7 +237,7 @@ def run_label(attention: str, layout: str = "", vae_decode: Optional[str] = None
 class Identity:
     """Which run a render is: ``attention`` (a backend name with its options, or a schedule's one spelling: the
     recorded ``config["backend"]["name"]``), ``layout`` (the parallel layout tag, ``""`` for one process), the VAE
-    decode and encode modes, whether the backend is an emulation / exact where the record says (None: not
+    decode and encode modes, the step cache's canonical spec (``cache``, None: none), whether the backend is an emulation / exact where the record says (None: not
     recorded), the ``run_id``, and ``source``: ``"record"``, or ``"file name"`` for a video no record names (the
     documented fallback: the family's output-name parser)."""
 
@@ -226,6 +245,7 @@ class Identity:
     layout: str = ""
     vae_decode: Optional[str] = None
     vae_encode: Optional[str] = None
+    cache: Optional[str] = None
     emulated: Optional[bool] = None
     exact: Optional[bool] = None
     run_id: Optional[str] = None
@@ -233,7 +253,7 @@ class Identity:
 
     @property
     def label(self) -> str:
-        return run_label(self.attention, self.layout, self.vae_decode, self.vae_encode)
+        return run_label(self.attention, self.layout, self.vae_decode, self.vae_encode, self.cache)
 
     @property
     def from_record(self) -> bool:
@@ -259,7 +279,8 @@ def identity(rec: Record) -> Identity:
     # the settings' encode mode (given to a text-to-video render too) is taken only where the entry has no key
     decode = (data.get("vae_decode") or {}).get("mode") or settings.get("vae_decode")
     encode = (data["vae_encode"] or {}).get("mode") if "vae_encode" in data else settings.get("vae_encode")
-    return Identity(attention=str(attention), layout=layout, vae_decode=decode, vae_encode=encode,
+    cache = (data.get("cache") or {}).get("spec") or settings.get("cache") or None
+    return Identity(attention=str(attention), layout=layout, vae_decode=decode, vae_encode=encode, cache=cache,
                     emulated=backend.get("emulated"), exact=backend.get("exact"),
                     run_id=data.get("run_id") or rec.created)
 
@@ -275,17 +296,20 @@ def from_render_entry(e: dict) -> Record:
     run = e.get("run") or {}
     steps = e.get("step_times") or []
     figs: dict[str, Any] = {"step_ms": figure([s * 1e3 for s in steps[1:]], first=steps[0] * 1e3 if steps else None)}
-    for k in ("end_to_end_s", "steady_s", "vae_decode_time", "vae_encode_time", "text_encode_time",
-              "peak_memory_bytes"):
+    for k in ("denoise_s", "step_mean", "end_to_end_s", "steady_s", "vae_decode_time", "vae_encode_time",
+              "text_encode_time", "peak_memory_bytes"):
         if e.get(k) is not None:
             figs[k] = e[k]
     if isinstance(e.get("one_time"), dict):
         figs["one_time_s"] = e["one_time"].get("total_s")
+    if isinstance(e.get("cache"), dict):  # what the cache skipped: a cached step's median isn't its mean
+        figs["cache_skipped_share"] = e["cache"].get("skipped_share")
     system = run.get("system") or {}
     backend = run.get("backend") or {"name": e.get("attention_type")}
     return Record(
         suite="render", case=str(backend.get("name", e.get("attention_type"))),
-        config={"backend": backend, "settings": run.get("settings") or {}, "resolved": run.get("resolved") or {}},
+        config={"backend": backend, "cache": (e.get("cache") or {}).get("spec"),
+                "settings": run.get("settings") or {}, "resolved": run.get("resolved") or {}},
         figures=figs, verdict={"speed_figure": e.get("speed_figure"), "why_not": e.get("why_not_speed")},
         timer=("CUDA events per step" if str(system.get("device", "")).startswith("cuda") else "host clock per step"),
         system=system, commit=run.get("commit"), command=run.get("command"), created=e.get("run_id"), data=e)

@@ -1,0 +1,164 @@
+"""vdbench.cache: diffusers' step caches as a render option -- the kinds and their parameters from diffusers' config
+dataclasses, every refusal before a weight loads, the count of computed and reused units per step in timing.json,
+the cache in the output name, the record and the label."""
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+import run_wan
+from vdbench import cache as C
+from vdbench import families
+from vdbench import render as R
+from vdbench.measure import record as M
+from vdbench.video import identity_from_filename
+
+from .test_render import _cfg, no_load  # noqa: F401 - the fixture: any weight load fails the test
+
+
+def test_the_kinds_take_their_parameters_and_defaults_from_diffusers_configs():
+    import diffusers.hooks as H
+
+    assert set(C.KINDS) == {"fbc", "mag", "taylor", "pab", "faster", "sea"}
+    spec = C.parse_cache("fbc")
+    assert spec.name == "fbc" and spec.params == {"threshold": H.FirstBlockCacheConfig().threshold}
+    spec = C.parse_cache("FBC:threshold=0.1")
+    assert spec.name == "fbc:threshold=0.1" and spec.params == {"threshold": 0.1}
+    # what the render fills in (the step count, the timestep callback) is no parameter
+    assert "num_inference_steps" not in C.KINDS["mag"].parameters()
+    assert "current_timestep_callback" not in C.KINDS["pab"].parameters()
+    # a sequence joins its items with '+'; the canonical spelling keeps the dataclass's order
+    spec = C.parse_cache("pab:spatial_attention_timestep_skip_range=-1+900,spatial_attention_block_skip_range=3")
+    assert spec.name == "pab:spatial_attention_block_skip_range=3,spatial_attention_timestep_skip_range=-1+900"
+    assert spec.params["spatial_attention_timestep_skip_range"] == (-1, 900)
+    assert C.parse_cache(None) is None and C.parse_cache("none") is None
+
+
+@pytest.mark.parametrize("text,message", [
+    ("bogus", "unknown --cache kind 'bogus'\nvalid: none, fbc, mag, taylor, pab, faster, sea"),
+    ("fbc:foo=1", "--cache fbc: unknown parameter 'foo'\nvalid: threshold=0.05"),
+    ("fbc:threshold=abc", "--cache fbc: threshold='abc': expected float"),
+    ("mag:mag_ratios=1+x", "mag_ratios='1+x': expected floats joined by '+' or none"),
+    ("pab:spatial_attention_timestep_skip_range=1", "needs 2 items joined by '+'"),
+    ("taylor:use_lite_mode=maybe", "expected boolean (not true or false)"),
+])
+def test_an_invalid_spec_is_one_line_naming_the_valid_choices(text, message):
+    with pytest.raises(ValueError) as e:
+        C.parse_cache(text)
+    assert message in str(e.value) and len(str(e.value).splitlines()) <= 2
+
+
+def test_refusals_come_before_the_load(tmp_path, no_load, monkeypatch):  # noqa: F811
+    with pytest.raises(ValueError, match="unknown --cache kind 'x'"):
+        R.validate(_cfg(tmp_path, cache="x"))
+    with pytest.raises(ValueError, match="the wan pipeline runs the conditional and unconditional passes as two "
+                                         "calls\nuse faster:is_guidance_distilled=true"):
+        R.validate(_cfg(tmp_path, cache="faster"))
+    with pytest.raises(ValueError, match="ends at 1000: FasterCache would skip the first step"):
+        R.validate(_cfg(tmp_path, cache="faster:spatial_attention_timestep_skip_range=-1+1000"))
+    with pytest.raises(ValueError, match="MagCache needs the model's magnitude ratios"):
+        R.validate(_cfg(tmp_path, cache="mag:threshold=0.06"))
+    with pytest.raises(ValueError, match="with --use_torch_compile: "):
+        R.validate(_cfg(tmp_path, cache="fbc", compile=True))
+    with pytest.raises(ValueError, match="SeaCache needs the step index, sigma and step count .*; "
+                                         "CogVideoXPipeline passes none"):
+        R.validate(_cfg(tmp_path, family="cogvideox", cache="sea", height=128, width=192,
+                        output_path=tmp_path / "cogvideox-tiny_sdpa.mp4"))
+    with pytest.raises(ValueError, match="under torchrun: each rank would decide on its own shard"):
+        C.check_cache(C.parse_cache("pab"), families.get("wan"), parallel=True)
+    # a cache diffusers would apply to no module of this transformer (checked on the meta-built denoiser)
+    nothing = C.CacheKind("nothing", "PyramidAttentionBroadcastConfig", "test", needs="-",
+                          defaults={"spatial_attention_block_skip_range": 2,
+                                    "spatial_attention_block_identifiers": ("no_such_module",)})
+    monkeypatch.setitem(C.KINDS, "nothing", nothing)  # without the timestep the pipeline provides: diffusers refuses
+    with pytest.raises(ValueError, match="diffusers can't apply it to transformer \\(WanTransformer3DModel\\): "
+                                         "The `current_timestep_callback` function must be provided"):
+        R.validate(_cfg(tmp_path, cache="nothing"))
+    monkeypatch.setitem(C.KINDS, "nothing", dataclasses.replace(nothing, provided=C.KINDS["pab"].provided))
+    with pytest.raises(ValueError, match="hooks no module of transformer \\(WanTransformer3DModel\\)"):
+        R.validate(_cfg(tmp_path, cache="nothing"))
+    # what applies: canonical in the plan; FasterCache on CogVideoX (guidance as one batch)
+    plan = R.validate(_cfg(tmp_path, cache="FBC:threshold=0.2"))
+    assert plan.cfg.cache == "fbc:threshold=0.2" and plan.cache.kind is C.KINDS["fbc"]
+    cog = R.validate(_cfg(tmp_path, family="cogvideox", cache="faster", height=128, width=192,
+                          output_path=tmp_path / "cogvideox-tiny_sdpa.mp4"))
+    assert cog.cache.name == "faster"
+
+
+def test_the_cli_refuses_an_invalid_spec_with_one_line_and_a_hint(tmp_path, capsys, no_load):  # noqa: F811
+    assert run_wan.main(["--model", "tiny", "--cache", "fbc:treshold=0.1", "--output_dir", str(tmp_path)]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines == ["error: --cache fbc: unknown parameter 'treshold'", "hint: valid: threshold=0.05"]
+
+
+def test_the_cache_is_in_the_output_name_and_the_label(tmp_path, capsys):
+    assert run_wan.main(["--model", "tiny", "--attention_type", "sdpa", "--cache", "fbc:threshold=0.1",
+                         "--output_dir", str(tmp_path), "--print_output_path"]) == 0
+    path = Path(capsys.readouterr().out.strip())
+    assert path.name == "wan_result_t2v_tiny_17f_4s_attn_sdpa_128x192_cache-fbc-threshold=0.1.mp4"
+    ident = identity_from_filename(path)
+    assert (ident.attention, ident.cache, ident.label) == ("sdpa", "fbc:threshold=0.1", "sdpa (cache fbc:threshold=0.1)")
+    # before the layout tag, which ends every name; several parameters; the other family
+    wan, cog = families.get("wan"), families.get("cogvideox")
+    stem = "wan_result_t2v_tiny_9f_2s_attn_sdpa_64x96_cache-mag-threshold=0.1-mag_ratios=1.0+0.9_u2"
+    assert wan.parse_name(stem) == ("sdpa", "u2")
+    assert wan.label(stem) == "sdpa (u2; cache mag:threshold=0.1,mag_ratios=1.0+0.9)"
+    assert cog.label("cogvideox-tiny_fav3_fp8_cache-pab") == "fav3_fp8 (cache pab)"
+    assert M.cache_tag("mag:threshold=0.1,mag_ratios=1.0+0.9") == "cache-mag-threshold=0.1-mag_ratios=1.0+0.9"
+
+
+# permissive settings (each reuses something on the tiny model's 4 steps), and one strict
+APPLIES = ["fbc:threshold=0.5", "mag:threshold=0.5,mag_ratios=1.0", "taylor:disable_cache_before_step=1",
+           "pab:spatial_attention_timestep_skip_range=-1+1000",
+           "faster:spatial_attention_timestep_skip_range=-1+990,is_guidance_distilled=true", "sea:threshold=10"]
+
+
+@pytest.mark.parametrize("spec", APPLIES + ["fbc:threshold=0"])
+def test_a_tiny_render_with_each_cache_counts_what_it_computed_and_reused(tmp_path, spec):
+    steps = 4
+    cfg = _cfg(tmp_path, cache=spec, num_inference_steps=steps)
+    R.render(cfg, log=lambda *a, **k: None)
+    (entry,) = json.loads(cfg.timing_path.read_text())
+    c = entry["cache"]
+    name = C.parse_cache(spec).name
+    assert c["kind"] == spec.split(":")[0] and c["spec"] == name and c["units"] > 0
+    assert entry["run"]["settings"]["cache"] == name and entry["run"]["resolved"]["speed_options"]["cache"]["spec"] == name
+    computed, reused = c["computed_blocks_per_step"], c["reused_blocks_per_step"]
+    assert len(computed) == len(reused) == len(c["forwards_per_step"]) == steps
+    # every call of every unit is either computed or reused (guidance: two denoiser calls per step)
+    assert all(a + b == c["units"] * f for a, b, f in zip(computed, reused, c["forwards_per_step"]))
+    assert c["forwards_per_step"] == [2] * steps
+    assert c["skipped_share"] == pytest.approx(sum(reused) / (sum(computed) + sum(reused)))
+    if spec == "fbc:threshold=0":
+        assert sum(reused) == 0 and computed[0] == c["units"] * 2
+    else:
+        assert sum(reused) > 0, c
+    # step times told honestly: the warm median beside the denoising total and the mean step
+    assert entry["denoise_s"] == pytest.approx(sum(entry["step_times"]))
+    assert entry["step_mean"] == pytest.approx(entry["denoise_s"] / steps)
+    # the record carries the cache as part of the run's stack, and the label shows it
+    (rec,) = M.read(cfg.timing_path.with_name("records.jsonl"))
+    assert rec.config["cache"] == name and rec.figures["cache_skipped_share"] == c["skipped_share"]
+    assert M.identity(rec).label == f"sdpa (cache {name})"
+
+
+def test_a_render_without_a_cache_records_none_and_the_label_is_unchanged():
+    e = {"attention_type": "sdpa", "step_times": [1.0, 0.5], "cache": None, "run": {"settings": {"cache": None}}}
+    rec = M.from_render_entry(e)
+    assert rec.config["cache"] is None and M.identity(rec).label == "sdpa"
+    assert dataclasses.replace(M.identity(rec), cache="fbc").label == "sdpa (cache fbc)"
+
+
+def test_both_experts_of_wan_2_2_get_the_cache(tmp_path):
+    """Wan 2.2 A14B denoises with two transformers (high-noise, then low-noise): the cache is on each, and each
+    step's calls go through the blocks of the one that ran."""
+    cfg = _cfg(tmp_path, model="tiny:wan2.2-t2v-a14b", cache="fbc:threshold=0.5", num_inference_steps=4)
+    R.render(cfg, log=lambda *a, **k: None)
+    (entry,) = json.loads(cfg.timing_path.read_text())
+    c = entry["cache"]
+    assert c["units_per_denoiser"] == {"transformer": 2, "transformer_2": 2} and c["units"] == 4
+    assert all(a + b == 2 * f for a, b, f in zip(c["computed_blocks_per_step"], c["reused_blocks_per_step"],
+                                                 c["forwards_per_step"]))
+    assert sum(c["reused_blocks_per_step"]) > 0

@@ -1,0 +1,433 @@
+"""diffusers' step caches as a render option (``--cache KIND[:key=value,...]``): the kinds, their parsing, the
+checks before the load, their application to the loaded denoisers and the count of what each step computed.
+
+Why diffusers' hooks and not a cache of our own: the caches are the library's (``transformer.enable_cache``), so a
+render measures what a diffusers user gets; vdbench only chooses the config, fills in what the pipeline provides
+(the current timestep, the step count), refuses what can't apply before any weight loads, and counts.
+
+A kind is one :class:`CacheKind`: its short name, diffusers' config class, the parameters a user may set (taken
+from the config dataclass: its fields of a type the command line can spell, with the dataclass's defaults), the
+defaults vdbench sets where diffusers' own match nothing in these families, what the render fills in, and a
+check against the family. A spec's canonical spelling (:attr:`CacheSpec.name`) names only the parameters given,
+in the dataclass's order: ``fbc``, ``fbc:threshold=0.1``; sequences join their items with ``+``
+(``pab:spatial_attention_timestep_skip_range=-1+900``).
+
+Counting (:class:`CacheCounter`): the modules a cache hooks (whole blocks for ``fbc``/``mag``/``sea``, attention
+modules for ``pab``/``faster``/``taylor``) are its units. Each unit's own ``forward`` is wrapped with a counter
+before ``enable_cache``, so diffusers' hook, which calls it only when it computes, leaves it uncalled when the
+output comes from the cache; a pre-hook counts every call of the unit. Per denoising step: computed = inner
+calls, reused = outer - inner.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from typing import Any, Callable, Optional
+
+import torch
+
+__all__ = ["CacheKind", "CacheSpec", "CacheCounter", "KINDS", "parse_cache", "check_cache", "apply_cache",
+           "CACHE_HELP"]
+
+#: the separator of a sequence's items in a value (``,`` separates the parameters, ``:`` the kind)
+ITEM_SEP = "+"
+
+# diffusers' TaylorSeer default patterns (``^blocks.*attn``) are matched with ``re.fullmatch``, so they match no
+# Wan or CogVideoX module (their attention modules are ``attn1``/``attn2``); the same patterns with the index
+_TAYLOR_ATTENTION = ["^blocks.*attn\\d*", "^transformer_blocks.*attn\\d*"]
+
+
+@dataclasses.dataclass(frozen=True)
+class CacheKind:
+    """One step cache: ``name`` (the ``--cache`` kind), ``config`` (the diffusers.hooks config class name),
+    ``description`` (one line), ``needs`` (what the pipeline must provide), ``defaults`` (vdbench's values where
+    diffusers' match nothing here; recorded with the params), ``provided(pipe, steps, family) -> dict`` (what the
+    render fills in), ``hidden`` (fields a user does not set: filled in, or not spellable), ``refusal(family,
+    params, pipeline_class) -> reason | None`` (before the load)."""
+
+    name: str
+    config: str
+    description: str
+    needs: str
+    defaults: dict = dataclasses.field(default_factory=dict)
+    provided: Callable[..., dict] = lambda pipe, steps, family: {}
+    hidden: tuple[str, ...] = ()
+    refusal: Callable[..., Optional[str]] = lambda family, params, pipeline_class: None
+
+    def config_class(self):
+        import diffusers.hooks
+
+        return getattr(diffusers.hooks, self.config)
+
+    def parameters(self) -> dict[str, tuple[Callable[[str], Any], Any]]:
+        """Settable parameter -> (parser of its command-line text, default): the config dataclass's fields whose
+        type the command line can spell, minus the hidden ones; the default vdbench's where it sets one."""
+        cls = self.config_class()
+        hints = typing.get_type_hints(cls)
+        out = {}
+        for f in dataclasses.fields(cls):
+            if f.name.startswith("_") or f.name in self.hidden:
+                continue
+            parse = _parser(hints.get(f.name, f.type))
+            if parse is None:
+                continue
+            default = f.default if f.default is not dataclasses.MISSING else None
+            out[f.name] = (parse, self.defaults.get(f.name, default))
+        return out
+
+
+def _timestep(pipe, steps, family) -> dict:
+    return {"current_timestep_callback": lambda: pipe.current_timestep}
+
+
+def _faster_refusal(family, params, pipeline_class) -> Optional[str]:
+    for key in ("spatial_attention_timestep_skip_range", "temporal_attention_timestep_skip_range"):
+        # a range holding the first step's timestep (1000 flow-matching, 999 DDPM-style) skips the first call,
+        # before anything is cached: diffusers fails there (indexes an empty cache)
+        if params.get(key) is not None and params[key][1] >= 999:
+            return (f"{key} ends at {params[key][1]}: FasterCache would skip the first step, before anything is "
+                    f"cached (diffusers fails there)\nend it below the first step's timestep, e.g. {key}=-1+900")
+    if family is not None and not family.guidance_in_one_batch and not params.get("is_guidance_distilled"):
+        return (f"diffusers' FasterCache skips the unconditional half of one guidance batch; the {family.name} "
+                "pipeline runs the conditional and unconditional passes as two calls\nuse "
+                "faster:is_guidance_distilled=true (the attention cache alone), or another kind")
+    return None
+
+
+def _sea_refusal(family, params, pipeline_class) -> Optional[str]:
+    # without the step index, sigma and step count SeaCache runs "fail-open": every block computed, nothing cached
+    if family is not None and pipeline_class and pipeline_class not in family.step_context_pipelines:
+        return (f"diffusers' SeaCache needs the step index, sigma and step count from the pipeline's cache_context; "
+                f"{pipeline_class} passes none (SeaCache would cache nothing)\nuse another kind (fbc, mag)")
+    return None
+
+
+def _mag_refusal(family, params, pipeline_class) -> Optional[str]:
+    if params.get("mag_ratios") is None and not params.get("calibrate"):
+        return ("MagCache needs the model's magnitude ratios (model-dependent)\ngive mag:mag_ratios=R0+R1+... "
+                "(interpolated to the step count), or mag:calibrate=true to measure them (nothing reused)")
+    return None
+
+
+KINDS: dict[str, CacheKind] = {k.name: k for k in (
+    CacheKind("fbc", "FirstBlockCacheConfig",
+              "First Block Cache: the first block's residual changed less than threshold -> the other blocks reuse "
+              "their last residual", needs="a transformer with a list of blocks"),
+    CacheKind("mag", "MagCacheConfig",
+              "MagCache: blocks skipped while the accumulated residual-magnitude error stays under threshold",
+              needs="the model's magnitude ratios (mag_ratios) or calibrate=true; the step count (filled in)",
+              provided=lambda pipe, steps, family: {"num_inference_steps": steps}, hidden=("num_inference_steps",),
+              refusal=_mag_refusal),
+    CacheKind("taylor", "TaylorSeerCacheConfig",
+              "TaylorSeer: the attention outputs computed every cache_interval steps, predicted by a Taylor series "
+              "in between", needs="attention modules under the block list (matched by vdbench's patterns)",
+              defaults={"cache_identifiers": _TAYLOR_ATTENTION},
+              hidden=("cache_identifiers", "skip_predict_identifiers", "taylor_factors_dtype")),
+    CacheKind("pab", "PyramidAttentionBroadcastConfig",
+              "Pyramid Attention Broadcast: self-attention outputs reused for block_skip_range-1 of every "
+              "block_skip_range calls inside the timestep range", needs="the pipeline's current timestep "
+              "(filled in)", defaults={"spatial_attention_block_skip_range": 2}, provided=_timestep),
+    CacheKind("faster", "FasterCacheConfig",
+              "FasterCache: attention outputs reused with a frequency-weighted correction, the unconditional "
+              "batch's skipped", needs="the pipeline's current timestep (filled in); guidance as one batch (or "
+              "is_guidance_distilled=true); the latent layout (filled in)",
+              # attention_weight_callback: diffusers' own default (0.5 at every timestep), given so that its
+              # warning isn't printed by every render
+              provided=lambda pipe, steps, family: {**_timestep(pipe, steps, family),
+                                                    "tensor_format": family.latent_format,
+                                                    "attention_weight_callback": lambda _: 0.5},
+              hidden=("tensor_format",), refusal=_faster_refusal),
+    CacheKind("sea", "SeaCacheConfig",
+              "SeaCache: blocks skipped while the spectrum-weighted input change stays under threshold",
+              needs="the step index, sigma and step count passed to cache_context (the family's "
+                    "step_context_pipelines)", refusal=_sea_refusal),
+)}
+
+#: the ``--cache`` help: the kinds with their one line
+CACHE_HELP = ("diffusers' step cache on the denoiser(s): KIND[:key=value,...], KIND one of "
+              + "; ".join(f"{k.name} ({k.description})" for k in KINDS.values())
+              + "; a sequence value joins its items with '+'; counted per step in timing.json (default: none)")
+
+
+def _parser(tp) -> Optional[Callable[[str], Any]]:
+    """The parser of a value's command-line text for a config field's type; None for a type it can't spell
+    (callbacks, module-name patterns, dtypes)."""
+    args = typing.get_args(tp)
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType) and type(None) in args:
+        rest = [a for a in args if a is not type(None) and a is not torch.Tensor]  # mag_ratios: a list or tensor
+        inner = _parser(rest[0]) if len(rest) == 1 else None
+        if inner is None:
+            return None
+        return _named(lambda s: None if s.lower() == "none" else inner(s), f"{_type_name(inner)} or none")
+    if tp is bool:
+        def boolean(s):
+            if s.lower() in ("true", "1", "yes"):
+                return True
+            if s.lower() in ("false", "0", "no"):
+                return False
+            raise ValueError("not true or false")
+        return boolean
+    if tp in (int, float):
+        return tp
+    if tp is str:
+        return str
+    if origin in (tuple, list) and args:
+        item = args[0]
+        if item not in (int, float):
+            return None
+        n = None if (origin is list or Ellipsis in args) else len(args)
+
+        def seq(s, item=item, n=n, origin=origin):
+            vals = [item(x) for x in s.split(ITEM_SEP)]
+            if n is not None and len(vals) != n:
+                raise ValueError(f"needs {n} items joined by '{ITEM_SEP}'")
+            return origin(vals)
+        return _named(seq, f"{item.__name__}s joined by '{ITEM_SEP}'")
+    return None
+
+
+def _named(fn, name: str):
+    fn.__name__ = name  # what an error names as the type expected
+    return fn
+
+
+def _show(v) -> str:
+    if isinstance(v, (list, tuple)):
+        return ITEM_SEP.join(_show(x) for x in v)
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    return "none" if v is None else str(v)
+
+
+def _type_name(parse) -> str:
+    return getattr(parse, "__name__", "value")
+
+
+@dataclasses.dataclass(frozen=True)
+class CacheSpec:
+    """A parsed ``--cache``: the kind, the parameters given (``given``, in the dataclass's order) and every
+    settable parameter's value (``params``: given, else vdbench's default, else diffusers')."""
+
+    kind: CacheKind
+    given: dict
+    params: dict
+
+    @property
+    def name(self) -> str:
+        """The canonical spelling: ``fbc``, ``fbc:threshold=0.1``."""
+        opts = ",".join(f"{k}={_show(v)}" for k, v in self.given.items())
+        return self.kind.name + (f":{opts}" if opts else "")
+
+    def as_dict(self) -> dict:
+        return {"kind": self.kind.name, "spec": self.name, "config": self.kind.config,
+                "params": {k: _show(v) if isinstance(v, (list, tuple)) else v for k, v in self.params.items()}}
+
+    def build(self, pipe=None, steps: int = 1, family=None):
+        """diffusers' config object, with what the render fills in (``pipe``: the loaded pipeline; None for the
+        check before the load, which fills in stand-ins)."""
+        provided = self.kind.provided(pipe, steps, family) if family is not None else {}
+        cls = self.kind.config_class()
+        fields = {f.name for f in dataclasses.fields(cls)}
+        kw = {k: v for k, v in {**self.kind.defaults, **self.params, **provided}.items() if k in fields}
+        return cls(**kw)
+
+
+def parse_cache(text: Optional[str]) -> Optional[CacheSpec]:
+    """``KIND[:key=value,...]`` -> :class:`CacheSpec`; None for none. ValueError (one line, then the valid choices)
+    for an unknown kind, key or a value of the wrong type."""
+    if text is None or text.strip().lower() in ("", "none"):
+        return None
+    kind_name, _, rest = text.strip().partition(":")
+    kind = KINDS.get(kind_name.strip().lower())
+    if kind is None:
+        raise ValueError(f"unknown --cache kind {kind_name!r}\nvalid: none, {', '.join(KINDS)}")
+    params = kind.parameters()
+    given = {}
+    for piece in filter(None, (p.strip() for p in rest.split(","))):
+        key, eq, value = piece.partition("=")
+        key = key.strip()
+        if key not in params:
+            raise ValueError(f"--cache {kind.name}: unknown parameter {key!r}\nvalid: "
+                             + ", ".join(f"{k}={_show(d)}" for k, (_, d) in params.items()))
+        if not eq:
+            raise ValueError(f"--cache {kind.name}: {key} needs a value ({key}=VALUE)")
+        parse = params[key][0]
+        try:
+            given[key] = parse(value.strip())
+        except (ValueError, TypeError) as e:
+            raise ValueError(f"--cache {kind.name}: {key}={value.strip()!r}: expected {_type_name(parse)} ({e})"
+                             f"\ndefault: {key}={_show(params[key][1])}") from None
+    order = list(params)
+    given = {k: given[k] for k in order if k in given}
+    return CacheSpec(kind, given, {k: given.get(k, d) for k, (_, d) in params.items()})
+
+
+def check_cache(spec: Optional[CacheSpec], family, denoisers: Optional[dict] = None, *,
+                compiled: bool = False, parallel: bool = False, steps: int = 1,
+                pipeline_class: Optional[str] = None) -> None:
+    """Refuse (ValueError, one line and a hint) a cache that can't run: the kind's own refusal against the family
+    and its parameters, diffusers' config refusing the values, torch.compile (the hooks' skip decisions are
+    data-dependent Python: a graph break, which the regional compile's fullgraph refuses), torchrun (``parallel``:
+    the ranks' decisions are their shards', and may differ), and, where the
+    denoisers' configs are known without weights (``denoisers``: name -> (class name, config)), a cache diffusers
+    can't apply to them or that would hook no module (built on the meta device)."""
+    if spec is None:
+        return
+    why = spec.kind.refusal(family, spec.params, pipeline_class)
+    if why:
+        raise ValueError(f"--cache {spec.name}: {why}")
+    if parallel:
+        raise ValueError(f"--cache {spec.name} under torchrun: each rank would decide on its own shard whether to "
+                         "compute, and ranks that decide differently wait on each other's collectives\nrender with "
+                         "--cache on one process")
+    if compiled:
+        raise ValueError(f"--cache {spec.name} with --use_torch_compile: the cache's hooks decide per call in "
+                         "Python whether to compute (a graph break the regional compile refuses)\ndrop one of them")
+    try:
+        spec.build(_Stand(), steps, family)
+    except (ValueError, TypeError) as e:
+        lines = str(e).strip().splitlines()
+        raise ValueError(f"--cache {spec.name}: diffusers refuses it: {lines[0]}\n"
+                         + " ".join(ln.strip() for ln in lines[1:])) from None
+    for name, (cls_name, config) in (denoisers or {}).items():
+        import diffusers
+
+        cls = getattr(diffusers, cls_name or "", None)
+        if cls is None:
+            continue
+        with torch.device("meta"):
+            model = cls.from_config(config)
+        _hooked_or_refuse(spec, model, name, family, steps)
+
+
+class _Stand:
+    """A pipeline stand-in for building a config before the load (its callbacks are not called)."""
+
+    current_timestep = None
+
+
+def _hooked(model: torch.nn.Module) -> list[str]:
+    return [n for n, m in model.named_modules() if n and getattr(getattr(m, "_diffusers_hook", None), "hooks", None)]
+
+
+def _hooked_or_refuse(spec, model, name, family, steps, pipe=None) -> list[str]:
+    if not hasattr(model, "enable_cache"):
+        raise ValueError(f"--cache {spec.name}: {name} ({type(model).__name__}) has no diffusers cache support "
+                         "(CacheMixin)\nrender without --cache")
+    try:
+        model.enable_cache(spec.build(pipe if pipe is not None else _Stand(), steps, family))
+    except (ValueError, TypeError, AttributeError) as e:
+        raise ValueError(f"--cache {spec.name}: diffusers can't apply it to {name} ({type(model).__name__}): "
+                         f"{str(e).strip().splitlines()[0]}\nrender without --cache or with another kind") from None
+    hooked = _hooked(model)
+    if not hooked:
+        raise ValueError(f"--cache {spec.name}: diffusers' {spec.kind.config} hooks no module of {name} "
+                         f"({type(model).__name__}): nothing would be cached\nrender without --cache or with "
+                         "another kind")
+    return hooked
+
+
+def apply_cache(spec: CacheSpec, pipe, models, *, steps: int, family) -> "CacheCounter":
+    """``enable_cache`` on every denoiser (Wan 2.2's ``transformer_2`` too), its units' forwards counted; returns
+    the counter (its :meth:`CacheCounter.summary` is timing.json's ``cache``)."""
+    counter = CacheCounter(spec)
+    for name, model in models:
+        counter.wrap_candidates(model)
+        try:
+            hooked = _hooked_or_refuse(spec, model, name, family, steps, pipe)
+        except ValueError:
+            counter.remove()
+            raise
+        counter.keep(model, name, hooked)
+    return counter
+
+
+class CacheCounter:
+    """Per denoising step, how many cache units were computed and how many reused (see the module doc)."""
+
+    def __init__(self, spec: CacheSpec):
+        self.spec = spec
+        self.units: list[str] = []
+        self.models: list[torch.nn.Module] = []
+        self._wrapped: dict[int, tuple[torch.nn.Module, Any]] = {}
+        self._handles: list = []
+        self.inner = self.outer = self.forwards = 0
+        self.computed: list[int] = []
+        self.reused: list[int] = []
+        self.forwards_per_step: list[int] = []
+
+    def wrap_candidates(self, model: torch.nn.Module) -> None:
+        """Wrap the forward of every module a cache may hook (the blocks of a block list and their children), as
+        an instance attribute that diffusers' hook then takes as the original forward."""
+        for n, m in model.named_modules():
+            parts = n.split(".")
+            if len(parts) in (2, 3) and parts[1].isdigit() and isinstance(getattr(model, parts[0], None),
+                                                                           torch.nn.ModuleList):
+                inner = m.forward
+
+                def counted(*a, _f=inner, **k):
+                    self.inner += 1
+                    return _f(*a, **k)
+
+                m.forward = counted
+                self._wrapped[id(m)] = (m, inner)
+        self._handles.append(model.register_forward_pre_hook(self._forward))
+
+    def keep(self, model: torch.nn.Module, name: str, hooked: list[str]) -> None:
+        """Keep the counters of the modules the cache hooked, unwrap the rest."""
+        mods = dict(model.named_modules())
+        keep = {id(mods[h]) for h in hooked if h in mods}
+        for key, (m, _) in list(self._wrapped.items()):
+            if key in keep:
+                self._handles.append(m.register_forward_pre_hook(self._outer))
+            elif any(m is x for x in mods.values()):
+                del m.forward
+                del self._wrapped[key]
+        self.units += [f"{name}.{h}" for h in hooked if h in mods and id(mods[h]) in keep]
+        self.models.append(model)
+
+    def _outer(self, module, args):
+        self.outer += 1
+
+    def _forward(self, module, args):
+        self.forwards += 1
+
+    def reset(self) -> None:
+        """A new pipeline call: the counts zeroed and the hooks' state too -- diffusers' pipelines don't reset it
+        on a call, so a repetition would start from the last one's residuals and step index."""
+        from diffusers.hooks import HookRegistry
+
+        for m in self.models:
+            HookRegistry.check_if_exists_or_initialize(m).reset_stateful_hooks(recurse=True)
+        self.inner = self.outer = self.forwards = 0
+        self.computed, self.reused, self.forwards_per_step = [], [], []
+
+    def end_step(self) -> None:
+        """A denoising step ended: its counts appended, the counters zeroed."""
+        self.computed.append(self.inner)
+        self.reused.append(self.outer - self.inner)
+        self.forwards_per_step.append(self.forwards)
+        self.inner = self.outer = self.forwards = 0
+
+    def summary(self) -> dict:
+        total = sum(self.computed) + sum(self.reused)
+        per = {}
+        for u in self.units:
+            per[u.split(".")[0]] = per.get(u.split(".")[0], 0) + 1
+        return {**self.spec.as_dict(), "units": len(self.units), "units_per_denoiser": per,
+                "unit": "block" if all(u.split(".")[-1].isdigit() for u in self.units) else "attention module",
+                "computed_blocks_per_step": list(self.computed), "reused_blocks_per_step": list(self.reused),
+                "forwards_per_step": list(self.forwards_per_step),
+                "skipped_share": (sum(self.reused) / total) if total else None}
+
+    def remove(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+        for m, _ in self._wrapped.values():
+            if "forward" in m.__dict__:
+                del m.forward
+        self._wrapped = {}
