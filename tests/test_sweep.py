@@ -15,6 +15,8 @@ def test_stacks_parse_and_bad_ones_say_what_is_valid():
     c = S.parse_stack("fav3+compile+fp8gemm+vae=fast")
     assert (c.attention, c.flags) == ("fav3", ["--use_torch_compile", "--use_fp8_gemms", "--vae_decode", "fast"])
     assert c.slug == "fav3_compile_fp8gemm_vae=fast"
+    cached = S.parse_stack("fav3+cache=fbc:threshold=0.05")
+    assert cached.flags == ["--cache", "fbc:threshold=0.05"] and cached.attention == "fav3"
     with pytest.raises(ValueError, match="unknown option 'turbo'.*compile"):
         S.parse_stack("fav3+turbo")
     with pytest.raises(ValueError, match="no attention type"):
@@ -115,3 +117,16 @@ def test_a_tiny_sweep_on_a_cpu_ranks_within_its_budget_and_resumes(tmp_path, cap
     assert {r["stack"]: r["psnr_db"] for r in json.loads((moved / "sweep.json").read_text())["rows"]} == {
         k: r["psnr_db"] for k, r in rows.items()}
     assert S.main(["--model", "tiny", "--stacks", "sdpa+turbo", "--out", str(moved)]) == 2
+
+
+def test_a_cached_stack_is_ranked_by_its_mean_warm_step():
+    """A step cache makes steps of two kinds (computed, reused): the median would rank the reused steps' time alone."""
+    from vdbench.measure.record import from_render_entry
+
+    steps = [0.5, 0.100, 0.020, 0.020]  # the first, then one computed and two reused steps
+    plain = from_render_entry({"attention_type": "sdpa", "step_times": steps})
+    cached = from_render_entry({"attention_type": "sdpa", "step_times": steps,
+                                "cache": {"spec": "fbc:threshold=0.5", "skipped_share": 0.5}})
+    row = S.row_of(S.parse_stack("sdpa+cache=fbc:threshold=0.5"), cached, None)
+    assert row["warm_is"] == "mean" and row["warm_ms"] == pytest.approx(140.0 / 3)
+    assert S.row_of(S.parse_stack("sdpa"), plain, None)["warm_ms"] == pytest.approx(20.0)

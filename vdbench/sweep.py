@@ -24,7 +24,9 @@ What it does, in order, everything under ``--out`` (default ``outputs/sweep``):
    within ``--psnr_tolerance_db`` of exact, and the fastest overall.
 
 A stack is ``<attention type>[+option...]``: ``compile`` (``--use_torch_compile``), ``fp8gemm``
-(``--use_fp8_gemms``), ``vae=<mode>`` (``--vae_decode``), ``encode=<mode>`` (``--vae_encode``). CPU figures are not
+(``--use_fp8_gemms``), ``vae=<mode>`` (``--vae_decode``), ``encode=<mode>`` (``--vae_encode``), ``cache=<spec>``
+(``--cache``: ``cache=fbc:threshold=0.05``; a list value, joined by ``+`` on the command line, can't be spelled
+inside a stack). CPU figures are not
 speed figures (said in the verdict and per row); emulations are never ranked on speed.
 """
 
@@ -59,7 +61,7 @@ BASELINE, REFERENCE = "default", "reference"
 
 #: Stack options -> the render flags they add.
 STACK_OPTIONS = {"compile": ["--use_torch_compile"], "fp8gemm": ["--use_fp8_gemms"]}
-STACK_VALUES = {"vae": "--vae_decode", "encode": "--vae_encode"}
+STACK_VALUES = {"vae": "--vae_decode", "encode": "--vae_encode", "cache": "--cache"}
 
 
 @dataclass
@@ -223,8 +225,11 @@ def row_of(cand: Candidate, rec: Record, ref_frames, stored: Optional[dict] = No
     ``stored`` (as kept beside it when it was rendered), else from its video and the reference's frames."""
     step = rec.figures.get("step_ms") or {}
     peak = rec.figures.get("peak_memory_bytes")
+    # a step cache makes steps of two kinds (computed, reused): the median is one kind's time, the mean the render's
+    cached = bool(rec.config.get("cache"))
     row = {"stack": cand.name, "attention": cand.attention, "why": cand.why, "is_reference": cand.is_reference,
-           "warm_ms": step.get("median"), "p20_ms": step.get("p20"), "p80_ms": step.get("p80"),
+           "warm_ms": step.get("mean" if cached else "median"), "warm_is": "mean" if cached else "median",
+           "p20_ms": step.get("p20"), "p80_ms": step.get("p80"),
            "n": step.get("n"), "first_step_ms": step.get("first"),
            "end_to_end_s": rec.figures.get("end_to_end_s"), "one_time_s": rec.figures.get("one_time_s"),
            "peak_gib": None if peak is None else peak / 2**30,
@@ -303,7 +308,7 @@ def _db(r) -> str:
     return "PSNR n/a" if r["psnr_db"] is None else f"{r['psnr_db']:.1f} dB vs the reference"
 
 
-COLUMNS = ["stack", "warm_ms", "p20_ms", "p80_ms", "n", "speedup", "first_step_ms", "end_to_end_s", "one_time_s",
+COLUMNS = ["stack", "warm_ms", "warm_is", "p20_ms", "p80_ms", "n", "speedup", "first_step_ms", "end_to_end_s", "one_time_s",
            "break_even", "psnr_db", "ssim", "peak_gib", "pareto", "speed_figure", "why_not_speed", "emulated", "kernels", "why",
            "attention", "video"]
 
@@ -322,16 +327,17 @@ def write_outputs(out: Path, rows: list[dict], meta: dict) -> None:
         w.writeheader()
         w.writerows(rows)
     (out / "sweep.json").write_text(json.dumps({**meta, "rows": rows}, indent=1, default=str))
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in COLUMNS[:18])
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in COLUMNS[:19])
     body = "".join("<tr" + (' class="pareto"' if r["pareto"] else "") + ">" +
-                   "".join(f"<td>{html.escape(_cell(r.get(c)))}</td>" for c in COLUMNS[:18]) + "</tr>" for r in rows)
+                   "".join(f"<td>{html.escape(_cell(r.get(c)))}</td>" for c in COLUMNS[:19]) + "</tr>" for r in rows)
     left = "".join(f"<li>{html.escape(x['backend'])}: {html.escape(x['why'])}</li>" for x in meta["left_out"])
     (out / "report.html").write_text(
         "<!doctype html><meta charset=utf-8><title>vdbench sweep</title><style>body{font:14px sans-serif}"
         "td,th{border:1px solid #ccc;padding:2px 6px}table{border-collapse:collapse}.pareto{background:#e8f5e9}"
         f"</style><h1>Which backend: {html.escape(meta['model'])}</h1><p><b>{html.escape(meta['verdict'])}</b></p>"
         f"<p>{html.escape(meta['device'])}; {meta['height']}x{meta['width']}, {meta['num_frames']} frames, "
-        f"{meta['steps']} steps; warm = median of the steps after the first (p20-p80, n); green rows: the Pareto "
+        f"{meta['steps']} steps; warm = median of the steps after the first (p20-p80, n), their mean for a stack with a "
+        f"step cache (its steps are of two kinds: warm_is says which); green rows: the Pareto "
         f"set on (warm step, PSNR vs reference). Command: <code>{html.escape(meta['command'])}</code>; commit "
         f"{html.escape(str(meta['commit']))}.</p><table><tr>{head}</tr>{body}</table>"
         f"<h2>Not rendered</h2><ul>{left}</ul><p>Kernel bench on the captures: kernels/attention.csv</p>")
@@ -530,7 +536,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="leave out backends further than this from exact attention on the captures")
     p.add_argument("--psnr_tolerance_db", type=float, default=0.5, help="'within N dB of exact' in the verdict")
     p.add_argument("--stacks", nargs="*", default=[], metavar="STACK",
-                   help="extra renders: <attention type>[+compile][+fp8gemm][+vae=<mode>][+encode=<mode>]")
+                   help="extra renders: <attention type>[+compile][+fp8gemm][+vae=<mode>][+encode=<mode>]"
+                        "[+cache=<spec>]")
     p.add_argument("--max_captures", type=int, default=8, help="attention calls captured for the kernel bench")
     p.add_argument("--kernel_budget_s", type=float, default=10.0, help="seconds of timed calls per kernel and input")
     p.add_argument("--out", default="outputs/sweep", help="where everything goes (a re-run resumes there)")
