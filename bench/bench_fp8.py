@@ -5,7 +5,7 @@
     python bench/bench_fp8.py --out DIR --captures CAPDIR          # + accuracy on captured pipeline inputs
     python bench/bench_fp8.py --out DIR --dry_run                  # CPU, tiny shapes (the stand-ins of the tests)
 
-Why: issue 20 asks whether each new backend runs at its kernel's speed through vdbench (the registry call within
+Why: it answers whether each fp8 backend runs at its kernel's speed through vdbench (the registry call within
 2% of the bare kernel call on the same tensors; ``fav3_fp8`` with its fused pre-pass within 3% of FA3 on
 pre-quantized inputs), which fp8 path is accurate (rel L2 vs fp64 on random and captured inputs, and as attention
 gets peakier), and that nothing writes its inputs -- all in one run on one GPU, so the figures compare.

@@ -1,6 +1,6 @@
 """SageAttention 2 at the real video shapes: speed, accuracy against fp64, its emulation, purity and dispatch.
 
-Why: issue 20 wants the ``sagev2*`` backends; before they are wired into pipelines we need to know, per upstream
+Why: before the ``sagev2*`` backends are trusted in pipelines we need to know, per upstream
 function and option, (1) how fast it is on the GPU we have, (2) how far it is from exact attention, (3) whether
 vdbench's pure-torch twin (vdbench.numerics.sagev2_emulated) reproduces that error -- the goal is the emulation's rel L2
 within 10% of the kernel's, which tells the algorithm's error from a kernel bug --, (4) that no function writes its

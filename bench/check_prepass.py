@@ -1,6 +1,6 @@
 """fav3_fp8's pre-pass: the one-launch Q/K/V form against the per-tensor kernels and the eager path, same tensors.
 
-Why: the pre-pass is fav3_fp8's whole overhead over FA3 fp8 on pre-quantized inputs (issue 20's goal: within 3%).
+Why: the pre-pass is fav3_fp8's whole overhead over FA3 fp8 on pre-quantized inputs (the goal: within 3%).
 Its cost has two parts that show in different places: the GPU time of its kernels (what a pipeline pays when the
 host runs ahead) and the host's launch gaps (what a synchronised call pays, as ``bench_fp8.py``'s per-call events
 see it). Both are timed here for each form in one process, so a change is measured against the old form on the
