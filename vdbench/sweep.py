@@ -220,13 +220,15 @@ def _stored_quality(folder: Path) -> Optional[dict]:
     return q if isinstance(q, dict) and "psnr" in q else None
 
 
-def row_of(cand: Candidate, rec: Record, ref_frames, stored: Optional[dict] = None) -> dict:
+def row_of(cand: Candidate, rec: Record, ref_frames, stored: Optional[dict] = None, device=None) -> dict:
     """A candidate's row from its render's record (the last repetition) and its quality against the reference:
-    ``stored`` (as kept beside it when it was rendered), else from its video and the reference's frames."""
+    ``stored`` (as kept beside it when it was rendered), else from its video and the reference's frames (SSIM on
+    ``device``); the reference's own row is exact by definition (``ref_frames`` are its frames: not decoded twice)."""
     step = rec.figures.get("step_ms") or {}
     peak = rec.figures.get("peak_memory_bytes")
     # a step cache makes steps of two kinds (computed, reused): the median is one kind's time, the mean the render's
     cached = bool(rec.config.get("cache"))
+    video = _video(rec)
     row = {"stack": cand.name, "attention": cand.attention, "why": cand.why, "is_reference": cand.is_reference,
            "warm_ms": step.get("mean" if cached else "median"), "warm_is": "mean" if cached else "median",
            "p20_ms": step.get("p20"), "p80_ms": step.get("p80"),
@@ -237,14 +239,17 @@ def row_of(cand: Candidate, rec: Record, ref_frames, stored: Optional[dict] = No
            "emulated": bool((rec.config.get("backend") or {}).get("emulated")),
            "kernels": ", ".join(f"{k}×{v}" for k, v in
                                 ((rec.data.get("attention") or {}).get("calls_by_kernel") or {}).items()),
-           "psnr_db": None, "ssim": None, "video": str(_video(rec) or "")}
-    q = (None if cand.is_reference else stored) or quality_of(_video(rec), ref_frames)
+           "psnr_db": None, "ssim": None, "video": str(video or "")}
+    if cand.is_reference:
+        q = {"psnr": math.inf, "ssim": 1.0} if video is not None and ref_frames is not None else None
+    else:
+        q = stored or quality_of(video, ref_frames, device)
     if q is not None:
         row["psnr_db"], row["ssim"] = q["psnr"], q["ssim"]
     return row
 
 
-def rank(rows: list[dict], baseline: str = "default") -> list[dict]:
+def rank(rows: list[dict], baseline: str = BASELINE) -> list[dict]:
     """Rows sorted by warm step (emulations and rows without a step last), with the speed-up against
     ``baseline``, the break-even steps against it (:func:`vdbench.report.break_even`: one-time cost against the
     gain per step) and the Pareto mark on (warm step, PSNR vs reference)."""
@@ -289,7 +294,7 @@ def verdict(rows: list[dict], *, device: str, model: str, tolerance_db: float) -
     return text
 
 
-def _exact_db(rows, baseline: str = "default") -> float:
+def _exact_db(rows, baseline: str = BASELINE) -> float:
     """The quality 'within N dB of exact' reads on: the PSNR against the fp64/fp32 ``reference`` of the pipeline's
     own attention (exact math in the model's dtype: what no faster backend needs to beat), else the best PSNR of
     the batch."""
@@ -308,9 +313,11 @@ def _db(r) -> str:
     return "PSNR n/a" if r["psnr_db"] is None else f"{r['psnr_db']:.1f} dB vs the reference"
 
 
-COLUMNS = ["stack", "warm_ms", "warm_is", "p20_ms", "p80_ms", "n", "speedup", "first_step_ms", "end_to_end_s", "one_time_s",
-           "break_even", "psnr_db", "ssim", "peak_gib", "pareto", "speed_figure", "why_not_speed", "emulated", "kernels", "why",
-           "attention", "video"]
+COLUMNS = ["stack", "warm_ms", "warm_is", "p20_ms", "p80_ms", "n", "speedup", "first_step_ms", "end_to_end_s",
+           "one_time_s", "break_even", "psnr_db", "ssim", "peak_gib", "pareto", "speed_figure", "why_not_speed",
+           "emulated", "kernels", "why", "attention", "video"]
+#: The report's table: the CSV's columns up to the kernels that ran.
+HTML_COLUMNS = COLUMNS[:COLUMNS.index("kernels") + 1]
 
 
 def _cell(v) -> str:
@@ -327,9 +334,9 @@ def write_outputs(out: Path, rows: list[dict], meta: dict) -> None:
         w.writeheader()
         w.writerows(rows)
     (out / "sweep.json").write_text(json.dumps({**meta, "rows": rows}, indent=1, default=str))
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in COLUMNS[:19])
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in HTML_COLUMNS)
     body = "".join("<tr" + (' class="pareto"' if r["pareto"] else "") + ">" +
-                   "".join(f"<td>{html.escape(_cell(r.get(c)))}</td>" for c in COLUMNS[:19]) + "</tr>" for r in rows)
+                   "".join(f"<td>{html.escape(_cell(r.get(c)))}</td>" for c in HTML_COLUMNS) + "</tr>" for r in rows)
     left = "".join(f"<li>{html.escape(x['backend'])}: {html.escape(x['why'])}</li>" for x in meta["left_out"])
     (out / "report.html").write_text(
         "<!doctype html><meta charset=utf-8><title>vdbench sweep</title><style>body{font:14px sans-serif}"
@@ -387,7 +394,7 @@ def run(args) -> int:
     bench_rows: list[dict] = []
     capture_s = 0.0
     if not (kdir / "attention.json").exists():
-        cap = Candidate("capture", "default")
+        cap = Candidate("capture", BASELINE)
         cmd = _render_cmd(fam.name, argparse.Namespace(**{**vars(args), "steps": 1}), cap, out / "capture_run",
                           ["--save_inputs", "--input_dir", str(caps), "--max_captures", str(args.max_captures),
                            "--overwrite"])
@@ -460,7 +467,7 @@ def run(args) -> int:
 
     # 4. rank against the reference video
     reference_frames()
-    rows = rank([row_of(c, records[c.name], ref_frames, _stored_quality(out / "runs" / c.slug))
+    rows = rank([row_of(c, records[c.name], ref_frames, _stored_quality(out / "runs" / c.slug), quality_device)
                  for c in cands if c.name in records])
     text = verdict(rows, device=dev_name, model=args.model, tolerance_db=args.psnr_tolerance_db)
     meta = {"model": args.model, "family": fam.name, "device": dev_name, "height": args.height, "width": args.width,
