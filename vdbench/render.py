@@ -609,9 +609,9 @@ def run_repetitions(plan: Plan, loaded: Loaded, log) -> tuple[list[dict], object
             warmup_s = None
             warm_start = Clock(device)
             for _ in range(cfg.warmup_calls):  # untimed: compilation, cuDNN plans, Triton JIT, allocator
-                patch.step = 0
+                patch.step = 0  # steps advance as in a timed call: a schedule warms every backend it names
                 if counter is not None:
-                    counter.reset()  # steps advance as in a timed call: a schedule warms every backend it names
+                    counter.reset()
                 pipe(generator=torch.Generator("cpu").manual_seed(cfg.seed), callback_on_step_end=StepTimer(
                     device, then=advance), **loaded.kwargs)
             if cfg.warmup_calls:  # not a step time: the whole calls, one-time costs and all (one_time)
