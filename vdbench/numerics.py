@@ -23,6 +23,7 @@ imports nothing of vdbench.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import NamedTuple, Optional
 
@@ -185,11 +186,12 @@ class Fp8Inputs(NamedTuple):
     qk_gain: float = 1.0
 
 
+@functools.lru_cache(maxsize=None)
 def hadamard_signs(d: int) -> tuple[torch.Tensor, int]:
     """(S, n): the d×d matrix of ±1 with S·Sᵀ = n·I -- Sylvester's Hadamard matrix of order n, the largest power of
     two dividing d, repeated on the diagonal (d = 96: three of order 32). ±1 is exact in every float format, so a
     rotation by S in bf16 stays orthogonal up to the product's rounding (a bf16 1/√n would scale Q·Kᵀ by up to
-    0.4%); the 1/n goes into the softmax scale."""
+    0.4%); the 1/n goes into the softmax scale. Cached: treat the matrix as read-only."""
     n = d & -d
     h = torch.ones(1, 1)
     while h.shape[0] < n:
@@ -201,9 +203,16 @@ def rotate_qk(q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
     """(Q·S, K·S, n) for :func:`hadamard_signs` of the head dimension: Q·Kᵀ times n, each outlier channel spread over
     n channels before a coarse quantization (FlashAttention-3's incoherent processing). In the inputs' dtype, the
     product accumulated in fp32 by the matmul, as on the GPU."""
-    sgn, n = hadamard_signs(q.shape[-1])
-    sgn = sgn.to(device=q.device, dtype=q.dtype)
-    return torch.matmul(q, sgn), torch.matmul(k, sgn.to(k.dtype)), n
+    n = hadamard_signs(q.shape[-1])[1]
+    return (torch.matmul(q, _signs_on(q.shape[-1], q.device, q.dtype)),
+            torch.matmul(k, _signs_on(k.shape[-1], k.device, k.dtype)), n)
+
+
+@functools.lru_cache(maxsize=None)
+def _signs_on(d: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """:func:`hadamard_signs`'s matrix on ``device`` in ``dtype``, made once: the rotation runs on every attention
+    call, and a host-to-device copy per call would stall the host's run-ahead."""
+    return hadamard_signs(d)[0].to(device=device, dtype=dtype)
 
 
 def fp8_bh_inputs(q, k, v, *, smooth_k: bool = False, rotate: bool = False) -> Fp8Inputs:
@@ -229,7 +238,7 @@ def rotated_fp8_inputs(q, k, v, *, smooth_k: bool, quantize) -> Fp8Inputs:
     x = quantize(qr, kr, v, smooth_k=smooth_k)
     km = x.k_mean
     if km is not None:  # mean(K·S) = mean(K)·S, and S⁻¹ = Sᵀ / n
-        km = torch.matmul(km, hadamard_signs(q.shape[-1])[0].to(km.device, km.dtype).T) / n
+        km = torch.matmul(km, _signs_on(q.shape[-1], km.device, km.dtype).T) / n
     return x._replace(k_mean=km, qk_gain=float(n))
 
 
