@@ -6,6 +6,7 @@ and 2 steps with CFG on, so the whole file stays well under a minute on 2 CPU co
 
 from __future__ import annotations
 
+import inspect
 import json
 import threading
 import time
@@ -229,7 +230,12 @@ def test_save_load_round_trip(variant, tmp_path):
     from transformers import AutoTokenizer
 
     v = P.TINY_VARIANTS[variant]
-    built = tiny.build_pipeline(v)
+    parts: dict = {}
+    built = tiny.build_pipeline(v, timings=parts)
+    # where a build's time goes: the imports, then each component the variant has, then the pipeline's assembly
+    expected = {"imports", "tokenizer", "text_encoder", "vae", "transformer", "assemble"}
+    assert expected <= set(parts) and min(parts.values()) >= 0
+    assert ("transformer_2" in parts) == ("transformer_2" in inspect.signature(type(built).__init__).parameters)
     path = P.build_tiny(variant, tmp_path / variant)
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")], "temporary build dir left behind"
     loaded = getattr(diffusers, v.pipeline).from_pretrained(path, dtype=torch.float32)

@@ -5,6 +5,7 @@ on a CPU, within its budget, resumable."""
 import json
 import math
 
+import numpy as np
 import pytest
 
 from vdbench import sweep as S
@@ -86,6 +87,8 @@ def test_a_tiny_sweep_on_a_cpu_ranks_within_its_budget_and_resumes(tmp_path, cap
     assert len(planned) == 3  # default, reference and the fastest accurate kernel: rendered, or said why not
     assert all(not x["why"].startswith("render failed") for x in meta["left_out"]), meta["left_out"]
     assert rows["reference"]["psnr_db"] == math.inf and rows["default"]["psnr_db"] > 20
+    # read from the raw frames each render saved, not from two separately encoded videos
+    assert {r["quality_from"] for r in rows.values()} == {S.RAW} and "codec" not in meta["verdict"]
     assert all(r["n"] == 3 and r["speed_figure"] is False for r in rows.values())  # 4 steps; a CPU's host clock
     assert meta["verdict"].startswith("on this CPU for tiny: ") and "NOT speed figures" in meta["verdict"]
     assert meta["elapsed_s"] < 180  # the budget: no render started that the slowest so far says won't fit
@@ -130,3 +133,16 @@ def test_a_cached_stack_is_ranked_by_its_mean_warm_step():
     row = S.row_of(S.parse_stack("sdpa+cache=fbc:threshold=0.5"), cached, None)
     assert row["warm_is"] == "mean" and row["warm_ms"] == pytest.approx(140.0 / 3)
     assert S.row_of(S.parse_stack("sdpa"), plain, None)["warm_ms"] == pytest.approx(20.0)
+
+
+def test_quality_is_raw_only_when_both_sides_are_raw_frames(tmp_path):
+    rng = np.random.default_rng(0)
+    ref = rng.integers(0, 256, (2, 16, 16, 3), dtype=np.uint8)
+    near = np.clip(ref.astype(int) + rng.integers(-2, 3, ref.shape), 0, 255).astype(np.uint8)
+    np.save(tmp_path / "ref.npy", ref)
+    np.save(tmp_path / "near.npy", near)
+    q = S.quality_of(tmp_path / "near.npy", (ref, tmp_path / "ref.npy"))
+    assert q["from"] == S.RAW and 40 < q["psnr"] < 60
+    # the reference read from its video: the codec's noise is on one side, and the figure says so
+    assert S.quality_of(tmp_path / "near.npy", (ref, tmp_path / "ref.mp4"))["from"] == S.CODEC
+    assert S.quality_of(tmp_path / "near.npy", (ref[:1], tmp_path / "ref.npy")) is None  # shapes differ

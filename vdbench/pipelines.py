@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import time
 from typing import Any, Optional
 
 import torch
@@ -286,6 +287,7 @@ def load_pipeline(
     device: str | torch.device = "cpu",
     vae_dtype: torch.dtype | None = None,
     image: bool = False,
+    timings: dict | None = None,
 ):
     """Load a pipeline of ``family`` (a registered :mod:`vdbench.families` name, or the family itself) for ``task``
     from a tiny name, a random-weight name, a local directory or a hub id; or from a :class:`ModelSpec`
@@ -300,8 +302,11 @@ def load_pipeline(
     cache first, without network; only if that fails and HF offline mode is off is the hub contacted (never for a
     name that can't be a hub id). Any failure to find the files raises :class:`ModelLoadError` with instructions.
     ``image``: the task runs with a conditioning image (the family's image pipeline for tasks that take one
-    optionally: Wan TI2V).
+    optionally: Wan TI2V). ``timings``: filled with the seconds of the load's parts, host clock (a random-weight
+    build's per component, :func:`vdbench.tiny.build_random`; otherwise the imports, ``from_pretrained`` and the
+    move to ``device``).
     """
+    t0 = time.perf_counter()
     import diffusers
 
     spec = _as_spec(model, task, family)
@@ -313,7 +318,7 @@ def load_pipeline(
         if base and TINY_VARIANTS[base].family != fam.name:
             raise ValueError(f"{model!r} is a {TINY_VARIANTS[base].family} model, but family {fam.name!r} was "
                              "requested.")
-        pipe = build_random(spec.variant, dtype=dtype, device=device)
+        pipe = build_random(spec.variant, dtype=dtype, device=device, timings=timings)
         if vae_dtype is not None and vae_dtype != dtype:
             pipe.vae.to(vae_dtype)
         return pipe
@@ -329,10 +334,11 @@ def load_pipeline(
                 f"Tiny variant {spec.variant!r} supports task(s) {', '.join(v.tasks)}, not {task!r}; "
                 f"pick a matching --task or another variant ({', '.join(TINY_VARIANTS)})."
             )
-    local = str(ensure_tiny(spec.variant)) if spec.kind == "tiny" else spec.path
-    source = spec.hub_id
     cls = getattr(diffusers, fam.pipeline_class(task, image=image))
     vae_cls = getattr(diffusers, fam.vae_class)
+    t_files = time.perf_counter()
+    local = str(ensure_tiny(spec.variant)) if spec.kind == "tiny" else spec.path
+    source = spec.hub_id
 
     def _load(**hub_kwargs):
         # diffusers 0.42 renamed `torch_dtype` to `dtype` (the old name still works but warns on every load).
@@ -390,7 +396,13 @@ def load_pipeline(
                         f"it failed ({type(exc).__name__}; the underlying error is shown above).",
                     )
                 ) from exc
-    return pipe.to(device)
+    t_loaded = time.perf_counter()
+    pipe = pipe.to(device)
+    if timings is not None:
+        if torch.device(device).type == "cuda":
+            torch.cuda.synchronize(device)
+        timings.update(imports=t_files - t0, from_pretrained=t_loaded - t_files, to_device=time.perf_counter() - t_loaded)
+    return pipe
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -460,16 +460,17 @@ def _start_prewarm(plan: Plan, pipe=None, *, encode_only: bool = False):
     return W.start(lambda: W.meta_vae(spec[0], spec[1]).to(dtype), p)
 
 
-def _load_checked(plan: Plan) -> tuple:
+def _load_checked(plan: Plan, parts: dict) -> tuple:
     """(pipeline, load time, flow shift): loaded, its scheduler's shift set, its exact size rules and the backend
-    against its head dims checked."""
+    against its head dims checked; ``parts``: filled with the seconds of the loading's parts
+    (:func:`vdbench.pipelines.load_pipeline`)."""
     from .pipelines import check_video_size, load_pipeline, transformers_of
 
     cfg, family, device = plan.cfg, plan.family, plan.device
     t_load = time.perf_counter()
     pipe = load_pipeline(plan.model, dtype=plan.dtype,
                          device="cpu" if cfg.cpu_offload else device, vae_dtype=plan.vae_dtype,
-                         image=bool(cfg.image) and family.takes_image(cfg.task))
+                         image=bool(cfg.image) and family.takes_image(cfg.task), timings=parts)
     if cfg.cpu_offload:
         pipe.enable_model_cpu_offload(device=device)
     if cfg.vae_tiling:
@@ -496,25 +497,37 @@ def load(plan: Plan) -> Loaded:
     cfg, family, device, dctx = plan.cfg, plan.family, plan.device, plan.dctx
     t0 = time.perf_counter()
     err = pipe = load_time = flow_shift = None
+    parts: dict = {}  # where the load's time goes (host clock): its variation is read here, not guessed
     prewarm = _start_prewarm(plan, encode_only=True)  # an image's encode comes before the denoising: hide it here
     try:  # what only the files or the loaded model can refuse is agreed like validate's refusals (torchrun)
-        pipe, load_time, flow_shift = _load_checked(plan)
+        pipe, load_time, flow_shift = _load_checked(plan, parts)
     except (ModelLoadError, B.BackendUnavailable, ValueError, OSError) as e:
         err = e
     P.agree(dctx, err)  # single process: raises err itself
+    mark = [time.perf_counter()]
+    parts["checks"] = mark[0] - t0 - sum(parts.values())
+
+    def part(name):
+        now = time.perf_counter()
+        parts[name] = now - mark[0]
+        mark[0] = now
+
     models = transformers_of(pipe)
     head_dims = [m.config.attention_head_dim for _, m in models]
     if dctx is not None:
         pipe, models = P.apply_engine(dctx, pipe, models, family)
+        part("engine")
     speed = apply_speed_options(pipe, models, device=device, compile=cfg.compile,
                                 compile_backend=cfg.compile_backend, compile_mode=cfg.compile_mode,
                                 bf16_te_gemms=cfg.bf16_te_gemms, fp8_gemms=cfg.fp8_gemms)
+    part("speed_options")
     counter = None
     if plan.cache is not None:  # beside the speed options: diffusers' hooks on every denoiser, counted
         from .cache import apply_cache
 
         counter = apply_cache(plan.cache, pipe, models, steps=cfg.num_inference_steps, family=family)
         speed["cache"] = {**plan.cache.as_dict(), "units": len(counter.units)}
+        part("cache")
 
     kwargs = dict(prompt=cfg.prompt, negative_prompt=cfg.negative_prompt, height=cfg.height, width=cfg.width,
                   num_frames=cfg.num_frames, num_inference_steps=cfg.num_inference_steps,
@@ -535,9 +548,12 @@ def load(plan: Plan) -> Loaded:
         "command": command_line(),
         "commit": commit(),
     }
+    part("header")
     if device.type == "cuda":  # the load's last copies and quantization kernels are the load's time
         torch.cuda.synchronize(device)
+    part("sync")
     load_s = time.perf_counter() - t0
+    header["load_parts"] = {k: round(v, 4) for k, v in parts.items()}
     if prewarm is None:  # under the text encode and the denoising, where the main thread waits on the GPU
         prewarm = _start_prewarm(plan, pipe)
     return Loaded(pipe, models, kwargs, header, load_s=load_s, prewarm=prewarm, cache=counter)

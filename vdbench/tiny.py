@@ -42,6 +42,7 @@ import pathlib
 import re
 import shutil
 import string
+import time
 import uuid
 import zlib
 from typing import TYPE_CHECKING, Any, Callable, Optional
@@ -362,41 +363,62 @@ def _saved_float64_to_float32(module: torch.nn.Module) -> None:
                 sub._buffers[name] = buf.float()
 
 
-def build_pipeline(variant: TinyVariant, module_device=None):
+def build_pipeline(variant: TinyVariant, module_device=None, timings: Optional[dict] = None):
     """Instantiate the pipeline in memory (eval mode). Models are created on ``module_device`` when given
     (random-weight real shapes are initialised directly on the GPU, or on "meta" to check shapes for free);
     tokenizer and scheduler always live on the CPU, as from_pretrained creates them.
 
     The optional slots the pipeline class takes (``transformer_2``, ``image_encoder``, ``image_processor``) are
     filled from the variant's configs, or passed as None when it has none, as the real checkpoints record them.
+    ``timings``: filled with the seconds of each part (the imports of the classes, each component's build), host
+    clock -- where a load's time goes, so a slow or variable load can be told apart from the work it measures.
     """
-    import diffusers
     import torch
 
+    timings = {} if timings is None else timings
+    mark = [time.perf_counter()]
+    # a GPU build's kernels run behind the host: each part waits for its own, so none is billed to the next
+    on_gpu = module_device is not None and torch.device(module_device).type == "cuda"
+
+    def part(name, value):
+        if on_gpu:
+            torch.cuda.synchronize(module_device)
+        now = time.perf_counter()
+        timings[name] = timings.get(name, 0.0) + now - mark[0]
+        mark[0] = now
+        return value
+
+    import diffusers
+    import transformers  # noqa: F401 - the text encoders' package, imported in the "imports" part
+
     cls = getattr(diffusers, variant.pipeline)
+    for name in (variant.transformer_class, variant.vae_class):
+        getattr(diffusers, name)
     slots = inspect.signature(cls.__init__).parameters
     on = (lambda: torch.device(module_device)) if module_device is not None else contextlib.nullcontext
-    tokenizer = _build_tokenizer(variant.tokenizer_max_length)
+    part("imports", None)
+    tokenizer = part("tokenizer", _build_tokenizer(variant.tokenizer_max_length))
     with on():
         components: dict[str, Any] = {
             "tokenizer": tokenizer,
-            "text_encoder": _make_text_encoder(variant, vocab_size=len(tokenizer)),
-            "vae": _make_vae(variant),
-            "transformer": _make_transformer(variant, "transformer"),
+            "text_encoder": part("text_encoder", _make_text_encoder(variant, vocab_size=len(tokenizer))),
+            "vae": part("vae", _make_vae(variant)),
+            "transformer": part("transformer", _make_transformer(variant, "transformer")),
         }
         if "transformer_2" in slots:
-            components["transformer_2"] = (
+            components["transformer_2"] = part("transformer_2", (
                 _make_transformer(variant, "transformer_2") if variant.transformer_2 is not None else None
-            )
+            ))
         if "image_encoder" in slots:
-            components["image_encoder"] = _make_image_encoder(variant) if variant.image_encoder else None
+            components["image_encoder"] = part(
+                "image_encoder", _make_image_encoder(variant) if variant.image_encoder else None)
     components["scheduler"] = _make_scheduler(variant)
     if "image_processor" in slots:
         components["image_processor"] = _make_image_processor(variant) if variant.image_processor else None
     for component in components.values():
         if isinstance(component, torch.nn.Module):
             _saved_float64_to_float32(component)
-    return cls(**components, **variant.pipeline_kwargs)
+    return part("assemble", cls(**components, **variant.pipeline_kwargs))
 
 
 def get_variant(variant: str) -> TinyVariant:
@@ -554,9 +576,10 @@ def ensure_tiny(variant: str) -> pathlib.Path:
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def build_random(name: str, *, dtype: Optional[torch.dtype] = None, device="cuda"):
+def build_random(name: str, *, dtype: Optional[torch.dtype] = None, device="cuda", timings: Optional[dict] = None):
     """A pipeline of the real architecture and shapes with random weights, built directly on ``device``, in
-    ``dtype`` (None: bfloat16).
+    ``dtype`` (None: bfloat16); ``timings``: filled with the seconds of each part (:func:`build_pipeline`'s, then
+    ``cast`` and ``to_device``).
 
     For performance work where checkpoints can't be downloaded: speed depends on shapes, not on weight values.
     Not saved or loaded (the loading path is what the tiny models test); the same adaLN rescale as the tiny
@@ -574,13 +597,21 @@ def build_random(name: str, *, dtype: Optional[torch.dtype] = None, device="cuda
     previous = torch.get_default_dtype()
     try:
         torch.set_default_dtype(dtype if dtype.is_floating_point else torch.float32)
-        pipe = build_pipeline(variant, module_device=device)
+        pipe = build_pipeline(variant, module_device=device, timings=timings)
     finally:
         torch.set_default_dtype(previous)
+    t = time.perf_counter()
     for component in pipe.components.values():
         if isinstance(component, torch.nn.Module):
             _cast_like_from_pretrained(component, dtype)
-    return pipe.to(device)
+    t1 = time.perf_counter()
+    pipe = pipe.to(device)
+    if timings is not None:
+        if torch.device(device).type == "cuda":
+            torch.cuda.synchronize(device)
+        timings["cast"] = t1 - t
+        timings["to_device"] = time.perf_counter() - t1
+    return pipe
 
 
 def _cast_like_from_pretrained(model: torch.nn.Module, dtype: torch.dtype) -> None:
