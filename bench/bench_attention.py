@@ -259,7 +259,7 @@ def _time_row(row, be, fn, q, k, v, args, device, flops, first_ms=None):
     got, timer = time_samples(lambda: fn(q, k, v), device, **_timing_args(args))
     st = spread(got.samples)
     t = st["median"]
-    moved = be.bytes_moved(b, h, sq, sk, d, q.element_size())
+    moved = be.bench.bytes_moved(b, h, sq, sk, d, q.element_size())
     ok, why = speed_verdict(device, st["n"])
     if why and got.why_fewer and "timed samples" in why:
         why = f"{why}: {got.why_fewer}"
@@ -270,8 +270,9 @@ def _time_row(row, be, fn, q, k, v, args, device, flops, first_ms=None):
                why_not_speed=why or "")
     if first_ms is not None:
         row.update(first_call_ms=first_ms, first_call_excess_ms=first_ms - t)
-    if be.prepass is not None:
-        qs = spread(time_samples(lambda: be.prepass(q, k, v, args.scale), device, **_timing_args(args))[0].samples)
+    prepass = be.bench.prepass
+    if prepass is not None:
+        qs = spread(time_samples(lambda: prepass(q, k, v, args.scale), device, **_timing_args(args))[0].samples)
         row.update(quant_ms=qs["median"], quant_p20_ms=qs["p20"], quant_p80_ms=qs["p80"], quant_share=qs["median"] / t)
 
 
@@ -283,8 +284,8 @@ def _grid_kernel(row, be, q, k, v, grids, scale):
         row["status"] = (f"unavailable: needs the token grid of a {q.shape[2]}-token self-attention input "
                          f"(--grid FxHxW; given: {', '.join(str(g) for g in grids.values()) or 'none'})")
         return None
-    attend = be.grid.attend
-    _, stats, lay = block_mask(be.grid.spec, grid, q.device)  # the call's block-pair accounting (cached mask)
+    attend = be.sparse.attend
+    _, stats, lay = block_mask(be.sparse.spec, grid, q.device)  # the call's block-pair accounting (cached mask)
     row.update(grid=str(grid), work=stats.fraction, work_vs_dense=stats.relative_to_dense)
     ql, kl, vl = (to_layout(t, lay, 2) for t in (q, k, v))
     return (lambda q_, k_, v_: attend(q_, k_, v_, grid=grid, scale=scale)[0],
@@ -421,7 +422,7 @@ def _bench(args, device, dtype, backends, want, timed, skipped, rows, sink, stat
             fn = (lambda q_, k_, v_, be=be: be(q_, k_, v_, scale=args.scale))
             timed_fn, timed_in = fn, (q, k, v)
             try:
-                if be.grid is not None:
+                if be.sparse is not None:
                     got = _grid_kernel(row, be, q, k, v, grids, args.scale)
                     if got is None:
                         rows.append(row)

@@ -110,7 +110,7 @@ def _bare_fav3_fp8(be, q, k, v):
         return _first(fa3.flash_attn_func(q8.transpose(1, 2), k8.transpose(1, 2), v8.transpose(1, 2),
                                           q_descale=qd, k_descale=kd, v_descale=vd))
 
-    out = {"bare": lambda: _first(fa3.flash_attn_func(*args, **kw)), "prepass": lambda: be.prepass(q, k, v)}
+    out = {"bare": lambda: _first(fa3.flash_attn_func(*args, **kw)), "prepass": lambda: be.bench.prepass(q, k, v)}
     if not smooth:
         out["torch_prepass_then_kernel"] = unfused
     return out

@@ -79,7 +79,7 @@ def attention_forms(q, k, v, device) -> tuple[dict, str]:
     from vdbench.backends.flash import _fa3_module
 
     fa3 = _fa3_module()
-    x = be.prepass(q, k, v)
+    x = be.bench.prepass(q, k, v)
     args = [t.transpose(1, 2) for t in x[:3]]
     kw = dict(q_descale=x.q_descale, k_descale=x.k_descale, v_descale=x.v_descale)
 

@@ -1,6 +1,7 @@
 """The backend registry: names and aliases, availability reasons from composable checks, what each entry carries,
 registering a backend from one file, and every CPU-runnable backend against exact attention."""
 
+import dataclasses
 import importlib.util
 import pkgutil
 import re
@@ -171,16 +172,35 @@ def test_every_entry_is_self_contained():
         assert b.layout in ("BHSD", "BSHD") and callable(b.fn) and b.kernel
     assert [b.name for b in entries if b.passthrough] == ["default"]
     for name in QUANTIZED:
-        moved = B.resolve(name).bytes_moved(1, 2, 256, 256, 64, 2)
+        moved = B.resolve(name).bench.bytes_moved(1, 2, 256, 256, 64, 2)
         assert moved.prepass > 0 and moved.kernel < 4 * 2 * 256 * 64 * 2, name
-        assert (B.resolve(name).prepass is None) == (name in PREPASS_INSIDE)  # sageattention's calls: none alone
-    assert B.resolve("fav3").bytes_moved(1, 2, 256, 256, 64, 2) == (4 * 2 * 256 * 64 * 2, 0)
+        assert (B.resolve(name).bench.prepass is None) == (name in PREPASS_INSIDE)  # sageattention's calls: none alone
+    assert B.resolve("fav3").bench.bytes_moved(1, 2, 256, 256, 64, 2) == (4 * 2 * 256 * 64 * 2, 0)
+
+
+def test_an_entry_keeps_its_runtime_bench_and_sparse_parts_apart():
+    """The bench profile and the sparse pattern are parts of their own: the runtime record carries none of their
+    fields, an entry registered without them gets the default profile (Q, K, V read and O written at the input's
+    width, no pre-pass) and no sparse part, and a bind hook replaces a part whole."""
+    fields = {f.name for f in dataclasses.fields(B.Backend)}
+    assert {"bench", "sparse"} <= fields and not fields & {"bytes_model", "prepass", "grid", "configure"}
+    toy = B.Backend("toy_parts", "a dense test kernel", fn=B.resolve("sdpa").fn, kernel="toy_parts",
+                    no_lse_reason="a test kernel")
+    with B.registered(toy):
+        be = B.resolve("toy_parts")
+        assert be.bench == B.BenchProfile() and be.bench.prepass is None and be.sparse is None
+        assert be.bench.bytes_moved(1, 2, 16, 16, 8, 2) == (4 * 2 * 16 * 8 * 2, 0) and be.exact
+    assert not dataclasses.replace(toy, bench=B.BenchProfile(B.traffic((1, 1, 1)))).exact  # asks the profile
+    smooth = B.resolve("fp8_emu:smooth_k=1")
+    assert smooth.bench.prepass is not B.resolve("fp8_emu").bench.prepass and smooth.sparse is None
+    sta = B.resolve("sta")
+    assert sta.sparse.configure("window=3x5x5") is B.resolve("sta:window=3x5x5") and sta.bench == B.BenchProfile()
 
 
 @pytest.mark.parametrize("name", ["fav3_fp8", "fav3_fp8:smooth_k=1", "sagev1_emu", "fp8_emu", "fp8_emu:smooth_k=1"])
 def test_torch_prepasses_quantize_what_the_call_quantizes(name):
     q, k, v = qkv(s=130, d=64, dtype=torch.bfloat16)
-    out = B.resolve(name).prepass(q, k, v, 0.3)
+    out = B.resolve(name).bench.prepass(q, k, v, 0.3)
     if name != "sagev1_emu":  # FA3's operands, the eager pre-pass on a CPU (the Triton one is bit-equal)
         ref = N.fp8_bh_inputs(q, k, v, smooth_k=name.endswith("smooth_k=1"))
         assert all(torch.equal(a.float(), b.float()) for a, b in zip(out[:6], ref[:6]))
@@ -295,7 +315,7 @@ def test_every_registered_entry_resolves_by_its_name_and_aliases():
 
 
 def test_no_caller_keys_on_a_backend_name():
-    """Callers ask the entry (passthrough, lse_form, call_label, bytes_moved, prepass): outside vdbench/backends no
+    """Callers ask the entry (passthrough, lse_form, call_label, bench, sparse): outside vdbench/backends no
     source compares a backend name to a literal or tests it against a tuple of names. ("default" is left out of
     the tuple test: the VAE's decode modes use the same word.)"""
     every = [re.escape(n) for n in B.names()]  # entries added later are covered too
@@ -471,7 +491,7 @@ def test_the_registered_entries_options():
     assert B.resolve("sagev2_fp8:gran=per_thread") is B.resolve("sagev2_fp8")
     smooth = B.resolve("fav3_fp8:smooth_k=1")
     assert smooth.kernel == "fa3.flash_attn_func[e4m3,smooth_k]" and smooth.twin == "fp8_emu:smooth_k=1"
-    assert smooth.bytes_moved(1, 2, 256, 256, 64, 2).prepass > B.resolve("fav3_fp8").bytes_moved(
+    assert smooth.bench.bytes_moved(1, 2, 256, 256, 64, 2).prepass > B.resolve("fav3_fp8").bench.bytes_moved(
         1, 2, 256, 256, 64, 2).prepass  # K read once more, for its mean
     for name in EXPECTED_NAMES:
         b = B.resolve(name)

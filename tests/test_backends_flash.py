@@ -72,7 +72,7 @@ def test_smoothing_helps_with_a_k_bias_and_its_lse_is_corrected(fa3):
 def test_the_prepass_the_bench_times_is_the_calls(fa3):
     q, k, v = qkv(s=70, d=64, dtype=torch.bfloat16)
     for name, smooth in (("fav3_fp8", False), ("fav3_fp8:smooth_k=1", True)):
-        x = B.resolve(name).prepass(q, k, v, None)
+        x = B.resolve(name).bench.prepass(q, k, v, None)
         ref = N.fp8_bh_inputs(q, k, v, smooth_k=smooth)
         assert all(torch.equal(a.float(), b.float()) for a, b in zip(x[:6], ref[:6])) and (x.k_mean is None) != smooth
 

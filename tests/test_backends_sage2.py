@@ -274,9 +274,9 @@ def test_causal_with_unequal_lengths_is_refused_not_misaligned(sage2, hopper):
 def test_the_entries_carry_what_the_bench_and_ring_attention_ask(sage2, hopper):
     for name in SAGE2:
         b = B.resolve(name)
-        assert b.has_lse("cuda") and not b.has_lse("cpu") and b.prepass is None and b.max_head_dim == 128
+        assert b.has_lse("cuda") and not b.has_lse("cpu") and b.bench.prepass is None and b.max_head_dim == 128
         assert b.dtypes == B.HALF and b.install_hint.startswith("no wheel on PyPI")
-        moved = b.bytes_moved(1, 2, 256, 256, 64, 2)
+        moved = b.bench.bytes_moved(1, 2, 256, 256, 64, 2)
         assert moved.kernel < 4 * 2 * 256 * 64 * 2 and moved.prepass > 0
     assert B.resolve("sagev2_emu").has_lse("cpu")  # ring attention runs the emulation on a CPU
 

@@ -109,8 +109,8 @@ def test_prepass_time_beside_a_quantized_backends_figure(tmp_path, capsys):
     """A non-emulated quantized kernel (here the fp8 numerics registered as if they were a kernel) gets its
     pre-pass timed alone beside its own time, with its share."""
     emu = B.resolve("fp8_emu")
-    quant = B.Backend("quant_k", "a quantized test kernel", fn=emu.fn, kernel="quant_k", prepass=emu.prepass,
-                      bytes_model=emu.bytes_model, no_lse_reason="a test kernel")
+    quant = B.Backend("quant_k", "a quantized test kernel", fn=emu.fn, kernel="quant_k", bench=emu.bench,
+                      no_lse_reason="a test kernel")
     with B.registered(quant):
         rc = ba.main(["--preset", "cogvideox-2b", "--max_seq", "32", "--device", "cpu", "--dtype", "fp32",
                       "--kernel", "quant_k", "-o", str(tmp_path / "q.csv")])
@@ -122,6 +122,21 @@ def test_prepass_time_beside_a_quantized_backends_figure(tmp_path, capsys):
     out = capsys.readouterr().out.splitlines()
     cells = dict(zip(out[0].split(), out[1].split()))
     assert float(cells["quant_ms"]) > 0 and cells["quant_share"].endswith("%")
+
+
+def test_the_bench_reads_bytes_from_the_entrys_bench_profile(tmp_path):
+    """The bytes, bandwidth and quant_in_time columns come from the entry's bench profile; no pre-pass there, no
+    pre-pass timed."""
+    toy = B.Backend("toy_bytes", "a test kernel with its own bytes model", fn=B.resolve("sdpa").fn,
+                    kernel="toy_bytes", no_lse_reason="a test kernel",
+                    bench=B.BenchProfile(bytes_model=lambda b, h, sq, sk, d, itemsize: B.BytesMoved(1000, 24)))
+    with B.registered(toy):
+        rc = ba.main(["--preset", "cogvideox-2b", "--max_seq", "32", "--device", "cpu", "--dtype", "fp32",
+                      "--kernel", "toy_bytes", "-o", str(tmp_path / "b.csv")])
+    assert rc == 0
+    rows = list(csv.DictReader(open(tmp_path / "b.csv")))
+    assert rows and all(float(r["bytes"]) == 1024 and r["quant_in_time"] == "True" and not r["quant_ms"]
+                        for r in rows)
 
 
 def test_fp32_captures_cast_to_bf16_say_so(tmp_path, capsys):
@@ -173,13 +188,13 @@ def test_plot_has_one_legend_entry_per_kernel_and_input_and_no_point_labels():
 
 
 def test_bytes_count_one_byte_for_quantized_inputs():
-    bf16, pre = B.resolve("sdpa").bytes_moved(1, 1, 10, 10, 8, 2)
+    bf16, pre = B.resolve("sdpa").bench.bytes_moved(1, 1, 10, 10, 8, 2)
     assert bf16 == 4 * 80 * 2 and pre == 0
-    fp8, pre = B.resolve("fav3_fp8").bytes_moved(1, 1, 10, 10, 8, 2)
+    fp8, pre = B.resolve("fav3_fp8").bench.bytes_moved(1, 1, 10, 10, 8, 2)
     # the fused pre-pass reads each of Q, K, V twice (its per-head amax, then the quantization), writes one byte
     assert fp8 == 3 * 80 * 1 + 80 * 2 and pre == 3 * 80 * (2 * 2 + 1)
     # the Triton kernels' pre-pass reads K (and fav3_sage's V) twice: a mean / amax, then the quantization
-    sage, pre = B.resolve("fav3_sage").bytes_moved(1, 1, 10, 10, 8, 2)
+    sage, pre = B.resolve("fav3_sage").bench.bytes_moved(1, 1, 10, 10, 8, 2)
     assert sage == fp8 and pre == 80 * 3 + 2 * 80 * 5
 
 

@@ -126,7 +126,7 @@ def test_an_own_triton_kernel_from_one_file_is_a_backend_benched_like_any_other(
         importlib.import_module("toy_triton_kernel")
         try:
             be = B.resolve("toy_triton")
-            assert be.kernel == "vdbench.toy_triton" and "toy_triton" in B.names() and be.prepass is None
+            assert be.kernel == "vdbench.toy_triton" and "toy_triton" in B.names() and be.bench.prepass is None
             assert kernels.probe("toy_triton", "cpu")[0]
             assert B.availability("toy_triton", "cpu", torch.float32, 64)[0]
             from vdbench.kernels import aot

@@ -75,8 +75,8 @@ def test_fav3_fp8_rotated_hands_fa3_rotated_operands_its_scale_and_an_exact_lse(
     assert torch.equal(o2, out) and err < err_plain and err < 0.03 * lref.abs().max()
     assert b.kernel == "fa3.flash_attn_func[e4m3" + (",smooth_k" if smooth else "") + ",rotate=hadamard]"
     assert b.twin == "fp8_emu:" + ("smooth_k=1+" if smooth else "") + "rotate=hadamard" and B.resolve(b.twin).emulated
-    x = b.prepass(q, k, v, None)  # what the bench times as the pre-pass is what the call quantizes
+    x = b.bench.prepass(q, k, v, None)  # what the bench times as the pre-pass is what the call quantizes
     ref_x = N.fp8_bh_inputs(q, k, v, smooth_k=smooth, rotate=True)
     assert all(torch.equal(a.float(), c.float()) for a, c in zip(x[:6], ref_x[:6])) and x.qk_gain == 128.0
-    assert b.bytes_moved(1, 4, 256, 256, 128, 2).prepass > B.resolve(
-        "fav3_fp8:smooth_k=1" if smooth else "fav3_fp8").bytes_moved(1, 4, 256, 256, 128, 2).prepass
+    assert b.bench.bytes_moved(1, 4, 256, 256, 128, 2).prepass > B.resolve(
+        "fav3_fp8:smooth_k=1" if smooth else "fav3_fp8").bench.bytes_moved(1, 4, 256, 256, 128, 2).prepass

@@ -265,13 +265,13 @@ def test_registry_prepass_is_the_kernels_pass_with_the_callers_scale(K):
     q, k, v = random_qkv(s=37, d=64, seed=11, device=dev)
     for name in ("fav3_sage", "fp8_triton"):
         be = B.resolve(name)
-        qs = be.prepass(q, k, v, 0.2)[1]
+        qs = be.bench.prepass(q, k, v, 0.2)[1]
         block = A.config_for(name, 64, dev)["BLOCK_M"]
         quantize = N_.quantize_int8_per_block if name == "fav3_sage" else N_.quantize_fp8_per_block
         ref = quantize(q, block, pre_scale=0.2 * N_.LOG2E)[1]
         torch.testing.assert_close(qs, ref[..., 0] if ref.dim() == 4 else ref)
-        assert be.bytes_moved(1, 2, 37, 37, 64, 2).prepass > 0
-    assert B.resolve("fav2_triton").prepass is None
+        assert be.bench.bytes_moved(1, 2, 37, 37, 64, 2).prepass > 0
+    assert B.resolve("fav2_triton").bench.prepass is None
 
 
 def test_bench_attention_runs_them_by_name(K, tmp_path, monkeypatch):

@@ -24,15 +24,16 @@ SMALL_STA = "sta:window=1x3x1,tile=1x2x2,block=16"  # on small_wan's 3x4x4 grid:
 
 def test_names_with_options_resolve_to_one_entry_per_option_set():
     sta = B.resolve("sta")
-    assert sta.grid is not None and sta.grid.spec == parse_spec("sta") and sta.kernel == "flex.sta[window=3x3x3,tile=6x8x8]"
+    assert sta.sparse is not None and sta.sparse.spec == parse_spec("sta")
+    assert sta.kernel == "flex.sta[window=3x3x3,tile=6x8x8]"
     assert B.resolve("sta:window=3x3x3,tile=6x8x8") is sta  # the defaults: the base entry (one render, one name)
     a = B.resolve("sta:window=3x5x5,tile=6x8x8")
     assert a.name == "sta:window=3x5x5" and B.resolve("sta:tile=6x8x8+window=3x5x5") is a and B.resolve(a.name) is a
     assert B.canonical_name("sta:window=3x5x5,tile=6x8x8") == "sta:window=3x5x5"
     r = B.resolve("radial:decay=0.5,pad=none")
     assert r.name == "radial:decay=0.5+pad=none" and r.kernel == "flex.radial[decay=0.5,sink=1,pad=none]"
-    assert parse_spec(r.name) == r.grid.spec  # a configured name parses back to its spec
-    assert B.resolve("flex").grid is None and B.resolve("flex").kernel == S.DENSE_LABEL
+    assert parse_spec(r.name) == r.sparse.spec  # a configured name parses back to its spec
+    assert B.resolve("flex").sparse is None and B.resolve("flex").kernel == S.DENSE_LABEL
 
 
 @pytest.mark.parametrize("text, fragment", [
@@ -64,7 +65,7 @@ def test_a_causal_call_is_refused_by_the_patterns():
     with pytest.raises(B.UnsupportedCall, match="does not support causal attention"):
         B.resolve("sta").check_call(q, k, v, is_causal=True)  # what the patch asks before every call
     with pytest.raises(ValueError, match="bidirectional"):
-        B.resolve(SMALL_STA).grid.attend(q, k, v, grid=TokenGrid(3, 4, 4), is_causal=True)
+        B.resolve(SMALL_STA).sparse.attend(q, k, v, grid=TokenGrid(3, 4, 4), is_causal=True)
     B.resolve("flex").check_call(q.float(), k.float(), v.float(), is_causal=True)  # dense FlexAttention serves them
 
 
@@ -84,17 +85,17 @@ def test_grid_use_attend_runs_the_pattern_and_counts_cross_attention_dense(spec)
     entry = B.resolve(spec)
     grid = TokenGrid(3, 4, 4)
     q, k, v = qkv(grid.seq_len)
-    out, label, stats = entry.grid.attend(q, k, v, grid=grid)
+    out, label, stats = entry.sparse.attend(q, k, v, grid=grid)
     assert label == entry.kernel and stats.sparse_call and stats.fraction < 1
     torch.testing.assert_close(out, exact(q, k, v, reference_mask(grid, spec)), atol=1e-9, rtol=1e-9)
     # tokens already in the pattern's tile order (once per forward): the same output, in that order
     lay = layout_for(spec, grid)
     ql, kl, vl = (to_layout(t, lay, 2) for t in (q, k, v))
-    out_l, _, _ = entry.grid.attend(ql, kl, vl, grid=grid, tile_ordered=True)
+    out_l, _, _ = entry.sparse.attend(ql, kl, vl, grid=grid, tile_ordered=True)
     real = lay.index < grid.seq_len  # pad rows are don't-care
     torch.testing.assert_close(out_l[:, :, real], to_layout(out, lay, 2)[:, :, real], atol=1e-9, rtol=1e-9)
     # no grid (cross-attention): dense on the same mechanism, counted as such
-    out_x, label_x, stats_x = entry.grid.attend(q, k[:, :, :7], v[:, :, :7], grid=None)
+    out_x, label_x, stats_x = entry.sparse.attend(q, k[:, :, :7], v[:, :, :7], grid=None)
     assert label_x == S.DENSE_LABEL and not stats_x.sparse_call and stats_x.fraction == 1.0
     torch.testing.assert_close(out_x, exact(q, k[:, :, :7], v[:, :, :7]), atol=1e-9, rtol=1e-9)
 
@@ -198,20 +199,20 @@ def test_sta_kernel_runs_only_its_grids_in_tile_order(packages):
     ok, why = S._sta_kernel_probe(torch.device("cuda"))
     assert ok, why
     entry = B.resolve("sta_kernel:window=1x3x3")
-    assert entry.name == "sta_kernel:window=1x3x3" and entry.grid.spec.pad == "none"
+    assert entry.name == "sta_kernel:window=1x3x3" and entry.sparse.spec.pad == "none"
     q, k, v = qkv(TokenGrid(3, 4, 4).seq_len)
     with pytest.raises(B.UnsupportedCall, match="not 3x4x4; use 'sta'"):
-        entry.grid.attend(q, k, v, grid=TokenGrid(3, 4, 4))
+        entry.sparse.attend(q, k, v, grid=TokenGrid(3, 4, 4))
     grid = TokenGrid(18, 48, 80)  # Wan 69x768x1280, one of the package's grids
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, 2, grid.seq_len, 4, generator=g) for _ in range(3))
-    out, label, stats = entry.grid.attend(q, k, v, grid=grid)
+    out, label, stats = entry.sparse.attend(q, k, v, grid=grid)
     import fastvideo_kernel
 
     assert fastvideo_kernel.calls == [((1, 2, grid.seq_len, 4), [(1, 3, 3)] * 2, 0, False, "18x48x80")]
     torch.testing.assert_close(out, v)  # v went in in tile order and came back in the model's order
     assert label == "fastvideo_kernel.sliding_tile_attention[window=1x3x3]" and 0 < stats.fraction < 1
-    _, label_x, _ = entry.grid.attend(q[:, :, :64], k[:, :, :9], v[:, :, :9], grid=None)
+    _, label_x, _ = entry.sparse.attend(q[:, :, :64], k[:, :, :9], v[:, :, :9], grid=None)
     assert label_x == S.DENSE_LABEL  # cross-attention: the kernel has no dense mode, FlexAttention runs it
 
 
@@ -253,7 +254,7 @@ def test_sta_kernel_matches_flexattention_on_cuda():
     grid = TokenGrid(18, 48, 80)
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, 2, grid.seq_len, 128, generator=g).cuda().bfloat16() for _ in range(3))
-    kernel, _, _ = B.resolve("sta_kernel").grid.attend(q, k, v, grid=grid)
-    flex, _, _ = B.resolve("sta:pad=none").grid.attend(q, k, v, grid=grid)
+    kernel, _, _ = B.resolve("sta_kernel").sparse.attend(q, k, v, grid=grid)
+    flex, _, _ = B.resolve("sta:pad=none").sparse.attend(q, k, v, grid=grid)
     err = ((kernel.float() - flex.float()).norm() / flex.float().norm()).item()
     assert err < 2e-2, err

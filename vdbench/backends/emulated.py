@@ -16,7 +16,7 @@ from functools import partial
 from vdbench.numerics import (LOG2E, SAGE_BLKK, SAGE_BLKQ, fp8_bh_inputs, fp8_emulated, quantize_int8_per_block,
                               sagev1_emulated, sagev2_emulated, zero_channels_, zero_v_channels)
 
-from .registry import ANY_FLOAT, Backend, LSEForm, Option, register, traffic
+from .registry import ANY_FLOAT, Backend, BenchProfile, LSEForm, Option, register, traffic
 
 ORDER = 40
 
@@ -56,7 +56,7 @@ def _bind_sagev2(base: Backend, opts: dict) -> Backend:
     return dataclasses.replace(
         base, fn=partial(_sagev2, **kw), kernel=label, lse=LSEForm(partial(_sagev2, return_lse=True, **kw),
                                                                    ("cpu", "cuda"), label + "[lse]"),
-        bytes_model=traffic((1, 1, 1 if opts["pv"] == "fp8" else 2), (1, 2, 3 if opts["pv"] == "fp8" else 1)))
+        bench=BenchProfile(traffic((1, 1, 1 if opts["pv"] == "fp8" else 2), (1, 2, 3 if opts["pv"] == "fp8" else 1))))
 
 
 def _bind_fp8(base: Backend, opts: dict) -> Backend:
@@ -64,8 +64,9 @@ def _bind_fp8(base: Backend, opts: dict) -> Backend:
     tag = ",".join(t for t, on in (("smooth_k", smooth), ("rotate=hadamard", rotate)) if on)
     extra = 2 if rotate else 0
     return dataclasses.replace(base, fn=partial(fp8_emulated, smooth_k=smooth, rotate=rotate),
-                               kernel=f"emu.fp8[{tag}]", prepass=partial(_fp8_prepass, smooth_k=smooth, rotate=rotate),
-                               bytes_model=traffic((1, 1, 1), (2 + extra, (3 if smooth else 2) + extra, 2)))
+                               kernel=f"emu.fp8[{tag}]",
+                               bench=BenchProfile(traffic((1, 1, 1), (2 + extra, (3 if smooth else 2) + extra, 2)),
+                                                  prepass=partial(_fp8_prepass, smooth_k=smooth, rotate=rotate)))
 
 
 _SAGEV2_DEFAULTS = dict(pv="fp8", gran="per_thread", arch="sm90")
@@ -74,7 +75,7 @@ register(Backend(
     "sagev1_emu", "SageAttention v1 numerics emulated in torch (INT8 per-block Q/K, K smoothing, fp16 P·V)",
     fn=sagev1_emulated, kernel="emu.sagev1", emulated=True, dtypes=ANY_FLOAT,
     no_lse_reason="the SageAttention emulation does not compute a log-sum-exp",
-    bytes_model=traffic((1, 1, 2), (1, 1, 0)), prepass=_sage_prepass))
+    bench=BenchProfile(traffic((1, 1, 2), (1, 1, 0)), prepass=_sage_prepass)))
 register(Backend(
     "sagev2_emu", "SageAttention 2 numerics emulated in torch (INT8 Q/K per thread or warp, K smoothing, fp8 P·V "
     "with a per-channel V scale or fp16 P·V, each kernel's accumulation)",
@@ -82,7 +83,7 @@ register(Backend(
     max_head_dim=128,
     lse=LSEForm(partial(_sagev2, return_lse=True, **_SAGEV2_DEFAULTS), ("cpu", "cuda"),
                 _sagev2_label(_SAGEV2_DEFAULTS) + "[lse]"),
-    bytes_model=traffic((1, 1, 1), (1, 2, 3)), prepass=None, notes="emulated, slow; quantization inside the call",
+    bench=BenchProfile(traffic((1, 1, 1), (1, 2, 3))), notes="emulated, slow; quantization inside the call",
     options=(Option("pv", "fp8", ("fp8", "fp16"), help="P·V precision: fp8 (sm89/sm90 kernels) or fp16"),
              Option("gran", "per_thread", ("per_thread", "per_warp", "per_block"),
                     help="Q/K scale groups; per_block = the Triton fp16 kernel"),
@@ -92,7 +93,7 @@ register(Backend(
     "fp8_emu", "FA3 fp8 numerics emulated in torch (e4m3 Q/K/V per-(batch,head) scales, e4m3 P)",
     fn=fp8_emulated, kernel="emu.fp8", emulated=True, dtypes=ANY_FLOAT,
     no_lse_reason="the fp8 emulation does not compute a log-sum-exp",
-    bytes_model=traffic((1, 1, 1), (2, 2, 2)), prepass=_fp8_prepass,
+    bench=BenchProfile(traffic((1, 1, 1), (2, 2, 2)), prepass=_fp8_prepass),
     options=(Option("smooth_k", "0", ("0", "1"), help="1: subtract K's mean over the sequence before quantizing"),
              Option("rotate", "none", ("none", "hadamard"),
                     help="hadamard: rotate Q and K along the head dimension before quantizing (fav3_fp8's option)")),

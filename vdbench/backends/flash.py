@@ -24,8 +24,8 @@ import torch
 from vdbench import kernels
 from vdbench.numerics import fp8_bh_inputs, rotated_fp8_inputs
 
-from .registry import (HALF, Backend, BackendUnavailable, LSEForm, Option, cuda, register, requires_package,
-                       traffic)
+from .registry import (HALF, Backend, BackendUnavailable, BenchProfile, LSEForm, Option, cuda, register,
+                       requires_package, traffic)
 
 ORDER = 20
 
@@ -152,8 +152,8 @@ def _bind_fav3_fp8(base: Backend, opts: dict) -> Backend:
         twin=f"fp8_emu:{twin_opts}" if twin_opts else base.twin,
         lse=LSEForm(partial(_lse_fav3_fp8, smooth_k=smooth, rotate=rotate), ("cuda",),
                     f"{_FP8_KERNEL[:-1]}{tag}][lse]"),
-        bytes_model=traffic((1, 1, 1), (2 + extra, (3 if smooth else 2) + extra, 2)),
-        prepass=partial(_fp8_inputs, smooth_k=smooth, rotate=rotate), label=_fp8_label(tag))
+        bench=BenchProfile(traffic((1, 1, 1), (2 + extra, (3 if smooth else 2) + extra, 2)),
+                           prepass=partial(_fp8_inputs, smooth_k=smooth, rotate=rotate)), label=_fp8_label(tag))
 
 
 _FA3 = (requires_package(*_FA3_MODULES, hint="pip install -e '.[fa3]'"), cuda(major=9))
@@ -173,7 +173,7 @@ register(Backend(
     kernel=_FP8_KERNEL, layout="BSHD", constraints=_FA3, dtypes=HALF, head_dims=_FA3_HEAD_DIMS,
     twin="fp8_emu", lse=LSEForm(_lse_fav3_fp8, ("cuda",), _FP8_KERNEL + "[lse]"),
     # e4m3 Q/K/V; the fused pre-pass reads each twice (amax, then quantization) and writes it in e4m3
-    bytes_model=traffic((1, 1, 1), (2, 2, 2)), prepass=_fp8_inputs, label=_fp8_label(""),
+    bench=BenchProfile(traffic((1, 1, 1), (2, 2, 2)), prepass=_fp8_inputs), label=_fp8_label(""),
     options=(Option("smooth_k", "0", ("0", "1"), help="1: subtract K's mean over the sequence before quantizing"),
              Option("rotate", "none", ("none", "hadamard"),
                     help="hadamard: rotate Q and K along the head dimension before quantizing (Q·Kᵀ unchanged; "

@@ -13,8 +13,15 @@ Why an entry carries every fact about its backend: availability needs a *reason*
 wrong architecture, unsupported head dim or dtype) so that a run asking for a backend that can't run stops
 before any work saying why, and every caller (patching, parallel, render, the bench, ``--list_backends``) must
 agree on what a name means. Callers ask the entry -- ``passthrough``, ``lse_form(device)``, ``call_label(...)``,
-``bytes_moved(...)``, ``prepass`` -- and never compare names, so adding a kernel is one ``register(Backend(...))``
-next to its wrapper in one module of this package, and no caller changes.
+``bench.bytes_moved(...)``, ``bench.prepass``, ``sparse`` -- and never compare names, so adding a kernel is one
+``register(Backend(...))`` next to its wrapper in one module of this package, and no caller changes.
+
+An entry has three parts, each read by different callers: the runtime facts on ``Backend`` itself (what every
+caller that runs attention needs), ``Backend.bench`` (a ``BenchProfile``: the bytes model and the quantization
+pre-pass, read by the bench and by ``exact``) and ``Backend.sparse`` (a ``SparseUse``, or None for a dense kernel:
+the pattern, its call with the token grid and its option grammar, read by the patching core, the bench and
+``resolve``). An entry that gives no bench profile gets the default one (Q, K, V read and O written at the input's
+width, no pre-pass).
 
 Options: an entry may declare ``options`` (``Option``: key, default, accepted values) and a ``bind`` hook; then
 ``resolve("sagev2_fp8:gran=per_warp")`` returns the entry bound to those options -- named by its canonical spelling
@@ -43,10 +50,10 @@ from typing import Callable, NamedTuple, Optional, Sequence, Union
 
 import torch
 
-__all__ = ["Backend", "BackendUnavailable", "UnsupportedCall", "LSEForm", "Option", "GridUse", "BytesMoved", "traffic", "HALF",
-           "ANY_FLOAT", "RequiresPackage", "requires_package", "cuda", "cuda_dtypes", "probe", "register", "unregister",
-           "registered", "resolve", "get_backend", "canonical_name", "names", "aliases", "availability",
-           "available_names", "capability_table", "BACKENDS"]
+__all__ = ["Backend", "BenchProfile", "SparseUse", "BackendUnavailable", "UnsupportedCall", "LSEForm", "Option",
+           "BytesMoved", "traffic", "HALF", "ANY_FLOAT", "RequiresPackage", "requires_package", "cuda", "cuda_dtypes",
+           "probe", "register", "unregister", "registered", "resolve", "get_backend", "canonical_name", "names",
+           "aliases", "availability", "available_names", "capability_table", "BACKENDS"]
 
 HALF = (torch.float16, torch.bfloat16)
 ANY_FLOAT = (torch.float16, torch.bfloat16, torch.float32)
@@ -95,8 +102,10 @@ class LSEForm:
 
 
 @dataclass(frozen=True)
-class GridUse:
-    """What a backend that needs per-model state -- the token grid of each call -- asks of the patching core.
+class SparseUse:
+    """The sparse part of an entry: the pattern it computes, how a call with the token grid runs it and how its
+    option string is parsed -- what a backend that needs per-model state (the token grid of each call) asks of the
+    patching core.
 
     Why: a sparse pattern (``sta``, ``radial``) is a statement about grid neighbours, and the grid is known on
     the transformer (its latent shape and patch size), not in a flat attention call. The patching core installs
@@ -105,12 +114,15 @@ class GridUse:
     ``hooks.grid`` is the grid of the forward in progress and ``hooks.layout`` the tile order the tokens already
     arrive in (None: the model's own order). ``spec`` is what the hooks are built with (the pattern, whose layout
     a once-per-forward hook puts the tokens in); ``once_per_forward``: the backend accepts tokens already in that
-    layout (False: the hooks only track the grid and ``attend`` permutes per call).
+    layout (False: the hooks only track the grid and ``attend`` permutes per call). ``configure(options) -> entry``:
+    the pattern's own option grammar (``sta:window=3x3x3,tile=6x8x8``), which ``resolve`` hands the text after the
+    ``:`` to instead of the generic ``Option`` parsing (None: the entry takes no options).
     """
 
     spec: object
     attend: Callable
     once_per_forward: bool = True
+    configure: Optional[Callable[[str], "Backend"]] = field(default=None, compare=False)
 
 
 class BytesMoved(NamedTuple):
@@ -142,6 +154,21 @@ def traffic(widths: tuple = (None, None, None), prepass_reads: tuple = (0, 0, 0)
         return BytesMoved(kernel, pre)
 
     return model
+
+
+@dataclass(frozen=True)
+class BenchProfile:
+    """The part of an entry only the bench reads (and ``Backend.exact``, which asks the bytes model whether the
+    kernel reads narrower inputs): ``bytes_model(b, h, sq, sk, d, itemsize) -> BytesMoved`` (``traffic``; the
+    default reads Q, K, V and writes O at the input's width) and ``prepass(q, k, v, scale)``, the quantization
+    pre-pass alone so that it can be timed apart (None: there is none, or it runs inside a call that exposes no
+    way to run it alone -- then its bytes are still counted by the model)."""
+
+    bytes_model: Callable[..., BytesMoved] = field(default=traffic(), compare=False)
+    prepass: Optional[Callable] = None
+
+    def bytes_moved(self, b: int, h: int, sq: int, sk: int, d: int, itemsize: int) -> BytesMoved:
+        return self.bytes_model(b, h, sq, sk, d, itemsize)
 
 
 @dataclass(frozen=True)
@@ -280,12 +307,15 @@ class Backend:
     ``head_dims``, ``max_head_dim``), which ``check_call`` enforces per call with ``supports_mask`` and
     ``supports_causal``. ``passthrough``: installing it leaves the pipeline's own attention running (counted).
     ``twin``: the registered emulation of this kernel's numerics; ``install_hint`` defaults to the hint of a
-    ``requires_package`` constraint. ``bytes_model`` and ``prepass(q, k, v, scale)`` serve the bench (``prepass``
-    None: no pre-pass that can be timed on its own). ``label(q, k, v, attn_mask, dropout_p, is_causal, scale,
-    enable_gqa)`` names the kernel of one call where that is decided per call (torch sdpa's choice).
-    ``options`` / ``bind(entry, values) -> entry``: the options the entry takes and how an entry bound to a full
-    set of values is made (``resolve`` calls it; a ValueError from it is the refusal of that combination);
-    ``bound``: the non-default (key, value) pairs a bound entry carries (empty for a registered one).
+    ``requires_package`` constraint. ``label(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa)`` names
+    the kernel of one call where that is decided per call (torch sdpa's choice). ``options`` /
+    ``bind(entry, values) -> entry``: the options the entry takes and how an entry bound to a full set of values is
+    made (``resolve`` calls it; a ValueError from it is the refusal of that combination); ``bound``: the
+    non-default (key, value) pairs a bound entry carries (empty for a registered one).
+
+    ``bench``: what only the bench reads (``BenchProfile``: bytes model, pre-pass); ``sparse``: the pattern of an
+    entry that needs the token grid (``SparseUse``; None for a dense kernel). A bind hook that changes them
+    replaces the whole part (``bench=BenchProfile(...)``).
     """
 
     name: str
@@ -305,22 +335,23 @@ class Backend:
     emulated: bool = False
     twin: Optional[str] = None
     install_hint: Optional[str] = None
-    bytes_model: Callable[..., BytesMoved] = field(default=traffic(), compare=False)
-    prepass: Optional[Callable] = None
     label: Optional[Callable[..., str]] = None
     aliases: tuple[str, ...] = ()
     notes: str = ""
     options: tuple[Option, ...] = ()
     bind: Optional[Callable[["Backend", dict], "Backend"]] = field(default=None, compare=False)
     bound: tuple[tuple[str, object], ...] = ()
-    grid: Optional[GridUse] = None  # per-model state: needs the token grid of each call (GridUse)
-    configure: Optional[Callable[[str], "Backend"]] = field(default=None, compare=False)  # "name:options" -> entry
+    bench: BenchProfile = field(default_factory=BenchProfile)
+    sparse: Optional[SparseUse] = None
 
     def __post_init__(self):
         if self.layout not in ("BHSD", "BSHD"):
             raise ValueError(f"backend '{self.name}': layout must be BHSD or BSHD, got {self.layout!r}")
         if self.options and self.bind is None:
             raise ValueError(f"backend '{self.name}' declares options but no bind hook to apply them")
+        if self.options and self.sparse is not None and self.sparse.configure is not None:
+            raise ValueError(f"backend '{self.name}': options are parsed either by Option/bind or by its sparse "
+                             "pattern's configure, not both")
         object.__setattr__(self, "options", tuple(self.options))
         object.__setattr__(self, "constraints", tuple(self.constraints))
         object.__setattr__(self, "aliases", tuple(self.aliases))
@@ -408,9 +439,6 @@ class Backend:
             return self.kernel
         return self.label(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa)
 
-    def bytes_moved(self, b: int, h: int, sq: int, sk: int, d: int, itemsize: int) -> BytesMoved:
-        return self.bytes_model(b, h, sq, sk, d, itemsize)
-
     @property
     def base_name(self) -> str:
         """The registered name this entry is (or was bound from)."""
@@ -426,7 +454,7 @@ class Backend:
         """A real kernel computing attention at its inputs' precision: not an emulation, and its bytes model reads
         no input narrower than it came (INT8 / fp8 kernels read 1 byte per element of a 2-byte input). What a
         speed-up is measured against in a batch's comparison (its first exact backend)."""
-        return not self.emulated and self.bytes_model(1, 1, 1, 1, 1, 2).kernel >= 4 * 2
+        return not self.emulated and self.bench.bytes_moved(1, 1, 1, 1, 1, 2).kernel >= 4 * 2
 
     def __call__(self, q, k, v, *, scale=None, is_causal=False):
         return self.fn(q, k, v, scale=scale, is_causal=is_causal)
@@ -496,8 +524,8 @@ def registered(backend: Backend, *, order: int = LAST):
 
 def resolve(name_or_backend) -> Backend:
     """The entry for a canonical name, an alias (diffusers' or SGLang's name), a name with options
-    (``sagev2_fp8:gran=per_warp``, see ``Option``; an entry with a ``configure`` hook parses its own options,
-    ``sta:window=3x3x3,tile=6x8x8``) or an entry itself."""
+    (``sagev2_fp8:gran=per_warp``, see ``Option``; a sparse entry's ``SparseUse.configure`` parses its own
+    options, ``sta:window=3x3x3,tile=6x8x8``) or an entry itself."""
     if isinstance(name_or_backend, Backend):
         return name_or_backend
     text = str(name_or_backend).strip()
@@ -509,9 +537,9 @@ def resolve(name_or_backend) -> Backend:
         raise BackendUnavailable(_unknown(head if sep else name_or_backend)) from None
     if not sep:
         return base
-    if base.configure is not None:  # the entry parses its own option string (the sparse patterns' spec grammar)
+    if base.sparse is not None and base.sparse.configure is not None:  # the pattern's own spec grammar
         try:
-            return base.configure(rest)
+            return base.sparse.configure(rest)
         except ValueError as e:
             raise BackendUnavailable(str(e)) from None
     return _bind(base, _parse_options(base, rest, text))

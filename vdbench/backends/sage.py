@@ -19,7 +19,7 @@ import importlib.util
 from dataclasses import dataclass
 from typing import Optional
 
-from .registry import ANY_FLOAT, Backend, cuda, register, requires_package, traffic
+from .registry import ANY_FLOAT, Backend, BenchProfile, cuda, register, requires_package, traffic
 
 ORDER = 10
 
@@ -99,5 +99,5 @@ register(Backend(
     no_lse_reason="sageattention 1.0.6's sageattn() has no log-sum-exp output",
     # int8 Q/K, fp16 V; its pre-pass (reads Q/K, writes int8) runs inside sageattn(), which exposes no way to
     # run it alone: counted in the bytes, not timed apart
-    bytes_model=traffic((1, 1, 2), (1, 1, 0)), prepass=None,
+    bench=BenchProfile(traffic((1, 1, 2), (1, 1, 0))),
     notes="quantization inside sageattn() (not timed apart)"))

@@ -44,7 +44,8 @@ import torch
 from vdbench import kernels
 from vdbench.numerics import zero_channels_, zero_v_channels
 
-from .registry import HALF, Backend, LSEForm, Option, UnsupportedCall, cuda, register, requires_package, traffic
+from .registry import (HALF, Backend, BenchProfile, LSEForm, Option, UnsupportedCall, cuda, register,
+                       requires_package, traffic)
 from .sage import SageMajor, import_sageattention, sage_version
 
 ORDER = 15
@@ -259,7 +260,7 @@ def _entry(name: str, description: str, function: Callable[[torch.device], str],
                      *checks, SageSelfCheck(function, tuple(sorted(kwargs.items())))),
         dtypes=HALF, max_head_dim=128, twin=twin, install_hint=INSTALL_HINT,
         lse=LSEForm(partial(_call_lse, function, kwargs), ("cuda",), lambda q: label(q.device) + "[lse]"),
-        label=lambda q, *_: label(q.device), bytes_model=traffic(widths, prepass_reads), prepass=None,
+        label=lambda q, *_: label(q.device), bench=BenchProfile(traffic(widths, prepass_reads)),
         notes="quantization inside sageattention's call (not timed apart)", **extra)
 
 

@@ -2,15 +2,15 @@
 and the packaged sliding-tile kernel where it imports (``sta_kernel``).
 
 Why these entries differ from the others: a pattern is a statement about neighbours on the latent token grid, and
-an attention call sees a flat sequence. So ``sta`` / ``radial`` carry a :class:`~.registry.GridUse` -- per-model
-state: the patching core installs the model family's grid hooks on each patched transformer and routes every call
-through ``GridUse.attend`` with the grid of the forward in progress (and, for Wan, the tokens already in the
-pattern's tile order, permuted once per forward). Called bare (no grid), their ``fn`` refuses: running dense there
-would report a pattern that never ran. Where no grid applies (cross-attention), the call runs dense on the same
-FlexAttention path and is counted as ``flex.dense``.
+an attention call sees a flat sequence. So ``sta`` / ``radial`` carry a :class:`~.registry.SparseUse` (their
+``sparse`` part) -- per-model state: the patching core installs the model family's grid hooks on each patched
+transformer and routes every call through ``SparseUse.attend`` with the grid of the forward in progress (and, for
+Wan, the tokens already in the pattern's tile order, permuted once per forward). Called bare (no grid), their ``fn``
+refuses: running dense there would report a pattern that never ran. Where no grid applies (cross-attention), the
+call runs dense on the same FlexAttention path and is counted as ``flex.dense``.
 
 Options: ``sta:window=3x3x3,tile=6x8x8`` (``+`` separates options too). The parsing is
-:func:`vdbench.sparse.parse_spec`'s; an entry's ``configure(options)`` returns the entry of that option set
+:func:`vdbench.sparse.parse_spec`'s; an entry's ``sparse.configure(options)`` returns the entry of that option set
 (one per spelling-independent set, cached), named by the options that differ from the defaults
 (:func:`entry_name`: ``sta:window=3x5x5``) -- the base name when there are none, so ``sta`` and
 ``sta:window=3x3x3`` are one render.
@@ -36,7 +36,7 @@ import torch
 from vdbench.sparse import PATTERNS, BlockStats, SparseSpec, TokenGrid, block_mask, from_layout, parse_spec, to_layout
 from vdbench.sparse.attention import flex_attention_dense, sparse_attention
 
-from .registry import (ANY_FLOAT, Backend, GridUse, UnsupportedCall, cuda, probe, register, requires_package)
+from .registry import (ANY_FLOAT, Backend, SparseUse, UnsupportedCall, cuda, probe, register, requires_package)
 
 __all__ = ["DENSE_LABEL", "pattern_label", "entry_name", "grid_label", "STA_KERNEL_GRIDS"]
 
@@ -91,14 +91,14 @@ def entry_name(spec: SparseSpec) -> str:
 
 def grid_label(entry: Backend) -> str:
     """What ``--list_backends`` and the bench show for a grid backend's options."""
-    return pattern_label(entry.grid.spec) if entry.grid is not None else entry.kernel
+    return pattern_label(entry.sparse.spec) if entry.sparse is not None else entry.kernel
 
 
 def _needs_grid(name: str):
     def fn(q, k, v, *, scale=None, is_causal=False):
         raise UnsupportedCall(f"backend '{name}' needs the token grid of the call: install it into a Wan or "
                               "CogVideoX pipeline (vdbench.use_backend, --attention_type), or call its "
-                              "GridUse.attend with a grid (bench/bench_attention.py --grid FxHxW)")
+                              "SparseUse.attend with a grid (bench/bench_attention.py --grid FxHxW)")
 
     fn.__name__ = f"{name}_needs_grid"
     return fn
@@ -146,8 +146,8 @@ def _pattern_entry(spec: SparseSpec, name: str) -> Backend:
     return Backend(
         name, f"{_DESCRIPTIONS[spec.pattern]}: {pattern_label(spec)}", fn=_needs_grid(name),
         kernel=pattern_label(spec), constraints=(probe(_flex_probe),), dtypes=ANY_FLOAT, supports_causal=False,
-        no_lse_reason=_NO_LSE, grid=GridUse(spec, _flex_attend(spec), once_per_forward=True),
-        configure=_configure(spec.pattern), notes=_GRID_NOTE)
+        no_lse_reason=_NO_LSE, notes=_GRID_NOTE,
+        sparse=SparseUse(spec, _flex_attend(spec), once_per_forward=True, configure=_configure(spec.pattern)))
 
 
 register(Backend(
@@ -234,7 +234,7 @@ def _sta_kernel_entry(spec: SparseSpec, name: str) -> Backend:
         constraints=(requires_package(*_STA_MODULES, hint="pip install st-attn (or fastvideo-kernel) built for "
                                                            "this torch"), cuda(major=9), probe(_sta_kernel_probe)),
         dtypes=(torch.bfloat16,), head_dims=(128,), supports_causal=False, no_lse_reason=_NO_LSE,
-        grid=GridUse(spec, _sta_kernel_attend(spec), once_per_forward=True), configure=_sta_kernel_configure,
+        sparse=SparseUse(spec, _sta_kernel_attend(spec), once_per_forward=True, configure=_sta_kernel_configure),
         notes=f"grids {', '.join(STA_KERNEL_GRIDS.values())} only (the package's); " + _GRID_NOTE.split(";")[0])
 
 

@@ -10,7 +10,7 @@ from typing import Callable
 from vdbench import kernels
 
 from . import registry
-from .registry import Backend, probe, register, requires_package, traffic, unregister
+from .registry import Backend, BenchProfile, probe, register, requires_package, traffic, unregister
 
 ORDER = 30
 
@@ -49,8 +49,9 @@ def entry(kernel: kernels.Kernel) -> Backend:
                    dtypes=kernel.dtypes, head_dims=kernel.head_dims,
                    constraints=(requires_package("triton", hint="pip install -e '.[test]'"),
                                 probe(_probe(kernel.name))),
-                   no_lse_reason=_NO_LSE, bytes_model=traffic(kernel.widths, kernel.prepass_reads or (0, 0, 0)),
-                   prepass=_prepass(kernel.name) if quantized else None, notes=kernel.notes)
+                   no_lse_reason=_NO_LSE, notes=kernel.notes,
+                   bench=BenchProfile(traffic(kernel.widths, kernel.prepass_reads or (0, 0, 0)),
+                                      prepass=_prepass(kernel.name) if quantized else None))
 
 
 def _added(kernel: kernels.Kernel) -> None:

@@ -184,7 +184,7 @@ class AttentionPatch:
                                    for layer, _ in attention_modules(model))
         n = 0
         try:
-            if any(b.grid is not None for b in self.schedule.members):
+            if any(b.sparse is not None for b in self.schedule.members):
                 self._grids.install(self.models, self.schedule, self.grid_hooks, lambda: self.step,
                                     self.tile_order_once)
             for model_name, model in self.models:
@@ -274,7 +274,7 @@ class AttentionPatch:
                          enable_gqa=enable_gqa)
         except UnsupportedCall as e:
             where = f"{self.context[0]}.{self.context[1]} ({self.context[2]}-attention), step {self.step}"
-            if b.grid is not None and self._grids.tile_ordered(b, self.context[0]):
+            if b.sparse is not None and self._grids.tile_ordered(b, self.context[0]):
                 raise UnsupportedCall(f"{e} — in {where}, whose tokens are in the pattern's tile order (padded), "
                                       "where torch sdpa can't stand in; no fallback is possible") from None
             if self.on_unsupported == "error":
@@ -286,10 +286,10 @@ class AttentionPatch:
             out = self.timed(lambda: torch_sdpa(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa), q)
             self.record("fallback:sdpa", q, k, v, out, bshd=False, args=args)
             return out
-        if b.grid is not None:  # the pattern needs the grid: through the model's grid hooks
+        if b.sparse is not None:  # the pattern needs the grid: through the model's grid hooks
             model, kind = self.context[0], self.context[2]
             if self._grids.tile_ordered(b, model):  # observers (captures) see tokens in the pattern's tile order
-                args = {**args, "tile_order": str(b.grid.spec)}
+                args = {**args, "tile_order": str(b.sparse.spec)}
             out, label, blocks = self.timed(
                 lambda: self._grids.attend(b, model, kind, q, k, v, scale, is_causal), q)
             self.record(label + tag, q, k, v, out, bshd=False, args=args, blocks=blocks)

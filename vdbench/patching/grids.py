@@ -1,7 +1,7 @@
-"""Per-model state of the backends that need the token grid (``Backend.grid``): the grid hooks of one patch.
+"""Per-model state of the backends that need the token grid (``Backend.sparse``): the grid hooks of one patch.
 
 Why a piece of its own: a sparse pattern needs the latent grid of each call, which only the transformer knows. For
-every patched model and every member of the patch's schedule that carries a :class:`~vdbench.backends.GridUse`,
+every patched model and every member of the patch's schedule that carries a :class:`~vdbench.backends.SparseUse`,
 the model family's hooks (``Family.grid_hooks``, :mod:`vdbench.sparse.hooks`) are installed on the transformer for
 as long as the patch is; the core then hands such a backend's calls to :meth:`GridStates.attend`, which passes it
 the grid of the forward in progress -- for self/joint attention only: a cross-attention call gets no grid and runs
@@ -42,12 +42,12 @@ class GridStates:
         once = once_per_forward and not schedule.by_layer
         for model_name, model in models:
             for b in schedule.members:
-                if b.grid is None:
+                if b.sparse is None:
                     continue
                 # the tokens go to tile order for a forward whose grid calls (self / joint) this backend serves
                 active = (lambda b=b: any(schedule.at(step(), None, k) is b for k in _GRID_KINDS))
                 try:
-                    hooks = grid_hooks(model, b.grid.spec, once_per_forward=once and b.grid.once_per_forward,
+                    hooks = grid_hooks(model, b.sparse.spec, once_per_forward=once and b.sparse.once_per_forward,
                                        active=active)
                 except TypeError as e:
                     raise BackendUnavailable(f"attention backend '{b.name}' can't run on {model_name}: {e}") from None
@@ -70,8 +70,8 @@ class GridStates:
         return self._of(backend, model).layout is not None
 
     def attend(self, backend: Backend, model: str, kind: str, q, k, v, scale: Optional[float], is_causal: bool):
-        """(out, kernel label, BlockStats) of one call (BHSD) through the backend's ``GridUse.attend``."""
+        """(out, kernel label, BlockStats) of one call (BHSD) through the backend's ``SparseUse.attend``."""
         hooks = self._of(backend, model)
         grid = hooks.grid if kind in _GRID_KINDS else None
-        return backend.grid.attend(q, k, v, grid=grid, tile_ordered=hooks.layout is not None, scale=scale,
-                                   is_causal=is_causal)
+        return backend.sparse.attend(q, k, v, grid=grid, tile_ordered=hooks.layout is not None, scale=scale,
+                                     is_causal=is_causal)

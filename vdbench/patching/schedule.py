@@ -206,7 +206,7 @@ class Schedule:
         if compiled and self.by_layer:
             raise ScheduleError("a schedule by layers can't run under --use_torch_compile: the compiled blocks share "
                                 "one graph and don't know their index; drop the compile option or schedule by steps")
-        gridded = [b.name for b in self.members if b.grid is not None]
+        gridded = [b.name for b in self.members if b.sparse is not None]
         if gridded and grid_family is None:
             raise BackendUnavailable(f"attention backend '{gridded[0]}' needs the token grid of each call, which "
                                      "this model family does not provide (Family.grid_hooks); it runs on Wan and "
