@@ -12,7 +12,8 @@ import pytest
 from PIL import Image
 
 import vdbench.video as vv
-from vdbench.video import VideoError, VideoInfo, find_font, iter_frames, label_from_filename, probe_video, write_video
+from vdbench.video import (VideoError, VideoInfo, find_font, frame_to_rgb_uint8, iter_frames, label_from_filename,
+                           probe_video, write_video)
 
 
 def moving_frames(n=8, h=48, w=64, seed=0) -> np.ndarray:
@@ -312,3 +313,28 @@ def test_without_imageio_ffmpeg_opencv_writes_and_reads_the_same_frames(tmp_path
     bad.write_bytes(b"junk" * 100)
     with pytest.raises(VideoError, match="bad.mp4"):
         next(iter_frames(bad))
+
+
+def test_frames_converted_where_they_are_are_the_writers_bytes():
+    """The decode's uint8 frames (vdbench.video.frames_to_rgb_uint8, run on the GPU in a render) equal what the
+    writer makes of float frames one by one, at the rounding edges too; NaN refused with its frame's index."""
+    import torch
+
+    from vdbench.video import frames_to_rgb_uint8
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand((3, 8, 10, 3), generator=g) * 1.2 - 0.1  # beyond [0, 1] on both sides: clipped
+    edges = (torch.arange(256, dtype=torch.float32) + 0.5) / 255  # each level's rounding boundary
+    x[0, 0, :, 0] = edges[:10]
+    x[1, 0, :, 0] = torch.nextafter(edges[100:110], torch.tensor(0.0))
+    for dtype in (torch.float32, torch.bfloat16):
+        t = x.to(dtype)
+        want = np.stack([frame_to_rgb_uint8(f, i) for i, f in enumerate(t.float().numpy())])
+        got = frames_to_rgb_uint8(t)
+        assert got.dtype == np.uint8 and got.flags["C_CONTIGUOUS"] and np.array_equal(got, want)
+    bad = x.clone()
+    bad[2, 3, 4, 1] = float("nan")
+    with pytest.raises(ValueError, match="frame 2: contains NaN or inf"):
+        frames_to_rgb_uint8(bad)
+    with pytest.raises(ValueError, match="expected float frames"):
+        frames_to_rgb_uint8(x[..., :2])

@@ -670,7 +670,7 @@ def run_repetitions(plan: Plan, loaded: Loaded, log) -> tuple[list[dict], object
                     frames = decode_latents(pipe, latents, plan.family, num_frames=cfg.num_frames,
                                             mode=plan.decode.mode, options=plan.decode.options,
                                             timeout_s=cfg.vae_timeout, info=vae_info,
-                                            prewarm=prewarm if rep == 0 else None)
+                                            prewarm=prewarm if rep == 0 else None, uint8=True)
                 except WatchdogTimeout as e:  # never wait forever: say where it hung, exit non-zero
                     raise VAEHang(f"VAE decode hung (> {cfg.vae_timeout} s, --vae_timeout); last completed stage: "
                                   f"{e.report.last_completed_stage}; all threads' stacks were dumped to stderr") from e

@@ -42,6 +42,7 @@ __all__ = [
     "VideoInfo",
     "write_video",
     "frame_to_rgb_uint8",
+    "frames_to_rgb_uint8",
     "probe_video",
     "iter_frames",
     "label_from_filename",
@@ -152,6 +153,28 @@ def frame_to_rgb_uint8(frame, index: int) -> np.ndarray:
     elif arr.dtype != np.uint8:
         raise ValueError(f"frame {index}: unsupported dtype {arr.dtype}")
     return np.ascontiguousarray(arr)
+
+
+def frames_to_rgb_uint8(frames) -> np.ndarray:
+    """A tensor of float frames (T, H, W, 3) in [0, 1] -> (T, H, W, 3) uint8 numpy, byte for byte what
+    :func:`frame_to_rgb_uint8` makes of each frame (float32, clipped, x 255 + 0.5, truncated; NaN/inf refused with
+    the first such frame's index), computed where the tensor is.
+
+    Why: a decode's frames are on the GPU; diffusers' ``postprocess_video(output_type="np")`` copies them to the host
+    in the VAE's dtype and widens them to float32 there, and the writer then converts each to uint8 on the host: at
+    720p x 81 about half a second of every render, whatever the decode mode. Converted on the GPU, the host gets a
+    quarter of the float32 bytes and converts nothing. The two multiplications are separate IEEE float32 operations
+    on either side (no fused multiply-add), so the bytes are the same (tests/test_video.py)."""
+    import torch
+
+    if frames.dim() != 4 or frames.shape[-1] != 3 or not frames.is_floating_point():
+        raise ValueError(f"expected float frames (T, H, W, 3), got {tuple(frames.shape)} {frames.dtype}")
+    x = frames.float()
+    finite = torch.isfinite(x).flatten(1).all(dim=1)
+    if not bool(finite.all()):
+        raise ValueError(f"frame {int((~finite).nonzero()[0])}: contains NaN or inf values")
+    x = torch.add(torch.mul(x.clamp(0.0, 1.0), 255.0), 0.5)
+    return np.ascontiguousarray(x.to(torch.uint8).cpu().numpy())
 
 
 def _pad_to_even(arr: np.ndarray) -> np.ndarray:

@@ -33,6 +33,7 @@ import torch
 from .. import backends as B
 from .. import families
 from .. import kernels as K
+from ..video import frames_to_rgb_uint8
 from ..watchdog import Watchdog
 from . import fast as V
 from . import parallel
@@ -204,7 +205,8 @@ def decode_video(vae, z: torch.Tensor, *, mode: str = "default", chunk_frames: O
 def decode_latents(pipe, latents: torch.Tensor, family: "str | families.Family", num_frames: int | None = None, *,
                    mode: "str | DecodeMode" = "default", max_memory_gib: Optional[float] = None,
                    timeout_s: Optional[float] = None, chunk_frames: Optional[int] = None, info: Optional[dict] = None,
-                   fused_glue: Optional[bool] = None, prewarm=None, options: Optional[DecodeOptions] = None):
+                   fused_glue: Optional[bool] = None, prewarm=None, options: Optional[DecodeOptions] = None,
+                   uint8: bool = False):
     """Latents from ``pipe(..., output_type="latent")`` -> float frames (T, H, W, 3) in [0, 1] (numpy), decoded
     as the pipeline would have (:func:`vdbench.vae.fast.prepare_latents`) by ``mode`` (checked before any work).
 
@@ -220,7 +222,9 @@ def decode_latents(pipe, latents: torch.Tensor, family: "str | families.Family",
     decode), its status goes to ``info["prewarm"]``, its thread's time to ``info["prewarm_s"]`` and the wait to
     ``info["one_time"]``. With the
     Triton glue, ``info["glue_compiled_in_call"]`` counts the glue variants compiled during this call (0 when
-    none was left to compile).
+    none was left to compile). ``uint8``: the frames as the video encoder takes them instead, (T, H, W, 3) uint8,
+    converted where the decode ran (:func:`vdbench.video.frames_to_rgb_uint8`: the same bytes, a quarter of the
+    copy, no host conversion).
     """
     vae = pipe.vae
     if options is None:
@@ -248,7 +252,11 @@ def decode_latents(pipe, latents: torch.Tensor, family: "str | families.Family",
             wd.stage("decode")
             video = m.run(vae, z, options, info, wd)
         wd.stage("postprocess")
-        frames = pipe.video_processor.postprocess_video(video, output_type="np")[0]
+        if uint8:  # diffusers' own denormalization, in the video's dtype; then the writer's conversion, here
+            frames = frames_to_rgb_uint8(pipe.video_processor.postprocess_video(video, output_type="pt")[0]
+                                         .permute(0, 2, 3, 1))
+        else:
+            frames = pipe.video_processor.postprocess_video(video, output_type="np")[0]
     if info.get("glue") == V.GLUE_TRITON and compiled_before is not None:
         info["glue_compiled_in_call"] = K.compiled_variants("vae_glue") - compiled_before
     return frames
