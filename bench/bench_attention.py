@@ -36,7 +36,9 @@ Per input x kernel:
   their sequence length. They are timed on tokens already in their tile order (as the once-per-forward form runs
   them; the permutation happens once per forward, not per call) and checked for accuracy in the model's order.
   ``work`` is the fraction of the kernel's 128x128 (query, key) block pairs computed, ``work_vs_dense`` the
-  computed pairs over dense attention's on the unpadded sequence (padding to whole tiles adds pairs). Accuracy is
+  computed pairs over dense attention's on the unpadded sequence (padding to whole tiles adds pairs). ``natten``
+  (``natten:window=TxHxW``) needs the grid too but has no tile order: it is timed in the model's order, as it runs,
+  and leaves ``work`` empty (no block mask of ours to count). Accuracy is
   against exact *dense* attention: for a pattern, its approximation error. ``--baseline fav3`` adds
   ``speedup_vs_baseline`` (the baseline's time / the kernel's, per input).
 * bandwidth: GB/s over the bytes each kernel really moves (the entry's bytes model): Q/K/V read and O written
@@ -285,6 +287,10 @@ def _grid_kernel(row, be, q, k, v, grids, scale):
                          f"(--grid FxHxW; given: {', '.join(str(g) for g in grids.values()) or 'none'})")
         return None
     attend = be.sparse.attend
+    if be.sparse.spec.dense:  # a grid kernel with no tile order (natten): timed as it runs, in the model's order
+        row.update(grid=str(grid))
+        call = (lambda q_, k_, v_: attend(q_, k_, v_, grid=grid, scale=scale)[0])
+        return call, call, (q, k, v)
     _, stats, lay = block_mask(be.sparse.spec, grid, q.device)  # the call's block-pair accounting (cached mask)
     row.update(grid=str(grid), work=stats.fraction, work_vs_dense=stats.relative_to_dense)
     ql, kl, vl = (to_layout(t, lay, 2) for t in (q, k, v))

@@ -214,7 +214,8 @@ def install(tmp_path: Path, monkeypatch, package: str, files: dict[str, str]) ->
     else:
         pkg = root / package
         pkg.mkdir(parents=True, exist_ok=True)
-        for name, src in files.items():
+        for name, src in files.items():  # a name may hold a folder (a namespace package's subpackage)
+            (pkg / name).parent.mkdir(parents=True, exist_ok=True)
             (pkg / name).write_text(textwrap.dedent(src))
     monkeypatch.syspath_prepend(str(root))
     for name in [m for m in sys.modules if m.split(".")[0] == package]:
@@ -241,3 +242,129 @@ def forget(package: str) -> None:
     """Drop a fake package's modules after a test (monkeypatch restores the entries it replaced, not new ones)."""
     for name in [m for m in sys.modules if m.split(".")[0] == package]:
         del sys.modules[name]
+
+
+# ----------------------------------------------------------------------------------------------------------
+# FlashAttention-4, FlashInfer, NATTEN: stand-ins with each package's API and layout, computing exact attention in
+# float64 with torch's own sdpa (never vdbench's code), so a layout or argument slip in a wrapper shows as an error
+# ----------------------------------------------------------------------------------------------------------
+
+def exact64(q, k, v, scale=None, is_causal=False, mask=None):
+    """(out, natural-log LSE) of exact attention on (..., S, D) tensors in float64, from torch's sdpa and logsumexp.
+    ``is_causal``: bottom-right aligned (query i sees keys up to sk - sq + i), the packages' convention."""
+    q, k, v = q.double(), k.double(), v.double()
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    sq, sk = q.shape[-2], k.shape[-2]
+    if is_causal:
+        causal = torch.arange(sk)[None, :] <= torch.arange(sq)[:, None] + (sk - sq)
+        mask = causal if mask is None else mask & causal
+    out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+    s = q @ k.transpose(-1, -2) * scale
+    if mask is not None:
+        s = s.masked_fill(~mask, float("-inf"))
+    return out, torch.logsumexp(s, dim=-1)
+
+
+FA4_INTERFACE = '''
+"""A stand-in for flash_attn.cute.interface (flash-attn-4): flash_attn_func on BSHD, (out, lse) as 4.0.0b36 returns."""
+from tests.fake_packages import exact64
+
+CALLS = []
+
+
+def flash_attn_func(q, k, v, qv=None, gather_kv_indices=None, softmax_scale=None, causal=False,
+                    window_size=(None, None), return_lse=False, **kwargs):
+    CALLS.append(dict(shapes=[tuple(t.shape) for t in (q, k, v)], softmax_scale=softmax_scale, causal=causal,
+                      return_lse=return_lse))
+    o, lse = exact64(*(t.transpose(1, 2) for t in (q, k, v)), scale=softmax_scale, is_causal=causal)
+    return o.transpose(1, 2).to(q.dtype), (lse.float() if return_lse else None)
+'''
+
+FA4_INIT = "from .interface import flash_attn_func\n"
+
+FLASHINFER = '''
+"""A stand-in for flashinfer: single_prefill_with_kv_cache on ONE request, q NHD, k / v NHD or HND, base-2 LSE."""
+import math
+
+from tests.fake_packages import exact64
+
+CALLS = []
+
+
+def single_prefill_with_kv_cache(q, k, v, scale_q=None, scale_k=None, scale_v=None, o_dtype=None, custom_mask=None,
+                                 packed_custom_mask=None, causal=False, kv_layout="NHD", pos_encoding_mode="NONE",
+                                 use_fp16_qk_reduction=False, sm_scale=None, window_left=-1, logits_soft_cap=None,
+                                 rope_scale=None, rope_theta=None, backend="auto", return_lse=False, **kwargs):
+    assert q.dim() == 3 and k.dim() == 3 and v.dim() == 3, "one request: 3-D tensors"
+    CALLS.append(dict(shapes=[tuple(t.shape) for t in (q, k, v)], kv_layout=kv_layout, causal=causal,
+                      sm_scale=sm_scale, return_lse=return_lse))
+    if kv_layout == "NHD":
+        k, v = k.transpose(0, 1), v.transpose(0, 1)
+    o, lse = exact64(q.transpose(0, 1), k, v, scale=sm_scale, is_causal=causal)  # (H, S, D)
+    o = o.transpose(0, 1).to(q.dtype)
+    return (o, (lse / math.log(2.0)).transpose(0, 1).float()) if return_lse else o
+'''
+
+NATTEN = '''
+"""A stand-in for natten: na3d (heads-last (B, X, Y, Z, heads, D), NATTEN's window rule, additional keys) and
+attention ((B, S, heads, D)), exact in float64."""
+import torch
+
+from tests.fake_packages import exact64
+
+CALLS = []
+
+
+def _starts(n, k):
+    # NATTEN's neighborhood of position i on an axis of n: k tokens starting at i - k // 2, shifted inside the axis
+    i = torch.arange(n)
+    return (i - k // 2).clamp(min=0).clamp(max=n - k)
+
+
+def na3d(query, key, value, kernel_size, stride=1, dilation=1, is_causal=False, scale=None, additional_keys=None,
+         additional_values=None, backend=None, return_lse=False, **kwargs):
+    b, x, y, z, h, d = query.shape
+    ks = (kernel_size,) * 3 if isinstance(kernel_size, int) else tuple(kernel_size)
+    assert all(2 <= kk <= n for kk, n in zip(ks, (x, y, z))), (ks, (x, y, z))
+    CALLS.append(dict(fn="na3d", shape=tuple(query.shape), kernel_size=ks, scale=scale,
+                      additional=None if additional_keys is None else tuple(additional_keys.shape)))
+    coords = torch.stack(torch.meshgrid(torch.arange(x), torch.arange(y), torch.arange(z), indexing="ij"), -1)
+    coords = coords.reshape(-1, 3)
+    allowed = torch.ones(len(coords), len(coords), dtype=torch.bool)
+    for axis, (n, kk) in enumerate(zip((x, y, z), ks)):
+        start = _starts(n, kk)[coords[:, axis]]
+        key_pos = coords[:, axis]
+        allowed &= (key_pos[None, :] >= start[:, None]) & (key_pos[None, :] < start[:, None] + kk)
+    flat = lambda t: t.reshape(b, x * y * z, t.shape[-2], t.shape[-1]).transpose(1, 2)  # -> (B, H, N, D)
+    q, k, v = flat(query), flat(key), flat(value)
+    if additional_keys is not None:
+        k = torch.cat([k, additional_keys.transpose(1, 2)], dim=2)
+        v = torch.cat([v, additional_values.transpose(1, 2)], dim=2)
+        allowed = torch.cat([allowed, torch.ones(len(coords), additional_keys.shape[1], dtype=torch.bool)], dim=1)
+    o, _ = exact64(q, k, v, scale=scale, mask=allowed)
+    return o.transpose(1, 2).reshape(b, x, y, z, h, value.shape[-1]).to(query.dtype)
+
+
+def attention(query, key, value, is_causal=False, scale=None, return_lse=False, **kwargs):
+    CALLS.append(dict(fn="attention", shapes=[tuple(t.shape) for t in (query, key, value)], scale=scale))
+    o, _ = exact64(*(t.transpose(1, 2) for t in (query, key, value)), scale=scale, is_causal=is_causal)
+    return o.transpose(1, 2).to(query.dtype)
+'''
+
+
+def install_fa4(tmp_path: Path, monkeypatch, *, with_fa2: bool = False) -> None:
+    """flash-attn-4's layout: ``flash_attn`` a namespace package holding ``cute``. ``with_fa2``: a FlashAttention-2
+    ``flash_attn/__init__.py`` beside it whose import fails (its CUDA extension missing), as where both are installed
+    on a machine without FA2's extension -- what an availability check must not import."""
+    files = {"cute/__init__.py": FA4_INIT, "cute/interface.py": FA4_INTERFACE}
+    if with_fa2:
+        files["__init__.py"] = "raise ImportError('flash_attn_2_cuda: cannot open shared object file')\n"
+    install(tmp_path, monkeypatch, "flash_attn", files)
+
+
+def install_flashinfer(tmp_path: Path, monkeypatch) -> None:
+    install(tmp_path, monkeypatch, "flashinfer", {"__init__.py": FLASHINFER})
+
+
+def install_natten(tmp_path: Path, monkeypatch) -> None:
+    install(tmp_path, monkeypatch, "natten", {"__init__.py": NATTEN})

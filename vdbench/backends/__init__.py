@@ -1,10 +1,12 @@
 """The attention backends: the registry (``registry.py``) and its entries, one module per kernel family.
 
 Importing the package imports every module in it (pkgutil): each registers its entries next to their wrappers,
-and its module-level ``ORDER`` places them in ``names()`` (torch_sdpa, sage, flash, triton_kernels, emulated).
+and its module-level ``ORDER`` places them in ``names()`` (torch_sdpa, sage, sage2, flash, flash4, flashinfer_prefill,
+triton_kernels, sparse, neighborhood, emulated).
 Adding a kernel is one ``register(Backend(...))`` in a new or existing module here; no caller changes, because
 callers ask the entry (``resolve(name)``) instead of comparing names. Optional kernel packages (sageattention,
-flash_attn, FA3, triton) are imported at call time only: importing this package imports none of them.
+flash_attn, FA3, FA4's flash_attn.cute, flashinfer, natten, triton) are imported at call time only: importing this
+package imports none of them.
 """
 
 from __future__ import annotations

@@ -41,6 +41,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import difflib
+import importlib.machinery
 import importlib.util
 import itertools
 import re
@@ -223,15 +224,39 @@ def _cuda_problem(device: torch.device, min_arch: Optional[tuple[int, int]], maj
     return None
 
 
+def _findable(module: str) -> bool:
+    """Whether ``module`` is on the path, found without importing it -- nor, for a dotted name, its parent package.
+
+    Why the walk for a dotted name: ``importlib.util.find_spec("a.b")`` imports ``a`` first (and raises when ``a`` is
+    missing). FlashAttention-4's ``flash_attn.cute`` shares the ``flash_attn`` package with FlashAttention-2, whose
+    ``__init__`` loads FA2's CUDA extension: an availability check must not pay for (or fail on) that import.
+    """
+    if "." not in module or module.rpartition(".")[0] in sys.modules:
+        return importlib.util.find_spec(module) is not None
+    head, *tail = module.split(".")
+    spec = importlib.util.find_spec(head)
+    name = head
+    for part in tail:
+        if spec is None:
+            return False
+        where = getattr(spec, "submodule_search_locations", None)
+        if where is None:  # a plain module has no submodules; a stand-in spec (tests pretending) counts as found
+            return not isinstance(spec, importlib.machinery.ModuleSpec)
+        name = f"{name}.{part}"
+        spec = importlib.machinery.PathFinder.find_spec(name, list(where))
+    return spec is not None
+
+
 @dataclass(frozen=True)
 class RequiresPackage:
-    """Any one of ``modules`` importable (checked without importing it); ``hint`` says how to install it."""
+    """Any one of ``modules`` importable (checked without importing it, or a dotted name's parent package);
+    ``hint`` says how to install it."""
 
     modules: tuple[str, ...]
     hint: Optional[str] = None
 
     def __call__(self, device, dtype, head_dim) -> Optional[str]:
-        if any(importlib.util.find_spec(m) is not None for m in self.modules):
+        if any(_findable(m) for m in self.modules):
             return None
         return f"package not installed: {' or '.join(self.modules)}" + (f" ({self.hint})" if self.hint else "")
 

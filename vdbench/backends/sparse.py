@@ -90,8 +90,9 @@ def entry_name(spec: SparseSpec) -> str:
 
 
 def grid_label(entry: Backend) -> str:
-    """What ``--list_backends`` and the bench show for a grid backend's options."""
-    return pattern_label(entry.sparse.spec) if entry.sparse is not None else entry.kernel
+    """What ``--list_backends`` and the bench show for a grid backend's options (a grid backend on the dense spec,
+    natten, has no pattern of ours: its kernel label says its window)."""
+    return pattern_label(entry.sparse.spec) if entry.sparse is not None and not entry.sparse.spec.dense else entry.kernel
 
 
 def _needs_grid(name: str):
