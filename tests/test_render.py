@@ -189,9 +189,9 @@ def test_the_vae_prewarm_starts_after_the_load_and_only_an_image_encode_part_bef
     events = []
     real_load = R._load_checked
 
-    def load_checked(plan):
+    def load_checked(plan, parts):
         events.append("load")
-        return real_load(plan)
+        return real_load(plan, parts)
 
     def start(plan, pipe=None, *, encode_only=False):
         events.append(("prewarm", "encode_only" if encode_only else "all", pipe is not None))
