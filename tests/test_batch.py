@@ -61,7 +61,7 @@ def test_table_says_what_failed_and_what_to_install(results, tmp_path):
                                      "installed: sageattention\nhint: Backends that can run here: sdpa\n")
     text = batch.table(d, [v["sdpa"]], failed=[("sagev1", "2")], logs=logs)
     lines = text.splitlines()
-    assert lines[0].split()[:4] == ["backend", "layout", "warm", "ms/step"] and "kernels that ran" in lines[0]
+    assert lines[0].split()[:4] == ["stack", "layout", "warm", "ms/step"] and "kernels that ran" in lines[0]
     failure = next(i for i, ln in enumerate(lines) if ln.startswith("sagev1: FAILED (exit 2)"))
     assert "package not installed: sageattention" in lines[failure]
     assert "install: pip install -e '.[sage]'" in lines[failure + 1]  # the registry's install hint ...
@@ -160,7 +160,7 @@ def test_a_parallel_schedule_is_identified_from_records_jsonl(results):
     (d / "timing.json").write_text(json.dumps(entries))
     Writer(d / "records.jsonl").write(*(from_render_entry(x) for x in entries))
     rows, _ = batch.rows(d, [v["sdpa"], par])
-    assert rows[1]["backend"] == f"{SCHEDULE} (u2; VAE decode fast)"
+    assert rows[1]["backend"] == f"{SCHEDULE}+vae=fast (u2)"
     assert rows[1]["layout"] == "ulysses2 (xfuser, 2 ranks)" and rows[1]["warm"].startswith("300 ")
     assert rows[1]["note"] == ""
 
@@ -206,6 +206,6 @@ def test_a_cached_run_is_labelled_with_its_cache_and_its_speedup_is_the_denoisin
                _entry(cached, "sdpa", [0.5, 0.1, 0.2, 0.1], run_id="r2", cache=cache)]
     (tmp_path / "timing.json").write_text(json.dumps(entries))
     rows, notes = batch.rows(tmp_path, [plain, cached])
-    assert [r["backend"] for r in rows] == ["sdpa", "sdpa (cache fbc)"]
+    assert [r["backend"] for r in rows] == ["sdpa", "sdpa+fbc"]
     assert rows[1]["speedup"] == f"{1.1 / 0.9:.2f}× (denoising)" and rows[0]["speedup"] == "1.00×"
     assert any("its speed-up is the denoising time's" in n for n in notes)

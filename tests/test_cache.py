@@ -99,13 +99,13 @@ def test_the_cache_is_in_the_output_name_and_the_label(tmp_path, capsys):
     path = Path(capsys.readouterr().out.strip())
     assert path.name == "wan_result_t2v_tiny_17f_4s_attn_sdpa_128x192_cache-fbc-threshold=0.1.mp4"
     ident = identity_from_filename(path)
-    assert (ident.attention, ident.cache, ident.label) == ("sdpa", "fbc:threshold=0.1", "sdpa (cache fbc:threshold=0.1)")
+    assert (ident.attention, ident.cache, ident.label) == ("sdpa", "fbc:threshold=0.1", "sdpa+fbc:threshold=0.1")
     # before the layout tag, which ends every name; several parameters; the other family
     wan, cog = families.get("wan"), families.get("cogvideox")
     stem = "wan_result_t2v_tiny_9f_2s_attn_sdpa_64x96_cache-mag-threshold=0.1-mag_ratios=1.0+0.9_u2"
     assert wan.parse_name(stem) == ("sdpa", "u2")
-    assert wan.label(stem) == "sdpa (u2; cache mag:threshold=0.1,mag_ratios=1.0+0.9)"
-    assert cog.label("cogvideox-tiny_fav3_fp8_cache-pab") == "fav3_fp8 (cache pab)"
+    assert wan.label(stem) == "sdpa+mag:threshold=0.1,mag_ratios=1.0+0.9 (u2)"
+    assert cog.label("cogvideox-tiny_fav3_fp8_cache-pab") == "fav3_fp8+pab"
     assert M.cache_tag("mag:threshold=0.1,mag_ratios=1.0+0.9") == "cache-mag-threshold=0.1-mag_ratios=1.0+0.9"
 
 
@@ -141,14 +141,14 @@ def test_a_tiny_render_with_each_cache_counts_what_it_computed_and_reused(tmp_pa
     # the record carries the cache as part of the run's stack, and the label shows it
     (rec,) = M.read(cfg.timing_path.with_name("records.jsonl"))
     assert rec.config["cache"] == name and rec.figures["cache_skipped_share"] == c["skipped_share"]
-    assert M.identity(rec).label == f"sdpa (cache {name})"
+    assert M.identity(rec).label == entry["stack"] == f"sdpa+{name}"
 
 
 def test_a_render_without_a_cache_records_none_and_the_label_is_unchanged():
     e = {"attention_type": "sdpa", "step_times": [1.0, 0.5], "cache": None, "run": {"settings": {"cache": None}}}
     rec = M.from_render_entry(e)
     assert rec.config["cache"] is None and M.identity(rec).label == "sdpa"
-    assert dataclasses.replace(M.identity(rec), cache="fbc").label == "sdpa (cache fbc)"
+    assert dataclasses.replace(M.identity(rec), cache="fbc").label == "sdpa+fbc"
 
 
 def test_both_experts_of_wan_2_2_get_the_cache(tmp_path):

@@ -56,7 +56,7 @@ CASES = {
                  "f97a2b4c2b9a7aa701eb6726b44ab86fec9e9d880f5304d7008e66f4e7519623")),
     "wan_t2v_default_fast_vae": ("run_wan.py", ["--model", "tiny", "--attention_type", "default", "--vae_decode",
                                                 "fast"], "--benchmark_output_directory",
-                                 "results/wan_result_t2v_tiny_9f_2s_attn_default_64x96.npy",
+                                 "results/wan_result_t2v_tiny_9f_2s_attn_default_64x96_vae=fast.npy",
                                  ("6686b86c53bdbd53bd83376be36d1dcb0247c5a31e25c02832f6f4dee79a2a31",
                  "d23756662dce90ee372ec83246a94d08bd435e5a6d80c65132cd251465b3d399")),
     "wan_i2v_reference": ("run_wan.py", ["--model", "tiny", "--task", "i2v", "--img_file_path", "{image}",

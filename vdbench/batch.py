@@ -3,15 +3,16 @@
     python -m vdbench.batch RESULTS_DIR --outputs V1.mp4 V2.mp4 ... [--failed NAME:CODE ...] [--logs DIR]
 
 What ``render_all_WAN.sh`` / ``render_all_attention.sh`` print after their renders, so a batch never ends on bare
-counts. Rows, in the batch's order: backend, parallel layout, warm ms/step with its spread (``vdbench.timing``'s
-definition: the median of the steps after the first, p20–p80 and n), the render's end-to-end time (the process's
-start to the video on disk) and its one-time costs (timing.json's ``one_time.total_s``: the first step's excess over
-a warm step, the warm-up calls', the decode's), speed-up against the batch's first exact backend
-(:attr:`vdbench.backends.Backend.exact`; emulations say "emulated", never a speed), the break-even steps against
-that same baseline (:func:`vdbench.report.break_even`: from how many denoising steps the render beats it), PSNR of
-the decoded video against the ``reference`` render when the batch rendered one, and the kernels that actually ran.
-A backend that failed gets its exit code and the first error line of its log; one that can't run on this machine
-gets its install hint and its emulation twin from the registry, so what to do next is on screen.
+counts. Rows, in the batch's order: the render's stack (its backend with the speed options, VAE modes and step
+cache: :func:`vdbench.measure.record.stack_name`), parallel layout, warm ms/step with its spread
+(``vdbench.timing``'s definition: the median of the steps after the first, p20–p80 and n), the render's end-to-end
+time (the process's start to the video on disk) and its one-time costs (timing.json's ``one_time.total_s``: the
+first step's excess over a warm step, the warm-up calls', the decode's), speed-up against the batch's first exact
+backend (:attr:`vdbench.backends.Backend.exact`; emulations say "emulated", never a speed), the break-even steps
+against that same baseline (:func:`vdbench.report.break_even`: from how many denoising steps the render beats it),
+PSNR of the decoded video against the ``reference`` render when the batch rendered one, and the kernels that
+actually ran. A backend that failed gets its exit code and the first error line of its log; one that can't run on
+this machine gets its install hint and its emulation twin from the registry, so what to do next is on screen.
 
 Everything is read with :mod:`vdbench.report`'s readers (:func:`vdbench.report.speed`: the latest run of each
 output, never two runs mixed; :func:`vdbench.report.video_psnr`), not parsed again here. Each video's identity --
@@ -142,7 +143,7 @@ def failure_line(name: str, code: str, log: Path | None = None) -> str:
 def table(results, outputs, failed=(), logs=None, reference: str = "reference") -> str:
     """The whole comparison as text: the table of the renders, the failed backends, the notes."""
     found, notes = rows(results, outputs, reference) if outputs else ([], [])
-    cols = [("backend", "backend"), ("layout", "layout"), ("warm ms/step (p20–p80, n)", "warm"),
+    cols = [("stack", "backend"), ("layout", "layout"), ("warm ms/step (p20–p80, n)", "warm"),
             ("end-to-end (s)", "end_to_end"), ("one-time (s)", "one_time"), ("speed-up", "speedup"),
             ("break-even steps", "break_even"), (f"PSNR vs {reference}", "psnr"), ("kernels that ran", "kernels")]
     if any(r["note"] for r in found):

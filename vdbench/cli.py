@@ -234,11 +234,25 @@ def canonical_attention(attention_type: str) -> str:
         return attention_type
 
 
+def stack_options(args) -> tuple[tuple[str, ...], str, str]:
+    """``(speed options, VAE decode mode, VAE encode mode)`` of these arguments, as a stack names them
+    (:func:`vdbench.measure.record.speed_options`); arguments built without some of the flags read as their
+    defaults."""
+    from .measure.record import speed_options
+
+    speed = speed_options(bool(getattr(args, "compile", False)), getattr(args, "compile_backend", "inductor"),
+                          getattr(args, "compile_mode", None), bool(getattr(args, "use_fp8_gemms", False)),
+                          bool(getattr(args, "use_bf16_te_gemms", False)))
+    return speed, getattr(args, "vae_decode", "default"), getattr(args, "vae_encode", "default")
+
+
 def output_path(fam: families.Family, args, model: str, attention_type: str) -> Path:
     """The video these arguments write for one backend (an alias is named by the backend it resolves to); the
-    name ends with the step cache's tag (``_cache-fbc-threshold=0.1``, :func:`vdbench.measure.record.cache_tag`)
-    and the parallel layout (``_u2``, ``_r2``, ``_u2r2``, ``_cfg2``) of a torchrun render, in that order."""
-    from .measure.record import cache_tag
+    name ends with the stack's speed options and VAE modes (``_compile-fp8gemm-vae=fast``,
+    :func:`vdbench.measure.record.options_tag`), the step cache's tag (``_cache-fbc-threshold=0.1``,
+    :func:`vdbench.measure.record.cache_tag`) and the parallel layout (``_u2``, ``_r2``, ``_u2r2``, ``_cfg2``) of a
+    torchrun render, in that order; a render without them keeps the family's plain name."""
+    from .measure.record import cache_tag, options_tag
 
     attention_type = canonical_attention(attention_type)
     layout = ParallelSpec(args.parallel_engine, args.ulysses_degree, args.ring_degree, args.use_cfg_parallel).tag
@@ -246,9 +260,11 @@ def output_path(fam: families.Family, args, model: str, attention_type: str) -> 
                                 steps=args.num_inference_steps, attention_type=attention_type,
                                 height=args.height, width=args.width, **({"layout": layout} if layout else {})))
     cache = parse_cache(getattr(args, "cache", None))
-    if cache is not None:  # before the layout tag, which ends every name
+    tags = [options_tag(*stack_options(args)), cache_tag(cache.name) if cache is not None else ""]
+    tags = [t for t in tags if t]
+    if tags:  # before the layout tag, which ends every name
         rest, tag = families.split_layout(name.stem)
-        name = name.with_name(f"{rest}_{cache_tag(cache.name)}{'_' + tag if tag else ''}{name.suffix}")
+        name = name.with_name(f"{rest}_{'_'.join(tags)}{'_' + tag if tag else ''}{name.suffix}")
     return results_dir(fam, args) / name
 
 

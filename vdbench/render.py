@@ -34,7 +34,7 @@ from . import backends as B
 from . import families
 from .patching import AttentionPatch
 from .patching.schedule import as_schedule, resolve_attention
-from .measure.record import Writer, command_line, commit, from_render_entry
+from .measure.record import Writer, command_line, commit, from_render_entry, speed_options, stack_name
 from .timing import (Clock, StepProfiler, StepTimer, WallStart, append_timing, compile_seconds, describe_steps,
                      peak_memory, reset_peak_memory, run_step_stats, step_stats, system_info, wall_start)
 
@@ -287,6 +287,15 @@ class Plan:
     cache: object = None  # vdbench.cache.CacheSpec, or None
 
     @property
+    def stack(self) -> str:
+        """The render's stack name (:func:`vdbench.measure.record.stack_name`): the backend or schedule, the speed
+        options, the VAE modes other than default, the step cache -- recorded with every entry (``stack``)."""
+        cfg = self.cfg
+        return stack_name(self.backend.name, speed_options(cfg.compile, cfg.compile_backend, cfg.compile_mode,
+                                                           cfg.fp8_gemms, cfg.bf16_te_gemms),
+                          self.decode.mode.name, self.encode.mode.name, self.cache.name if self.cache else None)
+
+    @property
     def parallel(self):
         """The parallel layout (:class:`vdbench.parallel.ParallelSpec`) under torchrun; None for one process."""
         return self.dctx.spec if self.dctx is not None else None
@@ -339,9 +348,12 @@ def _checked_plan(cfg: RenderConfig, dctx) -> Plan:
     from .vae.encode import EncodeOptions, check_encode
     from .cache import check_cache, parse_cache
     from .pipelines import config_denoisers, config_head_dims, parse_model
+    from .speed import check_speed_options
 
     device = dctx.device if dctx is not None else resolve_device(cfg.device)
     dtype = resolve_dtype(cfg.dtype, device)
+    check_speed_options(device, compile=cfg.compile, compile_backend=cfg.compile_backend,
+                        compile_mode=cfg.compile_mode, fp8_gemms=cfg.fp8_gemms)
     # unknown names, bad options and malformed schedules fail before the (slow) model load
     backend = resolve_attention(cfg.attention_type)
     cfg = replace(cfg, attention_type=backend.name)  # an alias (diffusers' / SGLang's name) is recorded as ours
@@ -597,7 +609,7 @@ def run_repetitions(plan: Plan, loaded: Loaded, log) -> tuple[list[dict], object
                            tile_order_once=not cfg.compile)  # compiled blocks would trace the tile-order hooks
     entries, frames = [], None
     prewarm = loaded.prewarm
-    progress = _Progress(cfg.attention_type, cfg.num_inference_steps, cfg.num_repetitions, log,
+    progress = _Progress(plan.stack, cfg.num_inference_steps, cfg.num_repetitions, log,
                          enabled=not sys.stderr.isatty())
 
     counter = loaded.cache
@@ -632,7 +644,7 @@ def run_repetitions(plan: Plan, loaded: Loaded, log) -> tuple[list[dict], object
                     device, then=advance), **loaded.kwargs)
             if cfg.warmup_calls:  # not a step time: the whole calls, one-time costs and all (one_time)
                 warmup_s = warm_start.seconds_until(Clock(device))
-            for rep in tqdm(range(cfg.num_repetitions), desc=f"{cfg.attention_type}", unit="rep",
+            for rep in tqdm(range(cfg.num_repetitions), desc=plan.stack, unit="rep",
                             disable=cfg.num_repetitions < 2 or not sys.stderr.isatty()):
                 patch.reset_counts()
                 if counter is not None:  # each repetition starts the cache afresh, counted from its first step
@@ -700,6 +712,7 @@ def run_repetitions(plan: Plan, loaded: Loaded, log) -> tuple[list[dict], object
                                             step_times=step_times, vae_decode=decode_time)
                 entry = {
                     "attention_type": cfg.attention_type,
+                    "stack": plan.stack,  # the whole configuration as one name: vdbench.measure.record.stack_name
                     "repetition": rep,
                     "pipe_time": pipe_time,
                     "text_encode_time": stages.pop("text_encode_time"),
@@ -790,8 +803,10 @@ def finish(plan: Plan, entries: list[dict], frames, log, wall: Optional[Wall] = 
     Writer(cfg.timing_path.with_name("records.jsonl")).write(*(from_render_entry(e) for e in entries))
     last = entries[-1]
     steps = run_step_stats([e["step_times"] for e in entries], device, backend.emulated)
+    stack = plan.stack
     summary = {
-        "attention_type": cfg.attention_type, "output": str(cfg.output_path), "timing": str(cfg.timing_path),
+        "attention_type": cfg.attention_type, "stack": stack, "output": str(cfg.output_path),
+        "timing": str(cfg.timing_path),
         "warm_step_median": None if backend.emulated else steps["warm_step_median"],
         "warm_step_n": steps["warm_step_n"], "speed_figure": steps["speed_figure"],
         "why_not_speed": steps["why_not_speed"], "vae_decode_time": last["vae_decode_time"],
@@ -804,18 +819,18 @@ def finish(plan: Plan, entries: list[dict], frames, log, wall: Optional[Wall] = 
     kernels = ", ".join(f"{k}×{v}" for k, v in last["attention"]["calls_by_kernel"].items())
     timing_text = ("emulated backend: no speed figure" if backend.emulated
                    else describe_steps(steps, cached=plan.cache is not None))
-    log(f"[{cfg.attention_type}] {timing_text}, decode {last['vae_decode_time']:.2f} s, kernels: {kernels} "
+    log(f"[{stack}] {timing_text}, decode {last['vae_decode_time']:.2f} s, kernels: {kernels} "
         f"-> {cfg.output_path}")
-    log(f"[{cfg.attention_type}] {describe_stages(last)}")
+    log(f"[{stack}] {describe_stages(last)}")
     if last.get("cache"):
         c = last["cache"]
         share = "n/a" if c["skipped_share"] is None else f"{c['skipped_share']:.0%}"
-        log(f"[{cfg.attention_type}] cache {c['spec']}: {share} of the {c['unit']} calls reused; computed per "
+        log(f"[{stack}] cache {c['spec']}: {share} of the {c['unit']} calls reused; computed per "
             f"step {c['computed_blocks_per_step']}, reused {c['reused_blocks_per_step']}")
     e2e_line = describe_end_to_end(entries[0])
     if e2e_line:
-        log(f"[{cfg.attention_type}] {e2e_line}")
+        log(f"[{stack}] {e2e_line}")
     if not steps["speed_figure"] and not backend.emulated:
-        log(f"warning: [{cfg.attention_type}] not a speed figure: {steps['why_not_speed']}")
+        log(f"warning: [{stack}] not a speed figure: {steps['why_not_speed']}")
     log(f"output: {cfg.output_path}")
     return summary

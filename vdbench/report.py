@@ -2,17 +2,17 @@
 
     python -m vdbench.report outputs/demo [more run dirs...] [--reference reference] [-o OUT_DIR]
 
-A run dir is a results directory (the per-backend videos, the optional raw ``.npy`` frames that
-``--save_frames`` writes, ``timing.json`` and ``records.jsonl``) or a directory holding one as ``results/``. Each
-render's identity (backend or schedule, layout, VAE modes: its label) is its record's (:func:`identities`); a
-video no record names is identified from its file name and its row's note says so. For each backend
-the report gives the warm step (``vdbench.timing``'s one definition: the median of the steps after the first,
-with its n, p20–p80 and min–max; the first step apart; each repetition's warm median), the speedup against
+A run dir is a results directory (the per-backend videos, the optional raw ``.npy`` frames that ``--save_frames``
+writes, ``timing.json`` and ``records.jsonl``) or a directory holding one as ``results/``. Each render's identity
+(its stack -- backend or schedule, speed options, VAE modes, step cache -- and layout: its label) is its record's
+(:func:`identities`); a video no record names is identified from its file name and its row's note says so. For each
+backend the report gives the warm step (``vdbench.timing``'s one definition: the median of the steps after the
+first, with its n, p20–p80 and min–max; the first step apart; each repetition's warm median), the speedup against
 ``default``, the attention share of the step, the VAE decode time, peak memory, PSNR/SSIM against the reference
-render, and the kernels that actually ran (``attention.calls_by_kernel``, so a silent fallback cannot pass for
-the kernel that was asked for). Beside the warm step: the render's end-to-end time (the process's start to the
-video on disk), its one-time costs (timing.json's ``one_time.total_s``) and the break-even steps against
-``default`` (:func:`break_even`: from how many denoising steps a render on the backend beats one on ``default``).
+render, and the kernels that actually ran (``attention.calls_by_kernel``, so a silent fallback cannot pass for the
+kernel that was asked for). Beside the warm step: the render's end-to-end time (the process's start to the video on
+disk), its one-time costs (timing.json's ``one_time.total_s``) and the break-even steps against ``default``
+(:func:`break_even`: from how many denoising steps a render on the backend beats one on ``default``).
 
 Emulated backends (``run.backend.emulated``) carry no speed: their time, speedup and attention-share cells say
 "emulated" (their accuracy stays). Timings from a CPU or from fewer than three warm steps are flagged "not a
@@ -237,7 +237,7 @@ def entry_identity(entry: dict):
 
 
 def entry_label(entry: dict) -> str:
-    """The label of :func:`entry_identity`: the attention spec, with the layout of a parallel render."""
+    """The label of :func:`entry_identity`: the render's stack name, with the layout of a parallel render."""
     return entry_identity(entry).label
 
 

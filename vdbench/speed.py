@@ -25,7 +25,7 @@ from typing import Optional
 
 import torch
 
-__all__ = ["SpeedOptionError", "apply_speed_options", "compile_blocks", "quantize_fp8_gemms",
+__all__ = ["SpeedOptionError", "apply_speed_options", "check_speed_options", "compile_blocks", "quantize_fp8_gemms",
            "COMPILE_BACKENDS"]
 
 COMPILE_BACKENDS = ("inductor", "aot_eager", "eager")  # eager/aot_eager: debugging what dynamo traces
@@ -94,6 +94,24 @@ def _fp8_support_reason(device: torch.device) -> Optional[str]:
         cc = ".".join(map(str, torch.cuda.get_device_capability(device)))
         return f"float8 GEMMs need CUDA compute capability >= 8.9 (this GPU: {cc})"
     return None
+
+
+def check_speed_options(device: torch.device, *, compile: bool = False, compile_backend: str = "inductor",
+                        compile_mode: Optional[str] = None, fp8_gemms: bool = False) -> None:
+    """Refuse (SpeedOptionError: the fact, then the hint) a combination of speed options that can't take effect,
+    from the device and the options alone: before any weight loads. A compile option without the compile, or a mode
+    the backend ignores, would otherwise be recorded in the run's settings while changing nothing."""
+    if not compile and (compile_mode or compile_backend not in (None, "inductor")):
+        given = f"--compile_mode {compile_mode}" if compile_mode else f"--compile_backend {compile_backend}"
+        raise SpeedOptionError(f"{given} without --use_torch_compile: nothing is compiled\nadd --use_torch_compile "
+                               "or drop the option")
+    if compile and compile_mode and compile_backend != "inductor":
+        raise SpeedOptionError(f"--compile_mode {compile_mode} with --compile_backend {compile_backend}: only inductor "
+                               "takes a mode\ndrop --compile_mode or use --compile_backend inductor")
+    reason = _fp8_support_reason(device) if fp8_gemms else None
+    if reason:
+        raise SpeedOptionError(f"--use_fp8_gemms can't run here: {reason}\nrender without --use_fp8_gemms, or on a "
+                               "GPU with fp8 and torchao installed")
 
 
 def quantize_fp8_gemms(models, device: torch.device, granularity: str = "row") -> dict:

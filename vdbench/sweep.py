@@ -23,10 +23,12 @@ What it does, in order, everything under ``--out`` (default ``outputs/sweep``):
    peak memory, the kernels that ran; the Pareto set on (warm step, PSNR); and the verdict line: the fastest
    within ``--psnr_tolerance_db`` of exact, and the fastest overall.
 
-A stack is ``<attention type>[+option...]``: ``compile`` (``--use_torch_compile``), ``fp8gemm``
-(``--use_fp8_gemms``), ``vae=<mode>`` (``--vae_decode``), ``encode=<mode>`` (``--vae_encode``), ``cache=<spec>``
-(``--cache``: ``cache=fbc:threshold=0.05``; a list value, joined by ``+`` on the command line, can't be spelled
-inside a stack). CPU figures are not
+A stack is ``<attention type>[+option...]`` (:func:`vdbench.measure.record.split_stack`): ``compile``
+(``--use_torch_compile``), ``compile=<backend>[:<mode>]`` (with ``--compile_backend`` / ``--compile_mode``),
+``fp8gemm`` (``--use_fp8_gemms``), ``bf16te`` (``--use_bf16_te_gemms``), ``vae=<mode>`` (``--vae_decode``),
+``encode=<mode>`` (``--vae_encode``), a step cache's spec (``--cache``: ``fbc:threshold=0.05``, or
+``cache=fbc:threshold=0.05``). Its row is named by the stack's one spelling, the ``stack`` its render records
+(``sagev2_fp8:gran=per_warp+compile+fp8gemm+vae=fast``). CPU figures are not
 speed figures (said in the verdict and per row); emulations are never ranked on speed.
 """
 
@@ -59,15 +61,16 @@ ROOT = Path(__file__).resolve().parents[1]
 #: The speed baseline (the pipeline's own attention) and the quality reference (exact attention) every sweep renders.
 BASELINE, REFERENCE = "default", "reference"
 
-#: Stack options -> the render flags they add.
-STACK_OPTIONS = {"compile": ["--use_torch_compile"], "fp8gemm": ["--use_fp8_gemms"]}
+#: Stack options -> the render flags they add (the grammar: :func:`vdbench.measure.record.split_stack`).
+STACK_OPTIONS = {"compile": ["--use_torch_compile"], "fp8gemm": ["--use_fp8_gemms"], "bf16te": ["--use_bf16_te_gemms"]}
 STACK_VALUES = {"vae": "--vae_decode", "encode": "--vae_encode", "cache": "--cache"}
 
 
 @dataclass
 class Candidate:
-    """One render of the sweep: its name (the stack as written), the attention type and the extra render flags;
-    ``why``: why it is in the sweep (a role or the kernel bench's figure)."""
+    """One render of the sweep: its name (the stack's one spelling: what the render records as its ``stack``), the
+    attention type and the extra render flags; ``why``: why it is in the sweep (a role or the kernel bench's
+    figure)."""
 
     name: str
     attention: str
@@ -81,22 +84,33 @@ class Candidate:
 
 
 def parse_stack(text: str) -> Candidate:
-    """``"fav3+compile+vae=fast"`` -> Candidate(attention="fav3", flags=[...]); ValueError naming the valid
-    options otherwise (the attention type itself is checked by the render, before it loads anything)."""
-    head, *opts = [p.strip() for p in text.split("+")]
-    if not head:
-        raise ValueError(f"stack {text!r}: no attention type before the options")
+    """``"fav3+compile+vae=fast"`` -> Candidate(attention="fav3", flags=[...]), named by the stack's one spelling
+    (:func:`vdbench.measure.record.stack_name`: the attention's alias resolved, the options in their order, the step
+    cache's spec bare and canonical) -- the ``stack`` its render records; ValueError naming the valid options
+    otherwise (the attention type itself is checked by the render, before it loads anything)."""
+    from .cache import KINDS, parse_cache
+    from .cli import canonical_attention
+    from .measure.record import speed_options, stack_name, split_stack
+
+    head, opts = split_stack(text, cache_kinds=KINDS)
     flags: list[str] = []
-    for o in opts:
-        key, sep, value = o.partition("=")
-        if o in STACK_OPTIONS:
-            flags += STACK_OPTIONS[o]
-        elif sep and key in STACK_VALUES and value:
-            flags += [STACK_VALUES[key], value]
+    given: dict = {}
+    for key, value in opts:
+        given[key] = value
+        if key == "compile" and value is not None:
+            backend, _, mode = value.partition(":")
+            flags += ["--use_torch_compile", "--compile_backend", backend] + (["--compile_mode", mode] if mode else [])
+        elif value is None:
+            flags += STACK_OPTIONS[key]
         else:
-            valid = [*STACK_OPTIONS, *(f"{k}=<mode>" for k in STACK_VALUES)]
-            raise ValueError(f"stack {text!r}: unknown option {o!r}; valid: {', '.join(valid)}")
-    return Candidate(text, head, flags, "asked for (--stacks)")
+            flags += [STACK_VALUES[key], value]
+    compile_backend, _, compile_mode = (given.get("compile") or "inductor").partition(":")
+    cache = parse_cache(given["cache"]) if "cache" in given else None
+    name = stack_name(canonical_attention(head),
+                      speed_options("compile" in given, compile_backend, compile_mode or None, "fp8gemm" in given,
+                                    "bf16te" in given),
+                      given.get("vae"), given.get("encode"), cache.name if cache else None)
+    return Candidate(name, head, flags, "asked for (--stacks)")
 
 
 def availability(device) -> list[dict]:
@@ -570,8 +584,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="leave out backends further than this from exact attention on the captures")
     p.add_argument("--psnr_tolerance_db", type=float, default=0.5, help="'within N dB of exact' in the verdict")
     p.add_argument("--stacks", nargs="*", default=[], metavar="STACK",
-                   help="extra renders: <attention type>[+compile][+fp8gemm][+vae=<mode>][+encode=<mode>]"
-                        "[+cache=<spec>]")
+                   help="extra renders: <attention type>[+compile|+compile=<backend>[:<mode>]][+fp8gemm][+bf16te]"
+                        "[+vae=<mode>][+encode=<mode>][+<cache spec>|+cache=<spec>], the name a render records "
+                        "as its stack")
     p.add_argument("--max_captures", type=int, default=8, help="attention calls captured for the kernel bench")
     p.add_argument("--kernel_budget_s", type=float, default=10.0, help="seconds of timed calls per kernel and input")
     p.add_argument("--out", default="outputs/sweep", help="where everything goes (a re-run resumes there)")

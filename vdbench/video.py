@@ -503,8 +503,7 @@ def identity_from_filename(path):
     for name in families.names():
         parsed = families.get(name).parse_name(stem)
         if parsed is not None:
-            cache = families.split_cache(families.split_layout(stem)[0])[1] or None
-            return Identity(attention=parsed[0], layout=parsed[1], cache=cache, source="file name")
+            return Identity(attention=parsed[0], layout=parsed[1], source="file name", **families.stem_stack(stem))
     return Identity(attention=stem, source="file name")
 
 

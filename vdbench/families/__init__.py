@@ -26,7 +26,7 @@ from ..measure import record
 
 __all__ = ["CliDefaults", "Family", "XfuserWiring", "attention_grids", "attention_presets", "discover", "for_pipeline",
            "for_transformer", "for_vae", "get", "layout_tag", "model_tag", "names", "register",
-           "split_layout", "split_cache", "unregister", "vae_config", "vae_names"]
+           "split_layout", "split_cache", "split_options", "stem_stack", "unregister", "vae_config", "vae_names"]
 
 
 def model_tag(model: str) -> str:
@@ -63,6 +63,28 @@ def split_cache(stem: str) -> tuple[str, str]:
     (:func:`split_layout`)."""
     m = _CACHE_RE.match(stem)
     return (m["rest"], record.spec_from_tag(m["tag"])) if m else (stem, "")
+
+
+#: A stack's options tag (:func:`vdbench.measure.record.options_tag`) at the end of a stem (its layout and cache tags
+#: split off): it starts with an option's name.
+_OPTIONS_RE = re.compile(r"^(?P<rest>.+)_(?P<tag>(?:compile|fp8gemm|bf16te|vae=|encode=)[^_]*(?:_[^_]+)*)$")
+
+
+def split_options(stem: str) -> tuple[str, str]:
+    """``(stem without its options tag, the tag)``: ``"x_64x96_compile-vae=fast"`` -> ``("x_64x96",
+    "compile-vae=fast")``; ``(stem, "")`` when it has none. The layout and cache tags, which follow it, are split off
+    first (:func:`split_layout`, :func:`split_cache`)."""
+    m = _OPTIONS_RE.match(stem)
+    return (m["rest"], m["tag"]) if m else (stem, "")
+
+
+def stem_stack(stem: str) -> dict:
+    """What a video's file name tells of its stack beyond the attention type: ``speed`` (the speed options),
+    ``vae_decode``, ``vae_encode`` and ``cache`` (None where the name has none) -- the fallback for a video no record
+    names (:func:`vdbench.measure.record.options_from_tag`, :func:`split_cache`)."""
+    rest, cache = split_cache(split_layout(stem)[0])
+    speed, decode, encode = record.options_from_tag(split_options(rest)[1])
+    return {"speed": speed, "vae_decode": decode, "vae_encode": encode, "cache": cache or None}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -234,17 +256,18 @@ class Family:
         record's (:func:`vdbench.measure.record.identity`)."""
         rest, tag = split_layout(stem)
         if tag:
-            inner = self.parse_label(split_cache(rest)[0])
+            inner = self.parse_label(split_options(split_cache(rest)[0])[0])
             if inner is not None:
                 return inner, tag
-        inner = self.parse_label(split_cache(stem)[0])
+        inner = self.parse_label(split_options(split_cache(stem)[0])[0])
         return None if inner is None else (inner, "")
 
     def label(self, stem: str) -> Optional[str]:
         """The label of a video this family wrote (:func:`vdbench.measure.record.run_label` of its
-        :meth:`parse_name`: ``sdpa``, ``sdpa (u2)``); None for a name that isn't this family's."""
+        :meth:`parse_name` and :func:`stem_stack`: ``sdpa``, ``sdpa (u2)``, ``sdpa+compile+fbc (u2)``); None for a
+        name that isn't this family's."""
         parsed = self.parse_name(stem)
-        return None if parsed is None else record.run_label(*parsed, cache=split_cache(split_layout(stem)[0])[1])
+        return None if parsed is None else record.run_label(*parsed, **stem_stack(stem))
 
     def check_task(self, task: Optional[str]) -> str:
         """``task`` (None: t2v) if this family has it; ValueError naming the valid ones otherwise."""

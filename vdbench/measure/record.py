@@ -27,6 +27,7 @@ import datetime as _dt
 import functools
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -37,7 +38,8 @@ from ..timing import spread
 
 __all__ = ["SCHEMA", "VERSION", "Record", "figure", "commit", "command_line", "Writer", "read", "read_many",
            "RecordError", "from_render_entry", "records_of", "write_beside", "Identity", "identity", "layout_tag",
-           "run_label", "cache_tag", "spec_from_tag"]
+           "run_label", "cache_tag", "spec_from_tag", "speed_options", "stack_name", "stack_of", "split_stack",
+           "options_tag", "options_from_tag", "STACK_WORDS", "STACK_KEYS"]
 
 SCHEMA = "vdbench.record"
 #: Bump when a reader of the previous version would misread a record; readers refuse versions above theirs.
@@ -219,27 +221,136 @@ def spec_from_tag(tag: str) -> str:
     return kind + (":" + re.sub(r"-(?=[a-z_]+=)", ",", rest) if rest else "")
 
 
+# --- a render's stack: attention, speed options, VAE modes, step cache, as one name ---------------------------------
+
+#: The stack options that are one word (the speed options): ``+compile`` (``--use_torch_compile``, inductor, its
+#: default mode), ``+fp8gemm`` (``--use_fp8_gemms``), ``+bf16te`` (``--use_bf16_te_gemms``).
+STACK_WORDS = ("compile", "fp8gemm", "bf16te")
+#: The stack options with a value: ``compile=<backend>[:<mode>]`` (a compile other than inductor's default),
+#: ``vae=<mode>`` (``--vae_decode``), ``encode=<mode>`` (``--vae_encode``), ``cache=<spec>`` (``--cache``; a stack
+#: name writes the spec bare: ``+fbc:threshold=0.1``).
+STACK_KEYS = ("compile", "vae", "encode", "cache")
+#: The attention spec's own ``+`` (a selector's ranges and kinds: ``0-4+45-``, ``self+cross``): a piece after a ``+``
+#: that starts so continues the spec instead of naming an option.
+_SPEC_GOES_ON = re.compile(r"^(\d|(self|cross|joint)\b)")
+
+
+def speed_options(compile: bool = False, compile_backend: Optional[str] = "inductor",
+                  compile_mode: Optional[str] = None, fp8_gemms: bool = False,
+                  bf16_te_gemms: bool = False) -> tuple[str, ...]:
+    """The speed options of a render as stack options, in a stack name's order: ``("compile", "fp8gemm")``,
+    ``("compile=eager",)``, ``("compile=inductor:max-autotune",)``; ``()`` for none."""
+    out = []
+    if compile:
+        backend = compile_backend or "inductor"
+        mode = compile_mode if backend == "inductor" else None  # the other backends take no mode (vdbench.speed)
+        plain = backend == "inductor" and not mode
+        out.append("compile" if plain else f"compile={backend}" + (f":{mode}" if mode else ""))
+    out += ["fp8gemm"] if fp8_gemms else []
+    out += ["bf16te"] if bf16_te_gemms else []
+    return tuple(out)
+
+
+def stack_name(attention: str, speed: Iterable[str] = (), vae_decode: Optional[str] = None,
+               vae_encode: Optional[str] = None, cache: Optional[str] = None) -> str:
+    """A render's whole configuration of what makes it fast or changes its output, as one name: the attention spec
+    as recorded (options, schedule), then ``+`` each speed option (:func:`speed_options`), ``+vae=<mode>`` and
+    ``+encode=<mode>`` where not ``default``, and the step cache's canonical spec:
+    ``sagev2_fp8:gran=per_warp+compile+fp8gemm+vae=fast+fbc:threshold=0.1``. A plain render's stack is its
+    attention spec. ``sweep.py --stacks`` takes the same string (:func:`split_stack`)."""
+    parts = [attention, *speed]
+    parts += [f"vae={vae_decode}"] if vae_decode not in (None, "default") else []
+    parts += [f"encode={vae_encode}"] if vae_encode not in (None, "default") else []
+    parts += [cache] if cache else []
+    return "+".join(parts)
+
+
+def stack_of(settings: dict, attention: Optional[str] = None) -> str:
+    """:func:`stack_name` of a render's recorded settings (a timing entry's ``run.settings``: the RenderConfig);
+    ``attention``: the recorded backend spec, where the settings' may be an alias."""
+    s = settings or {}
+    return stack_name(attention or str(s.get("attention_type")),
+                      speed_options(bool(s.get("compile")), s.get("compile_backend"), s.get("compile_mode"),
+                                    bool(s.get("fp8_gemms")), bool(s.get("bf16_te_gemms"))),
+                      s.get("vae_decode"), s.get("vae_encode"), s.get("cache"))
+
+
+def split_stack(text: str, cache_kinds: Iterable[str] = ()) -> tuple[str, list[tuple[str, Optional[str]]]]:
+    """``(attention spec, [(option, value or None), ...])`` of a stack (:func:`stack_name`'s grammar, in any order):
+    ``"fav3+compile+vae=fast+fbc:threshold=0.1"`` -> ``("fav3", [("compile", None), ("vae", "fast"), ("cache",
+    "fbc:threshold=0.1")])``. A step cache is ``cache=<spec>`` or, for a kind in ``cache_kinds``, its bare spec. A
+    ``+`` inside the attention spec (a selector's ranges or kinds) or inside the cache's spec (a sequence's items)
+    stays in it. ValueError naming the valid options for anything else; the values are checked by the render."""
+    kinds = set(cache_kinds)
+    head, *pieces = [p.strip() for p in text.split("+")]
+    if not head:
+        raise ValueError(f"stack {text!r}: no attention type before the options")
+    attention, opts = head, []
+    for piece in pieces:
+        key, sep, value = piece.partition("=")
+        if piece in STACK_WORDS:
+            opts.append((piece, None))
+        elif sep and key in STACK_KEYS and value:
+            opts.append((key, value))
+        elif piece.partition(":")[0] in kinds:
+            opts.append(("cache", piece))
+        elif opts and opts[-1][0] == "cache":  # a sequence's next item: the cache's parser judges it
+            opts[-1] = ("cache", f"{opts[-1][1]}+{piece}")
+        elif not opts and _SPEC_GOES_ON.match(piece):
+            attention += "+" + piece
+        else:
+            valid = [*STACK_WORDS, *(f"{k}=<{'spec' if k == 'cache' else 'mode'}>" for k in STACK_KEYS)]
+            valid += ["<cache spec>"] if kinds else []
+            raise ValueError(f"stack {text!r}: unknown option {piece!r}; valid: {', '.join(valid)}")
+    return attention, opts
+
+
+def options_tag(speed: Iterable[str] = (), vae_decode: Optional[str] = None, vae_encode: Optional[str] = None) -> str:
+    """The output-name tag of a stack's speed options and VAE modes (its cache has :func:`cache_tag`): the options
+    joined by ``-``, a value's ``:`` written ``-`` (``compile-fp8gemm-vae=fast``, ``compile=inductor-max-autotune``);
+    ``""`` for none, so a plain render keeps its name. Output names carry it before the cache tag."""
+    parts = [*speed] + ([f"vae={vae_decode}"] if vae_decode not in (None, "default") else [])
+    parts += [f"encode={vae_encode}"] if vae_encode not in (None, "default") else []
+    return "-".join(p.replace(":", "-") for p in parts)
+
+
+#: Where one option of :func:`options_tag` starts (a compile mode's own ``-`` stays in it).
+_TAG_OPTION = re.compile(r"-(?=(?:compile|fp8gemm|bf16te)(?:-|=|$)|(?:vae|encode)=)")
+
+
+def options_from_tag(tag: str) -> tuple[tuple[str, ...], Optional[str], Optional[str]]:
+    """``(speed options, VAE decode mode, VAE encode mode)`` back from :func:`options_tag` (a video without a
+    record)."""
+    speed, decode, encode = [], None, None
+    for part in _TAG_OPTION.split(tag) if tag else []:
+        key, _, value = part.partition("=")
+        if key == "vae":
+            decode = value
+        elif key == "encode":
+            encode = value
+        else:
+            speed.append(part if not value else f"{key}={value.replace('-', ':', 1)}")
+    return tuple(speed), decode, encode
+
+
 def run_label(attention: str, layout: str = "", vae_decode: Optional[str] = None,
-              vae_encode: Optional[str] = None, cache: Optional[str] = None) -> str:
-    """A run's label: its attention spec, then, in one pair of parentheses, what else sets it apart -- the parallel
-    layout tag, the step cache (``cache fbc:threshold=0.1``) and any VAE mode other than ``default`` -- separated
-    by ``; ``: ``sdpa``, ``sdpa (u2)``, ``fav3@steps:0-9,sta (u2; cache fbc; VAE decode fast)``. Display text, built
-    from a record and never parsed back: the attention spec keeps its own grammar (docs/ARCHITECTURE.md, "Run
-    identity") and nothing is appended to it."""
-    quals = [layout] if layout else []
-    quals += [f"cache {cache}"] if cache else []
-    quals += [f"VAE decode {vae_decode}"] if vae_decode not in (None, "default") else []
-    quals += [f"VAE encode {vae_encode}"] if vae_encode not in (None, "default") else []
-    return attention + (f" ({'; '.join(quals)})" if quals else "")
+              vae_encode: Optional[str] = None, cache: Optional[str] = None, speed: Iterable[str] = ()) -> str:
+    """A run's label: its stack name (:func:`stack_name`), then the parallel layout tag in parentheses:
+    ``sdpa``, ``sdpa (u2)``, ``fav3@steps:0-9,sta+compile+vae=fast+fbc (u2)``. What the batch table, the report and
+    the stitched grid show; built from a record and never parsed back."""
+    stack = stack_name(attention, speed, vae_decode, vae_encode, cache)
+    return stack + (f" ({layout})" if layout else "")
 
 
 @dataclasses.dataclass(frozen=True)
 class Identity:
     """Which run a render is: ``attention`` (a backend name with its options, or a schedule's one spelling: the
     recorded ``config["backend"]["name"]``), ``layout`` (the parallel layout tag, ``""`` for one process), the VAE
-    decode and encode modes, the step cache's canonical spec (``cache``, None: none), whether the backend is an emulation / exact where the record says (None: not
+    decode and encode modes, the step cache's canonical spec (``cache``, None: none), the speed options
+    (``speed``: :func:`speed_options`), whether the backend is an emulation / exact where the record says (None: not
     recorded), the ``run_id``, and ``source``: ``"record"``, or ``"file name"`` for a video no record names (the
-    documented fallback: the family's output-name parser)."""
+    documented fallback: the family's output-name parser). ``stack``: all but the layout as one name
+    (:func:`stack_name`); ``label``: the stack with the layout."""
 
     attention: str
     layout: str = ""
@@ -250,10 +361,15 @@ class Identity:
     exact: Optional[bool] = None
     run_id: Optional[str] = None
     source: str = "record"
+    speed: tuple[str, ...] = ()
+
+    @property
+    def stack(self) -> str:
+        return stack_name(self.attention, self.speed, self.vae_decode, self.vae_encode, self.cache)
 
     @property
     def label(self) -> str:
-        return run_label(self.attention, self.layout, self.vae_decode, self.vae_encode, self.cache)
+        return run_label(self.attention, self.layout, self.vae_decode, self.vae_encode, self.cache, self.speed)
 
     @property
     def from_record(self) -> bool:
@@ -263,7 +379,7 @@ class Identity:
 def identity(rec: Record) -> Identity:
     """A render record's :class:`Identity`, from its configuration and its entry alone (no file name): the backend
     stack as recorded (``config.backend``), the layout from the entry's ``parallel`` section (else the settings'
-    degrees), the VAE modes from the entry (else the settings)."""
+    degrees), the VAE modes from the entry (else the settings), the speed options from the settings."""
     cfg, data = rec.config or {}, rec.data or {}
     backend = cfg.get("backend") if isinstance(cfg.get("backend"), dict) else {"name": cfg.get("backend")}
     settings = cfg.get("settings") or {}
@@ -280,9 +396,11 @@ def identity(rec: Record) -> Identity:
     decode = (data.get("vae_decode") or {}).get("mode") or settings.get("vae_decode")
     encode = (data["vae_encode"] or {}).get("mode") if "vae_encode" in data else settings.get("vae_encode")
     cache = (data.get("cache") or {}).get("spec") or settings.get("cache") or None
+    speed = speed_options(bool(settings.get("compile")), settings.get("compile_backend"), settings.get("compile_mode"),
+                          bool(settings.get("fp8_gemms")), bool(settings.get("bf16_te_gemms")))
     return Identity(attention=str(attention), layout=layout, vae_decode=decode, vae_encode=encode, cache=cache,
                     emulated=backend.get("emulated"), exact=backend.get("exact"),
-                    run_id=data.get("run_id") or rec.created)
+                    run_id=data.get("run_id") or rec.created, speed=speed)
 
 
 # --- the files the tools wrote before records -------------------------------------------------------------------
@@ -308,7 +426,7 @@ def from_render_entry(e: dict) -> Record:
     backend = run.get("backend") or {"name": e.get("attention_type")}
     return Record(
         suite="render", case=str(backend.get("name", e.get("attention_type"))),
-        config={"backend": backend, "cache": (e.get("cache") or {}).get("spec"),
+        config={"backend": backend, "cache": (e.get("cache") or {}).get("spec"), "stack": e.get("stack"),
                 "settings": run.get("settings") or {}, "resolved": run.get("resolved") or {}},
         figures=figs, verdict={"speed_figure": e.get("speed_figure"), "why_not": e.get("why_not_speed")},
         timer=("CUDA events per step" if str(system.get("device", "")).startswith("cuda") else "host clock per step"),
