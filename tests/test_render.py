@@ -131,7 +131,8 @@ def test_one_time_costs_a_stage_reports_are_merged_and_the_render_call_is_timed_
     assert 0 <= e2e["unaccounted"] < 1.0, e2e  # small: gaps between the stages (a GC pass on a loaded CPU: 0.3 s)
     # the load's parts: where its time went, each measured, together the load stage within rounding
     parts = entry["run"]["load_parts"]
-    assert {"imports", "from_pretrained", "to_device", "checks", "speed_options", "header", "sync"} <= set(parts)
+    assert {"prewarm_start", "imports", "from_pretrained", "to_device", "pipeline_other", "size_checks", "preflight",
+            "agree", "speed_options", "header", "sync"} <= set(parts)
     assert min(parts.values()) >= 0 and sum(parts.values()) == pytest.approx(once["load_s"], abs=0.01)
     # the same repetition in the record schema every tool writes, beside timing.json, with its command and identity
     from vdbench.measure import record as M

@@ -480,9 +480,11 @@ def _load_checked(plan: Plan, parts: dict) -> tuple:
 
     cfg, family, device = plan.cfg, plan.family, plan.device
     t_load = time.perf_counter()
+    named: dict = {}
     pipe = load_pipeline(plan.model, dtype=plan.dtype,
                          device="cpu" if cfg.cpu_offload else device, vae_dtype=plan.vae_dtype,
-                         image=bool(cfg.image) and family.takes_image(cfg.task), timings=parts)
+                         image=bool(cfg.image) and family.takes_image(cfg.task), timings=named)
+    parts.update(named)
     if cfg.cpu_offload:
         pipe.enable_model_cpu_offload(device=device)
     if cfg.vae_tiling:
@@ -490,13 +492,19 @@ def _load_checked(plan: Plan, parts: dict) -> tuple:
     if cfg.vae_slicing:
         pipe.vae.enable_slicing()
     load_time = time.perf_counter() - t_load
+    mark = time.perf_counter()
+    parts["pipeline_other"] = mark - t_load - sum(named.values())  # outside the parts load_pipeline names
     flow_shift = None
     if family.flow_shift is not None:
         flow_shift = _set_flow_shift(pipe, cfg.flow_shift if cfg.flow_shift is not None
                                      else family.flow_shift(cfg.task, cfg.height, cfg.width))
     pipe.set_progress_bar_config(disable=not sys.stderr.isatty(), leave=False)
     check_video_size(pipe, cfg.height, cfg.width, cfg.num_frames, family=family)
+    t = time.perf_counter()
+    parts["size_checks"] = t - mark
+    # the backend's availability here (its package imported, the device queried)
     preflight(plan.backend, device, plan.dtype, [m.config.attention_head_dim for _, m in transformers_of(pipe)])
+    parts["preflight"] = time.perf_counter() - t
     return pipe, load_time, flow_shift
 
 
@@ -511,13 +519,14 @@ def load(plan: Plan) -> Loaded:
     err = pipe = load_time = flow_shift = None
     parts: dict = {}  # where the load's time goes (host clock): its variation is read here, not guessed
     prewarm = _start_prewarm(plan, encode_only=True)  # an image's encode comes before the denoising: hide it here
+    parts["prewarm_start"] = time.perf_counter() - t0
     try:  # what only the files or the loaded model can refuse is agreed like validate's refusals (torchrun)
         pipe, load_time, flow_shift = _load_checked(plan, parts)
     except (ModelLoadError, B.BackendUnavailable, ValueError, OSError) as e:
         err = e
     P.agree(dctx, err)  # single process: raises err itself
     mark = [time.perf_counter()]
-    parts["checks"] = mark[0] - t0 - sum(parts.values())
+    parts["agree"] = mark[0] - t0 - sum(parts.values())  # the ranks agreeing on the outcome (torchrun)
 
     def part(name):
         now = time.perf_counter()

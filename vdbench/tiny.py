@@ -388,6 +388,9 @@ def build_pipeline(variant: TinyVariant, module_device=None, timings: Optional[d
         mark[0] = now
         return value
 
+    if on_gpu:  # the CUDA context, created here unless something before the load did: a part of its own
+        torch.empty(0, device=module_device)
+        part("cuda_init", None)
     import diffusers
     import transformers  # noqa: F401 - the text encoders' package, imported in the "imports" part
 
