@@ -51,6 +51,7 @@ def main(argv=None) -> int:
             return 2
         sources = {"reference-file": Path(args.reference), **sources}
         args.reference = "reference-file"
+    args.reference = _label(args.reference, sources)
     if args.reference not in sources:
         print(f"error: no render labelled {args.reference!r} in {args.results} (found: {', '.join(sources) or 'none'})",
               file=sys.stderr)
@@ -65,9 +66,13 @@ def main(argv=None) -> int:
             src = f"{src} vs {ref_src}"
         q = quality_columns(frames, ref, args.device)
         s = sp.get(label, {})
-        st = s.get("warm_step_median")
+        # a step cache makes steps of two kinds (computed, reused): the median is one kind's time, the mean the
+        # render's (its denoising over its steps)
+        cached = bool(s.get("cache"))
+        st = s.get("step_mean") if cached else s.get("warm_step_median")
         rows.append({"backend": label, "source": src, **q,
-                     "warm_step_ms": st * 1e3 if st else None, "warm_step_n": s.get("warm_step_n"),
+                     "warm_step_ms": st * 1e3 if st else None, "warm_is": "mean of all steps" if cached else "median",
+                     "warm_step_n": s.get("warm_step_n"),
                      "first_step_ms": s["first_step"] * 1e3 if s.get("first_step") else None,
                      "speedup_vs_default": (base / st) if (base and st) else None,
                      "emulated": s.get("emulated"), "speed_figure": s.get("speed_figure"),
@@ -80,10 +85,13 @@ def main(argv=None) -> int:
           f"{'decode s':>8}  source")
     for r in rows:
         emu = r["emulated"]
-        print(f"{r['backend']:16} {'emulated' if emu else fmt(r['warm_step_ms'], '.1f'):>9} "
+        mean = "" if r["warm_is"] == "median" else "*"
+        print(f"{r['backend']:16} {'emulated' if emu else fmt(r['warm_step_ms'], '.1f') + mean:>9} "
               f"{fmt(r['warm_step_n'], 'd'):>3} {'emulated' if emu else fmt(r['speedup_vs_default'], '.2f'):>8} "
               f"{fmt(r['psnr_db'], '.2f'):>8} {fmt(r['ssim'], '.4f'):>7} {fmt(r['worst_frame_psnr_db'], '.2f'):>8} "
               f"{fmt(r['vae_decode_s'], '.2f'):>8}  {r['source']}")
+    if any(r["warm_is"] != "median" for r in rows):
+        print("* a step cache's render: the mean of all its steps (the denoising over the steps), not the median")
     for why, names in _not_speed(rows).items():
         print(f"warning: not a speed figure ({why}): {', '.join(names)}")
     if args.output:
@@ -93,6 +101,25 @@ def main(argv=None) -> int:
 
         write_beside(args.output, {"reference": args.reference, "rows": rows})  # the same rows as records
     return 0
+
+
+def _label(name: str, sources: dict) -> str:
+    """The render ``name`` stands for: itself where a render has that label, else the one render whose stack's
+    attention part is ``name`` (``reference`` for ``reference+vae=fast``); ``name`` unchanged where none or several
+    are."""
+    if name in sources:
+        return name
+    from vdbench.cache import KINDS
+    from vdbench.measure.record import split_stack
+
+    def head(label):
+        try:
+            return split_stack(label.split(" (")[0], cache_kinds=KINDS)[0]
+        except ValueError:
+            return None
+
+    found = [label for label in sources if head(label) == name]
+    return found[0] if len(found) == 1 else name
 
 
 def quality_columns(frames, ref, device=None) -> dict:

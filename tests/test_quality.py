@@ -300,3 +300,13 @@ def test_batch_and_report_psnr_are_the_shared_one(tmp_path):
     assert report.video_psnr(videos[1], videos[0]) == expect
     rows, _ = batch.rows(tmp_path, videos)
     assert rows[1]["psnr"] == f"{expect:.1f} dB" and rows[0]["psnr"] == "ref"
+
+
+def test_compare_outputs_finds_a_reference_by_its_attention_and_times_a_cached_render_by_its_mean():
+    from bench import compare_outputs as co
+
+    sources = {"reference+vae=fast": 1, "sdpa+vae=fast": 2, "sdpa+vae=fast+fbc:threshold=0.2 (u2)": 3}
+    assert co._label("reference", sources) == "reference+vae=fast"  # its stack's attention part
+    assert co._label("sdpa+vae=fast", sources) == "sdpa+vae=fast"  # a full label as it is
+    assert co._label("sdpa", sources) == "sdpa"  # two renders of sdpa: not guessed (the caller says none matched)
+    assert co._label("fav3", sources) == "fav3"
