@@ -162,3 +162,15 @@ def test_both_experts_of_wan_2_2_get_the_cache(tmp_path):
     assert all(a + b == 2 * f for a, b, f in zip(c["computed_blocks_per_step"], c["reused_blocks_per_step"],
                                                  c["forwards_per_step"]))
     assert sum(c["reused_blocks_per_step"]) > 0
+
+
+def test_a_cache_beside_a_sparse_schedule_keeps_the_tokens_in_the_models_order(tmp_path):
+    """A schedule whose late steps run sta puts the tokens in its (padded) tile order for those forwards; a cache
+    compares and reuses block outputs across steps, so with a cache the tile order is applied per attention call
+    instead (on an H200 diffusers' FirstBlockCache failed at the switch: 37376 vs 32760 tokens)."""
+    cfg = _cfg(tmp_path, attention_type="sdpa@steps:0-1,sta", cache="fbc:threshold=0.5", num_inference_steps=5)
+    R.render(cfg, log=lambda *a, **k: None)
+    (entry,) = json.loads(cfg.timing_path.read_text())
+    kernels = entry["attention"]["calls_by_kernel"]
+    assert any(k.startswith("sdpa") for k in kernels) and any("sta" in k or "flex" in k for k in kernels), kernels
+    assert sum(entry["cache"]["reused_blocks_per_step"]) > 0 and entry["stack"] == "sdpa@steps:0-1,sta+fbc:threshold=0.5"

@@ -615,7 +615,9 @@ def run_repetitions(plan: Plan, loaded: Loaded, log) -> tuple[list[dict], object
     patch = AttentionPatch(loaded.models, plan.backend, on_unsupported=cfg.on_unsupported,
                            time_attention=cfg.time_attention, observers=[capture] if capture else None,
                            call_kind=plan.family.call_kind, grid_hooks=plan.family.grid_hooks,
-                           tile_order_once=not cfg.compile)  # compiled blocks would trace the tile-order hooks
+                           # compiled blocks would trace the tile-order hooks; a step cache compares and reuses
+                           # block outputs across steps, which a schedule's switch to tile order (padded) breaks
+                           tile_order_once=not cfg.compile and plan.cache is None)
     entries, frames = [], None
     prewarm = loaded.prewarm
     progress = _Progress(plan.stack, cfg.num_inference_steps, cfg.num_repetitions, log,
