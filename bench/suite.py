@@ -231,10 +231,11 @@ def environment(base=None) -> dict:
     env = dict(os.environ if base is None else base)
     env.update(PYTHONUNBUFFERED="1", NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1")
     env.setdefault("OMP_NUM_THREADS", "8")
-    # Python's bytecode kept where it can be written: on an image whose site-packages hold none (the project's GPU
+    # Python's bytecode written, where it can be: on an image whose site-packages hold none (the project's GPU
     # machine), every process compiled ~2,300 modules again (10-17 s of a render's startup and load, varying by
     # seconds between processes) -- a cost a pip install, which compiles at install time, never leaves to a run
     env.setdefault("PYTHONPYCACHEPREFIX", os.path.join(tempfile.gettempdir(), "vdbench_pycache"))
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *[p for p in paths if p != str(ROOT)]])
     return env
