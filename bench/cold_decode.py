@@ -10,6 +10,12 @@ Variants (``--variants``, comma-separated):
                     denoises): the glue compiled for the GPU from a decode on the meta device
   prewarm+main      prewarm, then two latent frames decoded at the real size on the calling thread (what is left
                     of the first call is then not per-shape work)
+  prewarm+reserve   prewarm, then the caching allocator grown by one block of the warm decode's peak, freed (is
+                    what is left the first call's cudaMalloc calls?)
+  prewarm+tiny      prewarm, then a decode of a tiny latent (2 frames, 8x8) on another thread (is it the process's
+                    first use of cuDNN's kernels, whatever the shapes?)
+  prewarm+side      prewarm, then two latent frames decoded at the real size on another thread (per-thread state,
+                    cuDNN's plans, or process-wide?)
 
     python3 bench/cold_decode.py --model wan2.1 --size 1280*720 --frames 81 -o cold_720.json
     python3 bench/cold_decode.py --model wan2.1 --size 832*480 --variants fast,prewarm --repeats 2
@@ -30,7 +36,7 @@ import subprocess
 import sys
 import time
 
-VARIANTS = ("bf16", "fast", "prewarm", "prewarm+main")
+VARIANTS = ("bf16", "fast", "prewarm", "prewarm+main", "prewarm+reserve", "prewarm+tiny", "prewarm+side")
 
 
 def _launch_spec(kernel, args, kw) -> str:
@@ -102,6 +108,22 @@ def _child(args) -> dict:
             D.decode_video(vae, z[:, :, :2].clone(), mode="fast")
             sync()
             row["main_thread_warm_s"] = time.perf_counter() - t0
+        elif variant == "prewarm+reserve" and dev.type == "cuda":
+            t0 = time.perf_counter()
+            peak = {"832*480": 3.4, "1280*720": 7.6}.get(args.size, 8.0)  # GiB: the warm fast decode's peak
+            block = torch.empty(int(peak * 2**30), dtype=torch.uint8, device=dev)
+            del block
+            sync()
+            row["reserve_s"] = time.perf_counter() - t0
+        elif variant in ("prewarm+tiny", "prewarm+side"):
+            import threading
+
+            small = (z[:, :, :2, :8, :8] if variant == "prewarm+tiny" else z[:, :, :2]).clone()
+            t0 = time.perf_counter()
+            th = threading.Thread(target=lambda: (D.decode_video(vae, small, mode="fast"), sync()))
+            th.start()
+            th.join()
+            row["side_thread_warm_s"] = time.perf_counter() - t0
 
     host = {"conv": 0.0, "glue": 0.0}  # host seconds inside the calls (launch, plan building, JIT compiles)
 
