@@ -215,3 +215,27 @@ def test_a_failed_prewarm_is_recorded_and_the_decode_still_runs(monkeypatch):
     assert info["prewarm"] == "failed (RuntimeError: CUDA out of memory.)"
     assert set(info["one_time"]) == {"prewarm_wait_s"} and info["prewarm_s"] >= 0
     assert pw.done
+
+
+def test_the_first_use_runs_the_path_on_a_zero_weight_copy_and_leaves_the_vae_untouched(monkeypatch):
+    """The prewarm's last part (on a GPU: the process's first use of cuDNN's kernels) decodes and encodes a tiny
+    latent with its own zero-weight copy of the VAE, through the same fused path, never the pipeline's VAE."""
+    seen, _ = _launch_recorder(monkeypatch)
+    vae = _vae()
+    before = {k: v.clone() for k, v in vae.state_dict().items()}
+    p = _plan(vae, (40, 56), encode=True)
+    made = []
+
+    def make():
+        made.append(W.meta_vae(type(vae), dict(vae.config)).to(vae.dtype))
+        return made[-1]
+
+    pw = W.start(make, p)
+    assert pw.wait()["status"] == "done"
+    seen.clear()
+    pw._first_use(p)  # on a CPU plan the thread skips it (no cuDNN); called here as the GPU's thread calls it
+    assert len(made) == 2 and made[1] is not vae  # a second copy of its own, built from the meta VAE
+    assert seen, "the tiny decode / encode launched no glue kernel: not the fast path"
+    after = vae.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert not any("forward" in m.__dict__ for m in vae.modules())

@@ -13,14 +13,17 @@ convolutions keeping channels_last as cuDNN's do (:class:`cuda_layouts`) -- with
 :func:`vdbench.kernels.glue.compile_only` mode: each kernel call compiles its variant for the real GPU through Triton's own JIT (``warmup``: the same
 specialization and cache as a launch) and launches nothing; then it loads the compiled modules on the device and
 builds their launchers (:func:`vdbench.kernels.glue.load_compiled`: the rest of a first launch's host work; the
-module load releases the GIL, so if it waits for the denoising's queued work only this thread waits). So the
-thread does no GPU work, allocates no GPU memory beyond the modules, and touches neither the pipeline's VAE nor any
-stream. The real decode then finds every variant compiled and loaded in the process. :meth:`Prewarm.wait` joins the thread (the render calls it inside the decode stage, so any wait
+module load releases the GIL, so if it waits for the denoising's queued work only this thread waits); last, on a GPU,
+the same path at a tiny size on the device (:meth:`Prewarm._first_use`: a 2-frame 8x8 latent, a zero-weight copy of
+the VAE, a few ms of GPU time and the copy's ~250 MB, freed) -- the process's first use of cuDNN's convolution
+kernels, which no shape-free work covers. The thread touches neither the pipeline's VAE nor any stream of its own
+(its few kernels queue on the default stream behind the denoising's). The real decode then finds every variant
+compiled and loaded and cuDNN's kernels in use in the process. :meth:`Prewarm.wait` joins the thread (the render calls it inside the decode stage, so any wait
 is counted there) and returns what it did; the decode records how many glue variants were still compiled during
 the real call (0 when the prewarm covered them).
 
-Not moved: cuDNN's execution plans (cached per thread and per shape in PyTorch; on an H200 the fast decode's first
-call after the prewarm is within ~0.05 s of a warm one: bench/cold_decode.py). The compile holds the GIL for tens
+Not moved: cuDNN's execution plans for the real shapes (cached per thread and per shape in PyTorch): on an H200 they
+cost the first call ~0.02-0.05 s once the kernels are in use (bench/cold_decode.py). The compile holds the GIL for tens
 of ms at a time: beside a CPU-bound main thread (a load building random weights) it costs that thread about its own
 length, beside the denoising loop (waiting on the GPU) next to nothing -- hence when the render starts it.
 """
@@ -180,6 +183,10 @@ class Prewarm:
                 t = time.perf_counter()
                 rec["loaded"] = glue.load_compiled(compiled, p.device)
                 rec["jobs"]["load_s"] = time.perf_counter() - t
+            if p.device.type == "cuda":
+                t = time.perf_counter()
+                self._first_use(p)
+                rec["jobs"]["first_use_s"] = time.perf_counter() - t
             rec["status"] = "done"
         except Exception as e:  # recorded, never raised: the real call pays its own first-call costs instead
             rec["status"] = "failed"
@@ -187,6 +194,31 @@ class Prewarm:
             log.warning("VAE prewarm failed; the decode compiles its own kernels:\n%s", traceback.format_exc())
         finally:
             rec["seconds"] = time.perf_counter() - self._t0
+
+    def _first_use(self, p: PrewarmPlan) -> None:
+        """The same path run on the GPU at a tiny size: a decode (and encode) of a 2-frame, 8x8 latent by a copy of
+        the VAE with zero weights (its own storage, freed after: the pipeline's VAE is never touched). What a first
+        call paid beyond a warm one after the compiles was the process's first use of cuDNN's convolution kernels,
+        whatever the shapes: on an H200 this tiny decode on another thread took the fast decode's first call at Wan
+        720p x 81 from 2.37-2.42 s to 2.09-2.11 s (warm 2.06), where growing the allocator ahead changed nothing
+        (``bench/cold_decode.py`` variants ``prewarm+tiny`` and ``prewarm+reserve``). Its GPU time is a few ms."""
+        with torch.inference_mode():
+            vae = self._make_vae().to_empty(device=p.device)
+            for t in (*vae.parameters(), *vae.buffers()):
+                t.zero_()
+            if p.encode is not None:
+                _, o = p.encode
+                x = torch.zeros((1, 3, 5, 64, 64), device=p.device, dtype=vae.dtype)
+                E.wan_encode_chunked(vae, x, o.chunk_frames or E.FAST_ENCODE_DEFAULT_CHUNK, lean=True,
+                                     channels_last=o.channels_last is not False, fused_glue=True)
+            if p.decode is not None:
+                _, o = p.decode
+                z = torch.zeros((1, vae.config.z_dim, 2, 8, 8), device=p.device, dtype=vae.dtype)
+                V.wan_decode_chunked(vae, z, o.chunk_frames or V.FAST_DEFAULT_CHUNK, lean=True,
+                                     channels_last=o.channels_last is not False, fused_glue=True)
+            if p.device.type == "cuda":
+                torch.cuda.synchronize(p.device)
+            del vae
 
     @property
     def done(self) -> bool:
