@@ -55,8 +55,8 @@ def test_the_original_batch_commands(tmp_path):
     screen = proc.stdout
     assert re.search(r"^\[sdpa\] step 1/2: [0-9.]+ s, ETA \d+:\d\d$", screen, re.M), screen  # progress on screen
     assert re.search(r"^\[reference\] step 2/2: .*ETA 0:00$", screen, re.M)
-    table = screen[screen.index("backend "):].splitlines()
-    assert table[0].split()[:2] == ["backend", "layout"] and "PSNR vs reference" in table[0]
+    table = screen[screen.index("stack "):].splitlines()
+    assert table[0].split()[:2] == ["stack", "layout"] and "PSNR vs reference" in table[0]
     sdpa = next(ln for ln in table if ln.startswith("sdpa "))
     assert "1 process" in sdpa and "1.00×" in sdpa and "sdpa[flash]×" in sdpa and " dB" in sdpa
     assert "end-to-end (s)" in table[0] and "one-time (s)" in table[0] and " baseline " in sdpa

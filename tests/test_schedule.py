@@ -55,7 +55,7 @@ def test_malformed_schedules_say_what_is_wrong():
 
 def test_unknown_backends_and_bad_options_in_a_schedule_are_the_registrys_refusals():
     with pytest.raises(B.BackendUnavailable, match="did you mean 'fav3'"):
-        parse_schedule("fav4@steps:0,sta")
+        parse_schedule("fav33@steps:0,sta")
     with pytest.raises(B.BackendUnavailable, match="even size"):
         parse_schedule("fav3@steps:0,sta:window=2x3x3")
 
