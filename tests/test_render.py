@@ -229,3 +229,25 @@ def test_the_render_configuration_is_read_in_one_module_the_rest_get_resolved_ob
     monkeypatch.undo()
     assert readers == ["vdbench.render"], readers
     assert json.loads(cfg.timing_path.read_text())[-1]["attention_type"] == "sdpa"  # the render did run
+
+
+@pytest.mark.parametrize("compile_", [False, True])
+def test_the_prewarm_uses_the_gpu_only_beside_an_uncompiled_denoiser(tmp_path, no_load, monkeypatch, compile_):
+    """The prewarm's last part decodes a tiny latent on the GPU from its thread; a compiled denoiser may capture CUDA
+    graphs, which another thread's kernels and allocations break, so there it is left out."""
+    from dataclasses import replace
+
+    from vdbench.vae import prewarm as W
+
+    plan = R.validate(_cfg(tmp_path, vae_decode="fast"))
+    plan = replace(plan, device=torch.device("cuda"), cfg=replace(plan.cfg, compile=compile_))
+    seen = {}
+    monkeypatch.setattr(W, "plan", lambda **kw: seen.update(kw) or "a plan")
+    monkeypatch.setattr(W, "start", lambda make, p: p)
+
+    class Pipe:
+        class vae:
+            config = {"z_dim": 16}
+
+    assert R._start_prewarm(plan, Pipe()) == "a plan"
+    assert seen["first_use"] is (not compile_) and seen["decode_mode"] is plan.decode.mode

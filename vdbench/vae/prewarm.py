@@ -70,6 +70,9 @@ class PrewarmPlan:
     pixel_hw: tuple[int, int]
     device: torch.device = torch.device("cuda")
     why_not: dict = field(default_factory=dict)
+    #: end with the tiny GPU decode (:meth:`Prewarm._first_use`); off beside a compiled denoiser, whose CUDA graph
+    #: captures another thread's kernels and allocations would break
+    first_use: bool = True
 
 
 def _part(mode, options, vae_class: str, device):
@@ -87,7 +90,7 @@ def _part(mode, options, vae_class: str, device):
 
 def plan(*, vae_class: str, device, decode_mode: "str | DecodeMode", decode_options: DecodeOptions,
          encode_mode: "str | EncodeMode | None" = None, encode_options: EncodeOptions = EncodeOptions(),
-         pixel_hw: tuple[int, int]) -> Optional[PrewarmPlan]:
+         pixel_hw: tuple[int, int], first_use: bool = True) -> Optional[PrewarmPlan]:
     """The prewarm a render's decode (and encode, when ``encode_mode`` is given) of a ``vae_class`` VAE on
     ``device`` would profit from, or None: only the fast layers with the Triton glue have a compile to pay ahead
     (diffusers' own decode has none of vdbench's). The modes: names, or their entries as the render resolved
@@ -99,7 +102,8 @@ def plan(*, vae_class: str, device, decode_mode: "str | DecodeMode", decode_opti
         enc, why["encode"] = _part(check_encode(encode_mode, encode_options), encode_options, vae_class, device)
     if dec is None and enc is None:
         return None
-    return PrewarmPlan(vae_class, dec, enc, pixel_hw, torch.device(device), {k: v for k, v in why.items() if v})
+    return PrewarmPlan(vae_class, dec, enc, pixel_hw, torch.device(device), {k: v for k, v in why.items() if v},
+                       first_use=first_use)
 
 
 class cuda_layouts(TorchFunctionMode):
@@ -183,7 +187,7 @@ class Prewarm:
                 t = time.perf_counter()
                 rec["loaded"] = glue.load_compiled(compiled, p.device)
                 rec["jobs"]["load_s"] = time.perf_counter() - t
-            if p.device.type == "cuda":
+            if p.device.type == "cuda" and p.first_use:
                 t = time.perf_counter()
                 self._first_use(p)
                 rec["jobs"]["first_use_s"] = time.perf_counter() - t
