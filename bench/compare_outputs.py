@@ -104,22 +104,25 @@ def main(argv=None) -> int:
 
 
 def _label(name: str, sources: dict) -> str:
-    """The render ``name`` stands for: itself where a render has that label, else the one render whose stack's
-    attention part is ``name`` (``reference`` for ``reference+vae=fast``); ``name`` unchanged where none or several
-    are."""
+    """The render ``name`` stands for: itself where a render has that label, else the render whose stack's attention
+    part is ``name`` (``reference`` for ``reference+vae=fast``) -- of several, the one with the fewest options (the
+    plain ``fav3+vae=fast`` beside ``fav3+vae=fast+fbc:threshold=0.2``: a stack's quality is read against its
+    kernel alone); ``name`` unchanged where none matches or the fewest options tie."""
     if name in sources:
         return name
     from vdbench.cache import KINDS
     from vdbench.measure.record import split_stack
 
-    def head(label):
+    def parsed(label):
         try:
-            return split_stack(label.split(" (")[0], cache_kinds=KINDS)[0]
+            return split_stack(label.split(" (")[0], cache_kinds=KINDS)
         except ValueError:
-            return None
+            return None, []
 
-    found = [label for label in sources if head(label) == name]
-    return found[0] if len(found) == 1 else name
+    found = sorted((len(parsed(label)[1]), label) for label in sources if parsed(label)[0] == name)
+    if not found or (len(found) > 1 and found[0][0] == found[1][0]):
+        return name
+    return found[0][1]
 
 
 def quality_columns(frames, ref, device=None) -> dict:

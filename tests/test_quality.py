@@ -308,5 +308,7 @@ def test_compare_outputs_finds_a_reference_by_its_attention_and_times_a_cached_r
     sources = {"reference+vae=fast": 1, "sdpa+vae=fast": 2, "sdpa+vae=fast+fbc:threshold=0.2 (u2)": 3}
     assert co._label("reference", sources) == "reference+vae=fast"  # its stack's attention part
     assert co._label("sdpa+vae=fast", sources) == "sdpa+vae=fast"  # a full label as it is
-    assert co._label("sdpa", sources) == "sdpa"  # two renders of sdpa: not guessed (the caller says none matched)
+    # the kernel alone beside its stacks: the one with the fewest options
+    assert co._label("sdpa", sources) == "sdpa+vae=fast"
+    assert co._label("sdpa", {"sdpa+vae=fast": 1, "sdpa+compile": 2}) == "sdpa"  # a tie: not guessed
     assert co._label("fav3", sources) == "fav3"
