@@ -119,7 +119,7 @@ def _label(name: str, sources: dict) -> str:
         except ValueError:
             return None, []
 
-    found = sorted((len(parsed(label)[1]), label) for label in sources if parsed(label)[0] == name)
+    found = sorted((len(opts), label) for label, (head, opts) in ((lb, parsed(lb)) for lb in sources) if head == name)
     if not found or (len(found) > 1 and found[0][0] == found[1][0]):
         return name
     return found[0][1]
