@@ -251,3 +251,23 @@ def test_fixed_interleaved_and_burst_timers_count_their_calls():
     got = T.interleaved_ms({"a": a, "b": b}, "cpu", reps=3, warmup=1)
     assert set(got) == {"a", "b"} and all(len(v) == 3 for v in got.values()) and n == {"a": 10, "b": 4}
     assert T.burst_ms(b, "cpu", 5) >= 0 and n["b"] == 9
+
+
+def test_laps_add_up_with_a_callee_timing_into_the_same_parts(monkeypatch):
+    """A lap is the time since the previous one less what a callee billed to the same parts meanwhile: every second
+    counted once; without parts nothing is timed."""
+    import vdbench.timing as T
+
+    import types
+
+    clock = iter([0.0, 1.0, 1.5, 3.5, 4.0, 6.0, 7.0])
+    monkeypatch.setattr(T, "time", types.SimpleNamespace(perf_counter=lambda: next(clock)))  # this module's clock
+    parts: dict = {}
+    outer = T.Laps(parts)  # t = 0
+    outer.lap("a")  # 1.0
+    inner = T.Laps(parts)  # 1.5: a callee's own laps into the same dict
+    assert inner.lap("b", "value") == "value"  # 3.5: b = 2.0
+    outer.lap("rest")  # 4.0: 3.0 since a, less b's 2.0
+    outer.lap("a")  # 6.0: a second lap of a adds to it
+    assert parts == {"a": 3.0, "b": 2.0, "rest": 1.0} and sum(parts.values()) == 6.0
+    assert T.Laps(None).lap("x", 7) == 7  # nothing asked, nothing measured

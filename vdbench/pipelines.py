@@ -23,12 +23,12 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import time
 from typing import Any, Optional
 
 import torch
 
 from . import families
+from .timing import Laps
 from .tiny import (BUILDER_VERSION, RANDOM_VARIANTS, TINY_VARIANTS, TinyVariant, build_random, build_tiny,
                    ensure_tiny, get_variant, tiny_model_dir)
 
@@ -306,7 +306,7 @@ def load_pipeline(
     build's per component, :func:`vdbench.tiny.build_random`; otherwise the imports, ``from_pretrained`` and the
     move to ``device``).
     """
-    t0 = time.perf_counter()
+    laps = Laps(timings, device)
     import diffusers
 
     spec = _as_spec(model, task, family)
@@ -336,7 +336,7 @@ def load_pipeline(
             )
     cls = getattr(diffusers, fam.pipeline_class(task, image=image))
     vae_cls = getattr(diffusers, fam.vae_class)
-    t_files = time.perf_counter()
+    laps.lap("imports")
     local = str(ensure_tiny(spec.variant)) if spec.kind == "tiny" else spec.path
     source = spec.hub_id
 
@@ -396,13 +396,8 @@ def load_pipeline(
                         f"it failed ({type(exc).__name__}; the underlying error is shown above).",
                     )
                 ) from exc
-    t_loaded = time.perf_counter()
-    pipe = pipe.to(device)
-    if timings is not None:
-        if torch.device(device).type == "cuda":
-            torch.cuda.synchronize(device)
-        timings.update(imports=t_files - t0, from_pretrained=t_loaded - t_files, to_device=time.perf_counter() - t_loaded)
-    return pipe
+    laps.lap("from_pretrained")
+    return laps.lap("to_device", pipe.to(device))
 
 
 # ----------------------------------------------------------------------------------------------------------------

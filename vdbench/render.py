@@ -35,7 +35,7 @@ from . import families
 from .patching import AttentionPatch
 from .patching.schedule import as_schedule, resolve_attention
 from .measure.record import Writer, command_line, commit, from_render_entry, speed_options, stack_name
-from .timing import (Clock, StepProfiler, StepTimer, WallStart, append_timing, compile_seconds, describe_steps,
+from .timing import (Clock, Laps, StepProfiler, StepTimer, WallStart, append_timing, compile_seconds, describe_steps,
                      peak_memory, reset_peak_memory, run_step_stats, step_stats, system_info, wall_start)
 
 __all__ = ["RenderConfig", "Plan", "VaeMode", "Loaded", "render", "validate", "load", "run_repetitions", "finish",
@@ -472,19 +472,17 @@ def _start_prewarm(plan: Plan, pipe=None, *, encode_only: bool = False):
     return W.start(lambda: W.meta_vae(spec[0], spec[1]).to(dtype), p)
 
 
-def _load_checked(plan: Plan, parts: dict) -> tuple:
+def _load_checked(plan: Plan, laps: Laps) -> tuple:
     """(pipeline, load time, flow shift): loaded, its scheduler's shift set, its exact size rules and the backend
-    against its head dims checked; ``parts``: filled with the seconds of the loading's parts
-    (:func:`vdbench.pipelines.load_pipeline`)."""
+    against its head dims checked; ``laps``: the load's parts, the loading's own
+    (:func:`vdbench.pipelines.load_pipeline`) among them."""
     from .pipelines import check_video_size, load_pipeline, transformers_of
 
     cfg, family, device = plan.cfg, plan.family, plan.device
     t_load = time.perf_counter()
-    named: dict = {}
     pipe = load_pipeline(plan.model, dtype=plan.dtype,
                          device="cpu" if cfg.cpu_offload else device, vae_dtype=plan.vae_dtype,
-                         image=bool(cfg.image) and family.takes_image(cfg.task), timings=named)
-    parts.update(named)
+                         image=bool(cfg.image) and family.takes_image(cfg.task), timings=laps.parts)
     if cfg.cpu_offload:
         pipe.enable_model_cpu_offload(device=device)
     if cfg.vae_tiling:
@@ -492,19 +490,17 @@ def _load_checked(plan: Plan, parts: dict) -> tuple:
     if cfg.vae_slicing:
         pipe.vae.enable_slicing()
     load_time = time.perf_counter() - t_load
-    mark = time.perf_counter()
-    parts["pipeline_other"] = mark - t_load - sum(named.values())  # outside the parts load_pipeline names
+    laps.lap("pipeline_other")  # outside the parts load_pipeline names
     flow_shift = None
     if family.flow_shift is not None:
         flow_shift = _set_flow_shift(pipe, cfg.flow_shift if cfg.flow_shift is not None
                                      else family.flow_shift(cfg.task, cfg.height, cfg.width))
     pipe.set_progress_bar_config(disable=not sys.stderr.isatty(), leave=False)
     check_video_size(pipe, cfg.height, cfg.width, cfg.num_frames, family=family)
-    t = time.perf_counter()
-    parts["size_checks"] = t - mark
+    laps.lap("size_checks")
     # the backend's availability here (its package imported, the device queried)
     preflight(plan.backend, device, plan.dtype, [m.config.attention_head_dim for _, m in transformers_of(pipe)])
-    parts["preflight"] = time.perf_counter() - t
+    laps.lap("preflight")
     return pipe, load_time, flow_shift
 
 
@@ -517,22 +513,16 @@ def load(plan: Plan) -> Loaded:
     cfg, family, device, dctx = plan.cfg, plan.family, plan.device, plan.dctx
     t0 = time.perf_counter()
     err = pipe = load_time = flow_shift = None
-    parts: dict = {}  # where the load's time goes (host clock): its variation is read here, not guessed
+    laps = Laps({})  # where the load's time goes (host clock): its variation is read here, not guessed
+    part = laps.lap
     prewarm = _start_prewarm(plan, encode_only=True)  # an image's encode comes before the denoising: hide it here
-    parts["prewarm_start"] = time.perf_counter() - t0
+    part("prewarm_start")
     try:  # what only the files or the loaded model can refuse is agreed like validate's refusals (torchrun)
-        pipe, load_time, flow_shift = _load_checked(plan, parts)
+        pipe, load_time, flow_shift = _load_checked(plan, laps)
     except (ModelLoadError, B.BackendUnavailable, ValueError, OSError) as e:
         err = e
     P.agree(dctx, err)  # single process: raises err itself
-    mark = [time.perf_counter()]
-    parts["agree"] = mark[0] - t0 - sum(parts.values())  # the ranks agreeing on the outcome (torchrun)
-
-    def part(name):
-        now = time.perf_counter()
-        parts[name] = now - mark[0]
-        mark[0] = now
-
+    part("agree")  # the ranks agreeing on the outcome (torchrun)
     models = transformers_of(pipe)
     head_dims = [m.config.attention_head_dim for _, m in models]
     if dctx is not None:
@@ -574,7 +564,7 @@ def load(plan: Plan) -> Loaded:
         torch.cuda.synchronize(device)
     part("sync")
     load_s = time.perf_counter() - t0
-    header["load_parts"] = {k: round(v, 4) for k, v in parts.items()}
+    header["load_parts"] = {k: round(v, 4) for k, v in laps.parts.items()}
     if prewarm is None:  # under the text encode and the denoising, where the main thread waits on the GPU
         prewarm = _start_prewarm(plan, pipe)
     return Loaded(pipe, models, kwargs, header, load_s=load_s, prewarm=prewarm, cache=counter)

@@ -50,7 +50,7 @@ from typing import Callable, Optional
 
 import torch
 
-__all__ = ["Clock", "StepTimer", "MIN_SAMPLES", "STEP_KEYS", "spread", "speed_verdict", "step_stats", "run_step_stats",
+__all__ = ["Clock", "Laps", "StepTimer", "MIN_SAMPLES", "STEP_KEYS", "spread", "speed_verdict", "step_stats", "run_step_stats",
            "call_ms", "first_call_ms", "TARGET_SAMPLES", "Sampled", "sample_ms", "CACHE_VARS", "cache_state",
            "fresh_cache_env", "describe_steps", "system_info", "append_timing", "load_timing", "peak_memory",
            "reset_peak_memory", "KERNEL_CATEGORIES", "kernel_category", "kernel_summary", "StepProfiler",
@@ -73,6 +73,32 @@ class Clock:
             later.event.synchronize()
             return self.event.elapsed_time(later.event) / 1000.0
         return later.t - self.t
+
+
+class Laps:
+    """Consecutive named parts of a stretch of host time, added into ``parts`` (a dict, the caller's): ``lap(name)``
+    bills ``name`` the time since the previous lap (or the start), less what other laps billed to the same ``parts``
+    meanwhile -- a callee timing its own parts into the same dict -- so the parts add up to the whole, each second
+    counted once. With ``device`` a GPU, each lap first waits for its queued work (a part's kernels are its own, not
+    the next part's). ``parts`` None: nothing is timed and nothing waited for. ``lap`` returns ``value``, so a part can
+    wrap the expression it times."""
+
+    def __init__(self, parts: Optional[dict], device=None):
+        self.parts = parts
+        self._device = device if device is not None and torch.device(device).type == "cuda" else None
+        self._t = time.perf_counter()
+        self._billed = sum(parts.values()) if parts is not None else 0.0
+
+    def lap(self, name: str, value=None):
+        if self.parts is None:
+            return value
+        if self._device is not None:
+            torch.cuda.synchronize(self._device)
+        now = time.perf_counter()
+        billed = sum(self.parts.values())
+        self.parts[name] = self.parts.get(name, 0.0) + (now - self._t) - (billed - self._billed)
+        self._t, self._billed = now, sum(self.parts.values())
+        return value
 
 
 def process_start() -> tuple[float, str]:

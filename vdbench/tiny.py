@@ -42,7 +42,6 @@ import pathlib
 import re
 import shutil
 import string
-import time
 import uuid
 import zlib
 from typing import TYPE_CHECKING, Any, Callable, Optional
@@ -375,20 +374,12 @@ def build_pipeline(variant: TinyVariant, module_device=None, timings: Optional[d
     """
     import torch
 
-    timings = {} if timings is None else timings
-    mark = [time.perf_counter()]
+    from .timing import Laps
+
     # a GPU build's kernels run behind the host: each part waits for its own, so none is billed to the next
     on_gpu = module_device is not None and torch.device(module_device).type == "cuda"
-
-    def part(name, value):
-        if on_gpu:
-            torch.cuda.synchronize(module_device)
-        now = time.perf_counter()
-        timings[name] = timings.get(name, 0.0) + now - mark[0]
-        mark[0] = now
-        return value
-
-    if on_gpu:  # the CUDA context, created here unless something before the load did: a part of its own
+    part = Laps(timings, module_device).lap
+    if on_gpu and timings is not None:  # the CUDA context, created here unless something before the load did
         torch.empty(0, device=module_device)
         part("cuda_init", None)
     import diffusers
@@ -603,18 +594,14 @@ def build_random(name: str, *, dtype: Optional[torch.dtype] = None, device="cuda
         pipe = build_pipeline(variant, module_device=device, timings=timings)
     finally:
         torch.set_default_dtype(previous)
-    t = time.perf_counter()
+    from .timing import Laps
+
+    laps = Laps(timings, device)
     for component in pipe.components.values():
         if isinstance(component, torch.nn.Module):
             _cast_like_from_pretrained(component, dtype)
-    t1 = time.perf_counter()
-    pipe = pipe.to(device)
-    if timings is not None:
-        if torch.device(device).type == "cuda":
-            torch.cuda.synchronize(device)
-        timings["cast"] = t1 - t
-        timings["to_device"] = time.perf_counter() - t1
-    return pipe
+    laps.lap("cast")
+    return laps.lap("to_device", pipe.to(device))
 
 
 def _cast_like_from_pretrained(model: torch.nn.Module, dtype: torch.dtype) -> None:
