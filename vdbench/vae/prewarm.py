@@ -135,6 +135,28 @@ def meta_vae(vae_class, config: dict):
     return vae.eval().requires_grad_(False)
 
 
+def _fast_path(vae, p: PrewarmPlan, make, device, *, encode_thw, decode_thw, jobs: Optional[dict] = None) -> None:
+    """The plan's encode (first: image-to-video encodes before it denoises) and decode through the fast path, as the
+    render's will run them, on ``vae`` with inputs ``make(shape, device=, dtype=)`` of ``encode_thw`` video frames x
+    pixels and ``decode_thw`` latent frames x latent pixels; each part's seconds into ``jobs`` where given."""
+    if p.encode is not None:
+        t = time.perf_counter()
+        _, o = p.encode
+        x = make((1, 3, *encode_thw), device=device, dtype=vae.dtype)
+        E.wan_encode_chunked(vae, x, o.chunk_frames or E.FAST_ENCODE_DEFAULT_CHUNK, lean=True,
+                             channels_last=o.channels_last is not False, fused_glue=True)
+        if jobs is not None:
+            jobs["encode_s"] = time.perf_counter() - t
+    if p.decode is not None:
+        t = time.perf_counter()
+        _, o = p.decode
+        z = make((1, vae.config.z_dim, *decode_thw), device=device, dtype=vae.dtype)
+        V.wan_decode_chunked(vae, z, o.chunk_frames or V.FAST_DEFAULT_CHUNK, lean=True,
+                             channels_last=o.channels_last is not False, fused_glue=True)
+        if jobs is not None:
+            jobs["decode_s"] = time.perf_counter() - t
+
+
 class Prewarm:
     """A :class:`PrewarmPlan` running on a daemon thread from construction, on the meta-device VAE ``make_vae()``
     builds there (:func:`meta_vae`); :meth:`wait` joins it. Never raises into the render: a failure is
@@ -166,22 +188,9 @@ class Prewarm:
                 vae = self._make_vae()
                 rec["jobs"]["meta_vae_s"] = time.perf_counter() - t
                 ph, pw = p.pixel_hw
-                if p.encode is not None:  # image-to-video encodes before it denoises: that first
-                    t = time.perf_counter()
-                    _, o = p.encode
-                    x = torch.empty((1, 3, _ENCODE_FRAMES, ph, pw), device="meta", dtype=vae.dtype)
-                    E.wan_encode_chunked(vae, x, o.chunk_frames or E.FAST_ENCODE_DEFAULT_CHUNK, lean=True,
-                                         channels_last=o.channels_last is not False, fused_glue=True)
-                    rec["jobs"]["encode_s"] = time.perf_counter() - t
-                if p.decode is not None:
-                    t = time.perf_counter()
-                    _, o = p.decode
-                    s = int(vae.config.scale_factor_spatial)
-                    z = torch.empty((1, vae.config.z_dim, _DECODE_FRAMES, ph // s, pw // s), device="meta",
-                                    dtype=vae.dtype)
-                    V.wan_decode_chunked(vae, z, o.chunk_frames or V.FAST_DEFAULT_CHUNK, lean=True,
-                                         channels_last=o.channels_last is not False, fused_glue=True)
-                    rec["jobs"]["decode_s"] = time.perf_counter() - t
+                s = int(vae.config.scale_factor_spatial)
+                _fast_path(vae, p, torch.empty, "meta", encode_thw=(_ENCODE_FRAMES, ph, pw),
+                           decode_thw=(_DECODE_FRAMES, ph // s, pw // s), jobs=rec["jobs"])
             rec["compiled"] = K.compiled_variants("vae_glue")
             if compiled:  # the modules and launchers too: the rest of a first launch's host work
                 t = time.perf_counter()
@@ -210,16 +219,7 @@ class Prewarm:
             vae = self._make_vae().to_empty(device=p.device)
             for t in (*vae.parameters(), *vae.buffers()):
                 t.zero_()
-            if p.encode is not None:
-                _, o = p.encode
-                x = torch.zeros((1, 3, 5, 64, 64), device=p.device, dtype=vae.dtype)
-                E.wan_encode_chunked(vae, x, o.chunk_frames or E.FAST_ENCODE_DEFAULT_CHUNK, lean=True,
-                                     channels_last=o.channels_last is not False, fused_glue=True)
-            if p.decode is not None:
-                _, o = p.decode
-                z = torch.zeros((1, vae.config.z_dim, 2, 8, 8), device=p.device, dtype=vae.dtype)
-                V.wan_decode_chunked(vae, z, o.chunk_frames or V.FAST_DEFAULT_CHUNK, lean=True,
-                                     channels_last=o.channels_last is not False, fused_glue=True)
+            _fast_path(vae, p, torch.zeros, p.device, encode_thw=(5, 64, 64), decode_thw=(2, 8, 8))
             if p.device.type == "cuda":
                 torch.cuda.synchronize(p.device)
             del vae
