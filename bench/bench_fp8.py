@@ -52,11 +52,12 @@ SHAPES = ("wan2.1-1.3b-480p", "wan2.1-14b-720p", "cogvideox-2b")
 DRY_SHAPES = {"tiny-d128": (1, 2, 300, 300, 128), "tiny-d64": (1, 3, 200, 200, 64)}
 BACKENDS = ("sagev2", "sagev2_fp8", "sagev2_fp8:gran=per_warp", "sagev2_fp16", "sagev2_fp16:gran=per_warp",
             "sagev2_triton", "fav3_fp8", "fav3_fp8:smooth_k=1", "fav3_fp8:rotate=hadamard",
-            "fav3_fp8:smooth_k=1+rotate=hadamard", "fav3", "sdpa_cudnn")
+            "fav3_fp8:smooth_k=1+rotate=hadamard", "fav3_fp8:smooth_v=1", "fav3_fp8:smooth_k=1+smooth_v=1", "fav3",
+            "sdpa_cudnn")
 # (the project's Triton kernels fav3_sage / fp8_triton can be added with --alpha_backends: their first call compiles
 # for ~20 s each, which a call that also builds SageAttention can't spare)
 ALPHA_BACKENDS = ("sagev2", "sagev2_fp8:gran=per_warp", "sagev2_fp16", "fav3_fp8", "fav3_fp8:smooth_k=1",
-                  "fav3_fp8:smooth_k=1+rotate=hadamard", "fav3", "fp8_emu", "fp8_emu:smooth_k=1",
+                  "fav3_fp8:smooth_k=1+rotate=hadamard", "fav3_fp8:smooth_v=1", "fav3_fp8:smooth_k=1+smooth_v=1", "fav3", "fp8_emu", "fp8_emu:smooth_k=1",
                   "fp8_emu:smooth_k=1+rotate=hadamard", "sagev2_emu")
 ALPHAS = ((1.0, 0.0), (4.0, 0.0), (8.0, 0.0), (8.0, 3.0))  # (Q scaled by, std of K's per-channel bias)
 ROW_LOCAL_TWINS = ("sagev2_emu",)  # Q scale groups of <= 128 aligned rows: sampled row blocks emulate exactly

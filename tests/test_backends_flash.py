@@ -69,6 +69,27 @@ def test_smoothing_helps_with_a_k_bias_and_its_lse_is_corrected(fa3):
     assert (raw.double() - lref).abs().max() > 1.0
 
 
+def test_v_smoothing_adds_the_mean_back_and_leaves_the_lse_alone(fa3):
+    """V with a large per-channel mean (what pipeline V has): the kernel sees V - mean, the call adds the mean to its
+    output (softmax rows sum to 1), so the result is attention of the caller's V, with V's e4m3 step set by the
+    centred values; the log-sum-exp does not involve V."""
+    q, k, v = qkv(s=200, d=64, dtype=torch.bfloat16, seed=9)
+    v = (v.float() + 4.0 * torch.randn(1, 2, 1, 64, generator=torch.Generator().manual_seed(2))).to(v.dtype)
+    ref = N.exact_attention(q, k, v)
+    plain, smooth = B.resolve("fav3_fp8"), B.resolve("fav3_fp8:smooth_v=1")
+    assert rel_l2(smooth(q, k, v), ref) < 0.8 * rel_l2(plain(q, k, v), ref)  # 0.67x here: bf16 output rounding stays
+    x = smooth.bench.prepass(q, k, v, None)
+    assert torch.equal(x.v_mean, N.smoothing_mean(v)) and x.k_mean is None
+    assert x.v8.float().mean(dim=2).abs().max() < 0.05 * 448  # what the kernel got is centred
+    (o1, l1), (o2, l2) = plain.lse.fn(q, k, v), smooth.lse.fn(q, k, v)
+    assert torch.equal(l1, l2) and torch.equal(o2, smooth(q, k, v))
+    assert smooth.twin == "fp8_emu:smooth_v=1" and "smooth_v" in smooth.kernel
+    both = B.resolve("fav3_fp8:smooth_k=1+smooth_v=1")
+    assert both.twin == "fp8_emu:smooth_k=1+smooth_v=1"
+    emu = B.resolve(both.twin)(q, k, v)  # the twin quantizes the same way; the stand-in kernel keeps P exact
+    assert rel_l2(both(q, k, v), emu) < 0.05
+
+
 def test_the_prepass_the_bench_times_is_the_calls(fa3):
     q, k, v = qkv(s=70, d=64, dtype=torch.bfloat16)
     for name, smooth in (("fav3_fp8", False), ("fav3_fp8:smooth_k=1", True)):

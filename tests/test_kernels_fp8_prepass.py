@@ -4,7 +4,7 @@
 Why bit-equality: ``fav3_fp8`` runs the Triton pre-pass where Triton runs and the eager one elsewhere (and its
 emulation ``fp8_emu`` quantizes eagerly); a render must not change with the path, so the e4m3 values and the descales
 must be the same bits, not merely close -- at odd lengths, FA3's non-power-of-two head dims, strided (BSHD-memory)
-inputs, with and without K smoothing, and for an all-zero head. The guard must write exactly the flagged channels.
+inputs, with and without K and V smoothing, and for an all-zero head. The guard must write exactly the flagged channels.
 """
 
 import importlib.util
@@ -49,13 +49,13 @@ def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 @pytest.mark.parametrize("s, d", [(1, 64), (37, 128), (130, 96), (300, 64)])
-@pytest.mark.parametrize("smooth_k", [False, True])
+@pytest.mark.parametrize("smooth_k, smooth_v", [(False, False), (True, False), (False, True), (True, True)])
 @pytest.mark.parametrize("bshd", [False, True])
-def test_triton_prepass_is_the_eager_one_bit_for_bit(K, s, d, smooth_k, bshd):
+def test_triton_prepass_is_the_eager_one_bit_for_bit(K, s, d, smooth_k, smooth_v, bshd):
     P, _, dev = K
     q, k, v = inputs(2, 3, s, d, sk=s + 5, bshd=bshd, seed=s, device=dev)
-    eager = N.fp8_bh_inputs(q, k, v, smooth_k=smooth_k)
-    fused = P.prepass(q, k, v, smooth_k)
+    eager = N.fp8_bh_inputs(q, k, v, smooth_k=smooth_k, smooth_v=smooth_v)
+    fused = P.prepass(q, k, v, smooth_k, smooth_v)
     for name in ("q8", "k8", "v8"):
         a, b = getattr(eager, name), getattr(fused, name)
         assert a.dtype == b.dtype == torch.float8_e4m3fn
@@ -67,8 +67,24 @@ def test_triton_prepass_is_the_eager_one_bit_for_bit(K, s, d, smooth_k, bshd):
     assert (fused.k_mean is None) == (not smooth_k)
     if smooth_k:
         assert torch.equal(fused.k_mean, eager.k_mean)
+    assert (fused.v_mean is None) == (not smooth_v)
+    if smooth_v:
+        assert torch.equal(fused.v_mean, eager.v_mean)
     for t, t8 in zip((q, k, v), fused[:3]):  # FA3 gets the caller's layout, as from its own quantization
         assert t8.stride() == t.stride()
+
+
+def test_the_per_tensor_form_smooths_as_the_fused_one(K):
+    """Q, K and V of different head dims can't share the fused launches: each goes through its own pair, with the
+    same values (K's amax from its per-channel extremes, V's likewise)."""
+    P, _, dev = K
+    q, k, v = inputs(1, 2, 90, 64, device=dev)
+    v = torch.cat([v, v[..., :32]], dim=-1) + 4.0  # head dim 96, a large mean
+    eager = N.fp8_bh_inputs(q, k, v, smooth_k=True, smooth_v=True)
+    split = P.prepass(q, k, v, True, True)
+    for name in ("q8", "k8", "v8"):
+        assert same_bits(getattr(eager, name), getattr(split, name)), name
+    assert torch.equal(eager.v_descale, split.v_descale) and torch.equal(eager.v_mean, split.v_mean)
 
 
 def test_every_value_uses_the_head_scale_and_the_range(K):
@@ -140,7 +156,7 @@ def test_the_helper_kernels_compile_for_hopper_without_a_gpu():
     lines = [ln for ln in res.stdout.splitlines() if ln.startswith(("OK", "ERR"))]
     if res.returncode and "ptxas" in (res.stdout + res.stderr) and not any(ln.startswith("OK") for ln in lines):
         pytest.skip(f"no usable ptxas for ahead-of-time compilation: {res.stderr[-300:]}")
-    assert res.returncode == 0 and len(lines) == 7 and all(ln.startswith("OK") for ln in lines), \
+    assert res.returncode == 0 and len(lines) == 9 and all(ln.startswith("OK") for ln in lines), \
         res.stdout + res.stderr[-2000:]
 
 

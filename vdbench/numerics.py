@@ -184,6 +184,9 @@ class Fp8Inputs(NamedTuple):
     #: Q8·K8ᵀ over-counts Q·Kᵀ by this factor (the ±1 Hadamard rotation's n, :func:`rotate_qk`): the kernel's softmax
     #: scale is divided by it.
     qk_gain: float = 1.0
+    #: V's mean over the sequence ((B, H, 1, D) fp32) subtracted before quantizing, or None: softmax rows sum to 1,
+    #: so the caller adds it back to the kernel's output.
+    v_mean: Optional[torch.Tensor] = None
 
 
 @functools.lru_cache(maxsize=None)
@@ -215,27 +218,30 @@ def _signs_on(d: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
     return hadamard_signs(d)[0].to(device=device, dtype=dtype)
 
 
-def fp8_bh_inputs(q, k, v, *, smooth_k: bool = False, rotate: bool = False) -> Fp8Inputs:
+def fp8_bh_inputs(q, k, v, *, smooth_k: bool = False, rotate: bool = False, smooth_v: bool = False) -> Fp8Inputs:
     """``fav3_fp8``'s quantization, eagerly: one e4m3 scale per (batch, head) of each of Q, K, V (the finest FA3's
     descale arguments take), K smoothed first when ``smooth_k``. The Triton pre-pass
     (``vdbench.kernels.fa3_prepass``) computes exactly this -- bit-equal values and scales -- in two reads.
     ``rotate``: Q and K rotated first (:func:`rotate_qk`; ``qk_gain`` says by how much Q8·K8ᵀ over-counts; the
-    K mean stays in the unrotated coordinates, where the caller's Q is)."""
+    K mean stays in the unrotated coordinates, where the caller's Q is). ``smooth_v``: V's mean over the sequence
+    subtracted first (``v_mean``; the caller adds it to the output): what P·V accumulates is then centred on 0,
+    where a channel with a large mean would otherwise grow the accumulator and lose the small terms' low bits."""
     if rotate:
-        return rotated_fp8_inputs(q, k, v, smooth_k=smooth_k, quantize=fp8_bh_inputs)
+        return rotated_fp8_inputs(q, k, v, smooth_k=smooth_k, smooth_v=smooth_v, quantize=fp8_bh_inputs)
     km = smoothing_mean(k) if smooth_k else None
+    vm = smoothing_mean(v) if smooth_v else None
     q8, _, qd = quantize_fp8(q, "bh")
     k8, _, kd = quantize_fp8(k.float() - km if smooth_k else k, "bh")
-    v8, _, vd = quantize_fp8(v, "bh")
-    return Fp8Inputs(q8, k8, v8, qd, kd, vd, km)
+    v8, _, vd = quantize_fp8(v.float() - vm if smooth_v else v, "bh")
+    return Fp8Inputs(q8, k8, v8, qd, kd, vd, km, v_mean=vm)
 
 
-def rotated_fp8_inputs(q, k, v, *, smooth_k: bool, quantize) -> Fp8Inputs:
-    """``quantize(Q·S, K·S, V, smooth_k=...)`` (an fp8 pre-pass: eager or Triton) of the rotated Q and K, with its
-    ``qk_gain`` set to the rotation's n and the K mean it subtracted taken back to the unrotated coordinates (the
-    log-sum-exp correction adds q·mean with the caller's Q)."""
+def rotated_fp8_inputs(q, k, v, *, smooth_k: bool, quantize, smooth_v: bool = False) -> Fp8Inputs:
+    """``quantize(Q·S, K·S, V, smooth_k=..., smooth_v=...)`` (an fp8 pre-pass: eager or Triton) of the rotated Q and
+    K, with its ``qk_gain`` set to the rotation's n and the K mean it subtracted taken back to the unrotated
+    coordinates (the log-sum-exp correction adds q·mean with the caller's Q)."""
     qr, kr, n = rotate_qk(q, k)
-    x = quantize(qr, kr, v, smooth_k=smooth_k)
+    x = quantize(qr, kr, v, smooth_k=smooth_k, smooth_v=smooth_v)
     km = x.k_mean
     if km is not None:  # mean(K·S) = mean(K)·S, and S⁻¹ = Sᵀ / n
         km = torch.matmul(km, _signs_on(q.shape[-1], km.device, km.dtype).T) / n
@@ -296,16 +302,22 @@ def sagev1_emulated(q, k, v, *, scale=None, is_causal=False, smooth_k=True):
     return out.to(q.dtype)
 
 
-def fp8_emulated(q, k, v, *, scale=None, is_causal=False, granularity="bh", smooth_k=False, rotate=False):
+def fp8_emulated(q, k, v, *, scale=None, is_causal=False, granularity="bh", smooth_k=False, rotate=False,
+                 smooth_v=False):
     """FA3 fp8 numerics in pure torch: e4m3 Q, K, V with the same scales ``fav3_fp8`` passes to FA3.
 
     S = Q8·K8ᵀ · q_descale · k_descale · scale in fp32; P = exp(S - max) in fp32, its row sum taken in
     fp32, then P rounded to e4m3 for the P·V product (as the FA3 fp8 kernel feeds P to its fp8 wgmma);
     O = (P8·V8) · v_descale / rowsum. ``smooth_k``: K's mean subtracted before quantizing (``fav3_fp8:smooth_k=1``);
     ``rotate``: Q and K rotated by :func:`rotate_qk` first, the softmax scale divided by its n
-    (``fav3_fp8:rotate=hadamard``).
+    (``fav3_fp8:rotate=hadamard``); ``smooth_v``: V's mean subtracted before quantizing and added to the output
+    (``fav3_fp8:smooth_v=1``). The products are summed exactly here: what Hopper's fp8 tensor-core accumulator
+    loses over a long key loop (the kernel's error on inputs whose V has a large mean) is not emulated.
     """
     scale = q.shape[-1] ** -0.5 if scale is None else scale
+    vm = smoothing_mean(v) if smooth_v else None
+    if smooth_v:
+        v = v.float() - vm
     if rotate:  # as the backend: rotated in the inputs' dtype, then smoothed and quantized
         q, k, n = rotate_qk(q, k)
         scale = scale / n
@@ -333,6 +345,8 @@ def fp8_emulated(q, k, v, *, scale=None, is_causal=False, granularity="bh", smoo
         if v_descale is not None:
             o = o * v_descale
         out[:, :, s0:s1] = o / denom
+    if vm is not None:
+        out += vm
     return out.to(q.dtype)
 
 

@@ -27,9 +27,9 @@ def _sage_prepass(q, k, v, scale=None):
     return quantize_int8_per_block(q, SAGE_BLKQ, pre_scale=sm * LOG2E), quantize_int8_per_block(k, SAGE_BLKK)
 
 
-def _fp8_prepass(q, k, v, scale=None, *, smooth_k=False, rotate=False):
+def _fp8_prepass(q, k, v, scale=None, *, smooth_k=False, rotate=False, smooth_v=False):
     """The emulation's e4m3 quantization of Q, K, V per (batch, head) (the softmax scale does not enter it)."""
-    return fp8_bh_inputs(q, k, v, smooth_k=smooth_k, rotate=rotate)
+    return fp8_bh_inputs(q, k, v, smooth_k=smooth_k, rotate=rotate, smooth_v=smooth_v)
 
 
 def _sagev2(q, k, v, *, scale=None, is_causal=False, return_lse=False, pv="fp8", gran="per_thread", arch="sm90"):
@@ -60,13 +60,14 @@ def _bind_sagev2(base: Backend, opts: dict) -> Backend:
 
 
 def _bind_fp8(base: Backend, opts: dict) -> Backend:
-    smooth, rotate = opts["smooth_k"] == "1", opts["rotate"] == "hadamard"
-    tag = ",".join(t for t, on in (("smooth_k", smooth), ("rotate=hadamard", rotate)) if on)
+    smooth, rotate, smooth_v = opts["smooth_k"] == "1", opts["rotate"] == "hadamard", opts["smooth_v"] == "1"
+    tag = ",".join(t for t, on in (("smooth_k", smooth), ("smooth_v", smooth_v), ("rotate=hadamard", rotate)) if on)
     extra = 2 if rotate else 0
-    return dataclasses.replace(base, fn=partial(fp8_emulated, smooth_k=smooth, rotate=rotate),
-                               kernel=f"emu.fp8[{tag}]",
-                               bench=BenchProfile(traffic((1, 1, 1), (2 + extra, (3 if smooth else 2) + extra, 2)),
-                                                  prepass=partial(_fp8_prepass, smooth_k=smooth, rotate=rotate)))
+    kw = dict(smooth_k=smooth, rotate=rotate, smooth_v=smooth_v)
+    return dataclasses.replace(base, fn=partial(fp8_emulated, **kw), kernel=f"emu.fp8[{tag}]",
+                               bench=BenchProfile(traffic((1, 1, 1), (2 + extra, (3 if smooth else 2) + extra,
+                                                                      3 if smooth_v else 2)),
+                                                  prepass=partial(_fp8_prepass, **kw)))
 
 
 _SAGEV2_DEFAULTS = dict(pv="fp8", gran="per_thread", arch="sm90")
@@ -95,6 +96,8 @@ register(Backend(
     no_lse_reason="the fp8 emulation does not compute a log-sum-exp",
     bench=BenchProfile(traffic((1, 1, 1), (2, 2, 2)), prepass=_fp8_prepass),
     options=(Option("smooth_k", "0", ("0", "1"), help="1: subtract K's mean over the sequence before quantizing"),
+             Option("smooth_v", "0", ("0", "1"),
+                    help="1: subtract V's mean before quantizing, add it to the output (fav3_fp8's option)"),
              Option("rotate", "none", ("none", "hadamard"),
                     help="hadamard: rotate Q and K along the head dimension before quantizing (fav3_fp8's option)")),
     bind=_bind_fp8))

@@ -65,19 +65,20 @@ def _triton_prepass(device: torch.device) -> bool:
     return _PREPASS[device]
 
 
-def _fp8_inputs(q, k, v, scale=None, *, smooth_k: bool = False, rotate: bool = False):
+def _fp8_inputs(q, k, v, scale=None, *, smooth_k: bool = False, rotate: bool = False, smooth_v: bool = False):
     """fav3_fp8's quantization: e4m3 Q, K, V with one scale per (batch, head), the finest FA3's descale arguments
     take (``scale`` does not enter it: FA3 applies the softmax scale itself); fused in Triton where it runs, eager
     elsewhere (bit-equal). ``rotate``: Q and K rotated by a ±1 Hadamard matrix first (a bf16 matmul each, not fused
     into the pre-pass; ``qk_gain`` tells the call to divide its softmax scale). Also its pre-pass for the bench."""
     if rotate:
-        return rotated_fp8_inputs(q, k, v, smooth_k=smooth_k, quantize=_fp8_inputs)
+        return rotated_fp8_inputs(q, k, v, smooth_k=smooth_k, smooth_v=smooth_v, quantize=_fp8_inputs)
     if _triton_prepass(q.device):
-        return kernels.fa3_fp8_prepass(q, k, v, smooth_k)
-    return fp8_bh_inputs(q, k, v, smooth_k=smooth_k)
+        return kernels.fa3_fp8_prepass(q, k, v, smooth_k, smooth_v)
+    return fp8_bh_inputs(q, k, v, smooth_k=smooth_k, smooth_v=smooth_v)
 
 
-def _fa3_call(q, k, v, scale, is_causal, *, fp8: bool, lse: bool, smooth_k: bool = False, rotate: bool = False):
+def _fa3_call(q, k, v, scale, is_causal, *, fp8: bool, lse: bool, smooth_k: bool = False, rotate: bool = False,
+              smooth_v: bool = False):
     """FA3 on BHSD inputs: bf16, or e4m3 (``_fp8_inputs``); with ``lse`` also its log-sum-exp (B, H, S) fp32, for
     ring attention. One call site for all the forms (plain / fp8, with / without LSE, smoothed K), so they can't
     drift apart."""
@@ -87,7 +88,7 @@ def _fa3_call(q, k, v, scale, is_causal, *, fp8: bool, lse: bool, smooth_k: bool
     x = None
     kernel_scale = scale
     if fp8:
-        x = _fp8_inputs(q, k, v, smooth_k=smooth_k, rotate=rotate)
+        x = _fp8_inputs(q, k, v, smooth_k=smooth_k, rotate=rotate, smooth_v=smooth_v)
         q_, k_, v_ = x.q8, x.k8, x.v8
         kw.update(q_descale=x.q_descale, k_descale=x.k_descale, v_descale=x.v_descale)
         kernel_scale = scale / x.qk_gain  # a rotated Q8·K8ᵀ over-counts Q·Kᵀ by the rotation's n
@@ -98,6 +99,8 @@ def _fa3_call(q, k, v, scale, is_causal, *, fp8: bool, lse: bool, smooth_k: bool
     res = fa3.flash_attn_func(q_.transpose(1, 2), k_.transpose(1, 2), v_.transpose(1, 2),
                               softmax_scale=kernel_scale, **kw)
     out = (res[0] if lse else _fa3_out(res)).transpose(1, 2)
+    if x is not None and x.v_mean is not None:  # the kernel saw V - mean; each softmax row sums to 1
+        out = out.float().add_(x.v_mean)
     if fp8:
         out = out.to(q.dtype)
     if not lse:
@@ -112,16 +115,18 @@ def _fav3(q, k, v, *, scale=None, is_causal=False):
     return _fa3_call(q, k, v, scale, is_causal, fp8=False, lse=False)
 
 
-def _fav3_fp8(q, k, v, *, scale=None, is_causal=False, smooth_k=False, rotate=False):
-    return _fa3_call(q, k, v, scale, is_causal, fp8=True, lse=False, smooth_k=smooth_k, rotate=rotate)
+def _fav3_fp8(q, k, v, *, scale=None, is_causal=False, smooth_k=False, rotate=False, smooth_v=False):
+    return _fa3_call(q, k, v, scale, is_causal, fp8=True, lse=False, smooth_k=smooth_k, rotate=rotate,
+                     smooth_v=smooth_v)
 
 
 def _lse_fav3(q, k, v, *, scale=None, is_causal=False):
     return _fa3_call(q, k, v, scale, is_causal, fp8=False, lse=True)
 
 
-def _lse_fav3_fp8(q, k, v, *, scale=None, is_causal=False, smooth_k=False, rotate=False):
-    return _fa3_call(q, k, v, scale, is_causal, fp8=True, lse=True, smooth_k=smooth_k, rotate=rotate)
+def _lse_fav3_fp8(q, k, v, *, scale=None, is_causal=False, smooth_k=False, rotate=False, smooth_v=False):
+    return _fa3_call(q, k, v, scale, is_causal, fp8=True, lse=True, smooth_k=smooth_k, rotate=rotate,
+                     smooth_v=smooth_v)
 
 
 _FP8_KERNEL = "fa3.flash_attn_func[e4m3]"
@@ -138,22 +143,26 @@ def _fp8_label(tag: str):
 
 
 def _bind_fav3_fp8(base: Backend, opts: dict) -> Backend:
-    """fav3_fp8 with K smoothing (K read once more, for its mean) and/or Q and K rotated by a ±1 Hadamard matrix
-    (each read and written once more, in bf16, before the pre-pass)."""
-    smooth, rotate = opts["smooth_k"] == "1", opts["rotate"] == "hadamard"
-    tag = (",smooth_k" if smooth else "") + (",rotate=hadamard" if rotate else "")
-    what = [w for w, on in (("K smoothed (its mean over the sequence subtracted)", smooth),
-                            ("Q and K rotated by a Hadamard matrix along the head dimension", rotate)) if on]
-    twin_opts = "+".join(o for o, on in (("smooth_k=1", smooth), ("rotate=hadamard", rotate)) if on)
+    """fav3_fp8 with K and/or V smoothing (the tensor read once more, for its mean; V's mean added to the output)
+    and/or Q and K rotated by a ±1 Hadamard matrix (each read and written once more, in bf16, before the
+    pre-pass)."""
+    smooth, rotate, smooth_v = opts["smooth_k"] == "1", opts["rotate"] == "hadamard", opts["smooth_v"] == "1"
+    on = [(o, w) for o, w, flag in (
+        ("smooth_k=1", "K smoothed (its mean over the sequence subtracted)", smooth),
+        ("smooth_v=1", "V smoothed (its mean subtracted, added to the output)", smooth_v),
+        ("rotate=hadamard", "Q and K rotated by a Hadamard matrix along the head dimension", rotate)) if flag]
+    tag = "".join("," + o.replace("=1", "") for o, _ in on)
+    twin_opts = "+".join(o for o, _ in on)
+    kw = dict(smooth_k=smooth, rotate=rotate, smooth_v=smooth_v)
     extra = 2 if rotate else 0  # the rotation: read once, written once, at the input's width
+    # V's mean added to the output afterwards (O read and written once more) is left out of the bytes model
     return dataclasses.replace(
-        base, description=base.description + "".join(", " + w for w in what),
-        fn=partial(_fav3_fp8, smooth_k=smooth, rotate=rotate), kernel=f"{_FP8_KERNEL[:-1]}{tag}]",
+        base, description=base.description + "".join(", " + w for _, w in on),
+        fn=partial(_fav3_fp8, **kw), kernel=f"{_FP8_KERNEL[:-1]}{tag}]",
         twin=f"fp8_emu:{twin_opts}" if twin_opts else base.twin,
-        lse=LSEForm(partial(_lse_fav3_fp8, smooth_k=smooth, rotate=rotate), ("cuda",),
-                    f"{_FP8_KERNEL[:-1]}{tag}][lse]"),
-        bench=BenchProfile(traffic((1, 1, 1), (2 + extra, (3 if smooth else 2) + extra, 2)),
-                           prepass=partial(_fp8_inputs, smooth_k=smooth, rotate=rotate)), label=_fp8_label(tag))
+        lse=LSEForm(partial(_lse_fav3_fp8, **kw), ("cuda",), f"{_FP8_KERNEL[:-1]}{tag}][lse]"),
+        bench=BenchProfile(traffic((1, 1, 1), (2 + extra, (3 if smooth else 2) + extra, 3 if smooth_v else 2)),
+                           prepass=partial(_fp8_inputs, **kw)), label=_fp8_label(tag))
 
 
 _FA3 = (requires_package(*_FA3_MODULES, hint="pip install -e '.[fa3]'"), cuda(major=9))
@@ -175,6 +184,9 @@ register(Backend(
     # e4m3 Q/K/V; the fused pre-pass reads each twice (amax, then quantization) and writes it in e4m3
     bench=BenchProfile(traffic((1, 1, 1), (2, 2, 2)), prepass=_fp8_inputs), label=_fp8_label(""),
     options=(Option("smooth_k", "0", ("0", "1"), help="1: subtract K's mean over the sequence before quantizing"),
+             Option("smooth_v", "0", ("0", "1"),
+                    help="1: subtract V's mean over the sequence before quantizing and add it to the output (keeps "
+                         "Hopper's fp8 P·V accumulator centred on 0: FA3 fp8's error on pipeline inputs)"),
              Option("rotate", "none", ("none", "hadamard"),
                     help="hadamard: rotate Q and K along the head dimension before quantizing (Q·Kᵀ unchanged; "
                          "outlier channels spread out)")),

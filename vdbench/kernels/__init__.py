@@ -208,12 +208,12 @@ def prepass(kernel: str):
     return importlib.import_module(KERNELS[kernel].module).prepass(kernel)
 
 
-def fa3_fp8_prepass(q, k, v, smooth_k: bool = False):
+def fa3_fp8_prepass(q, k, v, smooth_k: bool = False, smooth_v: bool = False):
     """``fav3_fp8``'s pre-pass in Triton (``vdbench.kernels.fa3_prepass``): a ``numerics.Fp8Inputs``, bit-equal to
     ``numerics.fp8_bh_inputs`` (imports triton on first use)."""
     from vdbench.kernels import fa3_prepass
 
-    return fa3_prepass.prepass(q, k, v, smooth_k)
+    return fa3_prepass.prepass(q, k, v, smooth_k, smooth_v)
 
 
 def zero_channels_(out, flags):

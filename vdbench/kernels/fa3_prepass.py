@@ -1,4 +1,5 @@
-"""FA3 fp8's quantization pre-pass in Triton: e4m3 Q, K, V with one scale per (batch, head), K smoothing optional.
+"""FA3 fp8's quantization pre-pass in Triton: e4m3 Q, K, V with one scale per (batch, head), K and V smoothing
+optional.
 
 Why: ``fav3_fp8`` hands FA3 e4m3 inputs with per-(batch, head) descales. Quantized eagerly in torch that costs
 ~36 bytes of traffic per element (fp32 copy, abs, amax, division, clamp, cast): on an H200 it took the Wan 1.3B call
@@ -8,9 +9,9 @@ launch. A single read is not possible with a per-(batch, head) scale: the first 
 whole head's amax is known, which needs a grid-wide barrier between the two phases (not expressible safely in
 Triton: spinning programs deadlock when a head's chunks are not all resident, and always under the interpreter).
 
-Without K smoothing, Q, K and V go through one amax launch and one quantization launch (``quantize_qkv``: program
-axis 2 picks the tensor, the amax is an atomic max into a (3, B, H) buffer, one ``fp8_descale`` call between the two
-launches scales all three): at Wan 1.3B the per-tensor form's six launches and the torch ops between them (the amax
+Q, K and V go through one amax launch and one quantization launch (``quantize_qkv``: program axis 2 picks the
+tensor, the amax is an atomic max into a (3, B, H) buffer, one ``fp8_descale`` call between the two launches scales
+all three; a smoothed tensor's mean, taken by torch beforehand, subtracted in both launches): at Wan 1.3B the per-tensor form's six launches and the torch ops between them (the amax
 of the partials, ``fp8_descale`` three times) cost more than its bytes (0.58 ms a call where its traffic takes
 ~0.2 ms, H200).
 
@@ -121,23 +122,34 @@ def _slot(bt, Q, K, V, sq, sk, sv, hq, hk, hv,
 
 
 @triton.jit
-def _qkv_amax_kernel(Q, K, V, Amax, sq, sk, sv, hq, hk, hv, d_len, B, HM,
+def _centred(x, Mean, t, b, h, B, HM, d_len, cols, inside, HAS_MEAN: tl.constexpr):
+    """``x`` minus its tensor's (batch, head) mean row where the pre-pass smooths (``Mean``: (3, B, HM, D) fp32,
+    zeros for a tensor not smoothed: x - 0 is x exactly), 0 outside the tile."""
+    if HAS_MEAN:
+        m = tl.load(Mean + ((t * B + b) * HM + h) * d_len + cols, mask=cols < d_len, other=0.0)
+        x = tl.where(inside, x - m[None, :], 0.0)
+    return x
+
+
+@triton.jit
+def _qkv_amax_kernel(Q, K, V, Amax, Mean, sq, sk, sv, hq, hk, hv, d_len, B, HM,
                      sqb, sqh, sqs, sqd, skb, skh, sks, skd, svb, svh, svs, svd,
-                     BLK: tl.constexpr, BD: tl.constexpr):
+                     BLK: tl.constexpr, BD: tl.constexpr, HAS_MEAN: tl.constexpr):
     t, b, X, s_len, n_h, sxb, sxh, sxs, sxd = _slot(tl.program_id(2), Q, K, V, sq, sk, sv, hq, hk, hv,
                                                     sqb, sqh, sqs, sqd, skb, skh, sks, skd, svb, svh, svs, svd)
     h = tl.program_id(1)
     if (tl.program_id(0) * BLK < s_len) & (h < n_h):
         x, r, cols, inside = _load_tile(X, b, s_len, d_len, sxb, sxh, sxs, sxd, BLK, BD)
+        x = _centred(x, Mean, t, b, h, B, HM, d_len, cols, inside, HAS_MEAN)
         # |x| >= 0, so a float max is order-free and exact: the head's amax whatever order the chunks land in
         tl.atomic_max(Amax + (t * B + b) * HM + h, tl.max(tl.max(tl.abs(x), axis=1), axis=0))
 
 
 @triton.jit
-def _qkv_quant_kernel(Q, K, V, QO, KO, VO, Descale, sq, sk, sv, hq, hk, hv, d_len, B, HM,
+def _qkv_quant_kernel(Q, K, V, QO, KO, VO, Descale, Mean, sq, sk, sv, hq, hk, hv, d_len, B, HM,
                       sqb, sqh, sqs, sqd, skb, skh, sks, skd, svb, svh, svs, svd,
                       oqb, oqh, oqs, oqd, okb, okh, oks, okd, ovb, ovh, ovs, ovd,
-                      BLK: tl.constexpr, BD: tl.constexpr, FIX: tl.constexpr):
+                      BLK: tl.constexpr, BD: tl.constexpr, FIX: tl.constexpr, HAS_MEAN: tl.constexpr):
     t, b, X, s_len, n_h, sxb, sxh, sxs, sxd = _slot(tl.program_id(2), Q, K, V, sq, sk, sv, hq, hk, hv,
                                                     sqb, sqh, sqs, sqd, skb, skh, sks, skd, svb, svh, svs, svd)
     _, _, O, _, _, sob, soh, sos, sod = _slot(tl.program_id(2), QO, KO, VO, sq, sk, sv, hq, hk, hv,
@@ -146,6 +158,7 @@ def _qkv_quant_kernel(Q, K, V, QO, KO, VO, Descale, sq, sk, sv, hq, hk, hv, d_le
     h = tl.program_id(1)
     if (c * BLK < s_len) & (h < n_h):
         x, r, cols, inside = _load_tile(X, b, s_len, d_len, sxb, sxh, sxs, sxd, BLK, BD)
+        x = _centred(x, Mean, t, b, h, B, HM, d_len, cols, inside, HAS_MEAN)
         _store_e4m3(O, b, h, c, sob, soh, sos, sod, x, tl.load(Descale + (t * B + b) * HM + h), r, cols, inside,
                     BLK, FIX)
 
@@ -195,40 +208,53 @@ def _fusable(q, k, v) -> bool:
             and q.shape[0] == k.shape[0] == v.shape[0] and q.shape[-1] == k.shape[-1] == v.shape[-1])
 
 
-def quantize_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> N.Fp8Inputs:
+def quantize_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_mean: Optional[torch.Tensor] = None,
+                 v_mean: Optional[torch.Tensor] = None) -> N.Fp8Inputs:
     """Q, K and V together in two kernel launches (one amax, one quantization), a memset and one ``fp8_descale``
     for the three, where ``prepass``'s per-tensor form takes six launches and ~15 small torch ops: at Wan 1.3B the
     launches, not the bytes, were most of its 0.58 ms. Same values and scales, bit for bit (the amax is an atomic
-    float max of non-negative values: exact in any order; the scales come from the eager path's own function)."""
+    float max of non-negative values: exact in any order; the scales come from the eager path's own function).
+    ``k_mean`` / ``v_mean`` ((B, H, 1, D) fp32, ``numerics.smoothing_mean``): subtracted in both launches, the
+    same fp32 subtraction as the eager path's."""
     b, d = q.shape[0], q.shape[-1]
     heads = [t.shape[1] for t in (q, k, v)]
     lens = [t.shape[2] for t in (q, k, v)]
     hm = max(heads)
     amax = torch.zeros((3, b, hm), device=q.device, dtype=torch.float32)
     outs = [torch.empty_like(t, dtype=torch.float8_e4m3fn) for t in (q, k, v)]
+    smooth = k_mean is not None or v_mean is not None
+    mean = amax  # an unused pointer without smoothing
+    if smooth:
+        mean = torch.zeros((3, b, hm, d), device=q.device, dtype=torch.float32)
+        for i, m in ((1, k_mean), (2, v_mean)):
+            if m is not None:
+                mean[i, :, :m.shape[1]] = m.reshape(b, m.shape[1], d)
     grid = (triton.cdiv(max(lens), CHUNK), hm, 3 * b)
     common = (*lens, *heads, d, b, hm, *q.stride(), *k.stride(), *v.stride())
-    _qkv_amax_kernel[grid](q, k, v, amax, *common, BLK=CHUNK, BD=_bd(d), num_warps=WARPS)
+    _qkv_amax_kernel[grid](q, k, v, amax, mean, *common, BLK=CHUNK, BD=_bd(d), HAS_MEAN=smooth, num_warps=WARPS)
     # the scales by the same torch call as the eager path, once for the three tensors: CUDA's tensor / scalar is
     # a multiplication by the reciprocal, so an IEEE division in the kernel would differ in the last bit
     descale = N.fp8_descale(amax)
-    _qkv_quant_kernel[grid](q, k, v, *outs, descale, *common, *outs[0].stride(), *outs[1].stride(),
-                            *outs[2].stride(), BLK=CHUNK, BD=_bd(d), FIX=INTERPRETED, num_warps=WARPS)
+    _qkv_quant_kernel[grid](q, k, v, *outs, descale, mean, *common, *outs[0].stride(), *outs[1].stride(),
+                            *outs[2].stride(), BLK=CHUNK, BD=_bd(d), FIX=INTERPRETED, HAS_MEAN=smooth,
+                            num_warps=WARPS)
     scales = [descale[i, :, :n].contiguous() for i, n in enumerate(heads)]  # a copy only for fewer (GQA) heads
-    return N.Fp8Inputs(*outs, *scales, None)
+    return N.Fp8Inputs(*outs, *scales, k_mean, v_mean=v_mean)
 
 
-def prepass(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, smooth_k: bool = False) -> N.Fp8Inputs:
-    """``numerics.fp8_bh_inputs(q, k, v, smooth_k=...)`` in Triton: Q, K, V read twice each (K a third time for its
-    mean when smoothing), written once in e4m3. Without smoothing, all three in one pair of launches
-    (``quantize_qkv``); with it, K's amax needs per-channel extremes, so each tensor goes through its own pair."""
-    if not smooth_k and _fusable(q, k, v):
-        return quantize_qkv(q, k, v)
+def prepass(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, smooth_k: bool = False,
+            smooth_v: bool = False) -> N.Fp8Inputs:
+    """``numerics.fp8_bh_inputs(q, k, v, smooth_k=..., smooth_v=...)`` in Triton: Q, K, V read twice each (K or V
+    once more for its mean when smoothed), written once in e4m3, all three in one pair of launches
+    (``quantize_qkv``) where their shapes allow; else each tensor through its own pair."""
     km = N.smoothing_mean(k) if smooth_k else None
+    vm = N.smoothing_mean(v) if smooth_v else None
+    if _fusable(q, k, v):
+        return quantize_qkv(q, k, v, km, vm)
     q8, qd = quantize_bh(q)
     k8, kd = quantize_bh(k, km)
-    v8, vd = quantize_bh(v)
-    return N.Fp8Inputs(q8, k8, v8, qd, kd, vd, km)
+    v8, vd = quantize_bh(v, vm)
+    return N.Fp8Inputs(q8, k8, v8, qd, kd, vd, km, v_mean=vm)
 
 
 def aot_specs(d: int = 128, causal: bool = False, config: dict | None = None) -> dict:
@@ -238,13 +264,16 @@ def aot_specs(d: int = 128, causal: bool = False, config: dict | None = None) ->
     red = {"X": "*bf16", "Amax": "*fp32", "CMax": "*fp32", "CMin": "*fp32"}
     quant = {"X": "*bf16", "Out": "*fp8e4nv", "Descale": "*fp32", "Mean": "*fp32"}
     qkv = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "QO": "*fp8e4nv", "KO": "*fp8e4nv", "VO": "*fp8e4nv",
-           "Amax": "*fp32", "Descale": "*fp32"}
+           "Amax": "*fp32", "Descale": "*fp32", "Mean": "*fp32"}
     opts = dict(num_warps=8)
     return {
         "fa3_prepass.reduce": (_reduce_kernel, red, dict(BLK=CHUNK, BD=128, CHANNEL=False), opts),
         "fa3_prepass.reduce[channel]": (_reduce_kernel, red, dict(BLK=CHUNK, BD=128, CHANNEL=True), opts),
         "fa3_prepass.quant": (_quant_kernel, quant, dict(BLK=CHUNK, BD=128, HAS_MEAN=False, FIX=False), opts),
         "fa3_prepass.quant[mean]": (_quant_kernel, quant, dict(BLK=CHUNK, BD=128, HAS_MEAN=True, FIX=False), opts),
-        "fa3_prepass.qkv_amax": (_qkv_amax_kernel, qkv, dict(BLK=CHUNK, BD=128), opts),
-        "fa3_prepass.qkv_quant": (_qkv_quant_kernel, qkv, dict(BLK=CHUNK, BD=128, FIX=False), opts),
+        "fa3_prepass.qkv_amax": (_qkv_amax_kernel, qkv, dict(BLK=CHUNK, BD=128, HAS_MEAN=False), opts),
+        "fa3_prepass.qkv_quant": (_qkv_quant_kernel, qkv, dict(BLK=CHUNK, BD=128, FIX=False, HAS_MEAN=False), opts),
+        "fa3_prepass.qkv_amax[mean]": (_qkv_amax_kernel, qkv, dict(BLK=CHUNK, BD=128, HAS_MEAN=True), opts),
+        "fa3_prepass.qkv_quant[mean]": (_qkv_quant_kernel, qkv, dict(BLK=CHUNK, BD=128, FIX=False, HAS_MEAN=True),
+                                        opts),
     }
