@@ -4,6 +4,7 @@ the cache in the output name, the record and the label."""
 
 import dataclasses
 import json
+import logging
 from pathlib import Path
 
 import pytest
@@ -174,3 +175,59 @@ def test_a_cache_beside_a_sparse_schedule_keeps_the_tokens_in_the_models_order(t
     kernels = entry["attention"]["calls_by_kernel"]
     assert any(k.startswith("sdpa") for k in kernels) and any("sta" in k or "flex" in k for k in kernels), kernels
     assert sum(entry["cache"]["reused_blocks_per_step"]) > 0 and entry["stack"] == "sdpa@steps:0-1,sta+fbc:threshold=0.5"
+
+
+@pytest.fixture
+def mag_logger():
+    """diffusers' MagCache logger, its level and handlers checked unchanged after the test."""
+    logger = logging.getLogger(C._MAG_LOGGER)
+    level, handlers = logger.level, list(logger.handlers)
+    yield logger
+    assert logger.level == level and logger.handlers == handlers
+
+
+def test_a_calibration_is_read_from_diffusers_log_messages_and_a_malformed_one_ignored(mag_logger):
+    counter = C.CacheCounter(C.parse_cache("mag:calibrate=true,max_skip_steps=2"))
+    with counter.listening():
+        assert mag_logger.isEnabledFor(logging.INFO)
+        mag_logger.info("MagCache: Applying Head Hook to blocks.0")  # another message of the logger: not one
+        mag_logger.info("MagCache Calibration Results: [1.0, 0.987654321, 1.01]")
+        mag_logger.info("MagCache Calibration Results: [1.0, __import__('os')]")  # never evaluated
+        mag_logger.info("MagCache Calibration Results: %s", [1.0, 0.5])
+        mag_logger.info("MagCache Calibration Results: {\"a\": 1}")
+        mag_logger.info("MagCache Calibration Results: [1.0, NaN]")
+    cal = counter.summary()["calibration"]
+    assert cal["ratios"] == [[1.0, 0.9877, 1.01], [1.0, 0.5]]
+    # the first list (the conditional pass), the other parameters given kept, calibrate dropped
+    assert cal["use"] == "mag:max_skip_steps=2,mag_ratios=1.0+0.9877+1.01"
+    assert C.parse_cache(cal["use"]).params["mag_ratios"] == [1.0, 0.9877, 1.01]
+    assert [why.split(":")[0] for why in cal["ignored"]] == ["not JSON (Expecting value)", "no bracketed list",
+                                                              "not JSON (NaN is not a finite number)"]
+    counter.reset()  # a new pipeline call: its own calibration
+    assert counter.summary()["calibration"] == {"ratios": [], "use": None, "ignored": []}
+    # the handler leaves and the level comes back when the render fails too (mag_logger checks)
+    with pytest.raises(RuntimeError), counter.listening():
+        raise RuntimeError("the render failed")
+    # another cache: no handler, no calibration
+    other = C.CacheCounter(C.parse_cache("mag:mag_ratios=1.0"))
+    with other.listening():
+        assert mag_logger.handlers == []
+    assert other.summary()["calibration"] is None
+
+
+def test_a_tiny_calibrating_render_records_the_ratios_of_both_passes_and_the_next_spec_reads_them(
+        tmp_path, capsys, mag_logger):
+    steps = 4
+    cfg = _cfg(tmp_path, cache="mag:calibrate=true", num_inference_steps=steps)
+    R.render(cfg)
+    (entry,) = json.loads(cfg.timing_path.read_text())
+    c = entry["cache"]
+    assert sum(c["reused_blocks_per_step"]) == 0  # calibrating: every block computed
+    cond, uncond = c["calibration"]["ratios"]  # Wan's two cache contexts, "cond" first
+    assert len(cond) == len(uncond) == steps and cond[0] == 1.0
+    assert all(r == round(r, 4) for r in cond + uncond)
+    use = c["calibration"]["use"]
+    assert use == "mag:mag_ratios=" + "+".join(str(r) for r in cond)
+    out = capsys.readouterr().out
+    assert f"cache calibrated ({steps} steps, 2 cache contexts; the first, the conditional pass's, kept): next " \
+           f"time --cache {use}\nhint: or --cache mag:mag_ratios=@{cfg.timing_path}" in out

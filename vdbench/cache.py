@@ -21,7 +21,11 @@ calls, reused = outer - inner.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import json
+import logging
+import math
 import types
 import typing
 from typing import Any, Callable, Optional
@@ -111,12 +115,48 @@ def _mag_refusal(family, params, pipeline_class) -> Optional[str]:
     return None
 
 
+#: the logger diffusers' MagCache calibration reports its ratios on, and the message's start (``_advance_step``)
+_MAG_LOGGER = "diffusers.hooks.mag_cache"
+_CALIBRATION_PREFIX = "MagCache Calibration Results:"
+
+
+def _no_constant(name):
+    raise ValueError(f"{name} is not a finite number")
+
+
+def _ratios(value) -> list[float]:
+    """``value`` as magnitude ratios: a non-empty list of finite numbers (booleans are not numbers here);
+    ValueError otherwise."""
+    if not isinstance(value, list) or not value:
+        raise ValueError(f"not a non-empty list of numbers (a {type(value).__name__})")
+    out = []
+    for v in value:
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise ValueError(f"not a list of numbers (holds {v!r})")
+        out.append(float(v))
+    return out
+
+
+def _ratios_of_message(message: str) -> list[float]:
+    """The ratios of diffusers' ``MagCache Calibration Results: [...]``: the bracketed text read as JSON (never
+    evaluated), numbers only; ValueError otherwise."""
+    start, end = message.find("["), message.rfind("]")
+    if start < 0 or end < start:
+        raise ValueError("no bracketed list")
+    try:
+        value = json.loads(message[start:end + 1], parse_constant=_no_constant)
+    except ValueError as e:  # a decode error, or NaN/Infinity (JSON has neither)
+        raise ValueError(f"not JSON ({getattr(e, 'msg', e)})") from None
+    return _ratios(value)
+
+
 KINDS: dict[str, CacheKind] = {k.name: k for k in (
     CacheKind("fbc", "FirstBlockCacheConfig",
               "First Block Cache: the first block's residual changed less than threshold -> the other blocks reuse "
               "their last residual", needs="a transformer with a list of blocks"),
     CacheKind("mag", "MagCacheConfig",
-              "MagCache: blocks skipped while the accumulated residual-magnitude error stays under threshold",
+              "MagCache: blocks skipped while the accumulated residual-magnitude error stays under threshold; "
+              "calibrate=true measures mag_ratios",
               needs="the model's magnitude ratios (mag_ratios) or calibrate=true; the step count (filled in)",
               provided=lambda pipe, steps, family: {"num_inference_steps": steps}, hidden=("num_inference_steps",),
               refusal=_mag_refusal),
@@ -345,11 +385,41 @@ def apply_cache(spec: CacheSpec, pipe, models, *, steps: int, family) -> "CacheC
     return counter
 
 
+class _CalibrationLog(logging.Handler):
+    """The ratios of diffusers' MagCache calibration messages, one list per message in the order they come (each
+    cache context's state logs its own when it has run every step); a message that names itself a calibration but
+    holds no list of numbers is kept in ``ignored`` (why, and its start), never evaluated."""
+
+    def __init__(self):
+        super().__init__(logging.INFO)
+        self.ratios: list[list[float]] = []
+        self.ignored: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            message = record.getMessage()
+        except Exception as e:  # a record whose arguments don't format: not diffusers' calibration message
+            self.ignored.append(f"unformattable record ({type(e).__name__})")
+            return
+        if not message.startswith(_CALIBRATION_PREFIX):
+            return
+        try:
+            self.ratios.append(_ratios_of_message(message))
+        except ValueError as e:
+            self.ignored.append(f"{e}: {message[:80]!r}")
+
+    def clear(self) -> None:
+        self.ratios, self.ignored = [], []
+
+
 class CacheCounter:
-    """Per denoising step, how many cache units were computed and how many reused (see the module doc)."""
+    """Per denoising step, how many cache units were computed and how many reused (see the module doc); for a
+    calibrating MagCache (``mag:calibrate=true``), the ratios diffusers logs (:meth:`listening`)."""
 
     def __init__(self, spec: CacheSpec):
         self.spec = spec
+        calibrating = spec.kind.name == "mag" and bool(spec.params.get("calibrate"))
+        self.calibration: Optional[_CalibrationLog] = _CalibrationLog() if calibrating else None
         self.units: list[str] = []
         self.models: list[torch.nn.Module] = []
         self._wrapped: dict[int, tuple[torch.nn.Module, Any]] = {}
@@ -404,6 +474,30 @@ class CacheCounter:
             HookRegistry.check_if_exists_or_initialize(m).reset_stateful_hooks(recurse=True)
         self.inner = self.outer = self.forwards = 0
         self.computed, self.reused, self.forwards_per_step = [], [], []
+        if self.calibration is not None:
+            self.calibration.clear()
+
+    @contextlib.contextmanager
+    def listening(self):
+        """While the pipeline is called: a calibrating MagCache's ratios recorded. diffusers only prints them and
+        logs them at INFO on its ``diffusers.hooks.mag_cache`` logger (below the library's default WARNING), so
+        that logger alone is raised to INFO and given a handler for the duration, both undone on the way out,
+        an exception included. Nothing for any other cache."""
+        if self.calibration is None:
+            yield
+            return
+        logger = logging.getLogger(_MAG_LOGGER)
+        level = logger.level
+        raise_level = logger.getEffectiveLevel() > logging.INFO
+        logger.addHandler(self.calibration)
+        try:
+            if raise_level:
+                logger.setLevel(logging.INFO)
+            yield
+        finally:
+            logger.removeHandler(self.calibration)
+            if raise_level:
+                logger.setLevel(level)
 
     def end_step(self) -> None:
         """A denoising step ended: its counts appended, the counters zeroed."""
@@ -421,7 +515,25 @@ class CacheCounter:
                 "unit": "block" if all(u.split(".")[-1].isdigit() for u in self.units) else "attention module",
                 "computed_blocks_per_step": list(self.computed), "reused_blocks_per_step": list(self.reused),
                 "forwards_per_step": list(self.forwards_per_step),
-                "skipped_share": (sum(self.reused) / total) if total else None}
+                "skipped_share": (sum(self.reused) / total) if total else None,
+                "calibration": self._calibration()}
+
+    def _calibration(self) -> Optional[dict]:
+        """A calibrating MagCache's ratios, one list per cache context in the order they came (Wan's "cond", then
+        "uncond"; CogVideoX's one batch), rounded to 4 decimals, and ``use``: the spec to give next time (the
+        other parameters given kept, ``calibrate`` dropped) -- with the first list. diffusers' config takes one
+        list for every context, and the first is the conditional pass's (the pipeline calls it first each step, so
+        its state finishes first): the prompt's prediction, which guidance scales up. None for another cache."""
+        if self.calibration is None:
+            return None
+        ratios = [[round(r, 4) for r in rs] for rs in self.calibration.ratios]
+        use = None
+        if ratios:
+            given = {k: v for k, v in self.spec.given.items() if k != "calibrate"}
+            given["mag_ratios"] = ratios[0]
+            order = list(self.spec.kind.parameters())
+            use = CacheSpec(self.spec.kind, {k: given[k] for k in order if k in given}, {}).name
+        return {"ratios": ratios, "use": use, "ignored": list(self.calibration.ignored)}
 
     def remove(self) -> None:
         for h in self._handles:
