@@ -231,3 +231,48 @@ def test_a_tiny_calibrating_render_records_the_ratios_of_both_passes_and_the_nex
     out = capsys.readouterr().out
     assert f"cache calibrated ({steps} steps, 2 cache contexts; the first, the conditional pass's, kept): next " \
            f"time --cache {use}\nhint: or --cache mag:mag_ratios=@{cfg.timing_path}" in out
+    # the file read back: the numbers recorded, named by their digest (no path in the name)
+    spec = C.parse_cache(f"mag:threshold=0.1,mag_ratios=@{cfg.timing_path}")
+    assert spec.params["mag_ratios"] == cond and spec.as_dict()["params"]["mag_ratios"] == "+".join(map(str, cond))
+    assert spec.name.startswith("mag:threshold=0.1,mag_ratios=@") and len(spec.name.rsplit("@")[1]) == 8
+    assert spec.name == C.parse_cache(f"mag:mag_ratios=@{cfg.timing_path},threshold=0.1").name
+    assert C.parse_cache(f"mag:mag_ratios=@{cfg.timing_path},mag_ratios=1.0").name == "mag:mag_ratios=1.0"
+    plan = R.validate(_cfg(tmp_path, cache=f"mag:mag_ratios=@{cfg.timing_path}"))
+    assert plan.cache.params["mag_ratios"] == cond and plan.cfg.cache == plan.cache.name
+
+
+@pytest.mark.parametrize("contents,message", [
+    (None, "no such file"),
+    ("{not json", "not JSON"),
+    ("[]", "no entry with a MagCache calibration"),
+    (json.dumps([{"cache": {"kind": "fbc", "calibration": None}}]), "no entry with a MagCache calibration"),
+    (json.dumps({"cache": {"calibration": {"ratios": []}}}), "its calibration holds no ratios"),
+    (json.dumps([{"cache": {"calibration": {"ratios": "rm -rf /"}}}]),
+     "its cache.calibration.ratios is not a list (a str)"),
+    (json.dumps([{"cache": {"calibration": {"ratios": [{"a": 1}]}}}]),
+     "its cache.calibration.ratios[0] is not a non-empty list of numbers (a dict)"),
+    (json.dumps([{"cache": {"calibration": {"ratios": [[1.0, "0.9"]]}}}]),
+     "its cache.calibration.ratios[0] is not a list of numbers (holds '0.9')"),
+    (json.dumps([{"cache": {"calibration": {"ratios": [[1.0, True]]}}}]), "not a list of numbers (holds True)"),
+    ('[{"cache": {"calibration": {"ratios": [[1.0, Infinity]]}}}]', "not JSON (Infinity is not a finite number)"),
+    ("42", "no entry with a MagCache calibration"),
+])
+def test_ratios_from_a_file_that_cant_give_them_are_one_line_and_a_hint(tmp_path, contents, message):
+    path = tmp_path / "timing.json"
+    if contents is not None:
+        path.write_text(contents)
+    with pytest.raises(ValueError) as e:
+        C.parse_cache(f"mag:mag_ratios=@{path}")
+    first, hint = str(e.value).splitlines()
+    assert first.startswith(f"--cache mag: mag_ratios=@{path}: ") and message in first, first
+    assert hint
+
+
+def test_ratios_from_a_file_take_the_last_calibration_and_are_refused_before_the_load(tmp_path, no_load):  # noqa: F811
+    path = tmp_path / "timing.json"
+    path.write_text(json.dumps([{"cache": {"calibration": {"ratios": [[1.0, 0.9]]}}}, {"cache": None},
+                                {"cache": {"calibration": {"ratios": [[1.0, 0.8], [1.0, 0.7]]}}}, {"cache": {}}]))
+    assert C.parse_cache(f"mag:mag_ratios=@{path}").params["mag_ratios"] == [1.0, 0.8]
+    with pytest.raises(ValueError, match="mag_ratios=@.*missing.json: no such file\ngive the timing.json of a "
+                                         "render with --cache mag:calibrate=true"):
+        R.validate(_cfg(tmp_path, cache=f"mag:mag_ratios=@{tmp_path / 'missing.json'}"))

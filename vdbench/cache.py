@@ -23,11 +23,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import json
 import logging
 import math
 import types
 import typing
+from pathlib import Path
 from typing import Any, Callable, Optional
 
 import torch
@@ -49,7 +51,8 @@ class CacheKind:
     ``description`` (one line), ``needs`` (what the pipeline must provide), ``defaults`` (vdbench's values where
     diffusers' match nothing here; recorded with the params), ``provided(pipe, steps, family) -> dict`` (what the
     render fills in), ``hidden`` (fields a user does not set: filled in, or not spellable), ``refusal(family,
-    params, pipeline_class) -> reason | None`` (before the load)."""
+    params, pipeline_class) -> reason | None`` (before the load), ``files`` (parameter -> reader of a file's path
+    -> the value: the parameters a user may give as ``@PATH``)."""
 
     name: str
     config: str
@@ -59,6 +62,7 @@ class CacheKind:
     provided: Callable[..., dict] = lambda pipe, steps, family: {}
     hidden: tuple[str, ...] = ()
     refusal: Callable[..., Optional[str]] = lambda family, params, pipeline_class: None
+    files: dict = dataclasses.field(default_factory=dict)
 
     def config_class(self):
         import diffusers.hooks
@@ -150,16 +154,53 @@ def _ratios_of_message(message: str) -> list[float]:
     return _ratios(value)
 
 
+def _calibrated_ratios(path_text: str) -> list[float]:
+    """``mag_ratios=@PATH``: the ratios a calibrating render (``mag:calibrate=true``) recorded in its timing.json --
+    the last entry with a calibration (the file appends every render's repetitions), its
+    ``cache.calibration.ratios[0]`` (the first cache context's: see :meth:`CacheCounter.summary`). ValueError (one
+    line, then a hint) for a missing or unreadable file, one without a calibration, or ratios that are not
+    numbers."""
+    hint = "give the timing.json of a render with --cache mag:calibrate=true, or the ratios (mag_ratios=R0+R1+...)"
+    path = Path(path_text).expanduser()
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ValueError(f"no such file\n{hint}") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"can't read it ({type(e).__name__}: {e})\n{hint}") from None
+    try:
+        data = json.loads(text, parse_constant=_no_constant)
+    except ValueError as e:  # a decode error, or NaN/Infinity (JSON has neither)
+        raise ValueError(f"not JSON ({getattr(e, 'msg', e)})\n{hint}") from None
+    entries = data if isinstance(data, list) else [data]  # a timing.json is a list; one entry taken as it is
+    for entry in reversed(entries):
+        cal = ((entry.get("cache") if isinstance(entry, dict) else None) or {})
+        cal = cal.get("calibration") if isinstance(cal, dict) else None
+        if not isinstance(cal, dict) or "ratios" not in cal:
+            continue
+        lists = cal["ratios"]
+        if not isinstance(lists, list):
+            raise ValueError(f"its cache.calibration.ratios is not a list (a {type(lists).__name__})\n{hint}")
+        if not lists:
+            raise ValueError("its calibration holds no ratios (diffusers logged none)\ndiffusers logs them when "
+                             "a denoiser has run every step (Wan 2.2's two experts each run part of them)")
+        try:
+            return _ratios(lists[0])
+        except ValueError as e:
+            raise ValueError(f"its cache.calibration.ratios[0] is {e}\n{hint}") from None
+    raise ValueError(f"no entry with a MagCache calibration (cache.calibration.ratios)\n{hint}")
+
+
 KINDS: dict[str, CacheKind] = {k.name: k for k in (
     CacheKind("fbc", "FirstBlockCacheConfig",
               "First Block Cache: the first block's residual changed less than threshold -> the other blocks reuse "
               "their last residual", needs="a transformer with a list of blocks"),
     CacheKind("mag", "MagCacheConfig",
               "MagCache: blocks skipped while the accumulated residual-magnitude error stays under threshold; "
-              "calibrate=true measures mag_ratios",
+              "calibrate=true measures mag_ratios, mag_ratios=@FILE reads them from that render's timing.json",
               needs="the model's magnitude ratios (mag_ratios) or calibrate=true; the step count (filled in)",
               provided=lambda pipe, steps, family: {"num_inference_steps": steps}, hidden=("num_inference_steps",),
-              refusal=_mag_refusal),
+              refusal=_mag_refusal, files={"mag_ratios": _calibrated_ratios}),
     CacheKind("taylor", "TaylorSeerCacheConfig",
               "TaylorSeer: the attention outputs computed every cache_interval steps, predicted by a Taylor series "
               "in between", needs="attention modules under the block list (matched by vdbench's patterns)",
@@ -248,17 +289,23 @@ def _type_name(parse) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class CacheSpec:
-    """A parsed ``--cache``: the kind, the parameters given (``given``, in the dataclass's order) and every
-    settable parameter's value (``params``: given, else vdbench's default, else diffusers')."""
+    """A parsed ``--cache``: the kind, the parameters given (``given``, in the dataclass's order), every
+    settable parameter's value (``params``: given, else vdbench's default, else diffusers') and how the name spells
+    the values read from a file (``shown``: parameter -> ``@`` and a digest of the values)."""
 
     kind: CacheKind
     given: dict
     params: dict
+    shown: dict = dataclasses.field(default_factory=dict)
 
     @property
     def name(self) -> str:
-        """The canonical spelling: ``fbc``, ``fbc:threshold=0.1``."""
-        opts = ",".join(f"{k}={_show(v)}" for k, v in self.given.items())
+        """The canonical spelling: ``fbc``, ``fbc:threshold=0.1``; a value read from a file (``@PATH``) as ``@``
+        and the first 8 hex digits of the SHA-256 of its spelling (``mag:mag_ratios=@1f0c3a9e``) -- the values
+        themselves are in ``params``. Not the path: the name is part of the output file's name (a path's ``/``
+        can't be, and a calibration's 50 ratios would pass the file-name length limit), and the same ratios read
+        from two files name the same configuration."""
+        opts = ",".join(f"{k}={self.shown.get(k) or _show(v)}" for k, v in self.given.items())
         return self.kind.name + (f":{opts}" if opts else "")
 
     def as_dict(self) -> dict:
@@ -277,7 +324,13 @@ class CacheSpec:
 
 def parse_cache(text: Optional[str]) -> Optional[CacheSpec]:
     """``KIND[:key=value,...]`` -> :class:`CacheSpec`; None for none. ValueError (one line, then the valid choices)
-    for an unknown kind, key or a value of the wrong type."""
+    for an unknown kind, key or a value of the wrong type.
+
+    A parameter the kind reads from a file (:attr:`CacheKind.files`) may be given as ``@PATH``:
+    ``mag:mag_ratios=@results/wan/timing.json`` takes the ratios a ``mag:calibrate=true`` render recorded there.
+    The file is read here, so a missing one, one without a calibration or one whose ratios are not numbers is
+    refused before any model loads; the spec records the numbers (``params``) and names them by a digest
+    (:attr:`CacheSpec.name`)."""
     if text is None or text.strip().lower() in ("", "none"):
         return None
     kind_name, _, rest = text.strip().partition(":")
@@ -285,7 +338,7 @@ def parse_cache(text: Optional[str]) -> Optional[CacheSpec]:
     if kind is None:
         raise ValueError(f"unknown --cache kind {kind_name!r}\nvalid: none, {', '.join(KINDS)}")
     params = kind.parameters()
-    given = {}
+    given, shown = {}, {}
     for piece in filter(None, (p.strip() for p in rest.split(","))):
         key, eq, value = piece.partition("=")
         key = key.strip()
@@ -295,14 +348,23 @@ def parse_cache(text: Optional[str]) -> Optional[CacheSpec]:
         if not eq:
             raise ValueError(f"--cache {kind.name}: {key} needs a value ({key}=VALUE)")
         parse = params[key][0]
+        if value.strip().startswith("@") and key in kind.files:
+            try:
+                given[key] = kind.files[key](value.strip()[1:])
+            except ValueError as e:
+                raise ValueError(f"--cache {kind.name}: {key}={value.strip()}: {e}") from None
+            shown[key] = "@" + hashlib.sha256(_show(given[key]).encode()).hexdigest()[:8]
+            continue
         try:
             given[key] = parse(value.strip())
         except (ValueError, TypeError) as e:
             raise ValueError(f"--cache {kind.name}: {key}={value.strip()!r}: expected {_type_name(parse)} ({e})"
                              f"\ndefault: {key}={_show(params[key][1])}") from None
+        shown.pop(key, None)  # given again, spelled out: the last one counts
     order = list(params)
     given = {k: given[k] for k in order if k in given}
-    return CacheSpec(kind, given, {k: given.get(k, d) for k, (_, d) in params.items()})
+    return CacheSpec(kind, given, {k: given.get(k, d) for k, (_, d) in params.items()},
+                     {k: v for k, v in shown.items() if k in given})
 
 
 def check_cache(spec: Optional[CacheSpec], family, denoisers: Optional[dict] = None, *,
