@@ -22,7 +22,7 @@ from .test_render import _cfg, no_load  # noqa: F401 - the fixture: any weight l
 def test_the_kinds_take_their_parameters_and_defaults_from_diffusers_configs():
     import diffusers.hooks as H
 
-    assert set(C.KINDS) == {"fbc", "mag", "taylor", "pab", "faster", "sea"}
+    assert set(C.KINDS) == {"fbc", "mag", "taylor", "pab", "faster", "sea", "textkv"}
     spec = C.parse_cache("fbc")
     assert spec.name == "fbc" and spec.params == {"threshold": H.FirstBlockCacheConfig().threshold}
     spec = C.parse_cache("FBC:threshold=0.1")
@@ -38,7 +38,7 @@ def test_the_kinds_take_their_parameters_and_defaults_from_diffusers_configs():
 
 
 @pytest.mark.parametrize("text,message", [
-    ("bogus", "unknown --cache kind 'bogus'\nvalid: none, fbc, mag, taylor, pab, faster, sea"),
+    ("bogus", "unknown --cache kind 'bogus'\nvalid: none, fbc, mag, taylor, pab, faster, sea, textkv"),
     ("fbc:foo=1", "--cache fbc: unknown parameter 'foo'\nvalid: threshold=0.05"),
     ("fbc:threshold=abc", "--cache fbc: threshold='abc': expected float"),
     ("mag:mag_ratios=1+x", "mag_ratios='1+x': expected floats joined by '+' or none"),
@@ -175,6 +175,21 @@ def test_a_cache_beside_a_sparse_schedule_keeps_the_tokens_in_the_models_order(t
     kernels = entry["attention"]["calls_by_kernel"]
     assert any(k.startswith("sdpa") for k in kernels) and any("sta" in k or "flex" in k for k in kernels), kernels
     assert sum(entry["cache"]["reused_blocks_per_step"]) > 0 and entry["stack"] == "sdpa@steps:0-1,sta+fbc:threshold=0.5"
+
+
+def test_text_kv_cache_is_listed_and_refused_before_the_load_with_the_reason(tmp_path, no_load):  # noqa: F811
+    """diffusers' TextKVCacheConfig hooks only NucleusMoE image blocks: on these families it would cache nothing."""
+    assert "textkv (" in C.CACHE_HELP and "refused for Wan and CogVideoX" in C.CACHE_HELP
+    with pytest.raises(ValueError) as e:
+        R.validate(_cfg(tmp_path, cache="textkv"))
+    first, hint = str(e.value).splitlines()
+    assert first.startswith("--cache textkv: diffusers' TextKVCacheConfig applies only to NucleusMoE image "
+                            "transformer blocks") and "Wan's cross-attention (attn2) projects the text K/V" in first
+    assert hint.startswith("use another kind")
+    with pytest.raises(ValueError, match="applies only to NucleusMoE.*cogvideox model's text tokens pass through "
+                                         "every block"):
+        R.validate(_cfg(tmp_path, family="cogvideox", cache="textkv", height=128, width=192,
+                        output_path=tmp_path / "cogvideox-tiny_sdpa.mp4"))
 
 
 @pytest.fixture

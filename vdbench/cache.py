@@ -119,6 +119,20 @@ def _mag_refusal(family, params, pipeline_class) -> Optional[str]:
     return None
 
 
+def _textkv_refusal(family, params, pipeline_class) -> Optional[str]:
+    # diffusers' apply_text_kv_cache hooks the denoiser itself and every NucleusMoEImageTransformerBlock, and only
+    # those blocks use what it caches: on any other model the hook runs and nothing is cached
+    if family is not None and family.name == "wan":
+        why = ("Wan's cross-attention (attn2) projects the text K/V again every step and diffusers has no cache "
+               "for them")
+    else:
+        why = (f"{family.name if family is not None else 'this'} model's text tokens pass through every block "
+               "beside the video's, so their K/V change with each step and can't be cached exactly")
+    return ("diffusers' TextKVCacheConfig applies only to NucleusMoE image transformer blocks "
+            f"(NucleusMoEImageTransformerBlock), no module of these families; {why}\nuse another kind (fbc, mag, "
+            "taylor, pab)")
+
+
 #: the logger diffusers' MagCache calibration reports its ratios on, and the message's start (``_advance_step``)
 _MAG_LOGGER = "diffusers.hooks.mag_cache"
 _CALIBRATION_PREFIX = "MagCache Calibration Results:"
@@ -224,6 +238,10 @@ KINDS: dict[str, CacheKind] = {k.name: k for k in (
               "SeaCache: blocks skipped while the spectrum-weighted input change stays under threshold",
               needs="the step index, sigma and step count passed to cache_context (the family's "
                     "step_context_pipelines)", refusal=_sea_refusal),
+    CacheKind("textkv", "TextKVCacheConfig",
+              "text K/V cache: the text keys and values projected once; diffusers applies it to NucleusMoE image "
+              "blocks only, so it is refused for Wan and CogVideoX", needs="NucleusMoE image transformer blocks",
+              refusal=_textkv_refusal),
 )}
 
 #: the ``--cache`` help: the kinds with their one line
