@@ -4,6 +4,7 @@ the cache in the output name, the record and the label."""
 
 import dataclasses
 import json
+import logging
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,7 @@ from .test_render import _cfg, no_load  # noqa: F401 - the fixture: any weight l
 def test_the_kinds_take_their_parameters_and_defaults_from_diffusers_configs():
     import diffusers.hooks as H
 
-    assert set(C.KINDS) == {"fbc", "mag", "taylor", "pab", "faster", "sea"}
+    assert set(C.KINDS) == {"fbc", "mag", "taylor", "pab", "faster", "sea", "textkv"}
     spec = C.parse_cache("fbc")
     assert spec.name == "fbc" and spec.params == {"threshold": H.FirstBlockCacheConfig().threshold}
     spec = C.parse_cache("FBC:threshold=0.1")
@@ -37,7 +38,7 @@ def test_the_kinds_take_their_parameters_and_defaults_from_diffusers_configs():
 
 
 @pytest.mark.parametrize("text,message", [
-    ("bogus", "unknown --cache kind 'bogus'\nvalid: none, fbc, mag, taylor, pab, faster, sea"),
+    ("bogus", "unknown --cache kind 'bogus'\nvalid: none, fbc, mag, taylor, pab, faster, sea, textkv"),
     ("fbc:foo=1", "--cache fbc: unknown parameter 'foo'\nvalid: threshold=0.05"),
     ("fbc:threshold=abc", "--cache fbc: threshold='abc': expected float"),
     ("mag:mag_ratios=1+x", "mag_ratios='1+x': expected floats joined by '+' or none"),
@@ -174,3 +175,119 @@ def test_a_cache_beside_a_sparse_schedule_keeps_the_tokens_in_the_models_order(t
     kernels = entry["attention"]["calls_by_kernel"]
     assert any(k.startswith("sdpa") for k in kernels) and any("sta" in k or "flex" in k for k in kernels), kernels
     assert sum(entry["cache"]["reused_blocks_per_step"]) > 0 and entry["stack"] == "sdpa@steps:0-1,sta+fbc:threshold=0.5"
+
+
+def test_text_kv_cache_is_listed_and_refused_before_the_load_with_the_reason(tmp_path, no_load):  # noqa: F811
+    """diffusers' TextKVCacheConfig hooks only NucleusMoE image blocks: on these families it would cache nothing."""
+    assert "textkv (" in C.CACHE_HELP and "refused for Wan and CogVideoX" in C.CACHE_HELP
+    with pytest.raises(ValueError) as e:
+        R.validate(_cfg(tmp_path, cache="textkv"))
+    first, hint = str(e.value).splitlines()
+    assert first.startswith("--cache textkv: diffusers' TextKVCacheConfig applies only to NucleusMoE image "
+                            "transformer blocks") and "Wan's cross-attention (attn2) projects the text K/V" in first
+    assert hint.startswith("use another kind")
+    with pytest.raises(ValueError, match="applies only to NucleusMoE.*cogvideox model's text tokens pass through "
+                                         "every block"):
+        R.validate(_cfg(tmp_path, family="cogvideox", cache="textkv", height=128, width=192,
+                        output_path=tmp_path / "cogvideox-tiny_sdpa.mp4"))
+
+
+@pytest.fixture
+def mag_logger():
+    """diffusers' MagCache logger, its level and handlers checked unchanged after the test."""
+    logger = logging.getLogger(C._MAG_LOGGER)
+    level, handlers = logger.level, list(logger.handlers)
+    yield logger
+    assert logger.level == level and logger.handlers == handlers
+
+
+def test_a_calibration_is_read_from_diffusers_log_messages_and_a_malformed_one_ignored(mag_logger):
+    counter = C.CacheCounter(C.parse_cache("mag:calibrate=true,max_skip_steps=2"))
+    with counter.listening():
+        assert mag_logger.isEnabledFor(logging.INFO)
+        mag_logger.info("MagCache: Applying Head Hook to blocks.0")  # another message of the logger: not one
+        mag_logger.info("MagCache Calibration Results: [1.0, 0.987654321, 1.01]")
+        mag_logger.info("MagCache Calibration Results: [1.0, __import__('os')]")  # never evaluated
+        mag_logger.info("MagCache Calibration Results: %s", [1.0, 0.5])
+        mag_logger.info("MagCache Calibration Results: {\"a\": 1}")
+        mag_logger.info("MagCache Calibration Results: [1.0, NaN]")
+    cal = counter.summary()["calibration"]
+    assert cal["ratios"] == [[1.0, 0.9877, 1.01], [1.0, 0.5]]
+    # the first list (the conditional pass), the other parameters given kept, calibrate dropped
+    assert cal["use"] == "mag:max_skip_steps=2,mag_ratios=1.0+0.9877+1.01"
+    assert C.parse_cache(cal["use"]).params["mag_ratios"] == [1.0, 0.9877, 1.01]
+    assert [why.split(":")[0] for why in cal["ignored"]] == ["not JSON (Expecting value)", "no bracketed list",
+                                                              "not JSON (NaN is not a finite number)"]
+    counter.reset()  # a new pipeline call: its own calibration
+    assert counter.summary()["calibration"] == {"ratios": [], "use": None, "ignored": []}
+    # the handler leaves and the level comes back when the render fails too (mag_logger checks)
+    with pytest.raises(RuntimeError), counter.listening():
+        raise RuntimeError("the render failed")
+    # another cache: no handler, no calibration
+    other = C.CacheCounter(C.parse_cache("mag:mag_ratios=1.0"))
+    with other.listening():
+        assert mag_logger.handlers == []
+    assert other.summary()["calibration"] is None
+
+
+def test_a_tiny_calibrating_render_records_the_ratios_of_both_passes_and_the_next_spec_reads_them(
+        tmp_path, capsys, mag_logger):
+    steps = 4
+    cfg = _cfg(tmp_path, cache="mag:calibrate=true", num_inference_steps=steps)
+    R.render(cfg)
+    (entry,) = json.loads(cfg.timing_path.read_text())
+    c = entry["cache"]
+    assert sum(c["reused_blocks_per_step"]) == 0  # calibrating: every block computed
+    cond, uncond = c["calibration"]["ratios"]  # Wan's two cache contexts, "cond" first
+    assert len(cond) == len(uncond) == steps and cond[0] == 1.0
+    assert all(r == round(r, 4) for r in cond + uncond)
+    use = c["calibration"]["use"]
+    assert use == "mag:mag_ratios=" + "+".join(str(r) for r in cond)
+    out = capsys.readouterr().out
+    assert f"cache calibrated ({steps} steps, 2 cache contexts; the first, the conditional pass's, kept): next " \
+           f"time --cache {use}\nhint: or --cache mag:mag_ratios=@{cfg.timing_path}" in out
+    # the file read back: the numbers recorded, named by their digest (no path in the name)
+    spec = C.parse_cache(f"mag:threshold=0.1,mag_ratios=@{cfg.timing_path}")
+    assert spec.params["mag_ratios"] == cond and spec.as_dict()["params"]["mag_ratios"] == "+".join(map(str, cond))
+    assert spec.name.startswith("mag:threshold=0.1,mag_ratios=@") and len(spec.name.rsplit("@")[1]) == 8
+    assert spec.name == C.parse_cache(f"mag:mag_ratios=@{cfg.timing_path},threshold=0.1").name
+    assert C.parse_cache(f"mag:mag_ratios=@{cfg.timing_path},mag_ratios=1.0").name == "mag:mag_ratios=1.0"
+    plan = R.validate(_cfg(tmp_path, cache=f"mag:mag_ratios=@{cfg.timing_path}"))
+    assert plan.cache.params["mag_ratios"] == cond and plan.cfg.cache == plan.cache.name
+
+
+@pytest.mark.parametrize("contents,message", [
+    (None, "no such file"),
+    ("{not json", "not JSON"),
+    ("[]", "no entry with a MagCache calibration"),
+    (json.dumps([{"cache": {"kind": "fbc", "calibration": None}}]), "no entry with a MagCache calibration"),
+    (json.dumps({"cache": {"calibration": {"ratios": []}}}), "its calibration holds no ratios"),
+    (json.dumps([{"cache": {"calibration": {"ratios": "rm -rf /"}}}]),
+     "its cache.calibration.ratios is not a list (a str)"),
+    (json.dumps([{"cache": {"calibration": {"ratios": [{"a": 1}]}}}]),
+     "its cache.calibration.ratios[0] is not a non-empty list of numbers (a dict)"),
+    (json.dumps([{"cache": {"calibration": {"ratios": [[1.0, "0.9"]]}}}]),
+     "its cache.calibration.ratios[0] is not a list of numbers (holds '0.9')"),
+    (json.dumps([{"cache": {"calibration": {"ratios": [[1.0, True]]}}}]), "not a list of numbers (holds True)"),
+    ('[{"cache": {"calibration": {"ratios": [[1.0, Infinity]]}}}]', "not JSON (Infinity is not a finite number)"),
+    ("42", "no entry with a MagCache calibration"),
+])
+def test_ratios_from_a_file_that_cant_give_them_are_one_line_and_a_hint(tmp_path, contents, message):
+    path = tmp_path / "timing.json"
+    if contents is not None:
+        path.write_text(contents)
+    with pytest.raises(ValueError) as e:
+        C.parse_cache(f"mag:mag_ratios=@{path}")
+    first, hint = str(e.value).splitlines()
+    assert first.startswith(f"--cache mag: mag_ratios=@{path}: ") and message in first, first
+    assert hint
+
+
+def test_ratios_from_a_file_take_the_last_calibration_and_are_refused_before_the_load(tmp_path, no_load):  # noqa: F811
+    path = tmp_path / "timing.json"
+    path.write_text(json.dumps([{"cache": {"calibration": {"ratios": [[1.0, 0.9]]}}}, {"cache": None},
+                                {"cache": {"calibration": {"ratios": [[1.0, 0.8], [1.0, 0.7]]}}}, {"cache": {}}]))
+    assert C.parse_cache(f"mag:mag_ratios=@{path}").params["mag_ratios"] == [1.0, 0.8]
+    with pytest.raises(ValueError, match="mag_ratios=@.*missing.json: no such file\ngive the timing.json of a "
+                                         "render with --cache mag:calibrate=true"):
+        R.validate(_cfg(tmp_path, cache=f"mag:mag_ratios=@{tmp_path / 'missing.json'}"))

@@ -21,9 +21,15 @@ calls, reused = outer - inner.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import hashlib
+import json
+import logging
+import math
 import types
 import typing
+from pathlib import Path
 from typing import Any, Callable, Optional
 
 import torch
@@ -45,7 +51,8 @@ class CacheKind:
     ``description`` (one line), ``needs`` (what the pipeline must provide), ``defaults`` (vdbench's values where
     diffusers' match nothing here; recorded with the params), ``provided(pipe, steps, family) -> dict`` (what the
     render fills in), ``hidden`` (fields a user does not set: filled in, or not spellable), ``refusal(family,
-    params, pipeline_class) -> reason | None`` (before the load)."""
+    params, pipeline_class) -> reason | None`` (before the load), ``files`` (parameter -> reader of a file's path
+    -> the value: the parameters a user may give as ``@PATH``)."""
 
     name: str
     config: str
@@ -55,6 +62,7 @@ class CacheKind:
     provided: Callable[..., dict] = lambda pipe, steps, family: {}
     hidden: tuple[str, ...] = ()
     refusal: Callable[..., Optional[str]] = lambda family, params, pipeline_class: None
+    files: dict = dataclasses.field(default_factory=dict)
 
     def config_class(self):
         import diffusers.hooks
@@ -111,15 +119,102 @@ def _mag_refusal(family, params, pipeline_class) -> Optional[str]:
     return None
 
 
+def _textkv_refusal(family, params, pipeline_class) -> Optional[str]:
+    # diffusers' apply_text_kv_cache hooks the denoiser itself and every NucleusMoEImageTransformerBlock, and only
+    # those blocks use what it caches: on any other model the hook runs and nothing is cached
+    if family is not None and family.name == "wan":
+        why = ("Wan's cross-attention (attn2) projects the text K/V again every step and diffusers has no cache "
+               "for them")
+    else:
+        why = (f"{family.name if family is not None else 'this'} model's text tokens pass through every block "
+               "beside the video's, so their K/V change with each step and can't be cached exactly")
+    return ("diffusers' TextKVCacheConfig applies only to NucleusMoE image transformer blocks "
+            f"(NucleusMoEImageTransformerBlock), no module of these families; {why}\nuse another kind (fbc, mag, "
+            "taylor, pab)")
+
+
+#: the logger diffusers' MagCache calibration reports its ratios on, and the message's start (``_advance_step``)
+_MAG_LOGGER = "diffusers.hooks.mag_cache"
+_CALIBRATION_PREFIX = "MagCache Calibration Results:"
+
+
+def _no_constant(name):
+    raise ValueError(f"{name} is not a finite number")
+
+
+def _ratios(value) -> list[float]:
+    """``value`` as magnitude ratios: a non-empty list of finite numbers (booleans are not numbers here);
+    ValueError otherwise."""
+    if not isinstance(value, list) or not value:
+        raise ValueError(f"not a non-empty list of numbers (a {type(value).__name__})")
+    out = []
+    for v in value:
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise ValueError(f"not a list of numbers (holds {v!r})")
+        out.append(float(v))
+    return out
+
+
+def _ratios_of_message(message: str) -> list[float]:
+    """The ratios of diffusers' ``MagCache Calibration Results: [...]``: the bracketed text read as JSON (never
+    evaluated), numbers only; ValueError otherwise."""
+    start, end = message.find("["), message.rfind("]")
+    if start < 0 or end < start:
+        raise ValueError("no bracketed list")
+    try:
+        value = json.loads(message[start:end + 1], parse_constant=_no_constant)
+    except ValueError as e:  # a decode error, or NaN/Infinity (JSON has neither)
+        raise ValueError(f"not JSON ({getattr(e, 'msg', e)})") from None
+    return _ratios(value)
+
+
+def _calibrated_ratios(path_text: str) -> list[float]:
+    """``mag_ratios=@PATH``: the ratios a calibrating render (``mag:calibrate=true``) recorded in its timing.json --
+    the last entry with a calibration (the file appends every render's repetitions), its
+    ``cache.calibration.ratios[0]`` (the first cache context's: see :meth:`CacheCounter.summary`). ValueError (one
+    line, then a hint) for a missing or unreadable file, one without a calibration, or ratios that are not
+    numbers."""
+    hint = "give the timing.json of a render with --cache mag:calibrate=true, or the ratios (mag_ratios=R0+R1+...)"
+    path = Path(path_text).expanduser()
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ValueError(f"no such file\n{hint}") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"can't read it ({type(e).__name__}: {e})\n{hint}") from None
+    try:
+        data = json.loads(text, parse_constant=_no_constant)
+    except ValueError as e:  # a decode error, or NaN/Infinity (JSON has neither)
+        raise ValueError(f"not JSON ({getattr(e, 'msg', e)})\n{hint}") from None
+    entries = data if isinstance(data, list) else [data]  # a timing.json is a list; one entry taken as it is
+    for entry in reversed(entries):
+        cal = ((entry.get("cache") if isinstance(entry, dict) else None) or {})
+        cal = cal.get("calibration") if isinstance(cal, dict) else None
+        if not isinstance(cal, dict) or "ratios" not in cal:
+            continue
+        lists = cal["ratios"]
+        if not isinstance(lists, list):
+            raise ValueError(f"its cache.calibration.ratios is not a list (a {type(lists).__name__})\n{hint}")
+        if not lists:
+            raise ValueError("its calibration holds no ratios (diffusers logged none)\ndiffusers logs them when "
+                             "a denoiser has run every step (Wan 2.2's two experts each run part of them)")
+        try:
+            return _ratios(lists[0])
+        except ValueError as e:
+            raise ValueError(f"its cache.calibration.ratios[0] is {e}\n{hint}") from None
+    raise ValueError(f"no entry with a MagCache calibration (cache.calibration.ratios)\n{hint}")
+
+
 KINDS: dict[str, CacheKind] = {k.name: k for k in (
     CacheKind("fbc", "FirstBlockCacheConfig",
               "First Block Cache: the first block's residual changed less than threshold -> the other blocks reuse "
               "their last residual", needs="a transformer with a list of blocks"),
     CacheKind("mag", "MagCacheConfig",
-              "MagCache: blocks skipped while the accumulated residual-magnitude error stays under threshold",
+              "MagCache: blocks skipped while the accumulated residual-magnitude error stays under threshold; "
+              "calibrate=true measures mag_ratios, mag_ratios=@FILE reads them from that render's timing.json",
               needs="the model's magnitude ratios (mag_ratios) or calibrate=true; the step count (filled in)",
               provided=lambda pipe, steps, family: {"num_inference_steps": steps}, hidden=("num_inference_steps",),
-              refusal=_mag_refusal),
+              refusal=_mag_refusal, files={"mag_ratios": _calibrated_ratios}),
     CacheKind("taylor", "TaylorSeerCacheConfig",
               "TaylorSeer: the attention outputs computed every cache_interval steps, predicted by a Taylor series "
               "in between", needs="attention modules under the block list (matched by vdbench's patterns)",
@@ -143,6 +238,10 @@ KINDS: dict[str, CacheKind] = {k.name: k for k in (
               "SeaCache: blocks skipped while the spectrum-weighted input change stays under threshold",
               needs="the step index, sigma and step count passed to cache_context (the family's "
                     "step_context_pipelines)", refusal=_sea_refusal),
+    CacheKind("textkv", "TextKVCacheConfig",
+              "text K/V cache: the text keys and values projected once; diffusers applies it to NucleusMoE image "
+              "blocks only, so it is refused for Wan and CogVideoX", needs="NucleusMoE image transformer blocks",
+              refusal=_textkv_refusal),
 )}
 
 #: the ``--cache`` help: the kinds with their one line
@@ -208,17 +307,23 @@ def _type_name(parse) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class CacheSpec:
-    """A parsed ``--cache``: the kind, the parameters given (``given``, in the dataclass's order) and every
-    settable parameter's value (``params``: given, else vdbench's default, else diffusers')."""
+    """A parsed ``--cache``: the kind, the parameters given (``given``, in the dataclass's order), every
+    settable parameter's value (``params``: given, else vdbench's default, else diffusers') and how the name spells
+    the values read from a file (``shown``: parameter -> ``@`` and a digest of the values)."""
 
     kind: CacheKind
     given: dict
     params: dict
+    shown: dict = dataclasses.field(default_factory=dict)
 
     @property
     def name(self) -> str:
-        """The canonical spelling: ``fbc``, ``fbc:threshold=0.1``."""
-        opts = ",".join(f"{k}={_show(v)}" for k, v in self.given.items())
+        """The canonical spelling: ``fbc``, ``fbc:threshold=0.1``; a value read from a file (``@PATH``) as ``@``
+        and the first 8 hex digits of the SHA-256 of its spelling (``mag:mag_ratios=@1f0c3a9e``) -- the values
+        themselves are in ``params``. Not the path: the name is part of the output file's name (a path's ``/``
+        can't be, and a calibration's 50 ratios would pass the file-name length limit), and the same ratios read
+        from two files name the same configuration."""
+        opts = ",".join(f"{k}={self.shown.get(k) or _show(v)}" for k, v in self.given.items())
         return self.kind.name + (f":{opts}" if opts else "")
 
     def as_dict(self) -> dict:
@@ -237,7 +342,13 @@ class CacheSpec:
 
 def parse_cache(text: Optional[str]) -> Optional[CacheSpec]:
     """``KIND[:key=value,...]`` -> :class:`CacheSpec`; None for none. ValueError (one line, then the valid choices)
-    for an unknown kind, key or a value of the wrong type."""
+    for an unknown kind, key or a value of the wrong type.
+
+    A parameter the kind reads from a file (:attr:`CacheKind.files`) may be given as ``@PATH``:
+    ``mag:mag_ratios=@results/wan/timing.json`` takes the ratios a ``mag:calibrate=true`` render recorded there.
+    The file is read here, so a missing one, one without a calibration or one whose ratios are not numbers is
+    refused before any model loads; the spec records the numbers (``params``) and names them by a digest
+    (:attr:`CacheSpec.name`)."""
     if text is None or text.strip().lower() in ("", "none"):
         return None
     kind_name, _, rest = text.strip().partition(":")
@@ -245,7 +356,7 @@ def parse_cache(text: Optional[str]) -> Optional[CacheSpec]:
     if kind is None:
         raise ValueError(f"unknown --cache kind {kind_name!r}\nvalid: none, {', '.join(KINDS)}")
     params = kind.parameters()
-    given = {}
+    given, shown = {}, {}
     for piece in filter(None, (p.strip() for p in rest.split(","))):
         key, eq, value = piece.partition("=")
         key = key.strip()
@@ -255,14 +366,23 @@ def parse_cache(text: Optional[str]) -> Optional[CacheSpec]:
         if not eq:
             raise ValueError(f"--cache {kind.name}: {key} needs a value ({key}=VALUE)")
         parse = params[key][0]
+        if value.strip().startswith("@") and key in kind.files:
+            try:
+                given[key] = kind.files[key](value.strip()[1:])
+            except ValueError as e:
+                raise ValueError(f"--cache {kind.name}: {key}={value.strip()}: {e}") from None
+            shown[key] = "@" + hashlib.sha256(_show(given[key]).encode()).hexdigest()[:8]
+            continue
         try:
             given[key] = parse(value.strip())
         except (ValueError, TypeError) as e:
             raise ValueError(f"--cache {kind.name}: {key}={value.strip()!r}: expected {_type_name(parse)} ({e})"
                              f"\ndefault: {key}={_show(params[key][1])}") from None
+        shown.pop(key, None)  # given again, spelled out: the last one counts
     order = list(params)
     given = {k: given[k] for k in order if k in given}
-    return CacheSpec(kind, given, {k: given.get(k, d) for k, (_, d) in params.items()})
+    return CacheSpec(kind, given, {k: given.get(k, d) for k, (_, d) in params.items()},
+                     {k: v for k, v in shown.items() if k in given})
 
 
 def check_cache(spec: Optional[CacheSpec], family, denoisers: Optional[dict] = None, *,
@@ -345,11 +465,41 @@ def apply_cache(spec: CacheSpec, pipe, models, *, steps: int, family) -> "CacheC
     return counter
 
 
+class _CalibrationLog(logging.Handler):
+    """The ratios of diffusers' MagCache calibration messages, one list per message in the order they come (each
+    cache context's state logs its own when it has run every step); a message that names itself a calibration but
+    holds no list of numbers is kept in ``ignored`` (why, and its start), never evaluated."""
+
+    def __init__(self):
+        super().__init__(logging.INFO)
+        self.ratios: list[list[float]] = []
+        self.ignored: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            message = record.getMessage()
+        except Exception as e:  # a record whose arguments don't format: not diffusers' calibration message
+            self.ignored.append(f"unformattable record ({type(e).__name__})")
+            return
+        if not message.startswith(_CALIBRATION_PREFIX):
+            return
+        try:
+            self.ratios.append(_ratios_of_message(message))
+        except ValueError as e:
+            self.ignored.append(f"{e}: {message[:80]!r}")
+
+    def clear(self) -> None:
+        self.ratios, self.ignored = [], []
+
+
 class CacheCounter:
-    """Per denoising step, how many cache units were computed and how many reused (see the module doc)."""
+    """Per denoising step, how many cache units were computed and how many reused (see the module doc); for a
+    calibrating MagCache (``mag:calibrate=true``), the ratios diffusers logs (:meth:`listening`)."""
 
     def __init__(self, spec: CacheSpec):
         self.spec = spec
+        calibrating = spec.kind.name == "mag" and bool(spec.params.get("calibrate"))
+        self.calibration: Optional[_CalibrationLog] = _CalibrationLog() if calibrating else None
         self.units: list[str] = []
         self.models: list[torch.nn.Module] = []
         self._wrapped: dict[int, tuple[torch.nn.Module, Any]] = {}
@@ -404,6 +554,30 @@ class CacheCounter:
             HookRegistry.check_if_exists_or_initialize(m).reset_stateful_hooks(recurse=True)
         self.inner = self.outer = self.forwards = 0
         self.computed, self.reused, self.forwards_per_step = [], [], []
+        if self.calibration is not None:
+            self.calibration.clear()
+
+    @contextlib.contextmanager
+    def listening(self):
+        """While the pipeline is called: a calibrating MagCache's ratios recorded. diffusers only prints them and
+        logs them at INFO on its ``diffusers.hooks.mag_cache`` logger (below the library's default WARNING), so
+        that logger alone is raised to INFO and given a handler for the duration, both undone on the way out,
+        an exception included. Nothing for any other cache."""
+        if self.calibration is None:
+            yield
+            return
+        logger = logging.getLogger(_MAG_LOGGER)
+        level = logger.level
+        raise_level = logger.getEffectiveLevel() > logging.INFO
+        logger.addHandler(self.calibration)
+        try:
+            if raise_level:
+                logger.setLevel(logging.INFO)
+            yield
+        finally:
+            logger.removeHandler(self.calibration)
+            if raise_level:
+                logger.setLevel(level)
 
     def end_step(self) -> None:
         """A denoising step ended: its counts appended, the counters zeroed."""
@@ -421,7 +595,25 @@ class CacheCounter:
                 "unit": "block" if all(u.split(".")[-1].isdigit() for u in self.units) else "attention module",
                 "computed_blocks_per_step": list(self.computed), "reused_blocks_per_step": list(self.reused),
                 "forwards_per_step": list(self.forwards_per_step),
-                "skipped_share": (sum(self.reused) / total) if total else None}
+                "skipped_share": (sum(self.reused) / total) if total else None,
+                "calibration": self._calibration()}
+
+    def _calibration(self) -> Optional[dict]:
+        """A calibrating MagCache's ratios, one list per cache context in the order they came (Wan's "cond", then
+        "uncond"; CogVideoX's one batch), rounded to 4 decimals, and ``use``: the spec to give next time (the
+        other parameters given kept, ``calibrate`` dropped) -- with the first list. diffusers' config takes one
+        list for every context, and the first is the conditional pass's (the pipeline calls it first each step, so
+        its state finishes first): the prompt's prediction, which guidance scales up. None for another cache."""
+        if self.calibration is None:
+            return None
+        ratios = [[round(r, 4) for r in rs] for rs in self.calibration.ratios]
+        use = None
+        if ratios:
+            given = {k: v for k, v in self.spec.given.items() if k != "calibrate"}
+            given["mag_ratios"] = ratios[0]
+            order = list(self.spec.kind.parameters())
+            use = CacheSpec(self.spec.kind, {k: given[k] for k in order if k in given}, {}).name
+        return {"ratios": ratios, "use": use, "ignored": list(self.calibration.ignored)}
 
     def remove(self) -> None:
         for h in self._handles:

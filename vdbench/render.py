@@ -19,6 +19,7 @@ Four stages, each a function with one job, so a refusal can never come after wor
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import sys
@@ -628,9 +629,10 @@ def run_repetitions(plan: Plan, loaded: Loaded, log) -> tuple[list[dict], object
         root = cfg.traces_root if cfg.traces_root is not None else cfg.output_path.parent.parent / "traces"
         profiler = StepProfiler(Path(root) / cfg.profile_output, cfg.rank, cfg.profile_wait, cfg.profile_warmup,
                                 cfg.profile_active, device)
-    try:
+    try:  # a calibrating MagCache's ratios recorded from diffusers' log while the pipeline runs
         with patch, torch.inference_mode(), use_encode(pipe.vae, plan.encode.mode, plan.encode.options,
-                                                       info=encode_info):
+                                                       info=encode_info), \
+                (counter.listening() if counter is not None else contextlib.nullcontext()):
             from tqdm.auto import tqdm
 
             compiled_before = compile_seconds()  # torch.compile's time from here on is this render's
@@ -771,6 +773,24 @@ def _end_to_end(entries: list[dict], wall: Wall, write_s: float, end: float) -> 
                          in_repetitions=sum(in_reps) if all(v is not None for v in in_reps) else None)}
 
 
+def _log_calibration(c: dict, stack: str, timing_path: Path, log) -> None:
+    """A calibrating MagCache's outcome, one line and a hint: the spec to render with next time, or why there is
+    none; a calibration message that held no list of numbers said too."""
+    cal = c.get("calibration")
+    if not cal:
+        return
+    for why in cal.get("ignored") or []:
+        log(f"warning: [{stack}] cache {c['spec']}: a MagCache calibration message ignored: {why}")
+    if cal.get("use"):
+        n = len(cal["ratios"])
+        log(f"[{stack}] cache calibrated ({len(cal['ratios'][0])} steps, {n} cache context{'s' if n != 1 else ''}; "
+            f"the first, the conditional pass's, kept): next time --cache {cal['use']}")
+        log(f"hint: or --cache mag:mag_ratios=@{timing_path} (the same ratios, read from this render's timing.json)")
+    else:
+        log(f"warning: [{stack}] cache {c['spec']}: diffusers logged no calibration ratios")
+        log("hint: it logs them when a denoiser has run every step; Wan 2.2's two experts each run part of them")
+
+
 def finish(plan: Plan, entries: list[dict], frames, log, wall: Optional[Wall] = None) -> dict:
     """Merge the ranks' entries; rank 0 writes the video (and raw frames) and appends to timing.json.
 
@@ -828,6 +848,7 @@ def finish(plan: Plan, entries: list[dict], frames, log, wall: Optional[Wall] = 
         share = "n/a" if c["skipped_share"] is None else f"{c['skipped_share']:.0%}"
         log(f"[{stack}] cache {c['spec']}: {share} of the {c['unit']} calls reused; computed per "
             f"step {c['computed_blocks_per_step']}, reused {c['reused_blocks_per_step']}")
+        _log_calibration(c, stack, cfg.timing_path, log)
     e2e_line = describe_end_to_end(entries[0])
     if e2e_line:
         log(f"[{stack}] {e2e_line}")
