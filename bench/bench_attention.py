@@ -224,12 +224,23 @@ def iter_inputs(args, device, dtype, skipped: list):
         yield ("random", *synthetic((b, h, sq, sk, d), dt, device, seed=1234, k_bias=0.0), "")
 
 
+OUTPUT_SUFFIXES = (".csv", ".json", ".png")
+
+
+def output_path(output, ext: str) -> Path:
+    """``-o``'s file for ``ext``: its name with a .csv/.json/.png ending replaced, else with ``ext`` added -- never a
+    dot inside the name taken for a suffix (``attn_wan2.1-1.3b-480p.csv`` stays whole)."""
+    out = Path(output)
+    name = out.name[:-len(out.suffix)] if out.suffix.lower() in OUTPUT_SUFFIXES else out.name
+    return out.with_name(name + ext)
+
+
 class RowWriter:
     """The CSV written row by row as the bench goes (flushed each time), so a kill, a time limit or one bad input
     never costs the rows already measured; the JSON and the plot follow at the end from all rows."""
 
     def __init__(self, output):
-        self.path = Path(output).with_suffix(".csv") if output else None
+        self.path = output_path(output, ".csv") if output else None
         self.file = self.writer = None
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -603,19 +614,18 @@ def write_outputs(rows, output, device, extra=None, rewrite_csv=False):
     """The JSON (system, definitions, rows, ``extra``) and the plot beside the CSV that :class:`RowWriter` wrote row
     by row; the CSV rewritten whole (atomically) when a column known only at the end -- ``speedup_vs_baseline`` --
     was filled, or when asked (``--cold``: the rows in input order)."""
-    out = Path(output)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    stem = out.with_suffix("")
+    csv_path, json_path, png_path = (output_path(output, e) for e in OUTPUT_SUFFIXES)
+    csv_path.parent.mkdir(parents=True, exist_ok=True)
     from vdbench.timing import system_info
 
     if rewrite_csv or any(r.get("speedup_vs_baseline") not in ("", None) for r in rows):  # known only at the end
-        tmp = stem.with_name(f".{stem.name}.csv.tmp")
+        tmp = csv_path.with_name(f".{csv_path.name}.tmp")
         with open(tmp, "w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=COLUMNS)
             writer.writeheader()
             writer.writerows(rows)
-        os.replace(tmp, stem.with_suffix(".csv"))
-    stem.with_suffix(".json").write_text(json.dumps({"system": system_info(device), "flops": "4*B*H*Sq*Sk*D",
+        os.replace(tmp, csv_path)
+    json_path.write_text(json.dumps({"system": system_info(device), "flops": "4*B*H*Sq*Sk*D",
                                                      "time": "median of the warm samples, with p20/p80, min/max "
                                                              "and n; first_call_ms: the first call on its own",
                                                      **(extra or {}), "rows": rows}, indent=1, default=str))
@@ -623,10 +633,9 @@ def write_outputs(rows, output, device, extra=None, rewrite_csv=False):
     if fig is not None:
         import matplotlib.pyplot as plt
 
-        fig.savefig(stem.with_suffix(".png"), dpi=120, bbox_inches="tight")
+        fig.savefig(png_path, dpi=120, bbox_inches="tight")
         plt.close(fig)
-    print(f"wrote {stem.with_suffix('.csv')}, {stem.with_suffix('.json')}"
-          + (f", {stem.with_suffix('.png')}" if fig is not None else ""))
+    print(f"wrote {csv_path}, {json_path}" + (f", {png_path}" if fig is not None else ""))
 
 
 def build_parser():

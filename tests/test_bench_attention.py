@@ -89,6 +89,18 @@ def test_preset_run_csv_schema_and_plot(tmp_path):
     assert (tmp_path / "a.json").exists() and (tmp_path / "a.png").exists()
 
 
+def test_an_output_name_with_dots_keeps_its_name(tmp_path):
+    """``-o attn_wan2.1-1.3b-480p.csv``: the JSON and the plot beside it keep the whole name (a dot inside it is not
+    a suffix); a name without an ending gets one."""
+    assert ba.output_path(tmp_path / "k_wan2.1-1.3b-480p.csv", ".json") == tmp_path / "k_wan2.1-1.3b-480p.json"
+    assert ba.output_path(tmp_path / "k_wan2.1-1.3b-480p", ".csv") == tmp_path / "k_wan2.1-1.3b-480p.csv"
+    rc = ba.main(["--preset", "cogvideox-2b", "--max_seq", "64", "--device", "cpu", "--dtype", "fp32",
+                  "--kernel", "sdpa", "--baseline", "sdpa", "-o", str(tmp_path / "k_wan2.1-1.3b.csv")])
+    assert rc == 0
+    assert sorted(p.name for p in tmp_path.glob("k_*")) == ["k_wan2.1-1.3b.csv", "k_wan2.1-1.3b.json",
+                                                            "k_wan2.1-1.3b.png"]
+
+
 def test_printed_figures_keep_significant_digits_and_warn_on_cpu(tmp_path, capsys):
     assert ba.sig(0.0086) == "0.0086" and ba.sig(0.033) == "0.033" and ba.sig(356.24) == "356"
     assert ba.sig(8.5642, 4) == "8.564" and ba.sig(1234.5) == "1234" and ba.sig(0.0) == "0"
