@@ -145,6 +145,39 @@ def test_a_tiny_render_with_each_cache_counts_what_it_computed_and_reused(tmp_pa
     assert M.identity(rec).label == entry["stack"] == f"sdpa+{name}"
 
 
+COG_APPLIES = [s for s in APPLIES if not s.startswith("sea")]  # SeaCache: refused on CogVideoX (see above)
+SCHEDULE = "sdpa@steps:0-1,sta"  # dense first steps, then the sliding tile: the tokens change order between forwards
+
+
+@pytest.mark.parametrize("family, spec, schedule",
+                         [("cogvideox", s, None) for s in COG_APPLIES] + [("cogvideox", s, SCHEDULE) for s in COG_APPLIES]
+                         + [("wan", s, SCHEDULE) for s in APPLIES if not s.startswith("fbc")])
+def test_each_cache_on_both_families_alone_and_beside_a_sparse_schedule(tmp_path, family, spec, schedule):
+    """Every cache diffusers applies to the family, in a tiny render of it, alone and with a schedule that switches
+    to a sparse pattern (FirstBlockCache beside a schedule on Wan: the test above): it reuses something, every
+    unit's call is counted once, and the stack names both."""
+    steps = 4
+    if schedule and spec.startswith("mag"):  # permissive MagCache skips every later step whole: sta would never run
+        spec += ",max_skip_steps=1"
+    kw = dict(family="cogvideox", height=128, width=192, output_path=tmp_path / "cogvideox-tiny_sdpa.mp4") \
+        if family == "cogvideox" else {}
+    cfg = _cfg(tmp_path, cache=spec, num_inference_steps=steps, **kw,
+               **({"attention_type": schedule} if schedule else {}))
+    R.render(cfg, log=lambda *a, **k: None)
+    (entry,) = json.loads(cfg.timing_path.read_text())
+    c = entry["cache"]
+    per_step = 1 if family == "cogvideox" else 2  # CogVideoX's guidance is one batch, Wan's two denoiser calls
+    assert c["forwards_per_step"] == [per_step] * steps
+    assert all(a + b == c["units"] * f for a, b, f in zip(c["computed_blocks_per_step"], c["reused_blocks_per_step"],
+                                                         c["forwards_per_step"]))
+    assert sum(c["reused_blocks_per_step"]) > 0, c
+    name = C.parse_cache(spec).name
+    assert entry["stack"] == f"{schedule or 'sdpa'}+{name}"
+    if schedule:
+        kernels = entry["attention"]["calls_by_kernel"]
+        assert any("sta" in k or "flex" in k for k in kernels) and any(k.startswith("sdpa") for k in kernels), kernels
+
+
 def test_a_render_without_a_cache_records_none_and_the_label_is_unchanged():
     e = {"attention_type": "sdpa", "step_times": [1.0, 0.5], "cache": None, "run": {"settings": {"cache": None}}}
     rec = M.from_render_entry(e)
