@@ -8,6 +8,7 @@ import math
 import numpy as np
 import pytest
 
+from vdbench import backends as B
 from vdbench import sweep as S
 from vdbench.measure.record import read
 
@@ -47,6 +48,24 @@ def test_candidates_are_the_fast_accurate_runnable_kernels_fastest_first():
     assert why["fav3"] == "can't run here: package not installed"
     assert why["sagev1_emu"].startswith("emulation") and why["flex"].startswith("rel L2 0.5")
     assert why["sdpa"] == "beyond --max_candidates 1" and why["sta"].startswith("kernel bench: unavailable")
+
+
+def test_a_backends_variants_are_candidates_of_their_own():
+    """``fav3_fp8`` keeps FA3 fp8's own numerics; its ``smooth_v=1`` variant is the accurate form: both are listed
+    (same availability), both benched, and the variant is rendered where the plain form is out of --max_rel_l2."""
+    avail = S.availability("cpu")
+    by = {a["backend"]: a for a in avail}
+    assert "fav3_fp8:smooth_v=1" in by and by["fav3_fp8:smooth_v=1"]["why_not"] == by["fav3_fp8"]["why_not"]
+    assert [a["backend"] for a in avail].index("fav3_fp8:smooth_v=1") == [a["backend"] for a in avail].index(
+        "fav3_fp8") + 1
+    on_gpu = [dict(a, runs=True, why_not=None) for a in avail if a["backend"].startswith("fav3_fp8")]
+    rows = [{"input": "self.pt", "kernel": "fav3_fp8", "status": "ok", "time_ms": 7.4, "rel_l2": 3.1e-1},
+            {"input": "self.pt", "kernel": "fav3_fp8:smooth_v=1", "status": "ok", "time_ms": 7.9, "rel_l2": 3.9e-3}]
+    cands, left = S.plan_candidates(on_gpu, rows, max_candidates=4, max_rel_l2=0.05, stacks=[])
+    assert "fav3_fp8:smooth_v=1" in [c.name for c in cands]
+    assert {x["backend"]: x["why"] for x in left}["fav3_fp8"].startswith("rel L2 0.31")
+    with pytest.raises(ValueError, match="variants but takes no options"):
+        B.Backend("toy_v", "a test kernel", fn=B.resolve("sdpa").fn, kernel="toy_v", variants=("x=1",))
 
 
 def _row(stack, ms, db, speed=True, emulated=False):

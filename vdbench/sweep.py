@@ -114,13 +114,15 @@ def parse_stack(text: str) -> Candidate:
 
 
 def availability(device) -> list[dict]:
-    """Every registered backend: can it run on ``device``, and why not."""
+    """Every registered backend and each of its ``variants`` (``fav3_fp8:smooth_v=1``): can it run on ``device``,
+    and why not."""
     out = []
     for name in B.names():
         b = B.BACKENDS[name]
         ok, why = b.availability(device)
-        out.append({"backend": name, "runs": bool(ok), "why_not": None if ok else why,
-                    "emulated": b.emulated})
+        for spec in (name, *(B.resolve(f"{name}:{v}").name for v in b.variants)):
+            out.append({"backend": spec, "runs": bool(ok), "why_not": None if ok else why,
+                        "emulated": b.emulated})
     return out
 
 

@@ -192,4 +192,7 @@ register(Backend(
              Option("rotate", "none", ("none", "hadamard"),
                     help="hadamard: rotate Q and K along the head dimension before quantizing (Q·Kᵀ unchanged; "
                          "outlier channels spread out)")),
-    bind=_bind_fav3_fp8, notes="quantization pre-pass (Triton, fused) inside the call"))
+    # plain, it keeps FA3 fp8's own numerics (3.1e-1 on a captured Wan input on an H200); smooth_v=1 is the form to
+    # use (3.9e-3 there, at 917 TFLOP/s at Wan 14B: docs/PERFORMANCE.md §2.2)
+    variants=("smooth_v=1",),
+    bind=_bind_fav3_fp8, notes="quantization pre-pass (Triton, fused) inside the call; use smooth_v=1 (accurate)"))

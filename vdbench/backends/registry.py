@@ -336,7 +336,9 @@ class Backend:
     the kernel of one call where that is decided per call (torch sdpa's choice). ``options`` /
     ``bind(entry, values) -> entry``: the options the entry takes and how an entry bound to a full set of values is
     made (``resolve`` calls it; a ValueError from it is the refusal of that combination); ``bound``: the
-    non-default (key, value) pairs a bound entry carries (empty for a registered one).
+    non-default (key, value) pairs a bound entry carries (empty for a registered one); ``variants``: option sets
+    (``"smooth_v=1"``) worth ranking beside the plain entry -- the form to use where the plain one keeps a package's
+    own numerics for comparison; the sweep benches and may render each as a candidate of its own.
 
     ``bench``: what only the bench reads (``BenchProfile``: bytes model, pre-pass); ``sparse``: the pattern of an
     entry that needs the token grid (``SparseUse``; None for a dense kernel). A bind hook that changes them
@@ -366,6 +368,7 @@ class Backend:
     options: tuple[Option, ...] = ()
     bind: Optional[Callable[["Backend", dict], "Backend"]] = field(default=None, compare=False)
     bound: tuple[tuple[str, object], ...] = ()
+    variants: tuple[str, ...] = ()
     bench: BenchProfile = field(default_factory=BenchProfile)
     sparse: Optional[SparseUse] = None
 
@@ -380,6 +383,9 @@ class Backend:
         object.__setattr__(self, "options", tuple(self.options))
         object.__setattr__(self, "constraints", tuple(self.constraints))
         object.__setattr__(self, "aliases", tuple(self.aliases))
+        object.__setattr__(self, "variants", tuple(self.variants))
+        if self.variants and not self.options:
+            raise ValueError(f"backend '{self.name}' lists variants but takes no options")
         if self.install_hint is None:
             hints = [c.hint for c in self.constraints if isinstance(c, RequiresPackage) and c.hint]
             object.__setattr__(self, "install_hint", hints[0] if hints else None)
