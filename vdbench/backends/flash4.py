@@ -92,5 +92,5 @@ register(Backend(
     constraints=(requires_package(_MODULE, hint=_HINT), cuda(min_arch=(9, 0)), _HeadDimOnArch()),
     dtypes=HALF, max_head_dim=256, aliases=("fa4",),
     lse=LSEForm(_lse_fav4, ("cuda",), KERNEL + "[lse]"),
-    notes="compiles each configuration on its first call (cutlass-dsl); head dims: sm90 8..256, sm100 <=128 or 256; "
-          "not yet measured on the project's GPU"))
+    notes="compiles each configuration on its first call (cutlass-dsl, 3-4 s on an H200); head dims: sm90 8..256, "
+          "sm100 <=128 or 256; on Hopper at FA3's speed"))
