@@ -146,12 +146,24 @@ def test_fa4_head_dims_follow_the_gpu_architecture(monkeypatch):
 
 # ----- FlashInfer -----
 
+def test_flashinfer_takes_the_packages_kernel_choice_as_an_option(flashinfer):
+    q, k, v = qkv(b=1, h=2, s=40, d=64, dtype=torch.bfloat16, seed=4)
+    plain, fa2 = B.resolve("flashinfer"), B.resolve("flashinfer:backend=fa2")
+    torch.testing.assert_close(fa2(q, k, v), plain(q, k, v))
+    assert flashinfer.CALLS[-1]["backend"] == "auto" and flashinfer.CALLS[-2]["backend"] == "fa2"
+    assert fa2.kernel == "flashinfer.single_prefill_with_kv_cache[fa2]" and plain.kernel.endswith("_cache")
+    fa2.lse.fn(q, k, v)
+    assert flashinfer.CALLS[-1]["backend"] == "fa2" and flashinfer.CALLS[-1]["return_lse"]
+    with pytest.raises(B.BackendUnavailable, match="'cudnn' is not one of auto|fa2|fa3"):
+        B.resolve("flashinfer:backend=cudnn")
+
+
 def test_flashinfer_runs_one_request_per_batch_element_without_copies(flashinfer):
     q, k, v = qkv(b=2, h=3, s=40, sk=72, d=64, dtype=torch.float16, seed=3)
     out = B.resolve("flashinfer")(q, k, v, scale=0.2)
     # q as (qo_len, heads, D) NHD, k and v as (heads, kv_len, D) HND: BHSD's own per-request layout
     assert flashinfer.CALLS[-2:] == [dict(shapes=[(40, 3, 64), (3, 72, 64), (3, 72, 64)], kv_layout="HND",
-                                          causal=False, sm_scale=0.2, return_lse=False)] * 2
+                                          causal=False, sm_scale=0.2, return_lse=False, backend="auto")] * 2
     assert out.shape == q.shape and rel_l2(out, _exact(q, k, v, 0.2)[0]) < 2e-3
 
 

@@ -17,11 +17,13 @@ and v as HND, which is BHSD's own per-request layout: no copy of any input.
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from functools import partial
 
 import torch
 
-from .registry import HALF, Backend, LSEForm, cuda, register, requires_package
+from .registry import HALF, Backend, LSEForm, Option, cuda, register, requires_package
 
 ORDER = 24
 
@@ -32,13 +34,14 @@ _HEAD_DIMS = (64, 128, 256)
 _LN2 = math.log(2.0)
 
 
-def _prefill(q, k, v, scale, is_causal, *, lse: bool):
+def _prefill(q, k, v, scale, is_causal, *, lse: bool, kernel: str = "auto"):
     import flashinfer
 
     outs, lses = [], []
     for b in range(q.shape[0]):
         res = flashinfer.single_prefill_with_kv_cache(q[b].transpose(0, 1), k[b], v[b], causal=is_causal,
-                                                      sm_scale=scale, kv_layout="HND", return_lse=lse)
+                                                      sm_scale=scale, kv_layout="HND", return_lse=lse,
+                                                      backend=kernel)
         if lse:
             outs.append(res[0])
             lses.append(res[1])
@@ -50,12 +53,21 @@ def _prefill(q, k, v, scale, is_causal, *, lse: bool):
     return out, torch.stack(lses).transpose(1, 2).float() * _LN2  # (B, S, H) base 2 -> (B, H, S) natural log
 
 
-def _flashinfer(q, k, v, *, scale=None, is_causal=False):
-    return _prefill(q, k, v, scale, is_causal, lse=False)
+def _flashinfer(q, k, v, *, scale=None, is_causal=False, kernel="auto"):
+    return _prefill(q, k, v, scale, is_causal, lse=False, kernel=kernel)
 
 
-def _lse_flashinfer(q, k, v, *, scale=None, is_causal=False):
-    return _prefill(q, k, v, scale, is_causal, lse=True)
+def _lse_flashinfer(q, k, v, *, scale=None, is_causal=False, kernel="auto"):
+    return _prefill(q, k, v, scale, is_causal, lse=True, kernel=kernel)
+
+
+def _bind(base: Backend, opts: dict) -> Backend:
+    """``flashinfer:backend=fa2|fa3``: the package's kernel picked instead of its own choice (``auto``: FA3-style on
+    sm90a, FA2-style elsewhere), counted under its own label."""
+    which = opts["backend"]
+    return dataclasses.replace(base, fn=partial(_flashinfer, kernel=which), kernel=f"{KERNEL}[{which}]",
+                               lse=LSEForm(partial(_lse_flashinfer, kernel=which), ("cuda",),
+                                           f"{KERNEL}[{which}][lse]"))
 
 
 register(Backend(
@@ -63,5 +75,8 @@ register(Backend(
                   "FA2-style elsewhere)", fn=_flashinfer, kernel=KERNEL, layout="BSHD",
     constraints=(requires_package("flashinfer", hint=_HINT), cuda(min_arch=(8, 0))),
     dtypes=HALF, head_dims=_HEAD_DIMS, lse=LSEForm(_lse_flashinfer, ("cuda",), KERNEL + "[lse]"),
+    options=(Option("backend", "auto", ("auto", "fa2", "fa3"),
+                    help="the package's kernel: auto (its choice: FA3-style on Hopper), fa2 or fa3"),),
+    bind=_bind,
     notes="one package call per batch element; JIT-compiled on first use (nvcc) unless prebuilt; "
           "not yet measured on the project's GPU"))
