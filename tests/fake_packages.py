@@ -297,7 +297,8 @@ def single_prefill_with_kv_cache(q, k, v, scale_q=None, scale_k=None, scale_v=No
                                  rope_scale=None, rope_theta=None, backend="auto", return_lse=False, **kwargs):
     assert q.dim() == 3 and k.dim() == 3 and v.dim() == 3, "one request: 3-D tensors"
     CALLS.append(dict(shapes=[tuple(t.shape) for t in (q, k, v)], kv_layout=kv_layout, causal=causal,
-                      sm_scale=sm_scale, return_lse=return_lse, backend=backend))
+                      sm_scale=sm_scale, return_lse=return_lse, backend=backend,
+                      contiguous=[t.is_contiguous() for t in (q, k, v)], ptrs=[t.data_ptr() for t in (q, k, v)]))
     if kv_layout == "NHD":
         k, v = k.transpose(0, 1), v.transpose(0, 1)
     o, lse = exact64(q.transpose(0, 1), k, v, scale=sm_scale, is_causal=causal)  # (H, S, D)

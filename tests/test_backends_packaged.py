@@ -158,13 +158,20 @@ def test_flashinfer_takes_the_packages_kernel_choice_as_an_option(flashinfer):
         B.resolve("flashinfer:backend=cudnn")
 
 
-def test_flashinfer_runs_one_request_per_batch_element_without_copies(flashinfer):
+def test_flashinfer_runs_one_request_per_batch_element_in_contiguous_nhd(flashinfer):
+    """One call per batch element, q, k, v as contiguous (tokens, heads, D): views of the pipelines' BSHD memory (no
+    copy), copies of contiguous BHSD. On an H200 the package's FA3-style kernel crashed on a strided q with HND k/v."""
     q, k, v = qkv(b=2, h=3, s=40, sk=72, d=64, dtype=torch.float16, seed=3)
     out = B.resolve("flashinfer")(q, k, v, scale=0.2)
-    # q as (qo_len, heads, D) NHD, k and v as (heads, kv_len, D) HND: BHSD's own per-request layout
-    assert flashinfer.CALLS[-2:] == [dict(shapes=[(40, 3, 64), (3, 72, 64), (3, 72, 64)], kv_layout="HND",
-                                          causal=False, sm_scale=0.2, return_lse=False, backend="auto")] * 2
+    calls = flashinfer.CALLS[-2:]
+    assert [{key: c[key] for key in ("shapes", "kv_layout", "causal", "sm_scale", "return_lse", "backend",
+                                     "contiguous")} for c in calls] == [
+        dict(shapes=[(40, 3, 64), (72, 3, 64), (72, 3, 64)], kv_layout="NHD", causal=False, sm_scale=0.2,
+             return_lse=False, backend="auto", contiguous=[True] * 3)] * 2
     assert out.shape == q.shape and rel_l2(out, _exact(q, k, v, 0.2)[0]) < 2e-3
+    bshd = [t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v)]  # what diffusers' processors pass
+    torch.testing.assert_close(B.resolve("flashinfer")(*bshd, scale=0.2), out)
+    assert flashinfer.CALLS[-1]["ptrs"] == [t[1].transpose(0, 1).data_ptr() for t in bshd]  # views: no copy
 
 
 def test_flashinfer_lse_form_turns_base_2_into_natural_log(flashinfer):
@@ -173,8 +180,8 @@ def test_flashinfer_lse_form_turns_base_2_into_natural_log(flashinfer):
     ref, lref = _exact(q, k, v, is_causal=True)
     assert lse.shape == (2, 2, 48) and lse.dtype == torch.float32
     assert (lse.double() - lref).abs().max() < 1e-4 and rel_l2(out, ref) < 1e-2
-    raw = flashinfer.single_prefill_with_kv_cache(q[0].transpose(0, 1), k[0], v[0], kv_layout="HND", causal=True,
-                                                  return_lse=True)[1]
+    raw = flashinfer.single_prefill_with_kv_cache(q[0].transpose(0, 1), k[0].transpose(0, 1), v[0].transpose(0, 1),
+                                                  causal=True, return_lse=True)[1]
     assert (raw.t().double() * math.log(2.0) - lref[0]).abs().max() < 1e-4  # the package's own LSE is base 2
 
 

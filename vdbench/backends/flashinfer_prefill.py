@@ -11,8 +11,11 @@ fp32 in base 2 (FlashInfer's convention), which the LSE form turns into the regi
 is bottom-right aligned (query i sees keys up to kv_len - qo_len + i), the registry's convention.
 
 Layout: a batch is one call per request (the API has no batch dimension; the video pipelines' batch is 1 or 2, the
-classifier-free-guidance pair). q goes as a strided NHD view of the BHSD tensor (the kernel reads q's strides), k
-and v as HND, which is BHSD's own per-request layout: no copy of any input.
+classifier-free-guidance pair). q, k and v go as contiguous NHD (tokens, heads, head_dim): a view, no copy, where the
+caller's tensors are BHSD views of BSHD memory (what diffusers' processors pass), a copy otherwise. Why not the
+strided NHD q with HND k / v that BHSD offers without copies: on an H200 the package's FA3-style kernel (its
+``auto`` choice on sm90) ended the process with a floating point exception when handed those, where contiguous NHD
+ran (its FA2-style kernel took both).
 """
 
 from __future__ import annotations
@@ -34,13 +37,18 @@ _HEAD_DIMS = (64, 128, 256)
 _LN2 = math.log(2.0)
 
 
+def _nhd(x: torch.Tensor) -> torch.Tensor:
+    """One request's (heads, tokens, head_dim) as contiguous (tokens, heads, head_dim): a view of BSHD memory."""
+    return x.transpose(0, 1).contiguous()
+
+
 def _prefill(q, k, v, scale, is_causal, *, lse: bool, kernel: str = "auto"):
     import flashinfer
 
     outs, lses = [], []
     for b in range(q.shape[0]):
-        res = flashinfer.single_prefill_with_kv_cache(q[b].transpose(0, 1), k[b], v[b], causal=is_causal,
-                                                      sm_scale=scale, kv_layout="HND", return_lse=lse,
+        res = flashinfer.single_prefill_with_kv_cache(_nhd(q[b]), _nhd(k[b]), _nhd(v[b]), causal=is_causal,
+                                                      sm_scale=scale, kv_layout="NHD", return_lse=lse,
                                                       backend=kernel)
         if lse:
             outs.append(res[0])
