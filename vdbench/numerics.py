@@ -32,8 +32,8 @@ import torch.nn.functional as F
 
 __all__ = ["LOG2E", "FP8_E4M3_MAX", "P_SCALE", "SAGE_BLKQ", "SAGE_BLKK", "causal_mask", "query_chunk",
            "exact_attention", "reference_attention", "quantize_int8_per_block", "quantize_fp8", "fp8_descale",
-           "smoothing_mean", "Fp8Inputs", "fp8_bh_inputs", "quantize_fp8_per_block", "sagev1_emulated",
-           "fp8_emulated", "fav3_sage_emulated", "fp8_triton_emulated",
+           "smoothing_mean", "Fp8Inputs", "fp8_bh_inputs", "fp8_prepass_reads", "quantize_fp8_per_block",
+           "sagev1_emulated", "fp8_emulated", "fav3_sage_emulated", "fp8_triton_emulated",
            "SageGeometry", "sage2_geometry", "SAGE2_EMULATED", "SAGE2_P_OFFSET", "SAGE2_LSE_LOG2E",
            "SAGE2_V_MAX_FP16_ACCUM", "qk_group_index", "quantize_int8_groups", "quantize_v_fp8", "e4m3_round",
            "fp22_truncate", "sagev2_emulated", "zero_v_channels", "zero_channels_"]
@@ -234,6 +234,15 @@ def fp8_bh_inputs(q, k, v, *, smooth_k: bool = False, rotate: bool = False, smoo
     k8, _, kd = quantize_fp8(k.float() - km if smooth_k else k, "bh")
     v8, _, vd = quantize_fp8(v.float() - vm if smooth_v else v, "bh")
     return Fp8Inputs(q8, k8, v8, qd, kd, vd, km, v_mean=vm)
+
+
+def fp8_prepass_reads(*, smooth_k: bool = False, rotate: bool = False,
+                      smooth_v: bool = False) -> tuple[int, int, int]:
+    """How many times :func:`fp8_bh_inputs`' pre-pass reads Q, K and V (the bytes model of ``fav3_fp8`` and its
+    emulation): twice each (the amax, then the quantization), once more for a smoothed tensor's mean, and Q and K
+    twice more when rotated (the rotation reads and writes each once at the input's width)."""
+    extra = 2 if rotate else 0
+    return 2 + extra, (3 if smooth_k else 2) + extra, 3 if smooth_v else 2
 
 
 def rotated_fp8_inputs(q, k, v, *, smooth_k: bool, quantize, smooth_v: bool = False) -> Fp8Inputs:

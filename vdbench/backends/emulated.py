@@ -13,8 +13,9 @@ from __future__ import annotations
 import dataclasses
 from functools import partial
 
-from vdbench.numerics import (LOG2E, SAGE_BLKK, SAGE_BLKQ, fp8_bh_inputs, fp8_emulated, quantize_int8_per_block,
-                              sagev1_emulated, sagev2_emulated, zero_channels_, zero_v_channels)
+from vdbench.numerics import (LOG2E, SAGE_BLKK, SAGE_BLKQ, fp8_bh_inputs, fp8_emulated, fp8_prepass_reads,
+                              quantize_int8_per_block, sagev1_emulated, sagev2_emulated, zero_channels_,
+                              zero_v_channels)
 
 from .registry import ANY_FLOAT, Backend, BenchProfile, LSEForm, Option, register, traffic
 
@@ -62,11 +63,9 @@ def _bind_sagev2(base: Backend, opts: dict) -> Backend:
 def _bind_fp8(base: Backend, opts: dict) -> Backend:
     smooth, rotate, smooth_v = opts["smooth_k"] == "1", opts["rotate"] == "hadamard", opts["smooth_v"] == "1"
     tag = ",".join(t for t, on in (("smooth_k", smooth), ("smooth_v", smooth_v), ("rotate=hadamard", rotate)) if on)
-    extra = 2 if rotate else 0
     kw = dict(smooth_k=smooth, rotate=rotate, smooth_v=smooth_v)
     return dataclasses.replace(base, fn=partial(fp8_emulated, **kw), kernel=f"emu.fp8[{tag}]",
-                               bench=BenchProfile(traffic((1, 1, 1), (2 + extra, (3 if smooth else 2) + extra,
-                                                                      3 if smooth_v else 2)),
+                               bench=BenchProfile(traffic((1, 1, 1), fp8_prepass_reads(**kw)),
                                                   prepass=partial(_fp8_prepass, **kw)))
 
 
@@ -94,7 +93,7 @@ register(Backend(
     "fp8_emu", "FA3 fp8 numerics emulated in torch (e4m3 Q/K/V per-(batch,head) scales, e4m3 P)",
     fn=fp8_emulated, kernel="emu.fp8", emulated=True, dtypes=ANY_FLOAT,
     no_lse_reason="the fp8 emulation does not compute a log-sum-exp",
-    bench=BenchProfile(traffic((1, 1, 1), (2, 2, 2)), prepass=_fp8_prepass),
+    bench=BenchProfile(traffic((1, 1, 1), fp8_prepass_reads()), prepass=_fp8_prepass),
     options=(Option("smooth_k", "0", ("0", "1"), help="1: subtract K's mean over the sequence before quantizing"),
              Option("smooth_v", "0", ("0", "1"),
                     help="1: subtract V's mean before quantizing, add it to the output (fav3_fp8's option)"),

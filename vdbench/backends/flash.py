@@ -22,7 +22,7 @@ from functools import partial
 import torch
 
 from vdbench import kernels
-from vdbench.numerics import fp8_bh_inputs, rotated_fp8_inputs
+from vdbench.numerics import fp8_bh_inputs, fp8_prepass_reads, rotated_fp8_inputs
 
 from .registry import (HALF, Backend, BackendUnavailable, BenchProfile, LSEForm, Option, cuda, register,
                        requires_package, traffic)
@@ -156,15 +156,14 @@ def _bind_fav3_fp8(base: Backend, opts: dict) -> Backend:
     tag = "".join("," + o.replace("=1", "") for o, _ in on)
     twin_opts = "+".join(o for o, _ in on)
     kw = dict(smooth_k=smooth, rotate=rotate, smooth_v=smooth_v)
-    extra = 2 if rotate else 0  # the rotation: read once, written once, at the input's width
     # V's mean added to the output afterwards (O read and written once more) is left out of the bytes model
     return dataclasses.replace(
         base, description=base.description + "".join(", " + w for _, w in on),
         fn=partial(_fav3_fp8, **kw), kernel=f"{_FP8_KERNEL[:-1]}{tag}]",
         twin=f"fp8_emu:{twin_opts}" if twin_opts else base.twin,
         lse=LSEForm(partial(_lse_fav3_fp8, **kw), ("cuda",), f"{_FP8_KERNEL[:-1]}{tag}][lse]"),
-        bench=BenchProfile(traffic((1, 1, 1), (2 + extra, (3 if smooth else 2) + extra, 3 if smooth_v else 2)),
-                           prepass=partial(_fp8_inputs, **kw)), label=_fp8_label(tag))
+        bench=BenchProfile(traffic((1, 1, 1), fp8_prepass_reads(**kw)), prepass=partial(_fp8_inputs, **kw)),
+        label=_fp8_label(tag))
 
 
 _FA3 = (requires_package(*_FA3_MODULES, hint="pip install -e '.[fa3]'"), cuda(major=9))
@@ -184,7 +183,7 @@ register(Backend(
     kernel=_FP8_KERNEL, layout="BSHD", constraints=_FA3, dtypes=HALF, head_dims=_FA3_HEAD_DIMS,
     twin="fp8_emu", lse=LSEForm(_lse_fav3_fp8, ("cuda",), _FP8_KERNEL + "[lse]"),
     # e4m3 Q/K/V; the fused pre-pass reads each twice (amax, then quantization) and writes it in e4m3
-    bench=BenchProfile(traffic((1, 1, 1), (2, 2, 2)), prepass=_fp8_inputs), label=_fp8_label(""),
+    bench=BenchProfile(traffic((1, 1, 1), fp8_prepass_reads()), prepass=_fp8_inputs), label=_fp8_label(""),
     options=(Option("smooth_k", "0", ("0", "1"), help="1: subtract K's mean over the sequence before quantizing"),
              Option("smooth_v", "0", ("0", "1"),
                     help="1: subtract V's mean over the sequence before quantizing and add it to the output (keeps "

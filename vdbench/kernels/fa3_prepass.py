@@ -11,9 +11,9 @@ Triton: spinning programs deadlock when a head's chunks are not all resident, an
 
 Q, K and V go through one amax launch and one quantization launch (``quantize_qkv``: program axis 2 picks the
 tensor, the amax is an atomic max into a (3, B, H) buffer, one ``fp8_descale`` call between the two launches scales
-all three; a smoothed tensor's mean, taken by torch beforehand, subtracted in both launches): at Wan 1.3B the per-tensor form's six launches and the torch ops between them (the amax
-of the partials, ``fp8_descale`` three times) cost more than its bytes (0.58 ms a call where its traffic takes
-~0.2 ms, H200).
+all three; a smoothed tensor's mean, taken by torch beforehand, subtracted in both launches): at Wan 1.3B the
+per-tensor form's six launches and the torch ops between them (the amax of the partials, ``fp8_descale`` three
+times) cost more than its bytes (0.58 ms a call where its traffic takes ~0.2 ms, H200).
 
 Exactly ``vdbench.numerics.fp8_bh_inputs`` -- the eager path used where Triton does not run -- bit for bit:
 

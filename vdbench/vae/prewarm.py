@@ -18,9 +18,9 @@ the same path at a tiny size on the device (:meth:`Prewarm._first_use`: a 2-fram
 the VAE, a few ms of GPU time and the copy's ~250 MB, freed) -- the process's first use of cuDNN's convolution
 kernels, which no shape-free work covers. The thread touches neither the pipeline's VAE nor any stream of its own
 (its few kernels queue on the default stream behind the denoising's). The real decode then finds every variant
-compiled and loaded and cuDNN's kernels in use in the process. :meth:`Prewarm.wait` joins the thread (the render calls it inside the decode stage, so any wait
-is counted there) and returns what it did; the decode records how many glue variants were still compiled during
-the real call (0 when the prewarm covered them).
+compiled and loaded and cuDNN's kernels in use in the process. :meth:`Prewarm.wait` joins the thread (the render
+calls it inside the decode stage, so any wait is counted there) and returns what it did; the decode records how many
+glue variants were still compiled during the real call (0 when the prewarm covered them).
 
 Not moved: cuDNN's execution plans for the real shapes (cached per thread and per shape in PyTorch): on an H200 they
 cost the first call ~0.02-0.05 s once the kernels are in use (bench/cold_decode.py). The compile holds the GIL for tens
