@@ -122,12 +122,9 @@ def _mag_refusal(family, params, pipeline_class) -> Optional[str]:
 def _textkv_refusal(family, params, pipeline_class) -> Optional[str]:
     # diffusers' apply_text_kv_cache hooks the denoiser itself and every NucleusMoEImageTransformerBlock, and only
     # those blocks use what it caches: on any other model the hook runs and nothing is cached
-    if family is not None and family.name == "wan":
-        why = ("Wan's cross-attention (attn2) projects the text K/V again every step and diffusers has no cache "
-               "for them")
-    else:
-        why = (f"{family.name if family is not None else 'this'} model's text tokens pass through every block "
-               "beside the video's, so their K/V change with each step and can't be cached exactly")
+    why = family.text_kv if family is not None and family.text_kv else (
+        f"{family.name if family is not None else 'this'} model's text tokens pass through every block beside the "
+        "video's, so their K/V change with each step and can't be cached exactly")
     return ("diffusers' TextKVCacheConfig applies only to NucleusMoE image transformer blocks "
             f"(NucleusMoEImageTransformerBlock), no module of these families; {why}\nuse another kind (fbc, mag, "
             "taylor, pab)")
@@ -140,6 +137,14 @@ _CALIBRATION_PREFIX = "MagCache Calibration Results:"
 
 def _no_constant(name):
     raise ValueError(f"{name} is not a finite number")
+
+
+def _strict_json(text: str):
+    """``text`` read as JSON, NaN and Infinity refused (JSON has neither); ValueError("not JSON (why)")."""
+    try:
+        return json.loads(text, parse_constant=_no_constant)
+    except ValueError as e:  # a decode error, or NaN/Infinity
+        raise ValueError(f"not JSON ({getattr(e, 'msg', e)})") from None
 
 
 def _ratios(value) -> list[float]:
@@ -161,11 +166,7 @@ def _ratios_of_message(message: str) -> list[float]:
     start, end = message.find("["), message.rfind("]")
     if start < 0 or end < start:
         raise ValueError("no bracketed list")
-    try:
-        value = json.loads(message[start:end + 1], parse_constant=_no_constant)
-    except ValueError as e:  # a decode error, or NaN/Infinity (JSON has neither)
-        raise ValueError(f"not JSON ({getattr(e, 'msg', e)})") from None
-    return _ratios(value)
+    return _ratios(_strict_json(message[start:end + 1]))
 
 
 def _calibrated_ratios(path_text: str) -> list[float]:
@@ -183,9 +184,9 @@ def _calibrated_ratios(path_text: str) -> list[float]:
     except (OSError, UnicodeDecodeError) as e:
         raise ValueError(f"can't read it ({type(e).__name__}: {e})\n{hint}") from None
     try:
-        data = json.loads(text, parse_constant=_no_constant)
-    except ValueError as e:  # a decode error, or NaN/Infinity (JSON has neither)
-        raise ValueError(f"not JSON ({getattr(e, 'msg', e)})\n{hint}") from None
+        data = _strict_json(text)
+    except ValueError as e:
+        raise ValueError(f"{e}\n{hint}") from None
     entries = data if isinstance(data, list) else [data]  # a timing.json is a list; one entry taken as it is
     for entry in reversed(entries):
         cal = ((entry.get("cache") if isinstance(entry, dict) else None) or {})

@@ -196,7 +196,8 @@ class Family:
         FasterCache's unconditional skip splits; Wan calls the denoiser twice); ``latent_format`` (the layout of
         the denoiser's video latents, FasterCache's ``tensor_format``); ``step_context_pipelines`` (the pipeline
         classes that pass the step index, sigma and step count to the denoiser's ``cache_context``: SeaCache reads
-        them, and caches nothing without them).
+        them, and caches nothing without them); ``text_kv`` (how the text reaches the family's attention, why
+        diffusers' text K/V cache has nothing to cache there: its refusal's reason).
     Listing
         ``order``: where the family is listed (names, variants, error messages); lower first.
     """
@@ -237,6 +238,7 @@ class Family:
     guidance_in_one_batch: bool = False
     latent_format: str = "BCFHW"
     step_context_pipelines: tuple[str, ...] = ()
+    text_kv: str = ""
     order: int = 100
 
     def pipeline_class(self, task: str, image: bool = False) -> str:

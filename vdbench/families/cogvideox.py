@@ -288,6 +288,9 @@ FAMILY = Family(
     trim_latents=trim_latents,
     pipeline_decode=True,
     guidance_in_one_batch=True,  # latent_model_input = torch.cat([latents] * 2)
+    # joint attention: the text tokens are transformed by every block with the video's
+    text_kv="cogvideox model's text tokens pass through every block beside the video's, so their K/V change with "
+            "each step and can't be cached exactly",
     latent_format="BFCHW",  # the pipeline's (B, T, C, H, W) latents
     parallel_refusal=parallel_refusal,
     xfuser={"CogVideoXPipeline": XfuserWiring(

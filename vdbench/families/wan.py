@@ -446,6 +446,8 @@ FAMILY = Family(
     image_pipeline_classes={"ti2v": "WanImageToVideoPipeline"},
     # diffusers 0.42: WanPipeline passes step_index, sigma and the step count to cache_context; its I2V pipeline none
     step_context_pipelines=("WanPipeline",),
+    text_kv="Wan's cross-attention (attn2) projects the text K/V again every step and diffusers has no cache for "
+            "them",
     # diffusers 0.42's Wan I2V pipeline calls ftfy.fix_text on every prompt without checking it is installed (its T2V
     # pipeline checks): without ftfy it fails with a NameError after the model has loaded
     pipeline_requirements={"WanImageToVideoPipeline": (("ftfy", "diffusers' WanImageToVideoPipeline cleans every "
