@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
 from pathlib import Path
@@ -31,6 +30,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.bench_fp8 import make_inputs, sample  # noqa: E402
 from vdbench import backends as B  # noqa: E402
 from vdbench import families  # noqa: E402
 from vdbench.capture import list_captures, load_capture  # noqa: E402
@@ -42,28 +42,11 @@ from vdbench.timing import system_info  # noqa: E402
 E4M3_MIN_SUBNORMAL = 2.0 ** -9
 
 
-def make_inputs(b, h, s, d, device, *, k_bias, seed=0):
-    g = torch.Generator(device=device).manual_seed(seed)
-    q = torch.randn((b, h, s, d), generator=g, device=device)
-    k = torch.randn((b, h, s, d), generator=g, device=device)
-    k += k_bias * torch.randn((1, h, 1, d), generator=g, device=device)
-    v = torch.randn((b, h, s, d), generator=g, device=device)
-    return tuple(t.to(torch.bfloat16) for t in (q, k, v))
-
-
 def layout(t: torch.Tensor, name: str) -> torch.Tensor:
     """The same values as a BHSD tensor: contiguous (``bhsd``) or a view of BSHD memory (``bshd``)."""
     if name == "bhsd":
         return t.contiguous()
     return t.transpose(1, 2).contiguous().transpose(1, 2)
-
-
-def sample_idx(h, s, heads, rows, device):
-    hs = sorted({round(i * (h - 1) / max(1, heads - 1)) for i in range(min(h, heads))})
-    n = max(1, min(s // 128, rows // 128))
-    last = (s - 128) // 128
-    starts = sorted({round(i * last / max(1, n - 1)) * 128 for i in range(n)})
-    return hs, torch.cat([torch.arange(a, a + 128, device=device) for a in starts])
 
 
 def fa3_module():
@@ -116,7 +99,8 @@ def sharpness(q, k, hs, rows):
     s = torch.matmul(q[:, hs][:, :, rows].double(), k[:, hs].double().transpose(-1, -2)) * q.shape[-1] ** -0.5
     p = torch.softmax(s, -1)
     rel = p / p.amax(-1, keepdim=True)
-    out = {"mean_max_p": p.amax(-1).mean().item(), "mean_entropy_bits": (-(p * p.clamp_min(1e-300).log2()).sum(-1)).mean().item()}
+    entropy = -(p * p.clamp_min(1e-300).log2()).sum(-1)
+    out = {"mean_max_p": p.amax(-1).mean().item(), "mean_entropy_bits": entropy.mean().item()}
     for name, scale in (("p1", 1.0), ("p256", 256.0)):
         out[f"flushed_mass_{name}"] = (p * (rel * scale < E4M3_MIN_SUBNORMAL / 2)).sum(-1).mean().item()
     return out
@@ -132,7 +116,7 @@ def stats(t: torch.Tensor) -> dict:
 
 
 def one_input(label, q, k, v, args, device):
-    hs, rows = sample_idx(q.shape[1], q.shape[2], args.heads, args.rows, device)
+    hs, rows = sample(q.shape[1], q.shape[2], args.heads, args.rows, device)
     ref = exact_attention(q[:, hs][:, :, rows], k[:, hs], v[:, hs])
     rec = {"input": label, "shape": list(q.shape), "stride": list(q.stride()), "stats": {
         n: stats(t) for n, t in (("q", q), ("k", k), ("v", v))}, "sharpness": sharpness(q, k, hs, rows), "rows": []}
@@ -175,7 +159,8 @@ def one_input(label, q, k, v, args, device):
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=DefaultsHelpFormatter)
     p.add_argument("--out", required=True, help="directory for fp8_error.json")
-    p.add_argument("--captures", default=None, help="a capture directory (run_wan.py --save_inputs); self-attention only")
+    p.add_argument("--captures", default=None,
+                   help="a capture directory (run_wan.py --save_inputs); self-attention only")
     p.add_argument("--shape", default="wan2.1-1.3b-480p", help="the random inputs' shape preset")
     p.add_argument("--heads", type=int, default=4, help="heads sampled")
     p.add_argument("--rows", type=int, default=1024, help="query rows sampled per head (128-row blocks)")
@@ -198,7 +183,7 @@ def main(argv=None) -> int:
     report = {"system": system_info(device), "command": " ".join(sys.argv), "inputs": []}
     inputs = [("random, K bias 3", dict(k_bias=3.0)), ("random", dict(k_bias=0.0))]
     for label, kw in inputs:
-        q, k, v = make_inputs(b, h, s, d, device, **kw)
+        q, k, v = make_inputs((b, h, s, s, d), device, **kw)
         report["inputs"].append(one_input(label, q, k, v, args, device))
     if args.captures:
         for f in list_captures(args.captures):
