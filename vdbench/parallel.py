@@ -18,6 +18,10 @@ timing.json records both the request and the engine that ran):
   hooks split the sequence and its templated Ulysses / ring / unified attention runs, with our kernel as the
   forward op (``AttentionPatch._cp_forward_op``). Runs on CPU over gloo, which is how CI checks it.
 
+Guidance: ``--use_cfg_parallel`` puts classifier-free guidance's two branches on the two halves of the world, on
+both engines: the engine's own split where it has one (xfuser's Wan I2V and CogVideoX pipelines), else
+:class:`GuidanceSplit`, a diffusers hook that computes one branch per rank and gathers the prediction once per step.
+
 Paths: Ulysses (``--ulysses_degree N``), ring (``--ring_degree N``), hybrid (both > 1). Ring merges partial
 results with each block's log-sum-exp, so the backend must return it (``Backend.lse_form``); one that
 can't is refused before the model is loaded. Every rank checks its device and backend and the ranks agree
