@@ -78,7 +78,8 @@ if str(ROOT) not in sys.path:  # run by path: the bench's units (bench/vaebench)
 # No torch import at module level (here or in the units): a child must get its environment (MIOpen presets) before
 # torch loads.
 from bench.vaebench.configs import NotApplicable, prepare_config  # noqa: E402
-from bench.vaebench.grammar import (CONFIGS, DEFAULT_CONFIGS, INPUTS, MIOPEN_PRESETS, MODELS, MODIFIERS,  # noqa: E402
+from bench.vaebench.grammar import (CONFIGS, CPU_DEFAULT_CONFIGS, CPU_DEFAULT_REPEATS, DEFAULT_CONFIGS,  # noqa: E402
+                                    GPU_DEFAULT_REPEATS, INPUTS, MIOPEN_PRESETS, MODELS, MODIFIERS,
                                     OPS, child_env, parse_config, parse_ops, parse_size, split_config, uses)
 from bench.vaebench.measure import quality  # noqa: E402
 from bench.vaebench.models import build_vae, make_latents, make_video, system_context, tiny_name  # noqa: E402
@@ -86,7 +87,7 @@ from bench.vaebench.profiler import profile_op, profile_wanted  # noqa: E402
 from bench.vaebench.runner import SHARED_CACHES, child_main, run_all, run_config  # noqa: E402
 from bench.vaebench.writer import exit_code, write_output  # noqa: E402
 
-__all__ = ["CONFIGS", "DEFAULT_CONFIGS", "INPUTS", "MIOPEN_PRESETS", "MODELS", "MODIFIERS", "OPS", "SHARED_CACHES",
+__all__ = ["CONFIGS", "CPU_DEFAULT_CONFIGS", "DEFAULT_CONFIGS", "device_defaults", "INPUTS", "MIOPEN_PRESETS", "MODELS", "MODIFIERS", "OPS", "SHARED_CACHES",
            "NotApplicable", "build_parser", "build_vae", "child_env", "child_main", "exit_code", "main",
            "make_latents", "make_video", "parse_config", "parse_ops", "parse_size", "prepare_config", "profile_op",
            "profile_wanted", "quality", "run_all", "run_config", "split_config", "system_context", "tiny_name",
@@ -114,12 +115,15 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--warmup", type=int, default=1,
                     help="decodes (and encodes) per config before the timed ones, at least one: the first call, "
                          "timed on its own (first_call_s), never a warm sample; the others untimed")
-    ap.add_argument("--repeats", type=int, default=5,
-                    help="timed warm decodes (and encodes) per config: their median with n and p20–p80 "
-                         "(fewer than 3: not a speed figure)")
+    ap.add_argument("--repeats", type=int, default=None,
+                    help=f"timed warm decodes (and encodes) per config: their median with n and p20–p80 "
+                         f"(fewer than 3: not a speed figure; default {GPU_DEFAULT_REPEATS} on a GPU, "
+                         f"{CPU_DEFAULT_REPEATS} on a CPU, where no time is a speed figure)")
     ap.add_argument("--latents", default=None, help="latents file captured by a render (--save_latents)")
-    ap.add_argument("--configs", default=DEFAULT_CONFIGS,
-                    help=f"comma-separated, of: {', '.join(CONFIGS)}; each optionally +{' / +'.join(MODIFIERS)}")
+    ap.add_argument("--configs", default=None,
+                    help=f"comma-separated, of: {', '.join(CONFIGS)}; each optionally +{' / +'.join(MODIFIERS)} "
+                         f"(default on a GPU: {DEFAULT_CONFIGS}; on a CPU: {CPU_DEFAULT_CONFIGS}, the rest left for "
+                         "a GPU)")
     ap.add_argument("--isolate", action="store_true", help="each config in its own process")
     ap.add_argument("--cold", action="store_true",
                     help="--isolate, and each config's process with its Triton and inductor caches in new empty "
@@ -158,6 +162,20 @@ def _preimport():
     import vdbench.vae.fast  # noqa: F401
 
 
+def device_defaults(args) -> list[str]:
+    """Fill in the configs and repeats left unset for ``args.device``: every config and 5 timed calls on a GPU; on a
+    CPU, where no time is a speed figure, the fp32 configs that run there in seconds and one timed call. Returns the
+    default configs left for a GPU (none where the configs were given or the device is a GPU)."""
+    on_cpu = args.device == "cpu"
+    left = []
+    if args.configs is None:
+        args.configs = CPU_DEFAULT_CONFIGS if on_cpu else DEFAULT_CONFIGS
+        left = [c for c in DEFAULT_CONFIGS.split(",") if c not in args.configs.split(",")]
+    if args.repeats is None:
+        args.repeats = CPU_DEFAULT_REPEATS if on_cpu else GPU_DEFAULT_REPEATS
+    return left
+
+
 def main(argv=None) -> int:
     from vdbench.timing import cache_state
 
@@ -165,7 +183,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     args._cache_state = cache_state()  # before anything compiles: what this process's first calls find
     parse_ops(args.ops)  # refused before any work
-    if args.repeats < 1:
+    if args.repeats is not None and args.repeats < 1:
         ap.error("--repeats must be at least 1 (the warm calls the median is taken over)")
     if args.cold:
         args.isolate = True  # a cold first call needs a fresh process (and the empty caches it is given)
@@ -173,6 +191,11 @@ def main(argv=None) -> int:
 
     if args.device is None:
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    left = device_defaults(args)
+    if left and not args._child:
+        print(f"[bench_vae] on a CPU: configs {args.configs}, {args.repeats} timed call(s) each (the plumbing; no time "
+              f"here is a speed figure); left for a GPU: {','.join(left)} (name them with --configs to run them "
+              "here)", flush=True)
     _preimport()
     if args._child:
         return child_main(args)
