@@ -9,19 +9,27 @@ What it does, in order, everything under ``--out`` (default ``outputs/sweep``):
 1. **What runs here**: every registered backend with whether it can run on this device, and why not
    (``backends.txt``).
 2. **The model's real attention inputs**: one short render with ``--save_inputs`` (one denoising step), then
-   ``bench/bench_attention.py`` on those captures for every backend that runs here: speed with n and spread,
-   accuracy against exact fp64 attention (``kernels/``: its CSV, JSON and records).
+   ``bench/bench_attention.py`` on those captures for every backend that runs here, ``default`` and the exact
+   ``reference`` included: speed with n and spread, accuracy against exact fp64 attention (``kernels/``: its CSV,
+   JSON and records).
 3. **Renders**: the candidates -- the backends that run here, are not emulations, and stayed within
    ``--max_rel_l2`` of exact attention on the captures, fastest first, at most ``--max_candidates`` -- plus the
    pipeline's own attention (``default``, the speed baseline), the exact ``reference`` (the quality baseline) and
    every ``--stacks`` entry, same prompt, seed and size, each in its own process and folder (``runs/<name>/``).
-   A render is skipped when the budget left is below what the slowest render so far took (+20%); a re-run skips
-   the renders already done (their records are read back) and spends what is left of the same budget
+   The budget buys them in this order: ``default``, the candidates, the stacks, the ``reference`` last. Each render
+   starts only when its estimate (x1.2, plus its quality comparison) fits in what is left: default's measured
+   render with the step's attention time swapped for that backend's, from the kernel bench on the captures and the
+   calls a step makes (:func:`estimate_render_s`; the exact reference is slow because exact fp32 attention is, and
+   is predicted so). Where the reference does not fit, the quality columns read against the fastest rendered
+   exact-kernel render (:func:`quality_baseline`) and the column titles and the verdict say so. A re-run skips the
+   renders already done (their records are read back) and spends what is left of the same budget
    (``progress.json``); ``--stop_after_min`` bounds one run alone (a machine lent for ten minutes at a time).
 4. **The ranking** (``sweep.csv``, ``sweep.json``, ``report.html``, ``records.jsonl``): warm ms/step with p20-p80
-   and n, speed-up against ``default``, end-to-end seconds, one-time seconds, PSNR / SSIM against ``reference``,
-   peak memory, the kernels that ran; the Pareto set on (warm step, PSNR); and the verdict line: the fastest
-   within ``--psnr_tolerance_db`` of exact, and the fastest overall.
+   and n, speed-up against ``default``, end-to-end seconds, one-time seconds, PSNR / SSIM against the quality
+   baseline (``quality_vs``), peak memory, the kernels that ran; the Pareto set on (warm step, PSNR); and the
+   verdict line: the fastest within ``--psnr_tolerance_db`` of exact, and the fastest overall. Where fewer
+   candidates were rendered than planned, it says how many of how many, speaks of those, and ends with the kernel
+   bench's predicted ranking, marked provisional.
 
 A stack is ``<attention type>[+option...]`` (:func:`vdbench.measure.record.split_stack`): ``compile``
 (``--use_torch_compile``), ``compile=<backend>[:<mode>]`` (with ``--compile_backend`` / ``--compile_mode``),
