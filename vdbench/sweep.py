@@ -60,7 +60,7 @@ from . import backends as B
 from . import families
 from .helptext import DefaultsHelpFormatter
 from .measure.record import Record, Writer, command_line, commit, now, read
-from .report import break_even, break_even_text, load_frames, pareto_front
+from .report import break_even, break_even_text, load_frames, one_time_cell, pareto_front
 
 __all__ = ["Candidate", "parse_stack", "plan_candidates", "rank", "verdict", "main"]
 
@@ -618,6 +618,15 @@ def _cell(v) -> str:
     return str(v)
 
 
+def _shown(row: dict, col: str) -> str:
+    """A table cell: the one-time cost as :func:`vdbench.report.one_time_shown` shows it (a negative within the
+    warm steps' noise is 0.00; the CSV keeps the measured value), every other column as :func:`_cell`."""
+    if col == "one_time_s":
+        lo, hi = row.get("p20_ms"), row.get("p80_ms")
+        return one_time_cell(row.get(col), (hi - lo) / 1e3 if lo is not None and hi is not None else None, "—")
+    return _cell(row.get(col))
+
+
 def _header(col: str, quality_vs: str) -> str:
     """A column's title: the quality columns name what they are against where it is not the exact reference."""
     return f"{col} vs {quality_vs}" if col in ("psnr_db", "ssim") and quality_vs != REFERENCE else col
@@ -632,7 +641,7 @@ def write_outputs(out: Path, rows: list[dict], meta: dict) -> None:
     vs = meta.get("quality_vs") or REFERENCE
     head = "".join(f"<th>{html.escape(_header(c, vs))}</th>" for c in HTML_COLUMNS)
     body = "".join("<tr" + (' class="pareto"' if r["pareto"] else "") + ">" +
-                   "".join(f"<td>{html.escape(_cell(r.get(c)))}</td>" for c in HTML_COLUMNS) + "</tr>" for r in rows)
+                   "".join(f"<td>{html.escape(_shown(r, c))}</td>" for c in HTML_COLUMNS) + "</tr>" for r in rows)
     left = "".join(f"<li>{html.escape(x['backend'])}: {html.escape(x['why'])}</li>" for x in meta["left_out"])
     (out / "report.html").write_text(
         "<!doctype html><meta charset=utf-8><title>vdbench sweep</title><style>body{font:14px sans-serif}"
@@ -852,7 +861,7 @@ def _print_table(rows, quality_vs: str = REFERENCE):
     cols = ["stack", "warm_ms", "n", "speedup", "one_time_s", "break_even", "psnr_db", "pareto"]
     print("  ".join(f"{_header(c, quality_vs):>12s}" for c in cols))
     for r in rows:
-        print("  ".join(f"{_cell(r.get(c)):>12s}" for c in cols))
+        print("  ".join(f"{_shown(r, c):>12s}" for c in cols))
 
 
 def _first_error(out: Path, c: Candidate) -> str:
