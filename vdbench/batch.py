@@ -84,7 +84,8 @@ def rows(results, outputs, reference: str = "reference") -> tuple[list[dict], li
         label = ident.label
         s = sp.get(label) or {}
         row = {"backend": label, "layout": _layout(s) if s else "?", "warm": "no timing entry", "speedup": "",
-               "end_to_end": _s(s.get("end_to_end_s")) if s else "", "one_time": one_time_cell(s.get("one_time_s"), _spread(s), MISSING) if s else "",
+               "end_to_end": _s(s.get("end_to_end_s")) if s else "",
+               "one_time": one_time_cell(s.get("one_time_s"), _spread(s), MISSING) if s else "",
                "break_even": "", "psnr": "",
                "kernels": "; ".join(f"{k}×{n}" for k, n in (s.get("calls_by_kernel") or {}).items()),
                "note": "" if ident.from_record else FROM_FILE_NAME}

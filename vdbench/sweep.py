@@ -60,7 +60,7 @@ from . import backends as B
 from . import families
 from .helptext import DefaultsHelpFormatter
 from .measure.record import Record, Writer, command_line, commit, now, read
-from .report import break_even, break_even_text, load_frames, one_time_cell, pareto_front
+from .report import NEGATIVE_ONE_TIME_NOTE, break_even, break_even_text, load_frames, one_time_cell, pareto_front
 
 __all__ = ["Candidate", "parse_stack", "plan_candidates", "rank", "verdict", "main"]
 
@@ -627,6 +627,14 @@ def _shown(row: dict, col: str) -> str:
     return _cell(row.get(col))
 
 
+def _negative_one_time(rows) -> bool:
+    return any(_shown(r, "one_time_s").endswith("*") for r in rows)
+
+
+def _notes_html(rows) -> str:
+    return f"<p>{html.escape(NEGATIVE_ONE_TIME_NOTE)}</p>" if _negative_one_time(rows) else ""
+
+
 def _header(col: str, quality_vs: str) -> str:
     """A column's title: the quality columns name what they are against where it is not the exact reference."""
     return f"{col} vs {quality_vs}" if col in ("psnr_db", "ssim") and quality_vs != REFERENCE else col
@@ -651,7 +659,7 @@ def write_outputs(out: Path, rows: list[dict], meta: dict) -> None:
         f"{meta['steps']} steps; warm = median of the steps after the first (p20-p80, n), their mean for a stack with a "
         f"step cache (its steps are of two kinds: warm_is says which); green rows: the Pareto "
         f"set on (warm step, PSNR vs {html.escape(vs)}). Command: <code>{html.escape(meta['command'])}</code>; commit "
-        f"{html.escape(str(meta['commit']))}.</p><table><tr>{head}</tr>{body}</table>"
+        f"{html.escape(str(meta['commit']))}.</p><table><tr>{head}</tr>{body}</table>{_notes_html(rows)}"
         f"<h2>Not rendered</h2><ul>{left}</ul><p>Kernel bench on the captures: kernels/attention.csv</p>")
 
 
@@ -862,6 +870,8 @@ def _print_table(rows, quality_vs: str = REFERENCE):
     print("  ".join(f"{_header(c, quality_vs):>12s}" for c in cols))
     for r in rows:
         print("  ".join(f"{_shown(r, c):>12s}" for c in cols))
+    if _negative_one_time(rows):
+        print(f"note: {NEGATIVE_ONE_TIME_NOTE}")
 
 
 def _first_error(out: Path, c: Candidate) -> str:
