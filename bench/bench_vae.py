@@ -69,26 +69,34 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # run by path: the bench's units (bench/vaebench) are found from the checkout
-    sys.path.append(str(ROOT))
+# The bench's units, bench/vaebench: the package bench.vaebench where the checkout is on the path (the tests, a
+# suite's PYTHONPATH), else the folder beside this file (run by path: bench/ is first on sys.path). No torch import
+# at module level (here or in the units): a child must get its environment (MIOpen presets) before torch loads.
+try:
+    from bench.vaebench import configs, grammar, measure, models, profiler, runner, writer
+except ModuleNotFoundError as e:
+    if e.name != "bench":
+        raise
+    from vaebench import configs, grammar, measure, models, profiler, runner, writer
 
-# No torch import at module level (here or in the units): a child must get its environment (MIOpen presets) before
-# torch loads.
-from bench.vaebench.configs import NotApplicable, prepare_config  # noqa: E402
-from bench.vaebench.grammar import (CONFIGS, CPU_DEFAULT_CONFIGS, CPU_DEFAULT_REPEATS, DEFAULT_CONFIGS,  # noqa: E402
-                                    GPU_DEFAULT_REPEATS, INPUTS, MIOPEN_PRESETS, MODELS, MODIFIERS,
-                                    OPS, child_env, parse_config, parse_ops, parse_size, split_config, uses)
-from bench.vaebench.measure import quality  # noqa: E402
-from bench.vaebench.models import build_vae, make_latents, make_video, system_context, tiny_name  # noqa: E402
-from bench.vaebench.profiler import profile_op, profile_wanted  # noqa: E402
-from bench.vaebench.runner import SHARED_CACHES, child_main, run_all, run_config  # noqa: E402
-from bench.vaebench.writer import exit_code, write_output  # noqa: E402
+NotApplicable, prepare_config = configs.NotApplicable, configs.prepare_config
+CONFIGS, DEFAULT_CONFIGS, INPUTS, MIOPEN_PRESETS = grammar.CONFIGS, grammar.DEFAULT_CONFIGS, grammar.INPUTS, \
+    grammar.MIOPEN_PRESETS
+CPU_DEFAULT_CONFIGS, CPU_DEFAULT_REPEATS = grammar.CPU_DEFAULT_CONFIGS, grammar.CPU_DEFAULT_REPEATS
+GPU_DEFAULT_REPEATS = grammar.GPU_DEFAULT_REPEATS
+MODELS, MODIFIERS, OPS, child_env = grammar.MODELS, grammar.MODIFIERS, grammar.OPS, grammar.child_env
+parse_config, parse_ops, parse_size = grammar.parse_config, grammar.parse_ops, grammar.parse_size
+split_config, uses, quality = grammar.split_config, grammar.uses, measure.quality
+build_vae, make_latents, make_video = models.build_vae, models.make_latents, models.make_video
+system_context, tiny_name = models.system_context, models.tiny_name
+profile_op, profile_wanted = profiler.profile_op, profiler.profile_wanted
+SHARED_CACHES, child_main, run_all, run_config = runner.SHARED_CACHES, runner.child_main, runner.run_all, \
+    runner.run_config
+exit_code, write_output = writer.exit_code, writer.write_output
 
-__all__ = ["CONFIGS", "CPU_DEFAULT_CONFIGS", "DEFAULT_CONFIGS", "device_defaults", "INPUTS", "MIOPEN_PRESETS", "MODELS", "MODIFIERS", "OPS", "SHARED_CACHES",
-           "NotApplicable", "build_parser", "build_vae", "child_env", "child_main", "exit_code", "main",
+__all__ = ["CONFIGS", "CPU_DEFAULT_CONFIGS", "DEFAULT_CONFIGS", "INPUTS", "MIOPEN_PRESETS", "MODELS", "MODIFIERS", "OPS",
+           "SHARED_CACHES", "NotApplicable", "device_defaults", "build_parser", "build_vae", "child_env", "child_main", "exit_code", "main",
            "make_latents", "make_video", "parse_config", "parse_ops", "parse_size", "prepare_config", "profile_op",
            "profile_wanted", "quality", "run_all", "run_config", "split_config", "system_context", "tiny_name",
            "uses", "write_output"]
