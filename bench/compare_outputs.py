@@ -115,7 +115,7 @@ def _label(name: str, sources: dict) -> str:
 
     def parsed(label):
         try:
-            return split_stack(label.split(" (")[0], cache_kinds=KINDS)
+            return split_stack(label, cache_kinds=KINDS)
         except ValueError:
             return None, []
 

@@ -79,9 +79,9 @@ def test_parallel_layouts_and_cpu_timings_are_said(results):
         "label": "ulysses2", "tag": "u2", "engine": "diffusers", "world_size": 2}))
     (d / "timing.json").write_text(json.dumps(entries))
     rows, notes = batch.rows(d, [v["sdpa"], u2])
-    assert [r["backend"] for r in rows] == ["sdpa", "sdpa (u2)"]
+    assert [r["backend"] for r in rows] == ["sdpa", "sdpa+u2"]
     assert rows[1]["layout"] == "ulysses2 (diffusers, 2 ranks)" and rows[1]["speedup"] == "0.37×"
-    assert any(n.startswith("not a speed figure (CPU timing") and n.endswith("sdpa (u2)") for n in notes)
+    assert any(n.startswith("not a speed figure (CPU timing") and n.endswith("sdpa+u2") for n in notes)
 
 
 def test_command_line(results, capsys):
@@ -183,7 +183,7 @@ def test_a_parallel_schedule_is_identified_from_records_jsonl(results):
     (d / "timing.json").write_text(json.dumps(entries))
     Writer(d / "records.jsonl").write(*(from_render_entry(x) for x in entries))
     rows, _ = batch.rows(d, [v["sdpa"], par])
-    assert rows[1]["backend"] == f"{SCHEDULE}+vae=fast (u2)"
+    assert rows[1]["backend"] == f"{SCHEDULE}+vae=fast+u2"
     assert rows[1]["layout"] == "ulysses2 (xfuser, 2 ranks)" and rows[1]["warm"].startswith("300 ")
     assert rows[1]["note"] == ""
 
@@ -202,7 +202,7 @@ def test_a_renamed_video_keeps_its_identity(results):
     renamed = d / "wan_result_t2v_tiny_5f_4s_attn_fav3_16x16.mp4"  # a name that says another backend
     write_video(np.zeros((5, 16, 16, 3), np.uint8), renamed, fps=8, made_by=render_comment("run-u2"))
     rows, _ = batch.rows(d, [v["sdpa"], renamed])
-    assert rows[1]["backend"] == "sdpa (u2)" and rows[1]["warm"].startswith("200 ") and rows[1]["note"] == ""
+    assert rows[1]["backend"] == "sdpa+u2" and rows[1]["warm"].startswith("200 ") and rows[1]["note"] == ""
 
 
 def test_a_folder_without_records_falls_back_to_the_file_names_and_says_so(results):

@@ -105,7 +105,7 @@ def test_the_cache_is_in_the_output_name_and_the_label(tmp_path, capsys):
     wan, cog = families.get("wan"), families.get("cogvideox")
     stem = "wan_result_t2v_tiny_9f_2s_attn_sdpa_64x96_cache-mag-threshold=0.1-mag_ratios=1.0+0.9_u2"
     assert wan.parse_name(stem) == ("sdpa", "u2")
-    assert wan.label(stem) == "sdpa+mag:threshold=0.1,mag_ratios=1.0+0.9 (u2)"
+    assert wan.label(stem) == "sdpa+mag:threshold=0.1,mag_ratios=1.0+0.9+u2"
     assert cog.label("cogvideox-tiny_fav3_fp8_cache-pab") == "fav3_fp8+pab"
     assert M.cache_tag("mag:threshold=0.1,mag_ratios=1.0+0.9") == "cache-mag-threshold=0.1-mag_ratios=1.0+0.9"
 

@@ -189,7 +189,10 @@ def test_latent_preparation_is_the_pipelines():
 def test_parallel_support_per_engine():
     assert WAN.parallel_refusal("xfuser", "i2v", 2, True) is None
     assert WAN.parallel_refusal("diffusers", "t2v", 4, False) is None
-    assert "--use_cfg_parallel with Wan ti2v" in WAN.parallel_refusal("xfuser", "ti2v", 2, True)
+    for engine in ("xfuser", "diffusers"):  # the CFG split for every Wan task on both engines
+        assert all(WAN.parallel_refusal(engine, task, 4, True) is None for task in ("t2v", "ti2v", "i2v"))
+    assert COG.parallel_refusal("diffusers", "t2v", 2, True) is None  # the guidance batch halved
+    assert "no _cp_plan" in COG.parallel_refusal("diffusers", "t2v", 4, True)
     assert COG.parallel_refusal("xfuser", "t2v", 4, True) is None
     assert COG.parallel_refusal("diffusers", "t2v", 1, False) is None  # one process: nothing to split
     assert "no _cp_plan" in COG.parallel_refusal("diffusers", "t2v", 2, False)

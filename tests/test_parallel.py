@@ -103,7 +103,7 @@ def test_auto_engine_is_xfuser_where_it_runs_else_diffusers(monkeypatch):
     auto = P.ParallelSpec("auto", 2, 1)
     assert P.resolve_engine(auto, cpu).engine == "diffusers"
     assert P.resolve_engine(auto, cpu).as_dict()["engine_requested"] == "auto"
-    assert P.resolve_engine(P.ParallelSpec("auto", 1, 1, True), cpu).engine == "xfuser"  # only xfuser splits CFG
+    assert P.resolve_engine(P.ParallelSpec("auto", 1, 1, True), cpu).engine == "diffusers"  # both split CFG
     assert P.resolve_engine(P.ParallelSpec("diffusers", 2, 1), cuda).engine == "diffusers"  # a named engine stays
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: object() if n == "xfuser" else real(n, *a))

@@ -305,7 +305,7 @@ def test_batch_and_report_psnr_are_the_shared_one(tmp_path):
 def test_compare_outputs_finds_a_reference_by_its_attention_and_times_a_cached_render_by_its_mean():
     from bench import compare_outputs as co
 
-    sources = {"reference+vae=fast": 1, "sdpa+vae=fast": 2, "sdpa+vae=fast+fbc:threshold=0.2 (u2)": 3}
+    sources = {"reference+vae=fast": 1, "sdpa+vae=fast": 2, "sdpa+vae=fast+fbc:threshold=0.2+u2": 3}
     assert co._label("reference", sources) == "reference+vae=fast"  # its stack's attention part
     assert co._label("sdpa+vae=fast", sources) == "sdpa+vae=fast"  # a full label as it is
     # the kernel alone beside its stacks: the one with the fewest options

@@ -109,7 +109,7 @@ def test_nproc_launches_each_render_under_torchrun_and_a_failing_rank_fails_that
     assert re.search(r"^\[sdpa\] step 2/2: ", screen, re.M)  # rank 0's progress lines come through torchrun
     failed = next(ln for ln in screen.splitlines() if ln.startswith("[sagev1_emu] FAILED"))
     assert "(exit 1; ranks exited 1 4)" in failed  # the failing rank's crash, the other's "another rank failed"
-    sdpa = next(ln for ln in screen.splitlines() if ln.startswith("sdpa (u2) "))
+    sdpa = next(ln for ln in screen.splitlines() if ln.startswith("sdpa+u2 "))
     assert "ulysses2 (diffusers, 2 ranks)" in sdpa and "sdpa[flash]@ulysses2×" in sdpa
     assert "sagev1_emu: FAILED (exit 1; ranks exited 1 4)" in screen
     assert sorted(p.name for p in (out / "results").glob("*.mp4")) == [

@@ -298,15 +298,15 @@ def test_the_latest_run_of_each_output_never_two_runs_mixed(tmp_path):
                _entry("default", [3.0, 6.0, 6.0, 6.0], repetition=0)]
     (tmp_path / "timing.json").write_text(json.dumps(entries))
     sp = report.speed(tmp_path)
-    assert set(sp) == {"sdpa", "sdpa (u2)", "default"}
+    assert set(sp) == {"sdpa", "sdpa+u2", "default"}
     assert sp["sdpa"]["warm_step_median"] == 2.0 and sp["sdpa"]["repetitions"] == 1  # run b alone
     assert (sp["sdpa"]["runs_recorded"], sp["sdpa"]["run_id"]) == (2, "b")
-    assert sp["sdpa (u2)"]["warm_step_median"] == 4.0 and sp["sdpa (u2)"]["runs_recorded"] == 1
+    assert sp["sdpa+u2"]["warm_step_median"] == 4.0 and sp["sdpa+u2"]["runs_recorded"] == 1
     assert sp["default"]["warm_step_median"] == 6.0 and sp["default"]["runs_recorded"] == 2
     notes = report.summarize(tmp_path)["notes"]
     assert "timing.json holds 2 runs of sdpa: the latest is used (run b)" in notes
     assert "timing.json holds 2 runs of default: the latest is used" in notes
-    assert not any("sdpa (u2)" in n and "runs of" in n for n in notes)
+    assert not any("sdpa+u2" in n and "runs of" in n for n in notes)
 
 
 def test_a_render_appends_its_run_id(run_dir):

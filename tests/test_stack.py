@@ -64,7 +64,7 @@ def test_the_options_tag_reads_back_and_a_plain_name_has_none():
     assert M.options_tag((), "default", "default") == ""
     wan, cog = families.get("wan"), families.get("cogvideox")
     stem = "wan_result_t2v_tiny_9f_2s_attn_sdpa_64x96_compile=aot_eager-vae=fast_cache-fbc_u2"
-    assert wan.parse_name(stem) == ("sdpa", "u2") and wan.label(stem) == "sdpa+compile=aot_eager+vae=fast+fbc (u2)"
+    assert wan.parse_name(stem) == ("sdpa", "u2") and wan.label(stem) == "sdpa+compile=aot_eager+vae=fast+fbc+u2"
     assert cog.label("cogvideox-tiny_fav3_fp8_compile-fp8gemm") == "fav3_fp8+compile+fp8gemm"
     assert wan.label("wan_result_t2v_tiny_9f_2s_attn_sdpa_64x96") == "sdpa"
 

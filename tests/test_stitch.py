@@ -406,4 +406,4 @@ def test_cli_labels_cells_with_each_renders_record(tmp_path, capsys):
                                    str(loose)]) == 0
     printed = capsys.readouterr().out.splitlines()
     assert [ln.split("  <- ")[0].split("] ", 1)[1] for ln in printed[1:]] == [
-        "fav3@steps:0-9,sta (u2)", "sdpa", "sagev1"]
+        "fav3@steps:0-9,sta+u2", "sdpa", "sagev1"]

@@ -2,8 +2,10 @@
 candidates rendered beside default and reference, the ranking, the Pareto set and the verdict -- on the tiny model,
 on a CPU, within its budget, resumable."""
 
+import argparse
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -318,3 +320,64 @@ def test_quality_is_raw_only_when_both_sides_are_raw_frames(tmp_path):
     # the reference read from its video: the codec's noise is on one side, and the figure says so
     assert S.quality_of(tmp_path / "near.npy", (ref, tmp_path / "ref.mp4"))["from"] == S.CODEC
     assert S.quality_of(tmp_path / "near.npy", (ref[:1], tmp_path / "ref.npy")) is None  # shapes differ
+
+
+def test_layouts_of_each_gpu_count_cheapest_exchange_first():
+    assert S.layouts_for(1) == []
+    assert S.layouts_for(2) == ["cfg2", "u2", "r2"]
+    assert S.layouts_for(4) == ["u2cfg2", "r2cfg2", "u4", "u2r2", "r4"]
+    assert S.layouts_for(3, guidance=True) == ["u3", "r3"]  # no CFG split over an odd count
+    assert S.layouts_for(4, guidance=False) == ["u4", "u2r2", "r4"]
+    # a stack names its layout last; the sweep renders it under torchrun on that many processes
+    c = S.parse_stack("fav3+fbc:threshold=0.2+u2cfg2")
+    assert c.name == "fav3+fbc:threshold=0.2+u2cfg2" and c.nproc == 4 and not c.exact
+    assert c.flags[-3:] == ["--ulysses_degree", "2", "--use_cfg_parallel"]
+    cmd = S._render_cmd("wan", argparse.Namespace(model="tiny", height=64, width=96, num_frames=9, steps=2, seed=1,
+                                                  device="cpu"), c, Path("o"), [])
+    assert cmd[1:6] == ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=4", "-m"]
+    assert cmd[6:8] == ["vdbench.cli", "wan"] and "--use_cfg_parallel" in cmd
+    assert S.parse_stack("sdpa").nproc == 1
+
+
+def test_layout_candidates_cross_the_leading_backends_and_leave_out_what_a_path_refuses():
+    from vdbench import families
+
+    cands = [S.Candidate("default", "default"), S.Candidate("reference", "reference", is_reference=True),
+             S.Candidate("sdpa", "sdpa"), S.Candidate("sagev1_emu", "sagev1_emu"), S.Candidate("fav3", "fav3"),
+             S.Candidate("sdpa+vae=fast", "sdpa", ["--vae_decode", "fast"])]
+    got, left = S.layout_candidates(cands, [2], fam=families.get("wan"), device="cpu", per_layout=2)
+    assert [c.name for c in got] == ["sdpa+cfg2", "sagev1_emu+cfg2", "sdpa+u2", "sagev1_emu+u2", "sdpa+r2"]
+    assert all(c.nproc == 2 for c in got) and got[0].flags == ["--use_cfg_parallel"]
+    # ring merges blocks with the log-sum-exp: a backend without one is left out with the reason
+    assert [x["backend"] for x in left] == ["sagev1_emu+r2"] and "log-sum-exp" in left[0]["why"]
+
+
+def test_one_verdict_per_gpu_count():
+    rows = S.rank([_row("default", 100.0, 45.0), _row("reference", 400.0, math.inf), _row("fav3", 90.0, 45.0),
+                   _row("fav3+cfg2", 46.0, 45.0) | {"gpus": 2}, _row("fav3+u2", 52.0, 45.0) | {"gpus": 2}])
+    by = {r["stack"]: r for r in rows}
+    assert by["fav3+cfg2"]["speedup"] == pytest.approx(100 / 46)  # against one GPU's default
+    one = S.verdict(rows, device="H200", model="m", tolerance_db=0.5, gpus=1)
+    two = S.verdict(rows, device="H200 x2", model="m", tolerance_db=0.5, gpus=2)
+    assert one.startswith("on this H200 for m: fav3 is fastest within 0.5 dB")
+    assert two.startswith("on this H200 x2 for m: fav3+cfg2 is fastest within 0.5 dB") and "fav3+u2" not in two
+    cov = S.Coverage(["fav3", "fav3+cfg2", "fav3+u2"], ["fav3", "fav3+cfg2"], ["fav3+u2"])
+    part = cov.of(lambda n: n.endswith(("cfg2", "u2")))
+    assert part.planned == ["fav3+cfg2", "fav3+u2"] and part.text() == "1 of 2 candidates rendered (1 skipped for " \
+        "the budget)"
+
+
+@pytest.mark.slow
+def test_a_sweep_renders_a_layout_under_torchrun_and_ranks_it_per_gpu_count(tmp_path):
+    """A stack with a layout (``sdpa+cfg2``) is rendered under torchrun (gloo on a CPU) and ranked in its own GPU
+    count's verdict; the CFG split of an exact kernel gives the one-process frames (PSNR inf vs sdpa's own)."""
+    out = tmp_path / "sweep"
+    assert S.main(["--model", "tiny", "--budget_min", "10", "--max_candidates", "0", "--steps", "2",
+                   "--stacks", "sdpa", "sdpa+cfg2", "--out", str(out)]) == 0
+    meta = json.loads((out / "sweep.json").read_text())
+    rows = {r["stack"]: r for r in meta["rows"]}
+    assert rows["sdpa+cfg2"]["gpus"] == 2 and rows["sdpa"]["gpus"] == 1, meta["left_out"]
+    assert rows["sdpa+cfg2"]["psnr_db"] == rows["sdpa"]["psnr_db"]  # the same frames against the reference
+    rec = read(next((out / "runs").glob("sdpa_cfg2*")) / "results" / "records.jsonl")[-1]
+    assert rec.config["stack"] == "sdpa+cfg2" and rec.data["parallel"]["world_size"] == 2
+    assert " | on this CPU x2 for tiny: " in meta["verdict"] and "sdpa+cfg2" in meta["verdict"].split(" | ")[1]

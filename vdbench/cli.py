@@ -425,3 +425,7 @@ def _main(family: str, argv, prog: Optional[str], description: Optional[str]) ->
         say(e)
         return EXIT_BAD_INPUT
     return run(cfg)
+
+
+if __name__ == "__main__":  # python -m vdbench.cli FAMILY ARGS...: the render CLI of a family (what torchrun -m runs)
+    sys.exit(main(sys.argv[1], sys.argv[2:]))

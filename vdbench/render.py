@@ -294,7 +294,8 @@ class Plan:
         cfg = self.cfg
         return stack_name(self.backend.name, speed_options(cfg.compile, cfg.compile_backend, cfg.compile_mode,
                                                            cfg.fp8_gemms, cfg.bf16_te_gemms),
-                          self.decode.mode.name, self.encode.mode.name, self.cache.name if self.cache else None)
+                          self.decode.mode.name, self.encode.mode.name, self.cache.name if self.cache else None,
+                          self.dctx.spec.tag if self.dctx is not None else "")
 
     @property
     def parallel(self):

@@ -192,7 +192,7 @@ def collect(results: Path) -> dict[str, Path]:
 
 def match_label(name: str, runs) -> str | None:
     """The label among ``runs`` (label -> :class:`~vdbench.measure.record.Identity`) that ``name`` means: itself,
-    else the first run whose attention is ``name`` (so ``reference`` finds ``reference (u2)`` in a batch rendered
+    else the first run whose attention is ``name`` (so ``reference`` finds ``reference+u2`` in a batch rendered
     under torchrun); None if none."""
     if name in runs:
         return name
@@ -860,7 +860,7 @@ def figure_labels(inputs, labels, reference: str, timing_dir=None, warnings: lis
     reference input's decoded video.
     Each input's figures are its render's, found through its record (:func:`identities`: the record naming the
     video's path, in its folder or ``timing_dir``). ``reference`` names an input by its label, by its run's label
-    or by its run's attention spec (``reference`` finds ``reference (u2)``). Parts that cannot be computed
+    or by its run's attention spec (``reference`` finds ``reference+u2``). Parts that cannot be computed
     (no timing entry, another size) are left out of that label. The speedup carries the n of the backend's warm
     steps; an emulated backend gets "emulated" instead of a speedup; a speedup from timings that are not speed
     figures (a CPU, n < 3) says so in the label, and the reason is appended to ``warnings`` when a list is given

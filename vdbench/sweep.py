@@ -59,7 +59,7 @@ from typing import Optional
 from . import backends as B
 from . import families
 from .helptext import DefaultsHelpFormatter
-from .measure.record import Record, Writer, command_line, commit, now, read
+from .measure.record import Record, Writer, command_line, commit, layout_ranks, layout_tag, now, parse_layout, read
 from .report import NEGATIVE_ONE_TIME_NOTE, break_even, break_even_text, load_frames, one_time_cell, pareto_front
 
 __all__ = ["Candidate", "parse_stack", "plan_candidates", "rank", "verdict", "main"]
@@ -85,6 +85,7 @@ class Candidate:
     flags: list = field(default_factory=list)
     why: str = ""
     is_reference: bool = False
+    nproc: int = 1  # the processes it renders on (a layout: under torchrun, one GPU each)
 
     @property
     def slug(self) -> str:
@@ -97,7 +98,7 @@ class Candidate:
         step cache or another VAE path moves the frames too) -- what can stand in as the quality baseline where the
         exact ``reference`` was not rendered. The reference itself is not counted: it is the baseline it stands in
         for."""
-        if self.flags or self.is_reference:
+        if self.flags or self.is_reference or self.nproc > 1:
             return False
         try:
             b = B.resolve(self.attention)
@@ -120,7 +121,9 @@ def parse_stack(text: str) -> Candidate:
     given: dict = {}
     for key, value in opts:
         given[key] = value
-        if key == "compile" and value is not None:
+        if key == "layout":
+            flags += layout_flags(value)
+        elif key == "compile" and value is not None:
             backend, _, mode = value.partition(":")
             flags += ["--use_torch_compile", "--compile_backend", backend] + (["--compile_mode", mode] if mode else [])
         elif value is None:
@@ -132,8 +135,57 @@ def parse_stack(text: str) -> Candidate:
     name = stack_name(canonical_attention(head),
                       speed_options("compile" in given, compile_backend, compile_mode or None, "fp8gemm" in given,
                                     "bf16te" in given),
-                      given.get("vae"), given.get("encode"), cache.name if cache else None)
-    return Candidate(name, head, flags, "asked for (--stacks)")
+                      given.get("vae"), given.get("encode"), cache.name if cache else None, given.get("layout", ""))
+    return Candidate(name, head, flags, "asked for (--stacks)", nproc=layout_ranks(given.get("layout", "")))
+
+
+def layout_flags(tag: str) -> list[str]:
+    """The render flags of a layout tag (``u2cfg2`` -> ``--ulysses_degree 2 --use_cfg_parallel``)."""
+    u, r, cfg = parse_layout(tag)
+    return ((["--ulysses_degree", str(u)] if u > 1 else []) + (["--ring_degree", str(r)] if r > 1 else [])
+            + (["--use_cfg_parallel"] if cfg else []))
+
+
+def layouts_for(nproc: int, guidance: bool = True) -> list[str]:
+    """Every layout of ``nproc`` ranks, cheapest exchange first: the CFG split (one gather per step, where the
+    pipeline runs classifier-free guidance) with Ulysses then ring under it, then Ulysses alone, Ulysses x ring,
+    ring alone. A layout the model can't take (heads not divisible by the Ulysses degree) is refused by its render,
+    before the load."""
+    if nproc < 2:
+        return []
+    out = []
+    for cfg in ((True, False) if guidance else (False,)):
+        if cfg and nproc % 2:
+            continue
+        seq = nproc // 2 if cfg else nproc
+        pairs = [(u, seq // u) for u in range(seq, 0, -1) if seq % u == 0]  # Ulysses first, ring last
+        out += [layout_tag(u, r, cfg) for u, r in pairs]
+    return [t for t in out if t]
+
+
+def layout_candidates(cands: list[Candidate], nprocs: list[int], *, fam, device: str, per_layout: int,
+                      task: str = "t2v") -> tuple[list[Candidate], list[dict]]:
+    """The multi-GPU renders: each layout of each GPU count in ``nprocs`` (:func:`layouts_for`) x the leading
+    ``per_layout`` plain candidates (the kernel bench's fastest within the error bound, as planned), each named by
+    its stack (``fav3+u2cfg2``); a backend a layout can't serve (ring without a log-sum-exp) is left out with why,
+    as a family's refusal of an engine path is. Returned with what was left out."""
+    from . import parallel as P
+
+    lead = [c for c in cands if not c.flags and not c.is_reference and c.name != BASELINE][:per_layout]
+    out, left_out = [], []
+    for n in sorted(set(nprocs)):
+        for tag in layouts_for(n, guidance=fam.cli.guidance_scale > 1):
+            u, r, cfg = parse_layout(tag)
+            for c in lead:
+                name = f"{c.name}+{tag}"
+                try:
+                    P.check_backend_for_path(P.ParallelSpec("auto", u, r, cfg), c.attention, device, fam, task)
+                except (B.BackendUnavailable, ValueError) as e:
+                    left_out.append({"backend": name, "why": str(e).splitlines()[0]})
+                    continue
+                out.append(Candidate(name, c.attention, layout_flags(tag), f"{c.name} on {n} GPUs ({tag})",
+                                     nproc=n))
+    return out, left_out
 
 
 def availability(device) -> list[dict]:
@@ -374,6 +426,12 @@ class Coverage:
         return f"{len(self.rendered)} of {len(self.planned)} candidates rendered" + (f" ({', '.join(why)})"
                                                                                      if why else "")
 
+    def of(self, keep) -> "Coverage":
+        """The same, for the candidates ``keep(name)`` selects (one GPU count's)."""
+        pick = lambda names: [n for n in names if keep(n)]  # noqa: E731
+        return Coverage(pick(self.planned), pick(self.rendered), pick(self.skipped), pick(self.failed),
+                        [p for p in self.predicted if keep(p[0])], self.predicted_is)
+
     def provisional(self) -> str:
         if not self.predicted:
             return "the kernel bench predicts none of them (kernels/attention.csv)"
@@ -383,8 +441,11 @@ class Coverage:
 
 
 def _render_cmd(family: str, args, cand: Candidate, out: Path, extra: list[str]) -> list[str]:
-    return [sys.executable, "-c", "import sys; from vdbench.cli import main; sys.exit(main(sys.argv[1], sys.argv[2:]))",
-            family, "--model", args.model, "--height", str(args.height), "--width", str(args.width),
+    # a layout renders under torchrun (one process per GPU; a free rendezvous port), one process otherwise
+    launch = ([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={cand.nproc}", "-m",
+               "vdbench.cli"] if cand.nproc > 1 else
+              [sys.executable, "-c", "import sys; from vdbench.cli import main; sys.exit(main(sys.argv[1], sys.argv[2:]))"])
+    return [*launch, family, "--model", args.model, "--height", str(args.height), "--width", str(args.width),
             "--num_frames", str(args.num_frames), "--num_inference_steps", str(args.steps), "--seed",
             str(args.seed), "--device", args.device, "--attention_type", cand.attention,
             "--benchmark_output_directory", str(out), "--save_frames", *cand.flags, *extra]
@@ -477,7 +538,8 @@ def row_of(cand: Candidate, rec: Record, ref, stored: Optional[dict] = None, dev
     peak = rec.figures.get("peak_memory_bytes")
     warm, warm_is = warm_of(rec)
     video = _video(rec)
-    row = {"stack": cand.name, "attention": cand.attention, "why": cand.why, "is_reference": cand.is_reference,
+    row = {"stack": cand.name, "attention": cand.attention, "gpus": cand.nproc, "why": cand.why,
+           "is_reference": cand.is_reference,
            "warm_ms": warm, "warm_is": warm_is,
            "p20_ms": step.get("p20"), "p80_ms": step.get("p80"),
            "n": step.get("n"), "first_step_ms": step.get("first"),
@@ -522,13 +584,15 @@ def rank(rows: list[dict], baseline: str = BASELINE) -> list[dict]:
 
 
 def verdict(rows: list[dict], *, device: str, model: str, tolerance_db: float, quality_vs: str = REFERENCE,
-            coverage: Optional[Coverage] = None) -> str:
+            coverage: Optional[Coverage] = None, gpus: Optional[int] = None) -> str:
     """One line: the fastest within ``tolerance_db`` of exact, and the fastest overall with its PSNR against
     ``quality_vs`` (the exact reference, or the exact-kernel render standing in for it: the line says which).
     ``coverage``: what was planned and rendered; where fewer candidates were rendered than planned the line says how
     many of how many, speaks of those rendered only, and ends with the kernel bench's ranking as provisional -- a
-    verdict never claims to compare renders that were not made."""
-    timed = [r for r in rows if r["warm_ms"] and not r["emulated"] and not r.get("is_reference")]
+    verdict never claims to compare renders that were not made. ``gpus``: the verdict of that GPU count's renders
+    alone (``default`` and the quality baseline still read from the whole table)."""
+    timed = [r for r in rows if r["warm_ms"] and not r["emulated"] and not r.get("is_reference")
+             and (gpus is None or r.get("gpus", 1) == gpus)]
     text = f"on this {device} for {model}: "
     partial = coverage is not None and not coverage.complete
     if partial:
@@ -603,7 +667,7 @@ def _db(r) -> str:
     return f"{r['psnr_db']:.1f} dB vs {'the reference' if vs == REFERENCE else vs}{codec}"
 
 
-COLUMNS = ["stack", "warm_ms", "warm_is", "p20_ms", "p80_ms", "n", "speedup", "first_step_ms", "end_to_end_s",
+COLUMNS = ["stack", "gpus", "warm_ms", "warm_is", "p20_ms", "p80_ms", "n", "speedup", "first_step_ms", "end_to_end_s",
            "one_time_s", "break_even", "psnr_db", "ssim", "quality_from", "quality_vs", "peak_gib", "pareto",
            "speed_figure", "why_not_speed", "emulated", "kernels", "why", "attention", "video"]
 #: The report's table: the CSV's columns up to the kernels that ran.
@@ -734,6 +798,10 @@ def run(args) -> int:
         bench_rows = json.loads((kdir / "attention.json").read_text())["rows"]
     cands, left_out = plan_candidates(avail, bench_rows, max_candidates=args.max_candidates,
                                       max_rel_l2=args.max_rel_l2, stacks=stacks)
+    if any(n > 1 for n in args.nproc):  # the layouts of each GPU count x the leading backends
+        multi, multi_left = layout_candidates(cands, args.nproc, fam=fam, device=device,
+                                              per_layout=args.layout_backends)
+        cands, left_out = cands + multi, left_out + multi_left
     try:
         calls = calls_per_step(json.loads((caps / "metadata_default_rank0.json").read_text()))
     except (OSError, ValueError):
@@ -821,8 +889,16 @@ def run(args) -> int:
     predicted, predicted_is = predicted_ranking(cands, attn, warm.get(BASELINE))
     coverage = Coverage(planned, [n for n in planned if n in records], [n for n in skipped if n in planned],
                         [n for n in failed if n in planned], predicted, predicted_is)
-    text = verdict(rows, device=dev_name, model=args.model, tolerance_db=args.psnr_tolerance_db,
-                   quality_vs=base or REFERENCE, coverage=coverage)
+    counts = sorted({c.nproc for c in cands})
+    if counts == [1]:
+        text = verdict(rows, device=dev_name, model=args.model, tolerance_db=args.psnr_tolerance_db,
+                       quality_vs=base or REFERENCE, coverage=coverage)
+    else:  # one verdict per GPU count, each over that count's renders (quality against the same baseline)
+        gpus_of = {c.name: c.nproc for c in cands}
+        text = " | ".join(verdict(rows, device=f"{dev_name} x{n}" if n > 1 else dev_name, model=args.model,
+                                  tolerance_db=args.psnr_tolerance_db, quality_vs=base or REFERENCE,
+                                  coverage=coverage.of(lambda name, n=n: gpus_of.get(name, 1) == n), gpus=n)
+                          for n in counts)
     meta = {"model": args.model, "family": fam.name, "device": dev_name, "height": args.height, "width": args.width,
             "num_frames": args.num_frames, "steps": args.steps, "verdict": text, "left_out": left_out,
             "command": command_line(), "commit": commit(), "budget_min": args.budget_min,
@@ -866,7 +942,7 @@ def _log_plan(plan: list[dict], left_s: float) -> None:
 
 
 def _print_table(rows, quality_vs: str = REFERENCE):
-    cols = ["stack", "warm_ms", "n", "speedup", "one_time_s", "break_even", "psnr_db", "pareto"]
+    cols = ["stack", "gpus", "warm_ms", "n", "speedup", "one_time_s", "break_even", "psnr_db", "pareto"]
     print("  ".join(f"{_header(c, quality_vs):>12s}" for c in cols))
     for r in rows:
         print("  ".join(f"{_shown(r, c):>12s}" for c in cols))
@@ -921,6 +997,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="extra renders: <attention type>[+compile|+compile=<backend>[:<mode>]][+fp8gemm][+bf16te]"
                         "[+vae=<mode>][+encode=<mode>][+<cache spec>|+cache=<spec>], the name a render records "
                         "as its stack")
+    p.add_argument("--nproc", type=int, nargs="+", default=[1], metavar="N",
+                   help="GPU counts to rank layouts for: each layout N allows (the CFG split, Ulysses, ring and "
+                        "their products) x the --layout_backends leading backends, each render under torchrun, with "
+                        "a verdict per count (e.g. --nproc 2 4)")
+    p.add_argument("--layout_backends", type=int, default=2,
+                   help="backends rendered in each multi-GPU layout: the kernel bench's fastest within --max_rel_l2")
     p.add_argument("--max_captures", type=int, default=8, help="attention calls captured for the kernel bench")
     p.add_argument("--kernel_budget_s", type=float, default=10.0, help="seconds of timed calls per kernel and input")
     p.add_argument("--out", default="outputs/sweep", help="where everything goes (a re-run resumes there)")
@@ -930,8 +1012,15 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        for s in args.stacks or []:
-            parse_stack(s)
+        if any(n < 1 for n in args.nproc):
+            raise ValueError("--nproc takes GPU counts of 1 or more")
+        need = max(args.nproc + [parse_stack(s).nproc for s in args.stacks or []])
+        if need > 1 and args.device != "cpu":
+            import torch
+
+            have = torch.cuda.device_count()
+            if torch.cuda.is_available() and have < need:
+                raise ValueError(f"renders on {need} GPUs asked for (--nproc / a stack's layout), {have} visible")
         return run(args)
     except (ValueError, B.BackendUnavailable) as e:
         print(f"error: {str(e).splitlines()[0]}", file=sys.stderr)

@@ -509,7 +509,7 @@ def identity_from_filename(path):
 
 def label_from_filename(path) -> str:
     """The label of :func:`identity_from_filename` (``sdpa_cudnn``, ``cogvideox-2b_fav3_fp8.mp4`` -> ``fav3_fp8``,
-    ``..._480x832_u2.mp4`` -> ``sdpa_cudnn (u2)``; any other name -> its stem)."""
+    ``..._480x832_u2.mp4`` -> ``sdpa_cudnn+u2``; any other name -> its stem)."""
     return identity_from_filename(path).label
 
 

@@ -266,7 +266,7 @@ class Family:
 
     def label(self, stem: str) -> Optional[str]:
         """The label of a video this family wrote (:func:`vdbench.measure.record.run_label` of its
-        :meth:`parse_name` and :func:`stem_stack`: ``sdpa``, ``sdpa (u2)``, ``sdpa+compile+fbc (u2)``); None for a
+        :meth:`parse_name` and :func:`stem_stack`: ``sdpa``, ``sdpa+u2``, ``sdpa+compile+fbc+u2``); None for a
         name that isn't this family's."""
         parsed = self.parse_name(stem)
         return None if parsed is None else record.run_label(*parsed, **stem_stack(stem))

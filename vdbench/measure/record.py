@@ -39,6 +39,7 @@ from ..timing import spread
 __all__ = ["SCHEMA", "VERSION", "Record", "figure", "commit", "command_line", "Writer", "read", "read_many",
            "RecordError", "from_render_entry", "records_of", "write_beside", "Identity", "identity", "layout_tag",
            "run_label", "cache_tag", "spec_from_tag", "speed_options", "stack_name", "stack_of", "split_stack",
+           "parse_layout", "layout_ranks",
            "options_tag", "options_from_tag", "STACK_WORDS", "STACK_KEYS"]
 
 SCHEMA = "vdbench.record"
@@ -200,8 +201,26 @@ def read_many(paths: Iterable) -> Iterator[Record]:
 
 def layout_tag(ulysses: int = 1, ring: int = 1, cfg: bool = False) -> str:
     """The parallel layout as a tag: ``u2``, ``r2``, ``u2r2``, ``cfg2``, ``u2cfg2``; ``""`` for one process (what
-    output file names end with, and what a run's label carries)."""
+    output file names end with, and the last piece of a run's stack name)."""
     return (f"u{ulysses}" if ulysses > 1 else "") + (f"r{ring}" if ring > 1 else "") + ("cfg2" if cfg else "")
+
+
+_LAYOUT_TAG = re.compile(r"^(?=.)(?:u(?P<u>[2-9]|[1-9]\d+))?(?:r(?P<r>[2-9]|[1-9]\d+))?(?P<cfg>cfg2)?$")
+
+
+def parse_layout(tag: str) -> Optional[tuple[int, int, bool]]:
+    """``(ulysses, ring, cfg)`` of a layout tag (:func:`layout_tag`): ``"u2cfg2"`` -> ``(2, 1, True)``; None for
+    anything that is not one (``""`` included)."""
+    m = _LAYOUT_TAG.match(tag or "")
+    if m is None:
+        return None
+    return int(m["u"] or 1), int(m["r"] or 1), bool(m["cfg"])
+
+
+def layout_ranks(tag: str) -> int:
+    """The processes a layout runs on (1 for ``""``): Ulysses x ring x 2 with the CFG split."""
+    u, r, cfg = parse_layout(tag) or (1, 1, False)
+    return u * r * (2 if cfg else 1)
 
 
 def cache_tag(spec: str) -> str:
@@ -252,16 +271,18 @@ def speed_options(compile: bool = False, compile_backend: Optional[str] = "induc
 
 
 def stack_name(attention: str, speed: Iterable[str] = (), vae_decode: Optional[str] = None,
-               vae_encode: Optional[str] = None, cache: Optional[str] = None) -> str:
+               vae_encode: Optional[str] = None, cache: Optional[str] = None, layout: str = "") -> str:
     """A render's whole configuration of what makes it fast or changes its output, as one name: the attention spec
     as recorded (options, schedule), then ``+`` each speed option (:func:`speed_options`), ``+vae=<mode>`` and
-    ``+encode=<mode>`` where not ``default``, and the step cache's canonical spec:
-    ``sagev2_fp8:gran=per_warp+compile+fp8gemm+vae=fast+fbc:threshold=0.1``. A plain render's stack is its
-    attention spec. ``sweep.py --stacks`` takes the same string (:func:`split_stack`)."""
+    ``+encode=<mode>`` where not ``default``, the step cache's canonical spec, and the parallel layout
+    (:func:`layout_tag`) of a torchrun render: ``sagev2_fp8:gran=per_warp+compile+fp8gemm+vae=fast+fbc:threshold=0.1``,
+    ``fav3+u2cfg2``. A plain one-process render's stack is its attention spec. ``sweep.py --stacks`` takes the same
+    string (:func:`split_stack`)."""
     parts = [attention, *speed]
     parts += [f"vae={vae_decode}"] if vae_decode not in (None, "default") else []
     parts += [f"encode={vae_encode}"] if vae_encode not in (None, "default") else []
     parts += [cache] if cache else []
+    parts += [layout] if layout else []
     return "+".join(parts)
 
 
@@ -272,7 +293,9 @@ def stack_of(settings: dict, attention: Optional[str] = None) -> str:
     return stack_name(attention or str(s.get("attention_type")),
                       speed_options(bool(s.get("compile")), s.get("compile_backend"), s.get("compile_mode"),
                                     bool(s.get("fp8_gemms")), bool(s.get("bf16_te_gemms"))),
-                      s.get("vae_decode"), s.get("vae_encode"), s.get("cache"))
+                      s.get("vae_decode"), s.get("vae_encode"), s.get("cache"),
+                      layout_tag(int(s.get("ulysses_degree") or 1), int(s.get("ring_degree") or 1),
+                                 bool(s.get("use_cfg_parallel"))))
 
 
 def split_stack(text: str, cache_kinds: Iterable[str] = ()) -> tuple[str, list[tuple[str, Optional[str]]]]:
@@ -290,6 +313,8 @@ def split_stack(text: str, cache_kinds: Iterable[str] = ()) -> tuple[str, list[t
         key, sep, value = piece.partition("=")
         if piece in STACK_WORDS:
             opts.append((piece, None))
+        elif parse_layout(piece) is not None:
+            opts.append(("layout", piece))
         elif sep and key in STACK_KEYS and value:
             opts.append((key, value))
         elif piece.partition(":")[0] in kinds:
@@ -335,11 +360,10 @@ def options_from_tag(tag: str) -> tuple[tuple[str, ...], Optional[str], Optional
 
 def run_label(attention: str, layout: str = "", vae_decode: Optional[str] = None,
               vae_encode: Optional[str] = None, cache: Optional[str] = None, speed: Iterable[str] = ()) -> str:
-    """A run's label: its stack name (:func:`stack_name`), then the parallel layout tag in parentheses:
-    ``sdpa``, ``sdpa (u2)``, ``fav3@steps:0-9,sta+compile+vae=fast+fbc (u2)``. What the batch table, the report and
-    the stitched grid show; built from a record and never parsed back."""
-    stack = stack_name(attention, speed, vae_decode, vae_encode, cache)
-    return stack + (f" ({layout})" if layout else "")
+    """A run's label: its stack name (:func:`stack_name`), the parallel layout included: ``sdpa``, ``sdpa+u2``,
+    ``fav3@steps:0-9,sta+compile+vae=fast+fbc+u2``. What the batch table, the report and the stitched grid show,
+    the same spelling timing.json records and ``sweep.py --stacks`` takes."""
+    return stack_name(attention, speed, vae_decode, vae_encode, cache, layout)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -349,8 +373,8 @@ class Identity:
     decode and encode modes, the step cache's canonical spec (``cache``, None: none), the speed options
     (``speed``: :func:`speed_options`), whether the backend is an emulation / exact where the record says (None: not
     recorded), the ``run_id``, and ``source``: ``"record"``, or ``"file name"`` for a video no record names (the
-    documented fallback: the family's output-name parser). ``stack``: all but the layout as one name
-    (:func:`stack_name`); ``label``: the stack with the layout."""
+    documented fallback: the family's output-name parser). ``stack``: the whole configuration, layout included, as
+    one name (:func:`stack_name`); ``label``: the same."""
 
     attention: str
     layout: str = ""
@@ -365,7 +389,7 @@ class Identity:
 
     @property
     def stack(self) -> str:
-        return stack_name(self.attention, self.speed, self.vae_decode, self.vae_encode, self.cache)
+        return stack_name(self.attention, self.speed, self.vae_decode, self.vae_encode, self.cache, self.layout)
 
     @property
     def label(self) -> str:
