@@ -147,7 +147,7 @@ def _as_spec(model: "str | ModelSpec", task: str | None, family: "str | families
     return model if isinstance(model, ModelSpec) else parse_model(model, task, family)
 
 
-#: The components whose configs :func:`resolve` reads: the denoiser(s), then the VAE.
+#: A pipeline's denoisers, by component name (Wan 2.2 A14B has two experts; :func:`transformers_of`).
 DENOISERS = ("transformer", "transformer_2")
 
 
@@ -158,14 +158,13 @@ class Model:
     up by name or derives it back from the pipeline's classes.
 
     ``spec``: the model string parsed (:class:`ModelSpec`: tiny, random-weight, local or hub). ``family``: its
-    :class:`~vdbench.families.Family`; ``task``: the family's task. ``image``: a conditioning image goes to a task
-    that takes one. ``pipeline_class``: the diffusers pipeline class that serves them; ``requirements``: the
-    packages that class needs at call time, ((module, why), ...), the family's ``pipeline_requirements``.
-    Read from the files without a weight -- a tiny or random-weight model's variant
-    (:attr:`ModelSpec.built_from`), a local directory's or a cached hub id's ``config.json`` -- None where that needs
-    a download:
-    ``denoisers`` (``{"transformer": (class name, config), "transformer_2": ...}``), ``vae`` ((class name,
-    config)), ``head_dims`` (the denoisers' attention head dims)."""
+    :class:`~vdbench.families.Family` and ``task`` the family's task (the spec's, both known here).
+    ``image``: a conditioning image goes to a task that takes one. ``pipeline_class``: the diffusers pipeline
+    class that serves them; ``requirements``: the packages that class needs at call time, ((module, why), ...),
+    the family's ``pipeline_requirements``. Read from the files without a weight -- a tiny or random-weight model's
+    variant (:attr:`ModelSpec.built_from`), a local directory's or a cached hub id's ``config.json`` --, None where
+    that needs a download: ``denoisers`` (``{"transformer": (class name, config), "transformer_2": ...}``),
+    ``vae`` ((class name, config)), ``head_dims`` (the denoisers' attention head dims)."""
 
     spec: ModelSpec
     family: families.Family
@@ -183,7 +182,7 @@ class Model:
         this model (:func:`model_of`)."""
         return _load(self, dtype, device, vae_dtype, timings)
 
-    def check_video_size(self, pipe, height: int, width: int, num_frames: int) -> None:
+    def check_size(self, pipe, height: int, width: int, num_frames: int) -> None:
         """:func:`check_video_size` of this model's loaded ``pipe``, by its family's rules."""
         _check_video_size(pipe, self.family, height, width, num_frames)
 
@@ -207,14 +206,14 @@ def resolve(model: str, task: str | None = None, family: "str | families.Family"
     return Model(spec, fam, task, image, pipeline_class, requirements, denoisers, vae, _head_dims(denoisers))
 
 
+#: The attribute of a pipeline loaded here that holds its :class:`Model`.
+_MODEL_ATTR = "vdbench_model"
+
+
 def model_of(pipe) -> Optional[Model]:
     """The :class:`Model` ``pipe`` was loaded as (:meth:`Model.load`, :func:`load_pipeline`); None for a pipeline
     loaded elsewhere."""
     return getattr(pipe, _MODEL_ATTR, None)
-
-
-#: The attribute of a pipeline loaded here that holds its :class:`Model`.
-_MODEL_ATTR = "vdbench_model"
 
 
 def resolve_model(model: "str | ModelSpec", task: str | None = None, family: "str | families.Family" = "wan") -> str:
@@ -501,7 +500,7 @@ def transformers_of(pipe) -> list[tuple[str, torch.nn.Module]]:
     must be installed in both or half the denoising steps would silently run the default attention.
     """
     out = []
-    for name in ("transformer", "transformer_2"):
+    for name in DENOISERS:
         module = getattr(pipe, name, None)
         if module is not None:
             out.append((name, module))
@@ -531,7 +530,7 @@ def check_video_size(pipe, height: int, width: int, num_frames: int,
     incomparable. Rules: height and width must be multiples of VAE spatial factor x transformer patch size (Wan
     2.1 / A14B / CogVideoX: 8 x 2 = 16; Wan 2.2 TI2V-5B: 16 x 2 = 32). The frame count and any fixed size are the
     family's (``family``: a name or the :class:`vdbench.families.Family`; by default the pipeline's own: the
-    :class:`Model` it was loaded as, else the family serving its class; :meth:`Model.check_video_size`):
+    :class:`Model` it was loaded as, else the family serving its class; :meth:`Model.check_size`):
     Wan needs num_frames = 4k + 1 (the causal VAE maps 1 + 4k frames to 1 + k latents); CogVideoX needs 8k + 1
     (its VAE decodes latents two at a time and only an odd latent count comes back as 4 (L - 1) + 1 frames, an
     even count gives 4L frames, which is why the real default is 49), and its models with learned positional

@@ -33,8 +33,7 @@ import torch
 
 from . import backends as B
 from . import families, pipelines
-from .patching import AttentionPatch
-from .patching.core import no_grid_hooks
+from .patching import AttentionPatch, no_grid_hooks
 from .patching.schedule import as_schedule, resolve_attention
 from .measure.record import Writer, command_line, commit, from_render_entry, speed_options, stack_name
 from .timing import (Clock, Laps, StepProfiler, StepTimer, WallStart, append_timing, compile_seconds, describe_steps,
@@ -178,7 +177,7 @@ class _Progress:
         self.name, self.steps, self.reps, self.log, self.enabled = name, steps, reps, log, enabled
         self.rep, self.t0, self.first = 0, 0.0, None
 
-    def start(self, rep: int) -> None:
+    def begin(self, rep: int) -> None:
         self.rep, self.t0 = rep, time.monotonic()
         if self.first is None:
             self.first = self.t0
@@ -358,13 +357,15 @@ def _checked_plan(cfg: RenderConfig, dctx) -> Plan:
     dtype = resolve_dtype(cfg.dtype, device)
     check_speed_options(device, compile=cfg.compile, compile_backend=cfg.compile_backend,
                         compile_mode=cfg.compile_mode, fp8_gemms=cfg.fp8_gemms)
-    # unknown names, bad options and malformed schedules fail before the (slow) model load
-    backend = resolve_attention(cfg.attention_type)
-    cfg = replace(cfg, attention_type=backend.name)  # an alias (diffusers' / SGLang's name) is recorded as ours
     # the render's one lookup of its family and one parse of its model string, its configs read (no weight): the
     # Model travels from here; an unknown variant is the load's refusal
     model = pipelines.resolve(cfg.model, cfg.task, cfg.family, image=bool(cfg.image))
     family = model.family
+    # unknown names, bad options and malformed schedules fail before the (slow) model load
+    backend = resolve_attention(cfg.attention_type)
+    cfg = replace(cfg, attention_type=backend.name)  # an alias (diffusers' / SGLang's name) is recorded as ours
+    as_schedule(backend).check_plan(num_steps=cfg.num_inference_steps, compiled=cfg.compile, parallel=dctx is not None,
+                                    grid_family=family.name if family.grid_hooks is not None else None)
     cache = parse_cache(cfg.cache)  # an unknown kind, key or value before anything else of the cache's
     cfg = replace(cfg, cache=cache.name if cache else None)  # recorded in its one spelling
     # the family's rules, diffusers' config checks and, on the denoisers built on the meta device from their
@@ -372,8 +373,6 @@ def _checked_plan(cfg: RenderConfig, dctx) -> Plan:
     if cache is not None:
         check_cache(cache, family, model.denoisers, compiled=cfg.compile, parallel=dctx is not None,
                     steps=cfg.num_inference_steps, pipeline_class=model.pipeline_class)
-    as_schedule(backend).check_plan(num_steps=cfg.num_inference_steps, compiled=cfg.compile, parallel=dctx is not None,
-                                    grid_family=family.name if family.grid_hooks is not None else None)
     if dctx is not None:  # the backend must serve this parallel path (ring: LSE), on every rank
         for member in as_schedule(backend).members:
             P.check_backend_for_path(dctx.spec, member, device, family, cfg.task)
@@ -495,7 +494,7 @@ def _load_checked(plan: Plan, laps: Laps) -> tuple:
         pipe.vae.enable_slicing()
     load_time = time.perf_counter() - t_load
     laps.lap("pipeline_other")  # outside the parts the load names
-    model.check_video_size(pipe, cfg.height, cfg.width, cfg.num_frames)
+    model.check_size(pipe, cfg.height, cfg.width, cfg.num_frames)
     models = transformers_of(pipe)
     flow_shift = None
     if model.family.flow_shift is not None:
@@ -587,7 +586,7 @@ def _reported_since(info: dict, set_up: Optional[dict], before: dict) -> tuple[d
 
 
 class _Watch:
-    """What watches a render's pipeline calls, set up once before them (:func:`_watch`) and closed after: the
+    """What watches a render's pipeline calls, set up once before them and closed after (:meth:`close`): the
     attention patch (counts, timing, its observers), the stage timers (the encoders, the VAE encode under
     ``--vae_timeout``'s watchdog, the first denoiser call), the attention capture, the step cache's counter, the
     progress lines, the profiler of the first repetition, the encode's reports (``encode_info``, across the calls)
@@ -661,14 +660,15 @@ class _Watch:
         self.patch.reset_counts()
         self.stage_timers.reset()
         reset_peak_memory(self.device)
-        self.progress.start(rep)
+        self.progress.begin(rep)
         self.began = self.mark()
 
     def close(self, log) -> None:
+        """After the calls, also on error: the stage timers' hooks removed, the capture's files closed."""
         self.stage_timers.remove()
         if self.capture is not None:
-            stats = self.capture.stats
             meta_path = self.capture.close(extra={"settings": self.settings})
+            stats = self.capture.stats
             log(f"captured {stats.saved} of {stats.seen} attention calls ({stats.bytes / 2**20:.1f} MiB, "
                 f"{stats.host_time_s:.3f} s on the run's thread, {stats.writer_time_s:.3f} s in the writer) "
                 f"-> {meta_path}")
@@ -772,7 +772,6 @@ def _repetition(plan: Plan, loaded: Loaded, watch: _Watch, rep: int,
         save_latents(cfg.capture_dir, latents, cfg.attention_type, rank=cfg.rank, repetition=rep,
                      meta={"family": plan.family.name, "model": plan.model.spec.model, "height": cfg.height,
                            "width": cfg.width, "num_frames": cfg.num_frames})
-    timer.starts_at(watch.stage_timers.denoise_start)  # the encoders before the first step are no step's
     once = _one_time(loaded, watch, first, vae_info)
     return _entry(plan, loaded, watch, rep, timer, vae_info, (start, after_pipe, after_decode), once), frames
 
@@ -801,6 +800,7 @@ def _entry(plan: Plan, loaded: Loaded, watch: _Watch, rep: int, timer: StepTimer
     the attention's counts, the cache's, the memory, what it paid once (``once``), the run it is part of."""
     cfg, device, backend, patch = plan.cfg, plan.device, plan.backend, watch.patch
     start, after_pipe, after_decode = clocks
+    timer.starts_at(watch.stage_timers.denoise_start)  # the encoders before the first step are no step's
     step_times = timer.step_times()
     attn_time = patch.finish_timing()
     decode_time = after_pipe.seconds_until(after_decode)
@@ -929,13 +929,13 @@ def finish(plan: Plan, entries: list[dict], frames, log, wall: Optional[Wall] = 
     log(f"[{stack}] {timing_text}, decode {last['vae_decode_time']:.2f} s, kernels: {kernels} "
         f"-> {cfg.output_path}")
     log(f"[{stack}] {describe_stages(last)}")
+    e2e_line = describe_end_to_end(entries[0])
     if last.get("cache"):
         c = last["cache"]
         share = "n/a" if c["skipped_share"] is None else f"{c['skipped_share']:.0%}"
         log(f"[{stack}] cache {c['spec']}: {share} of the {c['unit']} calls reused; computed per "
             f"step {c['computed_blocks_per_step']}, reused {c['reused_blocks_per_step']}")
         _log_calibration(c, stack, cfg.timing_path, log)
-    e2e_line = describe_end_to_end(entries[0])
     if e2e_line:
         log(f"[{stack}] {e2e_line}")
     if not steps["speed_figure"] and not backend.emulated:
