@@ -156,7 +156,6 @@ def test_an_encode_reports_across_calls_split_by_repetition_and_warm_up():
     assert R._reported_since(info, None, before) == ({"plan_s": 0.3}, {})
 
 
-@pytest.mark.slow
 def test_a_render_knows_its_model_once(tmp_path, monkeypatch):
     """validate resolves the model once (pipelines.resolve: the family looked up by name, the model string parsed,
     the component configs read) and the stages after take that Model -- the loaded pipeline carries it --, so
