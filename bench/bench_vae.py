@@ -69,25 +69,34 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # run by path: the bench's units (bench/vaebench) are found from the checkout
-    sys.path.append(str(ROOT))
+# The bench's units, bench/vaebench: the package bench.vaebench where the checkout is on the path (the tests, a
+# suite's PYTHONPATH), else the folder beside this file (run by path: bench/ is first on sys.path). No torch import
+# at module level (here or in the units): a child must get its environment (MIOpen presets) before torch loads.
+try:
+    from bench.vaebench import configs, grammar, measure, models, profiler, runner, writer
+except ModuleNotFoundError as e:
+    if e.name != "bench":
+        raise
+    from vaebench import configs, grammar, measure, models, profiler, runner, writer
 
-# No torch import at module level (here or in the units): a child must get its environment (MIOpen presets) before
-# torch loads.
-from bench.vaebench.configs import NotApplicable, prepare_config  # noqa: E402
-from bench.vaebench.grammar import (CONFIGS, DEFAULT_CONFIGS, INPUTS, MIOPEN_PRESETS, MODELS, MODIFIERS,  # noqa: E402
-                                    OPS, child_env, parse_config, parse_ops, parse_size, split_config, uses)
-from bench.vaebench.measure import quality  # noqa: E402
-from bench.vaebench.models import build_vae, make_latents, make_video, system_context, tiny_name  # noqa: E402
-from bench.vaebench.profiler import profile_op, profile_wanted  # noqa: E402
-from bench.vaebench.runner import SHARED_CACHES, child_main, run_all, run_config  # noqa: E402
-from bench.vaebench.writer import exit_code, write_output  # noqa: E402
+NotApplicable, prepare_config = configs.NotApplicable, configs.prepare_config
+CONFIGS, DEFAULT_CONFIGS, INPUTS, MIOPEN_PRESETS = grammar.CONFIGS, grammar.DEFAULT_CONFIGS, grammar.INPUTS, \
+    grammar.MIOPEN_PRESETS
+CPU_DEFAULT_CONFIGS, CPU_DEFAULT_REPEATS = grammar.CPU_DEFAULT_CONFIGS, grammar.CPU_DEFAULT_REPEATS
+GPU_DEFAULT_REPEATS = grammar.GPU_DEFAULT_REPEATS
+MODELS, MODIFIERS, OPS, child_env = grammar.MODELS, grammar.MODIFIERS, grammar.OPS, grammar.child_env
+parse_config, parse_ops, parse_size = grammar.parse_config, grammar.parse_ops, grammar.parse_size
+split_config, uses, quality = grammar.split_config, grammar.uses, measure.quality
+build_vae, make_latents, make_video = models.build_vae, models.make_latents, models.make_video
+system_context, tiny_name = models.system_context, models.tiny_name
+profile_op, profile_wanted = profiler.profile_op, profiler.profile_wanted
+SHARED_CACHES, child_main, run_all, run_config = runner.SHARED_CACHES, runner.child_main, runner.run_all, \
+    runner.run_config
+exit_code, write_output = writer.exit_code, writer.write_output
 
-__all__ = ["CONFIGS", "DEFAULT_CONFIGS", "INPUTS", "MIOPEN_PRESETS", "MODELS", "MODIFIERS", "OPS", "SHARED_CACHES",
-           "NotApplicable", "build_parser", "build_vae", "child_env", "child_main", "exit_code", "main",
+__all__ = ["CONFIGS", "CPU_DEFAULT_CONFIGS", "DEFAULT_CONFIGS", "INPUTS", "MIOPEN_PRESETS", "MODELS", "MODIFIERS", "OPS",
+           "SHARED_CACHES", "NotApplicable", "device_defaults", "build_parser", "build_vae", "child_env", "child_main", "exit_code", "main",
            "make_latents", "make_video", "parse_config", "parse_ops", "parse_size", "prepare_config", "profile_op",
            "profile_wanted", "quality", "run_all", "run_config", "split_config", "system_context", "tiny_name",
            "uses", "write_output"]
@@ -114,12 +123,15 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--warmup", type=int, default=1,
                     help="decodes (and encodes) per config before the timed ones, at least one: the first call, "
                          "timed on its own (first_call_s), never a warm sample; the others untimed")
-    ap.add_argument("--repeats", type=int, default=5,
-                    help="timed warm decodes (and encodes) per config: their median with n and p20–p80 "
-                         "(fewer than 3: not a speed figure)")
+    ap.add_argument("--repeats", type=int, default=None,
+                    help=f"timed warm decodes (and encodes) per config: their median with n and p20–p80 "
+                         f"(fewer than 3: not a speed figure; default {GPU_DEFAULT_REPEATS} on a GPU, "
+                         f"{CPU_DEFAULT_REPEATS} on a CPU, where no time is a speed figure)")
     ap.add_argument("--latents", default=None, help="latents file captured by a render (--save_latents)")
-    ap.add_argument("--configs", default=DEFAULT_CONFIGS,
-                    help=f"comma-separated, of: {', '.join(CONFIGS)}; each optionally +{' / +'.join(MODIFIERS)}")
+    ap.add_argument("--configs", default=None,
+                    help=f"comma-separated, of: {', '.join(CONFIGS)}; each optionally +{' / +'.join(MODIFIERS)} "
+                         f"(default on a GPU: {DEFAULT_CONFIGS}; on a CPU: {CPU_DEFAULT_CONFIGS}, the rest left for "
+                         "a GPU)")
     ap.add_argument("--isolate", action="store_true", help="each config in its own process")
     ap.add_argument("--cold", action="store_true",
                     help="--isolate, and each config's process with its Triton and inductor caches in new empty "
@@ -158,6 +170,20 @@ def _preimport():
     import vdbench.vae.fast  # noqa: F401
 
 
+def device_defaults(args) -> list[str]:
+    """Fill in the configs and repeats left unset for ``args.device``: every config and 5 timed calls on a GPU; on a
+    CPU, where no time is a speed figure, the fp32 configs that run there in seconds and one timed call. Returns the
+    default configs left for a GPU (none where the configs were given or the device is a GPU)."""
+    on_cpu = args.device == "cpu"
+    left = []
+    if args.configs is None:
+        args.configs = CPU_DEFAULT_CONFIGS if on_cpu else DEFAULT_CONFIGS
+        left = [c for c in DEFAULT_CONFIGS.split(",") if c not in args.configs.split(",")]
+    if args.repeats is None:
+        args.repeats = CPU_DEFAULT_REPEATS if on_cpu else GPU_DEFAULT_REPEATS
+    return left
+
+
 def main(argv=None) -> int:
     from vdbench.timing import cache_state
 
@@ -165,7 +191,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     args._cache_state = cache_state()  # before anything compiles: what this process's first calls find
     parse_ops(args.ops)  # refused before any work
-    if args.repeats < 1:
+    if args.repeats is not None and args.repeats < 1:
         ap.error("--repeats must be at least 1 (the warm calls the median is taken over)")
     if args.cold:
         args.isolate = True  # a cold first call needs a fresh process (and the empty caches it is given)
@@ -173,6 +199,11 @@ def main(argv=None) -> int:
 
     if args.device is None:
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    left = device_defaults(args)
+    if left and not args._child:
+        print(f"[bench_vae] on a CPU: configs {args.configs}, {args.repeats} timed call(s) each (the plumbing; no time "
+              f"here is a speed figure); left for a GPU: {','.join(left)} (name them with --configs to run them "
+              "here)", flush=True)
     _preimport()
     if args._child:
         return child_main(args)

@@ -56,16 +56,19 @@ import sys
 import tempfile
 import time
 import threading
-import tomllib
 from pathlib import Path
+
+try:
+    import tomllib  # Python 3.11+
+
+    from vdbench.measure.record import Record, Writer, commit, now, read
+    from vdbench.timing import fresh_cache_env, system_info
+except ModuleNotFoundError as e:  # a Python outside the project's environment: say which, not a traceback
+    sys.exit(f"error: bench/suite.py runs in the project's environment ({e}"
+             f"{', Python 3.11+' if e.name == 'tomllib' else ''}): source .venv/bin/activate (make setup creates it)")
 
 ROOT = Path(__file__).resolve().parents[1]
 SUITES = ROOT / "bench" / "suites"
-if str(ROOT) not in sys.path:  # a script run by path: the checkout's vdbench, as PYTHONPATH gives the children
-    sys.path.insert(0, str(ROOT))
-
-from vdbench.measure.record import Record, Writer, commit, now, read  # noqa: E402
-from vdbench.timing import fresh_cache_env, system_info  # noqa: E402
 
 #: Model arguments the suites share (random weights at the real architectures and sizes).
 MODELS = {

@@ -122,6 +122,29 @@ def test_end_to_end_one_time_and_break_even_beside_the_warm_step(results):
     assert not any(n.startswith("break-even") for n in notes)
 
 
+def test_a_negative_one_time_within_the_timing_noise_prints_as_zero(results):
+    """The first step minus the warm median, a few ms under zero on a CPU: 0.00, not -0.00 / -0.01; one negative by
+    more than the warm steps' spread is kept, marked, and the note under the table says what it means."""
+    d, v = results
+    entries = json.loads((d / "timing.json").read_text())
+
+    def table_with(totals):
+        for e in entries:
+            if e["attention_type"] in totals:
+                e["end_to_end_s"], e["one_time"] = 30.0, {"load_s": 9.0, "total_s": totals[e["attention_type"]]}
+        (d / "timing.json").write_text(json.dumps(entries))
+        rows, notes = batch.rows(d, [v["sdpa"], v["reference"]])
+        return {r["backend"]: r["one_time"] for r in rows}, notes
+
+    # sdpa: under the column's resolution; reference: 20 ms under, inside its warm steps' 24 ms p20-p80 spread
+    cells, notes = table_with({"sdpa": -0.003, "reference": -0.02})
+    assert cells == {"sdpa": "0.00", "reference": "0.00"} and not any("marked *" in n for n in notes)
+    cells, notes = table_with({"sdpa": 0.004, "reference": -0.5})
+    assert cells == {"sdpa": "0.00", "reference": "-0.50*"}
+    assert any(n.startswith("one-time cost marked *: negative by more than the warm steps'") for n in notes)
+    assert "-0.50*" in batch.table(d, [v["sdpa"], v["reference"]])
+
+
 SCHEDULE = "sdpa@steps:0-1,sagev1"  # '@' selects steps here: the run is a schedule, not sdpa on a layout
 
 

@@ -170,9 +170,17 @@ def test_cold_runs_each_config_in_a_fresh_process_with_empty_compile_caches(tmp_
         assert r["speed_figure"] is False and "n=2 timed samples (< 3)" in r["why_not_speed"]
 
 
-def test_default_run_times_at_least_five_warm_calls():
-    args = B.build_parser().parse_args([])
+def test_default_run_times_at_least_five_warm_calls_on_a_gpu_and_the_cpu_configs_on_a_cpu():
+    args = B.build_parser().parse_args(["--device", "cuda"])
+    assert B.device_defaults(args) == [] and args.configs == B.DEFAULT_CONFIGS
     assert args.repeats >= 5 and args.warmup >= 1 and not args.cold
+    # on a CPU the smoke run checks the plumbing in about a minute: fp32 configs, one timed call, the rest named
+    args = B.build_parser().parse_args(["--device", "cpu"])
+    left = B.device_defaults(args)
+    assert args.configs == B.CPU_DEFAULT_CONFIGS and args.repeats == 1
+    assert "bf16" in left and "fast" in left and "fp32" not in left
+    args = B.build_parser().parse_args(["--device", "cpu", "--configs", "bf16", "--repeats", "3"])
+    assert B.device_defaults(args) == [] and args.configs == "bf16" and args.repeats == 3
 
 
 def test_composite_configs_parse():

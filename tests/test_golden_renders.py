@@ -19,8 +19,10 @@ the two trees would then differ for a reason that is not the code); each tree's 
 module.
 
 That fallback is what a machine never seen runs, so it is exercised on every run, recorded machine or not: one
-test takes a case's recorded hashes away and requires it to pass through the reference render (the same code, the
-same bytes), another renders the case with the reference code changed by one line -- the frame conversion
+test per case takes the case's recorded hashes away and requires it to pass through the reference render (the same
+code, the same bytes; the reference render's frames are found however the reference code names its file, while
+the code under test must write the name the case expects), another renders a case with the reference code changed
+by one line -- the frame conversion
 truncates instead of rounding, which moves each frame value by 0 or 1 level by construction, whatever the CPU --
 and requires the check to fail on a difference of exactly one level.
 
@@ -113,18 +115,21 @@ def reference_tree(tmp_path_factory):
 @pytest.fixture(scope="module")
 def render(tmp_path_factory, vdbench_cache):
     """``render(root, case)``: the frames of ``case`` rendered by the code of the tree at ``root``, made once per
-    module (a render is deterministic: a second one would give the same bytes), with the session's tiny models."""
+    module (a render is deterministic: a second one would give the same bytes), with the session's tiny models.
+    The code under test (``ROOT``) must write them where the case says (its file name is part of the behaviour);
+    another tree -- the reference commit's -- is found by the one frames file it wrote, however it names it."""
     made: dict = {}
 
     def get(root: Path, case: str) -> np.ndarray:
         if (root, case) not in made:
             made[root, case] = _render(root, case, tmp_path_factory.mktemp(case), vdbench_cache)
-        return made[root, case]
+        return _frames(made[root, case], CASES[case][3] if root == ROOT else None)
 
     return get
 
 
-def _render(root: Path, case: str, tmp: Path, cache: Path) -> np.ndarray:
+def _render(root: Path, case: str, tmp: Path, cache: Path) -> Path:
+    """Render ``case`` with the code of the tree at ``root``; returns its output directory."""
     script, extra, out_flag, rel, _ = CASES[case]
     image = _image(tmp / "img.png")
     extra = [a.replace("{image}", str(image)) for a in extra]
@@ -134,6 +139,17 @@ def _render(root: Path, case: str, tmp: Path, cache: Path) -> np.ndarray:
     proc = subprocess.run([sys.executable, str(root / script), *SMALL, *extra, out_flag, str(out)], cwd=root,
                           capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    return out
+
+
+def _frames(out: Path, rel) -> np.ndarray:
+    """The frames a render wrote under ``out``: at ``rel`` (the name the case expects), or, with ``rel`` None, the
+    one ``.npy`` it wrote, whatever its name."""
+    written = sorted(p.relative_to(out).as_posix() for p in out.rglob("*.npy"))
+    if rel is None:
+        assert len(written) == 1, f"expected one frames file under {out}, found {written}"
+        rel = written[0]
+    assert (out / rel).is_file(), f"the render wrote {written}, not the case's {rel}"
     frames = np.load(out / rel)
     assert frames.shape == (9, 64, 96, 3) and frames.dtype == np.uint8
     return frames
@@ -161,12 +177,25 @@ def test_tiny_render_frames_unchanged(case, render, reference_tree):
 
 
 @pytest.mark.slow
-def test_the_fallback_accepts_the_same_code(render, reference_tree, monkeypatch):
-    """What a machine never seen runs, forced here: with the case's recorded hashes taken away, the frames of the
-    code under test pass only by being byte for byte the reference commit's render on this machine."""
-    script, extra, flag, rel, _ = CASES[FALLBACK_CASE]
-    monkeypatch.setitem(CASES, FALLBACK_CASE, (script, extra, flag, rel, ()))
-    _check(FALLBACK_CASE, render(ROOT, FALLBACK_CASE), lambda: render(reference_tree(), FALLBACK_CASE))
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_the_fallback_accepts_the_same_code(case, render, reference_tree, monkeypatch):
+    """What a machine never seen runs, forced here for every case: with the case's recorded hashes taken away, the
+    frames of the code under test pass only by being byte for byte the reference commit's render on this machine
+    (found however the reference code names its output)."""
+    script, extra, flag, rel, _ = CASES[case]
+    monkeypatch.setitem(CASES, case, (script, extra, flag, rel, ()))
+    _check(case, render(ROOT, case), lambda: render(reference_tree(), case))
+
+
+@pytest.mark.slow
+def test_a_wrong_expected_file_name_fails_the_check(render, monkeypatch):
+    """The frames file of the code under test is the one the case names: a case expecting another name fails,
+    saying what the render wrote (the name is part of what a user gets)."""
+    render(ROOT, FALLBACK_CASE)  # made once for the module
+    script, extra, flag, rel, hashes = CASES[FALLBACK_CASE]
+    monkeypatch.setitem(CASES, FALLBACK_CASE, (script, extra, flag, rel.replace(".npy", "_vae=fast.npy"), hashes))
+    with pytest.raises(AssertionError, match="the render wrote .*64x96.npy'], not the case's .*_vae=fast.npy"):
+        render(ROOT, FALLBACK_CASE)
 
 
 @pytest.mark.slow

@@ -37,7 +37,7 @@ WAN, COG = families.get("wan"), families.get("cogvideox")
 SMALL = ["--model", "tiny", "--height", "64", "--width", "96", "--num_frames", "9", "--num_inference_steps", "2",
          "--attention_type", "sdpa", "--save_frames", "--save_latents"]
 VIDEO = "wan_result_t2v_tiny_9f_2s_attn_sdpa_64x96"  # + the layout of a torchrun render: _u2, _r2, _u2r2
-LAYOUT = {"single": "", "ulysses": "_u2", "ring": "_r2", "hybrid": "_u2r2"}
+LAYOUT = {"single": "", "ulysses": "_u2", "ring": "_r2", "hybrid": "_u2r2", "cfg": "_cfg2", "ucfg": "_u2cfg2"}
 TORCHRUN = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or shutil.which("torchrun")
 
 
@@ -130,28 +130,33 @@ def test_ring_refuses_backends_without_lse_and_names_those_with():
         P.check_backend_for_path(ring, "sdpa_cudnn", "cpu", WAN)
 
 
-def test_cogvideox_under_torchrun_needs_xfuser():
+def test_cogvideox_under_torchrun_needs_xfuser_for_a_sequence_split():
     with pytest.raises(B.BackendUnavailable, match="no _cp_plan.*--parallel_engine xfuser"):
         P.check_backend_for_path(P.ParallelSpec("diffusers", 2, 1), "sdpa", "cpu", COG)
+    with pytest.raises(B.BackendUnavailable, match="no _cp_plan.*--use_cfg_parallel alone"):
+        P.check_backend_for_path(P.ParallelSpec("diffusers", 2, 1, True), "sdpa", "cpu", COG)
     P.check_backend_for_path(P.ParallelSpec("diffusers", 1, 1), "sdpa", "cpu", COG)
+    P.check_backend_for_path(P.ParallelSpec("diffusers", 1, 1, True), "sdpa", "cpu", COG)
     # xfuser's CogVideoX pipeline splits sequence and guidance: accepted (it runs on CUDA only, see below)
     P.check_backend_for_path(P.ParallelSpec("xfuser", 2, 1), "sdpa", "cpu", COG)
     P.check_backend_for_path(P.ParallelSpec("xfuser", 1, 1, True), "sdpa", "cpu", COG)
 
 
-def test_cfg_parallel_is_xfusers_and_only_where_xfuser_splits_guidance():
-    with pytest.raises(ValueError, match="needs --parallel_engine xfuser.*no guidance split"):
-        P.ParallelSpec("diffusers", 1, 1, True).validate()
-    spec = P.ParallelSpec("xfuser", 2, 1, True)
-    spec.validate()
-    assert spec.world_size == 4 and spec.path == "ulysses" and spec.label == "ulysses2+cfg2"
+def test_cfg_parallel_on_both_engines_for_every_wan_task():
+    for engine in ("diffusers", "xfuser", "auto"):
+        P.ParallelSpec(engine, 1, 1, True).validate()
+    spec = P.ParallelSpec("diffusers", 2, 1, True)
+    assert spec.world_size == 4 and spec.sequence_degree == 2 and spec.path == "ulysses"
+    assert spec.label == "ulysses2+cfg2" and spec.tag == "u2cfg2"
     assert P.ParallelSpec("xfuser", 1, 1, True).label == "cfg2"
     assert P.ParallelSpec("xfuser", 2, 2).label == "ulysses2xring2"
     assert P.ParallelSpec("xfuser", 1, 1, True).as_dict()["label"] == "cfg2"
-    for task in ("t2v", "ti2v"):  # xfuser runs Wan text-to-video through diffusers' WanPipeline: no split
-        with pytest.raises(B.BackendUnavailable, match=f"Wan {task}.*WanPipeline.*I2V models only"):
-            P.check_backend_for_path(P.ParallelSpec("xfuser", 1, 1, True), "sdpa", "cpu", WAN, task)
-    P.check_backend_for_path(P.ParallelSpec("xfuser", 1, 1, True), "sdpa", "cpu", WAN, "i2v")
+    # auto no longer forces xfuser for the CFG split: on a CPU it is diffusers' engine
+    assert P.resolve_engine(P.ParallelSpec("auto", 1, 1, True), torch.device("cpu")).engine == "diffusers"
+    for engine in ("diffusers", "xfuser"):
+        for task in ("t2v", "ti2v", "i2v"):
+            P.check_backend_for_path(P.ParallelSpec(engine, 1, 1, True), "sdpa", "cpu", WAN, task)
+            P.check_backend_for_path(P.ParallelSpec(engine, 2, 1, True), "sdpa", "cpu", WAN, task)
     # refused before any model load: the degrees include the 2 guidance ranks
     with pytest.raises(ValueError, match="x 2 \\(cfg\\) = 4 processes.*nproc_per_node=4"):
         import os
@@ -160,6 +165,74 @@ def test_cfg_parallel_is_xfusers_and_only_where_xfuser_splits_guidance():
             P.init_distributed(spec, "cpu")
         finally:
             del os.environ["WORLD_SIZE"]
+
+
+def test_cfg_parallel_without_guidance_is_refused_before_the_load(tmp_path, monkeypatch):
+    from vdbench.render import RenderConfig, validate
+
+    agree = P.agree
+    monkeypatch.setattr(P, "agree", lambda ctx, err: agree(None, err))  # one rank: no process group to agree in
+
+    ctx = P.DistContext(P.ParallelSpec("diffusers", 1, 1, True), 0, 2, 0, torch.device("cpu"), "gloo")
+    cfg = RenderConfig(model="tiny", task="t2v", prompt="a cat", negative_prompt="", height=64, width=96,
+                       num_frames=9, num_inference_steps=2, guidance_scale=1.0, seed=0, attention_type="sdpa",
+                       output_path=tmp_path / "v.mp4", timing_path=tmp_path / "t.json", family="wan",
+                       use_cfg_parallel=True)
+    with pytest.raises(ValueError, match="--guidance_scale 1 runs none"):
+        validate(cfg, ctx)
+
+
+class _Out(tuple):
+    pass
+
+
+def test_guidance_split_pairs_the_calls_and_refuses_a_call_that_is_not_the_twin(monkeypatch):
+    """Branch 1's rank computes the unconditional pass at a step's first call (the recorded negative embeddings
+    swapped in), returns the gathered conditional prediction there and the unconditional one at the second call,
+    without computing; a second call with other latents or embeddings is refused, never answered wrongly."""
+    pos, neg = torch.ones(1, 3, 4), torch.full((1, 3, 4), 2.0)
+    seen = []
+
+    def inner(hidden_states, encoder_hidden_states, return_dict=False):
+        seen.append(float(encoder_hidden_states.mean()))
+        return (hidden_states * encoder_hidden_states.mean(),)
+
+    split = P.GuidanceSplit(group=None, index=1, batched=False)
+    split.negative = neg
+    # the pair's gather: [branch 0's (cond) prediction, branch 1's (this rank's, uncond)]
+    monkeypatch.setattr(split, "_gather", lambda mine: [mine * 0 + 10.0, mine])
+    hs = torch.ones(1, 2)
+    cond = split.forward(inner, hidden_states=hs, encoder_hidden_states=pos, return_dict=False)
+    uncond = split.forward(inner, hidden_states=hs, encoder_hidden_states=neg.clone(), return_dict=False)
+    assert seen == [2.0], "one computation per step, on the negative embeddings"
+    assert torch.equal(cond[0], torch.full((1, 2), 10.0)) and torch.equal(uncond[0], torch.full((1, 2), 2.0))
+    split.forward(inner, hidden_states=hs, encoder_hidden_states=pos, return_dict=False)
+    with pytest.raises(RuntimeError, match="not the first's unconditional twin"):
+        split.forward(inner, hidden_states=hs.clone(), encoder_hidden_states=neg, return_dict=False)
+    fresh = P.GuidanceSplit(group=None, index=0, batched=False)
+    with pytest.raises(RuntimeError, match="negative prompt embeddings were not recorded"):
+        fresh.forward(inner, hidden_states=hs, encoder_hidden_states=pos)
+
+
+def test_guidance_split_of_a_batch_halves_every_batched_argument(monkeypatch):
+    got = {}
+
+    def inner(hidden_states, encoder_hidden_states, timestep, image_rotary_emb, return_dict=False):
+        got.update(h=hidden_states, e=encoder_hidden_states, t=timestep, r=image_rotary_emb)
+        return (hidden_states + 1,)
+
+    split = P.GuidanceSplit(group=None, index=1, batched=True)
+    monkeypatch.setattr(split, "_gather", lambda mine: [mine * 0, mine])
+    h = torch.arange(4.0).view(4, 1)  # [uncond, uncond, cond, cond]: two prompts
+    rot = torch.zeros(4, 8)  # per token, not per sample: 4 tokens, kept whole
+    out = split.forward(inner, hidden_states=h, encoder_hidden_states=h * 10, timestep=torch.tensor([5, 5, 5, 5]),
+                        image_rotary_emb=(rot, rot), return_dict=False)
+    assert got["h"].flatten().tolist() == [2.0, 3.0] and got["e"].flatten().tolist() == [20.0, 30.0]
+    assert got["t"].tolist() == [5, 5] and got["r"][0].shape == (4, 8)
+    assert out[0].flatten().tolist() == [0.0, 0.0, 3.0, 4.0]
+    with pytest.raises(RuntimeError, match="batch of 3 can't be split"):
+        split.forward(inner, hidden_states=torch.zeros(3, 1), encoder_hidden_states=None, timestep=None,
+                      image_rotary_emb=None)
 
 
 def test_i2v_pipeline_rebuilds_from_its_components():
@@ -271,6 +344,9 @@ _XFUSER_CASES = {  # name: (script, args, parallel flags, expected label)
                                                  "--num_frames", "9"], ["--use_cfg_parallel"], "cfg2"),
     "wan_i2v_cfg2": ("run_wan.py", ["--model", "tiny", "--task", "i2v", "--height", "64", "--width", "96",
                                     "--num_frames", "9"], ["--use_cfg_parallel"], "cfg2"),
+    # Wan T2V: xfuser runs diffusers' WanPipeline, split by vdbench's GuidanceSplit over xfuser's CFG group
+    "wan_t2v_cfg2": ("run_wan.py", ["--model", "tiny", "--height", "64", "--width", "96", "--num_frames", "9"],
+                     ["--use_cfg_parallel"], "cfg2"),
 }
 
 
@@ -329,6 +405,9 @@ def renders(tmp_path_factory):
     for name, flags, n in (("ulysses", ["--ulysses_degree", "2"], 2),
                            ("ring", ["--parallel_engine", "diffusers", "--ring_degree", "2"], 2),
                            ("hybrid", ["--parallel_engine", "diffusers", "--ulysses_degree", "2", "--ring_degree", "2"],
+                            4),
+                           ("cfg", ["--use_cfg_parallel"], 2),
+                           ("ucfg", ["--parallel_engine", "diffusers", "--ulysses_degree", "2", "--use_cfg_parallel"],
                             4)):
         proc, _ = torchrun(SMALL + flags, base / name, nproc=n)
         assert proc.returncode == 0, proc.stderr[-3000:]
@@ -342,6 +421,24 @@ def test_ulysses2_over_gloo_is_bit_identical(renders):
     fa = np.load(renders["single"] / "results" / f"{VIDEO}.npy")
     fb = np.load(renders["ulysses"] / "results" / f"{VIDEO}_u2.npy")
     assert fa.std() > 1.0 and np.array_equal(fa, fb)
+
+
+@pytest.mark.parametrize("name,ranks", [("cfg", 2), ("ucfg", 4)])
+def test_cfg_split_over_gloo_is_bit_identical_to_one_process(renders, name, ranks):
+    """Each guidance branch computed as on one process, one gather per step: the same latents on every rank and
+    the same frames, alone and under Ulysses-2; each rank ran half the attention calls."""
+    a = _latents(renders["single"])
+    for r in range(ranks):
+        assert torch.equal(a, _latents(renders[name], rank=r)), r
+    fa = np.load(renders["single"] / "results" / f"{VIDEO}.npy")
+    assert np.array_equal(fa, np.load(renders[name] / "results" / f"{VIDEO}{LAYOUT[name]}.npy"))
+    e = json.loads((renders[name] / "results" / "timing.json").read_text())[-1]
+    assert e["parallel"]["label"] == ("cfg2" if name == "cfg" else "ulysses2+cfg2")
+    assert e["parallel"]["world_size"] == ranks and e["parallel"]["engine"] == "diffusers"
+    one = json.loads((renders["single"] / "results" / "timing.json").read_text())[-1]
+    # every rank makes half the one-process calls: one guidance branch (a Ulysses rank calls the kernel on its heads)
+    for r in e["ranks"]:
+        assert sum(r["attention"]["calls_by_kernel"].values()) * 2 == one["attention"]["total_calls"], r
 
 
 def test_parallel_summary_table_reads_layouts_from_the_timing(renders, tmp_path):
@@ -413,6 +510,29 @@ def test_rank0_writes_merged_timing_with_per_rank_counts(renders, name, tag, per
     # captures carry the rank
     caps = renders[name] / "captures"
     assert {p.name.split("_rank")[1][0] for p in caps.glob("latents_*.pt")} == {str(r) for r in range(ranks)}
+
+
+@pytest.mark.slow
+def test_cogvideox_cfg_split_on_diffusers_engine_matches_one_process(tmp_path):
+    """CogVideoX runs guidance as one batch [uncond, cond]; each rank computes its half and the halves are gathered
+    in order. Half a batch may take other GEMM kernels than the whole one, so fp32 latents agree to rounding."""
+    if TORCHRUN is None:
+        pytest.skip("torchrun not found")
+    args = ["--model_path", "tiny", "--height", "64", "--width", "96", "--num_frames", "9", "--num_inference_steps",
+            "2", "--attention_type", "sdpa", "--save_latents", "--dtype", "fp32"]
+    one = subprocess.run([sys.executable, str(ROOT / "sageattn_cogvideo.py"), *args, "--output_dir",
+                          str(tmp_path / "one")], capture_output=True, text=True, env=_env(), timeout=240)
+    assert one.returncode == 0, one.stderr[-3000:]
+    proc, _ = torchrun(args + ["--use_cfg_parallel", "--parallel_engine", "diffusers"], tmp_path / "two",
+                       script="sageattn_cogvideo.py")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    from vdbench.capture import load_latents
+
+    a, b = (load_latents(sorted((tmp_path / d).rglob("latents_sdpa_rank0_*.pt"))[-1])[0] for d in ("one", "two"))
+    rel = float((a - b).norm() / a.norm())
+    assert a.std() > 0 and rel < 1e-5, rel
+    e = json.loads(next((tmp_path / "two").rglob("timing.json")).read_text())[-1]
+    assert e["parallel"]["label"] == "cfg2" and len(e["ranks"]) == 2
 
 
 def test_ring_with_a_backend_without_lse_is_refused_before_work(tmp_path):

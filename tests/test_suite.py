@@ -396,3 +396,31 @@ def _waits(deps, i, j) -> bool:
             seen.add(k)
             todo.extend(deps[k])
     return False
+
+
+def _env_without_the_checkout():
+    """This Python's environment with nothing on PYTHONPATH: a script run by path finds vdbench as installed and
+    its sibling bench modules from its own folder, as a user's ``python3 bench/suite.py`` does."""
+    return {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+
+
+@pytest.mark.parametrize("argv", [["bench/suite.py", "--list"], ["bench/bench_vae.py", "--help"],
+                                  ["bench/check_fp8_error.py", "--help"]])
+def test_bench_scripts_run_by_path_with_no_path_edits(argv):
+    import subprocess
+
+    p = subprocess.run([sys.executable, *argv], cwd=ROOT, env=_env_without_the_checkout(), capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 0 and p.stdout.strip() and "Traceback" not in p.stderr, p.stderr
+
+
+def test_suite_outside_the_environment_says_so_in_one_line():
+    """A Python without the project's packages (-S: no site-packages, so no vdbench): one line and the hint."""
+    import re
+    import subprocess
+
+    p = subprocess.run([sys.executable, "-S", "bench/suite.py", "--list"], cwd=ROOT, env=_env_without_the_checkout(),
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 1 and p.stdout == "" and len(p.stderr.splitlines()) == 1
+    assert re.fullmatch(r"error: bench/suite\.py runs in the project's environment \(No module named "
+                        r"'(vdbench|tomllib)'.*\): source \.venv/bin/activate \(make setup creates it\)\n", p.stderr)

@@ -29,8 +29,8 @@ from pathlib import Path
 
 from . import backends as B
 from .helptext import DefaultsHelpFormatter
-from .report import (BREAK_EVEN_NOTE, EMULATED, FROM_FILE_NAME, break_even_cell, identities, match_label, resolved,
-                     speed, video_psnr)
+from .report import (BREAK_EVEN_NOTE, EMULATED, FROM_FILE_NAME, NEGATIVE_ONE_TIME_NOTE, break_even_cell, identities,
+                     match_label, one_time_cell, resolved, speed, video_psnr)
 
 __all__ = ["rows", "table", "failure_line", "main"]
 
@@ -41,6 +41,12 @@ MISSING = "—"
 
 def _s(v) -> str:
     return MISSING if v is None else f"{v:.2f}"
+
+
+def _spread(s: dict):
+    """The warm steps' p20–p80 spread (s) of a speed entry, None where it has none."""
+    lo, hi = s.get("warm_step_p20"), s.get("warm_step_p80")
+    return hi - lo if lo is not None and hi is not None else None
 
 
 def _ms(v) -> str:
@@ -78,7 +84,8 @@ def rows(results, outputs, reference: str = "reference") -> tuple[list[dict], li
         label = ident.label
         s = sp.get(label) or {}
         row = {"backend": label, "layout": _layout(s) if s else "?", "warm": "no timing entry", "speedup": "",
-               "end_to_end": _s(s.get("end_to_end_s")) if s else "", "one_time": _s(s.get("one_time_s")) if s else "",
+               "end_to_end": _s(s.get("end_to_end_s")) if s else "",
+               "one_time": one_time_cell(s.get("one_time_s"), _spread(s), MISSING) if s else "",
                "break_even": "", "psnr": "",
                "kernels": "; ".join(f"{k}×{n}" for k, n in (s.get("calls_by_kernel") or {}).items()),
                "note": "" if ident.from_record else FROM_FILE_NAME}
@@ -112,6 +119,8 @@ def rows(results, outputs, reference: str = "reference") -> tuple[list[dict], li
         notes.insert(0, f"speed-up: against {base_label}, the batch's first exact backend")
     if broke_even:
         notes.insert(1, BREAK_EVEN_NOTE.format(base=base_label))
+    if any(r["one_time"].endswith("*") for r in out):
+        notes.append(NEGATIVE_ONE_TIME_NOTE)
     if cached:
         notes.append("a run with a step cache: its speed-up is the denoising time's (denoise_s, every step), not "
                      "the warm step's (a median of computed or of reused steps)")

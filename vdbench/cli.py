@@ -188,7 +188,7 @@ def build_parser(family: str | families.Family, prog: Optional[str] = None,
     add("--ulysses_degree", type=int, default=1, help="Ulysses sequence-parallel degree under torchrun (default: 1)")
     add("--ring_degree", type=int, default=1,
         help="ring-attention degree under torchrun; the backend must return the log-sum-exp (default: 1)")
-    add("--use_cfg_parallel", action="store_true", help="split the guidance batch over 2 ranks (xfuser)")
+    add("--use_cfg_parallel", action="store_true", help="split classifier-free guidance over 2 halves of the ranks (both engines; world size = 2 x ulysses x ring)")
 
     add("--overwrite", action="store_true",
         help="replace an existing file at the output path that this tool did not write (a video it wrote is "

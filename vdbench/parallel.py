@@ -18,6 +18,10 @@ timing.json records both the request and the engine that ran):
   hooks split the sequence and its templated Ulysses / ring / unified attention runs, with our kernel as the
   forward op (``AttentionPatch._cp_forward_op``). Runs on CPU over gloo, which is how CI checks it.
 
+Guidance: ``--use_cfg_parallel`` puts classifier-free guidance's two branches on the two halves of the world, on
+both engines: the engine's own split where it has one (xfuser's Wan I2V and CogVideoX pipelines), else
+:class:`GuidanceSplit`, a diffusers hook that computes one branch per rank and gathers the prediction once per step.
+
 Paths: Ulysses (``--ulysses_degree N``), ring (``--ring_degree N``), hybrid (both > 1). Ring merges partial
 results with each block's log-sum-exp, so the backend must return it (``Backend.lse_form``); one that
 can't is refused before the model is loaded. Every rank checks its device and backend and the ranks agree
@@ -93,14 +97,16 @@ class ParallelSpec:
         """The layout in an output file name: 'u2', 'r2', 'u2r2', 'cfg2', 'u2cfg2'; '' for one process."""
         return families.layout_tag(self.ulysses_degree, self.ring_degree, self.use_cfg_parallel)
 
+    @property
+    def sequence_degree(self) -> int:
+        """The ranks that share one transformer call (Ulysses x ring); the CFG split doubles the world."""
+        return self.ulysses_degree * self.ring_degree
+
     def validate(self) -> None:
         if self.engine not in ENGINE_CHOICES:
             raise ValueError(f"--parallel_engine must be one of {', '.join(ENGINE_CHOICES)}, got {self.engine!r}")
         if self.ulysses_degree < 1 or self.ring_degree < 1:
             raise ValueError("--ulysses_degree and --ring_degree must be >= 1")
-        if self.use_cfg_parallel and self.engine == "diffusers":
-            raise ValueError("--use_cfg_parallel needs --parallel_engine xfuser: diffusers 0.42's "
-                             "ContextParallelConfig has ring and Ulysses degrees only (no guidance split)")
 
     @property
     def label(self) -> str:
@@ -118,14 +124,14 @@ class ParallelSpec:
 
 
 def resolve_engine(spec: ParallelSpec, device: torch.device) -> ParallelSpec:
-    """``--parallel_engine auto``: xfuser where it runs (a CUDA device and xfuser installed; CFG parallel, which
-    only xfuser splits, always asks for it), else diffusers' context parallelism. A named engine is kept."""
+    """``--parallel_engine auto``: xfuser where it runs (a CUDA device and xfuser installed), else diffusers'
+    context parallelism. A named engine is kept."""
     if spec.engine != "auto":
         return spec
     import importlib.util
 
     xfuser_runs = device.type == "cuda" and importlib.util.find_spec("xfuser") is not None
-    engine = "xfuser" if (xfuser_runs or spec.use_cfg_parallel) else "diffusers"
+    engine = "xfuser" if xfuser_runs else "diffusers"
     return replace(spec, engine=engine, requested_engine="auto")
 
 
@@ -140,6 +146,12 @@ class DistContext:
     # whether init_distributed created the process group (and the run's end destroys it); a group the caller
     # made before (a bench timing several renders in one group, a library user) is left to the caller
     owns_group: bool = True
+    # set by apply_engine under --use_cfg_parallel: the pair of ranks that split one step's guidance (a process
+    # group), this rank's branch in it (0: the conditional pass, 1: the unconditional one), and the ranks that hold
+    # shards of one transformer call (None: the whole world)
+    cfg_group: object = None
+    cfg_index: int = 0
+    shard_group: object = None
 
     @property
     def is_main(self) -> bool:
@@ -182,8 +194,7 @@ def init_distributed(spec: ParallelSpec, device_arg: str = "auto") -> Optional[D
     if spec.engine == "xfuser" and device.type != "cuda":
         raise B.BackendUnavailable(
             "--parallel_engine xfuser needs a CUDA GPU; on a CPU use --parallel_engine diffusers (or auto)"
-            + (" -- and --use_cfg_parallel, which only xfuser splits, can't run here" if spec.use_cfg_parallel else "")
-            + "\nwhy: xfuser 0.7.0 can't be imported without an accelerator "
+            "\nwhy: xfuser 0.7.0 can't be imported without an accelerator "
             "(xfuser/core/distributed/__init__.py calls envs.get_device_version(), which raises "
             "NotImplementedError), xfuser.envs.get_torch_distributed_backend() raises "
             "NotImplementedError without a CUDA/HIP/MUSA/MPS/NPU device, and xfuser.model_executor.layers.usp "
@@ -277,15 +288,154 @@ def apply_engine(ctx: DistContext, pipe, models: list, family: families.Family) 
     if spec.engine == "diffusers":
         from diffusers import ContextParallelConfig
 
-        for name, m in models:
+        mesh = _cfg_mesh(ctx) if spec.use_cfg_parallel else None  # diffusers builds its own mesh otherwise
+        for name, m in models if spec.sequence_degree > 1 else ():
             if not hasattr(m, "enable_parallelism") or getattr(m, "_cp_plan", None) is None:
                 raise B.BackendUnavailable(f"{type(m).__name__} has no diffusers context-parallel plan "
                                            "(use --parallel_engine xfuser)")
             with one_device_presented(ctx.device):
                 m.enable_parallelism(config=ContextParallelConfig(ulysses_degree=spec.ulysses_degree,
-                                                                  ring_degree=spec.ring_degree))
+                                                                  ring_degree=spec.ring_degree, mesh=mesh))
+        if spec.use_cfg_parallel:
+            split_guidance(ctx, pipe, models, family)
         return pipe, models
     return _apply_xfuser(ctx, pipe, models, family)
+
+
+def _cfg_mesh(ctx: DistContext):
+    """The device mesh of a CFG-parallel run, ``(cfg, ring, ulysses)``: the guidance branch outermost, so the ranks
+    of one sequence-parallel group (the all-to-all's heavy traffic) are neighbours and each guidance pair spans the
+    two halves of the world. diffusers' context parallelism takes its ring and Ulysses dimensions from the same mesh.
+    Sets ``ctx.cfg_group``, ``ctx.cfg_index`` and ``ctx.shard_group``."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    spec = ctx.spec
+    mesh = init_device_mesh(ctx.device.type, (2, spec.ring_degree, spec.ulysses_degree),
+                            mesh_dim_names=("cfg", "ring", "ulysses"))
+    ctx.cfg_group, ctx.cfg_index = mesh.get_group("cfg"), mesh.get_local_rank("cfg")
+    if spec.sequence_degree > 1:
+        ctx.shard_group = mesh["ring", "ulysses"]._flatten().get_group()
+    return mesh
+
+
+GUIDANCE_HOOK = "vdbench_guidance_split"
+
+
+class GuidanceSplit:
+    """Classifier-free guidance over two halves of the world: each rank evaluates one guidance branch of every step
+    and one gather over its guidance pair (``ctx.cfg_group``) gives every rank both predictions -- no all-to-all,
+    one exchange of the noise prediction per step. What diffusers' pipelines leave out (their context parallelism
+    splits the sequence only), done with torch.distributed inside the pipeline's own loop:
+
+    * ``batched=False`` (Wan: the denoiser is called twice per step, conditional then unconditional, the two calls
+      differing only in ``encoder_hidden_states``): at a step's first call the rank of branch 1 swaps in the
+      negative prompt's embeddings (recorded from the pipeline's ``encode_prompt``), each rank computes its branch,
+      the pair gathers both; the first call returns the conditional prediction, the second call returns the
+      unconditional one without computing (and is checked to be the pair's twin: same latents, the recorded
+      negative embeddings). Each branch is computed exactly as on one GPU, so exact kernels give identical latents.
+    * ``batched=True`` (CogVideoX: one call with the batch ``[uncond, cond]``): each rank computes its half of the
+      batch and the halves are gathered back in order. A half-batch may pick other GEMM kernels than the full batch
+      on one GPU, so latents agree to rounding rather than bit for bit.
+
+    A diffusers cache (when one is stacked) keeps one state per guidance branch on one GPU; here each rank always
+    computes the same branch under the pipeline's context, so its state is that branch's, as on one GPU."""
+
+    def __init__(self, group, index: int, batched: bool):
+        self.group, self.index, self.batched = group, index, batched
+        self.negative = None  # the pipeline's negative prompt embeddings (pair mode), from its encode_prompt
+        self.pending = None  # between a pair's two calls: (the step's latents, the unconditional prediction)
+        self.gathers = 0
+
+    def record_prompts(self, pipe) -> None:
+        """Keep the negative prompt embeddings ``pipe.encode_prompt`` returns (the second of its pair)."""
+        encode = pipe.encode_prompt
+
+        def recording(*args, **kwargs):
+            out = encode(*args, **kwargs)
+            self.negative = out[1]
+            return out
+
+        pipe.encode_prompt = recording
+
+    def forward(self, inner, *args, **kwargs):
+        return (self._batch if self.batched else self._pair)(inner, args, kwargs)
+
+    def _gather(self, mine):
+        import torch.distributed as dist
+
+        both = [torch.empty_like(mine) for _ in range(2)]
+        dist.all_gather(both, mine.contiguous(), group=self.group)
+        self.gathers += 1
+        return both
+
+    def _pair(self, inner, args, kwargs):
+        hs = kwargs.get("hidden_states", args[0] if args else None)
+        ehs = kwargs.get("encoder_hidden_states")
+        if ehs is None:
+            raise RuntimeError("--use_cfg_parallel: the denoiser was called without encoder_hidden_states as a "
+                               "keyword; this pipeline's guidance can't be split by branch")
+        if self.pending is not None:  # the step's second call: the unconditional branch, computed by the pair
+            latents, negative, out = self.pending
+            self.pending = None
+            if hs is not latents or not torch.equal(ehs, negative):
+                raise RuntimeError("--use_cfg_parallel: the second denoiser call of a step is not the first's "
+                                   "unconditional twin (other latents or text embeddings); run without the CFG split")
+            return out
+        if self.negative is None:
+            raise RuntimeError("--use_cfg_parallel: the pipeline's negative prompt embeddings were not recorded "
+                               "(its encode_prompt did not run); run without the CFG split")
+        negative = self.negative.to(device=ehs.device, dtype=ehs.dtype)
+        if self.index == 1:
+            kwargs = {**kwargs, "encoder_hidden_states": negative}
+        out = inner(*args, **kwargs)
+        cond, uncond = self._gather(_prediction(out))
+        self.pending = (hs, negative, _with_prediction(out, uncond))
+        return _with_prediction(out, cond)
+
+    def _batch(self, inner, args, kwargs):
+        if args:
+            raise RuntimeError("--use_cfg_parallel: the denoiser was called with positional arguments; this "
+                               "pipeline's guidance batch can't be split")
+        n = kwargs["hidden_states"].shape[0]
+        if n % 2:
+            raise RuntimeError(f"--use_cfg_parallel: a guidance batch of {n} can't be split in two halves "
+                               "(is classifier-free guidance on?)")
+        h = n // 2
+        part = {k: v[self.index * h:(self.index + 1) * h] if isinstance(v, torch.Tensor) and v.dim() and
+                v.shape[0] == n else v for k, v in kwargs.items()}
+        out = inner(**part)
+        return _with_prediction(out, torch.cat(self._gather(_prediction(out)), dim=0))
+
+
+def _prediction(out):
+    """The noise prediction in a denoiser's output (a tuple with ``return_dict=False``, else ``.sample``)."""
+    return out[0] if isinstance(out, tuple) else out.sample
+
+
+def _with_prediction(out, pred):
+    if isinstance(out, tuple):
+        return (pred, *out[1:])
+    return type(out)(sample=pred)
+
+
+def split_guidance(ctx: DistContext, pipe, models: list, family: "families.Family") -> GuidanceSplit:
+    """Install :class:`GuidanceSplit` on every denoiser of ``pipe`` (both Wan 2.2 experts) as a diffusers hook,
+    outermost, over ``ctx.cfg_group``; how the family's pipelines run guidance is the family's
+    (``guidance_in_one_batch``)."""
+    from diffusers.hooks import HookRegistry, ModelHook
+
+    split = GuidanceSplit(ctx.cfg_group, ctx.cfg_index, family.guidance_in_one_batch)
+    if not split.batched:
+        split.record_prompts(pipe)
+
+    class _Hook(ModelHook):
+        def new_forward(self, module, *args, **kwargs):
+            return split.forward(self.fn_ref.original_forward, *args, **kwargs)
+
+    for _, m in models:
+        HookRegistry.check_if_exists_or_initialize(m).register_hook(_Hook(), GUIDANCE_HOOK)
+    pipe._vdbench_guidance_split = split
+    return split
 
 
 def _apply_xfuser(ctx: DistContext, pipe, models: list, family: families.Family) -> tuple:
@@ -309,8 +459,6 @@ def _apply_xfuser(ctx: DistContext, pipe, models: list, family: families.Family)
         wired = [cls for name in families.names() for cls in families.get(name).xfuser]
         raise B.BackendUnavailable(f"--parallel_engine xfuser: {kind} is not wired to xfuser in vdbench "
                                    f"({', '.join(wired)} are); use --parallel_engine diffusers")
-    if spec.use_cfg_parallel and wiring.pipeline_wrapper is None and wiring.cfg_pipeline is None:
-        raise B.BackendUnavailable(f"--use_cfg_parallel: vdbench wires no CFG-parallel xfuser pipeline for {kind}")
     init_distributed_environment(rank=ctx.rank, world_size=ctx.world_size, local_rank=ctx.local_rank)
     engine_config = _xfuser_engine_config(ctx, pipe)
     if wiring.pipeline_wrapper is not None:
@@ -344,10 +492,16 @@ def _apply_xfuser(ctx: DistContext, pipe, models: list, family: families.Family)
         setattr(pipe, name, w)
         new.append((name, w))
         del m
-    if spec.use_cfg_parallel:  # checked before the load (check_backend_for_path): Wan I2V only
+    if spec.use_cfg_parallel and wiring.cfg_pipeline is not None:  # xfuser's own split (Wan I2V)
         pipe = rebuild_pipeline_as(_xfuser_class(wiring.cfg_pipeline), pipe)  # a direct subclass: its __call__
         pipe.engine_config = engine_config
     initialize_runtime_state(pipe, engine_config)
+    if spec.use_cfg_parallel and wiring.cfg_pipeline is None:  # xfuser runs this pipeline as diffusers' own
+        from xfuser.core.distributed import get_cfg_group, get_classifier_free_guidance_rank, get_sp_group
+
+        ctx.cfg_group, ctx.cfg_index = get_cfg_group().device_group, get_classifier_free_guidance_rank()
+        ctx.shard_group = get_sp_group().device_group if spec.sequence_degree > 1 else None
+        split_guidance(ctx, pipe, new, family)
     return pipe, new
 
 

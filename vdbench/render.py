@@ -376,6 +376,10 @@ def _checked_plan(cfg: RenderConfig, dctx) -> Plan:
     if dctx is not None:  # the backend must serve this parallel path (ring: LSE), on every rank
         for member in as_schedule(backend).members:
             P.check_backend_for_path(dctx.spec, member, device, family, cfg.task)
+        if dctx.spec.use_cfg_parallel and cfg.guidance_scale <= 1:
+            raise ValueError(f"--use_cfg_parallel splits classifier-free guidance's two branches, and "
+                             f"--guidance_scale {cfg.guidance_scale:g} runs none\ndrop --use_cfg_parallel, or "
+                             "use a guidance scale above 1")
         if cfg.compile:
             raise ValueError("--use_torch_compile under torchrun isn't supported: the compiled attention op "
                              "routes plain single-process calls only\nrender without --use_torch_compile, or on one "

@@ -44,6 +44,7 @@ import os
 import statistics
 import sys
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 
@@ -54,7 +55,7 @@ from vdbench.video import identity_from_filename, iter_frames, run_of
 __all__ = ["resolve_results", "collect", "render_records", "identities", "match_label", "resolved", "FROM_FILE_NAME",
            "load_frames", "speed", "summarize", "write_csv", "write_html", "figure_labels", "video_psnr", "main",
            "CSV_COLUMNS", "SPEED_COLUMNS", "EMULATED", "break_even", "break_even_text", "break_even_cell",
-           "BREAK_EVEN_NOTE"]
+           "BREAK_EVEN_NOTE", "one_time_shown", "one_time_cell", "NEGATIVE_ONE_TIME_NOTE"]
 
 #: summary.csv columns, in order. ``warm_step_*``: the median of the steps after the first of every repetition of
 #: the last run, pooled, with its n and spread; ``first_step_ms`` the first step alone (median over repetitions);
@@ -415,6 +416,35 @@ def break_even_cell(s: dict, base: dict) -> str | None:
     return f"{main} (p20–p80: {spread}; {n})"
 
 
+#: The one-time column's print resolution (s): it shows hundredths, and a magnitude under half of one is 0.00 there.
+ONE_TIME_RESOLUTION_S = 0.005
+
+#: Said under a table where a one-time cost stays negative (its cell marked ``*``).
+NEGATIVE_ONE_TIME_NOTE = ("one-time cost marked *: negative by more than the warm steps' p20–p80 spread (the first "
+                          "step came in faster than the warm median): a timing disturbance worth a look (a shared or "
+                          "throttling machine), not a saving")
+
+
+def one_time_shown(v: Optional[float], spread_s: Optional[float] = None) -> Optional[float]:
+    """The one-time cost (s) a table shows: ``v``, or 0.0 where it is negative by no more than the noise of the
+    subtraction it comes from -- the column's resolution, or the warm steps' p20–p80 spread ``spread_s`` where
+    wider (its main term is the first step minus the warm median: one sample against that spread). A first step
+    does the warm steps' work and more, so a negative within that noise is the noise; one beyond it is kept, for the
+    table to mark (:data:`NEGATIVE_ONE_TIME_NOTE`). A positive figure is shown as it is. The files (summary.csv,
+    timing.json) keep the measured value."""
+    if v is None:
+        return None
+    if abs(v) < ONE_TIME_RESOLUTION_S or (v < 0 and -v <= max(ONE_TIME_RESOLUTION_S, spread_s or 0.0)):
+        return 0.0
+    return v
+
+
+def one_time_cell(v: Optional[float], spread_s: Optional[float] = None, missing: str = "–") -> str:
+    """A table cell of :func:`one_time_shown`: hundredths of a second, ``*`` on a negative kept."""
+    shown = one_time_shown(v, spread_s)
+    return missing if shown is None else f"{shown:.2f}" + ("*" if shown < 0 else "")
+
+
 #: What the break-even figures are, said under the table that shows them.
 BREAK_EVEN_NOTE = ("break-even steps against {base}: the denoising steps a render needs before the backend's total "
                    "(one-time costs + steps × warm step) is below {base}'s, from the measured warm steps (median, "
@@ -519,6 +549,8 @@ def summarize(run_dir, reference: str = "reference", device=None) -> dict:
     if lpips_note:
         notes.append(lpips_note)
     notes.extend(_speed_notes(rows))
+    if any((one_time_shown(r["one_time_s"], _spread_s(r)) or 0.0) < 0 for r in rows if not r.get("emulated")):
+        notes.append(NEGATIVE_ONE_TIME_NOTE)
     header = next((s["run"] for s in sp.values() if s.get("run")), {})
     grid = next((p for p in (results / "comparison_grid.mp4", results.parent / "comparison_grid.mp4") if p.exists()),
                 None)
@@ -696,6 +728,12 @@ def _poster_uri(video) -> str | None:
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
 
 
+def _spread_s(row: dict) -> Optional[float]:
+    """A summary row's warm-step p20–p80 spread in seconds, None where either end is missing."""
+    lo, hi = row.get("warm_step_p20_ms"), row.get("warm_step_p80_ms")
+    return (hi - lo) / 1e3 if lo is not None and hi is not None else None
+
+
 def _fmt(v, spec: str) -> str:
     if v is None:
         return "–"
@@ -768,6 +806,10 @@ def write_html(summaries: list[dict], path) -> Path:
                     v = r.get(key)
                     text = "–" if v is None else ("yes" if v else f"no: {r.get('why_not_speed')}")
                     cells.append(f"<td>{esc(text)}</td>")
+                    continue
+                if key == "one_time_s":  # a negative within the timing noise shows as 0.00 (one_time_shown)
+                    num = " class=n" if r.get(key) is not None else ""
+                    cells.append(f"<td{num}>{esc(one_time_cell(r.get(key), _spread_s(r)))}</td>")
                     continue
                 vals = [r.get(k) for k in keys]
                 text = "–" if any(v is None for v in vals) else "–".join(_fmt(v, spec) for v in vals)

@@ -9,19 +9,27 @@ What it does, in order, everything under ``--out`` (default ``outputs/sweep``):
 1. **What runs here**: every registered backend with whether it can run on this device, and why not
    (``backends.txt``).
 2. **The model's real attention inputs**: one short render with ``--save_inputs`` (one denoising step), then
-   ``bench/bench_attention.py`` on those captures for every backend that runs here: speed with n and spread,
-   accuracy against exact fp64 attention (``kernels/``: its CSV, JSON and records).
+   ``bench/bench_attention.py`` on those captures for every backend that runs here, ``default`` and the exact
+   ``reference`` included: speed with n and spread, accuracy against exact fp64 attention (``kernels/``: its CSV,
+   JSON and records).
 3. **Renders**: the candidates -- the backends that run here, are not emulations, and stayed within
    ``--max_rel_l2`` of exact attention on the captures, fastest first, at most ``--max_candidates`` -- plus the
    pipeline's own attention (``default``, the speed baseline), the exact ``reference`` (the quality baseline) and
    every ``--stacks`` entry, same prompt, seed and size, each in its own process and folder (``runs/<name>/``).
-   A render is skipped when the budget left is below what the slowest render so far took (+20%); a re-run skips
-   the renders already done (their records are read back) and spends what is left of the same budget
+   The budget buys them in this order: ``default``, the candidates, the stacks, the ``reference`` last. Each render
+   starts only when its estimate (x1.2, plus its quality comparison) fits in what is left: default's measured
+   render with the step's attention time swapped for that backend's, from the kernel bench on the captures and the
+   calls a step makes (:func:`estimate_render_s`; the exact reference is slow because exact fp32 attention is, and
+   is predicted so). Where the reference does not fit, the quality columns read against the fastest rendered
+   exact-kernel render (:func:`quality_baseline`) and the column titles and the verdict say so. A re-run skips the
+   renders already done (their records are read back) and spends what is left of the same budget
    (``progress.json``); ``--stop_after_min`` bounds one run alone (a machine lent for ten minutes at a time).
 4. **The ranking** (``sweep.csv``, ``sweep.json``, ``report.html``, ``records.jsonl``): warm ms/step with p20-p80
-   and n, speed-up against ``default``, end-to-end seconds, one-time seconds, PSNR / SSIM against ``reference``,
-   peak memory, the kernels that ran; the Pareto set on (warm step, PSNR); and the verdict line: the fastest
-   within ``--psnr_tolerance_db`` of exact, and the fastest overall.
+   and n, speed-up against ``default``, end-to-end seconds, one-time seconds, PSNR / SSIM against the quality
+   baseline (``quality_vs``), peak memory, the kernels that ran; the Pareto set on (warm step, PSNR); and the
+   verdict line: the fastest within ``--psnr_tolerance_db`` of exact, and the fastest overall. Where fewer
+   candidates were rendered than planned, it says how many of how many, speaks of those, and ends with the kernel
+   bench's predicted ranking, marked provisional.
 
 A stack is ``<attention type>[+option...]`` (:func:`vdbench.measure.record.split_stack`): ``compile``
 (``--use_torch_compile``), ``compile=<backend>[:<mode>]`` (with ``--compile_backend`` / ``--compile_mode``),
@@ -52,7 +60,7 @@ from . import backends as B
 from . import families
 from .helptext import DefaultsHelpFormatter
 from .measure.record import Record, Writer, command_line, commit, now, read
-from .report import break_even, break_even_text, load_frames, pareto_front
+from .report import NEGATIVE_ONE_TIME_NOTE, break_even, break_even_text, load_frames, one_time_cell, pareto_front
 
 __all__ = ["Candidate", "parse_stack", "plan_candidates", "rank", "verdict", "main"]
 
@@ -81,6 +89,21 @@ class Candidate:
     @property
     def slug(self) -> str:
         return re.sub(r"[^A-Za-z0-9_.=-]+", "_", self.name)
+
+    @property
+    def exact(self) -> bool:
+        """Its render computes attention exactly at the model's precision and changes nothing else: a real, dense,
+        non-quantized kernel (:attr:`vdbench.backends.Backend.exact`, no sparse pattern) with no option (a compile, a
+        step cache or another VAE path moves the frames too) -- what can stand in as the quality baseline where the
+        exact ``reference`` was not rendered. The reference itself is not counted: it is the baseline it stands in
+        for."""
+        if self.flags or self.is_reference:
+            return False
+        try:
+            b = B.resolve(self.attention)
+        except (ValueError, B.BackendUnavailable):
+            return False
+        return b.exact and b.sparse is None
 
 
 def parse_stack(text: str) -> Candidate:
@@ -181,6 +204,184 @@ def _input_of(row: dict, i: int):
     return (name, row.get("Sq"), row.get("D")) if name not in (None, "") else i
 
 
+# ----------------------------------------------------------------------------------------------------------
+# The budget: what one more render costs, in which order they are bought
+# ----------------------------------------------------------------------------------------------------------
+
+#: A render is started when its estimate times this (a slower process start, a busy disk) fits in what is left.
+MARGIN = 1.2
+
+
+def calls_per_step(meta: dict) -> dict[tuple, float]:
+    """{(B, H, Sq, Sk, D): attention calls per denoising step} from the capture render's metadata (its
+    ``unique_shapes`` counted every call of its steps, not only the captured ones); {} where it holds no BHSD
+    shapes."""
+    if meta.get("layout", "BHSD") != "BHSD":
+        return {}
+    steps = max(1, int((meta.get("settings") or {}).get("num_inference_steps") or 1))
+    out: dict[tuple, float] = {}
+    for u in meta.get("unique_shapes") or []:
+        try:
+            q, k = (tuple(int(x) for x in re.findall(r"\d+", part)) for part in str(u["shape"]).split("|")[:2])
+            calls = float(u["calls"])
+        except (KeyError, TypeError, ValueError):
+            continue
+        if len(q) == 4 and len(k) == 4:
+            key = (q[0], q[1], q[2], k[2], q[3])
+            out[key] = out.get(key, 0.0) + calls / steps
+    return out
+
+
+def attention_ms_per_step(bench_rows: list[dict], calls: dict[tuple, float]) -> dict[str, float]:
+    """{backend: its attention's milliseconds per denoising step}: for each shape the model calls, the median of the
+    kernel bench's times on inputs of that shape, times the calls of that shape a step makes (``calls``:
+    :func:`calls_per_step`). A backend without a time on every shape is left out: nothing predicts it."""
+    from statistics import median
+
+    times: dict[str, dict[tuple, list[float]]] = {}
+    for r in bench_rows:
+        if not str(r.get("status", "")).startswith("ok") or r.get("time_ms") in (None, "") or not r.get("kernel"):
+            continue
+        try:
+            key = tuple(int(r[c]) for c in ("B", "H", "Sq", "Sk", "D"))
+            name = B.resolve(r["kernel"]).name
+        except (KeyError, TypeError, ValueError, B.BackendUnavailable):
+            continue
+        if key in calls:
+            times.setdefault(name, {}).setdefault(key, []).append(float(r["time_ms"]))
+    return {name: sum(n * median(by[key]) for key, n in calls.items())
+            for name, by in times.items() if calls and set(by) == set(calls)}
+
+
+def estimate_render_s(cand: Candidate, *, default_s: Optional[float], steps: int, attn_ms: dict[str, float],
+                      fallback_s: float, baseline: str = BASELINE) -> tuple[float, str]:
+    """(seconds, what the figure rests on) of rendering ``cand``, the quality figure aside.
+
+    A render of another attention differs from the ``default`` render (measured: ``default_s``) by its attention's
+    time per step against default's (:func:`attention_ms_per_step`, from the kernel bench on the model's own
+    captured inputs), over ``steps`` steps: the rest of the render (load, text encoder, the other layers, the VAE)
+    is the same work. The exact ``reference`` is predicted the same way -- it is slow because exact fp32 attention
+    is (at Wan 1.3B 480p: ~290 ms a call against ~12, 17.8 s a step against 1.2) -- and every other render from
+    its own attention, not from the slowest render so far. Without a figure (no default render yet, or no
+    kernel-bench time for that attention) the estimate is ``fallback_s``, the slowest render so far, and says so.
+    A stack's options are not in the kernel bench: a compile's first step (11 s to minutes) is on top."""
+    if default_s is None:
+        return fallback_s, "no default render yet: the slowest render so far"
+    if cand.name == baseline:
+        return default_s, "default's own render"
+    try:
+        name = B.resolve(cand.attention).name
+    except (ValueError, B.BackendUnavailable):
+        name = None
+    a, d = attn_ms.get(name), attn_ms.get(baseline)
+    if a is None or d is None:
+        return max(default_s, fallback_s), "no kernel-bench time for its attention: the slowest render so far"
+    est = default_s + steps * (a - d) / 1e3
+    basis = (f"default's {default_s:.0f} s {'+' if a >= d else '-'} {steps} steps x {abs(a - d):.1f} ms of attention "
+             f"a step (kernel bench)")
+    if cand.flags:
+        basis += "; its options' one-time cost (a compile) is not in it"
+    return est, basis
+
+
+def render_order(cands: list[Candidate], baseline: str = BASELINE) -> list[Candidate]:
+    """The order the budget is spent in: ``default`` first (the speed baseline every speed-up reads on), then the
+    candidates as planned (fastest on the kernel bench first, then the stacks), the exact ``reference`` last: with a
+    short budget the renders that answer "which is faster" come before the one that only sharpens the quality
+    column (:func:`quality_baseline` stands in for it)."""
+    return sorted(cands, key=lambda c: 0 if c.name == baseline else 2 if c.is_reference else 1)
+
+
+def plan_renders(pending: list[tuple[Candidate, float, str]], left_s: float, *,
+                 quality_s: float = 0.0) -> list[dict]:
+    """Which of the ``pending`` renders (in :func:`render_order`, each with its estimate and basis) fit in
+    ``left_s``: walked in order, a render is taken when its estimate x :data:`MARGIN` plus the quality comparison
+    it adds (``quality_s``) fits in what those taken before it leave; one that doesn't is passed over and the next
+    (cheaper) one still tried. [{"name", "estimate_s", "basis", "render", "why"}] -- the run re-plans after each
+    render with what it measured."""
+    plan, left = [], left_s
+    for cand, est, basis in pending:
+        need = est * MARGIN + quality_s
+        take = need <= left
+        plan.append({"name": cand.name, "estimate_s": est, "basis": basis, "render": take,
+                     "why": None if take else f"budget: {left:.0f} s left, its render ~{est:.0f} s ({basis})"})
+        if take:
+            left -= need
+    return plan
+
+
+def quality_baseline(cands: list[Candidate], warm_ms: dict[str, Optional[float]],
+                     baseline: str = BASELINE) -> Optional[str]:
+    """The render the PSNR / SSIM column reads against: the exact ``reference`` where it was rendered; else the
+    fastest rendered exact-kernel render (:attr:`Candidate.exact`, by warm step), ``default`` only when no other
+    is (then no second exact render says how far two exact kernels differ); None where none is. ``warm_ms``: the
+    rendered ones' warm step (None where a render gave none)."""
+    ref = next((c.name for c in cands if c.is_reference and c.name in warm_ms), None)
+    if ref is not None:
+        return ref
+    exact = [c.name for c in cands if c.exact and c.name in warm_ms]
+    others = [n for n in exact if n != baseline]
+    pool = others or exact
+    return min(pool, key=lambda n: (warm_ms[n] is None, warm_ms[n] or 0.0)) if pool else None
+
+
+def predicted_ranking(cands: list[Candidate], attn_ms: dict[str, float], default_step_ms: Optional[float],
+                      baseline: str = BASELINE) -> tuple[list[tuple[str, float]], str]:
+    """The kernel bench's ranking of the plain candidates: ([(name, predicted speed-up over default)], fastest first;
+    what the speed-up is of). With default's measured warm step: the step each would take (default's, with its
+    attention's time swapped in: :func:`attention_ms_per_step`); without: the attention alone. Stacks are not in it
+    (their options are not in the kernel bench)."""
+    d = attn_ms.get(baseline)
+    got = []
+    for c in cands:
+        if c.flags or c.is_reference or c.name == baseline:
+            continue
+        try:
+            a = attn_ms.get(B.resolve(c.attention).name)
+        except (ValueError, B.BackendUnavailable):
+            a = None
+        if a is None or not d:
+            continue
+        if default_step_ms:
+            step = default_step_ms - d + a
+            got.append((c.name, default_step_ms / step if step > 0 else math.inf))
+        elif a > 0:
+            got.append((c.name, d / a))
+    what = "predicted step vs default's" if default_step_ms else "attention time vs default's attention"
+    return sorted(got, key=lambda x: -x[1]), what
+
+
+@dataclass
+class Coverage:
+    """What the verdict rests on: the candidates the sweep set out to render (``default`` and the ``reference``
+    aside), those rendered, those skipped for the budget and those whose render failed, and the kernel bench's
+    ranking (:func:`predicted_ranking`) that stands in, provisionally, for what was not rendered."""
+
+    planned: list[str]
+    rendered: list[str]
+    skipped: list[str] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
+    predicted: list[tuple[str, float]] = field(default_factory=list)
+    predicted_is: str = "predicted step vs default's"
+
+    @property
+    def complete(self) -> bool:
+        return len(self.rendered) >= len(self.planned)
+
+    def text(self) -> str:
+        why = [f"{len(self.skipped)} skipped for the budget"] * bool(self.skipped) + \
+              [f"{len(self.failed)} failed"] * bool(self.failed)
+        return f"{len(self.rendered)} of {len(self.planned)} candidates rendered" + (f" ({', '.join(why)})"
+                                                                                     if why else "")
+
+    def provisional(self) -> str:
+        if not self.predicted:
+            return "the kernel bench predicts none of them (kernels/attention.csv)"
+        done = set(self.rendered)
+        return (f"provisional ranking from the kernel bench ({self.predicted_is}): " + ", ".join(
+            f"{n} {x:.2f}x" + ("" if n in done else " (not rendered)") for n, x in self.predicted))
+
+
 def _render_cmd(family: str, args, cand: Candidate, out: Path, extra: list[str]) -> list[str]:
     return [sys.executable, "-c", "import sys; from vdbench.cli import main; sys.exit(main(sys.argv[1], sys.argv[2:]))",
             family, "--model", args.model, "--height", str(args.height), "--width", str(args.width),
@@ -257,18 +458,27 @@ def _stored_quality(folder: Path) -> Optional[dict]:
     return q if isinstance(q, dict) and "psnr" in q else None
 
 
-def row_of(cand: Candidate, rec: Record, ref, stored: Optional[dict] = None, device=None) -> dict:
-    """A candidate's row from its render's record (the last repetition) and its quality against the reference:
-    ``stored`` (as kept beside it when it was rendered), else from its frames and the reference's (``ref``:
-    (frames, path), :func:`quality_of`; SSIM on ``device``); the reference's own row is exact by definition
-    (``ref`` holds its frames: not read twice)."""
+def warm_of(rec: Record) -> tuple[Optional[float], str]:
+    """(warm ms/step, which statistic): the median of the steps after the first; with a step cache their mean (its
+    steps are of two kinds, computed and reused: the median would be one kind's time, the mean is the render's)."""
+    step = rec.figures.get("step_ms") or {}
+    stat = "mean" if rec.config.get("cache") else "median"
+    return step.get(stat), stat
+
+
+def row_of(cand: Candidate, rec: Record, ref, stored: Optional[dict] = None, device=None, *,
+           quality_vs: str = REFERENCE) -> dict:
+    """A candidate's row from its render's record (the last repetition) and its quality against the quality baseline
+    (``quality_vs``: the exact reference, or the render standing in for it, :func:`quality_baseline`): ``stored``
+    (as kept beside it when it was compared), else from its frames and the baseline's (``ref``: (frames, path),
+    :func:`quality_of`; SSIM on ``device``); the baseline's own row is exact by definition (``ref`` holds its
+    frames: not read twice)."""
     step = rec.figures.get("step_ms") or {}
     peak = rec.figures.get("peak_memory_bytes")
-    # a step cache makes steps of two kinds (computed, reused): the median is one kind's time, the mean the render's
-    cached = bool(rec.config.get("cache"))
+    warm, warm_is = warm_of(rec)
     video = _video(rec)
     row = {"stack": cand.name, "attention": cand.attention, "why": cand.why, "is_reference": cand.is_reference,
-           "warm_ms": step.get("mean" if cached else "median"), "warm_is": "mean" if cached else "median",
+           "warm_ms": warm, "warm_is": warm_is,
            "p20_ms": step.get("p20"), "p80_ms": step.get("p80"),
            "n": step.get("n"), "first_step_ms": step.get("first"),
            "end_to_end_s": rec.figures.get("end_to_end_s"), "one_time_s": rec.figures.get("one_time_s"),
@@ -277,8 +487,8 @@ def row_of(cand: Candidate, rec: Record, ref, stored: Optional[dict] = None, dev
            "emulated": bool((rec.config.get("backend") or {}).get("emulated")),
            "kernels": ", ".join(f"{k}×{v}" for k, v in
                                 ((rec.data.get("attention") or {}).get("calls_by_kernel") or {}).items()),
-           "psnr_db": None, "ssim": None, "quality_from": None, "video": str(video or "")}
-    if cand.is_reference:
+           "psnr_db": None, "ssim": None, "quality_from": None, "quality_vs": quality_vs, "video": str(video or "")}
+    if cand.name == quality_vs:
         q = {"psnr": math.inf, "ssim": 1.0, "from": RAW if ref is not None and ref[1].suffix == ".npy" else CODEC} \
             if video is not None and ref is not None else None
     else:
@@ -299,49 +509,83 @@ def rank(rows: list[dict], baseline: str = BASELINE) -> list[dict]:
         # from how many steps a render of this stack beats one of the baseline: its one-time cost against its gain
         r["break_even"] = None if base is None or r is base or r["emulated"] or not r["warm_ms"] else break_even_text(
             break_even(r.get("one_time_s"), r["warm_ms"] / 1e3, base.get("one_time_s"), base["warm_ms"] / 1e3))
-    pts = [(r["warm_ms"], math.inf if r["psnr_db"] is None and r.get("is_reference") else r["psnr_db"],
+    def is_base(r):  # the quality baseline's own row: exact by definition
+        return r["stack"] == r.get("quality_vs", REFERENCE)
+
+    pts = [(r["warm_ms"], math.inf if r["psnr_db"] is None and is_base(r) else r["psnr_db"],
             r["stack"]) for r in rows if r["warm_ms"] and not r["emulated"] and
-           (r["psnr_db"] is not None or r.get("is_reference"))]
+           (r["psnr_db"] is not None or is_base(r))]
     front = {label for _, _, label in pareto_front(pts)}
     for r in rows:
         r["pareto"] = r["stack"] in front
     return sorted(rows, key=lambda r: (r["emulated"] or not r["warm_ms"], r["warm_ms"] or math.inf))
 
 
-def verdict(rows: list[dict], *, device: str, model: str, tolerance_db: float) -> str:
-    """One line: the fastest within ``tolerance_db`` of exact, and the fastest overall with its PSNR."""
+def verdict(rows: list[dict], *, device: str, model: str, tolerance_db: float, quality_vs: str = REFERENCE,
+            coverage: Optional[Coverage] = None) -> str:
+    """One line: the fastest within ``tolerance_db`` of exact, and the fastest overall with its PSNR against
+    ``quality_vs`` (the exact reference, or the exact-kernel render standing in for it: the line says which).
+    ``coverage``: what was planned and rendered; where fewer candidates were rendered than planned the line says how
+    many of how many, speaks of those rendered only, and ends with the kernel bench's ranking as provisional -- a
+    verdict never claims to compare renders that were not made."""
     timed = [r for r in rows if r["warm_ms"] and not r["emulated"] and not r.get("is_reference")]
+    text = f"on this {device} for {model}: "
+    partial = coverage is not None and not coverage.complete
+    if partial:
+        text += coverage.text() + ": "
+    if partial and not coverage.rendered:
+        text += "no measured verdict; " + coverage.provisional()
+        return text + _not_speed(timed)
     if not timed:
-        return f"on this {device} for {model}: no render gave a warm step (see the rows' notes)"
-    speed = all(r["speed_figure"] for r in timed)
-    exact_db = _exact_db(rows)
-    near = [r for r in timed if r["psnr_db"] is not None and r["psnr_db"] >= exact_db - tolerance_db]
+        return text + "no render gave a warm step (see the rows' notes)" + (
+            "; " + coverage.provisional() if partial else "")
+    exact_db = _exact_db(rows, quality_vs=quality_vs)
+    near = [] if exact_db is None else [r for r in timed
+                                        if r["psnr_db"] is not None and r["psnr_db"] >= exact_db - tolerance_db]
     best = min(near, key=lambda r: r["warm_ms"]) if near else None
     fastest = min(timed, key=lambda r: r["warm_ms"])
-    text = f"on this {device} for {model}: "
+    among = f"of the {len(coverage.rendered)} rendered, " if partial else ""
     if best is not None:
         scale = "identical to exact" if math.isinf(exact_db) else f"exact attention's {exact_db:.1f} dB"
-        text += (f"{best['stack']} is fastest within {tolerance_db:g} dB of {scale} ({best['warm_ms']:.4g} "
+        text += (f"{among}{best['stack']} is fastest within {tolerance_db:g} dB of {scale} ({best['warm_ms']:.4g} "
                  f"ms/step{_x(best)}, {_db(best)})")
+    elif all(r["psnr_db"] is None for r in rows):
+        text += f"{among}no quality figure (no exact render's frames to compare with)"
+    elif exact_db is None:
+        text += (f"{among}no render beside {quality_vs} computes exact attention, so 'within {tolerance_db:g} dB "
+                 f"of exact' can't be read")
     else:
-        text += "no render reached exact attention's quality"
+        text += f"{among}no render reached exact attention's quality"
     if fastest is not best:
         text += (f"; {fastest['stack']} is fastest overall ({fastest['warm_ms']:.4g} ms/step{_x(fastest)}, "
                  f"{_db(fastest)})")
-    if not speed:
-        why = next((r["why_not_speed"] for r in timed if not r["speed_figure"]), "")
-        text += f" -- NOT speed figures ({why})"
-    return text
+    if quality_vs != REFERENCE:
+        text += (f"; quality against {quality_vs}, the fastest exact-kernel render: the exact {REFERENCE} was not "
+                 f"rendered")
+    if partial:
+        text += "; " + coverage.provisional()
+    return text + _not_speed(timed)
 
 
-def _exact_db(rows, baseline: str = BASELINE) -> float:
-    """The quality 'within N dB of exact' reads on: the PSNR against the fp64/fp32 ``reference`` of the pipeline's
-    own attention (exact math in the model's dtype: what no faster backend needs to beat), else the best PSNR of
-    the batch."""
+def _not_speed(timed: list[dict]) -> str:
+    if all(r["speed_figure"] for r in timed):
+        return ""
+    return f" -- NOT speed figures ({next((r['why_not_speed'] for r in timed if not r['speed_figure']), '')})"
+
+
+def _exact_db(rows, baseline: str = BASELINE, quality_vs: str = REFERENCE) -> Optional[float]:
+    """The quality 'within N dB of exact' reads on: the PSNR of the pipeline's own attention against the quality
+    baseline (exact math in the model's dtype: what no faster backend needs to beat) -- against the fp32
+    ``reference``, or against the exact-kernel render standing in for it (then: how far two exact kernels differ) --
+    else the best PSNR of the batch beside the baseline's own; None where the baseline is ``default`` itself (no
+    second exact render says how far exact kernels differ)."""
+    if quality_vs == baseline:
+        return None
     base = next((r["psnr_db"] for r in rows if r["stack"] == baseline and r["psnr_db"] is not None), None)
     if base is not None:
         return base
-    got = [r["psnr_db"] for r in rows if r["psnr_db"] is not None and not r.get("is_reference")]
+    got = [r["psnr_db"] for r in rows if r["psnr_db"] is not None and not r.get("is_reference")
+           and r["stack"] != quality_vs]
     return max(got) if got else math.inf
 
 
@@ -353,12 +597,15 @@ def _db(r) -> str:
     if r["psnr_db"] is None:
         return "PSNR n/a"
     codec = " (decoded videos: codec-capped)" if r.get("quality_from") == CODEC else ""
-    return f"{r['psnr_db']:.1f} dB vs the reference{codec}"
+    vs = r.get("quality_vs", REFERENCE)
+    if r["stack"] == vs:
+        return "the quality baseline"
+    return f"{r['psnr_db']:.1f} dB vs {'the reference' if vs == REFERENCE else vs}{codec}"
 
 
 COLUMNS = ["stack", "warm_ms", "warm_is", "p20_ms", "p80_ms", "n", "speedup", "first_step_ms", "end_to_end_s",
-           "one_time_s", "break_even", "psnr_db", "ssim", "quality_from", "peak_gib", "pareto", "speed_figure", "why_not_speed",
-           "emulated", "kernels", "why", "attention", "video"]
+           "one_time_s", "break_even", "psnr_db", "ssim", "quality_from", "quality_vs", "peak_gib", "pareto",
+           "speed_figure", "why_not_speed", "emulated", "kernels", "why", "attention", "video"]
 #: The report's table: the CSV's columns up to the kernels that ran.
 HTML_COLUMNS = COLUMNS[:COLUMNS.index("kernels") + 1]
 
@@ -371,15 +618,38 @@ def _cell(v) -> str:
     return str(v)
 
 
+def _shown(row: dict, col: str) -> str:
+    """A table cell: the one-time cost as :func:`vdbench.report.one_time_shown` shows it (a negative within the
+    warm steps' noise is 0.00; the CSV keeps the measured value), every other column as :func:`_cell`."""
+    if col == "one_time_s":
+        lo, hi = row.get("p20_ms"), row.get("p80_ms")
+        return one_time_cell(row.get(col), (hi - lo) / 1e3 if lo is not None and hi is not None else None, "—")
+    return _cell(row.get(col))
+
+
+def _negative_one_time(rows) -> bool:
+    return any(_shown(r, "one_time_s").endswith("*") for r in rows)
+
+
+def _notes_html(rows) -> str:
+    return f"<p>{html.escape(NEGATIVE_ONE_TIME_NOTE)}</p>" if _negative_one_time(rows) else ""
+
+
+def _header(col: str, quality_vs: str) -> str:
+    """A column's title: the quality columns name what they are against where it is not the exact reference."""
+    return f"{col} vs {quality_vs}" if col in ("psnr_db", "ssim") and quality_vs != REFERENCE else col
+
+
 def write_outputs(out: Path, rows: list[dict], meta: dict) -> None:
     with open(out / "sweep.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
         w.writeheader()
         w.writerows(rows)
     (out / "sweep.json").write_text(json.dumps({**meta, "rows": rows}, indent=1, default=str))
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in HTML_COLUMNS)
+    vs = meta.get("quality_vs") or REFERENCE
+    head = "".join(f"<th>{html.escape(_header(c, vs))}</th>" for c in HTML_COLUMNS)
     body = "".join("<tr" + (' class="pareto"' if r["pareto"] else "") + ">" +
-                   "".join(f"<td>{html.escape(_cell(r.get(c)))}</td>" for c in HTML_COLUMNS) + "</tr>" for r in rows)
+                   "".join(f"<td>{html.escape(_shown(r, c))}</td>" for c in HTML_COLUMNS) + "</tr>" for r in rows)
     left = "".join(f"<li>{html.escape(x['backend'])}: {html.escape(x['why'])}</li>" for x in meta["left_out"])
     (out / "report.html").write_text(
         "<!doctype html><meta charset=utf-8><title>vdbench sweep</title><style>body{font:14px sans-serif}"
@@ -388,8 +658,8 @@ def write_outputs(out: Path, rows: list[dict], meta: dict) -> None:
         f"<p>{html.escape(meta['device'])}; {meta['height']}x{meta['width']}, {meta['num_frames']} frames, "
         f"{meta['steps']} steps; warm = median of the steps after the first (p20-p80, n), their mean for a stack with a "
         f"step cache (its steps are of two kinds: warm_is says which); green rows: the Pareto "
-        f"set on (warm step, PSNR vs reference). Command: <code>{html.escape(meta['command'])}</code>; commit "
-        f"{html.escape(str(meta['commit']))}.</p><table><tr>{head}</tr>{body}</table>"
+        f"set on (warm step, PSNR vs {html.escape(vs)}). Command: <code>{html.escape(meta['command'])}</code>; commit "
+        f"{html.escape(str(meta['commit']))}.</p><table><tr>{head}</tr>{body}</table>{_notes_html(rows)}"
         f"<h2>Not rendered</h2><ul>{left}</ul><p>Kernel bench on the captures: kernels/attention.csv</p>")
 
 
@@ -449,9 +719,10 @@ def run(args) -> int:
             _log(f"[sweep] error: the capture render failed (rc {rc}); see {out / 'logs' / 'capture.log'}")
             return 1
         kdir.mkdir(exist_ok=True)
-        # what can be a candidate: emulations carry accuracy only and the exact reference is rendered anyway
-        runnable = [a["backend"] for a in avail if a["runs"] and not a["emulated"] and a["backend"] not in (
-            BASELINE, REFERENCE)]
+        # what can be a candidate (emulations carry accuracy only), and default and the exact reference: their
+        # times on the same inputs are what predicts each render's time (estimate_render_s)
+        runnable = [a["backend"] for a in avail if a["runs"] and not a["emulated"]]
+        runnable.sort(key=lambda n: 0 if n == BASELINE else 2 if n == REFERENCE else 1)
         grid = ["--grid", fam.size_grid(args.height, args.width, args.num_frames)] if fam.size_grid else []
         cmd = [sys.executable, str(ROOT / "bench" / "bench_attention.py"), "--input_dir", str(caps), "--kernel",
                ",".join(runnable), "--device", device, "--budget_s", str(args.kernel_budget_s), *grid, "-o",
@@ -463,60 +734,100 @@ def run(args) -> int:
         bench_rows = json.loads((kdir / "attention.json").read_text())["rows"]
     cands, left_out = plan_candidates(avail, bench_rows, max_candidates=args.max_candidates,
                                       max_rel_l2=args.max_rel_l2, stacks=stacks)
-    _log(f"[sweep] rendering {len(cands)}: {', '.join(c.name for c in cands)} ({left():.0f} s of budget left)")
+    try:
+        calls = calls_per_step(json.loads((caps / "metadata_default_rank0.json").read_text()))
+    except (OSError, ValueError):
+        calls = {}
+    attn = attention_ms_per_step(bench_rows, calls)  # what predicts each render's time
+    order = render_order(cands)
+    _log(f"[sweep] rendering {len(order)}: {', '.join(c.name for c in order)} ({left():.0f} s of budget left)")
 
-    # 3. the renders, reference first (the others are compared with it), each skipped when done or out of time
-    order = sorted(cands, key=lambda c: not c.is_reference)  # the others are compared with its video
+    # 3. the renders: default first, then the candidates, the exact reference last; each started only when its
+    # estimate fits in what is left, and none again that an earlier run finished
     slowest, records = max(capture_s, float(progress.get("slowest_s", 0.0))), {}
-    ref_frames = None  # (frames, path) of the reference render, once read
+    render_s = dict(progress.get("render_s") or {})  # each render's measured seconds, across the runs
+    quality_s = progress.get("quality_s")  # one quality comparison's seconds (measured on default's frames)
     quality_device = device if device.startswith("cuda") else None
-
-    def reference_frames():
-        nonlocal ref_frames
-        ref = next((records.get(c.name) for c in cands if c.is_reference), None)
-        if ref_frames is None and ref is not None and _frames(ref) is not None:
-            ref_frames = (load_frames(_frames(ref))[0], _frames(ref))
-        return ref_frames
-
+    skipped, failed = [], []
     for c in order:
         folder = out / "runs" / c.slug
         done = _records(folder) if folder.exists() else []
         if done and (_video(done[-1]) is not None or (not c.is_reference and _stored_quality(folder))):
             records[c.name] = done[-1]
+    for i, c in enumerate(order):
+        if c.name in records:
             _log(f"[sweep] {c.name}: done earlier (records read back)")
             continue
-        if left() < slowest * 1.2:
-            left_out.append({"backend": c.name, "why": f"budget: {left():.0f} s left, a render took {slowest:.0f} s"})
-            _log(f"[sweep] {c.name}: skipped, {left():.0f} s of budget left")
+        folder = out / "runs" / c.slug
+        est, basis = estimate_render_s(c, default_s=_default_s(render_s, records), steps=args.steps, attn_ms=attn,
+                                       fallback_s=slowest)
+        take = plan_renders([(c, est, basis)], left(), quality_s=float(quality_s or 0.0))[0]
+        if not take["render"]:
+            skipped.append(c.name)
+            left_out.append({"backend": c.name, "why": take["why"]})
+            _log(f"[sweep] {c.name}: skipped, {take['why']}")
             continue
         t = time.monotonic()
         rc = _run(_render_cmd(fam.name, args, c, folder, ["--overwrite"]), out / "logs" / f"{c.slug}.log", left())
         recs = _records(folder)
+        took = time.monotonic() - t
+        slowest = max(slowest, took)
         if rc != 0 or not recs:
-            slowest = max(slowest, time.monotonic() - t)
             save_progress(slowest_s=slowest)
+            failed.append(c.name)
             left_out.append({"backend": c.name, "why": f"render failed (rc {rc}): {_first_error(out, c)}"})
             _log(f"[sweep] {c.name}: failed (rc {rc}); see {out / 'logs' / (c.slug + '.log')}")
             continue
-        records[c.name] = recs[-1]
-        rendered_s = time.monotonic() - t
-        q = None if c.is_reference else quality_of(_frames(recs[-1]), reference_frames(), quality_device)
-        if q is not None:  # kept beside the render: ranks it on a resume that has only the reference's video
-            (folder / "quality.json").write_text(json.dumps(q))
-        slowest = max(slowest, time.monotonic() - t)  # the quality is part of what one more render costs
-        save_progress(slowest_s=slowest)
-        _log(f"[sweep] {c.name}: rendered in {rendered_s:.0f} s" + (
-            f", quality in {time.monotonic() - t - rendered_s:.1f} s" if q is not None else ""))
+        records[c.name], render_s[c.name] = recs[-1], took
+        _log(f"[sweep] {c.name}: rendered in {took:.0f} s (estimated {est:.0f} s)")
+        if c.name == BASELINE and quality_s is None and _frames(recs[-1]) is not None:
+            # what each render's quality figure will cost at the end: one comparison, timed on default's own frames
+            t = time.monotonic()
+            path = _frames(recs[-1])
+            quality_of(path, (load_frames(path)[0], path), quality_device)
+            quality_s = time.monotonic() - t
+        save_progress(slowest_s=slowest, render_s=render_s, quality_s=quality_s)
+        if c.name == BASELINE:
+            _log_plan(plan_renders([(x, *estimate_render_s(x, default_s=took, steps=args.steps, attn_ms=attn,
+                                                            fallback_s=slowest))
+                                    for x in order[i + 1:] if x.name not in records], left(),
+                                   quality_s=float(quality_s or 0.0)), left())
 
-    # 4. rank against the reference video
-    reference_frames()
-    rows = rank([row_of(c, records[c.name], ref_frames, _stored_quality(out / "runs" / c.slug), quality_device)
-                 for c in cands if c.name in records])
-    text = verdict(rows, device=dev_name, model=args.model, tolerance_db=args.psnr_tolerance_db)
+    # 4. the quality of each render against the exact reference, or the exact-kernel render standing in for it
+    warm = {n: warm_of(r)[0] for n, r in records.items()}
+    base = quality_baseline(cands, warm)
+    base_frames = None
+    if base is not None and _frames(records[base]) is not None:
+        base_frames = (load_frames(_frames(records[base]))[0], _frames(records[base]))
+    if base is not None and base != REFERENCE:
+        _log(f"[sweep] quality read against {base}, the fastest exact-kernel render: the exact {REFERENCE} was "
+             f"not rendered")
+    rows = []
+    for c in cands:
+        if c.name not in records:
+            continue
+        folder = out / "runs" / c.slug
+        stored = _stored_quality(folder)
+        if stored is not None and stored.get("vs", REFERENCE) != base:
+            stored = None  # against another baseline (the reference was rendered since): read again from the frames
+        row = row_of(c, records[c.name], base_frames, stored, quality_device, quality_vs=base or REFERENCE)
+        if stored is None and c.name != base and row["psnr_db"] is not None:
+            # kept beside the render: ranks it on a resume that has only the baseline's frames
+            (folder / "quality.json").write_text(json.dumps({"psnr": row["psnr_db"], "ssim": row["ssim"],
+                                                             "from": row["quality_from"], "vs": base}))
+        rows.append(row)
+    rows = rank(rows)
+    planned = [c.name for c in cands if c.name != BASELINE and not c.is_reference]
+    predicted, predicted_is = predicted_ranking(cands, attn, warm.get(BASELINE))
+    coverage = Coverage(planned, [n for n in planned if n in records], [n for n in skipped if n in planned],
+                        [n for n in failed if n in planned], predicted, predicted_is)
+    text = verdict(rows, device=dev_name, model=args.model, tolerance_db=args.psnr_tolerance_db,
+                   quality_vs=base or REFERENCE, coverage=coverage)
     meta = {"model": args.model, "family": fam.name, "device": dev_name, "height": args.height, "width": args.width,
             "num_frames": args.num_frames, "steps": args.steps, "verdict": text, "left_out": left_out,
             "command": command_line(), "commit": commit(), "budget_min": args.budget_min,
-            "elapsed_s": spent_before + time.monotonic() - t0, "runs": runs_before + 1}
+            "elapsed_s": spent_before + time.monotonic() - t0, "runs": runs_before + 1,
+            "quality_vs": base or REFERENCE, "coverage": dataclasses.asdict(coverage)}
     save_progress()
     write_outputs(out, rows, meta)
     Writer(out / "records.jsonl").write(*(Record(
@@ -527,7 +838,7 @@ def run(args) -> int:
                                    "psnr_db", "ssim", "peak_gib")},
         verdict={"speed_figure": r["speed_figure"], "why_not": r["why_not_speed"]}, command=meta["command"],
         commit=meta["commit"], created=now(), data=r) for r in rows))
-    _print_table(rows)
+    _print_table(rows, base or REFERENCE)
     _log(f"[sweep] {text}")
     runs = f" over {meta['runs']} runs" if meta["runs"] > 1 else ""
     _log(f"[sweep] {out / 'report.html'}, {out / 'sweep.csv'} ({meta['elapsed_s']:.0f} s of "
@@ -535,11 +846,32 @@ def run(args) -> int:
     return 0 if rows else 1
 
 
-def _print_table(rows):
+def _default_s(render_s: dict, records: dict) -> Optional[float]:
+    """Default's render time: as measured by a run of this sweep, else its record's end to end (process start to
+    the video on disk); None before it is rendered."""
+    if BASELINE in render_s:
+        return float(render_s[BASELINE])
+    rec = records.get(BASELINE)
+    e2e = rec.figures.get("end_to_end_s") if rec is not None else None
+    return float(e2e) if e2e else None
+
+
+def _log_plan(plan: list[dict], left_s: float) -> None:
+    if not plan:
+        return
+    est = ", ".join(f"{p['name']} ~{p['estimate_s']:.0f} s" for p in plan)
+    out = [p["name"] for p in plan if not p["render"]]
+    _log(f"[sweep] plan for the {left_s:.0f} s left: {est}" + (
+        f"; beyond the budget as estimated: {', '.join(out)}" if out else "; all fit"))
+
+
+def _print_table(rows, quality_vs: str = REFERENCE):
     cols = ["stack", "warm_ms", "n", "speedup", "one_time_s", "break_even", "psnr_db", "pareto"]
-    print("  ".join(f"{c:>12s}" for c in cols))
+    print("  ".join(f"{_header(c, quality_vs):>12s}" for c in cols))
     for r in rows:
-        print("  ".join(f"{_cell(r.get(c)):>12s}" for c in cols))
+        print("  ".join(f"{_shown(r, c):>12s}" for c in cols))
+    if _negative_one_time(rows):
+        print(f"note: {NEGATIVE_ONE_TIME_NOTE}")
 
 
 def _first_error(out: Path, c: Candidate) -> str:

@@ -14,6 +14,12 @@ MODIFIERS = ("cudnn_benchmark", "compile", "fused", "eager_glue")
 OPS = ("decode", "encode")
 INPUTS = ("video", "i2v")
 DEFAULT_CONFIGS = "fp32,bf16,bf16_autocast,tiled,chunked,channels_last_3d,cudnn_benchmark,fast,memory"
+# On a CPU the bench checks the plumbing, never speed (host clock, shared machine): the fp32 configs that run there in
+# seconds. The rest are for a GPU: bf16 runs in emulation-slow kernels on most CPUs, cudnn/channels_last/fast/memory
+# are choices of the GPU's kernels.
+CPU_DEFAULT_CONFIGS = "fp32,chunked"
+CPU_DEFAULT_REPEATS = 1
+GPU_DEFAULT_REPEATS = 5
 
 #: ROCm MIOpen presets: environment variables read by MIOpen when the process loads it.
 MIOPEN_PRESETS: dict[str, dict[str, str]] = {

@@ -217,15 +217,17 @@ def trim_latents(pipe, latents: torch.Tensor, num_frames):
 
 
 def parallel_refusal(engine: str, task: str, world_size: int, use_cfg_parallel: bool):
-    """What each engine can split, as shipped (diffusers 0.42.1, xfuser 0.7.0): diffusers' context parallelism
-    nothing (no ``_cp_plan`` for CogVideoXTransformer3DModel); xfuser T2V with Ulysses, ring, hybrid and CFG
-    (``xFuserCogVideoXPipeline``), not image-to-video."""
+    """What each engine can split, as shipped (diffusers 0.42.1, xfuser 0.7.0): xfuser T2V with Ulysses, ring,
+    hybrid and CFG (``xFuserCogVideoXPipeline``), not image-to-video; diffusers' engine the CFG split alone (the
+    guidance batch halved over two ranks, :class:`vdbench.parallel.GuidanceSplit`): diffusers has no
+    context-parallel plan (``_cp_plan``) for CogVideoXTransformer3DModel, so no sequence split."""
     if world_size > 1 and task == "i2v":
         return ("CogVideoX image-to-video under torchrun: neither engine splits it (xfuser 0.7 wraps "
                 "CogVideoXPipeline only; diffusers 0.42 has no _cp_plan for CogVideoX); run it on one GPU")
-    if world_size > 1 and engine != "xfuser":
-        return ("CogVideoX under --parallel_engine diffusers: diffusers 0.42 has no context-parallel plan for "
-                "CogVideoXTransformer3DModel (no _cp_plan); use --parallel_engine xfuser (xFuserCogVideoXPipeline)")
+    if world_size // (2 if use_cfg_parallel else 1) > 1 and engine != "xfuser":
+        return ("CogVideoX Ulysses/ring under --parallel_engine diffusers: diffusers 0.42 has no context-parallel "
+                "plan for CogVideoXTransformer3DModel (no _cp_plan); use --parallel_engine xfuser "
+                "(xFuserCogVideoXPipeline), or --use_cfg_parallel alone")
     return None
 
 

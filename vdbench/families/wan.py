@@ -306,20 +306,10 @@ def prepare_latents(vae, latents: torch.Tensor) -> torch.Tensor:
 
 
 def parallel_refusal(engine: str, task: str, world_size: int, use_cfg_parallel: bool):
-    """What each engine can split, as shipped (diffusers 0.42.1, xfuser 0.7.0):
-
-    ==============  ==========================  ===========================================
-    task            diffusers (context parallel) xfuser
-    ==============  ==========================  ===========================================
-    T2V / TI2V      Ulysses, ring, hybrid        Ulysses, ring, hybrid (no CFG split: its runner
-                                                 lists ``use_cfg_parallel`` for I2V only)
-    I2V             Ulysses, ring, hybrid        + CFG (``xFuserWanImageToVideoPipeline``)
-    ==============  ==========================  ===========================================
-    """
-    if use_cfg_parallel and task != "i2v":
-        return (f"--use_cfg_parallel with Wan {task}: xfuser 0.7 runs Wan text-to-video through diffusers' own "
-                "WanPipeline, which evaluates both guidance branches on every rank (xfuser's runner lists "
-                "use_cfg_parallel for its I2V models only); CFG parallel works for --task i2v and for CogVideoX")
+    """What each engine can split, as shipped (diffusers 0.42.1, xfuser 0.7.0): every task with Ulysses, ring, hybrid
+    and the CFG split on both engines. The CFG split is xfuser's own pipeline for I2V
+    (``xFuserWanImageToVideoPipeline``) and vdbench's :class:`vdbench.parallel.GuidanceSplit` elsewhere (diffusers'
+    pipelines, which xfuser runs for T2V too, evaluate both branches on every rank)."""
     return None
 
 
