@@ -259,13 +259,13 @@ def test_xfuser_wiring_follows_the_family(fake_xfuser, tmp_path, monkeypatch):
 
     # CogVideoX: the pipeline wrapper around the loaded pipeline
     cog = type("CogVideoXPipeline", (), {"transformer": object()})()
-    wrapped, models = parallel.apply_engine(ctx(), cog, [("transformer", cog.transformer)])
+    wrapped, models = parallel.apply_engine(ctx(), cog, [("transformer", cog.transformer)], COG)
     assert isinstance(wrapped, fake_xfuser.CogWrapper) and wrapped.pipe is cog
     assert models == [("transformer", cog.transformer)]
     # Wan: the transformer wrapper takes over the loaded transformer's tensors; I2V with CFG: the CFG pipeline
     pipe = P.load_pipeline("tiny", "i2v", "wan")
     old = pipe.transformer
-    new_pipe, models = parallel.apply_engine(ctx(cfg=True), pipe, P.transformers_of(pipe))
+    new_pipe, models = parallel.apply_engine(ctx(cfg=True), pipe, P.transformers_of(pipe), P.model_of(pipe).family)
     assert type(new_pipe) is fake_xfuser.WanCfgPipeline and new_pipe.engine_config[0] == "engine_config"
     assert isinstance(models[0][1], fake_xfuser.WanWrapper) and new_pipe.transformer is models[0][1]
     assert all(a.data_ptr() == b.data_ptr() for a, b in zip(old.parameters(), models[0][1].parameters()))
@@ -274,7 +274,7 @@ def test_xfuser_wiring_follows_the_family(fake_xfuser, tmp_path, monkeypatch):
     i2v = type("CogVideoXImageToVideoPipeline", (), {})()
     with pytest.raises(B.BackendUnavailable, match="CogVideoXImageToVideoPipeline is not wired to xfuser in vdbench "
                                                    r"\(WanPipeline, WanImageToVideoPipeline, CogVideoXPipeline are\)"):
-        parallel.apply_engine(ctx(), i2v, [])
+        parallel.apply_engine(ctx(), i2v, [], COG)
 
 
 def test_attention_call_kinds():
@@ -399,7 +399,7 @@ def test_a_registered_family_is_what_the_generic_code_asks(monkeypatch):
         pipe = types.SimpleNamespace(vae=ToyVAE(), video_processor=types.SimpleNamespace(
             postprocess_video=lambda video, output_type: [video]))
         latents = torch.arange(3.0).view(1, 3, 1, 1, 1)
-        frames = D.decode_latents(pipe, latents, "toyfam")
+        frames = D.decode_latents(pipe, latents, toy)
         assert torch.equal(frames, (latents[:, 1:] + 1) * 2)
         # the band decode's driving of the decoder: per the family's vae_frame_chunks
         monkeypatch.setattr(vae_parallel, "VAES", ("ToyVAE",))

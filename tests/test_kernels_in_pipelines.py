@@ -43,7 +43,7 @@ from vdbench import cli
 from vdbench.vae.decode import decode_latents
 from vdbench.measure.quality import psnr, rel_l2
 from vdbench.numerics import exact_attention
-from vdbench.pipelines import load_pipeline
+from vdbench.pipelines import load_pipeline, model_of
 
 from tests.conftest import triton_interpreter
 
@@ -91,7 +91,7 @@ def _render(family: str, backend: str) -> dict:
         latents = pipe("A cat walks on the grass", negative_prompt="blurry", height=h, width=w, num_frames=f,
                        num_inference_steps=steps, guidance_scale=guidance, output_type="latent",
                        generator=torch.Generator("cpu").manual_seed(0)).frames
-        frames = decode_latents(pipe, latents, family, num_frames=f)
+        frames = decode_latents(pipe, latents, model_of(pipe).family, num_frames=f)
     return {"frames": np.asarray(frames), "stats": patch.stats.as_dict(),
             "max_error": {kind: max(errs) for kind, errs in errors.items()}}
 

@@ -29,7 +29,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from vdbench import backends as B  # noqa: E402
+from vdbench import families  # noqa: E402
 from vdbench import parallel as P  # noqa: E402
+
+WAN, COG = families.get("wan"), families.get("cogvideox")
 
 SMALL = ["--model", "tiny", "--height", "64", "--width", "96", "--num_frames", "9", "--num_inference_steps", "2",
          "--attention_type", "sdpa", "--save_frames", "--save_latents"]
@@ -119,24 +122,24 @@ def test_ring_refuses_backends_without_lse_and_names_those_with():
     ring = P.ParallelSpec("diffusers", 1, 2)
     for name in ("sagev1_emu", "fp8_emu", "sdpa_math", "default"):
         with pytest.raises(B.BackendUnavailable, match="log-sum-exp") as e:
-            P.check_backend_for_path(ring, name, "cpu")
+            P.check_backend_for_path(ring, name, "cpu", WAN)
         assert "sdpa, sdpa_flash, reference" in str(e.value)
-    P.check_backend_for_path(ring, "sdpa", "cpu")  # returns it on CPU
-    P.check_backend_for_path(P.ParallelSpec("diffusers", 2, 1), "sagev1_emu", "cpu")  # Ulysses needs no LSE
+    P.check_backend_for_path(ring, "sdpa", "cpu", WAN)  # returns it on CPU
+    P.check_backend_for_path(P.ParallelSpec("diffusers", 2, 1), "sagev1_emu", "cpu", WAN)  # Ulysses needs no LSE
     with pytest.raises(B.BackendUnavailable, match="only on cuda"):
-        P.check_backend_for_path(ring, "sdpa_cudnn", "cpu")
+        P.check_backend_for_path(ring, "sdpa_cudnn", "cpu", WAN)
 
 
 def test_cogvideox_under_torchrun_needs_xfuser_for_a_sequence_split():
     with pytest.raises(B.BackendUnavailable, match="no _cp_plan.*--parallel_engine xfuser"):
-        P.check_backend_for_path(P.ParallelSpec("diffusers", 2, 1), "sdpa", "cpu", family="cogvideox")
+        P.check_backend_for_path(P.ParallelSpec("diffusers", 2, 1), "sdpa", "cpu", COG)
     with pytest.raises(B.BackendUnavailable, match="no _cp_plan.*--use_cfg_parallel alone"):
-        P.check_backend_for_path(P.ParallelSpec("diffusers", 2, 1, True), "sdpa", "cpu", family="cogvideox")
-    P.check_backend_for_path(P.ParallelSpec("diffusers", 1, 1), "sdpa", "cpu", family="cogvideox")
-    P.check_backend_for_path(P.ParallelSpec("diffusers", 1, 1, True), "sdpa", "cpu", family="cogvideox")
+        P.check_backend_for_path(P.ParallelSpec("diffusers", 2, 1, True), "sdpa", "cpu", COG)
+    P.check_backend_for_path(P.ParallelSpec("diffusers", 1, 1), "sdpa", "cpu", COG)
+    P.check_backend_for_path(P.ParallelSpec("diffusers", 1, 1, True), "sdpa", "cpu", COG)
     # xfuser's CogVideoX pipeline splits sequence and guidance: accepted (it runs on CUDA only, see below)
-    P.check_backend_for_path(P.ParallelSpec("xfuser", 2, 1), "sdpa", "cpu", family="cogvideox")
-    P.check_backend_for_path(P.ParallelSpec("xfuser", 1, 1, True), "sdpa", "cpu", family="cogvideox")
+    P.check_backend_for_path(P.ParallelSpec("xfuser", 2, 1), "sdpa", "cpu", COG)
+    P.check_backend_for_path(P.ParallelSpec("xfuser", 1, 1, True), "sdpa", "cpu", COG)
 
 
 def test_cfg_parallel_on_both_engines_for_every_wan_task():
@@ -152,8 +155,8 @@ def test_cfg_parallel_on_both_engines_for_every_wan_task():
     assert P.resolve_engine(P.ParallelSpec("auto", 1, 1, True), torch.device("cpu")).engine == "diffusers"
     for engine in ("diffusers", "xfuser"):
         for task in ("t2v", "ti2v", "i2v"):
-            P.check_backend_for_path(P.ParallelSpec(engine, 1, 1, True), "sdpa", "cpu", "wan", task)
-            P.check_backend_for_path(P.ParallelSpec(engine, 2, 1, True), "sdpa", "cpu", "wan", task)
+            P.check_backend_for_path(P.ParallelSpec(engine, 1, 1, True), "sdpa", "cpu", WAN, task)
+            P.check_backend_for_path(P.ParallelSpec(engine, 2, 1, True), "sdpa", "cpu", WAN, task)
     # refused before any model load: the degrees include the 2 guidance ranks
     with pytest.raises(ValueError, match="x 2 \\(cfg\\) = 4 processes.*nproc_per_node=4"):
         import os

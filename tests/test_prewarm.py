@@ -9,6 +9,7 @@ import torch
 
 pytest.importorskip("triton")
 
+from vdbench import families  # noqa: E402
 from vdbench.vae import decode as D  # noqa: E402
 from vdbench.vae import prewarm as W  # noqa: E402
 from vdbench.vae import fast as V  # noqa: E402
@@ -210,7 +211,8 @@ def test_a_failed_prewarm_is_recorded_and_the_decode_still_runs(monkeypatch):
     pipe.video_processor = VideoProcessor(vae_scale_factor=8)
     latents = torch.randn(1, vae.config.z_dim, 2, 4, 4, generator=torch.Generator().manual_seed(3))
     info = {}
-    frames = D.decode_latents(pipe, latents, "wan", mode="fast", fused_glue=True, info=info, prewarm=pw)
+    frames = D.decode_latents(pipe, latents, families.get("wan"), mode="fast", fused_glue=True, info=info,
+                              prewarm=pw)
     assert frames.shape[-1] == 3
     assert info["prewarm"] == "failed (RuntimeError: CUDA out of memory.)"
     assert set(info["one_time"]) == {"prewarm_wait_s"} and info["prewarm_s"] >= 0

@@ -156,31 +156,44 @@ def test_an_encode_reports_across_calls_split_by_repetition_and_warm_up():
     assert R._reported_since(info, None, before) == ({"plan_s": 0.3}, {})
 
 
-def test_a_render_resolves_its_configuration_once(tmp_path, monkeypatch):
-    """validate looks the family up and parses the model string once; the later stages (load, the repetitions'
-    decode and encode, finish) take the plan's objects, so neither happens again in a whole render."""
-    from vdbench.vae import decode as D
+def test_a_render_knows_its_model_once(tmp_path, monkeypatch):
+    """validate resolves the model once (pipelines.resolve: the family looked up by name, the model string parsed,
+    the component configs read) and the stages after take that Model -- the loaded pipeline carries it --, so
+    nothing below the render parses the model string again, looks the family up by name or finds it back from a
+    pipeline's, transformer's or VAE's class."""
     from vdbench import families
     from vdbench import pipelines as P
 
-    calls = {"families.get": 0, "parse_model": 0}
+    resolved, after = [], []  # the resolve step's calls; what any of the others was called for after it
 
-    def counted(name, fn):
+    def counted(module, name):
+        real = getattr(module, name)
+
         def wrapper(*a, **k):
-            calls[name] += 1
-            return fn(*a, **k)
-        return wrapper
+            if resolved:
+                after.append(f"{module.__name__}.{name}")
+            return real(*a, **k)
+        monkeypatch.setattr(module, name, wrapper)
 
-    monkeypatch.setattr(families, "get", counted("families.get", families.get))
-    monkeypatch.setattr(P, "parse_model", counted("parse_model", P.parse_model))
-    plan = R.validate(_cfg(tmp_path))
-    assert isinstance(plan.family, families.Family) and isinstance(plan.model, P.ModelSpec)
-    assert (plan.model.kind, plan.model.variant, plan.model.task) == ("tiny", "wan2.1-t2v", "t2v")
-    assert plan.decode.mode is D.MODES["default"] and plan.parallel is None
-    assert calls == {"families.get": 1, "parse_model": 1}
-    calls.update(dict.fromkeys(calls, 0))
-    R.render(_cfg(tmp_path), log=lambda *a, **k: None)
-    assert calls == {"families.get": 1, "parse_model": 1}
+    for name in ("get", "for_pipeline", "for_transformer", "for_vae"):
+        counted(families, name)
+    for name in ("parse_model", "config_head_dims", "config_denoisers", "config_vae", "get_variant",
+                 "random_variant"):
+        counted(P, name)
+    real_resolve = P.resolve
+
+    def resolve(*a, **k):
+        model = real_resolve(*a, **k)
+        resolved.append(model)
+        return model
+    monkeypatch.setattr(P, "resolve", resolve)
+
+    summary = R.render(_cfg(tmp_path), log=lambda *a, **k: None)
+    assert summary["calls_by_kernel"] and len(resolved) == 1 and after == [], after
+    model = resolved[0]
+    assert isinstance(model, P.Model) and model.family is families.get("wan") and model.task == "t2v"
+    assert (model.spec.kind, model.spec.variant, model.pipeline_class) == ("tiny", "wan2.1-t2v", "WanPipeline")
+    assert model.head_dims == [32] and model.vae[0] == "AutoencoderKLWan" and list(model.denoisers) == ["transformer"]
 
 
 def test_the_vae_prewarm_starts_after_the_load_and_only_an_image_encode_part_before_it(tmp_path, monkeypatch):

@@ -12,6 +12,7 @@ import torch
 from diffusers import AutoencoderKLCogVideoX, AutoencoderKLWan
 from diffusers.video_processor import VideoProcessor
 
+from vdbench import families
 from vdbench.vae import decode as D
 from vdbench.vae import fast as V
 from vdbench.families.cogvideox import COG_VAE as _COG_VAE
@@ -95,7 +96,7 @@ def test_parallel_mode_runs_the_band_decode(monkeypatch, wan21):
 
     calls = []
 
-    def fake(vae, z, chunk_frames=None, info=None):
+    def fake(vae, z, chunk_frames=None, info=None, family=None):
         calls.append((z.shape, chunk_frames))
         info["rank"] = 0
         return torch.zeros(1)
@@ -185,9 +186,9 @@ def _pipe(vae):
 def test_decode_latents_fast_matches_default(wan21):
     pipe = _pipe(wan21)
     lat = torch.randn(1, 16, 3, 4, 6, generator=torch.Generator().manual_seed(3))
-    a = D.decode_latents(pipe, lat, "wan")
+    a = D.decode_latents(pipe, lat, families.get("wan"))
     info = {}
-    b = D.decode_latents(pipe, lat, "wan", mode="fast", chunk_frames=2, info=info)
+    b = D.decode_latents(pipe, lat, families.get("wan"), mode="fast", chunk_frames=2, info=info)
     assert a.shape == b.shape == (9, 32, 48, 3) and abs(a - b).max() < 1e-4 and info["path"] == "chunked"
 
 
@@ -197,7 +198,7 @@ def test_decode_latents_timeout_catches_stall(monkeypatch, wan21):
     monkeypatch.setattr(wan21.decoder, "forward", lambda *a, **k: time.sleep(30))
     t0 = time.monotonic()
     with pytest.raises(WatchdogTimeout) as ei:
-        D.decode_latents(pipe, lat, "wan", mode="fast", timeout_s=0.5)
+        D.decode_latents(pipe, lat, families.get("wan"), mode="fast", timeout_s=0.5)
     assert time.monotonic() - t0 < 5
     assert ei.value.report.last_completed_stage == "decode"  # decode_video started; chunk 0 is the stall
     assert ei.value.report.current_stage == "decode latent frames 0..0"

@@ -218,15 +218,14 @@ def init_distributed(spec: ParallelSpec, device_arg: str = "auto") -> Optional[D
 
 
 def check_backend_for_path(spec: ParallelSpec, attention_type: "str | B.Backend", device,
-                           family: "str | families.Family" = "wan", task: str = "t2v") -> None:
+                           family: families.Family, task: str = "t2v") -> None:
     """Refuse (BackendUnavailable) what the chosen engine and path can't run, before any work.
 
     What each engine can split is the family's (:attr:`vdbench.families.Family.parallel_refusal`; as shipped,
     diffusers 0.42.1 and xfuser 0.7.0: Wan every task under both engines, CFG parallel for I2V only; CogVideoX
     T2V under xfuser only); what any backend needs on a path (ring: the log-sum-exp) is checked here.
     """
-    fam = family if isinstance(family, families.Family) else families.get(family)
-    why = fam.parallel_refusal(spec.engine, task, spec.world_size, spec.use_cfg_parallel)
+    why = family.parallel_refusal(spec.engine, task, spec.world_size, spec.use_cfg_parallel)
     if why:
         raise B.BackendUnavailable(why)
     backend = attention_type if isinstance(attention_type, B.Backend) else B.resolve(attention_type)
@@ -281,10 +280,10 @@ def one_device_presented(device: torch.device):
         torch.accelerator.device_count = orig
 
 
-def apply_engine(ctx: DistContext, pipe, models: list, family: "families.Family | None" = None) -> tuple:
+def apply_engine(ctx: DistContext, pipe, models: list, family: families.Family) -> tuple:
     """Make the pipeline parallel with the chosen engine; returns ``(pipe, models)`` (both may be new objects:
     xfuser wraps the transformers, and for CFG parallel / CogVideoX the pipeline itself). ``family``: the
-    pipeline's family where the caller holds it (the render); by default the one serving its class."""
+    pipeline's family (the render's :attr:`vdbench.pipelines.Model.family`)."""
     spec = ctx.spec
     if spec.engine == "diffusers":
         from diffusers import ContextParallelConfig
@@ -298,7 +297,7 @@ def apply_engine(ctx: DistContext, pipe, models: list, family: "families.Family 
                 m.enable_parallelism(config=ContextParallelConfig(ulysses_degree=spec.ulysses_degree,
                                                                   ring_degree=spec.ring_degree, mesh=mesh))
         if spec.use_cfg_parallel:
-            split_guidance(ctx, pipe, models, family or families.for_pipeline(pipe))
+            split_guidance(ctx, pipe, models, family)
         return pipe, models
     return _apply_xfuser(ctx, pipe, models, family)
 
@@ -439,7 +438,7 @@ def split_guidance(ctx: DistContext, pipe, models: list, family: "families.Famil
     return split
 
 
-def _apply_xfuser(ctx: DistContext, pipe, models: list, family: "families.Family | None" = None) -> tuple:
+def _apply_xfuser(ctx: DistContext, pipe, models: list, family: families.Family) -> tuple:
     """xDiT's own integration of each pipeline, in xfuser's order: world group, engine config, its wrappers, then
     the runtime state (which builds the Ulysses / ring / CFG groups from the engine config). Which wrapper applies
     is the family's (:attr:`vdbench.families.Family.xfuser`, a :class:`~vdbench.families.XfuserWiring` per
@@ -455,7 +454,7 @@ def _apply_xfuser(ctx: DistContext, pipe, models: list, family: "families.Family
     from xfuser.core.distributed import init_distributed_environment, initialize_runtime_state
     spec = ctx.spec
     kind = type(pipe).__name__
-    wiring = _xfuser_wiring(pipe, family)
+    wiring = family.xfuser.get(kind)
     if wiring is None:
         wired = [cls for name in families.names() for cls in families.get(name).xfuser]
         raise B.BackendUnavailable(f"--parallel_engine xfuser: {kind} is not wired to xfuser in vdbench "
@@ -502,19 +501,8 @@ def _apply_xfuser(ctx: DistContext, pipe, models: list, family: "families.Family
 
         ctx.cfg_group, ctx.cfg_index = get_cfg_group().device_group, get_classifier_free_guidance_rank()
         ctx.shard_group = get_sp_group().device_group if spec.sequence_degree > 1 else None
-        split_guidance(ctx, pipe, new, family or families.for_pipeline(pipe))
+        split_guidance(ctx, pipe, new, family)
     return pipe, new
-
-
-def _xfuser_wiring(pipe, family: "families.Family | None" = None):
-    """The family's (``family``, else the one serving ``pipe``'s class) :class:`~vdbench.families.XfuserWiring` for
-    ``pipe``'s class, or None if none is wired."""
-    if family is None:
-        try:
-            family = families.for_pipeline(pipe)
-        except ValueError:
-            return None
-    return family.xfuser.get(type(pipe).__name__)
 
 
 def _xfuser_class(path: str):

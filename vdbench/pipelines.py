@@ -7,11 +7,17 @@ handling and component wiring are exercised too.
 
 Public API (used by the rest of vdbench and its CLIs):
 
-* :func:`parse_model` -- a model string parsed once into a :class:`ModelSpec` (kind, variant, path or hub id,
-  family, task), what the functions below also accept in place of the string.
+* :func:`resolve` -- the model a render is about, resolved once into a :class:`Model`: its family and task checked,
+  its string parsed (:class:`ModelSpec`), its pipeline class, its components' configs read without a weight.
+  :meth:`Model.load` loads it; the pipeline it loads carries it (:func:`model_of`).
+* :func:`parse_model` -- a model string parsed into a :class:`ModelSpec` (kind, variant, path or hub id, family,
+  task) without refusing anything, what the config readers below also accept in place of the string.
 * :func:`resolve_model` -- ``"tiny"`` / ``"tiny:<variant>"`` -> a local directory (built on demand); anything
   else is returned unchanged.
-* :func:`load_pipeline` -- resolve + ``from_pretrained`` with the family's pipeline class, offline-friendly errors.
+* :func:`load_pipeline` -- a model named by strings, resolved and loaded (:meth:`Model.load`: ``from_pretrained``
+  with the family's pipeline class, offline-friendly errors).
+* :func:`config_head_dims`, :func:`config_denoisers`, :func:`config_vae` -- a model string's component configs,
+  read without a weight.
 * :func:`transformers_of`, :func:`check_video_size`, :func:`model_summary` -- helpers over a loaded pipeline.
 * :func:`build_vae` -- one family VAE at a tiny or the real checkpoint's config, seeded random weights (benches).
 * Re-exported from :mod:`vdbench.tiny` (where callers have always found them): :data:`TINY_VARIANTS`,
@@ -30,11 +36,12 @@ import torch
 from . import families
 from .timing import Laps
 from .tiny import (BUILDER_VERSION, RANDOM_VARIANTS, TINY_VARIANTS, TinyVariant, build_random, build_tiny,
-                   ensure_tiny, get_variant, tiny_model_dir)
+                   ensure_tiny, get_variant, random_variant, tiny_model_dir)
 
 __all__ = [
     "BUILDER_VERSION",
     "MODEL_KINDS",
+    "Model",
     "ModelLoadError",
     "ModelSpec",
     "TINY_VARIANTS",
@@ -44,11 +51,15 @@ __all__ = [
     "build_tiny",
     "build_vae",
     "check_video_size",
+    "config_denoisers",
     "config_head_dims",
+    "config_vae",
     "hub_id_problem",
     "load_pipeline",
+    "model_of",
     "model_summary",
     "parse_model",
+    "resolve",
     "resolve_model",
     "tiny_model_dir",
     "transformers_of",
@@ -78,11 +89,13 @@ class ModelSpec:
     ``model``: the string as given (what messages name). ``kind``: one of :data:`MODEL_KINDS`. ``family``: the
     :class:`vdbench.families.Family` (None where the name given is not a registered family). ``task``: the
     family's task (None: it has no such task). ``variant``: the tiny variant (``tiny`` resolved through the
-    family's default for the task) or the random-weight architecture (``random:<arch>``, registered or not).
-    ``path``: a local model's path, ``~`` expanded; ``hub_id``: a hub model's id, and ``hub_problem`` why it can't
-    be one (None if it can). Parsing refuses nothing: what a name can't resolve to is kept for the step that needs
-    it (``task_error``: the family or task is unknown; ``variant_error``: a tiny name names no variant), so that a
-    config read answers "unknown" and the load refuses, with the family's or the variant registry's message."""
+    family's default for the task) or the random-weight architecture (``random:<arch>``, registered or not), and
+    ``built_from`` the registered :class:`~vdbench.tiny.TinyVariant` it is built from (a random-weight
+    architecture's: :func:`vdbench.tiny.random_variant`). ``path``: a local model's path, ``~`` expanded;
+    ``hub_id``: a hub model's id, and ``hub_problem`` why it can't be one (None if it can). Parsing refuses
+    nothing: what a name can't resolve to is kept for the step that needs it (``task_error``: the family or task
+    is unknown; ``variant_error``: a tiny or random-weight name names no variant), so that a config read answers
+    "unknown" and the load refuses, with the family's or the variant registry's message."""
 
     model: str
     kind: str
@@ -94,6 +107,7 @@ class ModelSpec:
     hub_problem: Optional[str] = None
     task_error: Optional[str] = None
     variant_error: Optional[str] = None
+    built_from: Optional[TinyVariant] = None
 
 
 def parse_model(model: str, task: str | None = None, family: "str | families.Family" = "wan") -> ModelSpec:
@@ -106,17 +120,22 @@ def parse_model(model: str, task: str | None = None, family: "str | families.Fam
         checked = fam.check_task(task)
     except ValueError as e:
         task_error = str(e)
-    common = dict(model=model, family=fam, task=checked, task_error=task_error)
-    if model.startswith("random:"):
-        return ModelSpec(kind="random", variant=model[len("random:"):], **common)
-    if model == "tiny":
-        variant = fam.default_tiny[checked] if task_error is None else None
-        return ModelSpec(kind="tiny", variant=variant, variant_error=task_error, **common)
-    if model.startswith("tiny:"):
+    return _parsed(model, fam, checked, task_error)
+
+
+def _parsed(model: str, fam: Optional[families.Family], task: Optional[str], task_error: Optional[str]) -> ModelSpec:
+    """:func:`parse_model`'s spec once the family and task are settled (``task_error``: why they could not be)."""
+    common = dict(model=model, family=fam, task=task, task_error=task_error)
+    if model == "tiny" and task_error is not None:
+        return ModelSpec(kind="tiny", variant_error=task_error, **common)
+    if model == "tiny" or model.startswith(("tiny:", "random:")):
+        kind, _, name = model.partition(":")
+        name = fam.default_tiny[task] if model == "tiny" else name
         try:
-            return ModelSpec(kind="tiny", variant=get_variant(model[len("tiny:"):]).name, **common)
-        except ValueError as e:
-            return ModelSpec(kind="tiny", variant_error=str(e), **common)
+            built = random_variant(name) if kind == "random" else get_variant(name)
+        except ValueError as e:  # kept for the load to refuse (ModelSpec)
+            return ModelSpec(kind=kind, variant=name if kind == "random" else None, variant_error=str(e), **common)
+        return ModelSpec(kind=kind, variant=name, built_from=built, **common)
     local = os.path.expanduser(model)
     if os.path.exists(local) or _looks_like_path(model):
         return ModelSpec(kind="local", path=local, **common)
@@ -126,6 +145,75 @@ def parse_model(model: str, task: str | None = None, family: "str | families.Fam
 def _as_spec(model: "str | ModelSpec", task: str | None, family: "str | families.Family") -> ModelSpec:
     """``model`` itself when it is parsed already (it carries its task and family), else :func:`parse_model`'s."""
     return model if isinstance(model, ModelSpec) else parse_model(model, task, family)
+
+
+#: A pipeline's denoisers, by component name (Wan 2.2 A14B has two experts; :func:`transformers_of`).
+DENOISERS = ("transformer", "transformer_2")
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Model:
+    """The model a render is about, resolved once before anything loads (:func:`resolve`); the stages after take
+    it, and the pipeline :meth:`load` makes carries it (:func:`model_of`), so that nothing below looks the family
+    up by name or derives it back from the pipeline's classes.
+
+    ``spec``: the model string parsed (:class:`ModelSpec`: tiny, random-weight, local or hub). ``family``: its
+    :class:`~vdbench.families.Family` and ``task`` the family's task (the spec's, both known here).
+    ``image``: a conditioning image goes to a task that takes one. ``pipeline_class``: the diffusers pipeline
+    class that serves them; ``requirements``: the packages that class needs at call time, ((module, why), ...),
+    the family's ``pipeline_requirements``. Read from the files without a weight -- a tiny or random-weight model's
+    variant (:attr:`ModelSpec.built_from`), a local directory's or a cached hub id's ``config.json`` --, None where
+    that needs a download: ``denoisers`` (``{"transformer": (class name, config), "transformer_2": ...}``),
+    ``vae`` ((class name, config)), ``head_dims`` (the denoisers' attention head dims)."""
+
+    spec: ModelSpec
+    family: families.Family
+    task: str
+    image: bool
+    pipeline_class: str
+    requirements: tuple[tuple[str, str], ...] = ()
+    denoisers: Optional[dict] = None
+    vae: Optional[tuple[str, dict]] = None
+    head_dims: Optional[list[int]] = None
+
+    def load(self, *, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
+             vae_dtype: torch.dtype | None = None, timings: dict | None = None):
+        """The pipeline, loaded through ``<PipelineClass>.from_pretrained`` (:func:`load_pipeline` says how), carrying
+        this model (:func:`model_of`)."""
+        return _load(self, dtype, device, vae_dtype, timings)
+
+    def check_size(self, pipe, height: int, width: int, num_frames: int) -> None:
+        """:func:`check_video_size` of this model's loaded ``pipe``, by its family's rules."""
+        _check_video_size(pipe, self.family, height, width, num_frames)
+
+
+def resolve(model: str, task: str | None = None, family: "str | families.Family" = "wan", *,
+            image: bool = False) -> Model:
+    """``model`` (a model string) of ``family`` (a name or the family) for ``task`` (None: t2v), with a conditioning
+    image where ``image``, resolved into a :class:`Model`: the family and task checked (ValueError naming the valid
+    ones), the string parsed, the pipeline class chosen, the components' configs read without a weight. What the
+    string can't resolve to (an unknown tiny variant) is kept for the load to refuse, as :class:`ModelSpec` keeps
+    it."""
+    fam = family if isinstance(family, families.Family) else families.get(family)
+    task = fam.check_task(task)
+    image = image and fam.takes_image(task)
+    pipeline_class = fam.pipeline_class(task, image=image)
+    requirements = tuple(fam.pipeline_requirements.get(pipeline_class, ()))
+    spec = _parsed(model, fam, task, None)
+    found = _component_configs(spec, DENOISERS + ("vae",)) or {}
+    denoisers = {n: found[n] for n in DENOISERS if n in found} or None
+    vae = found["vae"] if "vae" in found and found["vae"][0] else None
+    return Model(spec, fam, task, image, pipeline_class, requirements, denoisers, vae, _head_dims(denoisers))
+
+
+#: The attribute of a pipeline loaded here that holds its :class:`Model`.
+_MODEL_ATTR = "vdbench_model"
+
+
+def model_of(pipe) -> Optional[Model]:
+    """The :class:`Model` ``pipe`` was loaded as (:meth:`Model.load`, :func:`load_pipeline`); None for a pipeline
+    loaded elsewhere."""
+    return getattr(pipe, _MODEL_ATTR, None)
 
 
 def resolve_model(model: "str | ModelSpec", task: str | None = None, family: "str | families.Family" = "wan") -> str:
@@ -193,21 +281,14 @@ def hub_id_problem(model: str) -> str | None:
 
 def _component_configs(spec: ModelSpec, names: tuple[str, ...]) -> dict | None:
     """Component name (``transformer``, ``transformer_2``, ``vae``) -> (class name or None, config) of the model
-    ``spec`` names, read without loading a weight: a tiny or random-weight model from its variant, a local
-    directory or a cached hub id from ``<name>/config.json`` (diffusers' ``load_config``, local files only; the
-    class from its ``_class_name``); None when that can't be known without a download. A component the model lacks
-    is left out."""
+    ``spec`` names, read without loading a weight: a tiny or random-weight model from the variant it is built from,
+    a local directory or a cached hub id from ``<name>/config.json`` (diffusers' ``load_config``, local files only;
+    the class from its ``_class_name``); None when that can't be known without a download. A component the model
+    lacks is left out."""
     out: dict = {}
-    variant = None
-    if spec.kind == "random":
-        base, overrides = RANDOM_VARIANTS.get(spec.variant, (None, {}))
-        if base is None:
-            return None
-        variant = dataclasses.replace(TINY_VARIANTS[base], **overrides)
-    elif spec.kind == "tiny":
-        if spec.variant is None:
-            return None
-        variant = TINY_VARIANTS[spec.variant]
+    variant = spec.built_from
+    if spec.kind in ("random", "tiny") and variant is None:
+        return None
     if variant is not None:
         for n in names:
             cfg = getattr(variant, n)
@@ -234,33 +315,36 @@ def _component_configs(spec: ModelSpec, names: tuple[str, ...]) -> dict | None:
     return out
 
 
+def _head_dims(denoisers: Optional[dict]) -> list[int] | None:
+    """The attention head dims of ``denoisers`` (:func:`_component_configs`' entries); None unless every one says."""
+    if not denoisers or "transformer" not in denoisers:
+        return None
+    dims = [cfg.get("attention_head_dim") for _, cfg in denoisers.values()]
+    return [int(d) for d in dims] if all(isinstance(d, int) for d in dims) else None
+
+
 def config_head_dims(model: "str | ModelSpec", task: str | None = None,
                      family: "str | families.Family" = "wan") -> list[int] | None:
     """The attention head dims of ``model``'s denoiser(s) (a string, or a :class:`ModelSpec` that carries its task
     and family), read from their configs without loading a weight (:func:`_component_configs`); None when that
-    can't be known without a download (the loaded model is checked instead). Lets the render refuse a backend that
-    can't serve the model's head dim before any weight loads."""
-    found = _component_configs(_as_spec(model, task, family), ("transformer", "transformer_2"))
-    if not found or "transformer" not in found:
-        return None
-    dims = [cfg.get("attention_head_dim") for _, cfg in found.values()]
-    return [int(d) for d in dims] if dims and all(isinstance(d, int) for d in dims) else None
+    can't be known without a download (the loaded model is checked instead). Lets a backend that can't serve the
+    model's head dim be refused before any weight loads (:attr:`Model.head_dims`)."""
+    return _head_dims(_component_configs(_as_spec(model, task, family), DENOISERS))
 
 
 def config_denoisers(model: "str | ModelSpec", task: str | None = None,
                      family: "str | families.Family" = "wan") -> dict | None:
     """``{"transformer": (class name, config), "transformer_2": ...}`` of ``model``'s denoiser(s), read without
     loading a weight (:func:`_component_configs`), or None where that needs a download: what the step cache's
-    check builds on the meta device before the load (:func:`vdbench.cache.check_cache`)."""
-    found = _component_configs(_as_spec(model, task, family), ("transformer", "transformer_2"))
-    return found or None
+    check builds on the meta device before the load (:func:`vdbench.cache.check_cache`; :attr:`Model.denoisers`)."""
+    return _component_configs(_as_spec(model, task, family), DENOISERS) or None
 
 
 def config_vae(model: "str | ModelSpec", task: str | None = None,
                family: "str | families.Family" = "wan") -> tuple[str, dict] | None:
     """(class name, config) of ``model``'s VAE (a string, or a :class:`ModelSpec`), read without loading a weight
     (:func:`_component_configs`), or None where that needs a download: what a scratch VAE of the same architecture
-    is built from before the pipeline loads (:mod:`vdbench.vae.prewarm`)."""
+    is built from before the pipeline loads (:mod:`vdbench.vae.prewarm`; :attr:`Model.vae`)."""
     found = _component_configs(_as_spec(model, task, family), ("vae",))
     if not found or "vae" not in found or not found["vae"][0]:
         return None
@@ -279,7 +363,7 @@ def _offline_help(model: str, reason: str) -> str:
 
 
 def load_pipeline(
-    model: "str | ModelSpec",
+    model: str,
     task: str = "t2v",
     family: "str | families.Family" = "wan",
     *,
@@ -290,8 +374,8 @@ def load_pipeline(
     timings: dict | None = None,
 ):
     """Load a pipeline of ``family`` (a registered :mod:`vdbench.families` name, or the family itself) for ``task``
-    from a tiny name, a random-weight name, a local directory or a hub id; or from a :class:`ModelSpec`
-    (:func:`parse_model`), which carries its task and family (``task`` and ``family`` are then not read).
+    from a tiny name, a random-weight name, a local directory or a hub id: :func:`resolve`, then
+    :meth:`Model.load`; the pipeline carries its :class:`Model` (:func:`model_of`).
 
     Everything goes through ``<PipelineClass>.from_pretrained(path, dtype=dtype)`` (diffusers 0.42's name for
     ``torch_dtype``) -- tiny models included, so they exercise the real loading code. The class is the family's
@@ -306,41 +390,44 @@ def load_pipeline(
     build's per component, :func:`vdbench.tiny.build_random`; otherwise the imports, ``from_pretrained`` and the
     move to ``device``).
     """
+    return resolve(model, task, family, image=image).load(dtype=dtype, device=device, vae_dtype=vae_dtype,
+                                                          timings=timings)
+
+
+def _load(model: Model, dtype: torch.dtype, device, vae_dtype: torch.dtype | None, timings: dict | None):
+    """:meth:`Model.load`: the variant's refusals, then a random-weight build or ``from_pretrained``."""
     laps = Laps(timings, device)
     import diffusers
 
-    spec = _as_spec(model, task, family)
-    if spec.task_error is not None:
-        raise ValueError(spec.task_error)
-    model, task, fam = spec.model, spec.task, spec.family
+    spec, fam, task = model.spec, model.family, model.task
+    name = spec.model
+    v = spec.built_from
+    if spec.kind in ("random", "tiny") and v is None:
+        raise ValueError(spec.variant_error)
     if spec.kind == "random":
-        base = RANDOM_VARIANTS.get(spec.variant, ("",))[0]
-        if base and TINY_VARIANTS[base].family != fam.name:
-            raise ValueError(f"{model!r} is a {TINY_VARIANTS[base].family} model, but family {fam.name!r} was "
-                             "requested.")
+        if v.family != fam.name:
+            raise ValueError(f"{name!r} is a {v.family} model, but family {fam.name!r} was requested.")
         pipe = build_random(spec.variant, dtype=dtype, device=device, timings=timings)
         if vae_dtype is not None and vae_dtype != dtype:
             pipe.vae.to(vae_dtype)
+        setattr(pipe, _MODEL_ATTR, model)
         return pipe
     if spec.kind == "tiny":
-        if spec.variant is None:
-            raise ValueError(spec.variant_error)
-        v = TINY_VARIANTS[spec.variant]
         if v.family != fam.name:
-            raise ValueError(f"Tiny variant {spec.variant!r} is a {v.family} model, but family {fam.name!r} was "
+            raise ValueError(f"Tiny variant {v.name!r} is a {v.family} model, but family {fam.name!r} was "
                              "requested.")
         if task not in v.tasks:
             raise ValueError(
-                f"Tiny variant {spec.variant!r} supports task(s) {', '.join(v.tasks)}, not {task!r}; "
+                f"Tiny variant {v.name!r} supports task(s) {', '.join(v.tasks)}, not {task!r}; "
                 f"pick a matching --task or another variant ({', '.join(TINY_VARIANTS)})."
             )
-    cls = getattr(diffusers, fam.pipeline_class(task, image=image))
+    cls = getattr(diffusers, model.pipeline_class)
     vae_cls = getattr(diffusers, fam.vae_class)
     laps.lap("imports")
     local = str(ensure_tiny(spec.variant)) if spec.kind == "tiny" else spec.path
     source = spec.hub_id
 
-    def _load(**hub_kwargs):
+    def from_pretrained(**hub_kwargs):
         # diffusers 0.42 renamed `torch_dtype` to `dtype` (the old name still works but warns on every load).
         kwargs: dict[str, Any] = {"dtype": dtype}
         if vae_dtype is not None and vae_dtype != dtype:
@@ -356,7 +443,7 @@ def load_pipeline(
                 f"`huggingface-cli download <id> --local-dir DIR` and pass `--model DIR`, or use `--model tiny`."
             )
         source = local
-        pipe = _load()
+        pipe = from_pretrained()
     elif local is not None and os.path.exists(local):
         raise ModelLoadError(
             f"Model path {local!r} is a file; expected a diffusers pipeline directory (with model_index.json). "
@@ -369,34 +456,35 @@ def load_pipeline(
         )
     elif spec.hub_problem:
         raise ModelLoadError(
-            f"Model {model!r} is not a local directory and can't be a hub id ({spec.hub_problem}); nothing "
+            f"Model {name!r} is not a local directory and can't be a hub id ({spec.hub_problem}); nothing "
             f"was downloaded.\nThe embedded tiny models are spelled `tiny` or `tiny:<variant>` "
             f"({', '.join(TINY_VARIANTS)}); a real checkpoint is a hub id such as Wan-AI/Wan2.1-T2V-1.3B-Diffusers "
             f"or a local diffusers directory.")
     else:
         cache_dir = _hf_cache_dir()
         try:
-            pipe = _load(local_files_only=True, cache_dir=cache_dir)
+            pipe = from_pretrained(local_files_only=True, cache_dir=cache_dir)
         except OSError as local_exc:  # huggingface_hub/diffusers report "not (fully) cached" as OSError subclasses
             if _hf_offline():
                 raise ModelLoadError(
                     _offline_help(
-                        model,
+                        name,
                         f"it is not a local directory and not (fully) in the Hugging Face cache at {cache_dir}, and "
                         f"HF_HUB_OFFLINE is set, so it cannot be downloaded. ({type(local_exc).__name__})",
                     )
                 ) from local_exc
             try:
-                pipe = _load(cache_dir=cache_dir)
+                pipe = from_pretrained(cache_dir=cache_dir)
             except Exception as exc:  # noqa: BLE001 - network / auth / missing-repo errors all end the same way
                 raise ModelLoadError(
                     _offline_help(
-                        model,
+                        name,
                         f"it is not a local directory, not in the Hugging Face cache at {cache_dir}, and downloading "
                         f"it failed ({type(exc).__name__}; the underlying error is shown above).",
                     )
                 ) from exc
     laps.lap("from_pretrained")
+    setattr(pipe, _MODEL_ATTR, model)
     return laps.lap("to_device", pipe.to(device))
 
 
@@ -412,7 +500,7 @@ def transformers_of(pipe) -> list[tuple[str, torch.nn.Module]]:
     must be installed in both or half the denoising steps would silently run the default attention.
     """
     out = []
-    for name in ("transformer", "transformer_2"):
+    for name in DENOISERS:
         module = getattr(pipe, name, None)
         if module is not None:
             out.append((name, module))
@@ -441,15 +529,23 @@ def check_video_size(pipe, height: int, width: int, num_frames: int,
     diffusers' pipelines silently round a bad size (or fail deep inside the model), which makes benchmark rows
     incomparable. Rules: height and width must be multiples of VAE spatial factor x transformer patch size (Wan
     2.1 / A14B / CogVideoX: 8 x 2 = 16; Wan 2.2 TI2V-5B: 16 x 2 = 32). The frame count and any fixed size are the
-    family's (``family``: a name or the :class:`vdbench.families.Family`; by default the one serving the
-    pipeline's class):
+    family's (``family``: a name or the :class:`vdbench.families.Family`; by default the pipeline's own: the
+    :class:`Model` it was loaded as, else the family serving its class; :meth:`Model.check_size`):
     Wan needs num_frames = 4k + 1 (the causal VAE maps 1 + 4k frames to 1 + k latents); CogVideoX needs 8k + 1
     (its VAE decodes latents two at a time and only an odd latent count comes back as 4 (L - 1) + 1 frames, an
     even count gives 4L frames, which is why the real default is 49), and its models with learned positional
     embeddings (5b-I2V) only run at their sample size.
     """
-    fam = (family if isinstance(family, families.Family) else families.get(family) if family is not None
-           else families.for_pipeline(pipe))
+    if isinstance(family, str):
+        family = families.get(family)
+    elif family is None:
+        loaded = model_of(pipe)
+        family = loaded.family if loaded is not None else families.for_pipeline(pipe)
+    _check_video_size(pipe, family, height, width, num_frames)
+
+
+def _check_video_size(pipe, fam: families.Family, height: int, width: int, num_frames: int) -> None:
+    """:func:`check_video_size` by ``fam``'s rules."""
     name, transformer = transformers_of(pipe)[0]
     ph, pw = _patch_hw(transformer)
     spatial = int(pipe.vae_scale_factor_spatial)

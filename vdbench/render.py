@@ -32,8 +32,8 @@ from typing import Optional
 import torch
 
 from . import backends as B
-from . import families
-from .patching import AttentionPatch
+from . import families, pipelines
+from .patching import AttentionPatch, no_grid_hooks
 from .patching.schedule import as_schedule, resolve_attention
 from .measure.record import Writer, command_line, commit, from_render_entry, speed_options, stack_name
 from .timing import (Clock, Laps, StepProfiler, StepTimer, WallStart, append_timing, compile_seconds, describe_steps,
@@ -69,10 +69,9 @@ def resolve_dtype(arg: str, device: torch.device) -> torch.dtype:
         raise ValueError(f"unknown dtype {arg!r}; choose from auto, {', '.join(DTYPES)}") from None
 
 
-def preflight(attention_type: str | B.Backend, device, dtype, head_dims) -> B.Backend:
-    """The backend's entry (what travels down from here; a schedule's every backend), or BackendUnavailable with
-    what *can* run here unless it serves every head dim."""
-    backend = resolve_attention(attention_type)
+def preflight(backend: B.Backend, device, dtype, head_dims) -> B.Backend:
+    """The backend's entry (:func:`vdbench.patching.schedule.resolve_attention`'s: a schedule requires its every
+    backend), or BackendUnavailable with what *can* run here unless it serves every head dim."""
     try:
         return backend.require(device, dtype, head_dims)
     except B.BackendUnavailable as e:
@@ -178,7 +177,7 @@ class _Progress:
         self.name, self.steps, self.reps, self.log, self.enabled = name, steps, reps, log, enabled
         self.rep, self.t0, self.first = 0, 0.0, None
 
-    def start(self, rep: int) -> None:
+    def begin(self, rep: int) -> None:
         self.rep, self.t0 = rep, time.monotonic()
         if self.first is None:
             self.first = self.t0
@@ -270,14 +269,13 @@ class VaeMode:
 @dataclass
 class Plan:
     """What :func:`validate` settled before any weight loads, each thing resolved once into the object the later
-    stages take (none of them looks a name of ``cfg`` up again): the backend entry (or schedule), the family, the
-    parsed model (:class:`vdbench.pipelines.ModelSpec`), the device and dtypes, the decode and encode modes with
-    their options, the torchrun context and its parallel layout (:class:`vdbench.parallel.ParallelSpec`, None for
-    one process)."""
+    stages take (none of them looks a name of ``cfg`` up again): the backend entry (or schedule), the model
+    (:class:`vdbench.pipelines.Model`: its family, its parsed string, its pipeline class, its components' configs),
+    the device and dtypes, the decode and encode modes with their options, the torchrun context and its parallel
+    layout (:class:`vdbench.parallel.ParallelSpec`, None for one process)."""
 
     cfg: RenderConfig
-    family: families.Family
-    model: object  # vdbench.pipelines.ModelSpec
+    model: pipelines.Model
     backend: B.Backend
     device: torch.device
     dtype: torch.dtype
@@ -296,6 +294,11 @@ class Plan:
                                                            cfg.fp8_gemms, cfg.bf16_te_gemms),
                           self.decode.mode.name, self.encode.mode.name, self.cache.name if self.cache else None,
                           self.dctx.spec.tag if self.dctx is not None else "")
+
+    @property
+    def family(self) -> families.Family:
+        """The model's family (:attr:`vdbench.pipelines.Model.family`)."""
+        return self.model.family
 
     @property
     def parallel(self):
@@ -349,27 +352,28 @@ def _checked_plan(cfg: RenderConfig, dctx) -> Plan:
     from .vae.decode import GLUES, DecodeOptions, check_decode
     from .vae.encode import EncodeOptions, check_encode
     from .cache import check_cache, parse_cache
-    from .pipelines import config_denoisers, config_head_dims, parse_model
     from .speed import check_speed_options
 
     device = dctx.device if dctx is not None else resolve_device(cfg.device)
     dtype = resolve_dtype(cfg.dtype, device)
     check_speed_options(device, compile=cfg.compile, compile_backend=cfg.compile_backend,
                         compile_mode=cfg.compile_mode, fp8_gemms=cfg.fp8_gemms)
+    # the render's one lookup of its family and one parse of its model string, its configs read (no weight): the
+    # Model travels from here; an unknown variant is the load's refusal
+    model = pipelines.resolve(cfg.model, cfg.task, cfg.family, image=bool(cfg.image))
+    family = model.family
     # unknown names, bad options and malformed schedules fail before the (slow) model load
     backend = resolve_attention(cfg.attention_type)
     cfg = replace(cfg, attention_type=backend.name)  # an alias (diffusers' / SGLang's name) is recorded as ours
-    family = families.get(cfg.family)  # the one lookup of the render: the Family object travels from here
-    model = parse_model(cfg.model, cfg.task, family)  # parsed once; an unknown variant is the load's refusal
+    as_schedule(backend).check_plan(num_steps=cfg.num_inference_steps, compiled=cfg.compile, parallel=dctx is not None,
+                                    grid_family=family.name if family.grid_hooks is not None else None)
     cache = parse_cache(cfg.cache)  # an unknown kind, key or value before anything else of the cache's
     cfg = replace(cfg, cache=cache.name if cache else None)  # recorded in its one spelling
     # the family's rules, diffusers' config checks and, on the denoisers built on the meta device from their
     # configs, whether diffusers applies it at all: all before the weights
     if cache is not None:
-        check_cache(cache, family, config_denoisers(model), compiled=cfg.compile, parallel=dctx is not None,
-                    steps=cfg.num_inference_steps, pipeline_class=family.pipeline_class(cfg.task, image=bool(cfg.image)))
-    as_schedule(backend).check_plan(num_steps=cfg.num_inference_steps, compiled=cfg.compile, parallel=dctx is not None,
-                                    grid_family=family.name if family.grid_hooks is not None else None)
+        check_cache(cache, family, model.denoisers, compiled=cfg.compile, parallel=dctx is not None,
+                    steps=cfg.num_inference_steps, pipeline_class=model.pipeline_class)
     if dctx is not None:  # the backend must serve this parallel path (ring: LSE), on every rank
         for member in as_schedule(backend).members:
             P.check_backend_for_path(dctx.spec, member, device, family, cfg.task)
@@ -383,12 +387,12 @@ def _checked_plan(cfg: RenderConfig, dctx) -> Plan:
                              "process")
     # the head dims from the model's config (no weights; the loaded model is checked again): a backend that can't
     # serve them, or can't run on this device at all (sagev1 on a CPU), is refused here
-    preflight(backend, device, dtype, config_head_dims(model) or [])
+    preflight(backend, device, dtype, model.head_dims or [])
     if cfg.image and cfg.task in family.image_refusals:
         raise ValueError(family.image_refusals[cfg.task])
     if cfg.task in family.image_tasks and not cfg.image:
         raise ValueError(f"task {cfg.task} needs --img_file_path (the image to animate)")
-    for module, why in family.pipeline_requirements.get(family.pipeline_class(cfg.task, image=bool(cfg.image)), ()):
+    for module, why in model.requirements:
         if importlib.util.find_spec(module) is None:
             raise ValueError(f"task {cfg.task} needs the {module} package ({why})\npip install {module}")
     if cfg.image and not Path(cfg.image).is_file():
@@ -428,7 +432,7 @@ def _checked_plan(cfg: RenderConfig, dctx) -> Plan:
     if cfg.profile_output and steps_profiled > cfg.num_inference_steps:
         raise ValueError(f"--profile_wait + --profile_warmup + --profile_active = {steps_profiled} exceeds the "
                          f"{cfg.num_inference_steps} denoising steps of the profiled repetition")
-    return Plan(cfg, family, model, backend, device, dtype, vae_dtype, VaeMode(decode, decode_options),
+    return Plan(cfg, model, backend, device, dtype, vae_dtype, VaeMode(decode, decode_options),
                 VaeMode(encode, encode_options), dctx, cache)
 
 
@@ -458,15 +462,14 @@ def _start_prewarm(plan: Plan, pipe=None, *, encode_only: bool = False):
     nothing. So the render starts it when the load ends -- except an image-to-video encode part, which runs before
     the denoising: only the load can hide that one (``encode_only`` at the load's start)."""
     from .vae import prewarm as W
-    from .pipelines import config_vae
 
     cfg, device = plan.cfg, plan.device
     if not cfg.vae_prewarm or device.type != "cuda" or cfg.cpu_offload or cfg.vae_tiling:
         return None
-    image = bool(cfg.image) and plan.family.takes_image(cfg.task)
+    image = plan.model.image
     if encode_only and not image:
         return None
-    spec = config_vae(plan.model) if pipe is None else (type(pipe.vae).__name__, dict(pipe.vae.config))
+    spec = plan.model.vae if pipe is None else (type(pipe.vae).__name__, dict(pipe.vae.config))
     if spec is None:
         return None
     p = W.plan(vae_class=spec[0], device=device, decode_mode=plan.decode.mode, decode_options=plan.decode.options,
@@ -479,16 +482,15 @@ def _start_prewarm(plan: Plan, pipe=None, *, encode_only: bool = False):
 
 
 def _load_checked(plan: Plan, laps: Laps) -> tuple:
-    """(pipeline, load time, flow shift): loaded, its scheduler's shift set, its exact size rules and the backend
-    against its head dims checked; ``laps``: the load's parts, the loading's own
-    (:func:`vdbench.pipelines.load_pipeline`) among them."""
-    from .pipelines import check_video_size, load_pipeline, transformers_of
+    """(pipeline, its denoisers, load time, flow shift): loaded, its scheduler's shift set, its exact size rules
+    and the backend against its head dims checked; ``laps``: the load's parts, the loading's own
+    (:meth:`vdbench.pipelines.Model.load`) among them."""
+    from .pipelines import transformers_of
 
-    cfg, family, device = plan.cfg, plan.family, plan.device
+    cfg, model, device = plan.cfg, plan.model, plan.device
     t_load = time.perf_counter()
-    pipe = load_pipeline(plan.model, dtype=plan.dtype,
-                         device="cpu" if cfg.cpu_offload else device, vae_dtype=plan.vae_dtype,
-                         image=bool(cfg.image) and family.takes_image(cfg.task), timings=laps.parts)
+    pipe = model.load(dtype=plan.dtype, device="cpu" if cfg.cpu_offload else device, vae_dtype=plan.vae_dtype,
+                      timings=laps.parts)
     if cfg.cpu_offload:
         pipe.enable_model_cpu_offload(device=device)
     if cfg.vae_tiling:
@@ -496,40 +498,40 @@ def _load_checked(plan: Plan, laps: Laps) -> tuple:
     if cfg.vae_slicing:
         pipe.vae.enable_slicing()
     load_time = time.perf_counter() - t_load
-    laps.lap("pipeline_other")  # outside the parts load_pipeline names
+    laps.lap("pipeline_other")  # outside the parts the load names
+    model.check_size(pipe, cfg.height, cfg.width, cfg.num_frames)
+    models = transformers_of(pipe)
     flow_shift = None
-    if family.flow_shift is not None:
+    if model.family.flow_shift is not None:
         flow_shift = _set_flow_shift(pipe, cfg.flow_shift if cfg.flow_shift is not None
-                                     else family.flow_shift(cfg.task, cfg.height, cfg.width))
+                                     else model.family.flow_shift(cfg.task, cfg.height, cfg.width))
     pipe.set_progress_bar_config(disable=not sys.stderr.isatty(), leave=False)
-    check_video_size(pipe, cfg.height, cfg.width, cfg.num_frames, family=family)
     laps.lap("size_checks")
     # the backend's availability here (its package imported, the device queried)
-    preflight(plan.backend, device, plan.dtype, [m.config.attention_head_dim for _, m in transformers_of(pipe)])
+    preflight(plan.backend, device, plan.dtype, [m.config.attention_head_dim for _, m in models])
     laps.lap("preflight")
-    return pipe, load_time, flow_shift
+    return pipe, models, load_time, flow_shift
 
 
 def load(plan: Plan) -> Loaded:
     """Load the pipeline and check what only the loaded model can tell (its exact size rules, its head dims)."""
     from . import parallel as P
-    from .pipelines import ModelLoadError, model_summary, transformers_of
+    from .pipelines import ModelLoadError, model_summary
     from .speed import apply_speed_options
 
     cfg, family, device, dctx = plan.cfg, plan.family, plan.device, plan.dctx
     t0 = time.perf_counter()
-    err = pipe = load_time = flow_shift = None
+    err = pipe = models = load_time = flow_shift = None
     laps = Laps({})  # where the load's time goes (host clock): its variation is read here, not guessed
     part = laps.lap
     prewarm = _start_prewarm(plan, encode_only=True)  # an image's encode comes before the denoising: hide it here
     part("prewarm_start")
     try:  # what only the files or the loaded model can refuse is agreed like validate's refusals (torchrun)
-        pipe, load_time, flow_shift = _load_checked(plan, laps)
+        pipe, models, load_time, flow_shift = _load_checked(plan, laps)
     except (ModelLoadError, B.BackendUnavailable, ValueError, OSError) as e:
         err = e
     P.agree(dctx, err)  # single process: raises err itself
     part("agree")  # the ranks agreeing on the outcome (torchrun)
-    models = transformers_of(pipe)
     head_dims = [m.config.attention_head_dim for _, m in models]
     if dctx is not None:
         pipe, models = P.apply_engine(dctx, pipe, models, family)
@@ -549,7 +551,7 @@ def load(plan: Plan) -> Loaded:
     kwargs = dict(prompt=cfg.prompt, negative_prompt=cfg.negative_prompt, height=cfg.height, width=cfg.width,
                   num_frames=cfg.num_frames, num_inference_steps=cfg.num_inference_steps,
                   guidance_scale=cfg.guidance_scale, output_type="latent", **cfg.extra_pipe_kwargs)
-    if cfg.image and family.takes_image(cfg.task):
+    if plan.model.image:
         kwargs["image"] = _load_image(cfg.image, cfg.width, cfg.height)
     backend = plan.backend
     header = {
@@ -588,175 +590,259 @@ def _reported_since(info: dict, set_up: Optional[dict], before: dict) -> tuple[d
     return {k: v for k, v in now.items() if k not in in_warmup or in_warmup[k] != v}, in_warmup
 
 
+class _Watch:
+    """What watches a render's pipeline calls, set up once before them and closed after (:meth:`close`): the
+    attention patch (counts, timing, its observers), the stage timers (the encoders, the VAE encode under
+    ``--vae_timeout``'s watchdog, the first denoiser call), the attention capture, the step cache's counter, the
+    progress lines, the profiler of the first repetition, the encode's reports (``encode_info``, across the calls)
+    and the run id every entry carries."""
+
+    def __init__(self, plan: Plan, loaded: Loaded, log):
+        from .stages import StageTimers
+        from .watchdog import Watchdog
+
+        cfg, device = plan.cfg, plan.device
+        # one render's entries, told apart from a re-run's (two renders in one process and second differ by the
+        # suffix)
+        self.run_id = f"{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self.progress = _Progress(plan.stack, cfg.num_inference_steps, cfg.num_repetitions, log,
+                                  enabled=not sys.stderr.isatty())
+        watch_encode = (lambda: Watchdog(cfg.vae_timeout, label="vae encode")) if cfg.vae_timeout else None
+        self.stage_timers = StageTimers(loaded.pipe, [m for _, m in loaded.models], device, encode_around=watch_encode)
+        self.capture = None
+        if cfg.save_inputs:
+            from .capture import AttentionCapture
+
+            self.capture = AttentionCapture(cfg.capture_dir, cfg.attention_type, rank=cfg.rank,
+                                            max_captures=cfg.max_captures)
+        self.patch = AttentionPatch(loaded.models, plan.backend, on_unsupported=cfg.on_unsupported,
+                                    time_attention=cfg.time_attention,
+                                    observers=[self.capture] if self.capture else None,
+                                    # the family's own (none: a grid backend is refused), not found again from
+                                    # the transformers' classes
+                                    call_kind=plan.family.call_kind,
+                                    grid_hooks=plan.family.grid_hooks or no_grid_hooks,
+                                    # compiled blocks would trace the tile-order hooks; a step cache compares and
+                                    # reuses block outputs across steps, which a schedule's switch to tile order
+                                    # (padded) breaks
+                                    tile_order_once=not cfg.compile and plan.cache is None)
+        self.profiler = None
+        if cfg.profile_output:
+            root = cfg.traces_root if cfg.traces_root is not None else cfg.output_path.parent.parent / "traces"
+            self.profiler = StepProfiler(Path(root) / cfg.profile_output, cfg.rank, cfg.profile_wait,
+                                         cfg.profile_warmup, cfg.profile_active, device)
+        self.counter = loaded.cache
+        self.encode_info: dict = {}
+        self.began: Optional[_Mark] = None  # the repetition in progress's start (:meth:`begin`)
+        self.device, self.dctx, self.attention_type = device, plan.dctx, cfg.attention_type
+        self.settings = loaded.header["settings"]  # recorded beside the capture
+
+    def mark(self) -> "_Mark":
+        """torch.compile's time and the encode's one-time reports so far."""
+        return _Mark(compile_seconds(), dict(self.encode_info.get("one_time") or {}))
+
+    def advance(self, step: int) -> None:
+        """A denoising step ended: the schedule's step, the cache counter's, the progress line."""
+        from . import parallel as P
+
+        self.patch.step = step + 1
+        if self.counter is not None:
+            self.counter.end_step()
+        self.progress.step(step)
+        if self.dctx is not None:
+            P.maybe_inject_failure(self.dctx.rank, "step", self.attention_type)
+
+    def reset(self) -> None:
+        """Before a pipeline call: its steps and cache counted from its first step (a schedule warms every backend
+        it names in the warm-up calls as in a timed one)."""
+        self.patch.step = 0
+        if self.counter is not None:
+            self.counter.reset()
+
+    def begin(self, rep: int) -> None:
+        """Before a timed repetition: the counts, the stage timers and the peak memory afresh."""
+        self.reset()
+        self.patch.reset_counts()
+        self.stage_timers.reset()
+        reset_peak_memory(self.device)
+        self.progress.begin(rep)
+        self.began = self.mark()
+
+    def close(self, log) -> None:
+        """After the calls, also on error: the stage timers' hooks removed, the capture's files closed."""
+        self.stage_timers.remove()
+        if self.capture is not None:
+            meta_path = self.capture.close(extra={"settings": self.settings})
+            stats = self.capture.stats
+            log(f"captured {stats.saved} of {stats.seen} attention calls ({stats.bytes / 2**20:.1f} MiB, "
+                f"{stats.host_time_s:.3f} s on the run's thread, {stats.writer_time_s:.3f} s in the writer) "
+                f"-> {meta_path}")
+
+
+@dataclass(frozen=True)
+class _Mark:
+    """torch.compile's time and the encode's one-time reports at a point of the render: what the one-time costs
+    after it are counted from (:meth:`_Watch.mark`)."""
+
+    compiled: float
+    encode: dict
+
+
 def run_repetitions(plan: Plan, loaded: Loaded, log) -> tuple[list[dict], object]:
     """The untimed warm-up calls, then the timed repetitions: one timing entry each, and the last one's frames."""
-    from . import parallel as P
-    from .vae.decode import decode_latents
+    from tqdm.auto import tqdm
+
     from .vae.encode import use_encode
-    from .stages import StageTimers, merge_one_time
-    from .watchdog import Watchdog, WatchdogTimeout
 
-    cfg, device, dctx, pipe, header, backend = plan.cfg, plan.device, plan.dctx, loaded.pipe, loaded.header, plan.backend
-    # one render's entries, told apart from a re-run's (two renders in one process and second differ by the suffix)
-    run_id = f"{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-    # the encoders, the VAE encode (under --vae_timeout's watchdog) and the first denoiser call, timed by hooks
-    watch_encode = (lambda: Watchdog(cfg.vae_timeout, label="vae encode")) if cfg.vae_timeout else None
-    stage_timers = StageTimers(pipe, [m for _, m in loaded.models], device, encode_around=watch_encode)
-    encode_info: dict = {}
-    capture = None
-    if cfg.save_inputs:
-        from .capture import AttentionCapture
-
-        capture = AttentionCapture(cfg.capture_dir, cfg.attention_type, rank=cfg.rank, max_captures=cfg.max_captures)
-    patch = AttentionPatch(loaded.models, plan.backend, on_unsupported=cfg.on_unsupported,
-                           time_attention=cfg.time_attention, observers=[capture] if capture else None,
-                           call_kind=plan.family.call_kind, grid_hooks=plan.family.grid_hooks,
-                           # compiled blocks would trace the tile-order hooks; a step cache compares and reuses
-                           # block outputs across steps, which a schedule's switch to tile order (padded) breaks
-                           tile_order_once=not cfg.compile and plan.cache is None)
+    cfg = plan.cfg
+    watch = _Watch(plan, loaded, log)
     entries, frames = [], None
-    prewarm = loaded.prewarm
-    progress = _Progress(plan.stack, cfg.num_inference_steps, cfg.num_repetitions, log,
-                         enabled=not sys.stderr.isatty())
-
-    counter = loaded.cache
-
-    def advance(step):
-        patch.step = step + 1
-        if counter is not None:
-            counter.end_step()
-        progress.step(step)
-        if dctx is not None:
-            P.maybe_inject_failure(dctx.rank, "step", cfg.attention_type)
-
-    profiler = None
-    if cfg.profile_output:
-        root = cfg.traces_root if cfg.traces_root is not None else cfg.output_path.parent.parent / "traces"
-        profiler = StepProfiler(Path(root) / cfg.profile_output, cfg.rank, cfg.profile_wait, cfg.profile_warmup,
-                                cfg.profile_active, device)
     try:  # a calibrating MagCache's ratios recorded from diffusers' log while the pipeline runs
-        with patch, torch.inference_mode(), use_encode(pipe.vae, plan.encode.mode, plan.encode.options,
-                                                       info=encode_info), \
-                (counter.listening() if counter is not None else contextlib.nullcontext()):
-            from tqdm.auto import tqdm
-
-            compiled_before = compile_seconds()  # torch.compile's time from here on is this render's
-            encode_set_up = dict(encode_info.get("one_time") or {})  # reported before any call: the first rep's
-            warmup_s = None
-            warm_start = Clock(device)
-            for _ in range(cfg.warmup_calls):  # untimed: compilation, cuDNN plans, Triton JIT, allocator
-                patch.step = 0  # steps advance as in a timed call: a schedule warms every backend it names
-                if counter is not None:
-                    counter.reset()
-                pipe(generator=torch.Generator("cpu").manual_seed(cfg.seed), callback_on_step_end=StepTimer(
-                    device, then=advance), **loaded.kwargs)
-            if cfg.warmup_calls:  # not a step time: the whole calls, one-time costs and all (one_time)
-                warmup_s = warm_start.seconds_until(Clock(device))
+        with (watch.patch, torch.inference_mode(),
+              use_encode(loaded.pipe.vae, plan.encode.mode, plan.encode.options, info=watch.encode_info),
+              watch.counter.listening() if watch.counter is not None else contextlib.nullcontext()):
+            # torch.compile's time from here on is this render's; what the encode reported before any call (on
+            # setting up) is the first repetition's
+            set_up = watch.mark()
+            warmup_s = _warm_up(plan, loaded, watch)
             for rep in tqdm(range(cfg.num_repetitions), desc=plan.stack, unit="rep",
                             disable=cfg.num_repetitions < 2 or not sys.stderr.isatty()):
-                patch.reset_counts()
-                if counter is not None:  # each repetition starts the cache afresh, counted from its first step
-                    counter.reset()
-                stage_timers.reset()
-                reset_peak_memory(device)
-                prof_now = profiler if (profiler is not None and rep == 0) else None
-
-                def then(step, prof_now=prof_now):
-                    advance(step)
-                    if prof_now is not None:
-                        prof_now.step()
-
-                timer = StepTimer(device, then=then)
-                progress.start(rep)
-                if prof_now is not None:
-                    prof_now.__enter__()
-                generator = torch.Generator("cpu").manual_seed(cfg.seed)
-                encode_before = dict(encode_info.get("one_time") or {})
-                compiled_at_start = compile_seconds()
-                start = Clock(device)
-                timer.start()
-                try:
-                    latents = pipe(generator=generator, callback_on_step_end=timer, **loaded.kwargs).frames
-                    latents = P.share_output(dctx, latents)  # xfuser's CogVideoX: only its last ranks return them
-                except WatchdogTimeout as e:  # the VAE encode inside the pipeline call (stage_timers' watchdog)
-                    raise VAEHang(f"VAE encode hung (> {cfg.vae_timeout} s, --vae_timeout); all threads' stacks "
-                                  "were dumped to stderr") from e
-                finally:
-                    if prof_now is not None:
-                        prof_now.__exit__(None, None, None)
-                after_pipe = Clock(device)
-                vae_info: dict = {}
-                try:
-                    frames = decode_latents(pipe, latents, plan.family, num_frames=cfg.num_frames,
-                                            mode=plan.decode.mode, options=plan.decode.options,
-                                            timeout_s=cfg.vae_timeout, info=vae_info,
-                                            prewarm=prewarm if rep == 0 else None, uint8=True)
-                except WatchdogTimeout as e:  # never wait forever: say where it hung, exit non-zero
-                    raise VAEHang(f"VAE decode hung (> {cfg.vae_timeout} s, --vae_timeout); last completed stage: "
-                                  f"{e.report.last_completed_stage}; all threads' stacks were dumped to stderr") from e
-                after_decode = Clock(device)
-                if cfg.save_latents:
-                    from .capture import save_latents
-
-                    save_latents(cfg.capture_dir, latents, cfg.attention_type, rank=cfg.rank, repetition=rep,
-                                 meta={"family": plan.family.name, "model": plan.model.model, "height": cfg.height,
-                                       "width": cfg.width, "num_frames": cfg.num_frames})
-                timer.starts_at(stage_timers.denoise_start)  # the encoders before the first step are no step's
-                step_times = timer.step_times()
-                attn_time = patch.finish_timing()
-                pipe_time = start.seconds_until(after_pipe)
-                decode_time = after_pipe.seconds_until(after_decode)
-                # what this repetition paid once (completed in finish: vdbench.stages.one_time); the first
-                # repetition carries the render's: the load, the warm-up calls, torch.compile's time since the load
-                compiled = compile_seconds() - (compiled_before if rep == 0 else compiled_at_start)
-                once: dict = ({"load_s": loaded.load_s, "warmup_calls_s": warmup_s} if rep == 0 else {})
-                once["compile_s"] = compiled if compiled > 0 else None
-                mine, in_warmup = _reported_since(encode_info, encode_set_up if rep == 0 else None, encode_before)
-                merge_one_time(once, "vae_encode", {"one_time": mine})
-                merge_one_time(once, "warmup_calls.vae_encode", {"one_time": in_warmup})  # inside their time
-                merge_one_time(once, "vae_decode", vae_info)
-                stages = stage_timers.entry(start=start, after_pipe=after_pipe, after_decode=after_decode,
-                                            last_step=timer.marks[-1] if len(timer.marks) > 1 else None,
-                                            step_times=step_times, vae_decode=decode_time)
-                entry = {
-                    "attention_type": cfg.attention_type,
-                    "stack": plan.stack,  # the whole configuration as one name: vdbench.measure.record.stack_name
-                    "repetition": rep,
-                    "pipe_time": pipe_time,
-                    "text_encode_time": stages.pop("text_encode_time"),
-                    "image_encode_time": stages.pop("image_encode_time"),
-                    "vae_encode_time": stages.pop("vae_encode_time"),
-                    "vae_encode": ({"mode": plan.encode.mode.name, **{k: v for k, v in encode_info.items()
-                                                               if isinstance(v, (int, float, str, bool))}}
-                                   if stages["stages"]["vae_encode"] is not None else None),
-                    "step_times": step_times,
-                    **step_stats(step_times, device, backend.emulated),  # warm step, first step, spread, verdict
-                    "vae_decode_time": decode_time,
-                    "vae_decode": {"mode": plan.decode.mode.name, "max_memory_gib": cfg.vae_max_memory,
-                                   **{k: v for k, v in vae_info.items() if isinstance(v, (int, float, str, bool))}},
-                    "total_time": start.seconds_until(after_decode),
-                    **stages,  # stages, unaccounted (+ share, where): vdbench.stages.breakdown
-                    "one_time": once,  # + steady_s; end_to_end_s and end_to_end on the first: finish
-                    "cache": counter.summary() if counter is not None else None,
-                    "attention": patch.stats.as_dict(),
-                    "attention_share": (attn_time / sum(step_times)) if attn_time and step_times else None,
-                    "peak_memory_bytes": peak_memory(device),
-                    "traces": [str(p) for p in profiler.paths] if (profiler is not None and rep == 0) else None,
-                    "capture": ({"saved": capture.stats.saved, "bytes": capture.stats.bytes,
-                                 "host_time_s": capture.stats.host_time_s} if capture else None),
-                    "output": str(cfg.output_path),
-                    "run_id": run_id,
-                    "run": header,
-                }
+                entry, frames = _repetition(plan, loaded, watch, rep, (set_up, warmup_s) if rep == 0 else None)
                 entries.append(entry)
     finally:
-        stage_timers.remove()
-        if capture is not None:
-            meta_path = capture.close(extra={"settings": header["settings"]})
-            log(f"captured {capture.stats.saved} of {capture.stats.seen} attention calls "
-                f"({capture.stats.bytes / 2**20:.1f} MiB, {capture.stats.host_time_s:.3f} s on the run's thread, "
-                f"{capture.stats.writer_time_s:.3f} s in the writer) -> {meta_path}")
+        watch.close(log)
     return entries, frames
+
+
+def _warm_up(plan: Plan, loaded: Loaded, watch: _Watch) -> Optional[float]:
+    """The untimed calls before the timed repetitions (compilation, cuDNN plans, Triton JIT, the allocator); their
+    whole time, one-time costs and all (None without them): not a step time."""
+    cfg = plan.cfg
+    if not cfg.warmup_calls:
+        return None
+    steps = StepTimer(plan.device, then=watch.advance)  # steps advance as in a timed call; their times unread
+    start = Clock(plan.device)
+    for _ in range(cfg.warmup_calls):
+        watch.reset()
+        loaded.pipe(generator=torch.Generator("cpu").manual_seed(cfg.seed), callback_on_step_end=steps,
+                    **loaded.kwargs)
+    return start.seconds_until(Clock(plan.device))
+
+
+def _repetition(plan: Plan, loaded: Loaded, watch: _Watch, rep: int,
+                first: Optional[tuple[_Mark, Optional[float]]]) -> tuple[dict, object]:
+    """One timed repetition -- the pipeline call to latents, then the decode timed on its own -- as (its timing
+    entry, its frames). ``first``: the first repetition's (the mark before the warm-up calls, their time)."""
+    from . import parallel as P
+    from .vae.decode import decode_latents
+    from .watchdog import WatchdogTimeout
+
+    cfg, device = plan.cfg, plan.device
+    watch.begin(rep)
+    profiler = watch.profiler if rep == 0 else None
+
+    def then(step):
+        watch.advance(step)
+        if profiler is not None:
+            profiler.step()
+
+    timer = StepTimer(device, then=then)
+    if profiler is not None:
+        profiler.__enter__()
+    generator = torch.Generator("cpu").manual_seed(cfg.seed)
+    start = Clock(device)
+    timer.start()
+    try:
+        latents = loaded.pipe(generator=generator, callback_on_step_end=timer, **loaded.kwargs).frames
+        latents = P.share_output(plan.dctx, latents)  # xfuser's CogVideoX: only its last ranks return them
+    except WatchdogTimeout as e:  # the VAE encode inside the pipeline call (the stage timers' watchdog)
+        raise VAEHang(f"VAE encode hung (> {cfg.vae_timeout} s, --vae_timeout); all threads' stacks were dumped "
+                      "to stderr") from e
+    finally:
+        if profiler is not None:
+            profiler.__exit__(None, None, None)
+    after_pipe = Clock(device)
+    vae_info: dict = {}
+    try:
+        frames = decode_latents(loaded.pipe, latents, plan.family, num_frames=cfg.num_frames, mode=plan.decode.mode,
+                                options=plan.decode.options, timeout_s=cfg.vae_timeout, info=vae_info,
+                                prewarm=loaded.prewarm if rep == 0 else None, uint8=True)
+    except WatchdogTimeout as e:  # never wait forever: say where it hung, exit non-zero
+        raise VAEHang(f"VAE decode hung (> {cfg.vae_timeout} s, --vae_timeout); last completed stage: "
+                      f"{e.report.last_completed_stage}; all threads' stacks were dumped to stderr") from e
+    after_decode = Clock(device)
+    if cfg.save_latents:
+        from .capture import save_latents
+
+        save_latents(cfg.capture_dir, latents, cfg.attention_type, rank=cfg.rank, repetition=rep,
+                     meta={"family": plan.family.name, "model": plan.model.spec.model, "height": cfg.height,
+                           "width": cfg.width, "num_frames": cfg.num_frames})
+    once = _one_time(loaded, watch, first, vae_info)
+    return _entry(plan, loaded, watch, rep, timer, vae_info, (start, after_pipe, after_decode), once), frames
+
+
+def _one_time(loaded: Loaded, watch: _Watch, first: Optional[tuple[_Mark, Optional[float]]], vae_info: dict) -> dict:
+    """What the repetition just run paid once (completed in finish: :func:`vdbench.stages.one_time`): the first
+    carries the render's -- the load, the warm-up calls, torch.compile's time since the load --, each what its
+    stages reported themselves: the encode's (and, for the first, those reported inside the warm-up calls' time)
+    and the decode's."""
+    from .stages import merge_one_time
+
+    set_up, warmup_s = first if first is not None else (None, None)
+    compiled = compile_seconds() - (set_up or watch.began).compiled
+    once: dict = {"load_s": loaded.load_s, "warmup_calls_s": warmup_s} if first is not None else {}
+    once["compile_s"] = compiled if compiled > 0 else None
+    mine, in_warmup = _reported_since(watch.encode_info, set_up.encode if set_up else None, watch.began.encode)
+    merge_one_time(once, "vae_encode", {"one_time": mine})
+    merge_one_time(once, "warmup_calls.vae_encode", {"one_time": in_warmup})  # inside their time
+    merge_one_time(once, "vae_decode", vae_info)
+    return once
+
+
+def _entry(plan: Plan, loaded: Loaded, watch: _Watch, rep: int, timer: StepTimer, vae_info: dict, clocks: tuple,
+           once: dict) -> dict:
+    """One repetition's timing entry: its step times and their statistics, the stages, the decode and the encode,
+    the attention's counts, the cache's, the memory, what it paid once (``once``), the run it is part of."""
+    cfg, device, backend, patch = plan.cfg, plan.device, plan.backend, watch.patch
+    start, after_pipe, after_decode = clocks
+    timer.starts_at(watch.stage_timers.denoise_start)  # the encoders before the first step are no step's
+    step_times = timer.step_times()
+    attn_time = patch.finish_timing()
+    decode_time = after_pipe.seconds_until(after_decode)
+    stages = watch.stage_timers.entry(start=start, after_pipe=after_pipe, after_decode=after_decode,
+                                      last_step=timer.marks[-1] if len(timer.marks) > 1 else None,
+                                      step_times=step_times, vae_decode=decode_time)
+    encode_info, capture, profiler = watch.encode_info, watch.capture, watch.profiler
+    return {
+        "attention_type": cfg.attention_type,
+        "stack": plan.stack,  # the whole configuration as one name: vdbench.measure.record.stack_name
+        "repetition": rep,
+        "pipe_time": start.seconds_until(after_pipe),
+        "text_encode_time": stages.pop("text_encode_time"),
+        "image_encode_time": stages.pop("image_encode_time"),
+        "vae_encode_time": stages.pop("vae_encode_time"),
+        "vae_encode": ({"mode": plan.encode.mode.name, **{k: v for k, v in encode_info.items()
+                                                       if isinstance(v, (int, float, str, bool))}}
+                       if stages["stages"]["vae_encode"] is not None else None),
+        "step_times": step_times,
+        **step_stats(step_times, device, backend.emulated),  # warm step, first step, spread, verdict
+        "vae_decode_time": decode_time,
+        "vae_decode": {"mode": plan.decode.mode.name, "max_memory_gib": cfg.vae_max_memory,
+                       **{k: v for k, v in vae_info.items() if isinstance(v, (int, float, str, bool))}},
+        "total_time": start.seconds_until(after_decode),
+        **stages,  # stages, unaccounted (+ share, where): vdbench.stages.breakdown
+        "one_time": once,  # + steady_s; end_to_end_s and end_to_end on the first: finish
+        "cache": watch.counter.summary() if watch.counter is not None else None,
+        "attention": patch.stats.as_dict(),
+        "attention_share": (attn_time / sum(step_times)) if attn_time and step_times else None,
+        "peak_memory_bytes": peak_memory(device),
+        "traces": [str(p) for p in profiler.paths] if (profiler is not None and rep == 0) else None,
+        "capture": ({"saved": capture.stats.saved, "bytes": capture.stats.bytes,
+                     "host_time_s": capture.stats.host_time_s} if capture else None),
+        "output": str(cfg.output_path),
+        "run_id": watch.run_id,
+        "run": loaded.header,
+    }
 
 
 def _end_to_end(entries: list[dict], wall: Wall, write_s: float, end: float) -> dict:
@@ -848,13 +934,13 @@ def finish(plan: Plan, entries: list[dict], frames, log, wall: Optional[Wall] = 
     log(f"[{stack}] {timing_text}, decode {last['vae_decode_time']:.2f} s, kernels: {kernels} "
         f"-> {cfg.output_path}")
     log(f"[{stack}] {describe_stages(last)}")
+    e2e_line = describe_end_to_end(entries[0])
     if last.get("cache"):
         c = last["cache"]
         share = "n/a" if c["skipped_share"] is None else f"{c['skipped_share']:.0%}"
         log(f"[{stack}] cache {c['spec']}: {share} of the {c['unit']} calls reused; computed per "
             f"step {c['computed_blocks_per_step']}, reused {c['reused_blocks_per_step']}")
         _log_calibration(c, stack, cfg.timing_path, log)
-    e2e_line = describe_end_to_end(entries[0])
     if e2e_line:
         log(f"[{stack}] {e2e_line}")
     if not steps["speed_figure"] and not backend.emulated:

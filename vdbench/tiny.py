@@ -20,8 +20,9 @@ Public API:
 
 * :data:`TINY_VARIANTS`, :data:`RANDOM_VARIANTS` -- the registered variants, by name.
 * :func:`register_variant`, :func:`register_random`, :func:`unregister_variant` -- how families add theirs.
-* :func:`get_variant`, :func:`tiny_model_dir`, :func:`build_tiny`, :func:`ensure_tiny` -- a variant, its cache
-  location, its builder, and "the cached directory, built if missing".
+* :func:`get_variant`, :func:`random_variant`, :func:`tiny_model_dir`, :func:`build_tiny`, :func:`ensure_tiny` -- a
+  variant (tiny, or the one a random-weight model is built from), its cache location, its builder, and "the cached
+  directory, built if missing".
 * :func:`build_pipeline` -- a variant as an in-memory pipeline; :func:`build_random` -- real shapes, random weights.
 * :data:`UMT5_TEXT_ENCODER`, :data:`T5_TEXT_ENCODER` (and their real-width forms) -- the tiny text encoders that
   go with the tiny tokenizer built here.
@@ -63,6 +64,7 @@ __all__ = [
     "build_tiny",
     "ensure_tiny",
     "get_variant",
+    "random_variant",
     "register_random",
     "register_variant",
     "tiny_model_dir",
@@ -426,6 +428,17 @@ def get_variant(variant: str) -> TinyVariant:
         ) from None
 
 
+def random_variant(name: str) -> TinyVariant:
+    """``random:<name>`` as the variant it is built from (``random-<name>``: its base tiny variant's wiring with the
+    real shapes); ValueError naming the valid ones otherwise."""
+    try:
+        base, overrides = RANDOM_VARIANTS[name]
+    except KeyError:
+        raise ValueError(f"Unknown random-weight model {name!r}. Valid: {', '.join(RANDOM_VARIANTS)} "
+                         "(use --model random:<name>).") from None
+    return dataclasses.replace(TINY_VARIANTS[base], name=f"random-{name}", **overrides)
+
+
 def _source_digest(functions) -> str:
     digest = hashlib.sha256()
     for fn in functions:
@@ -579,15 +592,10 @@ def build_random(name: str, *, dtype: Optional[torch.dtype] = None, device="cuda
     Not saved or loaded (the loading path is what the tiny models test); the same adaLN rescale as the tiny
     models keeps attention visible in the output, so quality figures between backends mean something.
     """
-    try:
-        base, overrides = RANDOM_VARIANTS[name]
-    except KeyError:
-        raise ValueError(f"Unknown random-weight model {name!r}. Valid: {', '.join(RANDOM_VARIANTS)} "
-                         "(use --model random:<name>).") from None
+    variant = random_variant(name)
     import torch
 
     dtype = torch.bfloat16 if dtype is None else dtype
-    variant = dataclasses.replace(TINY_VARIANTS[base], name=f"random-{name}", **overrides)
     previous = torch.get_default_dtype()
     try:
         torch.set_default_dtype(dtype if dtype.is_floating_point else torch.float32)

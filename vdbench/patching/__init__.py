@@ -14,7 +14,7 @@ that actually ran (``PatchStats.calls``).
 """
 
 from .calls import CallInfo, PatchStats
-from .core import ON_UNSUPPORTED_CHOICES, AttentionPatch, attention_modules, install_backend
+from .core import ON_UNSUPPORTED_CHOICES, AttentionPatch, attention_modules, install_backend, no_grid_hooks
 
-__all__ = ["AttentionPatch", "CallInfo", "PatchStats", "install_backend", "attention_modules",
+__all__ = ["AttentionPatch", "CallInfo", "PatchStats", "install_backend", "attention_modules", "no_grid_hooks",
            "ON_UNSUPPORTED_CHOICES"]

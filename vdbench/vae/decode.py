@@ -77,7 +77,9 @@ _EXCLUSIVE = (("compile_backend", "max_memory_gib"), ("compile_backend", "fused_
 class DecodeMode:
     """One decode mode: ``vaes`` the VAE classes it decodes (None: any VAE diffusers decodes), ``refusal`` why
     another VAE is refused (``{vae}``: its class) and what to use instead, ``options`` the :class:`DecodeOptions`
-    that apply to it, ``run(vae, z, options, info, watchdog)`` -> video (B, 3, F, H, W) in [-1, 1]; ``stock``:
+    that apply to it, ``run(vae, z, options, info, watchdog, family=None)`` -> video (B, 3, F, H, W) in [-1, 1]
+    (``family``: the VAE's :class:`~vdbench.families.Family` where the caller holds it, else the one using its
+    class; the band decode asks it how the decoder is driven); ``stock``:
     without ``max_memory_gib`` it is diffusers' decode untouched, so a pipeline's own decode method (CogVideoX's
     ``decode_latents``, bit for bit what the pipeline returns) may stand in for it; ``prewarm``: its first call
     compiles kernels that :mod:`vdbench.vae.prewarm` can compile ahead (the fast layers' Triton glue)."""
@@ -91,7 +93,7 @@ class DecodeMode:
     prewarm: bool = False
 
 
-def _run_default(vae, z, o: DecodeOptions, info: dict, watchdog):
+def _run_default(vae, z, o: DecodeOptions, info: dict, watchdog, family=None):
     """diffusers' decode; memory-bounded (Wan): the fast layers with the chunk chosen from the budget."""
     if o.channels_last:
         V.channels_last_3d(vae)
@@ -102,17 +104,17 @@ def _run_default(vae, z, o: DecodeOptions, info: dict, watchdog):
     return vae.decode(z.to(vae.dtype), return_dict=False)[0]
 
 
-def _run_fast(vae, z, o: DecodeOptions, info: dict, watchdog):
+def _run_fast(vae, z, o: DecodeOptions, info: dict, watchdog, family=None):
     """The fast Wan decode (:func:`vdbench.vae.fast.wan_decode_fast`), channels_last unless turned off."""
     return V.wan_decode_fast(vae, z, chunk_frames=o.chunk_frames, max_memory_gib=o.max_memory_gib,
                              channels_last=o.channels_last is not False, watchdog=watchdog, info=info,
                              compile_backend=o.compile_backend, fused_glue=o.fused_glue)
 
 
-def _run_parallel(vae, z, o: DecodeOptions, info: dict, watchdog):
+def _run_parallel(vae, z, o: DecodeOptions, info: dict, watchdog, family=None):
     """The band decode over the ranks of the current process group (each rank gets the whole video)."""
     info["path"] = "parallel"
-    return parallel.decode_video_parallel(vae, z, chunk_frames=o.chunk_frames, info=info)
+    return parallel.decode_video_parallel(vae, z, chunk_frames=o.chunk_frames, info=info, family=family)
 
 
 #: The modes, by name: what each decodes, which options apply, how it runs (module doc).
@@ -202,7 +204,7 @@ def decode_video(vae, z: torch.Tensor, *, mode: str = "default", chunk_frames: O
 
 
 @torch.no_grad()
-def decode_latents(pipe, latents: torch.Tensor, family: "str | families.Family", num_frames: int | None = None, *,
+def decode_latents(pipe, latents: torch.Tensor, family: families.Family, num_frames: int | None = None, *,
                    mode: "str | DecodeMode" = "default", max_memory_gib: Optional[float] = None,
                    timeout_s: Optional[float] = None, chunk_frames: Optional[int] = None, info: Optional[dict] = None,
                    fused_glue: Optional[bool] = None, prewarm=None, options: Optional[DecodeOptions] = None,
@@ -210,8 +212,9 @@ def decode_latents(pipe, latents: torch.Tensor, family: "str | families.Family",
     """Latents from ``pipe(..., output_type="latent")`` -> float frames (T, H, W, 3) in [0, 1] (numpy), decoded
     as the pipeline would have (:func:`vdbench.vae.fast.prepare_latents`) by ``mode`` (checked before any work).
 
-    ``family``: a :mod:`vdbench.families` name or the family (how its latents reach the VAE, and whether the
-    default decode is the pipeline's own ``decode_latents``). ``mode``: a name or its :data:`MODES` entry.
+    ``family``: the pipeline's :class:`~vdbench.families.Family` (how its latents reach the VAE, and whether the
+    default decode is the pipeline's own ``decode_latents``; a loaded pipeline's is
+    ``vdbench.pipelines.model_of(pipe).family``). ``mode``: a name or its :data:`MODES` entry.
     ``options``: the :class:`DecodeOptions` whole, in place of ``chunk_frames``, ``max_memory_gib`` and
     ``fused_glue``. ``num_frames``: the requested frame count, for the family's
     ``trim_latents`` (CogVideoX 1.5 drops the padding latent frames its temporal patch size adds). ``timeout_s``: the decode
@@ -241,16 +244,15 @@ def decode_latents(pipe, latents: torch.Tensor, family: "str | families.Family",
     compiled_before = K.compiled_variants("vae_glue")
     with Watchdog(timeout_s, label=f"vae decode ({m.name})") as wd:
         wd.stage("prepare latents")
-        fam = family if isinstance(family, families.Family) else families.get(family)
         video = None
-        latents = fam.trim_latents(pipe, latents, num_frames)
-        if fam.pipeline_decode and m.stock and options.max_memory_gib is None:
+        latents = family.trim_latents(pipe, latents, num_frames)
+        if family.pipeline_decode and m.stock and options.max_memory_gib is None:
             wd.stage("decode")
             video = pipe.decode_latents(latents.to(vae.dtype))  # the pipeline's own method, untouched
         if video is None:
-            z = V.prepare_latents(vae, latents, fam)
+            z = family.prepare_latents(vae, latents)  # as the pipeline does it (vdbench.vae.fast.prepare_latents)
             wd.stage("decode")
-            video = m.run(vae, z, options, info, wd)
+            video = m.run(vae, z, options, info, wd, family=family)
         wd.stage("postprocess")
         if uint8:  # diffusers' own denormalization, in the video's dtype; then the writer's conversion, here
             frames = frames_to_rgb_uint8(pipe.video_processor.postprocess_video(video, output_type="pt")[0]

@@ -324,7 +324,7 @@ def _check_same_input(comm: BandComm, z: torch.Tensor) -> None:
 @torch.no_grad()
 def decode_video_parallel(vae, z: torch.Tensor, *, group=None, chunk_frames: Optional[int] = None,
                           native_upsample: bool = True, info: Optional[dict] = None,
-                          _zero_halo: bool = False) -> torch.Tensor:
+                          family: Optional[families.Family] = None, _zero_halo: bool = False) -> torch.Tensor:
     """Decode VAE-space latents ``z`` (B, C, T, H, W) -> video (B, C_out, F, H', W') on **every** rank, each rank
     computing one band of rows (see the module doc). Same output as ``vae.decode(z).sample`` (Wan: clamped to
     [-1, 1] as diffusers does; CogVideoX: unclamped, as its ``decode`` returns it).
@@ -336,7 +336,8 @@ def decode_video_parallel(vae, z: torch.Tensor, *, group=None, chunk_frames: Opt
     diffusers' own per-frame loop). The others (CogVideoX) run diffusers' own ``decode`` loop (its frame batches)
     on the band.
     ``native_upsample`` (Wan only): see :mod:`vdbench.vae.fast` (bit-identical nearest up-sampling, no fp32 copy).
-    ``info`` (dict) receives the band, the chunk size and the communication counts.
+    ``info`` (dict) receives the band, the chunk size and the communication counts. ``family``: the VAE's family
+    (how its decoder is driven on a band) where the caller holds it (a render); by default the one using its class.
     """
     import torch.distributed as dist
 
@@ -347,7 +348,7 @@ def decode_video_parallel(vae, z: torch.Tensor, *, group=None, chunk_frames: Opt
         raise NotImplementedError(f"parallel VAE decode is implemented for AutoencoderKLWan (Wan 2.1/2.2) and "
                                   f"AutoencoderKLCogVideoX only, not {name}; use --vae_decode default")
     # how the decoder is driven on a band is the family's: a few latent frames per call, or the VAE's own decode
-    family = families.for_vae(vae)
+    family = family if family is not None else families.for_vae(vae)
     if not family.vae_frame_chunks and chunk_frames is not None:
         chunked = [f.name for f in map(families.get, families.names()) if f.vae_frame_chunks]
         raise ValueError(f"chunk_frames applies to the VAEs decoded a few latent frames per call "
