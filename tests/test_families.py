@@ -128,8 +128,8 @@ def test_output_names_parse_back_to_the_attention_type():
         wan_par = WAN.output_name("t2v", "tiny", 9, 2, "sdpa_cudnn", 64, 96, layout=layout)
         cog_par = COG.output_name("t2v", "tiny", 9, 2, "fav3_fp8", 64, 96, layout=layout)
         assert wan_par.endswith(f"_64x96_{layout}.mp4") and cog_par == f"cogvideox-tiny_fav3_fp8_{layout}.mp4"
-        assert label_from_filename(wan_par) == f"sdpa_cudnn ({layout})"
-        assert label_from_filename(cog_par) == f"fav3_fp8 ({layout})"
+        assert label_from_filename(wan_par) == f"sdpa_cudnn+{layout}"
+        assert label_from_filename(cog_par) == f"fav3_fp8+{layout}"
         assert WAN.parse_name(Path(wan_par).stem) == ("sdpa_cudnn", layout)
     assert families.layout_tag(2, 1) == "u2" and families.layout_tag(1, 2) == "r2"
     assert families.layout_tag(2, 2) == "u2r2" and families.layout_tag(1, 1, True) == "cfg2"

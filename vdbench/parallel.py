@@ -222,8 +222,9 @@ def check_backend_for_path(spec: ParallelSpec, attention_type: "str | B.Backend"
     """Refuse (BackendUnavailable) what the chosen engine and path can't run, before any work.
 
     What each engine can split is the family's (:attr:`vdbench.families.Family.parallel_refusal`; as shipped,
-    diffusers 0.42.1 and xfuser 0.7.0: Wan every task under both engines, CFG parallel for I2V only; CogVideoX
-    T2V under xfuser only); what any backend needs on a path (ring: the log-sum-exp) is checked here.
+    diffusers 0.42.1 and xfuser 0.7.0: Wan every task and the CFG split under both engines; CogVideoX T2V under
+    xfuser, its CFG split alone under diffusers); what any backend needs on a path (ring: the log-sum-exp) is
+    checked here.
     """
     why = family.parallel_refusal(spec.engine, task, spec.world_size, spec.use_cfg_parallel)
     if why:
