@@ -106,7 +106,7 @@ def test_nproc_launches_each_render_under_torchrun_and_a_failing_rank_fails_that
     assert proc.returncode == 1, proc.stdout + proc.stderr
     screen = proc.stdout
     assert "under torchrun on 2 processes (--ulysses_degree 2)" in screen
-    assert re.search(r"^\[sdpa\] step 2/2: ", screen, re.M)  # rank 0's progress lines come through torchrun
+    assert re.search(r"^\[sdpa\+u2\] step 2/2: ", screen, re.M)  # rank 0's progress lines come through torchrun
     failed = next(ln for ln in screen.splitlines() if ln.startswith("[sagev1_emu] FAILED"))
     assert "(exit 1; ranks exited 1 4)" in failed  # the failing rank's crash, the other's "another rank failed"
     sdpa = next(ln for ln in screen.splitlines() if ln.startswith("sdpa+u2 "))
