@@ -592,3 +592,90 @@ def test_share_output_hands_the_last_ranks_latents_to_every_rank(tmp_path):
         d = torch.load(tmp_path / f"r{r}.pt", weights_only=True)
         assert d["got"].dtype == torch.bfloat16 and torch.equal(d["got"], want) and d["same_is_got"]
     assert P.share_output(None, [None]) == [None]  # single process: untouched
+
+
+# ----- step caches under torchrun: one decision for every rank -----
+
+def _decisions_worker(rank, port, out):
+    """Two ranks holding shards that would decide differently on their own: diffusers' own hooks, with the
+    decision functions vdbench.cache.share_decisions wraps."""
+    import torch.distributed as dist
+    from diffusers.hooks import FirstBlockCacheConfig, MagCacheConfig, SeaCacheConfig  # noqa: F401
+    from diffusers.hooks.first_block_cache import FBCHeadBlockHook, FBCSharedBlockState
+    from diffusers.hooks.hooks import CacheContext, StateManager
+    from diffusers.hooks.mag_cache import MagCacheBlockHook, MagCacheState
+    from diffusers.hooks.sea_cache import (SeaCacheContextState, SeaCacheLeaderBlockHook, SeaCacheSharedState,
+                                           _SeaCacheForwardMetadata)
+
+    from vdbench import cache as C
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    states = {}
+
+    def manager(cls):
+        m = StateManager(cls)
+        m.set_context(CacheContext(name="cond"))
+        states[cls] = m
+        return m
+
+    fbc = FBCHeadBlockHook(manager(FBCSharedBlockState), threshold=0.1)
+    mag = MagCacheBlockHook(manager(MagCacheState), is_tail=True, config=MagCacheConfig(calibrate=True))
+    sea = SeaCacheLeaderBlockHook(SeaCacheConfig(threshold=0.25), manager(SeaCacheContextState), SeaCacheSharedState())
+    holder = torch.nn.Module()
+    holder._diffusers_hook = type("Registry", (), {"hooks": {"a": fbc, "b": mag, "c": sea}})()
+    shared = C.share_decisions([holder], lambda: None)  # the default group: both ranks
+    got = {"shared": sorted(shared)}
+    before = torch.ones(1, 4, 8)
+    fbc.state_manager.get_state().head_block_residual = before
+    # rank 0's change 1%, rank 1's 50% (15%): whole sequence 25.5% (8%) against threshold 10%
+    got["fbc"] = [fbc._should_compute_remaining_blocks(before * (1.01 if rank == 0 else f)) for f in (1.5, 1.15)]
+    state = mag.state_manager.get_state()
+    state.previous_residual = before
+    mag._perform_calibration_step(state, before * (rank + 1))  # ratio 1 on rank 0, 2 on rank 1
+    got["mag"] = state.calibration_ratios
+    gate, config = sea.shared_state.resolve_gate, SeaCacheConfig(threshold=0.25)
+    st = sea.state_manager.get_state()
+    st.gen_input = before
+    first = gate(st, _SeaCacheForwardMetadata(0, 0.9, 6), [before], config)  # retained: computed everywhere
+    again = gate(st, _SeaCacheForwardMetadata(1, 0.8, 6), [before * (1.01 if rank == 0 else 2.0)], config)
+    got["sea"] = [first, again, st.accumulated_distance]
+    torch.save(got, f"{out}/r{rank}.pt")
+    dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_data_dependent_cache_decisions_are_one_for_every_rank(tmp_path):
+    """FirstBlockCache compares the whole sequence's change (the sums over the ranks), MagCache's calibration
+    averages over every rank's tokens, SeaCache's gate computes where any rank computes: on shards that would
+    decide differently alone."""
+    import torch.multiprocessing as mp
+
+    mp.spawn(_decisions_worker, args=(29000 + (os.getpid() + 450) % 900, str(tmp_path)), nprocs=2, join=True)
+    r0, r1 = (torch.load(tmp_path / f"r{r}.pt", weights_only=False) for r in range(2))
+    assert r0["shared"] == ["fbc", "mag", "sea"]
+    assert r0["fbc"] == r1["fbc"] == [True, False]  # alone: rank 0 would skip the first, rank 1 compute the second
+    assert r0["mag"] == r1["mag"] == [pytest.approx(1.5)]
+    assert r0["sea"] == r1["sea"] == [True, True, 0.0]  # alone, rank 0 would have reused (1% < 25%)
+
+
+@pytest.mark.slow
+def test_first_block_cache_under_ulysses_skips_what_one_process_skips(tmp_path):
+    """A 2-rank Ulysses render with FirstBlockCache: the same blocks computed and reused at every step as the
+    one-process render of the same seed (a threshold at which the tiny model reuses some steps, not all), counted
+    on each rank alike, and the same latents (Ulysses computes each head whole: bit-identical)."""
+    if TORCHRUN is None:
+        pytest.skip("torchrun not found beside the interpreter")
+    args = [*SMALL, "--num_inference_steps", "6", "--cache", "fbc:threshold=0.1"]
+    one = subprocess.run([sys.executable, str(ROOT / "run_wan.py"), *args, "--benchmark_output_directory",
+                          str(tmp_path / "one")], capture_output=True, text=True, env=_env(), timeout=240)
+    assert one.returncode == 0, one.stderr[-3000:]
+    two, _ = torchrun(args + ["--ulysses_degree", "2"], tmp_path / "two")
+    assert two.returncode == 0, two.stderr[-3000:]
+    a = json.loads(next((tmp_path / "one").rglob("timing.json")).read_text())[-1]["cache"]
+    e = json.loads(next((tmp_path / "two").rglob("timing.json")).read_text())[-1]
+    b = e["cache"]
+    assert 0 < sum(a["reused_blocks_per_step"]) < sum(a["computed_blocks_per_step"]), a
+    for key in ("computed_blocks_per_step", "reused_blocks_per_step", "forwards_per_step"):
+        assert b[key] == a[key] and all(r["cache"][key] == a[key] for r in e["ranks"]), (key, a, e["ranks"])
+    assert b["ranks_agree"] is True and a["shared_decisions"] is None and "fbc" in b["shared_decisions"]
+    assert torch.equal(_latents(tmp_path / "one"), _latents(tmp_path / "two"))

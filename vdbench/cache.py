@@ -35,7 +35,7 @@ from typing import Any, Callable, Optional
 import torch
 
 __all__ = ["CacheKind", "CacheSpec", "CacheCounter", "KINDS", "parse_cache", "check_cache", "apply_cache",
-           "CACHE_HELP"]
+           "share_decisions", "CACHE_HELP"]
 
 #: the separator of a sequence's items in a value (``,`` separates the parameters, ``:`` the kind)
 ITEM_SEP = "+"
@@ -387,23 +387,24 @@ def parse_cache(text: Optional[str]) -> Optional[CacheSpec]:
 
 
 def check_cache(spec: Optional[CacheSpec], family, denoisers: Optional[dict] = None, *,
-                compiled: bool = False, parallel: bool = False, steps: int = 1,
+                compiled: bool = False, cfg_split: bool = False, steps: int = 1,
                 pipeline_class: Optional[str] = None) -> None:
     """Refuse (ValueError, one line and a hint) a cache that can't run: the kind's own refusal against the family
     and its parameters, diffusers' config refusing the values, torch.compile (the hooks' skip decisions are
-    data-dependent Python: a graph break, which the regional compile's fullgraph refuses), torchrun (``parallel``:
-    the ranks' decisions are their shards', and may differ), and, where the
-    denoisers' configs are known without weights (``denoisers``: name -> (class name, config)), a cache diffusers
-    can't apply to them or that would hook no module (built on the meta device)."""
+    data-dependent Python: a graph break, which the regional compile's fullgraph refuses), FasterCache's skip of
+    the unconditional half of a guidance batch whose halves are on two ranks (``cfg_split``: ``--use_cfg_parallel``),
+    and, where the denoisers' configs are known without weights (``denoisers``: name -> (class name, config)), a
+    cache diffusers can't apply to them or that would hook no module (built on the meta device). Under torchrun
+    otherwise every kind runs: :func:`apply_cache` makes the ranks' decisions one (``group``)."""
     if spec is None:
         return
     why = spec.kind.refusal(family, spec.params, pipeline_class)
     if why:
         raise ValueError(f"--cache {spec.name}: {why}")
-    if parallel:
-        raise ValueError(f"--cache {spec.name} under torchrun: each rank would decide on its own shard whether to "
-                         "compute, and ranks that decide differently wait on each other's collectives\nrender with "
-                         "--cache on one process")
+    if cfg_split and spec.kind.name == "faster" and not spec.params.get("is_guidance_distilled"):
+        raise ValueError(f"--cache {spec.name} with --use_cfg_parallel: FasterCache skips the unconditional half of "
+                         "each guidance batch, and the CFG split puts the two halves on two ranks\nuse "
+                         "faster:is_guidance_distilled=true (the attention cache alone), or drop --use_cfg_parallel")
     if compiled:
         raise ValueError(f"--cache {spec.name} with --use_torch_compile: the cache's hooks decide per call in "
                          "Python whether to compute (a graph break the regional compile refuses)\ndrop one of them")
@@ -451,9 +452,16 @@ def _hooked_or_refuse(spec, model, name, family, steps, pipe=None) -> list[str]:
     return hooked
 
 
-def apply_cache(spec: CacheSpec, pipe, models, *, steps: int, family) -> "CacheCounter":
+def apply_cache(spec: CacheSpec, pipe, models, *, steps: int, family,
+                group: Optional[Callable[[], Any]] = None) -> "CacheCounter":
     """``enable_cache`` on every denoiser (Wan 2.2's ``transformer_2`` too), its units' forwards counted; returns
-    the counter (its :meth:`CacheCounter.summary` is timing.json's ``cache``)."""
+    the counter (its :meth:`CacheCounter.summary` is timing.json's ``cache``).
+
+    ``group`` (torchrun, where each rank computes a shard of the denoiser's calls): the process group of the ranks
+    sharing a call (:func:`vdbench.parallel.shard_group`), asked when a decision is reduced; a decision read from the
+    data would be each rank's own, :func:`share_decisions` makes it one for them. The hooks must see the shard:
+    under diffusers' context parallelism the cache goes on before ``enable_parallelism``, whose split and gather
+    hooks then wrap it (the render's order)."""
     counter = CacheCounter(spec)
     for name, model in models:
         counter.wrap_candidates(model)
@@ -463,7 +471,108 @@ def apply_cache(spec: CacheSpec, pipe, models, *, steps: int, family) -> "CacheC
             counter.remove()
             raise
         counter.keep(model, name, hooked)
+    if group is not None:
+        counter.shared = (share_decisions([m for _, m in models], group)
+                          or {spec.kind.name: "a schedule (timestep, step or call counts): alike on every rank"})
     return counter
+
+
+# ----- under torchrun: one decision for all ranks -----
+#
+# Under sequence parallelism every rank runs every block on its shard of the tokens, and the blocks' attention is a
+# collective: a rank that skips a block while another computes it leaves the other waiting. So a skip decided from
+# the data must be the same on every rank of the call. What each kind's decision reads:
+#   fbc    -- the first block's relative residual change, measured on the block's output: a shard -> reduced (the
+#             two sums of the change, over the ranks: every rank compares the one global figure with threshold).
+#   mag    -- skips by the step index and the given ratios: a schedule, alike on every rank. Its calibration
+#             (calibrate=true: nothing skipped) measures residual norms on the shard -> the logged ratio reduced
+#             (the token-weighted mean over the ranks), so the ratios are the one-process render's.
+#   sea    -- its indicator is built from the denoiser's input latents, which every rank holds whole (the split
+#             comes at the first block): alike already. Its gate is voted all the same (computed wherever one rank
+#             computes), so that a last-bit difference can't leave one rank skipping the collectives another runs.
+#   pab, faster, taylor -- by the timestep and their call counters: schedules, alike on every rank.
+
+
+def share_decisions(models, group: Callable[[], Any]) -> dict:
+    """Make the data-dependent decisions of the cache hooks on ``models`` one for the ranks of ``group()`` (a
+    torch.distributed process group, asked at each reduction; None: the default group), by wrapping each decision
+    function on the hook object (diffusers' code runs unchanged around it). Returns what it wrapped (timing.json's
+    ``cache.shared_decisions``)."""
+    from diffusers.hooks.first_block_cache import FBCHeadBlockHook
+    from diffusers.hooks.mag_cache import MagCacheBlockHook
+    from diffusers.hooks.sea_cache import SeaCacheLeaderBlockHook
+
+    done: dict = {}
+    voted: set = set()
+    for model in models:
+        for m in model.modules():
+            for hook in list(getattr(getattr(m, "_diffusers_hook", None), "hooks", {}).values()):
+                if isinstance(hook, FBCHeadBlockHook):
+                    hook._should_compute_remaining_blocks = _reduced_fbc_decision(hook, group)
+                    done["fbc"] = "first-block residual change summed over the ranks"
+                elif isinstance(hook, MagCacheBlockHook) and hook.is_tail and hook.config.calibrate:
+                    hook._perform_calibration_step = _reduced_calibration(hook._perform_calibration_step, group)
+                    done["mag"] = "calibration ratio averaged over the ranks' tokens"
+                elif isinstance(hook, SeaCacheLeaderBlockHook) and id(hook.shared_state) not in voted:
+                    voted.add(id(hook.shared_state))
+                    hook.shared_state.resolve_gate = _voted_gate(hook.shared_state.resolve_gate, group)
+                    done["sea"] = "gate voted (computed where any rank computes)"
+    return done
+
+
+def _reduced_fbc_decision(hook, group):
+    """FirstBlockCache's decision on the whole sequence: the relative mean change of the first block's residual
+    (mean |now - before| / mean |before|, the figure diffusers compares with ``threshold``) from the two sums over
+    every rank's tokens. The shards are equal in size, so the ratio of the sums is the ratio of the means (xfuser
+    pads a sequence to a multiple of its degree: there the padding tokens count too)."""
+    import torch.distributed as dist
+
+    @torch.compiler.disable
+    def should_compute(residual: torch.Tensor) -> bool:
+        before = hook.state_manager.get_state().head_block_residual
+        if before is None:  # the first call of a context: nothing to compare with, on every rank alike
+            return True
+        sums = torch.stack([(residual - before).abs().sum(dtype=torch.float32),
+                            before.abs().sum(dtype=torch.float32)]).double()
+        dist.all_reduce(sums, group=group())
+        return (sums[0] / sums[1]).item() > hook.threshold
+
+    return should_compute
+
+
+def _reduced_calibration(step, group):
+    """MagCache's calibration step, whose ratio (the mean over tokens of |residual| now / before) diffusers
+    appends from this rank's tokens, replaced by the mean over every rank's tokens."""
+    import torch.distributed as dist
+
+    def calibration_step(state, residual: torch.Tensor):
+        step(state, residual)
+        tokens = residual.numel() // residual.shape[-1]
+        t = torch.tensor([state.calibration_ratios[-1] * tokens, tokens], dtype=torch.float64,
+                         device=residual.device)
+        dist.all_reduce(t, group=group())
+        state.calibration_ratios[-1] = (t[0] / t[1]).item()
+
+    return calibration_step
+
+
+def _voted_gate(resolve_gate, group):
+    """SeaCache's gate, computed on every rank where any rank computes: its accumulated distance reset there as
+    diffusers resets it on a computed step."""
+    import torch.distributed as dist
+
+    def voted(state, metadata, indicator, config):
+        compute = resolve_gate(state, metadata, indicator, config)
+        like = state.gen_input if state.gen_input is not None else (indicator[0] if indicator else None)
+        vote = torch.tensor([int(compute)], dtype=torch.int32, device=like.device if like is not None else "cpu")
+        dist.all_reduce(vote, op=dist.ReduceOp.MAX, group=group())
+        if vote.item() and not compute:
+            state.accumulated_distance = 0.0
+            state.gate_should_compute = True
+            return True
+        return compute
+
+    return voted
 
 
 class _CalibrationLog(logging.Handler):
@@ -509,6 +618,7 @@ class CacheCounter:
         self.computed: list[int] = []
         self.reused: list[int] = []
         self.forwards_per_step: list[int] = []
+        self.shared: Optional[dict] = None  # under torchrun: the decisions made one for the ranks (share_decisions)
 
     def wrap_candidates(self, model: torch.nn.Module) -> None:
         """Wrap the forward of every module a cache may hook (the blocks of a block list and their children), as
@@ -597,7 +707,7 @@ class CacheCounter:
                 "computed_blocks_per_step": list(self.computed), "reused_blocks_per_step": list(self.reused),
                 "forwards_per_step": list(self.forwards_per_step),
                 "skipped_share": (sum(self.reused) / total) if total else None,
-                "calibration": self._calibration()}
+                "calibration": self._calibration(), "shared_decisions": self.shared}
 
     def _calibration(self) -> Optional[dict]:
         """A calibrating MagCache's ratios, one list per cache context in the order they came (Wan's "cond", then

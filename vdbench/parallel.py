@@ -51,7 +51,8 @@ from . import families
 
 __all__ = ["ParallelSpec", "DistContext", "ENGINES", "ENGINE_CHOICES", "resolve_engine", "init_distributed",
            "check_backend_for_path", "agree", "apply_engine", "share_output", "sequence_layout", "merge_rank_entries",
-           "FailureWatch", "set_outcome", "finish", "one_device_presented", "EXIT_PEER_FAILED"]
+           "FailureWatch", "set_outcome", "finish", "one_device_presented", "shares_calls", "shard_group", "hooks_in_place",
+           "EXIT_PEER_FAILED"]
 
 ENGINES = ("xfuser", "diffusers")
 ENGINE_CHOICES = ("auto", *ENGINES)  # what --parallel_engine takes; auto is resolved by resolve_engine
@@ -266,6 +267,23 @@ def agree(ctx: Optional[DistContext], error: Optional[BaseException]) -> None:
         raise err
 
 
+def shares_calls(ctx: DistContext, guidance_in_one_batch: bool) -> bool:
+    """Whether this rank's transformer calls are shards of calls other ranks hold too (what a single process
+    computes as one call): under sequence parallelism, and under a CFG split of a family whose guidance is one
+    batch (CogVideoX: each rank holds half of it). A CFG split of two calls (Wan) gives each rank whole calls."""
+    spec = ctx.spec
+    return spec.sequence_degree > 1 or (spec.use_cfg_parallel and guidance_in_one_batch)
+
+
+def shard_group(ctx: DistContext):
+    """The process group whose ranks hold shards of the same transformer call (:func:`shares_calls`): what a
+    decision taken on one rank's shard (a step cache's skip) is reduced over, so that every rank of the call decides
+    alike. The sequence-parallel subgroup where a CFG split of two calls set one (``ctx.shard_group``), else the
+    default group (None: every rank -- the CFG split of one batch shares each call over the whole world). Read
+    when the reduction runs: diffusers' CFG mesh is built with the engine, after the cache's hooks are on."""
+    return ctx.shard_group
+
+
 @contextmanager
 def one_device_presented(device: torch.device):
     """diffusers 0.42's parallel setup computes ``rank % torch.accelerator.device_count()``, which is 0 on a
@@ -439,6 +457,14 @@ def split_guidance(ctx: DistContext, pipe, models: list, family: "families.Famil
     return split
 
 
+def hooks_in_place(spec: ParallelSpec) -> bool:
+    """Whether the engine makes the loaded denoisers parallel by hooking them in place (diffusers' context
+    parallelism: split and gather hooks on the model's own modules) rather than by new modules (xfuser's wrappers).
+    Hooks registered later wrap earlier ones, so what must see each rank's shard (a step cache's hooks, the
+    compiled blocks) goes on before such an engine, and after one that builds new modules."""
+    return spec.engine == "diffusers"
+
+
 def _apply_xfuser(ctx: DistContext, pipe, models: list, family: families.Family) -> tuple:
     """xDiT's own integration of each pipeline, in xfuser's order: world group, engine config, its wrappers, then
     the runtime state (which builds the Ulysses / ring / CFG groups from the engine config). Which wrapper applies
@@ -582,8 +608,11 @@ def merge_rank_entries(ctx: Optional[DistContext], entries: list[dict]) -> Optio
 
     slim = [{k: e.get(k) for k in ("repetition", "step_times", *STEP_KEYS, "pipe_time", "vae_decode_time",
                                    "attention", "peak_memory_bytes", "total_time")} for e in entries]
+    for sl, e in zip(slim, entries):  # a step cache's count per rank: the ranks must have decided alike
+        sl["cache"] = {k: (e.get("cache") or {}).get(k) for k in _CACHE_COUNTS} if e.get("cache") else None
     gathered: list = [None] * ctx.world_size
-    dist.all_gather_object(gathered, {"rank": ctx.rank, "device": str(ctx.device), "entries": slim})
+    dist.all_gather_object(gathered, {"rank": ctx.rank, "device": str(ctx.device), "entries": slim,
+                                      "branch": ctx.cfg_index})
     if not ctx.is_main:
         return None
     merged = []
@@ -597,6 +626,11 @@ def merge_rank_entries(ctx: Optional[DistContext], entries: list[dict]) -> Optio
         e["parallel"] = {**ctx.spec.as_dict(), "pg_backend": ctx.pg_backend}
         e["ranks"] = per_rank
         e["attention_all_ranks"] = {"calls_by_kernel": total, "total_calls": sum(total.values())}
+        if e.get("cache"):  # alike within each guidance branch (a CFG split's ranks count their branch's calls)
+            branch = {}
+            for g, pr in zip(gathered, per_rank):
+                branch.setdefault(g["branch"], []).append(pr["cache"])
+            e["cache"] = {**e["cache"], "ranks_agree": all(c == cs[0] for cs in branch.values() for c in cs)}
         # the step is done when the slowest rank is done
         e["step_times"] = [max(pr["step_times"][j] for pr in per_rank) for j in range(len(e["step_times"]))]
         run = e.get("run") or {}
@@ -604,6 +638,9 @@ def merge_rank_entries(ctx: Optional[DistContext], entries: list[dict]) -> Optio
                             bool((run.get("backend") or {}).get("emulated"))))
         merged.append(e)
     return merged
+
+
+_CACHE_COUNTS = ("computed_blocks_per_step", "reused_blocks_per_step", "forwards_per_step")
 
 
 class FailureWatch:

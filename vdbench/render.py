@@ -372,7 +372,8 @@ def _checked_plan(cfg: RenderConfig, dctx) -> Plan:
     # the family's rules, diffusers' config checks and, on the denoisers built on the meta device from their
     # configs, whether diffusers applies it at all: all before the weights
     if cache is not None:
-        check_cache(cache, family, model.denoisers, compiled=cfg.compile, parallel=dctx is not None,
+        check_cache(cache, family, model.denoisers, compiled=cfg.compile,
+                    cfg_split=dctx is not None and dctx.spec.use_cfg_parallel,
                     steps=cfg.num_inference_steps, pipeline_class=model.pipeline_class)
     if dctx is not None:  # the backend must serve this parallel path (ring: LSE), on every rank
         for member in as_schedule(backend).members:
@@ -533,7 +534,10 @@ def load(plan: Plan) -> Loaded:
     P.agree(dctx, err)  # single process: raises err itself
     part("agree")  # the ranks agreeing on the outcome (torchrun)
     head_dims = [m.config.attention_head_dim for _, m in models]
-    if dctx is not None:
+    # an engine that hooks the denoisers in place (diffusers' context parallelism) goes on last: its split and
+    # gather hooks wrap the compiled blocks and the cache's hooks, which then see the shard each rank computes
+    engine_last = dctx is not None and P.hooks_in_place(dctx.spec)
+    if dctx is not None and not engine_last:
         pipe, models = P.apply_engine(dctx, pipe, models, family)
         part("engine")
     speed = apply_speed_options(pipe, models, device=device, compile=cfg.compile,
@@ -544,9 +548,14 @@ def load(plan: Plan) -> Loaded:
     if plan.cache is not None:  # beside the speed options: diffusers' hooks on every denoiser, counted
         from .cache import apply_cache
 
-        counter = apply_cache(plan.cache, pipe, models, steps=cfg.num_inference_steps, family=family)
+        shares = dctx is not None and P.shares_calls(dctx, family.guidance_in_one_batch)
+        counter = apply_cache(plan.cache, pipe, models, steps=cfg.num_inference_steps, family=family,
+                              group=(lambda: P.shard_group(dctx)) if shares else None)
         speed["cache"] = {**plan.cache.as_dict(), "units": len(counter.units)}
         part("cache")
+    if engine_last:
+        pipe, models = P.apply_engine(dctx, pipe, models, family)
+        part("engine")
 
     kwargs = dict(prompt=cfg.prompt, negative_prompt=cfg.negative_prompt, height=cfg.height, width=cfg.width,
                   num_frames=cfg.num_frames, num_inference_steps=cfg.num_inference_steps,
@@ -940,6 +949,9 @@ def finish(plan: Plan, entries: list[dict], frames, log, wall: Optional[Wall] = 
         share = "n/a" if c["skipped_share"] is None else f"{c['skipped_share']:.0%}"
         log(f"[{stack}] cache {c['spec']}: {share} of the {c['unit']} calls reused; computed per "
             f"step {c['computed_blocks_per_step']}, reused {c['reused_blocks_per_step']}")
+        if c.get("ranks_agree") is False:  # made one by vdbench.cache.share_decisions: a difference is a fault
+            log(f"warning: [{stack}] cache {c['spec']}: the ranks computed different blocks (ranks[].cache in "
+                f"{cfg.timing_path})")
         _log_calibration(c, stack, cfg.timing_path, log)
     if e2e_line:
         log(f"[{stack}] {e2e_line}")
