@@ -62,7 +62,7 @@ def test_refusals_come_before_the_load(tmp_path, no_load, monkeypatch):  # noqa:
     with pytest.raises(ValueError, match="MagCache needs the model's magnitude ratios"):
         R.validate(_cfg(tmp_path, cache="mag:threshold=0.06"))
     with pytest.raises(ValueError, match="with --use_torch_compile: "):
-        R.validate(_cfg(tmp_path, cache="fbc", compile=True))
+        R.validate(_cfg(tmp_path, cache="taylor", compile=True))
     with pytest.raises(ValueError, match="SeaCache needs the step index, sigma and step count .*; "
                                          "CogVideoXPipeline passes none"):
         R.validate(_cfg(tmp_path, family="cogvideox", cache="sea", height=128, width=192,

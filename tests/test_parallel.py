@@ -99,6 +99,15 @@ def test_xfuser_refused_on_cpu_with_the_reason(monkeypatch):
     assert "get_torch_distributed_backend" in why and "PROCESS_GROUP" in why
 
 
+def test_compile_under_torchrun_is_refused_for_xfuser_only():
+    """diffusers' context-parallel call is one vdbench::attention op in a compiled block; xfuser's USP is not."""
+    assert P.compile_refusal(P.ParallelSpec("diffusers", 2)) is None
+    assert P.compile_refusal(P.ParallelSpec("xfuser", 1)) is None  # one process: no USP around the kernel
+    why = P.compile_refusal(P.ParallelSpec("xfuser", 2)).splitlines()
+    assert why[0].startswith("--use_torch_compile under --parallel_engine xfuser: xfuser's USP") and len(why) == 2
+    assert why[1].startswith("use --parallel_engine diffusers with --use_torch_compile")
+
+
 def test_auto_engine_is_xfuser_where_it_runs_else_diffusers(monkeypatch):
     import importlib.util
 
@@ -658,24 +667,70 @@ def test_data_dependent_cache_decisions_are_one_for_every_rank(tmp_path):
     assert r0["sea"] == r1["sea"] == [True, True, 0.0]  # alone, rank 0 would have reused (1% < 25%)
 
 
+FBC = [*SMALL, "--num_inference_steps", "6", "--cache", "fbc:threshold=0.1"]  # reuses some steps of the tiny model
+COMPILE = ["--use_torch_compile", "--compile_backend", "aot_eager"]  # dynamo's tracing, no inductor codegen (CPU)
+
+
+def _one_process(args, out: Path):
+    proc = subprocess.run([sys.executable, str(ROOT / "run_wan.py"), *args, "--benchmark_output_directory", str(out)],
+                          capture_output=True, text=True, env=_env(), timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(next(out.rglob("timing.json")).read_text())[-1]
+
+
+@pytest.fixture(scope="module")
+def fbc_one(tmp_path_factory):
+    """The one-process render with FirstBlockCache the torchrun renders are held to."""
+    out = tmp_path_factory.mktemp("fbc") / "one"
+    entry = _one_process(FBC, out)
+    c = entry["cache"]
+    assert 0 < sum(c["reused_blocks_per_step"]) < sum(c["computed_blocks_per_step"]), c  # some steps, not all
+    assert c["shared_decisions"] is None
+    return out, entry
+
+
+def _same_blocks_as(one: dict, entry: dict) -> None:
+    """``entry`` (a torchrun render's) computed and reused the blocks ``one`` did at every step, on every rank."""
+    a, b = one["cache"], entry["cache"]
+    for key in ("computed_blocks_per_step", "reused_blocks_per_step", "forwards_per_step"):
+        assert b[key] == a[key] and all(r["cache"][key] == a[key] for r in entry["ranks"]), (key, a, entry["ranks"])
+    assert b["ranks_agree"] is True and "fbc" in b["shared_decisions"]
+
+
 @pytest.mark.slow
-def test_first_block_cache_under_ulysses_skips_what_one_process_skips(tmp_path):
+def test_first_block_cache_under_ulysses_skips_what_one_process_skips(fbc_one, tmp_path):
     """A 2-rank Ulysses render with FirstBlockCache: the same blocks computed and reused at every step as the
-    one-process render of the same seed (a threshold at which the tiny model reuses some steps, not all), counted
-    on each rank alike, and the same latents (Ulysses computes each head whole: bit-identical)."""
+    one-process render of the same seed, counted on each rank alike, and the same latents (Ulysses computes each
+    head whole: bit-identical)."""
     if TORCHRUN is None:
         pytest.skip("torchrun not found beside the interpreter")
-    args = [*SMALL, "--num_inference_steps", "6", "--cache", "fbc:threshold=0.1"]
-    one = subprocess.run([sys.executable, str(ROOT / "run_wan.py"), *args, "--benchmark_output_directory",
-                          str(tmp_path / "one")], capture_output=True, text=True, env=_env(), timeout=240)
-    assert one.returncode == 0, one.stderr[-3000:]
-    two, _ = torchrun(args + ["--ulysses_degree", "2"], tmp_path / "two")
+    two, _ = torchrun(FBC + ["--ulysses_degree", "2"], tmp_path / "two")
     assert two.returncode == 0, two.stderr[-3000:]
-    a = json.loads(next((tmp_path / "one").rglob("timing.json")).read_text())[-1]["cache"]
-    e = json.loads(next((tmp_path / "two").rglob("timing.json")).read_text())[-1]
-    b = e["cache"]
-    assert 0 < sum(a["reused_blocks_per_step"]) < sum(a["computed_blocks_per_step"]), a
-    for key in ("computed_blocks_per_step", "reused_blocks_per_step", "forwards_per_step"):
-        assert b[key] == a[key] and all(r["cache"][key] == a[key] for r in e["ranks"]), (key, a, e["ranks"])
-    assert b["ranks_agree"] is True and a["shared_decisions"] is None and "fbc" in b["shared_decisions"]
-    assert torch.equal(_latents(tmp_path / "one"), _latents(tmp_path / "two"))
+    _same_blocks_as(fbc_one[1], json.loads(next((tmp_path / "two").rglob("timing.json")).read_text())[-1])
+    assert torch.equal(_latents(fbc_one[0]), _latents(tmp_path / "two"))
+
+
+@pytest.mark.slow
+def test_compiled_blocks_with_a_cache_on_one_process_and_under_ulysses(fbc_one, tmp_path):
+    """--use_torch_compile beside FirstBlockCache, on one process and on 2 Ulysses ranks: each block's own forward
+    compiled (fullgraph: no graph break), the cache's decision outside it, the context-parallel attention call one
+    vdbench::attention op; the same blocks skipped as the eager render, and its latents."""
+    if TORCHRUN is None:
+        pytest.skip("torchrun not found beside the interpreter")
+    one = _one_process(FBC + COMPILE, tmp_path / "one")
+    two, _ = torchrun(FBC + COMPILE + ["--ulysses_degree", "2"], tmp_path / "two")
+    assert two.returncode == 0, two.stderr[-3000:]
+    entry = json.loads(next((tmp_path / "two").rglob("timing.json")).read_text())[-1]
+    eager = fbc_one[1]
+    for e in (one, entry):
+        assert e["run"]["resolved"]["speed_options"]["compile"]["models"]["transformer"] == {"how": "block forward",
+                                                                                              "blocks": 2}
+        assert e["one_time"]["compile_s"] > 0
+    assert one["cache"]["computed_blocks_per_step"] == eager["cache"]["computed_blocks_per_step"]
+    _same_blocks_as(eager, entry)
+    for r in entry["ranks"]:  # the compiled blocks' self-attention ran our kernel on the Ulysses path
+        assert r["attention"]["calls_by_kernel"].get("sdpa[flash]@ulysses2", 0) > 0, r["attention"]
+    ref = _latents(fbc_one[0])
+    for out in (tmp_path / "one", tmp_path / "two"):
+        got = _latents(out)
+        assert ((got - ref).norm() / ref.norm()).item() < 1e-5

@@ -52,7 +52,8 @@ class CacheKind:
     diffusers' match nothing here; recorded with the params), ``provided(pipe, steps, family) -> dict`` (what the
     render fills in), ``hidden`` (fields a user does not set: filled in, or not spellable), ``refusal(family,
     params, pipeline_class) -> reason | None`` (before the load), ``files`` (parameter -> reader of a file's path
-    -> the value: the parameters a user may give as ``@PATH``)."""
+    -> the value: the parameters a user may give as ``@PATH``), ``inside_blocks`` (its hooks sit on modules inside
+    the blocks -- the attention modules -- where a regionally compiled block would trace them)."""
 
     name: str
     config: str
@@ -63,6 +64,7 @@ class CacheKind:
     hidden: tuple[str, ...] = ()
     refusal: Callable[..., Optional[str]] = lambda family, params, pipeline_class: None
     files: dict = dataclasses.field(default_factory=dict)
+    inside_blocks: bool = False
 
     def config_class(self):
         import diffusers.hooks
@@ -220,11 +222,12 @@ KINDS: dict[str, CacheKind] = {k.name: k for k in (
               "TaylorSeer: the attention outputs computed every cache_interval steps, predicted by a Taylor series "
               "in between", needs="attention modules under the block list (matched by vdbench's patterns)",
               defaults={"cache_identifiers": _TAYLOR_ATTENTION},
-              hidden=("cache_identifiers", "skip_predict_identifiers", "taylor_factors_dtype")),
+              hidden=("cache_identifiers", "skip_predict_identifiers", "taylor_factors_dtype"), inside_blocks=True),
     CacheKind("pab", "PyramidAttentionBroadcastConfig",
               "Pyramid Attention Broadcast: self-attention outputs reused for block_skip_range-1 of every "
               "block_skip_range calls inside the timestep range", needs="the pipeline's current timestep "
-              "(filled in)", defaults={"spatial_attention_block_skip_range": 2}, provided=_timestep),
+              "(filled in)", defaults={"spatial_attention_block_skip_range": 2}, provided=_timestep,
+              inside_blocks=True),
     CacheKind("faster", "FasterCacheConfig",
               "FasterCache: attention outputs reused with a frequency-weighted correction, the unconditional "
               "batch's skipped", needs="the pipeline's current timestep (filled in); guidance as one batch (or "
@@ -234,7 +237,7 @@ KINDS: dict[str, CacheKind] = {k.name: k for k in (
               provided=lambda pipe, steps, family: {**_timestep(pipe, steps, family),
                                                     "tensor_format": family.latent_format,
                                                     "attention_weight_callback": lambda _: 0.5},
-              hidden=("tensor_format",), refusal=_faster_refusal),
+              hidden=("tensor_format",), refusal=_faster_refusal, inside_blocks=True),
     CacheKind("sea", "SeaCacheConfig",
               "SeaCache: blocks skipped while the spectrum-weighted input change stays under threshold",
               needs="the step index, sigma and step count passed to cache_context (the family's "
@@ -390,8 +393,9 @@ def check_cache(spec: Optional[CacheSpec], family, denoisers: Optional[dict] = N
                 compiled: bool = False, cfg_split: bool = False, steps: int = 1,
                 pipeline_class: Optional[str] = None) -> None:
     """Refuse (ValueError, one line and a hint) a cache that can't run: the kind's own refusal against the family
-    and its parameters, diffusers' config refusing the values, torch.compile (the hooks' skip decisions are
-    data-dependent Python: a graph break, which the regional compile's fullgraph refuses), FasterCache's skip of
+    and its parameters, diffusers' config refusing the values, torch.compile of a kind whose hooks sit inside the
+    blocks (their per-call Python would be traced: a graph break, which the regional compile's fullgraph refuses;
+    the whole-block kinds wrap the compiled blocks from outside), FasterCache's skip of
     the unconditional half of a guidance batch whose halves are on two ranks (``cfg_split``: ``--use_cfg_parallel``),
     and, where the denoisers' configs are known without weights (``denoisers``: name -> (class name, config)), a
     cache diffusers can't apply to them or that would hook no module (built on the meta device). Under torchrun
@@ -405,9 +409,10 @@ def check_cache(spec: Optional[CacheSpec], family, denoisers: Optional[dict] = N
         raise ValueError(f"--cache {spec.name} with --use_cfg_parallel: FasterCache skips the unconditional half of "
                          "each guidance batch, and the CFG split puts the two halves on two ranks\nuse "
                          "faster:is_guidance_distilled=true (the attention cache alone), or drop --use_cfg_parallel")
-    if compiled:
-        raise ValueError(f"--cache {spec.name} with --use_torch_compile: the cache's hooks decide per call in "
-                         "Python whether to compute (a graph break the regional compile refuses)\ndrop one of them")
+    if compiled and spec.kind.inside_blocks:
+        raise ValueError(f"--cache {spec.name} with --use_torch_compile: its hooks sit on the attention modules "
+                         "inside the compiled blocks and decide per call in Python (a graph break the regional "
+                         "compile refuses)\nuse a cache of whole blocks (fbc, mag, sea) with the compile, or drop one")
     try:
         spec.build(_Stand(), steps, family)
     except (ValueError, TypeError) as e:
@@ -628,24 +633,25 @@ class CacheCounter:
             if len(parts) in (2, 3) and parts[1].isdigit() and isinstance(getattr(model, parts[0], None),
                                                                            torch.nn.ModuleList):
                 inner = m.forward
+                own = m.__dict__.get("forward")  # a forward of its own (the compiled block's) is put back after
 
                 def counted(*a, _f=inner, **k):
                     self.inner += 1
                     return _f(*a, **k)
 
                 m.forward = counted
-                self._wrapped[id(m)] = (m, inner)
+                self._wrapped[id(m)] = (m, own)
         self._handles.append(model.register_forward_pre_hook(self._forward))
 
     def keep(self, model: torch.nn.Module, name: str, hooked: list[str]) -> None:
         """Keep the counters of the modules the cache hooked, unwrap the rest."""
         mods = dict(model.named_modules())
         keep = {id(mods[h]) for h in hooked if h in mods}
-        for key, (m, _) in list(self._wrapped.items()):
+        for key, (m, own) in list(self._wrapped.items()):
             if key in keep:
                 self._handles.append(m.register_forward_pre_hook(self._outer))
             elif any(m is x for x in mods.values()):
-                del m.forward
+                _unwrap(m, own)
                 del self._wrapped[key]
         self.units += [f"{name}.{h}" for h in hooked if h in mods and id(mods[h]) in keep]
         self.models.append(model)
@@ -730,7 +736,16 @@ class CacheCounter:
         for h in self._handles:
             h.remove()
         self._handles = []
-        for m, _ in self._wrapped.values():
+        for m, own in self._wrapped.values():
             if "forward" in m.__dict__:
-                del m.forward
+                _unwrap(m, own)
         self._wrapped = {}
+
+
+def _unwrap(module: torch.nn.Module, own) -> None:
+    """The counter's wrapper taken off ``module``: its own forward (``own``, the compiled one) put back, else the
+    class's."""
+    if own is not None:
+        module.forward = own
+    else:
+        del module.forward

@@ -51,8 +51,8 @@ from . import families
 
 __all__ = ["ParallelSpec", "DistContext", "ENGINES", "ENGINE_CHOICES", "resolve_engine", "init_distributed",
            "check_backend_for_path", "agree", "apply_engine", "share_output", "sequence_layout", "merge_rank_entries",
-           "FailureWatch", "set_outcome", "finish", "one_device_presented", "shares_calls", "shard_group", "hooks_in_place",
-           "EXIT_PEER_FAILED"]
+           "FailureWatch", "set_outcome", "finish", "one_device_presented", "shares_calls", "shard_group",
+           "hooks_in_place", "compile_refusal", "EXIT_PEER_FAILED"]
 
 ENGINES = ("xfuser", "diffusers")
 ENGINE_CHOICES = ("auto", *ENGINES)  # what --parallel_engine takes; auto is resolved by resolve_engine
@@ -463,6 +463,18 @@ def hooks_in_place(spec: ParallelSpec) -> bool:
     Hooks registered later wrap earlier ones, so what must see each rank's shard (a step cache's hooks, the
     compiled blocks) goes on before such an engine, and after one that builds new modules."""
     return spec.engine == "diffusers"
+
+
+def compile_refusal(spec: ParallelSpec) -> Optional[str]:
+    """Why ``--use_torch_compile`` can't run with this engine (one line, then a hint), or None. Under diffusers'
+    context parallelism a compiled block's parallel attention call is one opaque ``vdbench::attention`` op
+    (diffusers' template, its collectives and our kernel inside). xfuser's processors reach the kernel through
+    its USP function, whose all-to-all the compiled block would trace around the op, not hand to it."""
+    if spec.engine == "xfuser" and spec.world_size > 1:
+        return ("--use_torch_compile under --parallel_engine xfuser: xfuser's USP runs its all-to-all around the "
+                "registry's kernel, where the compiled block would trace it instead of calling vdbench's attention "
+                "op\nuse --parallel_engine diffusers with --use_torch_compile, or drop the compile")
+    return None
 
 
 def _apply_xfuser(ctx: DistContext, pipe, models: list, family: families.Family) -> tuple:

@@ -382,10 +382,9 @@ def _checked_plan(cfg: RenderConfig, dctx) -> Plan:
             raise ValueError(f"--use_cfg_parallel splits classifier-free guidance's two branches, and "
                              f"--guidance_scale {cfg.guidance_scale:g} runs none\ndrop --use_cfg_parallel, or "
                              "use a guidance scale above 1")
-        if cfg.compile:
-            raise ValueError("--use_torch_compile under torchrun isn't supported: the compiled attention op "
-                             "routes plain single-process calls only\nrender without --use_torch_compile, or on one "
-                             "process")
+        why = P.compile_refusal(dctx.spec) if cfg.compile else None
+        if why:
+            raise ValueError(why)
     # the head dims from the model's config (no weights; the loaded model is checked again): a backend that can't
     # serve them, or can't run on this device at all (sagev1 on a CPU), is refused here
     preflight(backend, device, dtype, model.head_dims or [])
