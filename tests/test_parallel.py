@@ -734,3 +734,32 @@ def test_compiled_blocks_with_a_cache_on_one_process_and_under_ulysses(fbc_one, 
     for out in (tmp_path / "one", tmp_path / "two"):
         got = _latents(out)
         assert ((got - ref).norm() / ref.norm()).item() < 1e-5
+
+
+@pytest.mark.slow
+def test_a_sparse_schedule_under_ulysses_matches_one_process(tmp_path):
+    """A schedule switching to the sliding tile pattern under 2-rank Ulysses: each rank's attention holds the whole
+    sequence for its heads, so the pattern's mask is the one-process render's (the same block pairs computed) and
+    so are the latents; the tile order is taken per call, the sequence being split at the blocks' entry."""
+    if TORCHRUN is None:
+        pytest.skip("torchrun not found beside the interpreter")
+    spec = "sdpa@steps:0,sta:window=1x3x3,tile=2x2x2,block=16"
+    args = [a if a != "sdpa" else spec for a in SMALL] + ["--num_inference_steps", "3"]
+    one = _one_process(args, tmp_path / "one")
+    two, _ = torchrun(args + ["--ulysses_degree", "2"], tmp_path / "two")
+    assert two.returncode == 0, two.stderr[-3000:]
+    entry = json.loads(next((tmp_path / "two").rglob("timing.json")).read_text())[-1]
+    sta = "flex.sta[window=1x3x3,tile=2x2x2,block=16]"
+    assert one["attention"]["block_pairs"][sta]["self"]["fraction_computed"] < 1  # sparse on this grid
+    for r in entry["ranks"]:
+        calls = r["attention"]
+        assert calls["calls_by_kernel"][f"{sta}@ulysses2"] == one["attention"]["calls_by_kernel"][sta]
+    assert entry["attention"]["block_pairs"][f"{sta}@ulysses2"] == one["attention"]["block_pairs"][sta]
+
+    def latents(out):
+        from vdbench.capture import load_latents
+
+        return load_latents(sorted((out / "captures").glob("latents_*rank0_*.pt"))[-1])[0].float()
+
+    a, b = latents(tmp_path / "one"), latents(tmp_path / "two")
+    assert ((a - b).norm() / a.norm()).item() < 1e-5

@@ -365,7 +365,8 @@ def _checked_plan(cfg: RenderConfig, dctx) -> Plan:
     # unknown names, bad options and malformed schedules fail before the (slow) model load
     backend = resolve_attention(cfg.attention_type)
     cfg = replace(cfg, attention_type=backend.name)  # an alias (diffusers' / SGLang's name) is recorded as ours
-    as_schedule(backend).check_plan(num_steps=cfg.num_inference_steps, compiled=cfg.compile, parallel=dctx is not None,
+    as_schedule(backend).check_plan(num_steps=cfg.num_inference_steps, compiled=cfg.compile,
+                                    parallel=dctx.spec if dctx is not None else None,
                                     grid_family=family.name if family.grid_hooks is not None else None)
     cache = parse_cache(cfg.cache)  # an unknown kind, key or value before anything else of the cache's
     cfg = replace(cfg, cache=cache.name if cache else None)  # recorded in its one spelling
@@ -632,8 +633,9 @@ class _Watch:
                                     grid_hooks=plan.family.grid_hooks or no_grid_hooks,
                                     # compiled blocks would trace the tile-order hooks; a step cache compares and
                                     # reuses block outputs across steps, which a schedule's switch to tile order
-                                    # (padded) breaks
-                                    tile_order_once=not cfg.compile and plan.cache is None)
+                                    # (padded) breaks; context parallelism splits the sequence at the blocks'
+                                    # entry, while each Ulysses attention call holds the whole sequence again
+                                    tile_order_once=not cfg.compile and plan.cache is None and plan.dctx is None)
         self.profiler = None
         if cfg.profile_output:
             root = cfg.traces_root if cfg.traces_root is not None else cfg.output_path.parent.parent / "traces"

@@ -106,7 +106,8 @@ class AttentionPatch:
     the grid. Either not given: the family of the patched transformers is asked (``families.for_transformer``, by
     their class); for a transformer no registered family claims, calls are classified by the attention module
     alone (:func:`vdbench.patching.calls.call_kind`) and a grid backend is refused.
-    ``tile_order_once``: allow the once-per-forward tile order (False under torch.compile: per call).
+    ``tile_order_once``: allow the once-per-forward tile order (False under torch.compile, beside a step cache and
+    under context parallelism: per call).
 
     What the adapters use: ``serve`` (run one call on the backend), ``timed``, ``record``, ``compiled_call``,
     ``passthrough`` / ``backend`` (of the call in progress) and ``context`` (model, layer, kind of the processor
