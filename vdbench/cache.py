@@ -532,11 +532,15 @@ def _reduced_fbc_decision(hook, group):
     pads a sequence to a multiple of its degree: there the padding tokens count too)."""
     import torch.distributed as dist
 
+    from .parallel import maybe_inject_failure
+
     @torch.compiler.disable
     def should_compute(residual: torch.Tensor) -> bool:
         before = hook.state_manager.get_state().head_block_residual
         if before is None:  # the first call of a context: nothing to compare with, on every rank alike
             return True
+        # the tests of a rank failing inside the cache's hook, its peers waiting in this all_reduce
+        maybe_inject_failure(dist.get_rank(), "cache")
         sums = torch.stack([(residual - before).abs().sum(dtype=torch.float32),
                             before.abs().sum(dtype=torch.float32)]).double()
         dist.all_reduce(sums, group=group())
