@@ -108,11 +108,11 @@ def test_nproc_launches_each_render_under_torchrun_and_a_failing_rank_fails_that
     assert proc.returncode == 1, proc.stdout + proc.stderr
     screen = proc.stdout
     assert "under torchrun on 2 processes (--ulysses_degree 2)" in screen
-    assert re.search(r"^\[sdpa\] step 2/2: ", screen, re.M)  # rank 0's progress lines come through torchrun
+    assert re.search(r"^\[sdpa\+u2\] step 2/2: ", screen, re.M)  # rank 0's progress lines come through torchrun
     failed = next(ln for ln in screen.splitlines() if ln.startswith("[sagev1_emu] FAILED"))
     # the killed rank's signal, the other's "another rank failed", and which rank it was
     assert "(exit 1; ranks exited -9 4): rank 0: stopping because rank 1 stopped without a word" in failed, failed
-    assert screen.index("[sagev1_emu] FAILED") < screen.index("[sdpa] step 1/2")  # the batch went on
+    assert screen.index("[sagev1_emu] FAILED") < screen.index("[sdpa+u2] step 1/2")  # the batch went on
     sdpa = next(ln for ln in screen.splitlines() if ln.startswith("sdpa+u2 "))
     assert "ulysses2 (diffusers, 2 ranks)" in sdpa and "sdpa[flash]@ulysses2×" in sdpa
     assert "sagev1_emu: FAILED (exit 1; ranks exited -9 4)" in screen
