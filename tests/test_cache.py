@@ -62,13 +62,19 @@ def test_refusals_come_before_the_load(tmp_path, no_load, monkeypatch):  # noqa:
     with pytest.raises(ValueError, match="MagCache needs the model's magnitude ratios"):
         R.validate(_cfg(tmp_path, cache="mag:threshold=0.06"))
     with pytest.raises(ValueError, match="with --use_torch_compile: "):
-        R.validate(_cfg(tmp_path, cache="fbc", compile=True))
+        R.validate(_cfg(tmp_path, cache="taylor", compile=True))
     with pytest.raises(ValueError, match="SeaCache needs the step index, sigma and step count .*; "
                                          "CogVideoXPipeline passes none"):
         R.validate(_cfg(tmp_path, family="cogvideox", cache="sea", height=128, width=192,
                         output_path=tmp_path / "cogvideox-tiny_sdpa.mp4"))
-    with pytest.raises(ValueError, match="under torchrun: each rank would decide on its own shard"):
-        C.check_cache(C.parse_cache("pab"), families.get("wan"), parallel=True)
+    # under torchrun every kind runs (one decision for all ranks), but FasterCache's skip of the unconditional half
+    # of a guidance batch can't where --use_cfg_parallel puts the halves on two ranks
+    C.check_cache(C.parse_cache("pab"), families.get("wan"), cfg_split=True)
+    cog = families.get("cogvideox")
+    C.check_cache(C.parse_cache("faster"), cog)
+    with pytest.raises(ValueError, match="the CFG split puts the two halves on two ranks\nuse "
+                                         "faster:is_guidance_distilled=true"):
+        C.check_cache(C.parse_cache("faster"), cog, cfg_split=True)
     # a cache diffusers would apply to no module of this transformer (checked on the meta-built denoiser)
     nothing = C.CacheKind("nothing", "PyramidAttentionBroadcastConfig", "test", needs="-",
                           defaults={"spatial_attention_block_skip_range": 2,

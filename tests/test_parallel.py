@@ -99,6 +99,15 @@ def test_xfuser_refused_on_cpu_with_the_reason(monkeypatch):
     assert "get_torch_distributed_backend" in why and "PROCESS_GROUP" in why
 
 
+def test_compile_under_torchrun_is_refused_for_xfuser_only():
+    """diffusers' context-parallel call is one vdbench::attention op in a compiled block; xfuser's USP is not."""
+    assert P.compile_refusal(P.ParallelSpec("diffusers", 2)) is None
+    assert P.compile_refusal(P.ParallelSpec("xfuser", 1)) is None  # one process: no USP around the kernel
+    why = P.compile_refusal(P.ParallelSpec("xfuser", 2)).splitlines()
+    assert why[0].startswith("--use_torch_compile under --parallel_engine xfuser: xfuser's USP") and len(why) == 2
+    assert why[1].startswith("use --parallel_engine diffusers with --use_torch_compile")
+
+
 def test_auto_engine_is_xfuser_where_it_runs_else_diffusers(monkeypatch):
     import importlib.util
 
@@ -557,18 +566,44 @@ def _rank_exit_codes(stderr: str) -> dict:
     return {int(r): int(c) for r, c in blocks}
 
 
-def test_one_rank_failing_stops_every_rank_promptly(tmp_path):
+@pytest.mark.parametrize("case", ["raises inside the cache's hook", "is killed (SIGKILL)"])
+def test_one_rank_failing_stops_every_rank_promptly(tmp_path, case):
+    """Rank 1 raises inside FirstBlockCache's decision, rank 0 waiting in its all_reduce; or rank 1 is killed
+    without a word in a step. Every rank ends within a minute of it, one line names the rank and the cause, and
+    nothing is written."""
     if TORCHRUN is None:
         pytest.skip("torchrun not found")
-    proc, wall = torchrun(SMALL + ["--parallel_engine", "diffusers", "--ulysses_degree", "2"], tmp_path / "f",
-                          VDBENCH_TEST_FAIL="1:step", VDBENCH_DIST_TIMEOUT_S="600")
+    killed = "SIGKILL" in case
+    args = SMALL + ["--parallel_engine", "diffusers", "--ulysses_degree", "2", "--num_inference_steps", "4"]
+    env = dict(VDBENCH_TEST_FAIL="1:step", VDBENCH_TEST_FAIL_SIGNAL="9") if killed else dict(
+        VDBENCH_TEST_FAIL="1:cache")
+    if not killed:
+        args += ["--cache", "fbc:threshold=0.1"]
+    _PORT[0] += 1
+    out = tmp_path / "f"
+    cmd = [TORCHRUN, "--nproc_per_node=2", f"--master_port={_PORT[0]}", str(ROOT / "run_wan.py"), *args,
+           "--benchmark_output_directory", str(out)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=str(tmp_path),
+                            env=_env(VDBENCH_DIST_TIMEOUT_S="600", **env))
+    lines = []
+    for line in proc.stderr:  # when each line came: the failure's, then the launch's end
+        lines.append((time.monotonic(), line))
+    proc.wait(timeout=300)
+    end, stderr = time.monotonic(), "".join(ln for _, ln in lines)
     assert proc.returncode != 0
-    assert "injected failure on rank 1" in proc.stderr
-    assert "rank 0: stopping because rank 1 failed" in proc.stderr
-    # the failing rank with its crash's code, the other with "another rank failed" -- whichever torchrun stops
-    assert _rank_exit_codes(proc.stderr) == {0: P.EXIT_PEER_FAILED, 1: 1}, proc.stderr
-    assert wall < 150, f"{wall:.0f} s: the ranks waited for a collective timeout"
-    assert not (tmp_path / "f" / "results" / "timing.json").exists()
+    injected = next(t for t, ln in lines if "injected " in ln and "on rank 1" in ln)
+    assert end - injected < 60, f"{end - injected:.0f} s from the failure to the end: a rank waited"
+    said = [ln for _, ln in lines if ln.startswith("error: rank 0: stopping because ")]
+    if killed:  # rank 0's collective broke; it names the silent rank instead of taking the failure for its own
+        assert said == ["error: rank 0: stopping because rank 1 stopped without a word (no heartbeat for 3 s: "
+                        "killed by a signal such as SIGKILL or the OOM killer, or its host is gone)\n"], stderr
+        assert _rank_exit_codes(stderr) == {0: P.EXIT_PEER_FAILED, 1: -9}, stderr
+    else:
+        assert said == ["error: rank 0: stopping because rank 1 failed: RuntimeError: injected failure on rank 1 "
+                        "at cache (VDBENCH_TEST_FAIL)\n"], stderr
+        # the failing rank with its crash's code, the other with "another rank failed"
+        assert _rank_exit_codes(stderr) == {0: P.EXIT_PEER_FAILED, 1: 1}, stderr
+    assert not (out / "results").exists() or not any((out / "results").iterdir())  # no video, no timing entry
 
 
 def _share_worker(rank, port, out):
@@ -592,3 +627,165 @@ def test_share_output_hands_the_last_ranks_latents_to_every_rank(tmp_path):
         d = torch.load(tmp_path / f"r{r}.pt", weights_only=True)
         assert d["got"].dtype == torch.bfloat16 and torch.equal(d["got"], want) and d["same_is_got"]
     assert P.share_output(None, [None]) == [None]  # single process: untouched
+
+
+# ----- step caches under torchrun: one decision for every rank -----
+
+def _decisions_worker(rank, port, out):
+    """Two ranks holding shards that would decide differently on their own: diffusers' own hooks, with the
+    decision functions vdbench.cache.share_decisions wraps."""
+    import torch.distributed as dist
+    from diffusers.hooks import FirstBlockCacheConfig, MagCacheConfig, SeaCacheConfig  # noqa: F401
+    from diffusers.hooks.first_block_cache import FBCHeadBlockHook, FBCSharedBlockState
+    from diffusers.hooks.hooks import CacheContext, StateManager
+    from diffusers.hooks.mag_cache import MagCacheBlockHook, MagCacheState
+    from diffusers.hooks.sea_cache import (SeaCacheContextState, SeaCacheLeaderBlockHook, SeaCacheSharedState,
+                                           _SeaCacheForwardMetadata)
+
+    from vdbench import cache as C
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    states = {}
+
+    def manager(cls):
+        m = StateManager(cls)
+        m.set_context(CacheContext(name="cond"))
+        states[cls] = m
+        return m
+
+    fbc = FBCHeadBlockHook(manager(FBCSharedBlockState), threshold=0.1)
+    mag = MagCacheBlockHook(manager(MagCacheState), is_tail=True, config=MagCacheConfig(calibrate=True))
+    sea = SeaCacheLeaderBlockHook(SeaCacheConfig(threshold=0.25), manager(SeaCacheContextState), SeaCacheSharedState())
+    holder = torch.nn.Module()
+    holder._diffusers_hook = type("Registry", (), {"hooks": {"a": fbc, "b": mag, "c": sea}})()
+    shared = C.share_decisions([holder], lambda: None)  # the default group: both ranks
+    got = {"shared": sorted(shared)}
+    before = torch.ones(1, 4, 8)
+    fbc.state_manager.get_state().head_block_residual = before
+    # rank 0's change 1%, rank 1's 50% (15%): whole sequence 25.5% (8%) against threshold 10%
+    got["fbc"] = [fbc._should_compute_remaining_blocks(before * (1.01 if rank == 0 else f)) for f in (1.5, 1.15)]
+    state = mag.state_manager.get_state()
+    state.previous_residual = before
+    mag._perform_calibration_step(state, before * (rank + 1))  # ratio 1 on rank 0, 2 on rank 1
+    got["mag"] = state.calibration_ratios
+    gate, config = sea.shared_state.resolve_gate, SeaCacheConfig(threshold=0.25)
+    st = sea.state_manager.get_state()
+    st.gen_input = before
+    first = gate(st, _SeaCacheForwardMetadata(0, 0.9, 6), [before], config)  # retained: computed everywhere
+    again = gate(st, _SeaCacheForwardMetadata(1, 0.8, 6), [before * (1.01 if rank == 0 else 2.0)], config)
+    got["sea"] = [first, again, st.accumulated_distance]
+    torch.save(got, f"{out}/r{rank}.pt")
+    dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_data_dependent_cache_decisions_are_one_for_every_rank(tmp_path):
+    """FirstBlockCache compares the whole sequence's change (the sums over the ranks), MagCache's calibration
+    averages over every rank's tokens, SeaCache's gate computes where any rank computes: on shards that would
+    decide differently alone."""
+    import torch.multiprocessing as mp
+
+    mp.spawn(_decisions_worker, args=(29000 + (os.getpid() + 450) % 900, str(tmp_path)), nprocs=2, join=True)
+    r0, r1 = (torch.load(tmp_path / f"r{r}.pt", weights_only=False) for r in range(2))
+    assert r0["shared"] == ["fbc", "mag", "sea"]
+    assert r0["fbc"] == r1["fbc"] == [True, False]  # alone: rank 0 would skip the first, rank 1 compute the second
+    assert r0["mag"] == r1["mag"] == [pytest.approx(1.5)]
+    assert r0["sea"] == r1["sea"] == [True, True, 0.0]  # alone, rank 0 would have reused (1% < 25%)
+
+
+FBC = [*SMALL, "--num_inference_steps", "6", "--cache", "fbc:threshold=0.1"]  # reuses some steps of the tiny model
+COMPILE = ["--use_torch_compile", "--compile_backend", "aot_eager"]  # dynamo's tracing, no inductor codegen (CPU)
+
+
+def _one_process(args, out: Path):
+    proc = subprocess.run([sys.executable, str(ROOT / "run_wan.py"), *args, "--benchmark_output_directory", str(out)],
+                          capture_output=True, text=True, env=_env(), timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(next(out.rglob("timing.json")).read_text())[-1]
+
+
+@pytest.fixture(scope="module")
+def fbc_one(tmp_path_factory):
+    """The one-process render with FirstBlockCache the torchrun renders are held to."""
+    out = tmp_path_factory.mktemp("fbc") / "one"
+    entry = _one_process(FBC, out)
+    c = entry["cache"]
+    assert 0 < sum(c["reused_blocks_per_step"]) < sum(c["computed_blocks_per_step"]), c  # some steps, not all
+    assert c["shared_decisions"] is None
+    return out, entry
+
+
+def _same_blocks_as(one: dict, entry: dict) -> None:
+    """``entry`` (a torchrun render's) computed and reused the blocks ``one`` did at every step, on every rank."""
+    a, b = one["cache"], entry["cache"]
+    for key in ("computed_blocks_per_step", "reused_blocks_per_step", "forwards_per_step"):
+        assert b[key] == a[key] and all(r["cache"][key] == a[key] for r in entry["ranks"]), (key, a, entry["ranks"])
+    assert b["ranks_agree"] is True and "fbc" in b["shared_decisions"]
+
+
+@pytest.mark.slow
+def test_first_block_cache_under_ulysses_skips_what_one_process_skips(fbc_one, tmp_path):
+    """A 2-rank Ulysses render with FirstBlockCache: the same blocks computed and reused at every step as the
+    one-process render of the same seed, counted on each rank alike, and the same latents (Ulysses computes each
+    head whole: bit-identical)."""
+    if TORCHRUN is None:
+        pytest.skip("torchrun not found beside the interpreter")
+    two, _ = torchrun(FBC + ["--ulysses_degree", "2"], tmp_path / "two")
+    assert two.returncode == 0, two.stderr[-3000:]
+    _same_blocks_as(fbc_one[1], json.loads(next((tmp_path / "two").rglob("timing.json")).read_text())[-1])
+    assert torch.equal(_latents(fbc_one[0]), _latents(tmp_path / "two"))
+
+
+@pytest.mark.slow
+def test_compiled_blocks_with_a_cache_on_one_process_and_under_ulysses(fbc_one, tmp_path):
+    """--use_torch_compile beside FirstBlockCache, on one process and on 2 Ulysses ranks: each block's own forward
+    compiled (fullgraph: no graph break), the cache's decision outside it, the context-parallel attention call one
+    vdbench::attention op; the same blocks skipped as the eager render, and its latents."""
+    if TORCHRUN is None:
+        pytest.skip("torchrun not found beside the interpreter")
+    one = _one_process(FBC + COMPILE, tmp_path / "one")
+    two, _ = torchrun(FBC + COMPILE + ["--ulysses_degree", "2"], tmp_path / "two")
+    assert two.returncode == 0, two.stderr[-3000:]
+    entry = json.loads(next((tmp_path / "two").rglob("timing.json")).read_text())[-1]
+    eager = fbc_one[1]
+    for e in (one, entry):
+        assert e["run"]["resolved"]["speed_options"]["compile"]["models"]["transformer"] == {"how": "block forward",
+                                                                                              "blocks": 2}
+        assert e["one_time"]["compile_s"] > 0
+    assert one["cache"]["computed_blocks_per_step"] == eager["cache"]["computed_blocks_per_step"]
+    _same_blocks_as(eager, entry)
+    for r in entry["ranks"]:  # the compiled blocks' self-attention ran our kernel on the Ulysses path
+        assert r["attention"]["calls_by_kernel"].get("sdpa[flash]@ulysses2", 0) > 0, r["attention"]
+    ref = _latents(fbc_one[0])
+    for out in (tmp_path / "one", tmp_path / "two"):
+        got = _latents(out)
+        assert ((got - ref).norm() / ref.norm()).item() < 1e-5
+
+
+@pytest.mark.slow
+def test_a_sparse_schedule_under_ulysses_matches_one_process(tmp_path):
+    """A schedule switching to the sliding tile pattern under 2-rank Ulysses: each rank's attention holds the whole
+    sequence for its heads, so the pattern's mask is the one-process render's (the same block pairs computed) and
+    so are the latents; the tile order is taken per call, the sequence being split at the blocks' entry."""
+    if TORCHRUN is None:
+        pytest.skip("torchrun not found beside the interpreter")
+    spec = "sdpa@steps:0,sta:window=1x3x3,tile=2x2x2,block=16"
+    args = [a if a != "sdpa" else spec for a in SMALL] + ["--num_inference_steps", "3"]
+    one = _one_process(args, tmp_path / "one")
+    two, _ = torchrun(args + ["--ulysses_degree", "2"], tmp_path / "two")
+    assert two.returncode == 0, two.stderr[-3000:]
+    entry = json.loads(next((tmp_path / "two").rglob("timing.json")).read_text())[-1]
+    sta = "flex.sta[window=1x3x3,tile=2x2x2,block=16]"
+    assert one["attention"]["block_pairs"][sta]["self"]["fraction_computed"] < 1  # sparse on this grid
+    for r in entry["ranks"]:
+        calls = r["attention"]
+        assert calls["calls_by_kernel"][f"{sta}@ulysses2"] == one["attention"]["calls_by_kernel"][sta]
+    assert entry["attention"]["block_pairs"][f"{sta}@ulysses2"] == one["attention"]["block_pairs"][sta]
+
+    def latents(out):
+        from vdbench.capture import load_latents
+
+        return load_latents(sorted((out / "captures").glob("latents_*rank0_*.pt"))[-1])[0].float()
+
+    a, b = latents(tmp_path / "one"), latents(tmp_path / "two")
+    assert ((a - b).norm() / a.norm()).item() < 1e-5

@@ -99,19 +99,23 @@ def test_cogvideox_batch(tmp_path):
 @pytest.mark.skipif(not TORCHRUN_OK, reason="torchrun not found beside the interpreter")
 def test_nproc_launches_each_render_under_torchrun_and_a_failing_rank_fails_that_render_only(tmp_path):
     """--nproc 2: Ulysses over both processes by default (the original's layout), diffusers' engine by auto on a
-    CPU, the layout in the file names and the table; rank 1 of one render failing fails that render alone."""
+    CPU, the layout in the file names and the table; rank 1 of the first render killed (SIGKILL, no word of its
+    own) fails that render alone, named by the rank that stopped, and the batch goes on to the next."""
     out = tmp_path / "par"
-    proc = _script("render_all_WAN.sh", "--nproc", "2", "--model-path", "tiny", "--types", "sdpa,sagev1_emu",
-                   "--output-dir", out, "--stitch", "--", *SMALL, VDBENCH_TEST_FAIL="1:step:sagev1_emu")
+    proc = _script("render_all_WAN.sh", "--nproc", "2", "--model-path", "tiny", "--types", "sagev1_emu,sdpa",
+                   "--output-dir", out, "--stitch", "--", *SMALL, VDBENCH_TEST_FAIL="1:step:sagev1_emu",
+                   VDBENCH_TEST_FAIL_SIGNAL="9")
     assert proc.returncode == 1, proc.stdout + proc.stderr
     screen = proc.stdout
     assert "under torchrun on 2 processes (--ulysses_degree 2)" in screen
     assert re.search(r"^\[sdpa\+u2\] step 2/2: ", screen, re.M)  # rank 0's progress lines come through torchrun
     failed = next(ln for ln in screen.splitlines() if ln.startswith("[sagev1_emu] FAILED"))
-    assert "(exit 1; ranks exited 1 4)" in failed  # the failing rank's crash, the other's "another rank failed"
+    # the killed rank's signal, the other's "another rank failed", and which rank it was
+    assert "(exit 1; ranks exited -9 4): rank 0: stopping because rank 1 stopped without a word" in failed, failed
+    assert screen.index("[sagev1_emu] FAILED") < screen.index("[sdpa+u2] step 1/2")  # the batch went on
     sdpa = next(ln for ln in screen.splitlines() if ln.startswith("sdpa+u2 "))
     assert "ulysses2 (diffusers, 2 ranks)" in sdpa and "sdpa[flash]@ulysses2×" in sdpa
-    assert "sagev1_emu: FAILED (exit 1; ranks exited 1 4)" in screen
+    assert "sagev1_emu: FAILED (exit 1; ranks exited -9 4)" in screen
     assert sorted(p.name for p in (out / "results").glob("*.mp4")) == [
         "wan_result_t2v_tiny_9f_2s_attn_sdpa_64x96_u2.mp4"]
     entry = json.loads((out / "results" / "timing.json").read_text())[-1]

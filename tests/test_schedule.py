@@ -94,16 +94,26 @@ def test_kind_rules_select_calls_by_kind():
 def test_check_plan_refusals():
     s = parse_schedule("sdpa@steps:10-19,sta")
     with pytest.raises(ScheduleError, match="steps 10-19 lie beyond the run's 4 denoising steps"):
-        s.check_plan(num_steps=4, compiled=False, parallel=False, grid_family="wan")
-    s.check_plan(num_steps=11, compiled=False, parallel=False, grid_family="wan")
+        s.check_plan(num_steps=4, compiled=False, grid_family="wan")
+    s.check_plan(num_steps=11, compiled=False, grid_family="wan")
     with pytest.raises(ScheduleError, match="by layers can't run under --use_torch_compile"):
-        parse_schedule("sdpa@layers:0,fav3").check_plan(num_steps=4, compiled=True, parallel=False, grid_family=None)
+        parse_schedule("sdpa@layers:0,fav3").check_plan(num_steps=4, compiled=True, grid_family=None)
     with pytest.raises(B.BackendUnavailable, match="'sta' needs the token grid .* this model family does not"):
-        as_schedule("sta").check_plan(num_steps=4, compiled=False, parallel=False, grid_family=None)
-    with pytest.raises(B.BackendUnavailable, match="runs in one process for now"):
-        parse_schedule("fav3@steps:0,radial").check_plan(num_steps=4, compiled=False, parallel=True,
-                                                        grid_family="wan")
-    as_schedule("fav3").check_plan(num_steps=4, compiled=True, parallel=True, grid_family=None)  # nothing to refuse
+        as_schedule("sta").check_plan(num_steps=4, compiled=False, grid_family=None)
+    from vdbench.parallel import ParallelSpec
+
+    # under diffusers' Ulysses a pattern runs (each rank's attention holds the whole sequence); ring and xfuser refuse
+    parse_schedule("fav3@steps:0,radial").check_plan(num_steps=4, compiled=False, grid_family="wan",
+                                                    parallel=ParallelSpec("diffusers", ulysses_degree=2))
+    for spec, message in ((ParallelSpec("diffusers", 2, 2), "'radial' can't serve ring attention \\(--ring_degree 2\\)"
+                                                            ": .*\nuse --ulysses_degree alone"),
+                          (ParallelSpec("xfuser", 2), "under --parallel_engine xfuser: xfuser pads the sequence")):
+        with pytest.raises(B.BackendUnavailable, match=message) as e:
+            parse_schedule("fav3@steps:0,radial").check_plan(num_steps=4, compiled=False, parallel=spec,
+                                                            grid_family="wan")
+        assert len(str(e.value).splitlines()) == 2
+    as_schedule("fav3").check_plan(num_steps=4, compiled=True, parallel=ParallelSpec("diffusers", 1, 2),
+                                   grid_family=None)  # nothing to refuse
     with pytest.raises(ScheduleError, match="layers 7 lie beyond the model's blocks"):
         parse_schedule("sdpa@layers:7,fav3").check_layers([0, 1, None])
 
@@ -160,9 +170,9 @@ def test_a_pattern_on_a_family_without_a_grid_and_under_context_parallelism_is_r
 
     class Ctx:  # what the checks read of a torchrun context (validate then agrees over the group: not here)
         device = torch.device("cpu")
-        spec = ParallelSpec("diffusers", 2, 1, False)
+        spec = ParallelSpec("diffusers", 1, 2, False)
 
-    with pytest.raises(B.BackendUnavailable, match="runs in one process for now"):
+    with pytest.raises(B.BackendUnavailable, match="'radial' can't serve ring attention"):
         render._checked_plan(_cfg(tmp_path, attention_type="radial"), Ctx())
 
 

@@ -100,7 +100,7 @@ def test_a_stacked_render_records_its_stack_everywhere(tmp_path, capsys):
     (dict(compile_mode="max-autotune"), "--compile_mode max-autotune without --use_torch_compile"),
     (dict(compile_backend="eager"), "--compile_backend eager without --use_torch_compile"),
     (dict(compile=True, compile_backend="eager", compile_mode="max-autotune"), "only inductor takes a mode"),
-    (dict(compile=True, cache="fbc"), "with --use_torch_compile: "),
+    (dict(compile=True, cache="pab"), "with --use_torch_compile: its hooks sit on the attention modules"),
 ])
 def test_a_combination_that_cant_take_effect_is_refused_before_the_load(tmp_path, no_load, kw, message):  # noqa: F811
     with pytest.raises(Exception, match=message) as e:

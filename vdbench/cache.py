@@ -35,7 +35,7 @@ from typing import Any, Callable, Optional
 import torch
 
 __all__ = ["CacheKind", "CacheSpec", "CacheCounter", "KINDS", "parse_cache", "check_cache", "apply_cache",
-           "CACHE_HELP"]
+           "share_decisions", "CACHE_HELP"]
 
 #: the separator of a sequence's items in a value (``,`` separates the parameters, ``:`` the kind)
 ITEM_SEP = "+"
@@ -52,7 +52,8 @@ class CacheKind:
     diffusers' match nothing here; recorded with the params), ``provided(pipe, steps, family) -> dict`` (what the
     render fills in), ``hidden`` (fields a user does not set: filled in, or not spellable), ``refusal(family,
     params, pipeline_class) -> reason | None`` (before the load), ``files`` (parameter -> reader of a file's path
-    -> the value: the parameters a user may give as ``@PATH``)."""
+    -> the value: the parameters a user may give as ``@PATH``), ``inside_blocks`` (its hooks sit on modules inside
+    the blocks -- the attention modules -- where a regionally compiled block would trace them)."""
 
     name: str
     config: str
@@ -63,6 +64,7 @@ class CacheKind:
     hidden: tuple[str, ...] = ()
     refusal: Callable[..., Optional[str]] = lambda family, params, pipeline_class: None
     files: dict = dataclasses.field(default_factory=dict)
+    inside_blocks: bool = False
 
     def config_class(self):
         import diffusers.hooks
@@ -220,11 +222,12 @@ KINDS: dict[str, CacheKind] = {k.name: k for k in (
               "TaylorSeer: the attention outputs computed every cache_interval steps, predicted by a Taylor series "
               "in between", needs="attention modules under the block list (matched by vdbench's patterns)",
               defaults={"cache_identifiers": _TAYLOR_ATTENTION},
-              hidden=("cache_identifiers", "skip_predict_identifiers", "taylor_factors_dtype")),
+              hidden=("cache_identifiers", "skip_predict_identifiers", "taylor_factors_dtype"), inside_blocks=True),
     CacheKind("pab", "PyramidAttentionBroadcastConfig",
               "Pyramid Attention Broadcast: self-attention outputs reused for block_skip_range-1 of every "
               "block_skip_range calls inside the timestep range", needs="the pipeline's current timestep "
-              "(filled in)", defaults={"spatial_attention_block_skip_range": 2}, provided=_timestep),
+              "(filled in)", defaults={"spatial_attention_block_skip_range": 2}, provided=_timestep,
+              inside_blocks=True),
     CacheKind("faster", "FasterCacheConfig",
               "FasterCache: attention outputs reused with a frequency-weighted correction, the unconditional "
               "batch's skipped", needs="the pipeline's current timestep (filled in); guidance as one batch (or "
@@ -234,7 +237,7 @@ KINDS: dict[str, CacheKind] = {k.name: k for k in (
               provided=lambda pipe, steps, family: {**_timestep(pipe, steps, family),
                                                     "tensor_format": family.latent_format,
                                                     "attention_weight_callback": lambda _: 0.5},
-              hidden=("tensor_format",), refusal=_faster_refusal),
+              hidden=("tensor_format",), refusal=_faster_refusal, inside_blocks=True),
     CacheKind("sea", "SeaCacheConfig",
               "SeaCache: blocks skipped while the spectrum-weighted input change stays under threshold",
               needs="the step index, sigma and step count passed to cache_context (the family's "
@@ -387,26 +390,29 @@ def parse_cache(text: Optional[str]) -> Optional[CacheSpec]:
 
 
 def check_cache(spec: Optional[CacheSpec], family, denoisers: Optional[dict] = None, *,
-                compiled: bool = False, parallel: bool = False, steps: int = 1,
+                compiled: bool = False, cfg_split: bool = False, steps: int = 1,
                 pipeline_class: Optional[str] = None) -> None:
     """Refuse (ValueError, one line and a hint) a cache that can't run: the kind's own refusal against the family
-    and its parameters, diffusers' config refusing the values, torch.compile (the hooks' skip decisions are
-    data-dependent Python: a graph break, which the regional compile's fullgraph refuses), torchrun (``parallel``:
-    the ranks' decisions are their shards', and may differ), and, where the
-    denoisers' configs are known without weights (``denoisers``: name -> (class name, config)), a cache diffusers
-    can't apply to them or that would hook no module (built on the meta device)."""
+    and its parameters, diffusers' config refusing the values, torch.compile of a kind whose hooks sit inside the
+    blocks (their per-call Python would be traced: a graph break, which the regional compile's fullgraph refuses;
+    the whole-block kinds wrap the compiled blocks from outside), FasterCache's skip of
+    the unconditional half of a guidance batch whose halves are on two ranks (``cfg_split``: ``--use_cfg_parallel``),
+    and, where the denoisers' configs are known without weights (``denoisers``: name -> (class name, config)), a
+    cache diffusers can't apply to them or that would hook no module (built on the meta device). Under torchrun
+    otherwise every kind runs: :func:`apply_cache` makes the ranks' decisions one (``group``)."""
     if spec is None:
         return
     why = spec.kind.refusal(family, spec.params, pipeline_class)
     if why:
         raise ValueError(f"--cache {spec.name}: {why}")
-    if parallel:
-        raise ValueError(f"--cache {spec.name} under torchrun: each rank would decide on its own shard whether to "
-                         "compute, and ranks that decide differently wait on each other's collectives\nrender with "
-                         "--cache on one process")
-    if compiled:
-        raise ValueError(f"--cache {spec.name} with --use_torch_compile: the cache's hooks decide per call in "
-                         "Python whether to compute (a graph break the regional compile refuses)\ndrop one of them")
+    if cfg_split and spec.kind.name == "faster" and not spec.params.get("is_guidance_distilled"):
+        raise ValueError(f"--cache {spec.name} with --use_cfg_parallel: FasterCache skips the unconditional half of "
+                         "each guidance batch, and the CFG split puts the two halves on two ranks\nuse "
+                         "faster:is_guidance_distilled=true (the attention cache alone), or drop --use_cfg_parallel")
+    if compiled and spec.kind.inside_blocks:
+        raise ValueError(f"--cache {spec.name} with --use_torch_compile: its hooks sit on the attention modules "
+                         "inside the compiled blocks and decide per call in Python (a graph break the regional "
+                         "compile refuses)\nuse a cache of whole blocks (fbc, mag, sea) with the compile, or drop one")
     try:
         spec.build(_Stand(), steps, family)
     except (ValueError, TypeError) as e:
@@ -451,9 +457,16 @@ def _hooked_or_refuse(spec, model, name, family, steps, pipe=None) -> list[str]:
     return hooked
 
 
-def apply_cache(spec: CacheSpec, pipe, models, *, steps: int, family) -> "CacheCounter":
+def apply_cache(spec: CacheSpec, pipe, models, *, steps: int, family,
+                group: Optional[Callable[[], Any]] = None) -> "CacheCounter":
     """``enable_cache`` on every denoiser (Wan 2.2's ``transformer_2`` too), its units' forwards counted; returns
-    the counter (its :meth:`CacheCounter.summary` is timing.json's ``cache``)."""
+    the counter (its :meth:`CacheCounter.summary` is timing.json's ``cache``).
+
+    ``group`` (torchrun, where each rank computes a shard of the denoiser's calls): the process group of the ranks
+    sharing a call (:func:`vdbench.parallel.shard_group`), asked when a decision is reduced; a decision read from the
+    data would be each rank's own, :func:`share_decisions` makes it one for them. The hooks must see the shard:
+    under diffusers' context parallelism the cache goes on before ``enable_parallelism``, whose split and gather
+    hooks then wrap it (the render's order)."""
     counter = CacheCounter(spec)
     for name, model in models:
         counter.wrap_candidates(model)
@@ -463,7 +476,112 @@ def apply_cache(spec: CacheSpec, pipe, models, *, steps: int, family) -> "CacheC
             counter.remove()
             raise
         counter.keep(model, name, hooked)
+    if group is not None:
+        counter.shared = (share_decisions([m for _, m in models], group)
+                          or {spec.kind.name: "a schedule (timestep, step or call counts): alike on every rank"})
     return counter
+
+
+# ----- under torchrun: one decision for all ranks -----
+#
+# Under sequence parallelism every rank runs every block on its shard of the tokens, and the blocks' attention is a
+# collective: a rank that skips a block while another computes it leaves the other waiting. So a skip decided from
+# the data must be the same on every rank of the call. What each kind's decision reads:
+#   fbc    -- the first block's relative residual change, measured on the block's output: a shard -> reduced (the
+#             two sums of the change, over the ranks: every rank compares the one global figure with threshold).
+#   mag    -- skips by the step index and the given ratios: a schedule, alike on every rank. Its calibration
+#             (calibrate=true: nothing skipped) measures residual norms on the shard -> the logged ratio reduced
+#             (the token-weighted mean over the ranks), so the ratios are the one-process render's.
+#   sea    -- its indicator is built from the denoiser's input latents, which every rank holds whole (the split
+#             comes at the first block): alike already. Its gate is voted all the same (computed wherever one rank
+#             computes), so that a last-bit difference can't leave one rank skipping the collectives another runs.
+#   pab, faster, taylor -- by the timestep and their call counters: schedules, alike on every rank.
+
+
+def share_decisions(models, group: Callable[[], Any]) -> dict:
+    """Make the data-dependent decisions of the cache hooks on ``models`` one for the ranks of ``group()`` (a
+    torch.distributed process group, asked at each reduction; None: the default group), by wrapping each decision
+    function on the hook object (diffusers' code runs unchanged around it). Returns what it wrapped (timing.json's
+    ``cache.shared_decisions``)."""
+    from diffusers.hooks.first_block_cache import FBCHeadBlockHook
+    from diffusers.hooks.mag_cache import MagCacheBlockHook
+    from diffusers.hooks.sea_cache import SeaCacheLeaderBlockHook
+
+    done: dict = {}
+    voted: set = set()
+    for model in models:
+        for m in model.modules():
+            for hook in list(getattr(getattr(m, "_diffusers_hook", None), "hooks", {}).values()):
+                if isinstance(hook, FBCHeadBlockHook):
+                    hook._should_compute_remaining_blocks = _reduced_fbc_decision(hook, group)
+                    done["fbc"] = "first-block residual change summed over the ranks"
+                elif isinstance(hook, MagCacheBlockHook) and hook.is_tail and hook.config.calibrate:
+                    hook._perform_calibration_step = _reduced_calibration(hook._perform_calibration_step, group)
+                    done["mag"] = "calibration ratio averaged over the ranks' tokens"
+                elif isinstance(hook, SeaCacheLeaderBlockHook) and id(hook.shared_state) not in voted:
+                    voted.add(id(hook.shared_state))
+                    hook.shared_state.resolve_gate = _voted_gate(hook.shared_state.resolve_gate, group)
+                    done["sea"] = "gate voted (computed where any rank computes)"
+    return done
+
+
+def _reduced_fbc_decision(hook, group):
+    """FirstBlockCache's decision on the whole sequence: the relative mean change of the first block's residual
+    (mean |now - before| / mean |before|, the figure diffusers compares with ``threshold``) from the two sums over
+    every rank's tokens. The shards are equal in size, so the ratio of the sums is the ratio of the means (xfuser
+    pads a sequence to a multiple of its degree: there the padding tokens count too)."""
+    import torch.distributed as dist
+
+    from .parallel import maybe_inject_failure
+
+    @torch.compiler.disable
+    def should_compute(residual: torch.Tensor) -> bool:
+        before = hook.state_manager.get_state().head_block_residual
+        if before is None:  # the first call of a context: nothing to compare with, on every rank alike
+            return True
+        # the tests of a rank failing inside the cache's hook, its peers waiting in this all_reduce
+        maybe_inject_failure(dist.get_rank(), "cache")
+        sums = torch.stack([(residual - before).abs().sum(dtype=torch.float32),
+                            before.abs().sum(dtype=torch.float32)]).double()
+        dist.all_reduce(sums, group=group())
+        return (sums[0] / sums[1]).item() > hook.threshold
+
+    return should_compute
+
+
+def _reduced_calibration(step, group):
+    """MagCache's calibration step, whose ratio (the mean over tokens of |residual| now / before) diffusers
+    appends from this rank's tokens, replaced by the mean over every rank's tokens."""
+    import torch.distributed as dist
+
+    def calibration_step(state, residual: torch.Tensor):
+        step(state, residual)
+        tokens = residual.numel() // residual.shape[-1]
+        t = torch.tensor([state.calibration_ratios[-1] * tokens, tokens], dtype=torch.float64,
+                         device=residual.device)
+        dist.all_reduce(t, group=group())
+        state.calibration_ratios[-1] = (t[0] / t[1]).item()
+
+    return calibration_step
+
+
+def _voted_gate(resolve_gate, group):
+    """SeaCache's gate, computed on every rank where any rank computes: its accumulated distance reset there as
+    diffusers resets it on a computed step."""
+    import torch.distributed as dist
+
+    def voted(state, metadata, indicator, config):
+        compute = resolve_gate(state, metadata, indicator, config)
+        like = state.gen_input if state.gen_input is not None else (indicator[0] if indicator else None)
+        vote = torch.tensor([int(compute)], dtype=torch.int32, device=like.device if like is not None else "cpu")
+        dist.all_reduce(vote, op=dist.ReduceOp.MAX, group=group())
+        if vote.item() and not compute:
+            state.accumulated_distance = 0.0
+            state.gate_should_compute = True
+            return True
+        return compute
+
+    return voted
 
 
 class _CalibrationLog(logging.Handler):
@@ -509,6 +627,7 @@ class CacheCounter:
         self.computed: list[int] = []
         self.reused: list[int] = []
         self.forwards_per_step: list[int] = []
+        self.shared: Optional[dict] = None  # under torchrun: the decisions made one for the ranks (share_decisions)
 
     def wrap_candidates(self, model: torch.nn.Module) -> None:
         """Wrap the forward of every module a cache may hook (the blocks of a block list and their children), as
@@ -518,24 +637,25 @@ class CacheCounter:
             if len(parts) in (2, 3) and parts[1].isdigit() and isinstance(getattr(model, parts[0], None),
                                                                            torch.nn.ModuleList):
                 inner = m.forward
+                own = m.__dict__.get("forward")  # a forward of its own (the compiled block's) is put back after
 
                 def counted(*a, _f=inner, **k):
                     self.inner += 1
                     return _f(*a, **k)
 
                 m.forward = counted
-                self._wrapped[id(m)] = (m, inner)
+                self._wrapped[id(m)] = (m, own)
         self._handles.append(model.register_forward_pre_hook(self._forward))
 
     def keep(self, model: torch.nn.Module, name: str, hooked: list[str]) -> None:
         """Keep the counters of the modules the cache hooked, unwrap the rest."""
         mods = dict(model.named_modules())
         keep = {id(mods[h]) for h in hooked if h in mods}
-        for key, (m, _) in list(self._wrapped.items()):
+        for key, (m, own) in list(self._wrapped.items()):
             if key in keep:
                 self._handles.append(m.register_forward_pre_hook(self._outer))
             elif any(m is x for x in mods.values()):
-                del m.forward
+                _unwrap(m, own)
                 del self._wrapped[key]
         self.units += [f"{name}.{h}" for h in hooked if h in mods and id(mods[h]) in keep]
         self.models.append(model)
@@ -597,7 +717,7 @@ class CacheCounter:
                 "computed_blocks_per_step": list(self.computed), "reused_blocks_per_step": list(self.reused),
                 "forwards_per_step": list(self.forwards_per_step),
                 "skipped_share": (sum(self.reused) / total) if total else None,
-                "calibration": self._calibration()}
+                "calibration": self._calibration(), "shared_decisions": self.shared}
 
     def _calibration(self) -> Optional[dict]:
         """A calibrating MagCache's ratios, one list per cache context in the order they came (Wan's "cond", then
@@ -620,7 +740,16 @@ class CacheCounter:
         for h in self._handles:
             h.remove()
         self._handles = []
-        for m, _ in self._wrapped.values():
+        for m, own in self._wrapped.values():
             if "forward" in m.__dict__:
-                del m.forward
+                _unwrap(m, own)
         self._wrapped = {}
+
+
+def _unwrap(module: torch.nn.Module, own) -> None:
+    """The counter's wrapper taken off ``module``: its own forward (``own``, the compiled one) put back, else the
+    class's."""
+    if own is not None:
+        module.forward = own
+    else:
+        del module.forward

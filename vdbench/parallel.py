@@ -51,7 +51,8 @@ from . import families
 
 __all__ = ["ParallelSpec", "DistContext", "ENGINES", "ENGINE_CHOICES", "resolve_engine", "init_distributed",
            "check_backend_for_path", "agree", "apply_engine", "share_output", "sequence_layout", "merge_rank_entries",
-           "FailureWatch", "set_outcome", "finish", "one_device_presented", "EXIT_PEER_FAILED"]
+           "FailureWatch", "set_outcome", "finish", "one_device_presented", "shares_calls", "shard_group",
+           "hooks_in_place", "compile_refusal", "EXIT_PEER_FAILED"]
 
 ENGINES = ("xfuser", "diffusers")
 ENGINE_CHOICES = ("auto", *ENGINES)  # what --parallel_engine takes; auto is resolved by resolve_engine
@@ -60,6 +61,8 @@ POLL_S = 1.0
 ACK_TIMEOUT_S = 30.0  # how long a failing rank waits for its peers to read its failure
 _FAIL_KEY = "vdbench/failed"
 _ACK_KEY = "vdbench/failure_read"
+_BEAT_KEY = "vdbench/beat/{}"  # + rank: a counter each rank's watch advances every POLL_S while the rank lives
+SILENT_S = 3 * POLL_S  # a peer whose heartbeat doesn't advance for this long is gone (killed, its host down)
 _OUTCOME: dict = {"code": None, "watch": None}  # this process's pending exit code (SIGTERM handler)
 
 
@@ -266,6 +269,23 @@ def agree(ctx: Optional[DistContext], error: Optional[BaseException]) -> None:
         raise err
 
 
+def shares_calls(ctx: DistContext, guidance_in_one_batch: bool) -> bool:
+    """Whether this rank's transformer calls are shards of calls other ranks hold too (what a single process
+    computes as one call): under sequence parallelism, and under a CFG split of a family whose guidance is one
+    batch (CogVideoX: each rank holds half of it). A CFG split of two calls (Wan) gives each rank whole calls."""
+    spec = ctx.spec
+    return spec.sequence_degree > 1 or (spec.use_cfg_parallel and guidance_in_one_batch)
+
+
+def shard_group(ctx: DistContext):
+    """The process group whose ranks hold shards of the same transformer call (:func:`shares_calls`): what a
+    decision taken on one rank's shard (a step cache's skip) is reduced over, so that every rank of the call decides
+    alike. The sequence-parallel subgroup where a CFG split of two calls set one (``ctx.shard_group``), else the
+    default group (None: every rank -- the CFG split of one batch shares each call over the whole world). Read
+    when the reduction runs: diffusers' CFG mesh is built with the engine, after the cache's hooks are on."""
+    return ctx.shard_group
+
+
 @contextmanager
 def one_device_presented(device: torch.device):
     """diffusers 0.42's parallel setup computes ``rank % torch.accelerator.device_count()``, which is 0 on a
@@ -439,6 +459,26 @@ def split_guidance(ctx: DistContext, pipe, models: list, family: "families.Famil
     return split
 
 
+def hooks_in_place(spec: ParallelSpec) -> bool:
+    """Whether the engine makes the loaded denoisers parallel by hooking them in place (diffusers' context
+    parallelism: split and gather hooks on the model's own modules) rather than by new modules (xfuser's wrappers).
+    Hooks registered later wrap earlier ones, so what must see each rank's shard (a step cache's hooks, the
+    compiled blocks) goes on before such an engine, and after one that builds new modules."""
+    return spec.engine == "diffusers"
+
+
+def compile_refusal(spec: ParallelSpec) -> Optional[str]:
+    """Why ``--use_torch_compile`` can't run with this engine (one line, then a hint), or None. Under diffusers'
+    context parallelism a compiled block's parallel attention call is one opaque ``vdbench::attention`` op
+    (diffusers' template, its collectives and our kernel inside). xfuser's processors reach the kernel through
+    its USP function, whose all-to-all the compiled block would trace around the op, not hand to it."""
+    if spec.engine == "xfuser" and spec.world_size > 1:
+        return ("--use_torch_compile under --parallel_engine xfuser: xfuser's USP runs its all-to-all around the "
+                "registry's kernel, where the compiled block would trace it instead of calling vdbench's attention "
+                "op\nuse --parallel_engine diffusers with --use_torch_compile, or drop the compile")
+    return None
+
+
 def _apply_xfuser(ctx: DistContext, pipe, models: list, family: families.Family) -> tuple:
     """xDiT's own integration of each pipeline, in xfuser's order: world group, engine config, its wrappers, then
     the runtime state (which builds the Ulysses / ring / CFG groups from the engine config). Which wrapper applies
@@ -582,8 +622,11 @@ def merge_rank_entries(ctx: Optional[DistContext], entries: list[dict]) -> Optio
 
     slim = [{k: e.get(k) for k in ("repetition", "step_times", *STEP_KEYS, "pipe_time", "vae_decode_time",
                                    "attention", "peak_memory_bytes", "total_time")} for e in entries]
+    for sl, e in zip(slim, entries):  # a step cache's count per rank: the ranks must have decided alike
+        sl["cache"] = {k: (e.get("cache") or {}).get(k) for k in _CACHE_COUNTS} if e.get("cache") else None
     gathered: list = [None] * ctx.world_size
-    dist.all_gather_object(gathered, {"rank": ctx.rank, "device": str(ctx.device), "entries": slim})
+    dist.all_gather_object(gathered, {"rank": ctx.rank, "device": str(ctx.device), "entries": slim,
+                                      "branch": ctx.cfg_index})
     if not ctx.is_main:
         return None
     merged = []
@@ -597,6 +640,11 @@ def merge_rank_entries(ctx: Optional[DistContext], entries: list[dict]) -> Optio
         e["parallel"] = {**ctx.spec.as_dict(), "pg_backend": ctx.pg_backend}
         e["ranks"] = per_rank
         e["attention_all_ranks"] = {"calls_by_kernel": total, "total_calls": sum(total.values())}
+        if e.get("cache"):  # alike within each guidance branch (a CFG split's ranks count their branch's calls)
+            branch = {}
+            for g, pr in zip(gathered, per_rank):
+                branch.setdefault(g["branch"], []).append(pr["cache"])
+            e["cache"] = {**e["cache"], "ranks_agree": all(c == cs[0] for cs in branch.values() for c in cs)}
         # the step is done when the slowest rank is done
         e["step_times"] = [max(pr["step_times"][j] for pr in per_rank) for j in range(len(e["step_times"]))]
         run = e.get("run") or {}
@@ -604,6 +652,9 @@ def merge_rank_entries(ctx: Optional[DistContext], entries: list[dict]) -> Optio
                             bool((run.get("backend") or {}).get("emulated"))))
         merged.append(e)
     return merged
+
+
+_CACHE_COUNTS = ("computed_blocks_per_step", "reused_blocks_per_step", "forwards_per_step")
 
 
 class FailureWatch:
@@ -615,18 +666,27 @@ class FailureWatch:
     Exit codes that don't depend on timing: torchrun stops the remaining workers with SIGTERM as soon as one exits
     non-zero, which would end a rank still on its way out as -15 instead of its code. The watch installs a SIGTERM
     handler that ends the rank with the code it is on its way to (:func:`set_outcome`: a refusal's, a failure's,
-    EXIT_PEER_FAILED when a peer failed), so every rank exits with its documented code whichever exits first."""
+    EXIT_PEER_FAILED when a peer failed), so every rank exits with its documented code whichever exits first.
+
+    A rank that dies without a word (SIGKILL, the OOM killer, a segfault, its host gone) posts nothing. Every rank's
+    watch therefore also beats (a counter in the store, every POLL_S); a rank whose collective broke, or that
+    torchrun stops, first asks whether a peer fell silent (:meth:`silent_peers`) and, if one did, stops naming it
+    (exit EXIT_PEER_FAILED) instead of taking the broken collective for its own failure."""
 
     def __init__(self, ctx: Optional[DistContext]):
         self.ctx = ctx
         self.store = None
         self._stop = threading.Event()
+        self._reading = threading.Event()  # set while the poller reads the failure flag (cleared by fail())
+        self._attributing = False  # inside fail(): this rank's error may be the consequence of a silent peer
         self._thread = None
         if ctx is None:
             return
         from torch.distributed import distributed_c10d as c10d
 
         self.store = c10d._get_default_store()
+        self._reading.set()
+        self.store.add(_BEAT_KEY.format(ctx.rank), 1)
         _OUTCOME.update(code=None, watch=self)
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, _on_sigterm)
@@ -636,12 +696,37 @@ class FailureWatch:
     def _poll(self):
         while not self._stop.wait(POLL_S):
             try:
-                if self.store.check([_FAIL_KEY]):
+                self.store.add(_BEAT_KEY.format(self.ctx.rank), 1)  # alive: beats on while fail() asks the peers
+                if self._reading.is_set() and self.store.check([_FAIL_KEY]):
                     who = self.store.get(_FAIL_KEY).decode(errors="replace")
                     self.stop_for_peer(who)
             except Exception:  # the store went away (a peer's exit took the master down): stop as well
-                if not self._stop.is_set():
+                if not self._stop.is_set() and self._reading.is_set():
                     self.stop_for_peer("the process group's store is gone: another rank exited first")
+
+    def silent_peers(self, window_s: float = SILENT_S) -> list[int]:
+        """The peers whose heartbeat does not advance within ``window_s`` (waiting only until every peer has beaten
+        once: a live peer's watch beats every POLL_S, also while its main thread waits in a collective); [] when
+        the store can't be read."""
+        if self.store is None:
+            return []
+        try:
+            keys = {r: _BEAT_KEY.format(r) for r in range(self.ctx.world_size) if r != self.ctx.rank}
+            first = {r: self.store.add(k, 0) for r, k in keys.items()}
+            waiting = set(keys)
+            deadline = time.monotonic() + window_s
+            while waiting and time.monotonic() < deadline:
+                time.sleep(0.1)
+                waiting = {r for r in waiting if self.store.add(keys[r], 0) == first[r]}
+        except Exception:  # noqa: BLE001 - the store is gone: the callers' store-gone path says so
+            return []
+        return sorted(waiting)
+
+    @staticmethod
+    def silent_message(ranks: list[int]) -> str:
+        who = f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
+        return (f"{who} stopped without a word (no heartbeat for {SILENT_S:.0f} s: killed by a signal such as "
+                "SIGKILL or the OOM killer, or its host is gone)")
 
     def stop_for_peer(self, who: str) -> None:
         """End this rank because of a peer's failure: say whose, tell the failing rank it was read, exit 4."""
@@ -668,13 +753,23 @@ class FailureWatch:
         None when this rank's failure is the run's."""
         if self.store is None:
             return None
-        self._stop.set()  # this rank's own poller must not take its own flag for a peer's failure
-        mine = f"rank {self.ctx.rank} failed: {type(exc).__name__}: {exc}"[:2000]
+        self._reading.clear()  # this rank's own poller must not take its own flag for a peer's failure
+        self._attributing = True
         try:
-            first = self.store.compare_set(_FAIL_KEY, "", mine).decode(errors="replace")
-        except Exception as e:  # the store is gone: its host rank exited, the run failed there first
-            return f"the process group's store is gone ({type(e).__name__}): another rank exited first"
-        return None if first == mine else first
+            posted = self.peer_failure()
+            if posted is not None:
+                return posted
+            # a collective broken by a peer that died without a word: that peer's failure, not this rank's
+            silent = self.silent_peers()
+            mine = (self.silent_message(silent) if silent
+                    else f"rank {self.ctx.rank} failed: {type(exc).__name__}: {exc}"[:2000])
+            try:
+                first = self.store.compare_set(_FAIL_KEY, "", mine).decode(errors="replace")
+            except Exception as e:  # the store is gone: its host rank exited, the run failed there first
+                return f"the process group's store is gone ({type(e).__name__}): another rank exited first"
+            return None if (first == mine and not silent) else first
+        finally:
+            self._attributing = False
 
     def wait_for_peers(self, timeout_s: float = ACK_TIMEOUT_S) -> None:
         """After posting the run's failure: wait until every peer has read it (each adds to an ack counter as it
@@ -699,9 +794,17 @@ class FailureWatch:
 
 def maybe_inject_failure(rank: int, where: str, name: Optional[str] = None) -> None:
     """Test hook: ``VDBENCH_TEST_FAIL=<rank>:<where>[:<backend>]`` makes that rank raise there (in the render of
-    that backend only, when one is named: one failing render of a batch), for the tests of propagation."""
+    that backend only, when one is named: one failing render of a batch), for the tests of propagation; with
+    ``VDBENCH_TEST_FAIL_SIGNAL=N`` the rank is killed by signal N there instead (9: a rank that dies without a word,
+    as the OOM killer ends one)."""
     spec = os.environ.get("VDBENCH_TEST_FAIL")
     if spec and spec in (f"{rank}:{where}", f"{rank}:{where}:{name}"):
+        signum = os.environ.get("VDBENCH_TEST_FAIL_SIGNAL")
+        if signum:
+            print(f"injected signal {signum} on rank {rank} at {where} (VDBENCH_TEST_FAIL_SIGNAL)", file=sys.stderr,
+                  flush=True)
+            sys.stdout.flush()
+            os.kill(os.getpid(), int(signum))
         raise RuntimeError(f"injected failure on rank {rank} at {where} (VDBENCH_TEST_FAIL)")
 
 
@@ -711,13 +814,18 @@ def set_outcome(code: Optional[int]) -> None:
 
 
 def _on_sigterm(signum, frame) -> None:
-    """torchrun stops the remaining workers once one has exited non-zero: end with the code this rank is on its
-    way to -- its refusal's or failure's, EXIT_PEER_FAILED when a peer's failure is posted -- else 128 + SIGTERM
-    (stopped from outside)."""
+    """torchrun stops the remaining workers once one has exited non-zero (or was killed): end with the code this
+    rank is on its way to -- its refusal's or failure's, EXIT_PEER_FAILED when a peer's failure is posted or a
+    peer fell silent (killed without a word: this rank says which) -- else 128 + SIGTERM (stopped from outside)."""
     code = _OUTCOME.get("code")
     watch = _OUTCOME.get("watch")
-    if code is None and watch is not None and watch.peer_failure() is not None:
-        code = EXIT_PEER_FAILED
+    if watch is not None and (code is None or watch._attributing):
+        who = watch.peer_failure()
+        if who is None:
+            silent = watch.silent_peers()
+            who = watch.silent_message(silent) if silent else None
+        if who is not None:
+            watch.stop_for_peer(who)
     os._exit(code if code is not None else 128 + signum)
 
 

@@ -365,14 +365,16 @@ def _checked_plan(cfg: RenderConfig, dctx) -> Plan:
     # unknown names, bad options and malformed schedules fail before the (slow) model load
     backend = resolve_attention(cfg.attention_type)
     cfg = replace(cfg, attention_type=backend.name)  # an alias (diffusers' / SGLang's name) is recorded as ours
-    as_schedule(backend).check_plan(num_steps=cfg.num_inference_steps, compiled=cfg.compile, parallel=dctx is not None,
+    as_schedule(backend).check_plan(num_steps=cfg.num_inference_steps, compiled=cfg.compile,
+                                    parallel=dctx.spec if dctx is not None else None,
                                     grid_family=family.name if family.grid_hooks is not None else None)
     cache = parse_cache(cfg.cache)  # an unknown kind, key or value before anything else of the cache's
     cfg = replace(cfg, cache=cache.name if cache else None)  # recorded in its one spelling
     # the family's rules, diffusers' config checks and, on the denoisers built on the meta device from their
     # configs, whether diffusers applies it at all: all before the weights
     if cache is not None:
-        check_cache(cache, family, model.denoisers, compiled=cfg.compile, parallel=dctx is not None,
+        check_cache(cache, family, model.denoisers, compiled=cfg.compile,
+                    cfg_split=dctx is not None and dctx.spec.use_cfg_parallel,
                     steps=cfg.num_inference_steps, pipeline_class=model.pipeline_class)
     if dctx is not None:  # the backend must serve this parallel path (ring: LSE), on every rank
         for member in as_schedule(backend).members:
@@ -381,10 +383,9 @@ def _checked_plan(cfg: RenderConfig, dctx) -> Plan:
             raise ValueError(f"--use_cfg_parallel splits classifier-free guidance's two branches, and "
                              f"--guidance_scale {cfg.guidance_scale:g} runs none\ndrop --use_cfg_parallel, or "
                              "use a guidance scale above 1")
-        if cfg.compile:
-            raise ValueError("--use_torch_compile under torchrun isn't supported: the compiled attention op "
-                             "routes plain single-process calls only\nrender without --use_torch_compile, or on one "
-                             "process")
+        why = P.compile_refusal(dctx.spec) if cfg.compile else None
+        if why:
+            raise ValueError(why)
     # the head dims from the model's config (no weights; the loaded model is checked again): a backend that can't
     # serve them, or can't run on this device at all (sagev1 on a CPU), is refused here
     preflight(backend, device, dtype, model.head_dims or [])
@@ -533,7 +534,10 @@ def load(plan: Plan) -> Loaded:
     P.agree(dctx, err)  # single process: raises err itself
     part("agree")  # the ranks agreeing on the outcome (torchrun)
     head_dims = [m.config.attention_head_dim for _, m in models]
-    if dctx is not None:
+    # an engine that hooks the denoisers in place (diffusers' context parallelism) goes on last: its split and
+    # gather hooks wrap the compiled blocks and the cache's hooks, which then see the shard each rank computes
+    engine_last = dctx is not None and P.hooks_in_place(dctx.spec)
+    if dctx is not None and not engine_last:
         pipe, models = P.apply_engine(dctx, pipe, models, family)
         part("engine")
     speed = apply_speed_options(pipe, models, device=device, compile=cfg.compile,
@@ -544,9 +548,14 @@ def load(plan: Plan) -> Loaded:
     if plan.cache is not None:  # beside the speed options: diffusers' hooks on every denoiser, counted
         from .cache import apply_cache
 
-        counter = apply_cache(plan.cache, pipe, models, steps=cfg.num_inference_steps, family=family)
+        shares = dctx is not None and P.shares_calls(dctx, family.guidance_in_one_batch)
+        counter = apply_cache(plan.cache, pipe, models, steps=cfg.num_inference_steps, family=family,
+                              group=(lambda: P.shard_group(dctx)) if shares else None)
         speed["cache"] = {**plan.cache.as_dict(), "units": len(counter.units)}
         part("cache")
+    if engine_last:
+        pipe, models = P.apply_engine(dctx, pipe, models, family)
+        part("engine")
 
     kwargs = dict(prompt=cfg.prompt, negative_prompt=cfg.negative_prompt, height=cfg.height, width=cfg.width,
                   num_frames=cfg.num_frames, num_inference_steps=cfg.num_inference_steps,
@@ -624,8 +633,9 @@ class _Watch:
                                     grid_hooks=plan.family.grid_hooks or no_grid_hooks,
                                     # compiled blocks would trace the tile-order hooks; a step cache compares and
                                     # reuses block outputs across steps, which a schedule's switch to tile order
-                                    # (padded) breaks
-                                    tile_order_once=not cfg.compile and plan.cache is None)
+                                    # (padded) breaks; context parallelism splits the sequence at the blocks'
+                                    # entry, while each Ulysses attention call holds the whole sequence again
+                                    tile_order_once=not cfg.compile and plan.cache is None and plan.dctx is None)
         self.profiler = None
         if cfg.profile_output:
             root = cfg.traces_root if cfg.traces_root is not None else cfg.output_path.parent.parent / "traces"
@@ -940,6 +950,9 @@ def finish(plan: Plan, entries: list[dict], frames, log, wall: Optional[Wall] = 
         share = "n/a" if c["skipped_share"] is None else f"{c['skipped_share']:.0%}"
         log(f"[{stack}] cache {c['spec']}: {share} of the {c['unit']} calls reused; computed per "
             f"step {c['computed_blocks_per_step']}, reused {c['reused_blocks_per_step']}")
+        if c.get("ranks_agree") is False:  # made one by vdbench.cache.share_decisions: a difference is a fault
+            log(f"warning: [{stack}] cache {c['spec']}: the ranks computed different blocks (ranks[].cache in "
+                f"{cfg.timing_path})")
         _log_calibration(c, stack, cfg.timing_path, log)
     if e2e_line:
         log(f"[{stack}] {e2e_line}")

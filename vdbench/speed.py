@@ -4,13 +4,16 @@ Each option either takes effect or refuses with a reason before any rendering (`
 that asked for fp8 GEMMs and silently ran bf16 would report a speed that belongs to another configuration.
 ``apply_speed_options`` returns what it did, for the run's timing.json.
 
-* **compile** -- *regional* compile: the repeated transformer blocks are compiled once and the compiled code
-  is shared by all blocks (diffusers' ``compile_repeated_blocks`` where the model declares its blocks, e.g.
-  Wan; otherwise each block of ``transformer_blocks`` is compiled in place, e.g. CogVideoX). Compile time stays
-  seconds instead of minutes and the speed is that of a whole-model compile. The attention patch survives
-  compile because each call is one opaque ``vdbench::attention`` op (see ``vdbench.patching``), so every
-  backend keeps running its own kernel and its calls are still counted. ``fullgraph=True``: a graph break
-  would be a silent slowdown, so it is an error instead.
+* **compile** -- *regional* compile: the repeated transformer blocks (the classes the model declares in
+  ``_repeated_blocks``, e.g. Wan's; otherwise the blocks of its block list, e.g. CogVideoX's) each get their own
+  ``forward`` compiled, and the compiled code is shared by all blocks (one code object). Compile time stays
+  seconds instead of minutes and the speed is that of a whole-model compile. The block's ``forward`` itself, not
+  its module call: whatever hooks the block afterwards -- a step cache's decision (diffusers' hooks replace
+  ``forward``), diffusers' context-parallel split -- wraps the compiled code from outside and runs eagerly, as
+  ParaAttention keeps its First Block Cache beside a compiled model. The attention patch survives compile because
+  each call is one opaque ``vdbench::attention`` op (see ``vdbench.patching``), so every backend keeps running its
+  own kernel and its calls are still counted. ``fullgraph=True``: a graph break would be a silent slowdown, so it
+  is an error instead.
 * **bf16 text-encoder GEMMs** -- the text encoder (UMT5 for Wan, T5 for CogVideoX) runs in bfloat16 whatever
   the pipeline dtype: T5-family encoders overflow in float16 and are needlessly slow in float32. The
   embeddings are cast to the transformer's dtype by the pipelines, as they are anyway.
@@ -53,15 +56,14 @@ def compile_blocks(models, backend: str = "inductor", mode: Optional[str] = None
     done = {}
     aliasing_check = _no_custom_op_aliasing_check()
     for name, model in models:
-        if getattr(model, "_repeated_blocks", None) and hasattr(model, "compile_repeated_blocks"):
-            model.compile_repeated_blocks(**kwargs)
-            n = sum(1 for m in model.modules() if type(m).__name__ in model._repeated_blocks)
-            done[name] = {"how": "compile_repeated_blocks", "blocks": n}
-        else:
-            blocks = _blocks(model)
-            for b in blocks:
-                b.compile(**kwargs)
-            done[name] = {"how": "block.compile", "blocks": len(blocks)}
+        declared = getattr(model, "_repeated_blocks", None)
+        blocks = ([m for m in model.modules() if type(m).__name__ in declared] if declared else _blocks(model))
+        for b in blocks:
+            if "forward" in b.__dict__:  # hooked already: the compile would trace the hooks' Python
+                raise SpeedOptionError(f"{type(b).__name__}'s forward is already replaced (hooks installed before "
+                                       "the compile); compile the blocks first")
+            b.forward = torch.compile(b.forward, **kwargs)
+        done[name] = {"how": "block forward", "blocks": len(blocks)}
     return {"backend": backend, "mode": kwargs.get("mode"), "fullgraph": True, "models": done,
             "custom_op_aliasing_check": aliasing_check}
 

@@ -49,7 +49,7 @@ DEFAULT_WINDOW = (17, 23, 23)
 DENSE_KERNEL = "natten.attention"
 _HINT = ("pip install natten; 0.21.7 is a source distribution here: it compiles NATTEN's CUDA extensions, which "
          "needs nvcc and a long build, NATTEN_CUDA_ARCH picking the architectures")
-_NO_LSE = "the natten wrapper does not return NATTEN's log-sum-exp (grid patterns refuse context parallelism)"
+_NO_LSE = "the natten wrapper does not return NATTEN's log-sum-exp (grid patterns refuse ring attention)"
 _WINDOW_HELP = "TxHxW latent tokens, odd ints >= 3 (the window is centred on the query token)"
 
 

@@ -43,7 +43,7 @@ __all__ = ["DENSE_LABEL", "pattern_label", "entry_name", "grid_label", "STA_KERN
 ORDER = 35
 
 DENSE_LABEL = "flex.dense"
-_NO_LSE = "the FlexAttention wrappers do not return its log-sum-exp (sparse patterns refuse context parallelism)"
+_NO_LSE = "the FlexAttention wrappers do not return its log-sum-exp (sparse patterns refuse ring attention)"
 _FLEX_NOTE = "compiled on CUDA; eager on a CPU (O(S^2) memory: correctness only)"
 _GRID_NOTE = "needs the token grid (Wan, CogVideoX); " + _FLEX_NOTE
 

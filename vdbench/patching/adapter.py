@@ -45,9 +45,10 @@ class Adapter(ABC):
     def remove(self) -> None:
         """Undo ``install``; nothing to undo for a route reached through the rebound globals alone."""
 
-    def op_call(self, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa):
-        """The eager body of the compiled ``vdbench::attention`` op for this route (BSHD in, BSHD out). Routes
-        that torch.compile can't reach through the op refuse."""
+    def op_call(self, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, parallel: bool = False):
+        """The eager body of the compiled ``vdbench::attention`` op for this route (BSHD in, BSHD out; ``parallel``:
+        a context-parallel call, whose collectives run here too). Routes that torch.compile can't reach through the
+        op refuse."""
         raise UnsupportedCall(f"attention reached through {self.mode!r} can't run under torch.compile through the "
                               "vdbench::attention op")
 

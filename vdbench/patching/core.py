@@ -106,7 +106,8 @@ class AttentionPatch:
     the grid. Either not given: the family of the patched transformers is asked (``families.for_transformer``, by
     their class); for a transformer no registered family claims, calls are classified by the attention module
     alone (:func:`vdbench.patching.calls.call_kind`) and a grid backend is refused.
-    ``tile_order_once``: allow the once-per-forward tile order (False under torch.compile: per call).
+    ``tile_order_once``: allow the once-per-forward tile order (False under torch.compile, beside a step cache and
+    under context parallelism: per call).
 
     What the adapters use: ``serve`` (run one call on the backend), ``timed``, ``record``, ``compiled_call``,
     ``passthrough`` / ``backend`` (of the call in progress) and ``context`` (model, layer, kind of the processor
@@ -311,7 +312,8 @@ class AttentionPatch:
                 raise UnsupportedCall(f"ring attention needs the log-sum-exp: {e}") from None
         return form
 
-    def compiled_call(self, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, *, mode: str):
+    def compiled_call(self, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, *, mode: str,
+                      parallel: bool = False):
         """Under torch.compile: one opaque ``vdbench::attention`` op per call (BSHD in, BSHD out).
 
         Why an op: dynamo would otherwise trace the bookkeeping (counters, events, observers) into the graph,
@@ -320,17 +322,21 @@ class AttentionPatch:
         call, with no graph break around it. What the op needs to label the call (model, kind) is resolved
         here, at trace time, where it is a constant of the call site -- not the layer name, which differs per
         block and would make dynamo recompile each repeated block (captures therefore run eagerly).
+
+        ``parallel``: the call is a context-parallel one (the shard of the sequence this rank holds): the op's body
+        runs the route's whole parallel attention -- its collectives and our kernel inside -- eagerly, as one op.
         """
         model = self.context[0]
         kind = self._next_kind()
         return torch.ops.vdbench.attention(q, k, v, attn_mask, float(dropout_p), bool(is_causal),
                                            None if scale is None else float(scale), bool(enable_gqa),
-                                           self._op_id, model, kind, mode)
+                                           self._op_id, model, kind, mode, bool(parallel))
 
-    def _op_call(self, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, model, kind, mode):
+    def _op_call(self, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, model, kind, mode, parallel):
         """The eager body of ``vdbench::attention`` (runs at every call of a compiled graph)."""
         self.context = (model, "?", kind)
-        out = self.adapters[mode].op_call(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+        out = self.adapters[mode].op_call(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa,
+                                          parallel=parallel)
         return out.contiguous()  # the layout the op's fake implementation promises
 
     # ----- bookkeeping -----
@@ -404,17 +410,17 @@ _OP_IDS = itertools.count(1)
 @torch.library.custom_op("vdbench::attention", mutates_args=())
 def _attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: Optional[torch.Tensor],
                   dropout_p: float, is_causal: bool, scale: Optional[float], enable_gqa: bool, patch_id: int,
-                  model: str, kind: str, mode: str) -> torch.Tensor:
+                  model: str, kind: str, mode: str, parallel: bool) -> torch.Tensor:
     """An installed patch's attention as one op torch.compile does not trace into (BSHD in and out)."""
     patch = _LIVE_PATCHES.get(patch_id)
     if patch is None:
         raise RuntimeError(f"vdbench::attention called for patch {patch_id}, which is no longer installed "
                            "(a compiled graph outlived its AttentionPatch)")
-    return patch._op_call(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, model, kind, mode)
+    return patch._op_call(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, model, kind, mode, parallel)
 
 
 @_attention_op.register_fake
-def _(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, patch_id, model, kind, mode):
+def _(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, patch_id, model, kind, mode, parallel):
     return q.new_empty(q.shape[:-1] + (v.shape[-1],))
 
 

@@ -27,19 +27,36 @@ class DispatcherAdapter(Adapter):
     def rebind(self, g: dict) -> None:
         g["dispatch_attention_fn"] = self.dispatch_attention_fn
 
-    def op_call(self, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa):
-        return self.dispatch_attention_fn(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    def op_call(self, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, parallel=False):
+        return self.dispatch_attention_fn(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa,
+                                          parallel_config=self._parallel_config() if parallel else None)
+
+    def _parallel_config(self):
+        """The context-parallel config of the model whose call the op runs (``patch.context``): the one diffusers'
+        ``enable_parallelism`` gave the model and its processors (fixed for the run), looked up once per model."""
+        model = self.patch.context[0]
+        configs = self.__dict__.setdefault("_configs", {})
+        if model not in configs:
+            config = getattr(dict(self.patch.models).get(model), "_parallel_config", None)
+            if config is None:
+                raise RuntimeError(f"a context-parallel attention call of {model}, which has no diffusers parallel "
+                                   "config")
+            configs[model] = config
+        return configs[model]
 
     def dispatch_attention_fn(self, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
                               enable_gqa=False, attention_kwargs=None, *, backend=None, parallel_config=None):
         """Replacement for diffusers' ``dispatch_attention_fn``: BSHD in, BSHD out."""
         patch = self.patch
         if torch.compiler.is_compiling():
-            if parallel_config is not None or attention_kwargs or backend is not None:
-                raise UnsupportedCall("under torch.compile the patch routes plain attention calls only (got "
-                                      "parallel_config/attention_kwargs/backend)")
+            if attention_kwargs or backend is not None:
+                raise UnsupportedCall("under torch.compile the patch routes attention calls without "
+                                      "attention_kwargs or a named diffusers backend (got "
+                                      f"{'attention_kwargs' if attention_kwargs else 'backend'})")
+            # a context-parallel call (diffusers' Ulysses / ring template around our kernel) is one op as well: its
+            # collectives run eagerly inside it (op_call); the config is the model's, found there
             return patch.compiled_call(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
-                                       mode=self.mode)
+                                       mode=self.mode, parallel=parallel_config is not None)
         if patch.passthrough:
             return self._pass_through(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
                                       attention_kwargs, backend, parallel_config)

@@ -13,7 +13,8 @@ steps or call kinds (the hooks ask, at the entry of each forward, whether their 
 self / joint calls; cross-attention on another backend then sees the tile-ordered queries, whose order it does not
 depend on, and the padded rows are dropped at the exit). A schedule by layers
 mixes backends inside one forward, and torch.compile traces the blocks the hooks sit on, so both get the per-call
-form (each call permutes its own q, k, v).
+form (each call permutes its own q, k, v). So does context parallelism: diffusers splits the sequence at the
+blocks' entry, and a Ulysses attention call holds the whole sequence again, in the model's order.
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ each call is counted under the kernel that ran it, by step too (``attention.call
 
 Refusals before the model loads (:meth:`Schedule.check_plan`): an unknown or unavailable backend, a malformed
 rule, steps beyond the run's, layer rules under torch.compile (compiled blocks share one graph and don't know
-their index), a pattern on a family without a token grid, a pattern under context parallelism.
+their index), a pattern on a family without a token grid, a pattern under ring attention or xfuser.
 """
 
 from __future__ import annotations
@@ -193,10 +193,16 @@ class Schedule:
             b.require(device, dtype, head_dims)
         return self
 
-    def check_plan(self, *, num_steps: Optional[int], compiled: bool, parallel: bool,
+    def check_plan(self, *, num_steps: Optional[int], compiled: bool, parallel=None,
                    grid_family: Optional[str]) -> None:
         """The refusals that need no weights (see the module docstring). ``grid_family``: the family's name when
-        it supplies token-grid hooks, else None."""
+        it supplies token-grid hooks, else None. ``parallel``: the torchrun layout
+        (:class:`vdbench.parallel.ParallelSpec`: its ``engine`` and ``ring_degree`` are read), None for one process.
+
+        A pattern runs under diffusers' Ulysses: inside attention each rank holds the whole sequence, in the model's
+        order, for its share of the heads, so the mask of the whole token grid applies as on one process (the tile
+        order is then taken per call: :class:`~vdbench.patching.AttentionPatch`'s ``tile_order_once`` is off
+        under torchrun, as the sequence is split at the blocks' entry)."""
         if num_steps is not None:
             for r in self.rules:
                 if r.steps and all(a >= num_steps for a, _ in r.steps):
@@ -211,10 +217,16 @@ class Schedule:
             raise BackendUnavailable(f"attention backend '{gridded[0]}' needs the token grid of each call, which "
                                      "this model family does not provide (Family.grid_hooks); it runs on Wan and "
                                      "CogVideoX")
-        if gridded and parallel:
-            raise BackendUnavailable(f"attention backend '{gridded[0]}' runs in one process for now: under "
-                                     "context parallelism each rank holds a slice of the token grid, which the "
-                                     "sparse patterns don't handle; run it without torchrun")
+        if gridded and parallel is not None and parallel.ring_degree > 1:
+            raise BackendUnavailable(f"attention backend '{gridded[0]}' can't serve ring attention (--ring_degree "
+                                     f"{parallel.ring_degree}): each rank attends its chunk of queries to one chunk "
+                                     "of keys at a time, and the pattern's mask is over the whole token grid\nuse "
+                                     "--ulysses_degree alone (each rank then holds the whole sequence for its heads)")
+        if gridded and parallel is not None and parallel.engine != "diffusers":
+            raise BackendUnavailable(f"attention backend '{gridded[0]}' under --parallel_engine {parallel.engine}: "
+                                     "xfuser pads the sequence to a multiple of its degree inside its own forward, "
+                                     "so an attention call's sequence is not the token grid's\nuse "
+                                     "--parallel_engine diffusers --ulysses_degree N")
 
     def check_layers(self, indices) -> None:
         """After the load: layer rules name blocks the model has (``indices``: the block indices it has)."""

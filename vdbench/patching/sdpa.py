@@ -39,7 +39,7 @@ class SdpaAdapter(Adapter):
     def rebind(self, g: dict) -> None:
         g["F"] = _FProxy(self.sdpa)
 
-    def op_call(self, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa):
+    def op_call(self, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, parallel=False):
         return self.sdpa(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask, dropout_p, is_causal,
                          scale, enable_gqa).transpose(1, 2)
 
