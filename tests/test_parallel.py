@@ -686,7 +686,7 @@ def test_data_dependent_cache_decisions_are_one_for_every_rank(tmp_path):
     import torch.multiprocessing as mp
 
     mp.spawn(_decisions_worker, args=(29000 + (os.getpid() + 450) % 900, str(tmp_path)), nprocs=2, join=True)
-    r0, r1 = (torch.load(tmp_path / f"r{r}.pt", weights_only=False) for r in range(2))
+    r0, r1 = (torch.load(tmp_path / f"r{r}.pt", weights_only=True) for r in range(2))
     assert r0["shared"] == ["fbc", "mag", "sea"]
     assert r0["fbc"] == r1["fbc"] == [True, False]  # alone: rank 0 would skip the first, rank 1 compute the second
     assert r0["mag"] == r1["mag"] == [pytest.approx(1.5)]
