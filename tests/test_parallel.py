@@ -49,13 +49,20 @@ def _env(**extra):
     return env
 
 
-_PORT = [29500 + (os.getpid() % 400)]
+def _free_port() -> int:
+    """A loopback port free now, for a process group the test sets up itself (test files run side by side on the
+    xdist workers, so no fixed port)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def torchrun(args, out: Path, nproc=2, timeout=240, script="run_wan.py", **env):
-    _PORT[0] += 1
+    # --standalone: a free rendezvous port per launch (test files run side by side on the xdist workers)
     where = ["--benchmark_output_directory" if script == "run_wan.py" else "--output_dir", str(out)]
-    cmd = [TORCHRUN, f"--nproc_per_node={nproc}", f"--master_port={_PORT[0]}", str(ROOT / script), *args, *where]
+    cmd = [TORCHRUN, "--standalone", f"--nproc_per_node={nproc}", str(ROOT / script), *args, *where]
     t0 = time.monotonic()
     proc = subprocess.run(cmd, capture_output=True, text=True, env=_env(**env), timeout=timeout, cwd=str(out.parent))
     return proc, time.monotonic() - t0
@@ -579,9 +586,8 @@ def test_one_rank_failing_stops_every_rank_promptly(tmp_path, case):
         VDBENCH_TEST_FAIL="1:cache")
     if not killed:
         args += ["--cache", "fbc:threshold=0.1"]
-    _PORT[0] += 1
     out = tmp_path / "f"
-    cmd = [TORCHRUN, "--nproc_per_node=2", f"--master_port={_PORT[0]}", str(ROOT / "run_wan.py"), *args,
+    cmd = [TORCHRUN, "--standalone", "--nproc_per_node=2", str(ROOT / "run_wan.py"), *args,
            "--benchmark_output_directory", str(out)]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=str(tmp_path),
                             env=_env(VDBENCH_DIST_TIMEOUT_S="600", **env))
@@ -621,7 +627,7 @@ def _share_worker(rank, port, out):
 def test_share_output_hands_the_last_ranks_latents_to_every_rank(tmp_path):
     import torch.multiprocessing as mp
 
-    mp.spawn(_share_worker, args=(29000 + os.getpid() % 900, str(tmp_path)), nprocs=3, join=True)
+    mp.spawn(_share_worker, args=(_free_port(), str(tmp_path)), nprocs=3, join=True)
     want = torch.arange(24, dtype=torch.bfloat16).reshape(2, 3, 4)
     for r in range(3):
         d = torch.load(tmp_path / f"r{r}.pt", weights_only=True)
@@ -685,7 +691,7 @@ def test_data_dependent_cache_decisions_are_one_for_every_rank(tmp_path):
     decide differently alone."""
     import torch.multiprocessing as mp
 
-    mp.spawn(_decisions_worker, args=(29000 + (os.getpid() + 450) % 900, str(tmp_path)), nprocs=2, join=True)
+    mp.spawn(_decisions_worker, args=(_free_port(), str(tmp_path)), nprocs=2, join=True)
     r0, r1 = (torch.load(tmp_path / f"r{r}.pt", weights_only=True) for r in range(2))
     assert r0["shared"] == ["fbc", "mag", "sea"]
     assert r0["fbc"] == r1["fbc"] == [True, False]  # alone: rank 0 would skip the first, rank 1 compute the second

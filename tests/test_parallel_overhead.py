@@ -32,7 +32,7 @@ def result(tmp_path_factory):
                PYTHONPATH=os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]))
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(k, None)
-    cmd = [TORCHRUN, "--nproc_per_node=2", f"--master_port={29100 + os.getpid() % 400}",
+    cmd = [TORCHRUN, "--standalone", "--nproc_per_node=2",
            str(ROOT / "bench" / "parallel_overhead.py"), "--model", "tiny", "--height", "64", "--width", "96",
            "--num_frames", "9", "--steps", str(STEPS), "--rounds", str(ROUNDS), "--backend", "sdpa",
            "--engines", "diffusers,xfuser", "--device", "cpu", "-o", str(out)]
