@@ -393,7 +393,7 @@ class Identity:
 
     @property
     def label(self) -> str:
-        return run_label(self.attention, self.layout, self.vae_decode, self.vae_encode, self.cache, self.speed)
+        return self.stack
 
     @property
     def from_record(self) -> bool:
