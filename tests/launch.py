@@ -25,7 +25,7 @@ _DIST_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADD
 
 @dataclass
 class Launch:
-    """A forked launch: every rank's exit code (None: still running at the timeout, then killed), its log, the
+    """A forked launch: every rank's exit code (-9: still running at the timeout, then killed), its log, the
     launch's wall time."""
 
     codes: list
@@ -35,12 +35,40 @@ class Launch:
     @property
     def returncode(self) -> int:
         bad = [c for c in self.codes if c != 0]
-        return 0 if not bad else (bad[0] if bad[0] is not None else -9)
+        return bad[0] if bad else 0
 
     @property
     def stderr(self) -> str:
         """Every rank's output, rank 0 first (what a test reads for the error lines)."""
         return "".join(f"--- rank {r} ---\n{text}" if len(self.logs) > 1 else text for r, text in enumerate(self.logs))
+
+
+# what a render imports lazily (diffusers' and transformers' pipeline and model classes, the video writers): made
+# once in the test process, so each forked child finds them
+_PRELOAD = (("diffusers", ("WanPipeline", "WanImageToVideoPipeline", "CogVideoXPipeline",
+                           "CogVideoXImageToVideoPipeline", "AutoencoderKLWan", "AutoencoderKLCogVideoX",
+                           "WanTransformer3DModel", "CogVideoXTransformer3DModel", "UniPCMultistepScheduler",
+                           "CogVideoXDPMScheduler")),
+            ("transformers", ("UMT5EncoderModel", "T5EncoderModel", "AutoTokenizer", "CLIPVisionModel"))),
+            ("vdbench.cli", ()), ("vdbench.render", ()), ("imageio", ()), ("cv2", ()))
+_preloaded = False
+
+
+def preload() -> None:
+    """Import here, once, what every render imports (see ``_PRELOAD``); what is missing is left to the child."""
+    global _preloaded
+    if _preloaded:
+        return
+    import importlib
+
+    for module, names in _PRELOAD:
+        try:
+            mod = importlib.import_module(module)
+            for name in names:
+                getattr(mod, name, None)
+        except Exception:  # noqa: BLE001 - an optional module: the child imports it or says why
+            pass
+    _preloaded = True
 
 
 def free_port() -> int:
@@ -82,17 +110,68 @@ def _rank(family: str, argv: list, rank: int, world: int, port: int, log: str, e
         os._exit(code or 0)
 
 
+def _script(path: str, argv: list, root: str, cwd: str, log: str, env: dict) -> None:
+    """A script run as ``python path argv...`` with ``root`` first on the path: the vdbench already imported here is
+    dropped when ``root`` holds another one (an older commit's tree), so the script runs that tree's code; torch,
+    diffusers and transformers stay imported."""
+    import runpy
+
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    code = 1
+    try:
+        for k in _DIST_ENV:
+            os.environ.pop(k, None)
+        os.environ.update(env)
+        here = sys.modules.get("vdbench")
+        if here is not None and Path(here.__file__).resolve().parents[1] != Path(root).resolve():
+            for name in [m for m in sys.modules if m == "vdbench" or m.startswith("vdbench.")]:
+                del sys.modules[name]
+        sys.path.insert(0, str(root))
+        os.chdir(cwd)
+        sys.argv = [str(path), *map(str, argv)]
+        runpy.run_path(str(path), run_name="__main__")
+        code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except BaseException:  # noqa: BLE001 - a crash: its traceback in the log, exit 1
+        import traceback
+
+        traceback.print_exc()
+        code = 1
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def script(path: Path, argv: list, log: Path, root: Path, cwd: Path | None = None, timeout: float = 600,
+           **env) -> Launch:
+    """``python path argv...`` in a forked child (see :func:`_script`), its output in ``log``."""
+    preload()
+    ctx = multiprocessing.get_context("fork")
+    t0 = time.monotonic()
+    p = ctx.Process(target=_script, args=(str(path), list(argv), str(root), str(cwd or root), str(log), env))
+    p.start()
+    p.join(timeout)
+    if p.is_alive():
+        p.kill()
+        p.join()
+    return Launch([p.exitcode], [Path(log).read_text(errors="replace")], time.monotonic() - t0)
+
+
 def render(family: str, argv: list, log_dir: Path, nproc: int = 1, timeout: float = 240, **env) -> Launch:
     """``nproc`` forked ranks of ``family``'s render CLI with ``argv`` (nproc 1: one process, no process group);
     each rank's output in ``log_dir/rank<r>.log``. Ranks still running after ``timeout`` seconds are killed."""
+    preload()
     log_dir = Path(log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
     ctx = multiprocessing.get_context("fork")
     port = free_port()
     logs = [str(log_dir / f"rank{r}.log") for r in range(nproc)]
     t0 = time.monotonic()
-    procs = [ctx.Process(target=_rank, args=(family, argv, r, nproc, port, logs[r], env), daemon=True)
-             for r in range(nproc)]
+    procs = [ctx.Process(target=_rank, args=(family, argv, r, nproc, port, logs[r], env)) for r in range(nproc)]
     for p in procs:
         p.start()
     for p in procs:
@@ -101,5 +180,4 @@ def render(family: str, argv: list, log_dir: Path, nproc: int = 1, timeout: floa
         if p.is_alive():
             p.kill()
             p.join()
-    codes = [p.exitcode if p.exitcode is not None else None for p in procs]
-    return Launch(codes, [Path(x).read_text(errors="replace") for x in logs], time.monotonic() - t0)
+    return Launch([p.exitcode for p in procs], [Path(x).read_text(errors="replace") for x in logs], time.monotonic() - t0)

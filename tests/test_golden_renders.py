@@ -32,15 +32,15 @@ bytes.
 """
 
 import hashlib
-import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 from PIL import Image
+
+from tests import launch
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = ["--height", "64", "--width", "96", "--num_inference_steps", "2", "--num_frames", "9", "--save_frames"]
@@ -135,9 +135,9 @@ def _render(root: Path, case: str, tmp: Path, cache: Path) -> Path:
     extra = [a.replace("{image}", str(image)) for a in extra]
     out = tmp / "out"
     # the tree's own vdbench, not the installed one; tiny models built here, in this run
-    env = {**os.environ, "PYTHONPATH": str(root), "VDBENCH_CACHE": str(cache)}
-    proc = subprocess.run([sys.executable, str(root / script), *SMALL, *extra, out_flag, str(out)], cwd=root,
-                          capture_output=True, text=True, timeout=600, env=env)
+    # forked from this process (tests/launch.py): the tree's vdbench imported afresh, torch and diffusers kept
+    proc = launch.script(root / script, [*SMALL, *extra, out_flag, str(out)], tmp / "render.log", root=root,
+                         PYTHONPATH=str(root), VDBENCH_CACHE=str(cache))
     assert proc.returncode == 0, proc.stderr[-3000:]
     return out
 
