@@ -49,7 +49,7 @@ _PRELOAD = (("diffusers", ("WanPipeline", "WanImageToVideoPipeline", "CogVideoXP
                            "CogVideoXImageToVideoPipeline", "AutoencoderKLWan", "AutoencoderKLCogVideoX",
                            "WanTransformer3DModel", "CogVideoXTransformer3DModel", "UniPCMultistepScheduler",
                            "CogVideoXDPMScheduler")),
-            ("transformers", ("UMT5EncoderModel", "T5EncoderModel", "AutoTokenizer", "CLIPVisionModel"))),
+            ("transformers", ("UMT5EncoderModel", "T5EncoderModel", "AutoTokenizer", "CLIPVisionModel")),
             ("vdbench.cli", ()), ("vdbench.render", ()), ("imageio", ()), ("cv2", ()))
 _preloaded = False
 

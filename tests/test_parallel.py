@@ -807,3 +807,62 @@ def test_a_sparse_schedule_under_ulysses_matches_one_process(tmp_path):
 
     a, b = latents(tmp_path / "one"), latents(tmp_path / "two")
     assert ((a - b).norm() / a.norm()).item() < 1e-5
+
+
+# ----- the overlapped Ulysses: heads in chunks, each chunk's exchange beside another's attention -----
+
+def _overlap_worker(rank, port, out):
+    import torch.distributed as dist
+
+    from vdbench.patching.ulysses import can_overlap, overlapped_ulysses
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 24, 12, 8, generator=g) for _ in range(3))  # the whole sequence, 12 heads
+    shard = slice(rank * 12, rank * 12 + 12)  # this rank's half of the sequence
+    calls = []
+
+    def attend(qc, kc, vc):  # BSHD with the whole sequence for some heads
+        calls.append((tuple(qc.shape), qc.is_contiguous()))
+        return torch.nn.functional.scaled_dot_product_attention(
+            qc.transpose(1, 2), kc.transpose(1, 2), vc.transpose(1, 2)).transpose(1, 2)
+
+    got = {"can": [can_overlap(q, k, v, None, 2, c) for c in (1, 2, 3, 6, 4)]}
+    for chunks in (2, 3, 6):
+        calls.clear()
+        got[chunks] = (overlapped_ulysses(q[:, shard], k[:, shard], v[:, shard], None, 2, chunks, attend),
+                       list(calls))
+    torch.save(got, f"{out}/r{rank}.pt")
+    dist.destroy_process_group()
+
+
+def test_overlapped_ulysses_gives_each_rank_its_shard_of_whole_attention(tmp_path):
+    """Over gloo, 2 ranks, 12 heads: in 2, 3 or 6 head chunks each rank gets exactly its sequence shard of the
+    attention over the whole sequence (every head computed whole by the same kernel), the kernel being called once
+    per chunk with the whole sequence of 6/chunks heads, contiguous (no copy after the exchange)."""
+    import torch.multiprocessing as mp
+
+    mp.start_processes(_overlap_worker, args=(_free_port(), str(tmp_path)), nprocs=2, join=True,
+                       start_method="fork")
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 24, 12, 8, generator=g) for _ in range(3))
+    want = torch.nn.functional.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
+                                                            v.transpose(1, 2)).transpose(1, 2)
+    for rank in range(2):
+        got = torch.load(tmp_path / f"r{rank}.pt", weights_only=True)
+        assert got["can"] == [False, True, True, True, False]  # 1: nothing to overlap; 4 doesn't divide 6 heads
+        for chunks in (2, 3, 6):
+            out, calls = got[chunks]
+            assert torch.allclose(out, want[:, rank * 12:rank * 12 + 12], atol=1e-6, rtol=0), chunks
+            assert calls == [((1, 24, 6 // chunks, 8), True)] * chunks
+
+
+def test_ulysses_overlap_is_refused_where_it_cant_apply():
+    P.ParallelSpec("diffusers", 2, 1, head_chunks=3).validate()
+    P.ParallelSpec("auto", 2, 1, True, head_chunks=2).validate()
+    for spec in (P.ParallelSpec("diffusers", 1, 1, head_chunks=2), P.ParallelSpec("diffusers", 2, 2, head_chunks=2),
+                 P.ParallelSpec("xfuser", 2, 1, head_chunks=2)):
+        with pytest.raises(ValueError, match="--ulysses_overlap 2 overlaps the all-to-all"):
+            spec.validate()
+    # auto picks the engine that has it
+    assert P.resolve_engine(P.ParallelSpec("auto", 2, 1, head_chunks=3), torch.device("cuda", 0)).engine == "diffusers"

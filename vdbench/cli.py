@@ -189,6 +189,9 @@ def build_parser(family: str | families.Family, prog: Optional[str] = None,
     add("--ring_degree", type=int, default=1,
         help="ring-attention degree under torchrun; the backend must return the log-sum-exp (default: 1)")
     add("--use_cfg_parallel", action="store_true", help="split classifier-free guidance over 2 halves of the ranks (both engines; world size = 2 x ulysses x ring)")
+    add("--ulysses_overlap", type=int, default=1, metavar="N",
+        help="Ulysses attention in N head chunks, each chunk's all-to-all running beside another chunk's attention "
+             "(diffusers engine; the kernel label ends in /overlapN; 1: diffusers' own Ulysses) (default: 1)")
 
     add("--overwrite", action="store_true",
         help="replace an existing file at the output path that this tool did not write (a video it wrote is "
@@ -299,7 +302,7 @@ def config_from_args(fam: families.Family, args):
         vae_encode=args.vae_encode, vae_max_memory=args.vae_max_memory, vae_timeout=args.vae_timeout, vae_glue=args.vae_glue,
         vae_prewarm=args.vae_prewarm,
         parallel_engine=args.parallel_engine, ulysses_degree=args.ulysses_degree, ring_degree=args.ring_degree,
-        use_cfg_parallel=args.use_cfg_parallel, overwrite=args.overwrite)
+        use_cfg_parallel=args.use_cfg_parallel, ulysses_overlap=args.ulysses_overlap, overwrite=args.overwrite)
 
 
 def _listing(args) -> None:

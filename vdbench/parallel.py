@@ -81,6 +81,9 @@ class ParallelSpec:
     ring_degree: int = 1
     use_cfg_parallel: bool = False
     requested_engine: Optional[str] = None  # what --parallel_engine said (auto), when it differs from engine
+    # --ulysses_overlap: Ulysses attention in this many head chunks, each chunk's all-to-all beside another's
+    # attention (vdbench.patching.ulysses); 1: diffusers' template as it is
+    head_chunks: int = 1
 
     @property
     def world_size(self) -> int:
@@ -110,6 +113,12 @@ class ParallelSpec:
             raise ValueError(f"--parallel_engine must be one of {', '.join(ENGINE_CHOICES)}, got {self.engine!r}")
         if self.ulysses_degree < 1 or self.ring_degree < 1:
             raise ValueError("--ulysses_degree and --ring_degree must be >= 1")
+        if self.head_chunks < 1:
+            raise ValueError("--ulysses_overlap must be >= 1")
+        if self.head_chunks > 1 and (self.ulysses_degree < 2 or self.ring_degree > 1 or self.engine == "xfuser"):
+            raise ValueError(f"--ulysses_overlap {self.head_chunks} overlaps the all-to-all of Ulysses attention: it "
+                             "needs --ulysses_degree >= 2 without --ring_degree, on --parallel_engine diffusers "
+                             "(or auto)")
 
     @property
     def label(self) -> str:
@@ -123,7 +132,7 @@ class ParallelSpec:
         return {"engine": self.engine, "engine_requested": self.requested_engine or self.engine,
                 "ulysses_degree": self.ulysses_degree, "ring_degree": self.ring_degree,
                 "use_cfg_parallel": self.use_cfg_parallel, "path": self.path, "label": self.label, "tag": self.tag,
-                "world_size": self.world_size}
+                "world_size": self.world_size, "head_chunks": self.head_chunks}
 
 
 def resolve_engine(spec: ParallelSpec, device: torch.device) -> ParallelSpec:
@@ -134,7 +143,8 @@ def resolve_engine(spec: ParallelSpec, device: torch.device) -> ParallelSpec:
     import importlib.util
 
     xfuser_runs = device.type == "cuda" and importlib.util.find_spec("xfuser") is not None
-    engine = "xfuser" if xfuser_runs else "diffusers"
+    # the overlapped Ulysses runs in diffusers' context parallelism only
+    engine = "xfuser" if xfuser_runs and spec.head_chunks == 1 else "diffusers"
     return replace(spec, engine=engine, requested_engine="auto")
 
 
@@ -155,6 +165,8 @@ class DistContext:
     cfg_group: object = None
     cfg_index: int = 0
     shard_group: object = None
+    # seconds apply_engine spent connecting the groups' peers before the first step (warm_collectives)
+    collectives_warmup_s: Optional[float] = None
 
     @property
     def is_main(self) -> bool:
@@ -317,10 +329,60 @@ def apply_engine(ctx: DistContext, pipe, models: list, family: families.Family) 
             with one_device_presented(ctx.device):
                 m.enable_parallelism(config=ContextParallelConfig(ulysses_degree=spec.ulysses_degree,
                                                                   ring_degree=spec.ring_degree, mesh=mesh))
+            # read by the patched dispatcher at each Ulysses call (vdbench.patching.ulysses)
+            m._parallel_config.context_parallel_config.vdbench_head_chunks = spec.head_chunks
         if spec.use_cfg_parallel:
             split_guidance(ctx, pipe, models, family)
+        warm_collectives(ctx, models)
         return pipe, models
     return _apply_xfuser(ctx, pipe, models, family)
+
+
+# the message sizes a warm-up exchanges: a small one and one past NCCL's switch to its bulk protocol, so the
+# connections both use are made
+_WARM_ELEMENTS = (64, 1 << 21)
+
+
+def warm_collectives(ctx: DistContext, models: list) -> None:
+    """Connect every group the denoising will use, once, before the first step: NCCL connects a group's peers on
+    the group's first collective of each kind (point-to-point channels for an all-to-all, rings for a gather),
+    ~0.3 s on 2 GPUs and ~1.1 s on 4 (measured in Wan 1.3B's first step on 4x H200), which would otherwise land in
+    the first denoising step as if it were the step's. The groups: diffusers' Ulysses and ring meshes of each
+    model (all-to-all, all-gather), the guidance pair (all-gather), the ranks of one call (the caches' shared
+    decision: all-reduce). Its time is ``ctx.collectives_warmup_s`` (part of the load's ``engine`` part, and of
+    the merged timing's ``parallel``). Only on CUDA (gloo connects at group creation)."""
+    if ctx.device.type != "cuda":
+        return
+    import torch.distributed as dist
+
+    t0 = time.perf_counter()
+    groups = []
+    for _, m in models:
+        cp = getattr(getattr(m, "_parallel_config", None), "context_parallel_config", None)
+        for attr in ("_ulysses_mesh", "_ring_mesh"):
+            mesh = getattr(cp, attr, None)
+            if mesh is not None and mesh.size() > 1:
+                groups.append(("sequence", mesh.get_group()))
+    if ctx.cfg_group is not None:
+        groups.append(("guidance", ctx.cfg_group))
+    groups.append(("call", shard_group(ctx)))
+    seen = set()
+    for kind, group in groups:
+        if id(group) in seen:
+            continue
+        seen.add(id(group))
+        n = dist.get_world_size(group)
+        for count in _WARM_ELEMENTS:
+            x = torch.ones(n * count, device=ctx.device, dtype=torch.bfloat16)
+            if kind == "sequence":
+                dist.all_to_all_single(torch.empty_like(x), x, group=group)
+            if kind in ("sequence", "guidance"):
+                dist.all_gather_into_tensor(torch.empty(n * x.numel(), device=ctx.device, dtype=x.dtype), x,
+                                            group=group)
+            if kind == "call":
+                dist.all_reduce(x[:count].float(), group=group)
+    torch.cuda.synchronize(ctx.device)
+    ctx.collectives_warmup_s = time.perf_counter() - t0
 
 
 def _cfg_mesh(ctx: DistContext):
@@ -637,7 +699,8 @@ def merge_rank_entries(ctx: Optional[DistContext], entries: list[dict]) -> Optio
             for k, n in pr["attention"]["calls_by_kernel"].items():
                 total[k] = total.get(k, 0) + n
         e = dict(e)
-        e["parallel"] = {**ctx.spec.as_dict(), "pg_backend": ctx.pg_backend}
+        e["parallel"] = {**ctx.spec.as_dict(), "pg_backend": ctx.pg_backend,
+                         "collectives_warmup_s": ctx.collectives_warmup_s}
         e["ranks"] = per_rank
         e["attention_all_ranks"] = {"calls_by_kernel": total, "total_calls": sum(total.values())}
         if e.get("cache"):  # alike within each guidance branch (a CFG split's ranks count their branch's calls)

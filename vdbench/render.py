@@ -141,6 +141,7 @@ class RenderConfig:
     ulysses_degree: int = 1
     ring_degree: int = 1
     use_cfg_parallel: bool = False
+    ulysses_overlap: int = 1  # head chunks of the overlapped Ulysses attention (vdbench.patching.ulysses)
     overwrite: bool = False  # replace an existing output file this tool did not write
 
 
@@ -222,7 +223,8 @@ def render(cfg: RenderConfig, log=print, exit_code_of=None, started: Optional[Wa
     from . import parallel as P
 
     started = started if started is not None else wall_start(from_process=False)
-    spec = P.ParallelSpec(cfg.parallel_engine, cfg.ulysses_degree, cfg.ring_degree, cfg.use_cfg_parallel)
+    spec = P.ParallelSpec(cfg.parallel_engine, cfg.ulysses_degree, cfg.ring_degree, cfg.use_cfg_parallel,
+                          head_chunks=cfg.ulysses_overlap)
     dctx = P.init_distributed(spec, cfg.device)
     if dctx is None:
         return _stages(cfg, log, None, started)

@@ -13,6 +13,7 @@ import torch
 from ..backends import UnsupportedCall, sdpa_kernel_choice
 from .adapter import Adapter, path_tag
 from .calls import call_args
+from .ulysses import can_overlap, overlapped_ulysses
 
 __all__ = ["DispatcherAdapter"]
 
@@ -63,6 +64,11 @@ class DispatcherAdapter(Adapter):
         if attention_kwargs:
             raise UnsupportedCall(f"backend '{patch.backend.name}' got attention_kwargs {sorted(attention_kwargs)}")
         if parallel_config is not None:
+            cp = parallel_config.context_parallel_config
+            chunks = getattr(cp, "vdbench_head_chunks", 1)
+            if chunks > 1 and cp.ring_degree == 1 and can_overlap(query, key, value, attn_mask, cp.ulysses_degree,
+                                                                  chunks):
+                return self._overlapped(query, key, value, dropout_p, is_causal, scale, enable_gqa, cp, chunks)
             # diffusers context parallelism: its own Ulysses / ring / unified templates run, with our kernel as the
             # forward op (what a registered diffusers backend does); ring asks it for the log-sum-exp.
             return self._cp_template()(
@@ -71,6 +77,18 @@ class DispatcherAdapter(Adapter):
         out = patch.serve(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), attn_mask, dropout_p,
                           is_causal, scale, enable_gqa)
         return out.transpose(1, 2)
+
+    def _overlapped(self, query, key, value, dropout_p, is_causal, scale, enable_gqa, cp, chunks):
+        """Ulysses with the all-to-all beside the attention, in ``chunks`` head chunks (vdbench.patching.ulysses);
+        each chunk's kernel call is labelled with the path (``@ulysses2/overlap3``)."""
+        tag = f"{path_tag(cp.ulysses_degree, 1)}/overlap{chunks}"
+
+        def attend(q, k, v):
+            out = self.patch.serve(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), None, dropout_p,
+                                   is_causal, scale, enable_gqa, tag=tag)
+            return out.transpose(1, 2)
+
+        return overlapped_ulysses(query, key, value, cp._ulysses_mesh.get_group(), cp.ulysses_degree, chunks, attend)
 
     def _cp_template(self):
         """diffusers' templated context-parallel attention, imported on the first parallel call and kept (an import
