@@ -47,6 +47,7 @@ def _toy(name, prewarm, seen=None):
                    prewarm=prewarm)
 
 
+@pytest.mark.slow  # one tiny render: ~18 s on the shared CPU machine, as any tiny render there
 def test_a_render_prewarms_its_backends_for_the_calls_it_makes_waits_for_them_and_reports_a_failure(tmp_path,
                                                                                                    monkeypatch):
     """One tiny Wan render on a schedule of two backends with a prewarm, one of which fails: the other is given the
@@ -93,7 +94,8 @@ def test_a_render_prewarms_its_backends_for_the_calls_it_makes_waits_for_them_an
 
 def test_no_prewarm_without_the_capability_and_off_or_skipped_is_recorded(tmp_path, monkeypatch):
     """A backend without a prewarm starts nothing and records nothing; ``--attention_prewarm off``, torchrun and a
-    family that gives no call shapes are recorded with the reason; no weight is loaded for any of it."""
+    family that gives no call shapes are recorded with the reason, a family rule that fails on the configs as a
+    failure (the render says it in one line); no weight is loaded for any of it."""
     monkeypatch.setattr(pipelines.Model, "load", lambda *a, **k: pytest.fail("weights were loaded"))
     assert R._start_attention_prewarm(R.validate(_cfg(tmp_path))) == (None, None)
     with registered(_toy("toy_pw", lambda calls, device, dtype: {})):
@@ -105,6 +107,14 @@ def test_no_prewarm_without_the_capability_and_off_or_skipped_is_recorded(tmp_pa
         assert handle is None and why["status"] == "skipped" and "Family.attention_calls" in why["why"]
         handle, why = R._start_attention_prewarm(replace(plan, dctx=object()))
         assert handle is None and why["status"] == "skipped" and "torchrun" in why["why"]
+
+        def unreadable(*a):
+            raise KeyError("num_attention_heads")
+
+        broken = replace(plan, model=replace(plan.model, family=replace(plan.family, attention_calls=unreadable)))
+        handle, why = R._start_attention_prewarm(broken)
+        assert handle is None and why == {"status": "failed", "backends": ["toy_pw"],
+                                          "error": "the call shapes: KeyError: 'num_attention_heads'"}
 
 
 def test_the_call_shapes_of_the_real_models_are_the_bench_presets():
@@ -213,13 +223,15 @@ def test_the_worker_runs_each_named_entry_and_prints_its_record(capsys):
 
 
 def test_a_failing_worker_is_recorded_in_one_line_and_nothing_runs_after_it(monkeypatch):
+    """The worker's last error line is the record's error; the entry's in-process part does not run after it."""
     ran = []
     monkeypatch.setattr(AP.Prewarm, "worker_command",
                         lambda self: [sys.executable, "-c",
                                       "import sys; print('Traceback ...', file=sys.stderr); "
                                       "sys.exit('error: CUDA driver too old')"])
-    with registered(_toy("toy_pw_w", lambda calls, device, dtype: ran.append(1) or {})) as entry:
+    with registered(_toy("toy_pw_w", lambda calls, device, dtype: ran.append(calls) or {})) as entry:
         rec = AP.start([entry], [CallShape(1, 2, 8, 2, 8, 64)], "cpu", torch.float32, worker=True).wait()
     assert rec["status"] == "failed" and rec["error"] == "RuntimeError: the prewarm worker exited 1: error: CUDA " \
                                                          "driver too old"
-    assert not ran and rec["waited_s"] >= 0 and rec["seconds"] >= 0
+    assert ran == [()]  # beside the worker, the entry's imports alone; nothing in-process after its failure
+    assert rec["waited_s"] >= 0 and rec["seconds"] >= 0

@@ -367,9 +367,10 @@ class Backend:
 
     ``prewarm(calls, device, dtype) -> dict``: what the entry's first calls would compile (a JIT's kernels), done
     ahead for the ``CallShape`` s a render will call it with -- compile-only, on meta tensors, no GPU launch;
-    returns what it did (``compiled``: how many kernels, ``note``: why nothing where nothing was due). The render
-    runs it in a worker process and then on a thread of its own during the load (:mod:`vdbench.backends.prewarm`)
-    and its first attention call waits for it; None: the entry compiles nothing on first use worth moving.
+    returns what it did (``compiled``: how many kernels, ``note``: why nothing where nothing was due); with no
+    calls, only what it imports. The render runs it in a worker process and then on a thread of its own during the
+    load (:mod:`vdbench.backends.prewarm`) and its first attention call waits for it; None: the entry compiles
+    nothing on first use worth moving.
     """
 
     name: str
