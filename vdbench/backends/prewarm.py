@@ -42,7 +42,7 @@ log = logging.getLogger(__name__)
 __all__ = ["Prewarm", "start", "main"]
 
 #: The most seconds the render's first call waits for the worker (a hung compile must not hang the render).
-WORKER_TIMEOUT_S = 300.0
+WORKER_TIMEOUT_S = 120.0
 
 
 def _one_line(e: BaseException) -> str:
