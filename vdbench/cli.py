@@ -170,6 +170,11 @@ def build_parser(family: str | families.Family, prog: Optional[str] = None,
              "they can't run), eager "
              "(PyTorch ops), auto (triton on a GPU where it runs, else eager; recorded in timing.json) "
              "(default: auto)")
+    add("--attention_prewarm", choices=("on", "off"), default="on",
+        help="on: compile the attention backend's first-call kernels (fav3_fp8's Triton pre-pass) for this render's "
+             "call shapes in a worker process while the model loads, so the first denoising step finds them "
+             "compiled (its wait recorded in timing.json: one_time.attention_prewarm_wait_s); off: the first calls "
+             "compile them (Triton's JIT), to measure what it saves (default: on)")
     add("--no_vae_prewarm", dest="vae_prewarm", action="store_false",
         help="don't compile the fast VAE path's Triton kernels on a background thread while the GPU denoises (by "
              "default they are, so that the decode, a first call in every render, finds them compiled)")
@@ -300,7 +305,7 @@ def config_from_args(fam: families.Family, args):
         bf16_te_gemms=args.use_bf16_te_gemms, fp8_gemms=args.use_fp8_gemms, cache=args.cache,
         vae_decode=args.vae_decode,
         vae_encode=args.vae_encode, vae_max_memory=args.vae_max_memory, vae_timeout=args.vae_timeout, vae_glue=args.vae_glue,
-        vae_prewarm=args.vae_prewarm,
+        vae_prewarm=args.vae_prewarm, attention_prewarm=args.attention_prewarm == "on",
         parallel_engine=args.parallel_engine, ulysses_degree=args.ulysses_degree, ring_degree=args.ring_degree,
         use_cfg_parallel=args.use_cfg_parallel, ulysses_overlap=args.ulysses_overlap, overwrite=args.overwrite)
 

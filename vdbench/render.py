@@ -135,6 +135,7 @@ class RenderConfig:
     vae_timeout: Optional[float] = None  # seconds: a decode (or encode) running longer is reported as hung (watchdog)
     vae_glue: str = "auto"  # auto | triton | eager: the fast decode's (and encode's) glue (vdbench.vae.decode.GLUES)
     vae_prewarm: bool = True  # compile the fast VAE path's kernels on a thread while the GPU denoises (vdbench.vae.prewarm)
+    attention_prewarm: bool = True  # the backend's first-call kernels compiled during the load (backends.prewarm)
     extra_pipe_kwargs: dict = field(default_factory=dict)
     # multi-process (torchrun): see vdbench.parallel
     parallel_engine: str = "xfuser"
@@ -451,6 +452,10 @@ class Loaded:
     load_s: Optional[float] = None  # the whole load stage (weights, checks, engine, speed options), host clock
     prewarm: object = None  # vdbench.vae.prewarm.Prewarm started for this render (_start_prewarm), or None
     cache: object = None  # vdbench.cache.CacheCounter of the step cache applied, or None
+    # vdbench.backends.prewarm.Prewarm started for this render (_start_attention_prewarm), or None; where a backend
+    # has a prewarm that did not start, why (recorded as the first entry's attention_prewarm)
+    attention_prewarm: object = None
+    attention_prewarm_skipped: Optional[dict] = None
 
 
 def _start_prewarm(plan: Plan, pipe=None, *, encode_only: bool = False):
@@ -482,6 +487,56 @@ def _start_prewarm(plan: Plan, pipe=None, *, encode_only: bool = False):
         return None
     dtype = plan.vae_dtype or plan.dtype
     return W.start(lambda: W.meta_vae(spec[0], spec[1]).to(dtype), p)
+
+
+def _attention_calls(plan: Plan, pipe=None) -> tuple[Optional[list], str]:
+    """(the distinct attention call shapes of this render -- :class:`vdbench.backends.CallShape`, from its family's
+    ``attention_calls`` over every denoiser's config --, or None and why not). ``pipe``: the loaded pipeline, whose
+    components' configs serve where the model's could not be read before the load."""
+    cfg, family, model = plan.cfg, plan.family, plan.model
+    if family.attention_calls is None:
+        return None, f"family {family.name!r} does not give its attention call shapes (Family.attention_calls)"
+    if pipe is not None:
+        from .pipelines import transformers_of
+
+        denoisers = [dict(m.config) for _, m in transformers_of(pipe)]
+        vae = dict(pipe.vae.config)
+    elif model.denoisers and model.vae:
+        denoisers, vae = [c for _, c in model.denoisers.values()], model.vae[1]
+    else:
+        return None, "the model's configs are read with the load"
+    calls = []
+    for den in denoisers:
+        calls += family.attention_calls(den, vae, cfg.height, cfg.width, cfg.num_frames, cfg.guidance_scale,
+                                        dict(cfg.extra_pipe_kwargs))
+    return [B.CallShape(*c) for c in dict.fromkeys(calls)], ""
+
+
+def _start_attention_prewarm(plan: Plan, pipe=None) -> tuple[object, Optional[dict]]:
+    """(the attention prewarm started for this render -- :mod:`vdbench.backends.prewarm`: the first-call kernels of
+    every backend it runs that has a ``prewarm``, compiled for its call shapes --, or None and, where such a backend
+    runs, the record of why it did not start). ``pipe``: see :func:`_attention_calls`."""
+    from .backends import prewarm as AP
+
+    entries = [b for b in as_schedule(plan.backend).members if b.prewarm is not None]
+    if not entries:  # nothing to compile ahead: nothing recorded
+        return None, None
+    names = [b.name for b in entries]
+    if not plan.cfg.attention_prewarm:
+        return None, {"status": "off", "backends": names, "why": "--attention_prewarm off"}
+    if plan.dctx is not None:
+        return None, {"status": "skipped", "backends": names,
+                      "why": "under torchrun each rank's call shapes follow the parallel split: the first calls "
+                             "compile their own kernels"}
+    try:
+        calls, why = _attention_calls(plan, pipe)
+    except Exception as e:  # noqa: BLE001 - a config the family's rule can't read: recorded and said, never raised
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        return None, {"status": "failed", "backends": names,
+                      "error": f"the call shapes: {type(e).__name__}{': ' + first if first else ''}"}
+    if calls is None:
+        return None, {"status": "skipped", "backends": names, "why": why}
+    return AP.start(entries, calls, plan.device, plan.dtype), None
 
 
 def _load_checked(plan: Plan, laps: Laps) -> tuple:
@@ -528,11 +583,16 @@ def load(plan: Plan) -> Loaded:
     laps = Laps({})  # where the load's time goes (host clock): its variation is read here, not guessed
     part = laps.lap
     prewarm = _start_prewarm(plan, encode_only=True)  # an image's encode comes before the denoising: hide it here
+    # the attention backend's first-call kernels: its first call comes right after the load and the text encode, so
+    # only the load can hide them (compiled by a worker process: no GIL taken from the load)
+    attn_prewarm, attn_skipped = _start_attention_prewarm(plan)
     part("prewarm_start")
     try:  # what only the files or the loaded model can refuse is agreed like validate's refusals (torchrun)
         pipe, models, load_time, flow_shift = _load_checked(plan, laps)
     except (ModelLoadError, B.BackendUnavailable, ValueError, OSError) as e:
         err = e
+    if err is not None and attn_prewarm is not None:
+        attn_prewarm.close()
     P.agree(dctx, err)  # single process: raises err itself
     part("agree")  # the ranks agreeing on the outcome (torchrun)
     head_dims = [m.config.attention_head_dim for _, m in models]
@@ -586,7 +646,10 @@ def load(plan: Plan) -> Loaded:
     header["load_parts"] = {k: round(v, 4) for k, v in laps.parts.items()}
     if prewarm is None:  # under the text encode and the denoising, where the main thread waits on the GPU
         prewarm = _start_prewarm(plan, pipe)
-    return Loaded(pipe, models, kwargs, header, load_s=load_s, prewarm=prewarm, cache=counter)
+    if attn_skipped is not None and attn_skipped.get("why") == "the model's configs are read with the load":
+        attn_prewarm, attn_skipped = _start_attention_prewarm(plan, pipe)  # its configs now known
+    return Loaded(pipe, models, kwargs, header, load_s=load_s, prewarm=prewarm, cache=counter,
+                  attention_prewarm=attn_prewarm, attention_prewarm_skipped=attn_skipped)
 
 
 def _reported_since(info: dict, set_up: Optional[dict], before: dict) -> tuple[dict, dict]:
@@ -626,8 +689,15 @@ class _Watch:
 
             self.capture = AttentionCapture(cfg.capture_dir, cfg.attention_type, rank=cfg.rank,
                                             max_captures=cfg.max_captures)
+        self.log, self.stack = log, plan.stack
+        self.attention_prewarm = loaded.attention_prewarm  # its record once waited for (wait_for_prewarm)
+        self.attention_prewarm_record: Optional[dict] = loaded.attention_prewarm_skipped
+        if (self.attention_prewarm_record or {}).get("status") == "failed":
+            log(f"warning: [{plan.stack}] attention prewarm failed ({self.attention_prewarm_record['error']}); the "
+                "first attention calls compile their own kernels")
         self.patch = AttentionPatch(loaded.models, plan.backend, on_unsupported=cfg.on_unsupported,
                                     time_attention=cfg.time_attention,
+                                    before_first_call=self.wait_for_prewarm if loaded.attention_prewarm else None,
                                     observers=[self.capture] if self.capture else None,
                                     # the family's own (none: a grid backend is refused), not found again from
                                     # the transformers' classes
@@ -648,6 +718,16 @@ class _Watch:
         self.began: Optional[_Mark] = None  # the repetition in progress's start (:meth:`begin`)
         self.device, self.dctx, self.attention_type = device, plan.dctx, cfg.attention_type
         self.settings = loaded.header["settings"]  # recorded beside the capture
+
+    def wait_for_prewarm(self) -> dict:
+        """The attention prewarm waited for (the first attention call's, or the first repetition's end where no call
+        came) and its record kept; a failure said in one line -- the first calls then compile their own kernels."""
+        if self.attention_prewarm is not None and self.attention_prewarm_record is None:
+            rec = self.attention_prewarm_record = self.attention_prewarm.wait()
+            if rec["status"] != "done":
+                self.log(f"warning: [{self.stack}] attention prewarm failed ({rec.get('error')}); the first "
+                         "attention calls compile their own kernels")
+        return self.attention_prewarm_record
 
     def mark(self) -> "_Mark":
         """torch.compile's time and the encode's one-time reports so far."""
@@ -681,8 +761,11 @@ class _Watch:
         self.began = self.mark()
 
     def close(self, log) -> None:
-        """After the calls, also on error: the stage timers' hooks removed, the capture's files closed."""
+        """After the calls, also on error: the stage timers' hooks removed, the capture's files closed, the attention
+        prewarm's worker stopped if it still runs."""
         self.stage_timers.remove()
+        if self.attention_prewarm is not None:
+            self.attention_prewarm.close()
         if self.capture is not None:
             meta_path = self.capture.close(extra={"settings": self.settings})
             stats = self.capture.stats
@@ -795,15 +878,18 @@ def _repetition(plan: Plan, loaded: Loaded, watch: _Watch, rep: int,
 
 def _one_time(loaded: Loaded, watch: _Watch, first: Optional[tuple[_Mark, Optional[float]]], vae_info: dict) -> dict:
     """What the repetition just run paid once (completed in finish: :func:`vdbench.stages.one_time`): the first
-    carries the render's -- the load, the warm-up calls, torch.compile's time since the load --, each what its
-    stages reported themselves: the encode's (and, for the first, those reported inside the warm-up calls' time)
-    and the decode's."""
+    carries the render's -- the load, the warm-up calls, torch.compile's time since the load, the wait for the
+    attention prewarm --, each what its stages reported themselves: the encode's (and, for the first, those
+    reported inside the warm-up calls' time) and the decode's."""
     from .stages import merge_one_time
 
     set_up, warmup_s = first if first is not None else (None, None)
     compiled = compile_seconds() - (set_up or watch.began).compiled
     once: dict = {"load_s": loaded.load_s, "warmup_calls_s": warmup_s} if first is not None else {}
     once["compile_s"] = compiled if compiled > 0 else None
+    prewarm = watch.wait_for_prewarm() if first is not None else None
+    if prewarm is not None and "waited_s" in prewarm:  # inside the first attention call's step: not added again
+        once["attention_prewarm_wait_s"] = prewarm["waited_s"]
     mine, in_warmup = _reported_since(watch.encode_info, set_up.encode if set_up else None, watch.began.encode)
     merge_one_time(once, "vae_encode", {"one_time": mine})
     merge_one_time(once, "warmup_calls.vae_encode", {"one_time": in_warmup})  # inside their time
@@ -845,6 +931,8 @@ def _entry(plan: Plan, loaded: Loaded, watch: _Watch, rep: int, timer: StepTimer
         **stages,  # stages, unaccounted (+ share, where): vdbench.stages.breakdown
         "one_time": once,  # + steady_s; end_to_end_s and end_to_end on the first: finish
         "cache": watch.counter.summary() if watch.counter is not None else None,
+        # the backend's first-call kernels compiled ahead (vdbench.backends.prewarm): the render's, on the first entry
+        "attention_prewarm": watch.attention_prewarm_record if rep == 0 else None,
         "attention": patch.stats.as_dict(),
         "attention_share": (attn_time / sum(step_times)) if attn_time and step_times else None,
         "peak_memory_bytes": peak_memory(device),

@@ -16,23 +16,24 @@ import pkgutil
 
 from vdbench.numerics import exact_attention, reference_attention
 
-from .registry import (ANY_FLOAT, BACKENDS, HALF, Backend, BackendUnavailable, BenchProfile, BytesMoved, LSEForm,
-                       Option, RequiresPackage, SparseUse, UnsupportedCall, aliases, availability, available_names,
-                       canonical_name, capability_table, cuda, cuda_dtypes, get_backend, names, probe, register,
-                       registered, requires_package, resolve, traffic, unregister)
+from .registry import (ANY_FLOAT, BACKENDS, HALF, Backend, BackendUnavailable, BenchProfile, BytesMoved, CallShape,
+                       LSEForm, Option, RequiresPackage, SparseUse, UnsupportedCall, aliases, availability,
+                       available_names, canonical_name, capability_table, cuda, cuda_dtypes, get_backend, names, probe,
+                       register, registered, requires_package, resolve, traffic, unregister)
 from .torch_sdpa import sdpa_kernel_choice
 
-__all__ = ["Backend", "BenchProfile", "SparseUse", "BackendUnavailable", "UnsupportedCall", "LSEForm", "Option",
-           "BytesMoved", "traffic", "HALF", "ANY_FLOAT", "RequiresPackage", "requires_package", "cuda", "cuda_dtypes",
-           "probe", "register", "unregister", "registered", "resolve", "get_backend", "canonical_name", "names",
-           "aliases", "availability", "available_names", "capability_table", "BACKENDS", "sdpa_kernel_choice",
+__all__ = ["Backend", "BenchProfile", "CallShape", "SparseUse", "BackendUnavailable", "UnsupportedCall", "LSEForm",
+           "Option", "BytesMoved", "traffic", "HALF", "ANY_FLOAT", "RequiresPackage", "requires_package", "cuda",
+           "cuda_dtypes", "probe", "register", "unregister", "registered", "resolve", "get_backend", "canonical_name",
+           "names", "aliases", "availability", "available_names", "capability_table", "BACKENDS", "sdpa_kernel_choice",
            "exact_attention", "reference_attention"]
 
 
 def _import_entry_modules() -> None:
-    """Every module of this package but the registry registers entries when imported; their order is ORDER's."""
+    """Every module of this package but the registry and the prewarm runner registers entries when imported; their
+    order is ORDER's."""
     for info in pkgutil.iter_modules(__path__):
-        if info.name != "registry":
+        if info.name not in ("registry", "prewarm"):
             importlib.import_module(f"{__name__}.{info.name}")
 
 

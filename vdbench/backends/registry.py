@@ -51,10 +51,10 @@ from typing import Callable, NamedTuple, Optional, Sequence, Union
 
 import torch
 
-__all__ = ["Backend", "BenchProfile", "SparseUse", "BackendUnavailable", "UnsupportedCall", "LSEForm", "Option",
-           "BytesMoved", "traffic", "HALF", "ANY_FLOAT", "RequiresPackage", "requires_package", "cuda", "cuda_dtypes",
-           "probe", "register", "unregister", "registered", "resolve", "get_backend", "canonical_name", "names",
-           "aliases", "availability", "available_names", "capability_table", "BACKENDS"]
+__all__ = ["Backend", "BenchProfile", "CallShape", "SparseUse", "BackendUnavailable", "UnsupportedCall", "LSEForm",
+           "Option", "BytesMoved", "traffic", "HALF", "ANY_FLOAT", "RequiresPackage", "requires_package", "cuda",
+           "cuda_dtypes", "probe", "register", "unregister", "registered", "resolve", "get_backend", "canonical_name",
+           "names", "aliases", "availability", "available_names", "capability_table", "BACKENDS"]
 
 HALF = (torch.float16, torch.bfloat16)
 ANY_FLOAT = (torch.float16, torch.bfloat16, torch.float32)
@@ -170,6 +170,27 @@ class BenchProfile:
 
     def bytes_moved(self, b: int, h: int, sq: int, sk: int, d: int, itemsize: int) -> BytesMoved:
         return self.bytes_model(b, h, sq, sk, d, itemsize)
+
+
+class CallShape(NamedTuple):
+    """One attention call's shape as a render will make it, known before the load (``Family.attention_calls``, from
+    the model's configs and the render's size): what a backend's ``prewarm`` compiles its kernels for. Q is (batch,
+    heads, seq, head_dim), K and V (batch, heads_kv, seq_kv, head_dim)."""
+
+    batch: int
+    heads: int
+    seq: int
+    heads_kv: int
+    seq_kv: int
+    head_dim: int
+
+    def meta_inputs(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(q, k, v) of this shape on the meta device (no storage), BHSD views of BSHD memory -- the layout
+        diffusers' attention dispatch hands the backends -- for a call run for its shapes alone."""
+        def make(h, s):
+            return torch.empty((self.batch, s, h, self.head_dim), device="meta", dtype=dtype).transpose(1, 2)
+
+        return make(self.heads, self.seq), make(self.heads_kv, self.seq_kv), make(self.heads_kv, self.seq_kv)
 
 
 @dataclass(frozen=True)
@@ -343,6 +364,13 @@ class Backend:
     ``bench``: what only the bench reads (``BenchProfile``: bytes model, pre-pass); ``sparse``: the pattern of an
     entry that needs the token grid (``SparseUse``; None for a dense kernel). A bind hook that changes them
     replaces the whole part (``bench=BenchProfile(...)``).
+
+    ``prewarm(calls, device, dtype) -> dict``: what the entry's first calls would compile (a JIT's kernels), done
+    ahead for the ``CallShape`` s a render will call it with -- compile-only, on meta tensors, no GPU launch;
+    returns what it did (``compiled``: how many kernels, ``note``: why nothing where nothing was due); with no
+    calls, only what it imports. The render runs it in a worker process and then on a thread of its own during the
+    load (:mod:`vdbench.backends.prewarm`) and its first attention call waits for it; None: the entry compiles
+    nothing on first use worth moving.
     """
 
     name: str
@@ -371,6 +399,7 @@ class Backend:
     variants: tuple[str, ...] = ()
     bench: BenchProfile = field(default_factory=BenchProfile)
     sparse: Optional[SparseUse] = None
+    prewarm: Optional[Callable[..., dict]] = field(default=None, compare=False)
 
     def __post_init__(self):
         if self.layout not in ("BHSD", "BSHD"):

@@ -185,6 +185,11 @@ class Family:
         None: the family has no token grid and the sparse backends are refused before the load.
         ``pipeline_requirements`` (pipeline class name -> ((module, why), ...)): packages a pipeline class needs at
         call time though diffusers imports it without them; checked before the load.
+        ``attention_calls(denoiser_config, vae_config, height, width, num_frames, guidance_scale, pipe_kwargs)`` ->
+        the distinct (batch, heads, seq, heads_kv, seq_kv, head_dim) of the attention calls one render of that size
+        makes on one GPU, from the denoiser's and the VAE's configs (no weights; ``pipe_kwargs``: the extra pipeline
+        arguments, a text length among them): what a backend's kernels are compiled for ahead of the first step
+        (:mod:`vdbench.backends.prewarm`). None: the family does not say, and nothing is compiled ahead.
     Benchmarks
         ``attention_presets`` (name -> (B, H, Sq, Sk, D) of a real model's attention, bench/bench_attention.py);
         ``attention_grids`` (preset name -> its token grid, ``FxHxW[+T]``: what the sparse patterns need);
@@ -235,6 +240,7 @@ class Family:
     vae_configs: Mapping[str, tuple[dict, dict]] = dataclasses.field(default_factory=dict)
     grid_hooks: Optional[Callable[..., Any]] = None
     pipeline_requirements: Mapping[str, tuple[tuple[str, str], ...]] = dataclasses.field(default_factory=dict)
+    attention_calls: Optional[Callable[..., tuple[tuple[int, int, int, int, int, int], ...]]] = None
     guidance_in_one_batch: bool = False
     latent_format: str = "BCFHW"
     step_context_pipelines: tuple[str, ...] = ()

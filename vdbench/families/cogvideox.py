@@ -216,6 +216,24 @@ def trim_latents(pipe, latents: torch.Tensor, num_frames):
     return latents
 
 
+def attention_calls(denoiser: dict, vae: dict, height: int, width: int, num_frames: int, guidance_scale: float,
+                    pipe_kwargs: dict) -> tuple:
+    """(batch, heads, seq, heads_kv, seq_kv, head_dim) of a CogVideoX render's one attention call: joint attention
+    over the text tokens (``max_sequence_length``, 226 by default) and the latent tokens ((frames - 1) / t + 1,
+    padded to the temporal patch where the transformer has one, height / s, width / s, patchified); both guidance
+    passes in one batch (2 videos) when the guidance scale is above 1."""
+    t = int(vae.get("temporal_compression_ratio", 4))
+    s = 2 ** (len(vae.get("block_out_channels", (0, 0, 0, 0))) - 1)
+    p, pt = int(denoiser.get("patch_size", 2)), denoiser.get("patch_size_t")
+    frames = (num_frames - 1) // t + 1
+    if pt:
+        frames = -(-frames // pt)
+    tokens = frames * (height // s // p) * (width // s // p)
+    seq = int(pipe_kwargs.get("max_sequence_length", denoiser.get("max_text_seq_length", 226))) + tokens
+    heads, d = int(denoiser["num_attention_heads"]), int(denoiser["attention_head_dim"])
+    return ((2 if guidance_scale > 1 else 1, heads, seq, heads, seq, d),)
+
+
 def parallel_refusal(engine: str, task: str, world_size: int, use_cfg_parallel: bool):
     """What each engine can split, as shipped (diffusers 0.42.1, xfuser 0.7.0): xfuser T2V with Ulysses, ring,
     hybrid and CFG (``xFuserCogVideoXPipeline``), not image-to-video; diffusers' engine the CFG split alone (the
@@ -299,6 +317,7 @@ FAMILY = Family(
         pipeline_wrapper="xfuser.model_executor.pipelines:xFuserCogVideoXPipeline")},
     call_kind=call_kind,
     grid_hooks=grid_hooks,
+    attention_calls=attention_calls,
     tiny_variants=TINY_VARIANTS,
     random_variants=RANDOM_VARIANTS,
     attention_presets={

@@ -305,6 +305,29 @@ def prepare_latents(vae, latents: torch.Tensor) -> torch.Tensor:
     return latents / inv_std + mean
 
 
+#: The text tokens of a Wan prompt (the pipelines' ``max_sequence_length``: prompts are padded to it).
+TEXT_TOKENS = 512
+#: The image context of Wan 2.1's image-to-video transformers: CLIP ViT-H/14's tokens at 224 px (16 x 16 + 1).
+IMAGE_TOKENS = 257
+
+
+def attention_calls(denoiser: dict, vae: dict, height: int, width: int, num_frames: int, guidance_scale: float,
+                    pipe_kwargs: dict) -> tuple:
+    """(batch, heads, seq, heads_kv, seq_kv, head_dim) of a Wan render's attention calls: self-attention over the
+    latent tokens ((frames - 1) / t + 1, height / s, width / s, by the VAE's scale factors, patchified), the
+    cross-attention to the text, and on an image-to-video transformer (``image_dim`` set) the one to the image
+    context. One video per call: the pipelines run classifier-free guidance's two passes as separate calls."""
+    t, s = int(vae.get("scale_factor_temporal", 4)), int(vae.get("scale_factor_spatial", 8))
+    pt, ph, pw = denoiser.get("patch_size", (1, 2, 2))
+    tokens = (((num_frames - 1) // t + 1) // pt) * (height // s // ph) * (width // s // pw)
+    heads, d = int(denoiser["num_attention_heads"]), int(denoiser["attention_head_dim"])
+    text = int(pipe_kwargs.get("max_sequence_length", TEXT_TOKENS))
+    calls = [(1, heads, tokens, heads, tokens, d), (1, heads, tokens, heads, text, d)]
+    if denoiser.get("image_dim") is not None:
+        calls.append((1, heads, tokens, heads, int(denoiser.get("pos_embed_seq_len") or IMAGE_TOKENS), d))
+    return tuple(calls)
+
+
 def parallel_refusal(engine: str, task: str, world_size: int, use_cfg_parallel: bool):
     """What each engine can split, as shipped (diffusers 0.42.1, xfuser 0.7.0): every task with Ulysses, ring, hybrid
     and the CFG split on both engines. The CFG split is xfuser's own pipeline for I2V
@@ -453,6 +476,7 @@ FAMILY = Family(
                 cfg_pipeline="xfuser.model_executor.pipelines.pipeline_wan_i2v:xFuserWanImageToVideoPipeline")},
     call_kind=call_kind,
     grid_hooks=grid_hooks,
+    attention_calls=attention_calls,
     tiny_variants=TINY_VARIANTS,
     random_variants=RANDOM_VARIANTS,
     attention_presets={

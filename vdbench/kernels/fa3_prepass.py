@@ -25,6 +25,10 @@ Exactly ``vdbench.numerics.fp8_bh_inputs`` -- the eager path used where Triton d
 * values are ``(x [- mean]) / descale`` with an IEEE division (``div_rn``), clamped to ±448 and rounded to nearest
   even in e4m3 (under the interpreter through ``quant.to_e4m3``'s pre-rounding; see ``quant._round_to_e4m3_grid``).
 
+Every launch goes through ``vdbench.kernels.ahead.launch``: inside ``ahead.compile_only`` a call on meta tensors of
+a render's shapes compiles the specializations its real calls will use, without a GPU launch (``fav3_fp8``'s
+prewarm, ``vdbench.backends.prewarm``).
+
 The outputs keep the inputs' shapes and memory layout (``empty_like``), so FA3 sees what it would see from a caller
 who quantized the tensors themselves. As with the other kernel modules, importing this one decides whether Triton
 compiles or interprets (``TRITON_INTERPRET=1`` before the first import: CPU tests).
@@ -40,6 +44,7 @@ import triton
 import triton.language as tl
 
 from vdbench import numerics as N
+from vdbench.kernels.ahead import launch as _launch
 from vdbench.kernels.quant import to_e4m3
 
 __all__ = ["quantize_bh", "quantize_qkv", "prepass", "aot_specs", "CHUNK", "WARPS", "INTERPRETED"]
@@ -178,13 +183,13 @@ def _amax(x: torch.Tensor, mean: Optional[torch.Tensor]) -> torch.Tensor:
     n = triton.cdiv(s, CHUNK)
     if mean is None:
         part = torch.empty((b, h, n), device=x.device, dtype=torch.float32)
-        _reduce_kernel[_grid(x)](x, part, part, part, s, d, h, n, *x.stride(), BLK=CHUNK, BD=_bd(d),
-                                 CHANNEL=False, num_warps=WARPS)
+        _launch(_reduce_kernel, _grid(x), x, part, part, part, s, d, h, n, *x.stride(), BLK=CHUNK, BD=_bd(d),
+                CHANNEL=False, num_warps=WARPS)
         return part.amax(dim=-1)
     cmax = torch.empty((b, h, n, d), device=x.device, dtype=torch.float32)
     cmin = torch.empty_like(cmax)
-    _reduce_kernel[_grid(x)](x, cmax, cmax, cmin, s, d, h, n, *x.stride(), BLK=CHUNK, BD=_bd(d), CHANNEL=True,
-                             num_warps=WARPS)
+    _launch(_reduce_kernel, _grid(x), x, cmax, cmax, cmin, s, d, h, n, *x.stride(), BLK=CHUNK, BD=_bd(d),
+            CHANNEL=True, num_warps=WARPS)
     m = mean.reshape(b, h, d)
     return torch.maximum((cmax.amax(dim=2) - m).abs(), (cmin.amin(dim=2) - m).abs()).amax(dim=-1)
 
@@ -198,8 +203,8 @@ def quantize_bh(x: torch.Tensor, mean: Optional[torch.Tensor] = None):
     descale = N.fp8_descale(_amax(x, mean)).contiguous()
     out = torch.empty_like(x, dtype=torch.float8_e4m3fn)
     mean_arg = descale if mean is None else mean.reshape(b, h, d).contiguous()
-    _quant_kernel[_grid(x)](x, out, descale, mean_arg, s, d, h, *x.stride(), *out.stride(), BLK=CHUNK, BD=_bd(d),
-                            HAS_MEAN=mean is not None, FIX=INTERPRETED, num_warps=WARPS)
+    _launch(_quant_kernel, _grid(x), x, out, descale, mean_arg, s, d, h, *x.stride(), *out.stride(), BLK=CHUNK,
+            BD=_bd(d), HAS_MEAN=mean is not None, FIX=INTERPRETED, num_warps=WARPS)
     return out, descale
 
 
@@ -231,13 +236,13 @@ def quantize_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_mean: Opti
                 mean[i, :, :m.shape[1]] = m.reshape(b, m.shape[1], d)
     grid = (triton.cdiv(max(lens), CHUNK), hm, 3 * b)
     common = (*lens, *heads, d, b, hm, *q.stride(), *k.stride(), *v.stride())
-    _qkv_amax_kernel[grid](q, k, v, amax, mean, *common, BLK=CHUNK, BD=_bd(d), HAS_MEAN=smooth, num_warps=WARPS)
+    _launch(_qkv_amax_kernel, grid, q, k, v, amax, mean, *common, BLK=CHUNK, BD=_bd(d), HAS_MEAN=smooth,
+            num_warps=WARPS)
     # the scales by the same torch call as the eager path, once for the three tensors: CUDA's tensor / scalar is
     # a multiplication by the reciprocal, so an IEEE division in the kernel would differ in the last bit
     descale = N.fp8_descale(amax)
-    _qkv_quant_kernel[grid](q, k, v, *outs, descale, mean, *common, *outs[0].stride(), *outs[1].stride(),
-                            *outs[2].stride(), BLK=CHUNK, BD=_bd(d), FIX=INTERPRETED, HAS_MEAN=smooth,
-                            num_warps=WARPS)
+    _launch(_qkv_quant_kernel, grid, q, k, v, *outs, descale, mean, *common, *outs[0].stride(), *outs[1].stride(),
+            *outs[2].stride(), BLK=CHUNK, BD=_bd(d), FIX=INTERPRETED, HAS_MEAN=smooth, num_warps=WARPS)
     scales = [descale[i, :, :n].contiguous() for i, n in enumerate(heads)]  # a copy only for fewer (GQA) heads
     return N.Fp8Inputs(*outs, *scales, k_mean, v_mean=v_mean)
 

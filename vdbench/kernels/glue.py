@@ -23,13 +23,13 @@ Like the attention kernels, importing this module decides whether Triton compile
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import os
 
 import torch
 import triton
 import triton.language as tl
+
+from .ahead import compile_only, compiling_for, launch, load_compiled
 
 __all__ = ["rms_silu_rows", "norm_silu_cat", "add_rows_", "compile_only", "compiling_for", "load_compiled",
            "INTERPRETED"]
@@ -70,60 +70,10 @@ def _add_rows_kernel(y_ptr, b_ptr, r_ptr, n_rows, C, ys_r, ys_c, rs_r, rs_c,
     tl.store(ptr, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
-# (the CUDA device, the kernels compiled so far) inside compile_only() (per thread: a context variable), else None.
-_COMPILE_FOR: contextvars.ContextVar = contextvars.ContextVar("vdbench_glue_compile_for", default=None)
-
-
-@contextlib.contextmanager
-def compile_only(device):
-    """Within (this thread only): every kernel call compiles its variant for the CUDA ``device`` -- Triton's
-    ``warmup``: the JIT's own specialization and cache, no launch, no GPU work -- and leaves its output unwritten;
-    the tensors may be on the meta device (a decode run for its shapes alone). Yields the list of the compiled
-    kernels (for :func:`load_compiled`). What :mod:`vdbench.vae.prewarm` runs on a thread while the GPU does other
-    work."""
-    compiled: list = []
-    token = _COMPILE_FOR.set((torch.device(device), compiled))
-    try:
-        yield compiled
-    finally:
-        _COMPILE_FOR.reset(token)
-
-
-def compiling_for():
-    """The CUDA device of an enclosing :func:`compile_only` in this thread, or None."""
-    state = _COMPILE_FOR.get()
-    return None if state is None else state[0]
-
-
-def load_compiled(kernels, device) -> int:
-    """Do the rest of each compiled kernel's first-launch work ahead, without launching it: its module loaded on
-    ``device`` and its launcher built (Triton's ``CompiledKernel._init_handles``; a Triton without it leaves that
-    to the first launch). On an H200 that work was ~0.75 s of the fast Wan decode's first call with every variant
-    compiled ahead (bench/cold_decode.py's "glue host"). The module load releases the GIL while it waits for the
-    driver, so a thread doing this beside a denoising loop holds up only itself. Returns how many were loaded."""
-    seen, n = set(), 0
-    device = torch.device(device)
-    with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
-        for k in kernels:
-            init = getattr(k, "_init_handles", None)
-            if init is None or id(k) in seen:
-                continue
-            seen.add(id(k))
-            init()
-            n += 1
-    return n
-
-
-def _launch(kernel, grid, *args, **kw):
-    state = _COMPILE_FOR.get()
-    if state is None:
-        kernel[grid](*args, **kw)
-        return
-    dev, compiled = state
-    with torch.cuda.device(dev) if dev.type == "cuda" else contextlib.nullcontext():
-        k = kernel.warmup(*args, grid=grid, **kw)
-    if k is not None:
-        compiled.append(k)
+# The compile-only mode (compile_only, compiling_for, load_compiled) and the launch that honours it are shared with
+# the other kernels compiled ahead (vdbench.kernels.ahead); ``_launch`` is this module's name for it (a bench traces
+# the glue's launches by replacing it).
+_launch = launch
 
 
 def _try_rows(t: torch.Tensor, dim: int = 0):

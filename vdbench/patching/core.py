@@ -108,6 +108,8 @@ class AttentionPatch:
     alone (:func:`vdbench.patching.calls.call_kind`) and a grid backend is refused.
     ``tile_order_once``: allow the once-per-forward tile order (False under torch.compile, beside a step cache and
     under context parallelism: per call).
+    ``before_first_call``: called once, before the first call a backend serves (the render waits there for the
+    backend's first-call kernels compiled ahead: :mod:`vdbench.backends.prewarm`).
 
     What the adapters use: ``serve`` (run one call on the backend), ``timed``, ``record``, ``compiled_call``,
     ``passthrough`` / ``backend`` (of the call in progress) and ``context`` (model, layer, kind of the processor
@@ -117,7 +119,8 @@ class AttentionPatch:
     def __init__(self, models, backend: str | Backend | Schedule, on_unsupported: str = "error",
                  observers: Optional[list[Callable[[CallInfo], Any]]] = None, time_attention: bool = False,
                  call_kind: Optional[Callable[[str, Any, Any], str]] = None,
-                 grid_hooks: Optional[Callable[..., Any]] = None, tile_order_once: bool = True):
+                 grid_hooks: Optional[Callable[..., Any]] = None, tile_order_once: bool = True,
+                 before_first_call: Optional[Callable[[], Any]] = None):
         if on_unsupported not in ON_UNSUPPORTED_CHOICES:
             raise ValueError(f"on_unsupported must be one of {ON_UNSUPPORTED_CHOICES}, got {on_unsupported!r}")
         self.schedule = as_schedule(backend)
@@ -144,6 +147,7 @@ class AttentionPatch:
         self._classes: dict[type, type] = {}
         self._modules: list[str] = []  # sys.modules entries holding the rebound globals (see _patched_processor)
         self.installed = False
+        self._before_first_call = before_first_call
 
     @property
     def calls(self) -> Counter:
@@ -259,6 +263,9 @@ class AttentionPatch:
     def serve(self, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, need_lse=False, tag=""):
         """Run one call (BHSD) on the backend and count it; with ``need_lse``, return (out, lse) from the
         kernel's own log-sum-exp form (ring attention), or refuse. ``tag``: the parallel path (``path_tag``)."""
+        if self._before_first_call is not None:
+            hook, self._before_first_call = self._before_first_call, None
+            hook()
         b = self.backend
         if need_lse:  # ring attention: the kernel's own log-sum-exp, or a refusal (never recomputed beside it)
             form = self._lse_form(b, q.device)
