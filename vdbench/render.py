@@ -36,7 +36,8 @@ from . import families, pipelines
 from .patching import AttentionPatch, no_grid_hooks
 from .patching.schedule import as_schedule, resolve_attention
 from .measure.record import Writer, command_line, commit, from_render_entry, speed_options, stack_name
-from .timing import (Clock, Laps, StepProfiler, StepTimer, WallStart, append_timing, compile_seconds, describe_steps,
+from .timing import (Clock, Laps, StepProfiler, StepTimer, WallStart, append_timing, compile_counts, compile_seconds,
+                     describe_steps,
                      peak_memory, reset_peak_memory, run_step_stats, step_stats, system_info, wall_start)
 
 __all__ = ["RenderConfig", "Plan", "VaeMode", "Loaded", "render", "validate", "load", "run_repetitions", "finish",
@@ -642,6 +643,11 @@ class _Watch:
             self.profiler = StepProfiler(Path(root) / cfg.profile_output, cfg.rank, cfg.profile_wait,
                                          cfg.profile_warmup, cfg.profile_active, device)
         self.counter = loaded.cache
+        # what torch.compile made in each step of the call in progress (graphs: a first compile or a recompile)
+        self.compiled = cfg.compile
+        self._compiled_at = compile_counts()
+        self.graphs_per_step: list[int] = []
+        self.graph_breaks = 0
         self.encode_info: dict = {}
         self.began: Optional[_Mark] = None  # the repetition in progress's start (:meth:`begin`)
         self.device, self.dctx, self.attention_type = device, plan.dctx, cfg.attention_type
@@ -658,6 +664,10 @@ class _Watch:
         self.patch.step = step + 1
         if self.counter is not None:
             self.counter.end_step()
+        graphs, breaks = compile_counts()
+        self.graphs_per_step.append(graphs - self._compiled_at[0])
+        self.graph_breaks += breaks - self._compiled_at[1]
+        self._compiled_at = (graphs, breaks)
         self.progress.step(step)
         if self.dctx is not None:
             P.maybe_inject_failure(self.dctx.rank, "step", self.attention_type)
@@ -668,6 +678,7 @@ class _Watch:
         self.patch.step = 0
         if self.counter is not None:
             self.counter.reset()
+        self._compiled_at, self.graphs_per_step, self.graph_breaks = compile_counts(), [], 0
 
     def begin(self, rep: int) -> None:
         """Before a timed repetition: the counts, the stage timers and the peak memory afresh."""
@@ -843,6 +854,10 @@ def _entry(plan: Plan, loaded: Loaded, watch: _Watch, rep: int, timer: StepTimer
         **stages,  # stages, unaccounted (+ share, where): vdbench.stages.breakdown
         "one_time": once,  # + steady_s; end_to_end_s and end_to_end on the first: finish
         "cache": watch.counter.summary() if watch.counter is not None else None,
+        # --use_torch_compile: the graphs dynamo made in each step (the first step's compile; any later one is a
+        # recompile) and its graph breaks in this call (none: the blocks compile with fullgraph=True)
+        "compile": ({"graphs_per_step": list(watch.graphs_per_step), "graph_breaks": watch.graph_breaks}
+                    if watch.compiled else None),
         "attention": patch.stats.as_dict(),
         "attention_share": (attn_time / sum(step_times)) if attn_time and step_times else None,
         "peak_memory_bytes": peak_memory(device),
@@ -872,6 +887,20 @@ def _end_to_end(entries: list[dict], wall: Wall, write_s: float, end: float) -> 
     return {**wall.started.as_dict(), "repetitions": len(entries),
             **end_to_end(end - wall.started.t, stages,
                          in_repetitions=sum(in_reps) if all(v is not None for v in in_reps) else None)}
+
+
+def _log_compile(comp: Optional[dict], stack: str, log) -> None:
+    """A compiled render's graphs per step; a warning where a step after the first compiled (a recompile: the step
+    waits for the compiler again) or where dynamo broke a graph."""
+    if not comp:
+        return
+    per = comp["graphs_per_step"]
+    log(f"[{stack}] torch.compile: graphs made per step {per}, graph breaks {comp['graph_breaks']}")
+    later = [i + 1 for i, n in enumerate(per) if i and n]
+    if later:
+        log(f"warning: [{stack}] torch.compile compiled again in step(s) {later}: a guard failed and the blocks "
+            "recompiled")
+        log("hint: TORCH_LOGS=recompiles names the guard")
 
 
 def _log_calibration(c: dict, stack: str, timing_path: Path, log) -> None:
@@ -954,6 +983,7 @@ def finish(plan: Plan, entries: list[dict], frames, log, wall: Optional[Wall] = 
             log(f"warning: [{stack}] cache {c['spec']}: the ranks computed different blocks (ranks[].cache in "
                 f"{cfg.timing_path})")
         _log_calibration(c, stack, cfg.timing_path, log)
+    _log_compile(last.get("compile"), stack, log)
     if e2e_line:
         log(f"[{stack}] {e2e_line}")
     if not steps["speed_figure"] and not backend.emulated:
