@@ -129,9 +129,56 @@ def test_auto_engine_is_xfuser_where_it_runs_else_diffusers(monkeypatch):
     assert P.resolve_engine(auto, cuda).engine == "xfuser"
     monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "xfuser" else real(n, *a))
     assert P.resolve_engine(auto, cuda).engine == "diffusers"
+    assert P.resolve_engine(auto, cuda).engine_reason == "auto: xfuser is not installed"
+    assert P.resolve_engine(auto, cpu).as_dict()["engine_reason"] == "auto: xfuser needs a CUDA GPU"
+    assert P.ParallelSpec("diffusers", 2).as_dict()["engine_reason"] == "--parallel_engine diffusers"
     assert [P.ParallelSpec("auto", u, r, c).tag
             for u, r, c in ((2, 1, False), (1, 2, False), (2, 2, False), (1, 1, True), (2, 1, True))] == \
         ["u2", "r2", "u2r2", "cfg2", "u2cfg2"]
+
+
+@pytest.mark.parametrize("request_,engine,why", [
+    (dict(attention_type="sdpa"), "xfuser", "auto: xfuser runs here"),
+    (dict(attention_type="sdpa@kind:cross,sta"), "diffusers",
+     "auto: xfuser can't serve this request (attention backend 'sta' under --parallel_engine xfuser: xfuser pads"),
+    (dict(attention_type="sta"), "diffusers", "auto: xfuser can't serve this request (attention backend 'sta'"),
+    (dict(attention_type="sdpa", compile=True), "diffusers",
+     "auto: xfuser can't serve this request (--use_torch_compile under --parallel_engine xfuser"),
+    (dict(attention_type="default"), "diffusers",  # a passthrough backend would run uncounted under xfuser
+     "auto: xfuser can't serve this request (--attention_type default under --parallel_engine xfuser"),
+    # refused by both (a pattern under ring attention): xfuser kept, and its refusal is the render's
+    (dict(attention_type="sta", ring_degree=2), "xfuser", "auto: xfuser runs here"),
+])
+def test_auto_picks_the_engine_that_serves_the_request(monkeypatch, tmp_path, request_, engine, why):
+    """On a GPU with xfuser, auto is xfuser unless the request is one xfuser refuses and diffusers' context
+    parallelism serves (a sparse pattern or schedule, the compile, a passthrough backend): then diffusers, and
+    the reason recorded. The decision is the render's engine checks run per engine (no process group needed)."""
+    import importlib.util
+    from dataclasses import replace
+
+    from vdbench import pipelines
+    from vdbench import render as R
+    from vdbench.patching.schedule import resolve_attention
+
+    from .test_render import _cfg
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: object() if n == "xfuser" else real(n, *a))
+    ring = request_.pop("ring_degree", 1)
+    cfg = _cfg(tmp_path, **request_)
+    model = pipelines.resolve(cfg.model, cfg.task, cfg.family)
+    backend = resolve_attention(cfg.attention_type)
+    cuda = torch.device("cuda", 0)
+    spec = P.resolve_engine(P.ParallelSpec("auto", 1 if ring > 1 else 2, ring), cuda,
+                            lambda s: R._engine_refusal(s, cfg, model, backend, cuda))
+    assert (spec.engine, spec.requested_engine) == (engine, "auto")
+    assert spec.engine_reason.startswith(why), spec.engine_reason
+    assert "\n" not in spec.engine_reason
+    # resolved again once the request is known (the process group picked xfuser before it was read)
+    assert P.resolve_engine(replace(spec, engine="xfuser"), cuda,
+                            lambda s: R._engine_refusal(s, cfg, model, backend, cuda)).engine == engine
+    named = P.ParallelSpec("xfuser", 2)  # a named engine is kept, refused or not
+    assert P.resolve_engine(named, cuda, lambda s: "refused") is named
 
 
 def test_ring_refuses_backends_without_lse_and_names_those_with():

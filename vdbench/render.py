@@ -366,6 +366,8 @@ def _checked_plan(cfg: RenderConfig, dctx) -> Plan:
     # unknown names, bad options and malformed schedules fail before the (slow) model load
     backend = resolve_attention(cfg.attention_type)
     cfg = replace(cfg, attention_type=backend.name)  # an alias (diffusers' / SGLang's name) is recorded as ours
+    if dctx is not None:  # --parallel_engine auto: the engine that serves this request (every rank decides alike)
+        dctx.spec = P.resolve_engine(dctx.spec, device, lambda spec: _engine_refusal(spec, cfg, model, backend, device))
     as_schedule(backend).check_plan(num_steps=cfg.num_inference_steps, compiled=cfg.compile,
                                     parallel=dctx.spec if dctx is not None else None,
                                     grid_family=family.name if family.grid_hooks is not None else None)
@@ -379,7 +381,7 @@ def _checked_plan(cfg: RenderConfig, dctx) -> Plan:
                     steps=cfg.num_inference_steps, pipeline_class=model.pipeline_class)
     if dctx is not None:  # the backend must serve this parallel path (ring: LSE), on every rank
         for member in as_schedule(backend).members:
-            P.check_backend_for_path(dctx.spec, member, device, family, cfg.task)
+            P.check_backend_for_path(dctx.spec, member, device, family, cfg.task, model.pipeline_class)
         if dctx.spec.use_cfg_parallel and cfg.guidance_scale <= 1:
             raise ValueError(f"--use_cfg_parallel splits classifier-free guidance's two branches, and "
                              f"--guidance_scale {cfg.guidance_scale:g} runs none\ndrop --use_cfg_parallel, or "
@@ -436,6 +438,24 @@ def _checked_plan(cfg: RenderConfig, dctx) -> Plan:
                          f"{cfg.num_inference_steps} denoising steps of the profiled repetition")
     return Plan(cfg, model, backend, device, dtype, vae_dtype, VaeMode(decode, decode_options),
                 VaeMode(encode, encode_options), dctx, cache)
+
+
+def _engine_refusal(spec, cfg: RenderConfig, model, backend, device) -> Optional[str]:
+    """Why the parallel engine ``spec`` names can't serve this render (the first line of its refusal), or None: the
+    checks of :func:`_checked_plan` that depend on the engine -- the schedule's (a sparse pattern under xfuser), the
+    backend's on the path, the pipeline's wiring, the compile's."""
+    from . import parallel as P
+
+    family = model.family
+    try:
+        as_schedule(backend).check_plan(num_steps=cfg.num_inference_steps, compiled=cfg.compile, parallel=spec,
+                                        grid_family=family.name if family.grid_hooks is not None else None)
+        for member in as_schedule(backend).members:
+            P.check_backend_for_path(spec, member, device, family, cfg.task, model.pipeline_class)
+    except (B.BackendUnavailable, ValueError) as e:
+        return str(e).splitlines()[0]
+    why = P.compile_refusal(spec) if cfg.compile else None
+    return why.splitlines()[0] if why else None
 
 
 @dataclass
@@ -984,6 +1004,10 @@ def finish(plan: Plan, entries: list[dict], frames, log, wall: Optional[Wall] = 
                 f"{cfg.timing_path})")
         _log_calibration(c, stack, cfg.timing_path, log)
     _log_compile(last.get("compile"), stack, log)
+    par = last.get("parallel")
+    if par:
+        log(f"[{stack}] parallel {par['label']} over {par['world_size']} ranks on the {par['engine']} engine "
+            f"({par.get('engine_reason')})")
     if e2e_line:
         log(f"[{stack}] {e2e_line}")
     if not steps["speed_figure"] and not backend.emulated:
