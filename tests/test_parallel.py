@@ -37,7 +37,12 @@ WAN, COG = families.get("wan"), families.get("cogvideox")
 SMALL = ["--model", "tiny", "--height", "64", "--width", "96", "--num_frames", "9", "--num_inference_steps", "2",
          "--attention_type", "sdpa", "--save_frames", "--save_latents"]
 VIDEO = "wan_result_t2v_tiny_9f_2s_attn_sdpa_64x96"  # + the layout of a torchrun render: _u2, _r2, _u2r2
-LAYOUT = {"single": "", "ulysses": "_u2", "ring": "_r2", "hybrid": "_u2r2", "cfg": "_cfg2", "ucfg": "_u2cfg2"}
+# what each render's name ends with: the layout (``ucfg`` carries a step cache too, before it)
+LAYOUT = {"single": "", "ulysses": "_u2", "ring": "_r2", "hybrid": "_u2r2", "cfg": "_cfg2",
+          "ucfg": "_cache-fbc-threshold=0.001_u2cfg2"}
+# FirstBlockCache with a threshold no step of these renders passes: every block computed, so the frames are the
+# uncached render's, while the cache's hooks, its decision shared over the Ulysses pair and its counts run
+UNSKIPPED_FBC = ["--cache", "fbc:threshold=0.001"]
 TORCHRUN = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or shutil.which("torchrun")
 
 
@@ -470,8 +475,8 @@ def renders(tmp_path_factory):
                            ("hybrid", ["--parallel_engine", "diffusers", "--ulysses_degree", "2", "--ring_degree", "2"],
                             4),
                            ("cfg", ["--use_cfg_parallel"], 2),
-                           ("ucfg", ["--parallel_engine", "diffusers", "--ulysses_degree", "2", "--use_cfg_parallel"],
-                            4)):
+                           ("ucfg", ["--parallel_engine", "diffusers", "--ulysses_degree", "2", "--use_cfg_parallel",
+                                     *UNSKIPPED_FBC], 4)):
         proc, _ = torchrun(SMALL + flags, base / name, nproc=n)
         assert proc.returncode == 0, proc.stderr[-3000:]
         out[name] = base / name
@@ -489,7 +494,8 @@ def test_ulysses2_over_gloo_is_bit_identical(renders):
 @pytest.mark.parametrize("name,ranks", [("cfg", 2), ("ucfg", 4)])
 def test_cfg_split_over_gloo_is_bit_identical_to_one_process(renders, name, ranks):
     """Each guidance branch computed as on one process, one gather per step: the same latents on every rank and
-    the same frames, alone and under Ulysses-2; each rank ran half the attention calls."""
+    the same frames, alone and under Ulysses-2 (with a step cache, which counts the one branch each rank computed);
+    each rank ran half the attention calls."""
     a = _latents(renders["single"])
     for r in range(ranks):
         assert torch.equal(a, _latents(renders[name], rank=r)), r
@@ -502,6 +508,13 @@ def test_cfg_split_over_gloo_is_bit_identical_to_one_process(renders, name, rank
     # every rank makes half the one-process calls: one guidance branch (a Ulysses rank calls the kernel on its heads)
     for r in e["ranks"]:
         assert sum(r["attention"]["calls_by_kernel"].values()) * 2 == one["attention"]["total_calls"], r
+    if name == "ucfg":  # the step cache counts what each rank computed: one denoiser call per step, not the two
+        c = e["cache"]  # calls the pipeline makes (the second answered by the split's gather); one process: 2
+        assert c["guidance_split"]["this_rank_computes"] == "the conditional branch of each step", c
+        assert c["computed_blocks_per_step"] == [2, 2] and c["reused_blocks_per_step"] == [0, 0], c
+        for r in e["ranks"]:
+            assert r["cache"]["forwards_per_step"] == [1, 1], r["cache"]
+        assert c["ranks_agree"] is True and "fbc" in c["shared_decisions"]
 
 
 def test_parallel_summary_table_reads_layouts_from_the_timing(renders, tmp_path):
@@ -552,6 +565,8 @@ def test_rank0_writes_merged_timing_with_per_rank_counts(renders, name, tag, per
     e = entries[0]
     assert e["parallel"]["engine"] == "diffusers" and e["parallel"]["pg_backend"] == "gloo"
     assert e["parallel"]["engine_requested"] == ("auto" if name == "ulysses" else "diffusers")
+    assert e["parallel"]["engine_reason"] == ("auto: xfuser needs a CUDA GPU" if name == "ulysses"
+                                              else "--parallel_engine diffusers")
     assert e["parallel"]["tag"] == LAYOUT[name][1:] and e["run"]["settings"]["parallel_engine"] == \
         ("auto" if name == "ulysses" else "diffusers")
     assert [r["rank"] for r in e["ranks"]] == list(range(ranks))

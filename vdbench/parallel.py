@@ -52,7 +52,7 @@ from . import families
 __all__ = ["ParallelSpec", "DistContext", "ENGINES", "ENGINE_CHOICES", "resolve_engine", "init_distributed",
            "check_backend_for_path", "agree", "apply_engine", "share_output", "sequence_layout", "merge_rank_entries",
            "FailureWatch", "set_outcome", "finish", "one_device_presented", "shares_calls", "shard_group",
-           "hooks_in_place", "compile_refusal", "EXIT_PEER_FAILED"]
+           "hooks_in_place", "compile_refusal", "guidance_split", "EXIT_PEER_FAILED"]
 
 ENGINES = ("xfuser", "diffusers")
 ENGINE_CHOICES = ("auto", *ENGINES)  # what --parallel_engine takes; auto is resolved by resolve_engine
@@ -383,6 +383,7 @@ class GuidanceSplit:
         self.negative = None  # the pipeline's negative prompt embeddings (pair mode), from its encode_prompt
         self.pending = None  # between a pair's two calls: (the step's latents, the unconditional prediction)
         self.gathers = 0
+        self.served = 0  # denoiser calls answered without computing (a pair's second call: the other rank's branch)
 
     def record_prompts(self, pipe) -> None:
         """Keep the negative prompt embeddings ``pipe.encode_prompt`` returns (the second of its pair)."""
@@ -418,6 +419,7 @@ class GuidanceSplit:
             if hs is not latents or not torch.equal(ehs, negative):
                 raise RuntimeError("--use_cfg_parallel: the second denoiser call of a step is not the first's "
                                    "unconditional twin (other latents or text embeddings); run without the CFG split")
+            self.served += 1
             return out
         if self.negative is None:
             raise RuntimeError("--use_cfg_parallel: the pipeline's negative prompt embeddings were not recorded "
@@ -474,6 +476,24 @@ def split_guidance(ctx: DistContext, pipe, models: list, family: "families.Famil
         HookRegistry.check_if_exists_or_initialize(m).register_hook(_Hook(), GUIDANCE_HOOK)
     pipe._vdbench_guidance_split = split
     return split
+
+
+def guidance_split(ctx: DistContext, pipe) -> Optional[tuple[dict, Optional[Callable[[], int]]]]:
+    """Under ``--use_cfg_parallel``: what this rank computes of each step's guidance (timing.json's
+    ``cache.guidance_split``), and a count of the denoiser calls it answers without computing (vdbench's
+    :class:`GuidanceSplit`: a pair's second call; None where the engine's own pipeline splits guidance, whose calls
+    are each rank's own). None without a CFG split."""
+    if not ctx.spec.use_cfg_parallel:
+        return None
+    split = getattr(pipe, "_vdbench_guidance_split", None)
+    if split is None:
+        part = "one guidance branch per step (the engine's own split)"
+    elif split.batched:
+        part = "its half of each step's guidance batch"
+    else:
+        part = f"the {('conditional', 'unconditional')[split.index]} branch of each step"
+    note = {"this_rank_computes": part, "counts": "this rank's (every rank's under ranks[].cache)"}
+    return note, ((lambda: split.served) if split is not None else None)
 
 
 def hooks_in_place(spec: ParallelSpec) -> bool:

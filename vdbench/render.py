@@ -577,6 +577,9 @@ def load(plan: Plan) -> Loaded:
     if engine_last:
         pipe, models = P.apply_engine(dctx, pipe, models, family)
         part("engine")
+    split = P.guidance_split(dctx, pipe) if counter is not None and dctx is not None else None
+    if split is not None:  # the cache's counts are of what this rank computed: one guidance branch per step
+        counter.split_guidance(*split)
 
     kwargs = dict(prompt=cfg.prompt, negative_prompt=cfg.negative_prompt, height=cfg.height, width=cfg.width,
                   num_frames=cfg.num_frames, num_inference_steps=cfg.num_inference_steps,
@@ -997,8 +1000,9 @@ def finish(plan: Plan, entries: list[dict], frames, log, wall: Optional[Wall] = 
     if last.get("cache"):
         c = last["cache"]
         share = "n/a" if c["skipped_share"] is None else f"{c['skipped_share']:.0%}"
+        mine = f" (rank 0: {c['guidance_split']['this_rank_computes']})" if c.get("guidance_split") else ""
         log(f"[{stack}] cache {c['spec']}: {share} of the {c['unit']} calls reused; computed per "
-            f"step {c['computed_blocks_per_step']}, reused {c['reused_blocks_per_step']}")
+            f"step {c['computed_blocks_per_step']}, reused {c['reused_blocks_per_step']}{mine}")
         if c.get("ranks_agree") is False:  # made one by vdbench.cache.share_decisions: a difference is a fault
             log(f"warning: [{stack}] cache {c['spec']}: the ranks computed different blocks (ranks[].cache in "
                 f"{cfg.timing_path})")
