@@ -39,7 +39,12 @@ WAN, COG = families.get("wan"), families.get("cogvideox")
 SMALL = ["--model", "tiny", "--height", "64", "--width", "96", "--num_frames", "9", "--num_inference_steps", "2",
          "--attention_type", "sdpa", "--save_frames", "--save_latents"]
 VIDEO = "wan_result_t2v_tiny_9f_2s_attn_sdpa_64x96"  # + the layout of a torchrun render: _u2, _r2, _u2r2
-LAYOUT = {"single": "", "ulysses": "_u2", "ring": "_r2", "hybrid": "_u2r2", "cfg": "_cfg2", "ucfg": "_u2cfg2"}
+# what each render's name ends with: the layout (``ucfg`` carries a step cache too, before it)
+LAYOUT = {"single": "", "ulysses": "_u2", "ring": "_r2", "hybrid": "_u2r2", "cfg": "_cfg2",
+          "ucfg": "_cache-fbc-threshold=0.001_u2cfg2"}
+# FirstBlockCache with a threshold no step of these renders passes: every block computed, so the frames are the
+# uncached render's, while the cache's hooks, its decision shared over the Ulysses pair and its counts run
+UNSKIPPED_FBC = ["--cache", "fbc:threshold=0.001"]
 TORCHRUN = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or shutil.which("torchrun")
 
 
@@ -131,9 +136,56 @@ def test_auto_engine_is_xfuser_where_it_runs_else_diffusers(monkeypatch):
     assert P.resolve_engine(auto, cuda).engine == "xfuser"
     monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "xfuser" else real(n, *a))
     assert P.resolve_engine(auto, cuda).engine == "diffusers"
+    assert P.resolve_engine(auto, cuda).engine_reason == "auto: xfuser is not installed"
+    assert P.resolve_engine(auto, cpu).as_dict()["engine_reason"] == "auto: xfuser needs a CUDA GPU"
+    assert P.ParallelSpec("diffusers", 2).as_dict()["engine_reason"] == "--parallel_engine diffusers"
     assert [P.ParallelSpec("auto", u, r, c).tag
             for u, r, c in ((2, 1, False), (1, 2, False), (2, 2, False), (1, 1, True), (2, 1, True))] == \
         ["u2", "r2", "u2r2", "cfg2", "u2cfg2"]
+
+
+@pytest.mark.parametrize("request_,engine,why", [
+    (dict(attention_type="sdpa"), "xfuser", "auto: xfuser runs here"),
+    (dict(attention_type="sdpa@kind:cross,sta"), "diffusers",
+     "auto: xfuser can't serve this request (attention backend 'sta' under --parallel_engine xfuser: xfuser pads"),
+    (dict(attention_type="sta"), "diffusers", "auto: xfuser can't serve this request (attention backend 'sta'"),
+    (dict(attention_type="sdpa", compile=True), "diffusers",
+     "auto: xfuser can't serve this request (--use_torch_compile under --parallel_engine xfuser"),
+    (dict(attention_type="default"), "diffusers",  # a passthrough backend would run uncounted under xfuser
+     "auto: xfuser can't serve this request (--attention_type default under --parallel_engine xfuser"),
+    # refused by both (a pattern under ring attention): xfuser kept, and its refusal is the render's
+    (dict(attention_type="sta", ring_degree=2), "xfuser", "auto: xfuser runs here"),
+])
+def test_auto_picks_the_engine_that_serves_the_request(monkeypatch, tmp_path, request_, engine, why):
+    """On a GPU with xfuser, auto is xfuser unless the request is one xfuser refuses and diffusers' context
+    parallelism serves (a sparse pattern or schedule, the compile, a passthrough backend): then diffusers, and
+    the reason recorded. The decision is the render's engine checks run per engine (no process group needed)."""
+    import importlib.util
+    from dataclasses import replace
+
+    from vdbench import pipelines
+    from vdbench import render as R
+    from vdbench.patching.schedule import resolve_attention
+
+    from .test_render import _cfg
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: object() if n == "xfuser" else real(n, *a))
+    ring = request_.pop("ring_degree", 1)
+    cfg = _cfg(tmp_path, **request_)
+    model = pipelines.resolve(cfg.model, cfg.task, cfg.family)
+    backend = resolve_attention(cfg.attention_type)
+    cuda = torch.device("cuda", 0)
+    spec = P.resolve_engine(P.ParallelSpec("auto", 1 if ring > 1 else 2, ring), cuda,
+                            lambda s: R._engine_refusal(s, cfg, model, backend, cuda))
+    assert (spec.engine, spec.requested_engine) == (engine, "auto")
+    assert spec.engine_reason.startswith(why), spec.engine_reason
+    assert "\n" not in spec.engine_reason
+    # resolved again once the request is known (the process group picked xfuser before it was read)
+    assert P.resolve_engine(replace(spec, engine="xfuser"), cuda,
+                            lambda s: R._engine_refusal(s, cfg, model, backend, cuda)).engine == engine
+    named = P.ParallelSpec("xfuser", 2)  # a named engine is kept, refused or not
+    assert P.resolve_engine(named, cuda, lambda s: "refused") is named
 
 
 def test_ring_refuses_backends_without_lse_and_names_those_with():
@@ -434,8 +486,8 @@ def renders(tmp_path_factory):
                            ("hybrid", ["--parallel_engine", "diffusers", "--ulysses_degree", "2", "--ring_degree", "2"],
                             4),
                            ("cfg", ["--use_cfg_parallel"], 2),
-                           ("ucfg", ["--parallel_engine", "diffusers", "--ulysses_degree", "2", "--use_cfg_parallel"],
-                            4)):
+                           ("ucfg", ["--parallel_engine", "diffusers", "--ulysses_degree", "2", "--use_cfg_parallel",
+                                     *UNSKIPPED_FBC], 4)):
         proc = forked(SMALL + flags, base / name, nproc=n)
         assert proc.returncode == 0, proc.stderr[-3000:]
         out[name] = base / name
@@ -453,7 +505,8 @@ def test_ulysses2_over_gloo_is_bit_identical(renders):
 @pytest.mark.parametrize("name,ranks", [("cfg", 2), ("ucfg", 4)])
 def test_cfg_split_over_gloo_is_bit_identical_to_one_process(renders, name, ranks):
     """Each guidance branch computed as on one process, one gather per step: the same latents on every rank and
-    the same frames, alone and under Ulysses-2; each rank ran half the attention calls."""
+    the same frames, alone and under Ulysses-2 (with a step cache, which counts the one branch each rank computed);
+    each rank ran half the attention calls."""
     a = _latents(renders["single"])
     for r in range(ranks):
         assert torch.equal(a, _latents(renders[name], rank=r)), r
@@ -466,6 +519,13 @@ def test_cfg_split_over_gloo_is_bit_identical_to_one_process(renders, name, rank
     # every rank makes half the one-process calls: one guidance branch (a Ulysses rank calls the kernel on its heads)
     for r in e["ranks"]:
         assert sum(r["attention"]["calls_by_kernel"].values()) * 2 == one["attention"]["total_calls"], r
+    if name == "ucfg":  # the step cache counts what each rank computed: one denoiser call per step, not the two
+        c = e["cache"]  # calls the pipeline makes (the second answered by the split's gather); one process: 2
+        assert c["guidance_split"]["this_rank_computes"] == "the conditional branch of each step", c
+        assert c["computed_blocks_per_step"] == [2, 2] and c["reused_blocks_per_step"] == [0, 0], c
+        for r in e["ranks"]:
+            assert r["cache"]["forwards_per_step"] == [1, 1], r["cache"]
+        assert c["ranks_agree"] is True and "fbc" in c["shared_decisions"]
 
 
 def test_parallel_summary_table_reads_layouts_from_the_timing(renders, tmp_path):
@@ -516,6 +576,8 @@ def test_rank0_writes_merged_timing_with_per_rank_counts(renders, name, tag, per
     e = entries[0]
     assert e["parallel"]["engine"] == "diffusers" and e["parallel"]["pg_backend"] == "gloo"
     assert e["parallel"]["engine_requested"] == ("auto" if name == "ulysses" else "diffusers")
+    assert e["parallel"]["engine_reason"] == ("auto: xfuser needs a CUDA GPU" if name == "ulysses"
+                                              else "--parallel_engine diffusers")
     assert e["parallel"]["tag"] == LAYOUT[name][1:] and e["run"]["settings"]["parallel_engine"] == \
         ("auto" if name == "ulysses" else "diffusers")
     assert [r["rank"] for r in e["ranks"]] == list(range(ranks))

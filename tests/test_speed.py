@@ -82,6 +82,26 @@ def test_run_wan_use_torch_compile_matches_eager(tmp_path):
     assert json.loads((tmp_path / "eager" / "results" / "timing.json").read_text())[-1]["one_time"]["compile_s"] is None
 
 
+@pytest.mark.slow
+def test_compiled_blocks_beside_a_step_cache_compile_once_and_never_again(tmp_path, capsys):
+    """--use_torch_compile with FirstBlockCache: diffusers' hooks replace the blocks' ``forward`` after the compile, so
+    the cache's decision (Python state changed every step) runs outside the compiled code and no guard reads it. The
+    blocks compile in the first step -- one graph shared by every block, the head block's too -- and no later step
+    compiles again (a recompile would be a graph in a later step), while the cache reuses blocks. A render
+    with --use_fp8_gemms is refused on a CPU (torchao's float8 needs an fp8 GPU): its compile is checked on the GPU
+    (bench/suites/stack4.toml, w13_compiled_cache_1gpu)."""
+    args = [*SMALL[:-1], "4", "--attention_type", "sdpa", "--seed", "42", "--cache", "fbc:threshold=0.2",
+            "--use_torch_compile", "--compile_backend", "aot_eager", "--benchmark_output_directory", str(tmp_path)]
+    assert run_wan.main(args) == 0
+    entry = json.loads((tmp_path / "results" / "timing.json").read_text())[-1]
+    assert entry["compile"] == {"graphs_per_step": [1, 0, 0, 0], "graph_breaks": 0}, entry["compile"]
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1  # one graph for the 2 blocks, 4 steps
+    assert 0 < sum(entry["cache"]["reused_blocks_per_step"]), entry["cache"]  # the cache decided around it
+    out = capsys.readouterr()
+    assert "torch.compile: graphs made per step [1, 0, 0, 0], graph breaks 0" in out.out + out.err
+    assert "compiled again" not in out.out + out.err
+
+
 def test_cogvideox_compile_each_block(tmp_path):
     args = ["--model_path", "tiny", "--height", "64", "--width", "96", "--num_frames", "9",
             "--num_inference_steps", "2", "--attention_type", "sdpa_math", "--output_dir", str(tmp_path),

@@ -16,7 +16,9 @@ Counting (:class:`CacheCounter`): the modules a cache hooks (whole blocks for ``
 modules for ``pab``/``faster``/``taylor``) are its units. Each unit's own ``forward`` is wrapped with a counter
 before ``enable_cache``, so diffusers' hook, which calls it only when it computes, leaves it uncalled when the
 output comes from the cache; a pre-hook counts every call of the unit. Per denoising step: computed = inner
-calls, reused = outer - inner.
+calls, reused = outer - inner, and the denoiser calls this process computed (``forwards_per_step``: Wan's two guidance
+passes on one process; under a CFG split one per rank, the other branch's call answered by the split's gather, which
+the summary's ``guidance_split`` says).
 """
 
 from __future__ import annotations
@@ -628,6 +630,9 @@ class CacheCounter:
         self.reused: list[int] = []
         self.forwards_per_step: list[int] = []
         self.shared: Optional[dict] = None  # under torchrun: the decisions made one for the ranks (share_decisions)
+        self.guidance: Optional[dict] = None  # under a CFG split: what this rank computes (split_guidance)
+        self._served: Callable[[], int] = lambda: 0
+        self._served_at = 0
 
     def wrap_candidates(self, model: torch.nn.Module) -> None:
         """Wrap the forward of every module a cache may hook (the blocks of a block list and their children), as
@@ -660,6 +665,15 @@ class CacheCounter:
         self.units += [f"{name}.{h}" for h in hooked if h in mods and id(mods[h]) in keep]
         self.models.append(model)
 
+    def split_guidance(self, note: dict, served: Optional[Callable[[], int]] = None) -> None:
+        """Under a CFG split each rank computes one guidance branch per step: ``served()`` counts the denoiser
+        calls answered without computing (the other rank's branch, handed over by the split's gather), left out of
+        ``forwards_per_step`` so that it counts what this rank computed; ``note`` says the split in the summary."""
+        self.guidance = note
+        if served is not None:
+            self._served = served
+            self._served_at = served()
+
     def _outer(self, module, args):
         self.outer += 1
 
@@ -674,6 +688,7 @@ class CacheCounter:
         for m in self.models:
             HookRegistry.check_if_exists_or_initialize(m).reset_stateful_hooks(recurse=True)
         self.inner = self.outer = self.forwards = 0
+        self._served_at = self._served()
         self.computed, self.reused, self.forwards_per_step = [], [], []
         if self.calibration is not None:
             self.calibration.clear()
@@ -704,7 +719,9 @@ class CacheCounter:
         """A denoising step ended: its counts appended, the counters zeroed."""
         self.computed.append(self.inner)
         self.reused.append(self.outer - self.inner)
-        self.forwards_per_step.append(self.forwards)
+        served = self._served()
+        self.forwards_per_step.append(self.forwards - (served - self._served_at))
+        self._served_at = served
         self.inner = self.outer = self.forwards = 0
 
     def summary(self) -> dict:
@@ -717,7 +734,7 @@ class CacheCounter:
                 "computed_blocks_per_step": list(self.computed), "reused_blocks_per_step": list(self.reused),
                 "forwards_per_step": list(self.forwards_per_step),
                 "skipped_share": (sum(self.reused) / total) if total else None,
-                "calibration": self._calibration(), "shared_decisions": self.shared}
+                "calibration": self._calibration(), "shared_decisions": self.shared, "guidance_split": self.guidance}
 
     def _calibration(self) -> Optional[dict]:
         """A calibrating MagCache's ratios, one list per cache context in the order they came (Wan's "cond", then

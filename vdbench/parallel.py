@@ -3,8 +3,8 @@
     torchrun --nproc_per_node=2 run_wan.py --ulysses_degree 2 --parallel_engine diffusers ...
 
 Two engines, both the projects' own sequence-parallel code (nothing here re-implements it); ``auto`` (the
-default) picks xfuser where it runs (a CUDA device and xfuser installed), else diffusers' (:func:`resolve_engine`;
-timing.json records both the request and the engine that ran):
+default) picks xfuser where it runs (a CUDA device and xfuser installed) and serves the request, else diffusers'
+(:func:`resolve_engine`; timing.json records the request, the engine that ran and why):
 
 * ``xfuser`` — xDiT: the transformer becomes ``xFuserWanTransformer3DWrapper`` (its processors call
   xfuser's USP: Ulysses all-to-all, ring via torch's templated ring attention, or both), with xfuser's model
@@ -42,7 +42,7 @@ import time
 import traceback
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -52,7 +52,7 @@ from . import families
 __all__ = ["ParallelSpec", "DistContext", "ENGINES", "ENGINE_CHOICES", "resolve_engine", "init_distributed",
            "check_backend_for_path", "agree", "apply_engine", "share_output", "sequence_layout", "merge_rank_entries",
            "FailureWatch", "set_outcome", "finish", "one_device_presented", "shares_calls", "shard_group",
-           "hooks_in_place", "compile_refusal", "EXIT_PEER_FAILED"]
+           "hooks_in_place", "compile_refusal", "guidance_split", "EXIT_PEER_FAILED"]
 
 ENGINES = ("xfuser", "diffusers")
 ENGINE_CHOICES = ("auto", *ENGINES)  # what --parallel_engine takes; auto is resolved by resolve_engine
@@ -81,6 +81,7 @@ class ParallelSpec:
     ring_degree: int = 1
     use_cfg_parallel: bool = False
     requested_engine: Optional[str] = None  # what --parallel_engine said (auto), when it differs from engine
+    engine_reason: Optional[str] = None  # auto: why this engine (one line)
     # --ulysses_overlap: Ulysses attention in this many head chunks, each chunk's all-to-all beside another's
     # attention (vdbench.patching.ulysses); 1: diffusers' template as it is
     head_chunks: int = 1
@@ -130,22 +131,37 @@ class ParallelSpec:
 
     def as_dict(self) -> dict:
         return {"engine": self.engine, "engine_requested": self.requested_engine or self.engine,
+                "engine_reason": self.engine_reason or (f"--parallel_engine {self.engine}" if self.engine != "auto"
+                                                        else None),
                 "ulysses_degree": self.ulysses_degree, "ring_degree": self.ring_degree,
                 "use_cfg_parallel": self.use_cfg_parallel, "path": self.path, "label": self.label, "tag": self.tag,
                 "world_size": self.world_size, "head_chunks": self.head_chunks}
 
 
-def resolve_engine(spec: ParallelSpec, device: torch.device) -> ParallelSpec:
-    """``--parallel_engine auto``: xfuser where it runs (a CUDA device and xfuser installed), else diffusers'
-    context parallelism. A named engine is kept."""
-    if spec.engine != "auto":
+def resolve_engine(spec: ParallelSpec, device: torch.device,
+                   refusal: Optional[Callable[[ParallelSpec], Optional[str]]] = None) -> ParallelSpec:
+    """``--parallel_engine auto``: xfuser where it runs (a CUDA device and xfuser installed) and serves the request,
+    else diffusers' context parallelism; ``engine_reason`` says which applied. ``refusal(spec)``: why the engine
+    ``spec`` names can't serve this request (its attention backend or schedule, the compile, the pipeline), None
+    where it can -- what the render checks per engine before the load; without it (the process group's set-up, before
+    the request is read) only where xfuser runs decides. Where xfuser refuses and diffusers serves, diffusers; where
+    both refuse, xfuser, whose refusal the render then says. A spec already resolved from auto is resolved again (the
+    request known by then); a named engine is kept."""
+    if spec.engine != "auto" and spec.requested_engine != "auto":
         return spec
     import importlib.util
 
-    xfuser_runs = device.type == "cuda" and importlib.util.find_spec("xfuser") is not None
-    # the overlapped Ulysses runs in diffusers' context parallelism only
-    engine = "xfuser" if xfuser_runs and spec.head_chunks == 1 else "diffusers"
-    return replace(spec, engine=engine, requested_engine="auto")
+    auto = replace(spec, requested_engine="auto")
+    if device.type != "cuda" or importlib.util.find_spec("xfuser") is None:
+        why = "needs a CUDA GPU" if device.type != "cuda" else "is not installed"
+        return replace(auto, engine="diffusers", engine_reason=f"auto: xfuser {why}")
+    if spec.head_chunks > 1:
+        return replace(auto, engine="diffusers", engine_reason="auto: --ulysses_overlap runs on diffusers' engine")
+    refused = refusal(replace(auto, engine="xfuser")) if refusal is not None else None
+    if refused and refusal(replace(auto, engine="diffusers")) is None:
+        return replace(auto, engine="diffusers",
+                       engine_reason=f"auto: xfuser can't serve this request ({refused.splitlines()[0]})")
+    return replace(auto, engine="xfuser", engine_reason="auto: xfuser runs here (a CUDA GPU, xfuser installed)")
 
 
 @dataclass
@@ -233,17 +249,19 @@ def init_distributed(spec: ParallelSpec, device_arg: str = "auto") -> Optional[D
 
 
 def check_backend_for_path(spec: ParallelSpec, attention_type: "str | B.Backend", device,
-                           family: families.Family, task: str = "t2v") -> None:
+                           family: families.Family, task: str = "t2v", pipeline_class: Optional[str] = None) -> None:
     """Refuse (BackendUnavailable) what the chosen engine and path can't run, before any work.
 
     What each engine can split is the family's (:attr:`vdbench.families.Family.parallel_refusal`; as shipped,
     diffusers 0.42.1 and xfuser 0.7.0: Wan every task and the CFG split under both engines; CogVideoX T2V under
-    xfuser, its CFG split alone under diffusers); what any backend needs on a path (ring: the log-sum-exp) is
-    checked here.
+    xfuser, its CFG split alone under diffusers), and xfuser the pipelines wired to it (``pipeline_class``, where
+    given: the family's ``xfuser`` table); what any backend needs on a path (ring: the log-sum-exp) is checked here.
     """
     why = family.parallel_refusal(spec.engine, task, spec.world_size, spec.use_cfg_parallel)
     if why:
         raise B.BackendUnavailable(why)
+    if spec.engine == "xfuser" and spec.world_size > 1 and pipeline_class and pipeline_class not in family.xfuser:
+        raise B.BackendUnavailable(_unwired(pipeline_class))
     backend = attention_type if isinstance(attention_type, B.Backend) else B.resolve(attention_type)
     if spec.engine == "xfuser" and spec.world_size > 1 and backend.passthrough:
         raise B.BackendUnavailable(
@@ -428,6 +446,7 @@ class GuidanceSplit:
         self.negative = None  # the pipeline's negative prompt embeddings (pair mode), from its encode_prompt
         self.pending = None  # between a pair's two calls: (the step's latents, the unconditional prediction)
         self.gathers = 0
+        self.served = 0  # denoiser calls answered without computing (a pair's second call: the other rank's branch)
 
     def record_prompts(self, pipe) -> None:
         """Keep the negative prompt embeddings ``pipe.encode_prompt`` returns (the second of its pair)."""
@@ -463,6 +482,7 @@ class GuidanceSplit:
             if hs is not latents or not torch.equal(ehs, negative):
                 raise RuntimeError("--use_cfg_parallel: the second denoiser call of a step is not the first's "
                                    "unconditional twin (other latents or text embeddings); run without the CFG split")
+            self.served += 1
             return out
         if self.negative is None:
             raise RuntimeError("--use_cfg_parallel: the pipeline's negative prompt embeddings were not recorded "
@@ -521,6 +541,24 @@ def split_guidance(ctx: DistContext, pipe, models: list, family: "families.Famil
     return split
 
 
+def guidance_split(ctx: DistContext, pipe) -> Optional[tuple[dict, Optional[Callable[[], int]]]]:
+    """Under ``--use_cfg_parallel``: what this rank computes of each step's guidance (timing.json's
+    ``cache.guidance_split``), and a count of the denoiser calls it answers without computing (vdbench's
+    :class:`GuidanceSplit`: a pair's second call; None where the engine's own pipeline splits guidance, whose calls
+    are each rank's own). None without a CFG split."""
+    if not ctx.spec.use_cfg_parallel:
+        return None
+    split = getattr(pipe, "_vdbench_guidance_split", None)
+    if split is None:
+        part = "one guidance branch per step (the engine's own split)"
+    elif split.batched:
+        part = "its half of each step's guidance batch"
+    else:
+        part = f"the {('conditional', 'unconditional')[split.index]} branch of each step"
+    note = {"this_rank_computes": part, "counts": "this rank's (every rank's under ranks[].cache)"}
+    return note, ((lambda: split.served) if split is not None else None)
+
+
 def hooks_in_place(spec: ParallelSpec) -> bool:
     """Whether the engine makes the loaded denoisers parallel by hooking them in place (diffusers' context
     parallelism: split and gather hooks on the model's own modules) rather than by new modules (xfuser's wrappers).
@@ -541,6 +579,12 @@ def compile_refusal(spec: ParallelSpec) -> Optional[str]:
     return None
 
 
+def _unwired(pipeline_class: str) -> str:
+    wired = [cls for name in families.names() for cls in families.get(name).xfuser]
+    return (f"--parallel_engine xfuser: {pipeline_class} is not wired to xfuser in vdbench ({', '.join(wired)} are); "
+            "use --parallel_engine diffusers")
+
+
 def _apply_xfuser(ctx: DistContext, pipe, models: list, family: families.Family) -> tuple:
     """xDiT's own integration of each pipeline, in xfuser's order: world group, engine config, its wrappers, then
     the runtime state (which builds the Ulysses / ring / CFG groups from the engine config). Which wrapper applies
@@ -559,9 +603,7 @@ def _apply_xfuser(ctx: DistContext, pipe, models: list, family: families.Family)
     kind = type(pipe).__name__
     wiring = family.xfuser.get(kind)
     if wiring is None:
-        wired = [cls for name in families.names() for cls in families.get(name).xfuser]
-        raise B.BackendUnavailable(f"--parallel_engine xfuser: {kind} is not wired to xfuser in vdbench "
-                                   f"({', '.join(wired)} are); use --parallel_engine diffusers")
+        raise B.BackendUnavailable(_unwired(kind))
     init_distributed_environment(rank=ctx.rank, world_size=ctx.world_size, local_rank=ctx.local_rank)
     engine_config = _xfuser_engine_config(ctx, pipe)
     if wiring.pipeline_wrapper is not None:

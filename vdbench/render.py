@@ -36,7 +36,8 @@ from . import families, pipelines
 from .patching import AttentionPatch, no_grid_hooks
 from .patching.schedule import as_schedule, resolve_attention
 from .measure.record import Writer, command_line, commit, from_render_entry, speed_options, stack_name
-from .timing import (Clock, Laps, StepProfiler, StepTimer, WallStart, append_timing, compile_seconds, describe_steps,
+from .timing import (Clock, Laps, StepProfiler, StepTimer, WallStart, append_timing, compile_counts, compile_seconds,
+                     describe_steps,
                      peak_memory, reset_peak_memory, run_step_stats, step_stats, system_info, wall_start)
 
 __all__ = ["RenderConfig", "Plan", "VaeMode", "Loaded", "render", "validate", "load", "run_repetitions", "finish",
@@ -368,6 +369,8 @@ def _checked_plan(cfg: RenderConfig, dctx) -> Plan:
     # unknown names, bad options and malformed schedules fail before the (slow) model load
     backend = resolve_attention(cfg.attention_type)
     cfg = replace(cfg, attention_type=backend.name)  # an alias (diffusers' / SGLang's name) is recorded as ours
+    if dctx is not None:  # --parallel_engine auto: the engine that serves this request (every rank decides alike)
+        dctx.spec = P.resolve_engine(dctx.spec, device, lambda spec: _engine_refusal(spec, cfg, model, backend, device))
     as_schedule(backend).check_plan(num_steps=cfg.num_inference_steps, compiled=cfg.compile,
                                     parallel=dctx.spec if dctx is not None else None,
                                     grid_family=family.name if family.grid_hooks is not None else None)
@@ -381,7 +384,7 @@ def _checked_plan(cfg: RenderConfig, dctx) -> Plan:
                     steps=cfg.num_inference_steps, pipeline_class=model.pipeline_class)
     if dctx is not None:  # the backend must serve this parallel path (ring: LSE), on every rank
         for member in as_schedule(backend).members:
-            P.check_backend_for_path(dctx.spec, member, device, family, cfg.task)
+            P.check_backend_for_path(dctx.spec, member, device, family, cfg.task, model.pipeline_class)
         if dctx.spec.use_cfg_parallel and cfg.guidance_scale <= 1:
             raise ValueError(f"--use_cfg_parallel splits classifier-free guidance's two branches, and "
                              f"--guidance_scale {cfg.guidance_scale:g} runs none\ndrop --use_cfg_parallel, or "
@@ -438,6 +441,24 @@ def _checked_plan(cfg: RenderConfig, dctx) -> Plan:
                          f"{cfg.num_inference_steps} denoising steps of the profiled repetition")
     return Plan(cfg, model, backend, device, dtype, vae_dtype, VaeMode(decode, decode_options),
                 VaeMode(encode, encode_options), dctx, cache)
+
+
+def _engine_refusal(spec, cfg: RenderConfig, model, backend, device) -> Optional[str]:
+    """Why the parallel engine ``spec`` names can't serve this render (the first line of its refusal), or None: the
+    checks of :func:`_checked_plan` that depend on the engine -- the schedule's (a sparse pattern under xfuser), the
+    backend's on the path, the pipeline's wiring, the compile's."""
+    from . import parallel as P
+
+    family = model.family
+    try:
+        as_schedule(backend).check_plan(num_steps=cfg.num_inference_steps, compiled=cfg.compile, parallel=spec,
+                                        grid_family=family.name if family.grid_hooks is not None else None)
+        for member in as_schedule(backend).members:
+            P.check_backend_for_path(spec, member, device, family, cfg.task, model.pipeline_class)
+    except (B.BackendUnavailable, ValueError) as e:
+        return str(e).splitlines()[0]
+    why = P.compile_refusal(spec) if cfg.compile else None
+    return why.splitlines()[0] if why else None
 
 
 @dataclass
@@ -618,6 +639,9 @@ def load(plan: Plan) -> Loaded:
     if engine_last:
         pipe, models = P.apply_engine(dctx, pipe, models, family)
         part("engine")
+    split = P.guidance_split(dctx, pipe) if counter is not None and dctx is not None else None
+    if split is not None:  # the cache's counts are of what this rank computed: one guidance branch per step
+        counter.split_guidance(*split)
 
     kwargs = dict(prompt=cfg.prompt, negative_prompt=cfg.negative_prompt, height=cfg.height, width=cfg.width,
                   num_frames=cfg.num_frames, num_inference_steps=cfg.num_inference_steps,
@@ -714,6 +738,11 @@ class _Watch:
             self.profiler = StepProfiler(Path(root) / cfg.profile_output, cfg.rank, cfg.profile_wait,
                                          cfg.profile_warmup, cfg.profile_active, device)
         self.counter = loaded.cache
+        # what torch.compile made in each step of the call in progress (graphs: a first compile or a recompile)
+        self.compiled = cfg.compile
+        self._compiled_at = compile_counts()
+        self.graphs_per_step: list[int] = []
+        self.graph_breaks = 0
         self.encode_info: dict = {}
         self.began: Optional[_Mark] = None  # the repetition in progress's start (:meth:`begin`)
         self.device, self.dctx, self.attention_type = device, plan.dctx, cfg.attention_type
@@ -740,6 +769,10 @@ class _Watch:
         self.patch.step = step + 1
         if self.counter is not None:
             self.counter.end_step()
+        graphs, breaks = compile_counts()
+        self.graphs_per_step.append(graphs - self._compiled_at[0])
+        self.graph_breaks += breaks - self._compiled_at[1]
+        self._compiled_at = (graphs, breaks)
         self.progress.step(step)
         if self.dctx is not None:
             P.maybe_inject_failure(self.dctx.rank, "step", self.attention_type)
@@ -750,6 +783,7 @@ class _Watch:
         self.patch.step = 0
         if self.counter is not None:
             self.counter.reset()
+        self._compiled_at, self.graphs_per_step, self.graph_breaks = compile_counts(), [], 0
 
     def begin(self, rep: int) -> None:
         """Before a timed repetition: the counts, the stage timers and the peak memory afresh."""
@@ -933,6 +967,10 @@ def _entry(plan: Plan, loaded: Loaded, watch: _Watch, rep: int, timer: StepTimer
         "cache": watch.counter.summary() if watch.counter is not None else None,
         # the backend's first-call kernels compiled ahead (vdbench.backends.prewarm): the render's, on the first entry
         "attention_prewarm": watch.attention_prewarm_record if rep == 0 else None,
+        # --use_torch_compile: the graphs dynamo made in each step (the first step's compile; any later one is a
+        # recompile) and its graph breaks in this call (none: the blocks compile with fullgraph=True)
+        "compile": ({"graphs_per_step": list(watch.graphs_per_step), "graph_breaks": watch.graph_breaks}
+                    if watch.compiled else None),
         "attention": patch.stats.as_dict(),
         "attention_share": (attn_time / sum(step_times)) if attn_time and step_times else None,
         "peak_memory_bytes": peak_memory(device),
@@ -962,6 +1000,20 @@ def _end_to_end(entries: list[dict], wall: Wall, write_s: float, end: float) -> 
     return {**wall.started.as_dict(), "repetitions": len(entries),
             **end_to_end(end - wall.started.t, stages,
                          in_repetitions=sum(in_reps) if all(v is not None for v in in_reps) else None)}
+
+
+def _log_compile(comp: Optional[dict], stack: str, log) -> None:
+    """A compiled render's graphs per step; a warning where a step after the first compiled (a recompile: the step
+    waits for the compiler again) or where dynamo broke a graph."""
+    if not comp:
+        return
+    per = comp["graphs_per_step"]
+    log(f"[{stack}] torch.compile: graphs made per step {per}, graph breaks {comp['graph_breaks']}")
+    later = [i + 1 for i, n in enumerate(per) if i and n]
+    if later:
+        log(f"warning: [{stack}] torch.compile compiled again in step(s) {later}: a guard failed and the blocks "
+            "recompiled")
+        log("hint: TORCH_LOGS=recompiles names the guard")
 
 
 def _log_calibration(c: dict, stack: str, timing_path: Path, log) -> None:
@@ -1038,12 +1090,18 @@ def finish(plan: Plan, entries: list[dict], frames, log, wall: Optional[Wall] = 
     if last.get("cache"):
         c = last["cache"]
         share = "n/a" if c["skipped_share"] is None else f"{c['skipped_share']:.0%}"
+        mine = f" (rank 0: {c['guidance_split']['this_rank_computes']})" if c.get("guidance_split") else ""
         log(f"[{stack}] cache {c['spec']}: {share} of the {c['unit']} calls reused; computed per "
-            f"step {c['computed_blocks_per_step']}, reused {c['reused_blocks_per_step']}")
+            f"step {c['computed_blocks_per_step']}, reused {c['reused_blocks_per_step']}{mine}")
         if c.get("ranks_agree") is False:  # made one by vdbench.cache.share_decisions: a difference is a fault
             log(f"warning: [{stack}] cache {c['spec']}: the ranks computed different blocks (ranks[].cache in "
                 f"{cfg.timing_path})")
         _log_calibration(c, stack, cfg.timing_path, log)
+    _log_compile(last.get("compile"), stack, log)
+    par = last.get("parallel")
+    if par:
+        log(f"[{stack}] parallel {par['label']} over {par['world_size']} ranks on the {par['engine']} engine "
+            f"({par.get('engine_reason')})")
     if e2e_line:
         log(f"[{stack}] {e2e_line}")
     if not steps["speed_figure"] and not backend.emulated:

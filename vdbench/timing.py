@@ -54,7 +54,7 @@ __all__ = ["Clock", "Laps", "StepTimer", "MIN_SAMPLES", "STEP_KEYS", "spread", "
            "run_step_stats", "call_ms", "first_call_ms", "TARGET_SAMPLES", "Sampled", "sample_ms", "CACHE_VARS", "cache_state",
            "fresh_cache_env", "describe_steps", "system_info", "append_timing", "load_timing", "peak_memory",
            "reset_peak_memory", "KERNEL_CATEGORIES", "kernel_category", "kernel_summary", "StepProfiler",
-           "process_start", "WallStart", "wall_start", "compile_seconds"]
+           "process_start", "WallStart", "wall_start", "compile_seconds", "compile_counts"]
 
 
 class Clock:
@@ -173,6 +173,22 @@ def compile_seconds() -> float:
         return float(utils.calculate_time_spent().get("total_wall_time", 0.0))
     except Exception:  # noqa: BLE001 - a private counter of torch's: its absence must not stop a render
         return 0.0
+
+
+def compile_counts() -> tuple[int, int]:
+    """(graphs, graph breaks) torch.compile has made in this process so far, from dynamo's own counters
+    (``torch._dynamo.utils.counters``: ``stats.unique_graphs``, which a recompile adds to as much as a first compile,
+    and the ``graph_break`` reasons summed); (0, 0) when nothing was compiled or the counters can't be read. The
+    difference of two readings is what was compiled between them: a compiled render whose steps after the first
+    compile anything recompiles (a guard failed)."""
+    utils = sys.modules.get("torch._dynamo.utils")
+    if utils is None:
+        return 0, 0
+    try:
+        counters = utils.counters
+        return int(counters["stats"].get("unique_graphs", 0)), int(sum(counters["graph_break"].values()))
+    except Exception:  # noqa: BLE001 - a private counter of torch's: its absence must not stop a render
+        return 0, 0
 
 
 class StepTimer:
