@@ -497,9 +497,8 @@ def _apply_xfuser(ctx: DistContext, pipe, models: list, family: families.Family)
     kind = type(pipe).__name__
     wiring = family.xfuser.get(kind)
     if wiring is None:
-        wired = [cls for name in families.names() for cls in families.get(name).xfuser]
         raise B.BackendUnavailable(f"--parallel_engine xfuser: {kind} is not wired to xfuser in vdbench "
-                                   f"({', '.join(wired)} are); use --parallel_engine diffusers")
+                                   f"({', '.join(families.xfuser_wired())} are); use --parallel_engine diffusers")
     init_distributed_environment(rank=ctx.rank, world_size=ctx.world_size, local_rank=ctx.local_rank)
     engine_config = _xfuser_engine_config(ctx, pipe)
     if wiring.pipeline_wrapper is not None:

@@ -61,6 +61,7 @@ __all__ = [
     "parse_model",
     "resolve",
     "resolve_model",
+    "set_flow_shift",
     "tiny_model_dir",
     "transformers_of",
     "vae_names",
@@ -505,6 +506,15 @@ def transformers_of(pipe) -> list[tuple[str, torch.nn.Module]]:
         if module is not None:
             out.append((name, module))
     return out
+
+
+def set_flow_shift(pipe, shift: float) -> Optional[float]:
+    """Rebuild the pipeline's scheduler with ``flow_shift`` (flow-matching schedulers only); returns what was set
+    (None: the scheduler has no such setting)."""
+    if "flow_shift" not in pipe.scheduler.config:
+        return None
+    pipe.scheduler = type(pipe.scheduler).from_config(pipe.scheduler.config, flow_shift=shift)
+    return shift
 
 
 def _patch_hw(transformer) -> tuple[int, int]:

@@ -40,7 +40,7 @@ from .timing import (Clock, Laps, StepProfiler, StepTimer, WallStart, append_tim
                      peak_memory, reset_peak_memory, run_step_stats, step_stats, system_info, wall_start)
 
 __all__ = ["RenderConfig", "Plan", "VaeMode", "Loaded", "render", "validate", "load", "run_repetitions", "finish",
-           "resolve_device", "resolve_dtype", "preflight", "VAEHang"]
+           "resolve_device", "resolve_dtype", "VAEHang"]
 
 
 class VAEHang(RuntimeError):
@@ -67,20 +67,6 @@ def resolve_dtype(arg: str, device: torch.device) -> torch.dtype:
         return DTYPES[arg]
     except KeyError:
         raise ValueError(f"unknown dtype {arg!r}; choose from auto, {', '.join(DTYPES)}") from None
-
-
-def preflight(backend: B.Backend, device, dtype, head_dims) -> B.Backend:
-    """The backend's entry (:func:`vdbench.patching.schedule.resolve_attention`'s: a schedule requires its every
-    backend), or BackendUnavailable with what *can* run here unless it serves every head dim."""
-    try:
-        return backend.require(device, dtype, head_dims)
-    except B.BackendUnavailable as e:
-        can = [n for n, b in B.BACKENDS.items()
-               if all(b.availability(device, dtype, h)[0] for h in (head_dims or [None]))]
-        dims = ",".join(map(str, sorted(set(head_dims))))
-        raise B.BackendUnavailable(
-            f"{e}.\nBackends that can run here ({device}, {str(dtype).replace('torch.', '')}, head dim {dims}): "
-            f"{', '.join(can)}") from None
 
 
 @dataclass
@@ -142,14 +128,6 @@ class RenderConfig:
     ring_degree: int = 1
     use_cfg_parallel: bool = False
     overwrite: bool = False  # replace an existing output file this tool did not write
-
-
-def _set_flow_shift(pipe, shift: float) -> Optional[float]:
-    """Rebuild the scheduler with ``flow_shift`` (flow-matching schedulers only); returns what was set."""
-    if "flow_shift" not in pipe.scheduler.config:
-        return None
-    pipe.scheduler = type(pipe.scheduler).from_config(pipe.scheduler.config, flow_shift=shift)
-    return shift
 
 
 def _load_image(path: str, width: int, height: int):
@@ -284,6 +262,7 @@ class Plan:
     encode: VaeMode
     dctx: object = None
     cache: object = None  # vdbench.cache.CacheSpec, or None
+    flow_shift: Optional[float] = None  # the scheduler's: --flow_shift or the family's default; None: it has none
 
     @property
     def stack(self) -> str:
@@ -331,28 +310,13 @@ def validate(cfg: RenderConfig, dctx=None) -> Plan:
     return plan
 
 
-def _previous_output(path: Path, timing_path: Optional[Path]) -> bool:
-    """Whether the file at ``path`` is a video this tool wrote (its container tag, or a timing.json entry that
-    names it: videos written before the tag existed, or by the OpenCV fallback), so it may be replaced."""
-    from .timing import load_timing
-    from .video import MADE_BY_RENDER, made_by
-
-    if made_by(path) == MADE_BY_RENDER:
-        return True
-    if timing_path is not None and Path(timing_path).is_file():
-        try:
-            return any(e.get("output") == str(path) for e in load_timing(timing_path) if isinstance(e, dict))
-        except (ValueError, OSError):
-            return False
-    return False
-
-
 def _checked_plan(cfg: RenderConfig, dctx) -> Plan:
     from . import parallel as P
     from .vae.decode import GLUES, DecodeOptions, check_decode
     from .vae.encode import EncodeOptions, check_encode
     from .cache import check_cache, parse_cache
     from .speed import check_speed_options
+    from .video import written_by_render
 
     device = dctx.device if dctx is not None else resolve_device(cfg.device)
     dtype = resolve_dtype(cfg.dtype, device)
@@ -388,7 +352,7 @@ def _checked_plan(cfg: RenderConfig, dctx) -> Plan:
             raise ValueError(why)
     # the head dims from the model's config (no weights; the loaded model is checked again): a backend that can't
     # serve them, or can't run on this device at all (sagev1 on a CPU), is refused here
-    preflight(backend, device, dtype, model.head_dims or [])
+    B.require_here(backend, device, dtype, model.head_dims or [])
     if cfg.image and cfg.task in family.image_refusals:
         raise ValueError(family.image_refusals[cfg.task])
     if cfg.task in family.image_tasks and not cfg.image:
@@ -399,7 +363,7 @@ def _checked_plan(cfg: RenderConfig, dctx) -> Plan:
     if cfg.image and not Path(cfg.image).is_file():
         raise ValueError(f"conditioning image {cfg.image} does not exist\ngive --img_file_path an image file")
     if (cfg.rank == 0 and not cfg.overwrite and cfg.output_path.exists()
-            and not _previous_output(cfg.output_path, cfg.timing_path)):
+            and not written_by_render(cfg.output_path, cfg.timing_path)):
         raise ValueError(f"{cfg.output_path} exists and is not a video this tool wrote; not replacing it\n"
                          "move it away, choose another --benchmark_output_directory, or pass --overwrite")
     if (cfg.save_inputs or cfg.save_latents) and cfg.capture_dir is None:
@@ -429,12 +393,16 @@ def _checked_plan(cfg: RenderConfig, dctx) -> Plan:
     vae_dtype = dtype if cfg.vae_dtype in (None, "auto") else resolve_dtype(cfg.vae_dtype, device)
     if cfg.cpu_offload and device.type != "cuda":
         raise ValueError("--cpu_offload moves models between the CPU and a GPU: it needs a CUDA device")
+    flow_shift = None
+    if family.flow_shift is not None:
+        flow_shift = cfg.flow_shift if cfg.flow_shift is not None else family.flow_shift(cfg.task, cfg.height,
+                                                                                         cfg.width)
     steps_profiled = cfg.profile_wait + cfg.profile_warmup + cfg.profile_active
     if cfg.profile_output and steps_profiled > cfg.num_inference_steps:
         raise ValueError(f"--profile_wait + --profile_warmup + --profile_active = {steps_profiled} exceeds the "
                          f"{cfg.num_inference_steps} denoising steps of the profiled repetition")
     return Plan(cfg, model, backend, device, dtype, vae_dtype, VaeMode(decode, decode_options),
-                VaeMode(encode, encode_options), dctx, cache)
+                VaeMode(encode, encode_options), dctx, cache, flow_shift)
 
 
 @dataclass
@@ -486,7 +454,7 @@ def _load_checked(plan: Plan, laps: Laps) -> tuple:
     """(pipeline, its denoisers, load time, flow shift): loaded, its scheduler's shift set, its exact size rules
     and the backend against its head dims checked; ``laps``: the load's parts, the loading's own
     (:meth:`vdbench.pipelines.Model.load`) among them."""
-    from .pipelines import transformers_of
+    from .pipelines import set_flow_shift, transformers_of
 
     cfg, model, device = plan.cfg, plan.model, plan.device
     t_load = time.perf_counter()
@@ -502,14 +470,11 @@ def _load_checked(plan: Plan, laps: Laps) -> tuple:
     laps.lap("pipeline_other")  # outside the parts the load names
     model.check_size(pipe, cfg.height, cfg.width, cfg.num_frames)
     models = transformers_of(pipe)
-    flow_shift = None
-    if model.family.flow_shift is not None:
-        flow_shift = _set_flow_shift(pipe, cfg.flow_shift if cfg.flow_shift is not None
-                                     else model.family.flow_shift(cfg.task, cfg.height, cfg.width))
+    flow_shift = set_flow_shift(pipe, plan.flow_shift) if plan.flow_shift is not None else None
     pipe.set_progress_bar_config(disable=not sys.stderr.isatty(), leave=False)
     laps.lap("size_checks")
     # the backend's availability here (its package imported, the device queried)
-    preflight(plan.backend, device, plan.dtype, [m.config.attention_head_dim for _, m in models])
+    B.require_here(plan.backend, device, plan.dtype, [m.config.attention_head_dim for _, m in models])
     laps.lap("preflight")
     return pipe, models, load_time, flow_shift
 
@@ -557,11 +522,6 @@ def load(plan: Plan) -> Loaded:
         pipe, models = P.apply_engine(dctx, pipe, models, family)
         part("engine")
 
-    kwargs = dict(prompt=cfg.prompt, negative_prompt=cfg.negative_prompt, height=cfg.height, width=cfg.width,
-                  num_frames=cfg.num_frames, num_inference_steps=cfg.num_inference_steps,
-                  guidance_scale=cfg.guidance_scale, output_type="latent", **cfg.extra_pipe_kwargs)
-    if plan.model.image:
-        kwargs["image"] = _load_image(cfg.image, cfg.width, cfg.height)
     backend = plan.backend
     header = {
         "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items()},
@@ -576,6 +536,12 @@ def load(plan: Plan) -> Loaded:
         "command": command_line(),
         "commit": commit(),
     }
+    # the pipeline call's arguments, the conditioning image read and sized
+    kwargs = dict(prompt=cfg.prompt, negative_prompt=cfg.negative_prompt, height=cfg.height, width=cfg.width,
+                  num_frames=cfg.num_frames, num_inference_steps=cfg.num_inference_steps,
+                  guidance_scale=cfg.guidance_scale, output_type="latent", **cfg.extra_pipe_kwargs)
+    if plan.model.image:
+        kwargs["image"] = _load_image(cfg.image, cfg.width, cfg.height)
     part("header")
     if device.type == "cuda":  # the load's last copies and quantization kernels are the load's time
         torch.cuda.synchronize(device)

@@ -49,6 +49,7 @@ __all__ = [
     "identity_from_filename",
     "render_comment",
     "made_by",
+    "written_by_render",
     "run_of",
     "MADE_BY_RENDER",
     "MADE_BY_GRID",
@@ -407,6 +408,22 @@ def made_by(path) -> str | None:
     container's comment by ffmpeg without decoding a frame; None for any other file (or one ffmpeg can't open)."""
     m = _comment(path)
     return m["tag"] if m else None
+
+
+def written_by_render(path, timing_path=None) -> bool:
+    """Whether the file at ``path`` is a video a render wrote (its container tag, or an entry of the timing.json at
+    ``timing_path`` that names it: videos written before the tag existed, or by the OpenCV fallback), so that a
+    render may replace it."""
+    from .timing import load_timing
+
+    if made_by(path) == MADE_BY_RENDER:
+        return True
+    if timing_path is not None and Path(timing_path).is_file():
+        try:
+            return any(e.get("output") == str(path) for e in load_timing(timing_path) if isinstance(e, dict))
+        except (ValueError, OSError):
+            return False
+    return False
 
 
 def run_of(path) -> str | None:
