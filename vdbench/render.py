@@ -36,6 +36,7 @@ from . import families, pipelines
 from .patching import AttentionPatch, no_grid_hooks
 from .patching.schedule import as_schedule, resolve_attention
 from .measure.record import Writer, command_line, commit, from_render_entry, speed_options, stack_name
+from .stages import Wall
 from .timing import (Clock, Laps, StepProfiler, StepTimer, WallStart, append_timing, compile_seconds, describe_steps,
                      peak_memory, reset_peak_memory, run_step_stats, step_stats, system_info, wall_start)
 
@@ -173,19 +174,6 @@ class _Progress:
         sys.stdout.flush()
 
 
-def _save_frames(frames, path: Path) -> None:
-    """Raw frames as uint8 (T, H, W, 3), converted exactly as the video encoder's input is; atomic."""
-    import numpy as np
-
-    from .video import frame_to_rgb_uint8
-
-    arr = np.stack([frame_to_rgb_uint8(f, i) for i, f in enumerate(frames)])
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as f:
-        np.save(f, arr)
-    os.replace(tmp, path)
-
-
 def render(cfg: RenderConfig, log=print, exit_code_of=None, started: Optional[WallStart] = None) -> dict:
     """Run the render described by ``cfg``; returns the summary dict (also appended to timing.json).
 
@@ -213,16 +201,6 @@ def render(cfg: RenderConfig, log=print, exit_code_of=None, started: Optional[Wa
         raise
     P.finish(dctx, watch, None)
     return out
-
-
-@dataclass
-class Wall:
-    """The host-clock marks of a render that its end-to-end time is made of: what it counts from (``started``),
-    where the load began (``load_start``, ``time.perf_counter``) and how long it took (``load_s``)."""
-
-    started: WallStart
-    load_start: float
-    load_s: float
 
 
 def _stages(cfg: RenderConfig, log, dctx, started: Optional[WallStart] = None) -> dict:
@@ -753,8 +731,7 @@ def _repetition(plan: Plan, loaded: Loaded, watch: _Watch, rep: int,
         save_latents(cfg.capture_dir, latents, cfg.attention_type, rank=cfg.rank, repetition=rep,
                      meta={"family": plan.family.name, "model": plan.model.spec.model, "height": cfg.height,
                            "width": cfg.width, "num_frames": cfg.num_frames})
-    once = _one_time(loaded, watch, first, vae_info)
-    return _entry(plan, loaded, watch, rep, timer, vae_info, (start, after_pipe, after_decode), once), frames
+    return _entry(plan, loaded, watch, rep, timer, vae_info, (start, after_pipe, after_decode), first), frames
 
 
 def _one_time(loaded: Loaded, watch: _Watch, first: Optional[tuple[_Mark, Optional[float]]], vae_info: dict) -> dict:
@@ -776,9 +753,11 @@ def _one_time(loaded: Loaded, watch: _Watch, first: Optional[tuple[_Mark, Option
 
 
 def _entry(plan: Plan, loaded: Loaded, watch: _Watch, rep: int, timer: StepTimer, vae_info: dict, clocks: tuple,
-           once: dict) -> dict:
+           first: Optional[tuple[_Mark, Optional[float]]]) -> dict:
     """One repetition's timing entry: its step times and their statistics, the stages, the decode and the encode,
-    the attention's counts, the cache's, the memory, what it paid once (``once``), the run it is part of."""
+    the attention's counts, the cache's, the memory, what it paid once (:func:`_one_time`; ``first``: the first
+    repetition's marks), the run it is part of."""
+    once = _one_time(loaded, watch, first, vae_info)
     cfg, device, backend, patch = plan.cfg, plan.device, plan.backend, watch.patch
     start, after_pipe, after_decode = clocks
     timer.starts_at(watch.stage_timers.denoise_start)  # the encoders before the first step are no step's
@@ -821,25 +800,6 @@ def _entry(plan: Plan, loaded: Loaded, watch: _Watch, rep: int, timer: StepTimer
     }
 
 
-def _end_to_end(entries: list[dict], wall: Wall, write_s: float, end: float) -> dict:
-    """timing.json's ``end_to_end`` of a render (:func:`vdbench.stages.end_to_end`, with what it counts from, the
-    clock, the repetitions it covers): the stages of ``wall`` and of every repetition, summed, and the write."""
-    from .stages import STAGES, end_to_end
-
-    def summed(stage):
-        vals = [(e.get("stages") or {}).get(stage) for e in entries]
-        vals = [v for v in vals if v is not None]
-        return sum(vals) if vals else None
-
-    stages = {"startup": wall.load_start - wall.started.t, "load": wall.load_s,
-              "warmup_calls": (entries[0].get("one_time") or {}).get("warmup_calls_s"),
-              **{k: summed(k) for k in STAGES}, "write": write_s}
-    in_reps = [e.get("unaccounted") for e in entries]
-    return {**wall.started.as_dict(), "repetitions": len(entries),
-            **end_to_end(end - wall.started.t, stages,
-                         in_repetitions=sum(in_reps) if all(v is not None for v in in_reps) else None)}
-
-
 def _log_calibration(c: dict, stack: str, timing_path: Path, log) -> None:
     """A calibrating MagCache's outcome, one line and a hint: the spec to render with next time, or why there is
     none; a calibration message that held no list of numbers said too."""
@@ -863,34 +823,40 @@ def finish(plan: Plan, entries: list[dict], frames, log, wall: Optional[Wall] = 
 
     Each entry's ``one_time`` is completed (:func:`vdbench.stages.one_time`). With ``wall`` (the render's marks), the
     first repetition's entry gets ``end_to_end_s`` -- the render's start (the process's, from the CLIs) to the video
-    and raw frames on disk, every repetition included -- and its ``end_to_end`` breakdown; the later repetitions'
-    entries get None for both (the render's wait is counted once)."""
+    and raw frames on disk, every repetition included -- and its ``end_to_end`` breakdown
+    (:func:`vdbench.stages.render_end_to_end`); the later repetitions' entries get None for both (the render's wait
+    is counted once)."""
     from . import parallel as P
     from .stages import describe as describe_stages
-    from .stages import describe_end_to_end, one_time
-    from .video import MADE_BY_RENDER, render_comment, write_video
+    from .stages import describe_end_to_end, one_time, render_end_to_end
+    from .video import MADE_BY_RENDER, render_comment, save_frames, write_video
 
     cfg, device, backend = plan.cfg, plan.device, plan.backend
     merged = P.merge_rank_entries(plan.dctx, entries)  # a collective under torchrun; None on ranks other than 0
     if merged is None:
         return {"attention_type": cfg.attention_type, "rank": cfg.rank, "output": None,
                 "calls_by_kernel": entries[-1]["attention"]["calls_by_kernel"]}
-    entries = one_time(merged)
+    # the files first: what the render's end-to-end time counts to
     write_start = time.perf_counter()
-    run_id = entries[-1].get("run_id")
+    run_id = merged[-1].get("run_id")
     write_video(frames, cfg.output_path, fps=cfg.fps, made_by=render_comment(run_id) if run_id else MADE_BY_RENDER)
     if cfg.save_frames:
-        _save_frames(frames, cfg.output_path.with_suffix(".npy"))
+        save_frames(frames, cfg.output_path.with_suffix(".npy"))
     end = time.perf_counter()
+    # then the entries completed: what each repetition paid once, the render's end to end on the first
+    entries = one_time(merged)
     for i, e in enumerate(entries):
-        e2e = _end_to_end(entries, wall, end - write_start, end) if (wall is not None and i == 0) else None
+        e2e = render_end_to_end(entries, wall, end - write_start, end) if (wall is not None and i == 0) else None
         e["end_to_end_s"] = (end - wall.started.t) if e2e else None
         e["end_to_end"] = e2e
+    last = entries[-1]
+    stages_line, e2e_line = describe_stages(last), describe_end_to_end(entries[0])
     append_timing(cfg.timing_path, entries)
+    steps = run_step_stats([e["step_times"] for e in entries], device, backend.emulated)
+    timing_text = ("emulated backend: no speed figure" if backend.emulated
+                   else describe_steps(steps, cached=plan.cache is not None))
     # the same repetitions in the record schema every tool writes (vdbench.measure.record), beside timing.json
     Writer(cfg.timing_path.with_name("records.jsonl")).write(*(from_render_entry(e) for e in entries))
-    last = entries[-1]
-    steps = run_step_stats([e["step_times"] for e in entries], device, backend.emulated)
     stack = plan.stack
     summary = {
         "attention_type": cfg.attention_type, "stack": stack, "output": str(cfg.output_path),
@@ -905,12 +871,9 @@ def finish(plan: Plan, entries: list[dict], frames, log, wall: Optional[Wall] = 
         "denoise_s": steps["denoise_s"], "step_mean": steps["step_mean"], "cache": last.get("cache"),
     }
     kernels = ", ".join(f"{k}×{v}" for k, v in last["attention"]["calls_by_kernel"].items())
-    timing_text = ("emulated backend: no speed figure" if backend.emulated
-                   else describe_steps(steps, cached=plan.cache is not None))
     log(f"[{stack}] {timing_text}, decode {last['vae_decode_time']:.2f} s, kernels: {kernels} "
         f"-> {cfg.output_path}")
-    log(f"[{stack}] {describe_stages(last)}")
-    e2e_line = describe_end_to_end(entries[0])
+    log(f"[{stack}] {stages_line}")
     if last.get("cache"):
         c = last["cache"]
         share = "n/a" if c["skipped_share"] is None else f"{c['skipped_share']:.0%}"

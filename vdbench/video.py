@@ -43,6 +43,7 @@ __all__ = [
     "write_video",
     "frame_to_rgb_uint8",
     "frames_to_rgb_uint8",
+    "save_frames",
     "probe_video",
     "iter_frames",
     "label_from_filename",
@@ -176,6 +177,17 @@ def frames_to_rgb_uint8(frames) -> np.ndarray:
         raise ValueError(f"frame {int((~finite).nonzero()[0])}: contains NaN or inf values")
     x = torch.add(torch.mul(x.clamp(0.0, 1.0), 255.0), 0.5)
     return np.ascontiguousarray(x.to(torch.uint8).cpu().numpy())
+
+
+def save_frames(frames, path) -> None:
+    """Raw frames as uint8 (T, H, W, 3), converted exactly as the video encoder's input is
+    (:func:`frame_to_rgb_uint8`), saved with ``np.save`` at ``path``; atomic (a temporary file beside it, renamed)."""
+    path = Path(path)
+    arr = np.stack([frame_to_rgb_uint8(f, i) for i, f in enumerate(frames)])
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "wb") as f:
+        np.save(f, arr)
+    os.replace(tmp, path)
 
 
 def _pad_to_even(arr: np.ndarray) -> np.ndarray:
