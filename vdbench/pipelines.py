@@ -11,14 +11,16 @@ Public API (used by the rest of vdbench and its CLIs):
   its string parsed (:class:`ModelSpec`), its pipeline class, its components' configs read without a weight.
   :meth:`Model.load` loads it; the pipeline it loads carries it (:func:`model_of`).
 * :func:`parse_model` -- a model string parsed into a :class:`ModelSpec` (kind, variant, path or hub id, family,
-  task) without refusing anything, what the config readers below also accept in place of the string.
+  task, the components' configs) without refusing anything, what the config readers below also accept in place of
+  the string.
 * :func:`resolve_model` -- ``"tiny"`` / ``"tiny:<variant>"`` -> a local directory (built on demand); anything
   else is returned unchanged.
 * :func:`load_pipeline` -- a model named by strings, resolved and loaded (:meth:`Model.load`: ``from_pretrained``
   with the family's pipeline class, offline-friendly errors).
 * :func:`config_head_dims`, :func:`config_denoisers`, :func:`config_vae` -- a model string's component configs,
   read without a weight.
-* :func:`transformers_of`, :func:`check_video_size`, :func:`model_summary` -- helpers over a loaded pipeline.
+* :func:`transformers_of`, :func:`check_video_size`, :func:`set_flow_shift`, :func:`model_summary` -- helpers over
+  a loaded pipeline.
 * :func:`build_vae` -- one family VAE at a tiny or the real checkpoint's config, seeded random weights (benches).
 * Re-exported from :mod:`vdbench.tiny` (where callers have always found them): :data:`TINY_VARIANTS`,
   :data:`RANDOM_VARIANTS`, :class:`TinyVariant`, :func:`tiny_model_dir`, :func:`build_tiny`,

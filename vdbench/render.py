@@ -5,8 +5,8 @@ Four stages, each a function with one job, so a refusal can never come after wor
 * :func:`validate` -- every refusal that needs no weights (unknown or unavailable backend, a parallel path the
   backend or the family can't serve, a decode mode that doesn't apply, options that exclude each other) before
   anything loads; returns a :class:`Plan`: the configuration resolved once (the backend or schedule, the family,
-  the parsed model, the decode and encode modes with their options, device and dtypes, the parallel layout), the
-  objects every later stage takes instead of looking a name up again.
+  the parsed model, the decode and encode modes with their options, device and dtypes, the scheduler's flow shift,
+  the parallel layout), the objects every later stage takes instead of looking a name up again.
 * :func:`load` -- the pipeline (real id, local path, tiny or random-weight model), its size and head-dim checks,
   the parallel engine, the speed options; returns a :class:`Loaded`.
 * :func:`run_repetitions` -- per repetition: denoise with ``output_type="latent"`` (per-step times from events at
@@ -851,12 +851,12 @@ def finish(plan: Plan, entries: list[dict], frames, log, wall: Optional[Wall] = 
         e["end_to_end"] = e2e
     last = entries[-1]
     stages_line, e2e_line = describe_stages(last), describe_end_to_end(entries[0])
+    # the repetitions in the record schema every tool writes (vdbench.measure.record), beside timing.json
+    Writer(cfg.timing_path.with_name("records.jsonl")).write(*(from_render_entry(e) for e in entries))
     append_timing(cfg.timing_path, entries)
     steps = run_step_stats([e["step_times"] for e in entries], device, backend.emulated)
     timing_text = ("emulated backend: no speed figure" if backend.emulated
                    else describe_steps(steps, cached=plan.cache is not None))
-    # the same repetitions in the record schema every tool writes (vdbench.measure.record), beside timing.json
-    Writer(cfg.timing_path.with_name("records.jsonl")).write(*(from_render_entry(e) for e in entries))
     stack = plan.stack
     summary = {
         "attention_type": cfg.attention_type, "stack": stack, "output": str(cfg.output_path),
