@@ -11,6 +11,7 @@ pytest.importorskip("triton")
 
 from vdbench import families  # noqa: E402
 from vdbench.vae import decode as D  # noqa: E402
+from vdbench.vae import encode as E  # noqa: E402
 from vdbench.vae import prewarm as W  # noqa: E402
 from vdbench.vae import fast as V  # noqa: E402
 from vdbench.vae.decode import DecodeOptions  # noqa: E402
@@ -37,9 +38,10 @@ def _vae(cfg=WAN21_VAE):
 
 
 def _plan(vae, pixel_hw, encode=False, fused=True):
-    return W.plan(vae_class=type(vae).__name__, device="cpu", decode_mode="fast",
-                  decode_options=DecodeOptions(fused_glue=fused), encode_mode="fast" if encode else None,
-                  encode_options=EncodeOptions(fused_glue=fused), pixel_hw=pixel_hw)
+    dec, enc = DecodeOptions(fused_glue=fused), EncodeOptions(fused_glue=fused)
+    return W.plan(vae_class=type(vae).__name__, device="cpu", decode_mode=D.check_decode("fast", dec),
+                  decode_options=dec, encode_mode=E.check_encode("fast", enc) if encode else None,
+                  encode_options=enc, pixel_hw=pixel_hw)
 
 
 def _start(vae, p):
@@ -51,9 +53,9 @@ def test_nothing_to_prewarm_without_the_triton_glue():
     # on a CPU without fused_glue the fast path runs the eager glue: no compile to pay ahead
     assert _plan(vae, (64, 64), fused=None) is None
     # diffusers' own decode compiles none of vdbench's kernels; nor does the fast mode for a VAE it doesn't drive
-    assert W.plan(vae_class="AutoencoderKLWan", device="cpu", decode_mode="default", decode_options=DecodeOptions(),
-                  pixel_hw=(64, 64)) is None
-    assert W.plan(vae_class="AutoencoderKLCogVideoX", device="cpu", decode_mode="fast",
+    assert W.plan(vae_class="AutoencoderKLWan", device="cpu", decode_mode=D.MODES["default"],
+                  decode_options=DecodeOptions(), pixel_hw=(64, 64)) is None
+    assert W.plan(vae_class="AutoencoderKLCogVideoX", device="cpu", decode_mode=D.MODES["fast"],
                   decode_options=DecodeOptions(fused_glue=True), pixel_hw=(64, 64)) is None
     assert D.MODES["fast"].prewarm and not D.MODES["default"].prewarm
 

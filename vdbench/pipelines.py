@@ -11,14 +11,16 @@ Public API (used by the rest of vdbench and its CLIs):
   its string parsed (:class:`ModelSpec`), its pipeline class, its components' configs read without a weight.
   :meth:`Model.load` loads it; the pipeline it loads carries it (:func:`model_of`).
 * :func:`parse_model` -- a model string parsed into a :class:`ModelSpec` (kind, variant, path or hub id, family,
-  task) without refusing anything, what the config readers below also accept in place of the string.
+  task, the components' configs) without refusing anything, what the config readers below also accept in place of
+  the string.
 * :func:`resolve_model` -- ``"tiny"`` / ``"tiny:<variant>"`` -> a local directory (built on demand); anything
   else is returned unchanged.
 * :func:`load_pipeline` -- a model named by strings, resolved and loaded (:meth:`Model.load`: ``from_pretrained``
   with the family's pipeline class, offline-friendly errors).
 * :func:`config_head_dims`, :func:`config_denoisers`, :func:`config_vae` -- a model string's component configs,
   read without a weight.
-* :func:`transformers_of`, :func:`check_video_size`, :func:`model_summary` -- helpers over a loaded pipeline.
+* :func:`transformers_of`, :func:`check_video_size`, :func:`set_flow_shift`, :func:`model_summary` -- helpers over
+  a loaded pipeline.
 * :func:`build_vae` -- one family VAE at a tiny or the real checkpoint's config, seeded random weights (benches).
 * Re-exported from :mod:`vdbench.tiny` (where callers have always found them): :data:`TINY_VARIANTS`,
   :data:`RANDOM_VARIANTS`, :class:`TinyVariant`, :func:`tiny_model_dir`, :func:`build_tiny`,
@@ -61,6 +63,7 @@ __all__ = [
     "parse_model",
     "resolve",
     "resolve_model",
+    "set_flow_shift",
     "tiny_model_dir",
     "transformers_of",
     "vae_names",
@@ -92,10 +95,14 @@ class ModelSpec:
     family's default for the task) or the random-weight architecture (``random:<arch>``, registered or not), and
     ``built_from`` the registered :class:`~vdbench.tiny.TinyVariant` it is built from (a random-weight
     architecture's: :func:`vdbench.tiny.random_variant`). ``path``: a local model's path, ``~`` expanded;
-    ``hub_id``: a hub model's id, and ``hub_problem`` why it can't be one (None if it can). Parsing refuses
-    nothing: what a name can't resolve to is kept for the step that needs it (``task_error``: the family or task
-    is unknown; ``variant_error``: a tiny or random-weight name names no variant), so that a config read answers
-    "unknown" and the load refuses, with the family's or the variant registry's message."""
+    ``hub_id``: a hub model's id, and ``hub_problem`` why it can't be one (None if it can). ``components``: component
+    name (``transformer``, ``transformer_2``, ``vae``) -> (class name or None, config), read without a weight -- a
+    tiny or random-weight model's from the variant it is built from (:meth:`~vdbench.tiny.TinyVariant.components`),
+    a local directory's or a cached hub id's from ``<name>/config.json`` --; None where that needs a download; a
+    component the model lacks is left out. Parsing refuses nothing: what a name can't resolve to is kept for the
+    step that needs it (``task_error``: the family or task is unknown; ``variant_error``: a tiny or random-weight
+    name names no variant), so that a config read answers "unknown" and the load refuses, with the family's or the
+    variant registry's message."""
 
     model: str
     kind: str
@@ -108,38 +115,43 @@ class ModelSpec:
     task_error: Optional[str] = None
     variant_error: Optional[str] = None
     built_from: Optional[TinyVariant] = None
+    components: Optional[dict] = None
 
 
 def parse_model(model: str, task: str | None = None, family: "str | families.Family" = "wan") -> ModelSpec:
     """The one parser of a model string (``tiny``, ``tiny:<variant>``, ``random:<arch>``, a local path, a hub id)
-    for ``family`` (a name or the :class:`~vdbench.families.Family`) and ``task`` (None: t2v). Never raises: see
-    :class:`ModelSpec`."""
+    for ``family`` (a name or the :class:`~vdbench.families.Family`) and ``task`` (None: t2v), the components'
+    configs read as it goes: where a path or hub id points (its files), then the family and task, then the tiny or
+    random-weight variant (the family's default for the task, for ``tiny``). Never raises: see :class:`ModelSpec`."""
+    named = model == "tiny" or model.startswith(("tiny:", "random:"))
+    where: dict = {}
+    if not named:
+        local = os.path.expanduser(model)
+        if os.path.exists(local) or _looks_like_path(model):
+            where = dict(kind="local", path=local,
+                         components=_file_configs(local, None) if os.path.isdir(local) else None)
+        else:
+            problem = hub_id_problem(model)
+            where = dict(kind="hub", hub_id=model, hub_problem=problem,
+                         components=None if problem else _file_configs(model, _hf_cache_dir()))
     fam, checked, task_error = None, None, None
     try:
         fam = family if isinstance(family, families.Family) else families.get(family)
         checked = fam.check_task(task)
     except ValueError as e:
         task_error = str(e)
-    return _parsed(model, fam, checked, task_error)
-
-
-def _parsed(model: str, fam: Optional[families.Family], task: Optional[str], task_error: Optional[str]) -> ModelSpec:
-    """:func:`parse_model`'s spec once the family and task are settled (``task_error``: why they could not be)."""
-    common = dict(model=model, family=fam, task=task, task_error=task_error)
+    common = dict(model=model, family=fam, task=checked, task_error=task_error)
+    if not named:
+        return ModelSpec(**where, **common)
     if model == "tiny" and task_error is not None:
         return ModelSpec(kind="tiny", variant_error=task_error, **common)
-    if model == "tiny" or model.startswith(("tiny:", "random:")):
-        kind, _, name = model.partition(":")
-        name = fam.default_tiny[task] if model == "tiny" else name
-        try:
-            built = random_variant(name) if kind == "random" else get_variant(name)
-        except ValueError as e:  # kept for the load to refuse (ModelSpec)
-            return ModelSpec(kind=kind, variant=name if kind == "random" else None, variant_error=str(e), **common)
-        return ModelSpec(kind=kind, variant=name, built_from=built, **common)
-    local = os.path.expanduser(model)
-    if os.path.exists(local) or _looks_like_path(model):
-        return ModelSpec(kind="local", path=local, **common)
-    return ModelSpec(kind="hub", hub_id=model, hub_problem=hub_id_problem(model), **common)
+    kind, _, name = model.partition(":")
+    name = fam.default_tiny[checked] if model == "tiny" else name
+    try:
+        built = random_variant(name) if kind == "random" else get_variant(name)
+    except ValueError as e:  # kept for the load to refuse (ModelSpec)
+        return ModelSpec(kind=kind, variant=name if kind == "random" else None, variant_error=str(e), **common)
+    return ModelSpec(kind=kind, variant=name, built_from=built, components=built.components(), **common)
 
 
 def _as_spec(model: "str | ModelSpec", task: str | None, family: "str | families.Family") -> ModelSpec:
@@ -164,7 +176,7 @@ class Model:
     the family's ``pipeline_requirements``. Read from the files without a weight -- a tiny or random-weight model's
     variant (:attr:`ModelSpec.built_from`), a local directory's or a cached hub id's ``config.json`` --, None where
     that needs a download: ``denoisers`` (``{"transformer": (class name, config), "transformer_2": ...}``),
-    ``vae`` ((class name, config)), ``head_dims`` (the denoisers' attention head dims)."""
+    ``vae`` ((class name, config)), :attr:`head_dims` (the denoisers' attention head dims)."""
 
     spec: ModelSpec
     family: families.Family
@@ -174,7 +186,11 @@ class Model:
     requirements: tuple[tuple[str, str], ...] = ()
     denoisers: Optional[dict] = None
     vae: Optional[tuple[str, dict]] = None
-    head_dims: Optional[list[int]] = None
+
+    @property
+    def head_dims(self) -> Optional[list[int]]:
+        """The denoisers' attention head dims, from their configs (None unless every one says)."""
+        return _head_dims(self.denoisers)
 
     def load(self, *, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
              vae_dtype: torch.dtype | None = None, timings: dict | None = None):
@@ -194,16 +210,17 @@ def resolve(model: str, task: str | None = None, family: "str | families.Family"
     ones), the string parsed, the pipeline class chosen, the components' configs read without a weight. What the
     string can't resolve to (an unknown tiny variant) is kept for the load to refuse, as :class:`ModelSpec` keeps
     it."""
-    fam = family if isinstance(family, families.Family) else families.get(family)
-    task = fam.check_task(task)
+    spec = parse_model(model, task, family)
+    if spec.task_error is not None:
+        raise ValueError(spec.task_error)
+    fam, task = spec.family, spec.task
     image = image and fam.takes_image(task)
     pipeline_class = fam.pipeline_class(task, image=image)
     requirements = tuple(fam.pipeline_requirements.get(pipeline_class, ()))
-    spec = _parsed(model, fam, task, None)
-    found = _component_configs(spec, DENOISERS + ("vae",)) or {}
+    found = spec.components or {}
     denoisers = {n: found[n] for n in DENOISERS if n in found} or None
     vae = found["vae"] if "vae" in found and found["vae"][0] else None
-    return Model(spec, fam, task, image, pipeline_class, requirements, denoisers, vae, _head_dims(denoisers))
+    return Model(spec, fam, task, image, pipeline_class, requirements, denoisers, vae)
 
 
 #: The attribute of a pipeline loaded here that holds its :class:`Model`.
@@ -279,34 +296,18 @@ def hub_id_problem(model: str) -> str | None:
     return None
 
 
-def _component_configs(spec: ModelSpec, names: tuple[str, ...]) -> dict | None:
-    """Component name (``transformer``, ``transformer_2``, ``vae``) -> (class name or None, config) of the model
-    ``spec`` names, read without loading a weight: a tiny or random-weight model from the variant it is built from,
-    a local directory or a cached hub id from ``<name>/config.json`` (diffusers' ``load_config``, local files only;
-    the class from its ``_class_name``); None when that can't be known without a download. A component the model
-    lacks is left out."""
-    out: dict = {}
-    variant = spec.built_from
-    if spec.kind in ("random", "tiny") and variant is None:
-        return None
-    if variant is not None:
-        for n in names:
-            cfg = getattr(variant, n)
-            if cfg is not None:
-                out[n] = (variant.vae_class if n == "vae" else variant.transformer_class, cfg)
-        return out
-    if spec.kind == "local" and os.path.isdir(spec.path):
-        where, cache_dir = spec.path, None
-    elif spec.kind == "hub" and spec.hub_problem is None:
-        where, cache_dir = spec.hub_id, _hf_cache_dir()
-    else:
-        return None
+def _file_configs(where: str, cache_dir: Optional[str]) -> dict:
+    """Component name (``transformer``, ``transformer_2``, ``vae``) -> (class name or None, config) of the pipeline
+    at ``where`` (a local directory, or a hub id looked up in ``cache_dir``), from ``<name>/config.json`` without
+    loading a weight (diffusers' ``load_config``, local files only; the class from its ``_class_name``); a
+    component whose config is not there is left out."""
     from diffusers import ConfigMixin
 
     class ModelConfig(ConfigMixin):  # diffusers' config reader for any model's config.json, no class needed
         config_name = "config.json"
 
-    for n in names:
+    out: dict = {}
+    for n in DENOISERS + ("vae",):
         try:
             cfg = dict(ModelConfig.load_config(where, subfolder=n, local_files_only=True, cache_dir=cache_dir))
         except (OSError, ValueError):
@@ -316,7 +317,7 @@ def _component_configs(spec: ModelSpec, names: tuple[str, ...]) -> dict | None:
 
 
 def _head_dims(denoisers: Optional[dict]) -> list[int] | None:
-    """The attention head dims of ``denoisers`` (:func:`_component_configs`' entries); None unless every one says."""
+    """The attention head dims of ``denoisers`` (:attr:`ModelSpec.components`' entries); None unless every one says."""
     if not denoisers or "transformer" not in denoisers:
         return None
     dims = [cfg.get("attention_head_dim") for _, cfg in denoisers.values()]
@@ -326,29 +327,28 @@ def _head_dims(denoisers: Optional[dict]) -> list[int] | None:
 def config_head_dims(model: "str | ModelSpec", task: str | None = None,
                      family: "str | families.Family" = "wan") -> list[int] | None:
     """The attention head dims of ``model``'s denoiser(s) (a string, or a :class:`ModelSpec` that carries its task
-    and family), read from their configs without loading a weight (:func:`_component_configs`); None when that
+    and family), read from their configs without loading a weight (:attr:`ModelSpec.components`); None when that
     can't be known without a download (the loaded model is checked instead). Lets a backend that can't serve the
     model's head dim be refused before any weight loads (:attr:`Model.head_dims`)."""
-    return _head_dims(_component_configs(_as_spec(model, task, family), DENOISERS))
+    return _head_dims(config_denoisers(model, task, family))
 
 
 def config_denoisers(model: "str | ModelSpec", task: str | None = None,
                      family: "str | families.Family" = "wan") -> dict | None:
     """``{"transformer": (class name, config), "transformer_2": ...}`` of ``model``'s denoiser(s), read without
-    loading a weight (:func:`_component_configs`), or None where that needs a download: what the step cache's
+    loading a weight (:attr:`ModelSpec.components`), or None where that needs a download: what the step cache's
     check builds on the meta device before the load (:func:`vdbench.cache.check_cache`; :attr:`Model.denoisers`)."""
-    return _component_configs(_as_spec(model, task, family), DENOISERS) or None
+    found = _as_spec(model, task, family).components or {}
+    return {n: found[n] for n in DENOISERS if n in found} or None
 
 
 def config_vae(model: "str | ModelSpec", task: str | None = None,
                family: "str | families.Family" = "wan") -> tuple[str, dict] | None:
     """(class name, config) of ``model``'s VAE (a string, or a :class:`ModelSpec`), read without loading a weight
-    (:func:`_component_configs`), or None where that needs a download: what a scratch VAE of the same architecture
+    (:attr:`ModelSpec.components`), or None where that needs a download: what a scratch VAE of the same architecture
     is built from before the pipeline loads (:mod:`vdbench.vae.prewarm`; :attr:`Model.vae`)."""
-    found = _component_configs(_as_spec(model, task, family), ("vae",))
-    if not found or "vae" not in found or not found["vae"][0]:
-        return None
-    return found["vae"]
+    found = _as_spec(model, task, family).components or {}
+    return found["vae"] if "vae" in found and found["vae"][0] else None
 
 
 def _offline_help(model: str, reason: str) -> str:
@@ -505,6 +505,15 @@ def transformers_of(pipe) -> list[tuple[str, torch.nn.Module]]:
         if module is not None:
             out.append((name, module))
     return out
+
+
+def set_flow_shift(pipe, shift: float) -> Optional[float]:
+    """Rebuild the pipeline's scheduler with ``flow_shift`` (flow-matching schedulers only); returns what was set
+    (None: the scheduler has no such setting)."""
+    if "flow_shift" not in pipe.scheduler.config:
+        return None
+    pipe.scheduler = type(pipe.scheduler).from_config(pipe.scheduler.config, flow_shift=shift)
+    return shift
 
 
 def _patch_hw(transformer) -> tuple[int, int]:

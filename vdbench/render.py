@@ -5,8 +5,8 @@ Four stages, each a function with one job, so a refusal can never come after wor
 * :func:`validate` -- every refusal that needs no weights (unknown or unavailable backend, a parallel path the
   backend or the family can't serve, a decode mode that doesn't apply, options that exclude each other) before
   anything loads; returns a :class:`Plan`: the configuration resolved once (the backend or schedule, the family,
-  the parsed model, the decode and encode modes with their options, device and dtypes, the parallel layout), the
-  objects every later stage takes instead of looking a name up again.
+  the parsed model, the decode and encode modes with their options, device and dtypes, the scheduler's flow shift,
+  the parallel layout), the objects every later stage takes instead of looking a name up again.
 * :func:`load` -- the pipeline (real id, local path, tiny or random-weight model), its size and head-dim checks,
   the parallel engine, the speed options; returns a :class:`Loaded`.
 * :func:`run_repetitions` -- per repetition: denoise with ``output_type="latent"`` (per-step times from events at
@@ -36,12 +36,13 @@ from . import families, pipelines
 from .patching import AttentionPatch, no_grid_hooks
 from .patching.schedule import as_schedule, resolve_attention
 from .measure.record import Writer, command_line, commit, from_render_entry, speed_options, stack_name
+from .stages import Wall
 from .timing import (Clock, Laps, StepProfiler, StepTimer, WallStart, append_timing, compile_counts, compile_seconds,
                      describe_steps,
                      peak_memory, reset_peak_memory, run_step_stats, step_stats, system_info, wall_start)
 
 __all__ = ["RenderConfig", "Plan", "VaeMode", "Loaded", "render", "validate", "load", "run_repetitions", "finish",
-           "resolve_device", "resolve_dtype", "preflight", "VAEHang"]
+           "resolve_device", "resolve_dtype", "VAEHang"]
 
 
 class VAEHang(RuntimeError):
@@ -68,20 +69,6 @@ def resolve_dtype(arg: str, device: torch.device) -> torch.dtype:
         return DTYPES[arg]
     except KeyError:
         raise ValueError(f"unknown dtype {arg!r}; choose from auto, {', '.join(DTYPES)}") from None
-
-
-def preflight(backend: B.Backend, device, dtype, head_dims) -> B.Backend:
-    """The backend's entry (:func:`vdbench.patching.schedule.resolve_attention`'s: a schedule requires its every
-    backend), or BackendUnavailable with what *can* run here unless it serves every head dim."""
-    try:
-        return backend.require(device, dtype, head_dims)
-    except B.BackendUnavailable as e:
-        can = [n for n, b in B.BACKENDS.items()
-               if all(b.availability(device, dtype, h)[0] for h in (head_dims or [None]))]
-        dims = ",".join(map(str, sorted(set(head_dims))))
-        raise B.BackendUnavailable(
-            f"{e}.\nBackends that can run here ({device}, {str(dtype).replace('torch.', '')}, head dim {dims}): "
-            f"{', '.join(can)}") from None
 
 
 @dataclass
@@ -147,14 +134,6 @@ class RenderConfig:
     overwrite: bool = False  # replace an existing output file this tool did not write
 
 
-def _set_flow_shift(pipe, shift: float) -> Optional[float]:
-    """Rebuild the scheduler with ``flow_shift`` (flow-matching schedulers only); returns what was set."""
-    if "flow_shift" not in pipe.scheduler.config:
-        return None
-    pipe.scheduler = type(pipe.scheduler).from_config(pipe.scheduler.config, flow_shift=shift)
-    return shift
-
-
 def _load_image(path: str, width: int, height: int):
     """Center-crop to the target aspect ratio, then resize: the conditioning image gets the video's size."""
     from PIL import Image
@@ -198,19 +177,6 @@ class _Progress:
         sys.stdout.flush()
 
 
-def _save_frames(frames, path: Path) -> None:
-    """Raw frames as uint8 (T, H, W, 3), converted exactly as the video encoder's input is; atomic."""
-    import numpy as np
-
-    from .video import frame_to_rgb_uint8
-
-    arr = np.stack([frame_to_rgb_uint8(f, i) for i, f in enumerate(frames)])
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as f:
-        np.save(f, arr)
-    os.replace(tmp, path)
-
-
 def render(cfg: RenderConfig, log=print, exit_code_of=None, started: Optional[WallStart] = None) -> dict:
     """Run the render described by ``cfg``; returns the summary dict (also appended to timing.json).
 
@@ -239,16 +205,6 @@ def render(cfg: RenderConfig, log=print, exit_code_of=None, started: Optional[Wa
         raise
     P.finish(dctx, watch, None)
     return out
-
-
-@dataclass
-class Wall:
-    """The host-clock marks of a render that its end-to-end time is made of: what it counts from (``started``),
-    where the load began (``load_start``, ``time.perf_counter``) and how long it took (``load_s``)."""
-
-    started: WallStart
-    load_start: float
-    load_s: float
 
 
 def _stages(cfg: RenderConfig, log, dctx, started: Optional[WallStart] = None) -> dict:
@@ -288,6 +244,7 @@ class Plan:
     encode: VaeMode
     dctx: object = None
     cache: object = None  # vdbench.cache.CacheSpec, or None
+    flow_shift: Optional[float] = None  # the scheduler's: --flow_shift or the family's default; None: it has none
 
     @property
     def stack(self) -> str:
@@ -335,28 +292,13 @@ def validate(cfg: RenderConfig, dctx=None) -> Plan:
     return plan
 
 
-def _previous_output(path: Path, timing_path: Optional[Path]) -> bool:
-    """Whether the file at ``path`` is a video this tool wrote (its container tag, or a timing.json entry that
-    names it: videos written before the tag existed, or by the OpenCV fallback), so it may be replaced."""
-    from .timing import load_timing
-    from .video import MADE_BY_RENDER, made_by
-
-    if made_by(path) == MADE_BY_RENDER:
-        return True
-    if timing_path is not None and Path(timing_path).is_file():
-        try:
-            return any(e.get("output") == str(path) for e in load_timing(timing_path) if isinstance(e, dict))
-        except (ValueError, OSError):
-            return False
-    return False
-
-
 def _checked_plan(cfg: RenderConfig, dctx) -> Plan:
     from . import parallel as P
     from .vae.decode import GLUES, DecodeOptions, check_decode
     from .vae.encode import EncodeOptions, check_encode
     from .cache import check_cache, parse_cache
     from .speed import check_speed_options
+    from .video import written_by_render
 
     device = dctx.device if dctx is not None else resolve_device(cfg.device)
     dtype = resolve_dtype(cfg.dtype, device)
@@ -394,7 +336,7 @@ def _checked_plan(cfg: RenderConfig, dctx) -> Plan:
             raise ValueError(why)
     # the head dims from the model's config (no weights; the loaded model is checked again): a backend that can't
     # serve them, or can't run on this device at all (sagev1 on a CPU), is refused here
-    preflight(backend, device, dtype, model.head_dims or [])
+    B.require_here(backend, device, dtype, model.head_dims or [])
     if cfg.image and cfg.task in family.image_refusals:
         raise ValueError(family.image_refusals[cfg.task])
     if cfg.task in family.image_tasks and not cfg.image:
@@ -405,7 +347,7 @@ def _checked_plan(cfg: RenderConfig, dctx) -> Plan:
     if cfg.image and not Path(cfg.image).is_file():
         raise ValueError(f"conditioning image {cfg.image} does not exist\ngive --img_file_path an image file")
     if (cfg.rank == 0 and not cfg.overwrite and cfg.output_path.exists()
-            and not _previous_output(cfg.output_path, cfg.timing_path)):
+            and not written_by_render(cfg.output_path, cfg.timing_path)):
         raise ValueError(f"{cfg.output_path} exists and is not a video this tool wrote; not replacing it\n"
                          "move it away, choose another --benchmark_output_directory, or pass --overwrite")
     if (cfg.save_inputs or cfg.save_latents) and cfg.capture_dir is None:
@@ -435,12 +377,16 @@ def _checked_plan(cfg: RenderConfig, dctx) -> Plan:
     vae_dtype = dtype if cfg.vae_dtype in (None, "auto") else resolve_dtype(cfg.vae_dtype, device)
     if cfg.cpu_offload and device.type != "cuda":
         raise ValueError("--cpu_offload moves models between the CPU and a GPU: it needs a CUDA device")
+    flow_shift = None
+    if family.flow_shift is not None:
+        flow_shift = cfg.flow_shift if cfg.flow_shift is not None else family.flow_shift(cfg.task, cfg.height,
+                                                                                         cfg.width)
     steps_profiled = cfg.profile_wait + cfg.profile_warmup + cfg.profile_active
     if cfg.profile_output and steps_profiled > cfg.num_inference_steps:
         raise ValueError(f"--profile_wait + --profile_warmup + --profile_active = {steps_profiled} exceeds the "
                          f"{cfg.num_inference_steps} denoising steps of the profiled repetition")
     return Plan(cfg, model, backend, device, dtype, vae_dtype, VaeMode(decode, decode_options),
-                VaeMode(encode, encode_options), dctx, cache)
+                VaeMode(encode, encode_options), dctx, cache, flow_shift)
 
 
 def _engine_refusal(spec, cfg: RenderConfig, model, backend, device) -> Optional[str]:
@@ -564,7 +510,7 @@ def _load_checked(plan: Plan, laps: Laps) -> tuple:
     """(pipeline, its denoisers, load time, flow shift): loaded, its scheduler's shift set, its exact size rules
     and the backend against its head dims checked; ``laps``: the load's parts, the loading's own
     (:meth:`vdbench.pipelines.Model.load`) among them."""
-    from .pipelines import transformers_of
+    from .pipelines import set_flow_shift, transformers_of
 
     cfg, model, device = plan.cfg, plan.model, plan.device
     t_load = time.perf_counter()
@@ -580,14 +526,11 @@ def _load_checked(plan: Plan, laps: Laps) -> tuple:
     laps.lap("pipeline_other")  # outside the parts the load names
     model.check_size(pipe, cfg.height, cfg.width, cfg.num_frames)
     models = transformers_of(pipe)
-    flow_shift = None
-    if model.family.flow_shift is not None:
-        flow_shift = _set_flow_shift(pipe, cfg.flow_shift if cfg.flow_shift is not None
-                                     else model.family.flow_shift(cfg.task, cfg.height, cfg.width))
+    flow_shift = set_flow_shift(pipe, plan.flow_shift) if plan.flow_shift is not None else None
     pipe.set_progress_bar_config(disable=not sys.stderr.isatty(), leave=False)
     laps.lap("size_checks")
     # the backend's availability here (its package imported, the device queried)
-    preflight(plan.backend, device, plan.dtype, [m.config.attention_head_dim for _, m in models])
+    B.require_here(plan.backend, device, plan.dtype, [m.config.attention_head_dim for _, m in models])
     laps.lap("preflight")
     return pipe, models, load_time, flow_shift
 
@@ -643,11 +586,6 @@ def load(plan: Plan) -> Loaded:
     if split is not None:  # the cache's counts are of what this rank computed: one guidance branch per step
         counter.split_guidance(*split)
 
-    kwargs = dict(prompt=cfg.prompt, negative_prompt=cfg.negative_prompt, height=cfg.height, width=cfg.width,
-                  num_frames=cfg.num_frames, num_inference_steps=cfg.num_inference_steps,
-                  guidance_scale=cfg.guidance_scale, output_type="latent", **cfg.extra_pipe_kwargs)
-    if plan.model.image:
-        kwargs["image"] = _load_image(cfg.image, cfg.width, cfg.height)
     backend = plan.backend
     header = {
         "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items()},
@@ -662,6 +600,12 @@ def load(plan: Plan) -> Loaded:
         "command": command_line(),
         "commit": commit(),
     }
+    # the pipeline call's arguments, the conditioning image read and sized
+    kwargs = dict(prompt=cfg.prompt, negative_prompt=cfg.negative_prompt, height=cfg.height, width=cfg.width,
+                  num_frames=cfg.num_frames, num_inference_steps=cfg.num_inference_steps,
+                  guidance_scale=cfg.guidance_scale, output_type="latent", **cfg.extra_pipe_kwargs)
+    if plan.model.image:
+        kwargs["image"] = _load_image(cfg.image, cfg.width, cfg.height)
     part("header")
     if device.type == "cuda":  # the load's last copies and quantization kernels are the load's time
         torch.cuda.synchronize(device)
@@ -906,8 +850,7 @@ def _repetition(plan: Plan, loaded: Loaded, watch: _Watch, rep: int,
         save_latents(cfg.capture_dir, latents, cfg.attention_type, rank=cfg.rank, repetition=rep,
                      meta={"family": plan.family.name, "model": plan.model.spec.model, "height": cfg.height,
                            "width": cfg.width, "num_frames": cfg.num_frames})
-    once = _one_time(loaded, watch, first, vae_info)
-    return _entry(plan, loaded, watch, rep, timer, vae_info, (start, after_pipe, after_decode), once), frames
+    return _entry(plan, loaded, watch, rep, timer, vae_info, (start, after_pipe, after_decode), first), frames
 
 
 def _one_time(loaded: Loaded, watch: _Watch, first: Optional[tuple[_Mark, Optional[float]]], vae_info: dict) -> dict:
@@ -932,9 +875,11 @@ def _one_time(loaded: Loaded, watch: _Watch, first: Optional[tuple[_Mark, Option
 
 
 def _entry(plan: Plan, loaded: Loaded, watch: _Watch, rep: int, timer: StepTimer, vae_info: dict, clocks: tuple,
-           once: dict) -> dict:
+           first: Optional[tuple[_Mark, Optional[float]]]) -> dict:
     """One repetition's timing entry: its step times and their statistics, the stages, the decode and the encode,
-    the attention's counts, the cache's, the memory, what it paid once (``once``), the run it is part of."""
+    the attention's counts, the cache's, the memory, what it paid once (:func:`_one_time`; ``first``: the first
+    repetition's marks), the run it is part of."""
+    once = _one_time(loaded, watch, first, vae_info)
     cfg, device, backend, patch = plan.cfg, plan.device, plan.backend, watch.patch
     start, after_pipe, after_decode = clocks
     timer.starts_at(watch.stage_timers.denoise_start)  # the encoders before the first step are no step's
@@ -983,25 +928,6 @@ def _entry(plan: Plan, loaded: Loaded, watch: _Watch, rep: int, timer: StepTimer
     }
 
 
-def _end_to_end(entries: list[dict], wall: Wall, write_s: float, end: float) -> dict:
-    """timing.json's ``end_to_end`` of a render (:func:`vdbench.stages.end_to_end`, with what it counts from, the
-    clock, the repetitions it covers): the stages of ``wall`` and of every repetition, summed, and the write."""
-    from .stages import STAGES, end_to_end
-
-    def summed(stage):
-        vals = [(e.get("stages") or {}).get(stage) for e in entries]
-        vals = [v for v in vals if v is not None]
-        return sum(vals) if vals else None
-
-    stages = {"startup": wall.load_start - wall.started.t, "load": wall.load_s,
-              "warmup_calls": (entries[0].get("one_time") or {}).get("warmup_calls_s"),
-              **{k: summed(k) for k in STAGES}, "write": write_s}
-    in_reps = [e.get("unaccounted") for e in entries]
-    return {**wall.started.as_dict(), "repetitions": len(entries),
-            **end_to_end(end - wall.started.t, stages,
-                         in_repetitions=sum(in_reps) if all(v is not None for v in in_reps) else None)}
-
-
 def _log_compile(comp: Optional[dict], stack: str, log) -> None:
     """A compiled render's graphs per step; a warning where a step after the first compiled (a recompile: the step
     waits for the compiler again) or where dynamo broke a graph."""
@@ -1039,34 +965,40 @@ def finish(plan: Plan, entries: list[dict], frames, log, wall: Optional[Wall] = 
 
     Each entry's ``one_time`` is completed (:func:`vdbench.stages.one_time`). With ``wall`` (the render's marks), the
     first repetition's entry gets ``end_to_end_s`` -- the render's start (the process's, from the CLIs) to the video
-    and raw frames on disk, every repetition included -- and its ``end_to_end`` breakdown; the later repetitions'
-    entries get None for both (the render's wait is counted once)."""
+    and raw frames on disk, every repetition included -- and its ``end_to_end`` breakdown
+    (:func:`vdbench.stages.render_end_to_end`); the later repetitions' entries get None for both (the render's wait
+    is counted once)."""
     from . import parallel as P
     from .stages import describe as describe_stages
-    from .stages import describe_end_to_end, one_time
-    from .video import MADE_BY_RENDER, render_comment, write_video
+    from .stages import describe_end_to_end, one_time, render_end_to_end
+    from .video import MADE_BY_RENDER, render_comment, save_frames, write_video
 
     cfg, device, backend = plan.cfg, plan.device, plan.backend
     merged = P.merge_rank_entries(plan.dctx, entries)  # a collective under torchrun; None on ranks other than 0
     if merged is None:
         return {"attention_type": cfg.attention_type, "rank": cfg.rank, "output": None,
                 "calls_by_kernel": entries[-1]["attention"]["calls_by_kernel"]}
-    entries = one_time(merged)
+    # the files first: what the render's end-to-end time counts to
     write_start = time.perf_counter()
-    run_id = entries[-1].get("run_id")
+    run_id = merged[-1].get("run_id")
     write_video(frames, cfg.output_path, fps=cfg.fps, made_by=render_comment(run_id) if run_id else MADE_BY_RENDER)
     if cfg.save_frames:
-        _save_frames(frames, cfg.output_path.with_suffix(".npy"))
+        save_frames(frames, cfg.output_path.with_suffix(".npy"))
     end = time.perf_counter()
+    # then the entries completed: what each repetition paid once, the render's end to end on the first
+    entries = one_time(merged)
     for i, e in enumerate(entries):
-        e2e = _end_to_end(entries, wall, end - write_start, end) if (wall is not None and i == 0) else None
+        e2e = render_end_to_end(entries, wall, end - write_start, end) if (wall is not None and i == 0) else None
         e["end_to_end_s"] = (end - wall.started.t) if e2e else None
         e["end_to_end"] = e2e
-    append_timing(cfg.timing_path, entries)
-    # the same repetitions in the record schema every tool writes (vdbench.measure.record), beside timing.json
-    Writer(cfg.timing_path.with_name("records.jsonl")).write(*(from_render_entry(e) for e in entries))
     last = entries[-1]
+    stages_line, e2e_line = describe_stages(last), describe_end_to_end(entries[0])
+    # the repetitions in the record schema every tool writes (vdbench.measure.record), beside timing.json
+    Writer(cfg.timing_path.with_name("records.jsonl")).write(*(from_render_entry(e) for e in entries))
+    append_timing(cfg.timing_path, entries)
     steps = run_step_stats([e["step_times"] for e in entries], device, backend.emulated)
+    timing_text = ("emulated backend: no speed figure" if backend.emulated
+                   else describe_steps(steps, cached=plan.cache is not None))
     stack = plan.stack
     summary = {
         "attention_type": cfg.attention_type, "stack": stack, "output": str(cfg.output_path),
@@ -1081,12 +1013,9 @@ def finish(plan: Plan, entries: list[dict], frames, log, wall: Optional[Wall] = 
         "denoise_s": steps["denoise_s"], "step_mean": steps["step_mean"], "cache": last.get("cache"),
     }
     kernels = ", ".join(f"{k}×{v}" for k, v in last["attention"]["calls_by_kernel"].items())
-    timing_text = ("emulated backend: no speed figure" if backend.emulated
-                   else describe_steps(steps, cached=plan.cache is not None))
     log(f"[{stack}] {timing_text}, decode {last['vae_decode_time']:.2f} s, kernels: {kernels} "
         f"-> {cfg.output_path}")
-    log(f"[{stack}] {describe_stages(last)}")
-    e2e_line = describe_end_to_end(entries[0])
+    log(f"[{stack}] {stages_line}")
     if last.get("cache"):
         c = last["cache"]
         share = "n/a" if c["skipped_share"] is None else f"{c['skipped_share']:.0%}"

@@ -20,7 +20,8 @@ render prints.
 The same for the whole render, from the process's start to the video on disk (timing.json's ``end_to_end_s`` and
 ``end_to_end``): :func:`end_to_end` adds :data:`END_TO_END_STAGES` -- the startup, the load, the untimed warm-up
 calls, the repetitions' stages summed, the write -- and names the rest ``unaccounted``, so the stages and
-``unaccounted`` add up to ``end_to_end_s`` by construction. :func:`one_time` completes each repetition's
+``unaccounted`` add up to ``end_to_end_s`` by construction (:func:`render_end_to_end`: from a render's marks,
+:class:`Wall`, and its entries). :func:`one_time` completes each repetition's
 ``one_time`` section (what a render pays once, apart from its steady work) and ``steady_s``;
 :func:`merge_one_time` takes the one-time costs a stage reports itself (``info["one_time"]`` of the decode or the
 encode) into it under the stage's prefix; :func:`describe_end_to_end` is the render's end-to-end line.
@@ -30,14 +31,15 @@ from __future__ import annotations
 
 import contextlib
 import statistics
+from dataclasses import dataclass
 from typing import Callable, Optional
 
 import torch
 
-from .timing import Clock
+from .timing import Clock, WallStart
 
 __all__ = ["STAGES", "END_TO_END_STAGES", "CallTimer", "StageTimers", "breakdown", "describe", "end_to_end",
-           "merge_one_time", "one_time", "describe_end_to_end"]
+           "merge_one_time", "one_time", "describe_end_to_end", "Wall", "render_end_to_end"]
 
 #: The stages of a render, in pipeline order (timing.json ``stages``; None where the pipeline has no such stage).
 STAGES = ("text_encode", "image_encode", "vae_encode", "denoise", "vae_decode")
@@ -211,6 +213,36 @@ def end_to_end(total: float, stages: dict, *, in_repetitions: Optional[float] = 
     out["unaccounted_where"] = {"in_repetitions": in_repetitions,
                                 "outside": None if in_repetitions is None else rest - in_repetitions}
     return out
+
+
+@dataclass
+class Wall:
+    """The host-clock marks of a render that its end-to-end time is made of: what it counts from (``started``,
+    :class:`vdbench.timing.WallStart`), where the load began (``load_start``, ``time.perf_counter``) and how long it
+    took (``load_s``)."""
+
+    started: WallStart
+    load_start: float
+    load_s: float
+
+
+def render_end_to_end(entries: list[dict], wall: Wall, write_s: float, end: float) -> dict:
+    """timing.json's ``end_to_end`` of a render (:func:`end_to_end`, with what it counts from, the clock, the
+    repetitions it covers): the stages of ``wall`` and of every repetition's entry, summed, and the write
+    (``write_s``, ending at ``end``, ``time.perf_counter``)."""
+
+    def summed(stage):
+        vals = [(e.get("stages") or {}).get(stage) for e in entries]
+        vals = [v for v in vals if v is not None]
+        return sum(vals) if vals else None
+
+    stages = {"startup": wall.load_start - wall.started.t, "load": wall.load_s,
+              "warmup_calls": (entries[0].get("one_time") or {}).get("warmup_calls_s"),
+              **{k: summed(k) for k in STAGES}, "write": write_s}
+    in_reps = [e.get("unaccounted") for e in entries]
+    return {**wall.started.as_dict(), "repetitions": len(entries),
+            **end_to_end(end - wall.started.t, stages,
+                         in_repetitions=sum(in_reps) if all(v is not None for v in in_reps) else None)}
 
 
 def merge_one_time(section: dict, stage: str, info: Optional[dict], *, keys=None) -> dict:

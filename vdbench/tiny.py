@@ -115,6 +115,12 @@ class TinyVariant:
     seed: int = 0
     transformer_init: Optional[Callable[[torch.nn.Module], None]] = dataclasses.field(default=None, compare=False)
 
+    def components(self) -> dict:
+        """Component name (``transformer``, ``transformer_2``, ``vae``) -> (diffusers class name, config) of the
+        components this variant has: what a model built from it is made of, known without building it."""
+        return {n: (self.vae_class if n == "vae" else self.transformer_class, getattr(self, n))
+                for n in ("transformer", "transformer_2", "vae") if getattr(self, n) is not None}
+
     def spec(self) -> dict:
         """The variant as plain JSON data (what is hashed, and what is recorded next to the built model)."""
         data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "transformer_init"}

@@ -43,12 +43,14 @@ __all__ = [
     "write_video",
     "frame_to_rgb_uint8",
     "frames_to_rgb_uint8",
+    "save_frames",
     "probe_video",
     "iter_frames",
     "label_from_filename",
     "identity_from_filename",
     "render_comment",
     "made_by",
+    "written_by_render",
     "run_of",
     "MADE_BY_RENDER",
     "MADE_BY_GRID",
@@ -175,6 +177,17 @@ def frames_to_rgb_uint8(frames) -> np.ndarray:
         raise ValueError(f"frame {int((~finite).nonzero()[0])}: contains NaN or inf values")
     x = torch.add(torch.mul(x.clamp(0.0, 1.0), 255.0), 0.5)
     return np.ascontiguousarray(x.to(torch.uint8).cpu().numpy())
+
+
+def save_frames(frames, path) -> None:
+    """Raw frames as uint8 (T, H, W, 3), converted exactly as the video encoder's input is
+    (:func:`frame_to_rgb_uint8`), saved with ``np.save`` at ``path``; atomic (a temporary file beside it, renamed)."""
+    path = Path(path)
+    arr = np.stack([frame_to_rgb_uint8(f, i) for i, f in enumerate(frames)])
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "wb") as f:
+        np.save(f, arr)
+    os.replace(tmp, path)
 
 
 def _pad_to_even(arr: np.ndarray) -> np.ndarray:
@@ -407,6 +420,22 @@ def made_by(path) -> str | None:
     container's comment by ffmpeg without decoding a frame; None for any other file (or one ffmpeg can't open)."""
     m = _comment(path)
     return m["tag"] if m else None
+
+
+def written_by_render(path, timing_path=None) -> bool:
+    """Whether the file at ``path`` is a video a render wrote (its container tag, or an entry of the timing.json at
+    ``timing_path`` that names it: videos written before the tag existed, or by the OpenCV fallback), so that a
+    render may replace it."""
+    from .timing import load_timing
+
+    if made_by(path) == MADE_BY_RENDER:
+        return True
+    if timing_path is not None and Path(timing_path).is_file():
+        try:
+            return any(e.get("output") == str(path) for e in load_timing(timing_path) if isinstance(e, dict))
+        except (ValueError, OSError):
+            return False
+    return False
 
 
 def run_of(path) -> str | None:

@@ -19,13 +19,14 @@ from vdbench.numerics import exact_attention, reference_attention
 from .registry import (ANY_FLOAT, BACKENDS, HALF, Backend, BackendUnavailable, BenchProfile, BytesMoved, CallShape,
                        LSEForm, Option, RequiresPackage, SparseUse, UnsupportedCall, aliases, availability,
                        available_names, canonical_name, capability_table, cuda, cuda_dtypes, get_backend, names, probe,
-                       register, registered, requires_package, resolve, traffic, unregister)
+                       register, registered, require_here, requires_package, resolve, traffic, unregister)
 from .torch_sdpa import sdpa_kernel_choice
 
 __all__ = ["Backend", "BenchProfile", "CallShape", "SparseUse", "BackendUnavailable", "UnsupportedCall", "LSEForm",
            "Option", "BytesMoved", "traffic", "HALF", "ANY_FLOAT", "RequiresPackage", "requires_package", "cuda",
            "cuda_dtypes", "probe", "register", "unregister", "registered", "resolve", "get_backend", "canonical_name",
-           "names", "aliases", "availability", "available_names", "capability_table", "BACKENDS", "sdpa_kernel_choice",
+           "names", "aliases", "availability", "available_names", "capability_table", "require_here", "BACKENDS",
+           "sdpa_kernel_choice",
            "exact_attention", "reference_attention"]
 
 

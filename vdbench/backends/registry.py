@@ -54,7 +54,7 @@ import torch
 __all__ = ["Backend", "BenchProfile", "CallShape", "SparseUse", "BackendUnavailable", "UnsupportedCall", "LSEForm",
            "Option", "BytesMoved", "traffic", "HALF", "ANY_FLOAT", "RequiresPackage", "requires_package", "cuda",
            "cuda_dtypes", "probe", "register", "unregister", "registered", "resolve", "get_backend", "canonical_name",
-           "names", "aliases", "availability", "available_names", "capability_table", "BACKENDS"]
+           "names", "aliases", "availability", "available_names", "capability_table", "require_here", "BACKENDS"]
 
 HALF = (torch.float16, torch.bfloat16)
 ANY_FLOAT = (torch.float16, torch.bfloat16, torch.float32)
@@ -693,6 +693,20 @@ def availability(name: str, device=None, dtype: Optional[torch.dtype] = None,
 
 def available_names(device=None, dtype=None, head_dim=None) -> list[str]:
     return [n for n, b in BACKENDS.items() if b.availability(device, dtype, head_dim)[0]]
+
+
+def require_here(backend, device, dtype, head_dims) -> Backend:
+    """``backend``'s entry (an entry, or a schedule, which requires its every backend: ``require``), or
+    BackendUnavailable with what *can* run here (every registered backend that serves each of ``head_dims``)."""
+    try:
+        return backend.require(device, dtype, head_dims)
+    except BackendUnavailable as e:
+        can = [n for n, b in BACKENDS.items()
+               if all(b.availability(device, dtype, h)[0] for h in (head_dims or [None]))]
+        dims = ",".join(map(str, sorted(set(head_dims))))
+        raise BackendUnavailable(
+            f"{e}.\nBackends that can run here ({device}, {str(dtype).replace('torch.', '')}, head dim {dims}): "
+            f"{', '.join(can)}") from None
 
 
 def capability_table(device=None, dtype=None, head_dim=None) -> str:

@@ -373,6 +373,11 @@ def attention_grids() -> dict[str, str]:
     return {name: grid for family in _REGISTRY.values() for name, grid in family.attention_grids.items()}
 
 
+def xfuser_wired() -> tuple[str, ...]:
+    """The pipeline classes some registered family wires to xfuser (:attr:`Family.xfuser`), in listing order."""
+    return tuple(cls for family in _REGISTRY.values() for cls in family.xfuser)
+
+
 def vae_names() -> tuple[str, ...]:
     """The VAE names :func:`vae_config` (and ``vdbench.pipelines.build_vae``) know, in listing order."""
     return tuple(name for family in _REGISTRY.values() for name in family.vae_configs)

@@ -44,8 +44,8 @@ from torch.overrides import TorchFunctionMode
 from .. import kernels as K
 from . import encode as E
 from . import fast as V
-from .decode import DecodeMode, DecodeOptions, check_decode
-from .encode import EncodeMode, EncodeOptions, check_encode
+from .decode import DecodeMode, DecodeOptions
+from .encode import EncodeMode, EncodeOptions
 
 log = logging.getLogger(__name__)
 
@@ -88,18 +88,19 @@ def _part(mode, options, vae_class: str, device):
     return ((mode, options), "") if used else (None, info.get("glue", ""))
 
 
-def plan(*, vae_class: str, device, decode_mode: "str | DecodeMode", decode_options: DecodeOptions,
-         encode_mode: "str | EncodeMode | None" = None, encode_options: EncodeOptions = EncodeOptions(),
+def plan(*, vae_class: str, device, decode_mode: DecodeMode, decode_options: DecodeOptions,
+         encode_mode: Optional[EncodeMode] = None, encode_options: EncodeOptions = EncodeOptions(),
          pixel_hw: tuple[int, int], first_use: bool = True) -> Optional[PrewarmPlan]:
     """The prewarm a render's decode (and encode, when ``encode_mode`` is given) of a ``vae_class`` VAE on
     ``device`` would profit from, or None: only the fast layers with the Triton glue have a compile to pay ahead
-    (diffusers' own decode has none of vdbench's). The modes: names, or their entries as the render resolved
-    them."""
+    (diffusers' own decode has none of vdbench's). The modes: their entries with their options, as checked by
+    :func:`~vdbench.vae.decode.check_decode` / :func:`~vdbench.vae.encode.check_encode` (the render's, in its
+    validation), so the prewarm compiles what the real decode and encode will run."""
     why: dict = {}
-    dec, why["decode"] = _part(check_decode(decode_mode, decode_options), decode_options, vae_class, device)
+    dec, why["decode"] = _part(decode_mode, decode_options, vae_class, device)
     enc = None
     if encode_mode is not None:
-        enc, why["encode"] = _part(check_encode(encode_mode, encode_options), encode_options, vae_class, device)
+        enc, why["encode"] = _part(encode_mode, encode_options, vae_class, device)
     if dec is None and enc is None:
         return None
     return PrewarmPlan(vae_class, dec, enc, pixel_hw, torch.device(device), {k: v for k, v in why.items() if v},
