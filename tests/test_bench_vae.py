@@ -64,18 +64,38 @@ def test_exit_code():
     assert B.exit_code([ok, {"status": "hung"}, {"status": "ok", "quality_flag": True}]) == 1
 
 
-def test_every_config_in_process(tmp_path, monkeypatch, capsys, checkout_env):
-    monkeypatch.setenv("PYTHONPATH", checkout_env["PYTHONPATH"])  # miopen_* runs in a child: this checkout's vdbench
-    out = tmp_path / "r.json"
-    configs = ",".join(["bf16", "bf16_autocast", "tiled", "chunked@2", "channels_last_3d", "cudnn_benchmark",
-                        "compile", "fast@2", "memory@100", "miopen_fast"])
-    rc = B.main(SMALL + ["--configs", configs, "-o", str(out)])
-    data = json.loads(out.read_text())
-    rows = {r["config"]: r for r in data["results"]}
-    assert list(rows)[0] == "fp32" and rows["fp32"]["psnr_min"] == math.inf
+# The in-process configs of the two tests below, run once for both (the fp32 reference, bf16 and tiled are common):
+# what each test checks is its own configs' rows, which run as they would alone (each config on its own VAE).
+EVERY_CONFIG = ["bf16", "bf16_autocast", "tiled", "chunked@2", "channels_last_3d", "cudnn_benchmark", "compile",
+                "fast@2", "memory@100", "miopen_fast"]
+FAST_VARIANTS = ["bf16", "fast", "fast_nocl@2", "fast+compile", "fast+cudnn_benchmark", "tiled"]
+
+
+@pytest.fixture(scope="module")
+def every_config_run(tmp_path_factory):
+    """(exit code, the JSON written, the records beside it, stdout) of one in-process run of every config above,
+    the bf16 and fast ones profiled."""
+    import contextlib
+    import io
+
+    out = tmp_path_factory.mktemp("every_config") / "r.json"
+    configs = ",".join(dict.fromkeys(EVERY_CONFIG + FAST_VARIANTS))
+    text = io.StringIO()
+    with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(text):
+        # miopen_* runs in a child: this checkout's vdbench first on its path
+        mp.setenv("PYTHONPATH", os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]))
+        rc = B.main(SMALL + ["--configs", configs, "--profile", "4", "--profile_configs", "bf16,fast*", "-o", str(out)])
     from vdbench.measure.record import read
 
-    recs = {r.case: r for r in read(out.with_name("records.jsonl"))}  # the rows again, in the record schema
+    return rc, json.loads(out.read_text()), read(out.with_name("records.jsonl")), text.getvalue()
+
+
+def test_every_config_in_process(every_config_run):
+    rc, data, records, text = every_config_run
+    rows = {r["config"]: r for r in data["results"]}
+    assert list(rows) == ["fp32", *dict.fromkeys(EVERY_CONFIG + FAST_VARIANTS)]
+    assert rows["fp32"]["psnr_min"] == math.inf
+    recs = {r.case: r for r in records}  # the rows again, in the record schema
     assert list(recs) == list(rows) and recs["bf16"].figures["time_s"]["n"] == len(rows["bf16"]["times_s"])
     assert rows["cudnn_benchmark"]["status"] == "not_applicable"
     assert rows["miopen_fast"]["status"] == "not_applicable" and "ROCm" in rows["miopen_fast"]["reason"]
@@ -101,7 +121,6 @@ def test_every_config_in_process(tmp_path, monkeypatch, capsys, checkout_env):
     assert rows["fast@2"]["psnr_min"] == pytest.approx(rows["bf16"]["psnr_min"], abs=3)
     assert rows["memory@100"]["decode_info"]["path"] == "chunked"
     assert rows["compile"]["graph_breaks"] >= 0
-    text = capsys.readouterr().out
     assert "system:" in text and "torch=" in text and "shapes: latents [1, 16, 2, 4, 6]" in text
     assert "encode: video input [1, 3, 5, 32, 48] -> latents [1, 16, 2, 4, 6]" in text and "encode + decode " in text
     # a 32-px tile on this tiny random VAE loses far more than 40 dB -> flagged, exit code 2 (nothing failed)
@@ -195,13 +214,12 @@ def test_composite_configs_parse():
     assert B.profile_wanted("tiled", None)
 
 
-def test_fast_variants_compile_and_profile(tmp_path):
+def test_fast_variants_compile_and_profile(every_config_run):
     from vdbench.vae.fast import FAST_DEFAULT_CHUNK
 
-    out = tmp_path / "r.json"
-    rc = B.main(SMALL + ["--configs", "bf16,fast,fast_nocl@2,fast+compile,fast+cudnn_benchmark,tiled",
-                         "--profile", "4", "--profile_configs", "bf16,fast*", "-o", str(out)])
-    rows = {r["config"]: r for r in json.loads(out.read_text())["results"]}
+    rc, data, _, _ = every_config_run
+    rows = {r["config"]: r for r in data["results"]}
+    assert data["args"]["profile"] == 4 and data["args"]["profile_configs"] == "bf16,fast*"
     assert rc == 2  # only the tiny 32-px tiles are flagged
     assert rows["fast"]["chunk_frames"] == FAST_DEFAULT_CHUNK and rows["fast"]["channels_last"] is True
     assert rows["fast_nocl@2"]["chunk_frames"] == 2 and rows["fast_nocl@2"]["channels_last"] is False

@@ -9,8 +9,6 @@ import csv
 import importlib.util
 import json
 import math
-import subprocess
-import sys
 import types
 from pathlib import Path
 
@@ -199,15 +197,15 @@ def test_main_runs_the_stage_and_returns_its_verdict(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton not installed")
-def test_both_stages_run_the_real_kernels_under_the_interpreter(tmp_path, checkout_env):
-    """The script as the kernels suite runs it, with --dry: the project's kernels under Triton's interpreter (a
-    process of its own: the interpreter is chosen when the kernel module is imported). Every check row passes and
-    the sweep writes one row per variant and a winner per kernel and head dim (~30 s on a CPU)."""
-    env = dict(checkout_env, TRITON_INTERPRET="1")
-    for stage in ("check", "sweep"):
-        p = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_kernels.py"), stage, "--out", str(tmp_path),
-                            "--dry"], capture_output=True, text=True, env=env, timeout=300)
-        assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+def test_both_stages_run_the_real_kernels_under_the_interpreter(tmp_path, capsys):
+    """The script's main as the kernels suite runs it, with --dry: the project's kernels under Triton's interpreter
+    (in this process: the kernel modules re-imported with the interpreter on, as tests/test_kernels.py does). Every
+    check row passes and the sweep writes one row per variant and a winner per kernel and head dim."""
+    from tests.conftest import triton_interpreter
+
+    with triton_interpreter("vdbench.kernels.quant", "vdbench.kernels.attention"):
+        for stage in ("check", "sweep"):
+            assert gk.main([stage, "--out", str(tmp_path), "--dry"]) == 0, capsys.readouterr().out[-3000:]
     assert all(r["ok"] for r in json.loads((tmp_path / "check.json").read_text()))
     best = json.loads((tmp_path / "best_configs.json").read_text())
     assert set(best) == {f"{n}:{d}" for n in gk.NAMES for d in (128, 64)}

@@ -2,10 +2,12 @@
 texts name no code constants."""
 
 import argparse
+import json
 import os
 import re
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -38,16 +40,55 @@ def _options(text: str) -> list[tuple[str, str]]:
     return [(f, h.strip()) for f, h in out if not f.startswith("-h")]
 
 
-@pytest.mark.parametrize("command", COMMANDS, ids=lambda c: c[-1])
-def test_every_flag_has_help_that_shows_its_default(command):
-    if command[0].endswith(".sh"):
-        argv = ["bash", str(ROOT / command[0])]
-    elif command[0] == "-m":
-        argv = [sys.executable, *command]
-    else:
-        argv = [sys.executable, str(ROOT / command[0])]
+# Each Python command's ``--help`` as ``python <script>`` / ``python -m <module>`` runs it (``runpy``: the script's
+# folder first on sys.path, ``__main__`` its own module), all of them in one child process: one torch import for
+# every command instead of one per command; each command's exit status, stdout and stderr come back apart.
+_HELP_ALL = r"""
+import contextlib, io, json, runpy, sys
+out = {}
+for command in json.loads(sys.argv[1]):
+    stdout, stderr, path0 = io.StringIO(), io.StringIO(), sys.path[0]
+    try:
+        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+            sys.argv = [command[-1], "--help"]
+            if command[0] == "-m":
+                runpy.run_module(command[1], run_name="__main__", alter_sys=True)
+            else:
+                sys.path[0] = str(__import__("pathlib").Path(command[0]).resolve().parent)
+                runpy.run_path(command[0], run_name="__main__")
+        rc = 0
+    except SystemExit as e:
+        rc = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except Exception as e:
+        rc, _ = 1, stderr.write(f"{type(e).__name__}: {e}")
+    finally:
+        sys.path[0] = path0
+    out[" ".join(command)] = [rc, stdout.getvalue(), stderr.getvalue()]
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def help_texts() -> dict:
+    """``" ".join(command)`` -> (exit status, stdout, stderr) of ``command --help``."""
     env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHON=sys.executable)
-    proc = subprocess.run(argv + ["--help"], capture_output=True, text=True, env=env, timeout=120, cwd=ROOT)
+    python = [c for c in COMMANDS if not c[0].endswith(".sh")]
+    proc = subprocess.run([sys.executable, "-c", _HELP_ALL, json.dumps(python)], capture_output=True, text=True,
+                          env=env, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.splitlines()[-1])
+    for c in COMMANDS:
+        if c[0].endswith(".sh"):
+            p = subprocess.run(["bash", str(ROOT / c[0]), "--help"], capture_output=True, text=True, env=env,
+                               timeout=120, cwd=ROOT)
+            got[" ".join(c)] = [p.returncode, p.stdout, p.stderr]
+    return got
+
+
+@pytest.mark.parametrize("command", COMMANDS, ids=lambda c: c[-1])
+def test_every_flag_has_help_that_shows_its_default(command, help_texts):
+    returncode, stdout, stderr = help_texts[" ".join(command)]
+    proc = types.SimpleNamespace(returncode=returncode, stdout=stdout, stderr=stderr)
     assert proc.returncode == 0, proc.stderr
     options = _options(proc.stdout)
     assert options or re.search(r"^  \{\w+(,\w+)*\}$", proc.stdout, re.M), proc.stdout  # flags, or subcommands
