@@ -268,7 +268,7 @@ def test_register_refuses_clashes_and_entries_without_an_lse_answer():
 
 
 def _entry_modules() -> list[str]:
-    return [info.name for info in pkgutil.iter_modules(B.__path__) if info.name != "registry"]
+    return [info.name for info in pkgutil.iter_modules(B.__path__) if info.name not in B.SUPPORT_MODULES]
 
 
 def test_every_module_of_the_package_registers_its_entries_in_its_order(monkeypatch):

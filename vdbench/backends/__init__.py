@@ -30,11 +30,15 @@ __all__ = ["Backend", "BenchProfile", "CallShape", "SparseUse", "BackendUnavaila
            "exact_attention", "reference_attention"]
 
 
+# the modules of this package that hold no entries: the registry itself and the prewarm runner
+SUPPORT_MODULES = ("registry", "prewarm")
+
+
 def _import_entry_modules() -> None:
-    """Every module of this package but the registry and the prewarm runner registers entries when imported; their
-    order is ORDER's."""
+    """Every module of this package but the support modules registers entries when imported; their order is
+    ORDER's."""
     for info in pkgutil.iter_modules(__path__):
-        if info.name not in ("registry", "prewarm"):
+        if info.name not in SUPPORT_MODULES:
             importlib.import_module(f"{__name__}.{info.name}")
 
 
