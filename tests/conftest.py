@@ -86,3 +86,14 @@ def vdbench_cache(tmp_path_factory):
     """One temporary tiny-model cache for the whole session (builds are shared between the tests that use it):
     models built here, in this run, by this machine's arithmetic, never ones a persistent cache kept."""
     return tmp_path_factory.mktemp("vdbench_cache")
+
+
+@pytest.fixture(scope="module")
+def fork_python(tmp_path_factory):
+    """A ``python`` for the shell scripts a test runs (``PYTHON=...``) whose every call is a child forked from the test
+    process (tests/launch.py ``PythonServer``): the scripts' logic unchanged, without a fresh interpreter's imports
+    per call."""
+    from tests.launch import PythonServer
+
+    with PythonServer(tmp_path_factory.mktemp("python")) as server:
+        yield server.python

@@ -181,3 +181,169 @@ def render(family: str, argv: list, log_dir: Path, nproc: int = 1, timeout: floa
             p.kill()
             p.join()
     return Launch([p.exitcode for p in procs], [Path(x).read_text(errors="replace") for x in logs], time.monotonic() - t0)
+
+
+# ----- a stand-in for `python` for the shell scripts under test -----
+
+_CLIENT = '''#!{python} -S
+# what a test's $PYTHON runs: hands its argv, cwd, environment and standard streams to the test process's fork
+# server (tests/launch.py PythonServer), which runs them in a forked child, and exits with the child's code
+import json, os, signal, socket, struct, sys
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.connect({sock!r})
+msg = json.dumps({{"argv": sys.argv[1:], "cwd": os.getcwd(), "env": dict(os.environ)}}).encode()
+socket.send_fds(s, [struct.pack("!I", len(msg)) + msg], [0, 1, 2])
+def stop(signum, frame):
+    s.sendall(b"k")
+    os._exit(128 + signum)
+signal.signal(signal.SIGTERM, stop)
+signal.signal(signal.SIGINT, stop)
+data = b""
+while len(data) < 4:
+    chunk = s.recv(4 - len(data))
+    if not chunk:
+        os._exit(1)
+    data += chunk
+code = struct.unpack("!i", data)[0]
+os._exit(code if code >= 0 else 128 - code)
+'''
+
+
+def _run_python_argv(argv: list) -> None:
+    """Run ``python argv...`` in this (forked) process: ``-c CODE``, ``-m MODULE`` or a script path, with sys.argv
+    and sys.path[0] set the way the interpreter sets them."""
+    import runpy
+
+    if argv and argv[0] == "-u":  # unbuffered: the child's streams are flushed at exit anyway
+        argv = argv[1:]
+    if argv[:1] == ["-c"]:
+        sys.argv = ["-c", *argv[2:]]
+        sys.path.insert(0, "")
+        exec(compile(argv[1], "<string>", "exec"), {"__name__": "__main__"})
+    elif argv[:1] == ["-m"]:
+        sys.argv = [argv[1], *argv[2:]]
+        sys.path.insert(0, os.getcwd())
+        runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+    else:
+        sys.argv = list(argv)
+        sys.path.insert(0, os.path.dirname(os.path.abspath(argv[0])))
+        runpy.run_path(argv[0], run_name="__main__")
+
+
+class PythonServer:
+    """``python`` for the shell scripts a test runs (``$PYTHON``): each call is a child forked from the test process
+    -- torch, diffusers and transformers already imported -- with the caller's argv, working directory, environment
+    and standard streams, and the caller exits with the child's code. The scripts' own logic (their loops, their
+    exit codes, their logs) runs unchanged; a launch of torchrun still starts its workers as real processes.
+
+        with PythonServer(tmp_path) as server:
+            subprocess.run(["bash", "render_all_WAN.sh", ...], env={..., "PYTHON": server.python})
+    """
+
+    def __init__(self, folder: Path):
+        import tempfile
+
+        # a short path: a Unix socket's path is limited to ~100 bytes, a pytest tmp path may be longer
+        self._dir = Path(tempfile.mkdtemp(prefix="vdpy"))
+        self.sock_path = str(self._dir / "s")
+        self.python = str(Path(folder) / "python")
+        Path(self.python).write_text(_CLIENT.format(python=sys.executable, sock=self.sock_path))
+        os.chmod(self.python, 0o755)
+        self._children: set = set()
+
+    def __enter__(self):
+        import threading
+
+        preload()
+        self._server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._server.bind(self.sock_path)
+        self._server.listen(16)
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        import shutil
+
+        self._server.close()
+        for pid in list(self._children):
+            try:
+                os.kill(pid, 9)
+            except OSError:
+                pass
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+    def _serve(self) -> None:
+        import threading
+
+        while True:
+            try:
+                conn, _ = self._server.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._handle, args=(conn,), daemon=True).start()
+
+    def _handle(self, conn) -> None:
+        import json
+        import selectors
+        import struct
+
+        with conn:
+            head, fds, _, _ = socket.recv_fds(conn, 4, 3)
+            (n,) = struct.unpack("!I", head)
+            body = b""
+            while len(body) < n:
+                body += conn.recv(n - len(body))
+            msg = json.loads(body)
+            pid = os.fork()
+            if pid == 0:
+                code = 1
+                try:
+                    for i, fd in enumerate(fds):
+                        os.dup2(fd, i)
+                    os.chdir(msg["cwd"])
+                    os.environ.clear()
+                    os.environ.update(msg["env"])
+                    for p in reversed([p for p in msg["env"].get("PYTHONPATH", "").split(os.pathsep) if p]):
+                        sys.path.insert(0, p)
+                    sys.stdin = open(0, closefd=False)
+                    sys.stdout = open(1, "w", closefd=False, buffering=1)
+                    sys.stderr = open(2, "w", closefd=False, buffering=1)
+                    _run_python_argv(msg["argv"])
+                    code = 0
+                except SystemExit as e:
+                    code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+                    if not isinstance(e.code, int) and e.code is not None:
+                        print(e.code, file=sys.stderr)
+                except BaseException:  # noqa: BLE001 - a crash: its traceback on the caller's stderr, exit 1
+                    import traceback
+
+                    traceback.print_exc()
+                finally:
+                    try:
+                        sys.stdout.flush()
+                        sys.stderr.flush()
+                    finally:
+                        os._exit(code)
+            for fd in fds:
+                os.close(fd)
+            self._children.add(pid)
+            sel = selectors.DefaultSelector()
+            sel.register(conn, selectors.EVENT_READ)
+            while True:
+                done, status = os.waitpid(pid, os.WNOHANG)
+                if done:
+                    break
+                if sel.select(timeout=0.05):
+                    try:  # the caller was stopped (or closed): stop its child
+                        os.kill(pid, 15)
+                    except OSError:
+                        pass
+                    _, status = os.waitpid(pid, 0)
+                    break
+            self._children.discard(pid)
+            code = os.waitstatus_to_exitcode(status)
+            try:
+                conn.sendall(struct.pack("!i", code))
+            except OSError:
+                pass

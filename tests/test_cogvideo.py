@@ -48,8 +48,8 @@ def test_unavailable_backend_is_refused(tmp_path, capsys):
     assert not list(tmp_path.glob("*.mp4"))
 
 
-def test_render_all_attention_stitches_and_fails_fast_on_unknown(tmp_path):
-    env = dict(os.environ, PYTHON=sys.executable)
+def test_render_all_attention_stitches_and_fails_fast_on_unknown(tmp_path, fork_python):
+    env = dict(os.environ, PYTHON=fork_python)  # each Python call of the script forked from this process
     script = str(ROOT / "render_all_attention.sh")
     bad = subprocess.run(["bash", script, "--output-dir", str(tmp_path), "--types", "sdpa,nope"],
                          capture_output=True, text=True, env=env, timeout=120)

@@ -25,8 +25,19 @@ SMALL = ["--height", "64", "--width", "96", "--num_frames", "9", "--num_inferenc
 TORCHRUN_OK = shutil.which("torchrun", path=str(Path(sys.executable).parent)) is not None
 
 
+# the Python the scripts and commands run with: the module's fork server (conftest fork_python), set below
+PY = {"python": sys.executable}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _forked_python(fork_python):
+    PY["python"] = fork_python
+    yield
+    PY["python"] = sys.executable
+
+
 def _env(**extra) -> dict:
-    env = dict(os.environ, PYTHON=sys.executable, OMP_NUM_THREADS="1",
+    env = dict(os.environ, PYTHON=PY["python"], OMP_NUM_THREADS="1",
                PYTHONPATH=os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]))
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(k, None)
@@ -77,7 +88,7 @@ def test_the_original_batch_commands(tmp_path):
     assert "[sdpa] reused" in again.stdout and "[reference] reused" in again.stdout
     # the stitcher's original command: input dir and font size alone; re-run, its own grid is no cell
     for _ in range(2):
-        st = subprocess.run([sys.executable, str(ROOT / "stitch_comparison.py"), "--input_dir", str(results),
+        st = subprocess.run([PY["python"], str(ROOT / "stitch_comparison.py"), "--input_dir", str(results),
                              "--font_size", "48"], capture_output=True, text=True, env=_env(), timeout=300)
         assert st.returncode == 0, st.stderr
         assert st.stdout.splitlines()[0] == str(results / "comparison_grid.mp4") and len(st.stdout.splitlines()) == 3
@@ -151,7 +162,7 @@ def test_run_wan_with_the_original_flags(tmp_path):
     """run_wan.py as the original README ran it (its flag names, an alias backend), and --task ti2v with an image:
     TI2V's image-to-video path (WanImageToVideoPipeline on the TI2V checkpoint), not a refusal after the load."""
     img = _image(tmp_path / "x.png")
-    base = [sys.executable, str(ROOT / "run_wan.py"), "--model", "tiny", "--prompt", "A cat walks on the grass",
+    base = [PY["python"], str(ROOT / "run_wan.py"), "--model", "tiny", "--prompt", "A cat walks on the grass",
             "--seed", "42", *SMALL, "--benchmark_output_directory", str(tmp_path / "o")]
     t2v = subprocess.run(base + ["--task", "t2v", "--attention_type", "native"], capture_output=True, text=True,
                          env=_env(), timeout=300)

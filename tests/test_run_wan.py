@@ -179,12 +179,12 @@ def test_list_backends_and_output_path(capsys):
     assert capsys.readouterr().out.strip().endswith("wan_result_t2v_tiny_9f_2s_attn_fp8_emu_64x96.mp4")
 
 
-def test_render_all_keeps_going_reports_and_stitches(tmp_path):
+def test_render_all_keeps_going_reports_and_stitches(tmp_path, fork_python):
     out = tmp_path / "all"
     args = ["bash", str(ROOT / "render_all_WAN.sh"), "--output-dir", str(out), "--types",
             "sdpa,sagev1,reference", "--stitch", "--", *SMALL[2:]]
     env = script_env()
-    env["PYTHON"] = sys.executable
+    env["PYTHON"] = fork_python  # each Python call of the script forked from this process (tests/launch.py)
     proc = subprocess.run(args, capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 1, proc.stdout + proc.stderr  # sagev1 can't run on CPU: reported, not fatal
     assert "2 succeeded (sdpa reference), 1 failed (sagev1)" in proc.stdout
