@@ -177,13 +177,13 @@ def test_auto_picks_the_engine_that_serves_the_request(monkeypatch, tmp_path, re
     backend = resolve_attention(cfg.attention_type)
     cuda = torch.device("cuda", 0)
     spec = P.resolve_engine(P.ParallelSpec("auto", 1 if ring > 1 else 2, ring), cuda,
-                            lambda s: R._engine_refusal(s, cfg, model, backend, cuda))
+                            P.refusal_of(lambda s: R._check_engine(s, cfg, model, backend, cuda)))
     assert (spec.engine, spec.requested_engine) == (engine, "auto")
     assert spec.engine_reason.startswith(why), spec.engine_reason
     assert "\n" not in spec.engine_reason
     # resolved again once the request is known (the process group picked xfuser before it was read)
     assert P.resolve_engine(replace(spec, engine="xfuser"), cuda,
-                            lambda s: R._engine_refusal(s, cfg, model, backend, cuda)).engine == engine
+                            P.refusal_of(lambda s: R._check_engine(s, cfg, model, backend, cuda))).engine == engine
     named = P.ParallelSpec("xfuser", 2)  # a named engine is kept, refused or not
     assert P.resolve_engine(named, cuda, lambda s: "refused") is named
 

@@ -49,7 +49,7 @@ import torch
 from . import backends as B
 from . import families
 
-__all__ = ["ParallelSpec", "DistContext", "ENGINES", "ENGINE_CHOICES", "resolve_engine", "init_distributed",
+__all__ = ["ParallelSpec", "DistContext", "ENGINES", "ENGINE_CHOICES", "resolve_engine", "refusal_of", "settle_engine", "init_distributed",
            "check_backend_for_path", "agree", "apply_engine", "share_output", "sequence_layout", "merge_rank_entries",
            "FailureWatch", "set_outcome", "finish", "one_device_presented", "shares_calls", "shard_group",
            "hooks_in_place", "compile_refusal", "guidance_split", "EXIT_PEER_FAILED"]
@@ -163,6 +163,29 @@ def resolve_engine(spec: ParallelSpec, device: torch.device,
                        engine_reason=f"auto: xfuser can't serve this request ({refused.splitlines()[0]})")
     return replace(auto, engine="xfuser", engine_reason="auto: xfuser runs here (a CUDA GPU, xfuser installed)")
 
+
+
+def refusal_of(check: Callable[[Optional[ParallelSpec]], None]) -> Callable[[ParallelSpec], Optional[str]]:
+    """``check(spec)`` (raises why the engine ``spec`` names can't serve a request) as the ``refusal`` that
+    :func:`resolve_engine` takes: the first line of that refusal, or None."""
+    def refusal(spec: ParallelSpec) -> Optional[str]:
+        try:
+            check(spec)
+        except (B.BackendUnavailable, ValueError) as e:
+            return str(e).splitlines()[0]
+        return None
+
+    return refusal
+
+
+def settle_engine(dctx, device: torch.device, check: Callable[[Optional[ParallelSpec]], None]) -> None:
+    """The render's engine settled and checked before the load: under torchrun ``dctx.spec`` resolved for this
+    request (:func:`resolve_engine`, ``check``'s refusal deciding an ``auto``) and the chosen engine checked; one
+    process (``dctx`` None) checked as such. ``check(spec)``: raises why the engine ``spec`` names (None: one
+    process) can't serve the request (``BackendUnavailable`` or ValueError)."""
+    if dctx is not None:
+        dctx.spec = resolve_engine(dctx.spec, device, refusal_of(check))
+    check(dctx.spec if dctx is not None else None)
 
 @dataclass
 class DistContext:

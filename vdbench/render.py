@@ -37,7 +37,7 @@ from .patching import AttentionPatch, no_grid_hooks
 from .patching.schedule import as_schedule, resolve_attention
 from .measure.record import Writer, command_line, commit, from_render_entry, speed_options, stack_name
 from .stages import Wall
-from .timing import (Clock, Laps, StepProfiler, StepTimer, WallStart, append_timing, compile_counts, compile_seconds,
+from .timing import (Clock, Laps, device_seconds, StepProfiler, StepTimer, WallStart, append_timing, compile_counts, compile_seconds,
                      describe_steps,
                      peak_memory, reset_peak_memory, run_step_stats, step_stats, system_info, wall_start)
 
@@ -311,11 +311,9 @@ def _checked_plan(cfg: RenderConfig, dctx) -> Plan:
     # unknown names, bad options and malformed schedules fail before the (slow) model load
     backend = resolve_attention(cfg.attention_type)
     cfg = replace(cfg, attention_type=backend.name)  # an alias (diffusers' / SGLang's name) is recorded as ours
-    if dctx is not None:  # --parallel_engine auto: the engine that serves this request (every rank decides alike)
-        dctx.spec = P.resolve_engine(dctx.spec, device, lambda spec: _engine_refusal(spec, cfg, model, backend, device))
-    as_schedule(backend).check_plan(num_steps=cfg.num_inference_steps, compiled=cfg.compile,
-                                    parallel=dctx.spec if dctx is not None else None,
-                                    grid_family=family.name if family.grid_hooks is not None else None)
+    # --parallel_engine auto: the engine that serves this request (every rank decides alike); the schedule's rules,
+    # and under torchrun the chosen engine's: the backend on its path, the compile
+    P.settle_engine(dctx, device, lambda spec: _check_engine(spec, cfg, model, backend, device))
     cache = parse_cache(cfg.cache)  # an unknown kind, key or value before anything else of the cache's
     cfg = replace(cfg, cache=cache.name if cache else None)  # recorded in its one spelling
     # the family's rules, diffusers' config checks and, on the denoisers built on the meta device from their
@@ -324,16 +322,10 @@ def _checked_plan(cfg: RenderConfig, dctx) -> Plan:
         check_cache(cache, family, model.denoisers, compiled=cfg.compile,
                     cfg_split=dctx is not None and dctx.spec.use_cfg_parallel,
                     steps=cfg.num_inference_steps, pipeline_class=model.pipeline_class)
-    if dctx is not None:  # the backend must serve this parallel path (ring: LSE), on every rank
-        for member in as_schedule(backend).members:
-            P.check_backend_for_path(dctx.spec, member, device, family, cfg.task, model.pipeline_class)
-        if dctx.spec.use_cfg_parallel and cfg.guidance_scale <= 1:
-            raise ValueError(f"--use_cfg_parallel splits classifier-free guidance's two branches, and "
-                             f"--guidance_scale {cfg.guidance_scale:g} runs none\ndrop --use_cfg_parallel, or "
-                             "use a guidance scale above 1")
-        why = P.compile_refusal(dctx.spec) if cfg.compile else None
-        if why:
-            raise ValueError(why)
+    if dctx is not None and dctx.spec.use_cfg_parallel and cfg.guidance_scale <= 1:
+        raise ValueError(f"--use_cfg_parallel splits classifier-free guidance's two branches, and "
+                         f"--guidance_scale {cfg.guidance_scale:g} runs none\ndrop --use_cfg_parallel, or "
+                         "use a guidance scale above 1")
     # the head dims from the model's config (no weights; the loaded model is checked again): a backend that can't
     # serve them, or can't run on this device at all (sagev1 on a CPU), is refused here
     B.require_here(backend, device, dtype, model.head_dims or [])
@@ -389,22 +381,22 @@ def _checked_plan(cfg: RenderConfig, dctx) -> Plan:
                 VaeMode(encode, encode_options), dctx, cache, flow_shift)
 
 
-def _engine_refusal(spec, cfg: RenderConfig, model, backend, device) -> Optional[str]:
-    """Why the parallel engine ``spec`` names can't serve this render (the first line of its refusal), or None: the
-    checks of :func:`_checked_plan` that depend on the engine -- the schedule's (a sparse pattern under xfuser), the
-    backend's on the path, the pipeline's wiring, the compile's."""
+def _check_engine(spec, cfg: RenderConfig, model, backend, device) -> None:
+    """The checks of :func:`_checked_plan` that depend on the parallel engine ``spec`` names (None: one process):
+    the schedule's (a sparse pattern under xfuser), and under torchrun the backend's on the engine's path (ring:
+    LSE), the pipeline's wiring, the compile's; raises the refusal."""
     from . import parallel as P
 
     family = model.family
-    try:
-        as_schedule(backend).check_plan(num_steps=cfg.num_inference_steps, compiled=cfg.compile, parallel=spec,
-                                        grid_family=family.name if family.grid_hooks is not None else None)
-        for member in as_schedule(backend).members:
-            P.check_backend_for_path(spec, member, device, family, cfg.task, model.pipeline_class)
-    except (B.BackendUnavailable, ValueError) as e:
-        return str(e).splitlines()[0]
+    as_schedule(backend).check_plan(num_steps=cfg.num_inference_steps, compiled=cfg.compile, parallel=spec,
+                                    grid_family=family.name if family.grid_hooks is not None else None)
+    if spec is None:
+        return
+    for member in as_schedule(backend).members:
+        P.check_backend_for_path(spec, member, device, family, cfg.task, model.pipeline_class)
     why = P.compile_refusal(spec) if cfg.compile else None
-    return why.splitlines()[0] if why else None
+    if why:
+        raise ValueError(why)
 
 
 @dataclass
@@ -793,13 +785,14 @@ def _warm_up(plan: Plan, loaded: Loaded, watch: _Watch) -> Optional[float]:
     cfg = plan.cfg
     if not cfg.warmup_calls:
         return None
-    steps = StepTimer(plan.device, then=watch.advance)  # steps advance as in a timed call; their times unread
-    start = Clock(plan.device)
-    for _ in range(cfg.warmup_calls):
-        watch.reset()
-        loaded.pipe(generator=torch.Generator("cpu").manual_seed(cfg.seed), callback_on_step_end=steps,
-                    **loaded.kwargs)
-    return start.seconds_until(Clock(plan.device))
+    def calls():
+        for _ in range(cfg.warmup_calls):
+            watch.reset()
+            steps = StepTimer(plan.device, then=watch.advance)  # steps advance as in a timed call; times unread
+            loaded.pipe(generator=torch.Generator("cpu").manual_seed(cfg.seed), callback_on_step_end=steps,
+                        **loaded.kwargs)
+
+    return device_seconds(plan.device, calls)
 
 
 def _repetition(plan: Plan, loaded: Loaded, watch: _Watch, rep: int,

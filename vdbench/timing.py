@@ -75,6 +75,13 @@ class Clock:
         return later.t - self.t
 
 
+def device_seconds(device: torch.device, run) -> float:
+    """``run()``'s time on ``device``'s clock (:class:`Clock`: on a GPU, until the work it queued is done)."""
+    start = Clock(device)
+    run()
+    return start.seconds_until(Clock(device))
+
+
 class Laps:
     """Consecutive named parts of a stretch of host time, added into ``parts`` (a dict, the caller's): ``lap(name)``
     bills ``name`` the time since the previous lap (or the start), less what other laps billed to the same ``parts``
