@@ -669,6 +669,7 @@ class _Watch:
                                     # entry, while each Ulysses attention call holds the whole sequence again
                                     tile_order_once=not cfg.compile and plan.cache is None and plan.dctx is None)
         self.profiler = None
+        self.stepped_profiler = None  # the profiler of the call in progress (:meth:`begin`), stepped by advance
         if cfg.profile_output:
             root = cfg.traces_root if cfg.traces_root is not None else cfg.output_path.parent.parent / "traces"
             self.profiler = StepProfiler(Path(root) / cfg.profile_output, cfg.rank, cfg.profile_wait,
@@ -699,7 +700,8 @@ class _Watch:
         return _Mark(compile_seconds(), dict(self.encode_info.get("one_time") or {}))
 
     def advance(self, step: int) -> None:
-        """A denoising step ended: the schedule's step, the cache counter's, the progress line."""
+        """A denoising step ended: the schedule's step, the cache counter's, the progress line, the profiler's
+        schedule."""
         from . import parallel as P
 
         self.patch.step = step + 1
@@ -712,6 +714,8 @@ class _Watch:
         self.progress.step(step)
         if self.dctx is not None:
             P.maybe_inject_failure(self.dctx.rank, "step", self.attention_type)
+        if self.stepped_profiler is not None:
+            self.stepped_profiler.step()
 
     def reset(self) -> None:
         """Before a pipeline call: its steps and cache counted from its first step (a schedule warms every backend
@@ -728,6 +732,7 @@ class _Watch:
         self.stage_timers.reset()
         reset_peak_memory(self.device)
         self.progress.begin(rep)
+        self.stepped_profiler = self.profiler if rep == 0 else None  # the first repetition is profiled
         self.began = self.mark()
 
     def close(self, log) -> None:
@@ -805,14 +810,8 @@ def _repetition(plan: Plan, loaded: Loaded, watch: _Watch, rep: int,
 
     cfg, device = plan.cfg, plan.device
     watch.begin(rep)
-    profiler = watch.profiler if rep == 0 else None
-
-    def then(step):
-        watch.advance(step)
-        if profiler is not None:
-            profiler.step()
-
-    timer = StepTimer(device, then=then)
+    profiler = watch.stepped_profiler
+    timer = StepTimer(device, then=watch.advance)
     if profiler is not None:
         profiler.__enter__()
     generator = torch.Generator("cpu").manual_seed(cfg.seed)
