@@ -603,7 +603,7 @@ def compile_refusal(spec: ParallelSpec) -> Optional[str]:
 
 
 def _unwired(pipeline_class: str) -> str:
-    wired = [cls for name in families.names() for cls in families.get(name).xfuser]
+    wired = families.xfuser_wired()
     return (f"--parallel_engine xfuser: {pipeline_class} is not wired to xfuser in vdbench ({', '.join(wired)} are); "
             "use --parallel_engine diffusers")
 

@@ -295,6 +295,8 @@ def validate(cfg: RenderConfig, dctx=None) -> Plan:
 def _checked_plan(cfg: RenderConfig, dctx) -> Plan:
     from . import parallel as P
     from .vae.decode import GLUES, DecodeOptions, check_decode
+    from .vae.decode import MODES as DECODE_MODES
+    from .vae.encode import MODES as ENCODE_MODES
     from .vae.encode import EncodeOptions, check_encode
     from .cache import check_cache, parse_cache
     from .speed import check_speed_options
@@ -351,16 +353,17 @@ def _checked_plan(cfg: RenderConfig, dctx) -> Plan:
         raise ValueError(f"unknown --vae_glue {cfg.vae_glue!r}; valid: {', '.join(GLUES)}")
     # the decode and encode asked for, refused before the load where they can't apply to this family or can't run
     # here; --vae_glue is the fast encode's alone when only the encode is fast
-    # which modes take the glue option is the modes' (their ``options``), not their names'
-    # the names become the modes' entries here; the checks with the options (and every later stage) take the entries
-    encode = check_encode(cfg.vae_encode, family=family)
-    decode = check_decode(cfg.vae_decode, family=family)
-    encode_glue = GLUES[cfg.vae_glue] if "fused_glue" in encode.options else None
-    decode_glue = None if (encode_glue is not None and "fused_glue" not in decode.options) else GLUES[cfg.vae_glue]
+    # which modes take the glue option is the modes' (their ``options``), not their names'; an unknown name takes
+    # none, and its check refuses it
+    # the names become the modes' entries here, checked once with their options; every later stage takes the entries
+    encode_takes_glue = cfg.vae_encode in ENCODE_MODES and "fused_glue" in ENCODE_MODES[cfg.vae_encode].options
+    decode_takes_glue = cfg.vae_decode in DECODE_MODES and "fused_glue" in DECODE_MODES[cfg.vae_decode].options
+    encode_glue = GLUES[cfg.vae_glue] if encode_takes_glue else None
+    decode_glue = None if (encode_glue is not None and not decode_takes_glue) else GLUES[cfg.vae_glue]
     decode_options = DecodeOptions(max_memory_gib=cfg.vae_max_memory, fused_glue=decode_glue)
     encode_options = EncodeOptions(fused_glue=encode_glue)
-    check_decode(decode, decode_options, family=family, device=device)
-    check_encode(encode, encode_options, family=family, device=device)
+    encode = check_encode(cfg.vae_encode, encode_options, family=family, device=device)
+    decode = check_decode(cfg.vae_decode, decode_options, family=family, device=device)
     if not encode.stock and cfg.task not in family.image_tasks:
         raise ValueError(f"--vae_encode {cfg.vae_encode}: task {cfg.task} encodes no video (the image-conditioned "
                          f"task(s) {', '.join(family.image_tasks)} do); drop the flag")
