@@ -49,7 +49,7 @@ import torch
 from . import backends as B
 from . import families
 
-__all__ = ["ParallelSpec", "DistContext", "ENGINES", "ENGINE_CHOICES", "resolve_engine", "refusal_of", "settle_engine", "init_distributed",
+__all__ = ["ParallelSpec", "DistContext", "ENGINES", "ENGINE_CHOICES", "resolve_engine", "engine_check", "refusal_of", "settle_engine", "init_distributed",
            "check_backend_for_path", "agree", "apply_engine", "share_output", "sequence_layout", "merge_rank_entries",
            "FailureWatch", "set_outcome", "finish", "one_device_presented", "shares_calls", "shard_group",
            "hooks_in_place", "compile_refusal", "guidance_split", "EXIT_PEER_FAILED"]
@@ -163,6 +163,28 @@ def resolve_engine(spec: ParallelSpec, device: torch.device,
                        engine_reason=f"auto: xfuser can't serve this request ({refused.splitlines()[0]})")
     return replace(auto, engine="xfuser", engine_reason="auto: xfuser runs here (a CUDA GPU, xfuser installed)")
 
+
+
+def engine_check(device, members, family: families.Family, task: str, pipeline_class: Optional[str] = None, *,
+                 compiled: bool = False,
+                 check_schedule: Optional[Callable[[Optional[ParallelSpec]], None]] = None
+                 ) -> Callable[[Optional[ParallelSpec]], None]:
+    """``check(spec)``: raises why the engine ``spec`` names (None: one process) can't serve a render's request --
+    ``check_schedule(spec)``, the attention schedule's own rules for that engine (a sparse pattern under xfuser);
+    under torchrun each backend of ``members`` on the engine's path (:func:`check_backend_for_path`) and the
+    compile (:func:`compile_refusal`)."""
+    def check(spec: Optional[ParallelSpec]) -> None:
+        if check_schedule is not None:
+            check_schedule(spec)
+        if spec is None:
+            return
+        for member in members:
+            check_backend_for_path(spec, member, device, family, task, pipeline_class)
+        why = compile_refusal(spec) if compiled else None
+        if why:
+            raise ValueError(why)
+
+    return check
 
 
 def refusal_of(check: Callable[[Optional[ParallelSpec]], None]) -> Callable[[ParallelSpec], Optional[str]]:

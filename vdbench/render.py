@@ -315,7 +315,15 @@ def _checked_plan(cfg: RenderConfig, dctx) -> Plan:
     cfg = replace(cfg, attention_type=backend.name)  # an alias (diffusers' / SGLang's name) is recorded as ours
     # --parallel_engine auto: the engine that serves this request (every rank decides alike); the schedule's rules,
     # and under torchrun the chosen engine's: the backend on its path, the compile
-    P.settle_engine(dctx, device, lambda spec: _check_engine(spec, cfg, model, backend, device))
+    schedule = as_schedule(backend)
+    grid_family = family.name if family.grid_hooks is not None else None
+
+    def check_schedule(spec):  # the schedule's own rules on the engine spec names (a sparse pattern under xfuser)
+        schedule.check_plan(num_steps=cfg.num_inference_steps, compiled=cfg.compile, parallel=spec,
+                            grid_family=grid_family)
+
+    P.settle_engine(dctx, device, P.engine_check(device, schedule.members, family, cfg.task, model.pipeline_class,
+                                                 compiled=cfg.compile, check_schedule=check_schedule))
     cache = parse_cache(cfg.cache)  # an unknown kind, key or value before anything else of the cache's
     cfg = replace(cfg, cache=cache.name if cache else None)  # recorded in its one spelling
     # the family's rules, diffusers' config checks and, on the denoisers built on the meta device from their
@@ -382,24 +390,6 @@ def _checked_plan(cfg: RenderConfig, dctx) -> Plan:
                          f"{cfg.num_inference_steps} denoising steps of the profiled repetition")
     return Plan(cfg, model, backend, device, dtype, vae_dtype, VaeMode(decode, decode_options),
                 VaeMode(encode, encode_options), dctx, cache, flow_shift)
-
-
-def _check_engine(spec, cfg: RenderConfig, model, backend, device) -> None:
-    """The checks of :func:`_checked_plan` that depend on the parallel engine ``spec`` names (None: one process):
-    the schedule's (a sparse pattern under xfuser), and under torchrun the backend's on the engine's path (ring:
-    LSE), the pipeline's wiring, the compile's; raises the refusal."""
-    from . import parallel as P
-
-    family = model.family
-    as_schedule(backend).check_plan(num_steps=cfg.num_inference_steps, compiled=cfg.compile, parallel=spec,
-                                    grid_family=family.name if family.grid_hooks is not None else None)
-    if spec is None:
-        return
-    for member in as_schedule(backend).members:
-        P.check_backend_for_path(spec, member, device, family, cfg.task, model.pipeline_class)
-    why = P.compile_refusal(spec) if cfg.compile else None
-    if why:
-        raise ValueError(why)
 
 
 @dataclass
