@@ -646,9 +646,9 @@ def _apply_xfuser(ctx: DistContext, pipe, models: list, family: families.Family)
     from xfuser.core.distributed import init_distributed_environment, initialize_runtime_state
     spec = ctx.spec
     kind = type(pipe).__name__
-    wiring = family.xfuser.get(kind)
-    if wiring is None:
+    if kind not in family.xfuser:
         raise B.BackendUnavailable(_unwired(kind))
+    wiring = family.xfuser[kind]
     init_distributed_environment(rank=ctx.rank, world_size=ctx.world_size, local_rank=ctx.local_rank)
     engine_config = _xfuser_engine_config(ctx, pipe)
     if wiring.pipeline_wrapper is not None:

@@ -545,28 +545,36 @@ def load(plan: Plan) -> Loaded:
     P.agree(dctx, err)  # single process: raises err itself
     part("agree")  # the ranks agreeing on the outcome (torchrun)
     head_dims = [m.config.attention_head_dim for _, m in models]
-    # an engine that hooks the denoisers in place (diffusers' context parallelism) goes on last: its split and
-    # gather hooks wrap the compiled blocks and the cache's hooks, which then see the shard each rank computes
-    engine_last = dctx is not None and P.hooks_in_place(dctx.spec)
-    if dctx is not None and not engine_last:
-        pipe, models = P.apply_engine(dctx, pipe, models, family)
-        part("engine")
-    speed = apply_speed_options(pipe, models, device=device, compile=cfg.compile,
-                                compile_backend=cfg.compile_backend, compile_mode=cfg.compile_mode,
-                                bf16_te_gemms=cfg.bf16_te_gemms, fp8_gemms=cfg.fp8_gemms)
-    part("speed_options")
-    counter = None
-    if plan.cache is not None:  # beside the speed options: diffusers' hooks on every denoiser, counted
+
+    def sped_up(pipe, models) -> tuple:
+        """(the speed options' record, the step cache's counter or None): both applied to the pipeline as it runs."""
+        speed = apply_speed_options(pipe, models, device=device, compile=cfg.compile,
+                                    compile_backend=cfg.compile_backend, compile_mode=cfg.compile_mode,
+                                    bf16_te_gemms=cfg.bf16_te_gemms, fp8_gemms=cfg.fp8_gemms)
+        part("speed_options")
+        if plan.cache is None:
+            return speed, None
         from .cache import apply_cache
 
+        # beside the speed options: diffusers' hooks on every denoiser, counted
         shares = dctx is not None and P.shares_calls(dctx, family.guidance_in_one_batch)
         counter = apply_cache(plan.cache, pipe, models, steps=cfg.num_inference_steps, family=family,
                               group=(lambda: P.shard_group(dctx)) if shares else None)
         speed["cache"] = {**plan.cache.as_dict(), "units": len(counter.units)}
         part("cache")
+        return speed, counter
+
+    # an engine that hooks the denoisers in place (diffusers' context parallelism) goes on last: its split and
+    # gather hooks wrap the compiled blocks and the cache's hooks, which then see the shard each rank computes; an
+    # engine that rebuilds the pipeline (xfuser) goes first, and the speed options and cache apply to what it built
+    engine_last = dctx is not None and P.hooks_in_place(dctx.spec)
     if engine_last:
+        speed, counter = sped_up(pipe, models)
+    if dctx is not None:
         pipe, models = P.apply_engine(dctx, pipe, models, family)
         part("engine")
+    if not engine_last:
+        speed, counter = sped_up(pipe, models)
     split = P.guidance_split(dctx, pipe) if counter is not None and dctx is not None else None
     if split is not None:  # the cache's counts are of what this rank computed: one guidance branch per step
         counter.split_guidance(*split)
