@@ -49,8 +49,9 @@ import torch
 from . import backends as B
 from . import families
 
-__all__ = ["ParallelSpec", "DistContext", "ENGINES", "ENGINE_CHOICES", "resolve_engine", "engine_check", "refusal_of", "settle_engine", "init_distributed",
-           "check_backend_for_path", "agree", "apply_engine", "share_output", "sequence_layout", "merge_rank_entries",
+__all__ = ["ParallelSpec", "DistContext", "ENGINES", "ENGINE_CHOICES", "resolve_engine", "engine_check", "refusal_of",
+           "settle_engine", "init_distributed", "check_backend_for_path", "agree", "apply_engine", "share_output",
+           "sequence_layout", "merge_rank_entries",
            "FailureWatch", "set_outcome", "finish", "one_device_presented", "shares_calls", "shard_group",
            "hooks_in_place", "compile_refusal", "guidance_split", "EXIT_PEER_FAILED"]
 
@@ -164,7 +165,6 @@ def resolve_engine(spec: ParallelSpec, device: torch.device,
     return replace(auto, engine="xfuser", engine_reason="auto: xfuser runs here (a CUDA GPU, xfuser installed)")
 
 
-
 def engine_check(device, members, family: families.Family, task: str, pipeline_class: Optional[str] = None, *,
                  compiled: bool = False,
                  check_schedule: Optional[Callable[[Optional[ParallelSpec]], None]] = None
@@ -208,6 +208,7 @@ def settle_engine(dctx, device: torch.device, check: Callable[[Optional[Parallel
     if dctx is not None:
         dctx.spec = resolve_engine(dctx.spec, device, refusal_of(check))
     check(dctx.spec if dctx is not None else None)
+
 
 @dataclass
 class DistContext:

@@ -37,8 +37,8 @@ from .patching import AttentionPatch, no_grid_hooks
 from .patching.schedule import as_schedule, resolve_attention
 from .measure.record import Writer, command_line, commit, from_render_entry, speed_options, stack_name
 from .stages import Wall
-from .timing import (Clock, Laps, device_seconds, StepProfiler, StepTimer, WallStart, append_timing, compile_counts, compile_seconds,
-                     describe_steps,
+from .timing import (Clock, Laps, StepProfiler, StepTimer, WallStart, append_timing, compile_counts, compile_seconds,
+                     describe_steps, device_seconds,
                      peak_memory, reset_peak_memory, run_step_stats, step_stats, system_info, wall_start)
 
 __all__ = ["RenderConfig", "Plan", "VaeMode", "Loaded", "render", "validate", "load", "run_repetitions", "finish",
@@ -791,6 +791,7 @@ def _warm_up(plan: Plan, loaded: Loaded, watch: _Watch) -> Optional[float]:
     cfg = plan.cfg
     if not cfg.warmup_calls:
         return None
+
     def calls():
         for _ in range(cfg.warmup_calls):
             watch.reset()

@@ -54,7 +54,7 @@ __all__ = ["Clock", "Laps", "StepTimer", "MIN_SAMPLES", "STEP_KEYS", "spread", "
            "run_step_stats", "call_ms", "first_call_ms", "TARGET_SAMPLES", "Sampled", "sample_ms", "CACHE_VARS", "cache_state",
            "fresh_cache_env", "describe_steps", "system_info", "append_timing", "load_timing", "peak_memory",
            "reset_peak_memory", "KERNEL_CATEGORIES", "kernel_category", "kernel_summary", "StepProfiler",
-           "process_start", "WallStart", "wall_start", "compile_seconds", "compile_counts"]
+           "process_start", "WallStart", "wall_start", "compile_seconds", "compile_counts", "device_seconds"]
 
 
 class Clock:
