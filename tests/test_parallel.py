@@ -164,8 +164,7 @@ def test_auto_picks_the_engine_that_serves_the_request(monkeypatch, tmp_path, re
     from dataclasses import replace
 
     from vdbench import pipelines
-    from vdbench import render as R
-    from vdbench.patching.schedule import resolve_attention
+    from vdbench.patching.schedule import as_schedule, resolve_attention
 
     from .test_render import _cfg
 
@@ -176,14 +175,20 @@ def test_auto_picks_the_engine_that_serves_the_request(monkeypatch, tmp_path, re
     model = pipelines.resolve(cfg.model, cfg.task, cfg.family)
     backend = resolve_attention(cfg.attention_type)
     cuda = torch.device("cuda", 0)
-    spec = P.resolve_engine(P.ParallelSpec("auto", 1 if ring > 1 else 2, ring), cuda,
-                            lambda s: R._engine_refusal(s, cfg, model, backend, cuda))
+    schedule = as_schedule(backend)
+    grid = model.family.name if model.family.grid_hooks is not None else None
+    # the render's engine check (vdbench.render._checked_plan), built the same way
+    check = P.engine_check(cuda, schedule.members, model.family, cfg.task, model.pipeline_class, compiled=cfg.compile,
+                           check_schedule=lambda s: schedule.check_plan(num_steps=cfg.num_inference_steps,
+                                                                        compiled=cfg.compile, parallel=s,
+                                                                        grid_family=grid))
+    spec = P.resolve_engine(P.ParallelSpec("auto", 1 if ring > 1 else 2, ring), cuda, P.refusal_of(check))
     assert (spec.engine, spec.requested_engine) == (engine, "auto")
     assert spec.engine_reason.startswith(why), spec.engine_reason
     assert "\n" not in spec.engine_reason
     # resolved again once the request is known (the process group picked xfuser before it was read)
     assert P.resolve_engine(replace(spec, engine="xfuser"), cuda,
-                            lambda s: R._engine_refusal(s, cfg, model, backend, cuda)).engine == engine
+                            P.refusal_of(check)).engine == engine
     named = P.ParallelSpec("xfuser", 2)  # a named engine is kept, refused or not
     assert P.resolve_engine(named, cuda, lambda s: "refused") is named
 

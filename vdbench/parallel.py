@@ -49,8 +49,9 @@ import torch
 from . import backends as B
 from . import families
 
-__all__ = ["ParallelSpec", "DistContext", "ENGINES", "ENGINE_CHOICES", "resolve_engine", "init_distributed",
-           "check_backend_for_path", "agree", "apply_engine", "share_output", "sequence_layout", "merge_rank_entries",
+__all__ = ["ParallelSpec", "DistContext", "ENGINES", "ENGINE_CHOICES", "resolve_engine", "engine_check", "refusal_of",
+           "settle_engine", "init_distributed", "check_backend_for_path", "agree", "apply_engine", "share_output",
+           "sequence_layout", "merge_rank_entries",
            "FailureWatch", "set_outcome", "finish", "one_device_presented", "shares_calls", "shard_group",
            "hooks_in_place", "compile_refusal", "guidance_split", "EXIT_PEER_FAILED"]
 
@@ -162,6 +163,51 @@ def resolve_engine(spec: ParallelSpec, device: torch.device,
         return replace(auto, engine="diffusers",
                        engine_reason=f"auto: xfuser can't serve this request ({refused.splitlines()[0]})")
     return replace(auto, engine="xfuser", engine_reason="auto: xfuser runs here (a CUDA GPU, xfuser installed)")
+
+
+def engine_check(device, members, family: families.Family, task: str, pipeline_class: Optional[str] = None, *,
+                 compiled: bool = False,
+                 check_schedule: Optional[Callable[[Optional[ParallelSpec]], None]] = None
+                 ) -> Callable[[Optional[ParallelSpec]], None]:
+    """``check(spec)``: raises why the engine ``spec`` names (None: one process) can't serve a render's request --
+    ``check_schedule(spec)``, the attention schedule's own rules for that engine (a sparse pattern under xfuser);
+    under torchrun each backend of ``members`` on the engine's path (:func:`check_backend_for_path`) and the
+    compile (:func:`compile_refusal`)."""
+    def check(spec: Optional[ParallelSpec]) -> None:
+        if check_schedule is not None:
+            check_schedule(spec)
+        if spec is None:
+            return
+        for member in members:
+            check_backend_for_path(spec, member, device, family, task, pipeline_class)
+        why = compile_refusal(spec) if compiled else None
+        if why:
+            raise ValueError(why)
+
+    return check
+
+
+def refusal_of(check: Callable[[Optional[ParallelSpec]], None]) -> Callable[[ParallelSpec], Optional[str]]:
+    """``check(spec)`` (raises why the engine ``spec`` names can't serve a request) as the ``refusal`` that
+    :func:`resolve_engine` takes: the first line of that refusal, or None."""
+    def refusal(spec: ParallelSpec) -> Optional[str]:
+        try:
+            check(spec)
+        except (B.BackendUnavailable, ValueError) as e:
+            return str(e).splitlines()[0]
+        return None
+
+    return refusal
+
+
+def settle_engine(dctx, device: torch.device, check: Callable[[Optional[ParallelSpec]], None]) -> None:
+    """The render's engine settled and checked before the load: under torchrun ``dctx.spec`` resolved for this
+    request (:func:`resolve_engine`, ``check``'s refusal deciding an ``auto``) and the chosen engine checked; one
+    process (``dctx`` None) checked as such. ``check(spec)``: raises why the engine ``spec`` names (None: one
+    process) can't serve the request (``BackendUnavailable`` or ValueError)."""
+    if dctx is not None:
+        dctx.spec = resolve_engine(dctx.spec, device, refusal_of(check))
+    check(dctx.spec if dctx is not None else None)
 
 
 @dataclass
@@ -580,7 +626,7 @@ def compile_refusal(spec: ParallelSpec) -> Optional[str]:
 
 
 def _unwired(pipeline_class: str) -> str:
-    wired = [cls for name in families.names() for cls in families.get(name).xfuser]
+    wired = families.xfuser_wired()
     return (f"--parallel_engine xfuser: {pipeline_class} is not wired to xfuser in vdbench ({', '.join(wired)} are); "
             "use --parallel_engine diffusers")
 
@@ -601,9 +647,9 @@ def _apply_xfuser(ctx: DistContext, pipe, models: list, family: families.Family)
     from xfuser.core.distributed import init_distributed_environment, initialize_runtime_state
     spec = ctx.spec
     kind = type(pipe).__name__
-    wiring = family.xfuser.get(kind)
-    if wiring is None:
+    if kind not in family.xfuser:
         raise B.BackendUnavailable(_unwired(kind))
+    wiring = family.xfuser[kind]
     init_distributed_environment(rank=ctx.rank, world_size=ctx.world_size, local_rank=ctx.local_rank)
     engine_config = _xfuser_engine_config(ctx, pipe)
     if wiring.pipeline_wrapper is not None:

@@ -38,7 +38,7 @@ from .patching.schedule import as_schedule, resolve_attention
 from .measure.record import Writer, command_line, commit, from_render_entry, speed_options, stack_name
 from .stages import Wall
 from .timing import (Clock, Laps, StepProfiler, StepTimer, WallStart, append_timing, compile_counts, compile_seconds,
-                     describe_steps,
+                     describe_steps, device_seconds,
                      peak_memory, reset_peak_memory, run_step_stats, step_stats, system_info, wall_start)
 
 __all__ = ["RenderConfig", "Plan", "VaeMode", "Loaded", "render", "validate", "load", "run_repetitions", "finish",
@@ -295,6 +295,8 @@ def validate(cfg: RenderConfig, dctx=None) -> Plan:
 def _checked_plan(cfg: RenderConfig, dctx) -> Plan:
     from . import parallel as P
     from .vae.decode import GLUES, DecodeOptions, check_decode
+    from .vae.decode import MODES as DECODE_MODES
+    from .vae.encode import MODES as ENCODE_MODES
     from .vae.encode import EncodeOptions, check_encode
     from .cache import check_cache, parse_cache
     from .speed import check_speed_options
@@ -311,11 +313,17 @@ def _checked_plan(cfg: RenderConfig, dctx) -> Plan:
     # unknown names, bad options and malformed schedules fail before the (slow) model load
     backend = resolve_attention(cfg.attention_type)
     cfg = replace(cfg, attention_type=backend.name)  # an alias (diffusers' / SGLang's name) is recorded as ours
-    if dctx is not None:  # --parallel_engine auto: the engine that serves this request (every rank decides alike)
-        dctx.spec = P.resolve_engine(dctx.spec, device, lambda spec: _engine_refusal(spec, cfg, model, backend, device))
-    as_schedule(backend).check_plan(num_steps=cfg.num_inference_steps, compiled=cfg.compile,
-                                    parallel=dctx.spec if dctx is not None else None,
-                                    grid_family=family.name if family.grid_hooks is not None else None)
+    # --parallel_engine auto: the engine that serves this request (every rank decides alike); the schedule's rules,
+    # and under torchrun the chosen engine's: the backend on its path, the compile
+    schedule = as_schedule(backend)
+    grid_family = family.name if family.grid_hooks is not None else None
+
+    def check_schedule(spec):  # the schedule's own rules on the engine spec names (a sparse pattern under xfuser)
+        schedule.check_plan(num_steps=cfg.num_inference_steps, compiled=cfg.compile, parallel=spec,
+                            grid_family=grid_family)
+
+    P.settle_engine(dctx, device, P.engine_check(device, schedule.members, family, cfg.task, model.pipeline_class,
+                                                 compiled=cfg.compile, check_schedule=check_schedule))
     cache = parse_cache(cfg.cache)  # an unknown kind, key or value before anything else of the cache's
     cfg = replace(cfg, cache=cache.name if cache else None)  # recorded in its one spelling
     # the family's rules, diffusers' config checks and, on the denoisers built on the meta device from their
@@ -324,16 +332,10 @@ def _checked_plan(cfg: RenderConfig, dctx) -> Plan:
         check_cache(cache, family, model.denoisers, compiled=cfg.compile,
                     cfg_split=dctx is not None and dctx.spec.use_cfg_parallel,
                     steps=cfg.num_inference_steps, pipeline_class=model.pipeline_class)
-    if dctx is not None:  # the backend must serve this parallel path (ring: LSE), on every rank
-        for member in as_schedule(backend).members:
-            P.check_backend_for_path(dctx.spec, member, device, family, cfg.task, model.pipeline_class)
-        if dctx.spec.use_cfg_parallel and cfg.guidance_scale <= 1:
-            raise ValueError(f"--use_cfg_parallel splits classifier-free guidance's two branches, and "
-                             f"--guidance_scale {cfg.guidance_scale:g} runs none\ndrop --use_cfg_parallel, or "
-                             "use a guidance scale above 1")
-        why = P.compile_refusal(dctx.spec) if cfg.compile else None
-        if why:
-            raise ValueError(why)
+    if dctx is not None and dctx.spec.use_cfg_parallel and cfg.guidance_scale <= 1:
+        raise ValueError(f"--use_cfg_parallel splits classifier-free guidance's two branches, and "
+                         f"--guidance_scale {cfg.guidance_scale:g} runs none\ndrop --use_cfg_parallel, or "
+                         "use a guidance scale above 1")
     # the head dims from the model's config (no weights; the loaded model is checked again): a backend that can't
     # serve them, or can't run on this device at all (sagev1 on a CPU), is refused here
     B.require_here(backend, device, dtype, model.head_dims or [])
@@ -359,16 +361,17 @@ def _checked_plan(cfg: RenderConfig, dctx) -> Plan:
         raise ValueError(f"unknown --vae_glue {cfg.vae_glue!r}; valid: {', '.join(GLUES)}")
     # the decode and encode asked for, refused before the load where they can't apply to this family or can't run
     # here; --vae_glue is the fast encode's alone when only the encode is fast
-    # which modes take the glue option is the modes' (their ``options``), not their names'
-    # the names become the modes' entries here; the checks with the options (and every later stage) take the entries
-    encode = check_encode(cfg.vae_encode, family=family)
-    decode = check_decode(cfg.vae_decode, family=family)
-    encode_glue = GLUES[cfg.vae_glue] if "fused_glue" in encode.options else None
-    decode_glue = None if (encode_glue is not None and "fused_glue" not in decode.options) else GLUES[cfg.vae_glue]
+    # which modes take the glue option is the modes' (their ``options``), not their names'; an unknown name takes
+    # none, and its check refuses it
+    # the names become the modes' entries here, checked once with their options; every later stage takes the entries
+    encode_takes_glue = cfg.vae_encode in ENCODE_MODES and "fused_glue" in ENCODE_MODES[cfg.vae_encode].options
+    decode_takes_glue = cfg.vae_decode in DECODE_MODES and "fused_glue" in DECODE_MODES[cfg.vae_decode].options
+    encode_glue = GLUES[cfg.vae_glue] if encode_takes_glue else None
+    decode_glue = None if (encode_glue is not None and not decode_takes_glue) else GLUES[cfg.vae_glue]
     decode_options = DecodeOptions(max_memory_gib=cfg.vae_max_memory, fused_glue=decode_glue)
     encode_options = EncodeOptions(fused_glue=encode_glue)
-    check_decode(decode, decode_options, family=family, device=device)
-    check_encode(encode, encode_options, family=family, device=device)
+    encode = check_encode(cfg.vae_encode, encode_options, family=family, device=device)
+    decode = check_decode(cfg.vae_decode, decode_options, family=family, device=device)
     if not encode.stock and cfg.task not in family.image_tasks:
         raise ValueError(f"--vae_encode {cfg.vae_encode}: task {cfg.task} encodes no video (the image-conditioned "
                          f"task(s) {', '.join(family.image_tasks)} do); drop the flag")
@@ -387,24 +390,6 @@ def _checked_plan(cfg: RenderConfig, dctx) -> Plan:
                          f"{cfg.num_inference_steps} denoising steps of the profiled repetition")
     return Plan(cfg, model, backend, device, dtype, vae_dtype, VaeMode(decode, decode_options),
                 VaeMode(encode, encode_options), dctx, cache, flow_shift)
-
-
-def _engine_refusal(spec, cfg: RenderConfig, model, backend, device) -> Optional[str]:
-    """Why the parallel engine ``spec`` names can't serve this render (the first line of its refusal), or None: the
-    checks of :func:`_checked_plan` that depend on the engine -- the schedule's (a sparse pattern under xfuser), the
-    backend's on the path, the pipeline's wiring, the compile's."""
-    from . import parallel as P
-
-    family = model.family
-    try:
-        as_schedule(backend).check_plan(num_steps=cfg.num_inference_steps, compiled=cfg.compile, parallel=spec,
-                                        grid_family=family.name if family.grid_hooks is not None else None)
-        for member in as_schedule(backend).members:
-            P.check_backend_for_path(spec, member, device, family, cfg.task, model.pipeline_class)
-    except (B.BackendUnavailable, ValueError) as e:
-        return str(e).splitlines()[0]
-    why = P.compile_refusal(spec) if cfg.compile else None
-    return why.splitlines()[0] if why else None
 
 
 @dataclass
@@ -560,28 +545,36 @@ def load(plan: Plan) -> Loaded:
     P.agree(dctx, err)  # single process: raises err itself
     part("agree")  # the ranks agreeing on the outcome (torchrun)
     head_dims = [m.config.attention_head_dim for _, m in models]
-    # an engine that hooks the denoisers in place (diffusers' context parallelism) goes on last: its split and
-    # gather hooks wrap the compiled blocks and the cache's hooks, which then see the shard each rank computes
-    engine_last = dctx is not None and P.hooks_in_place(dctx.spec)
-    if dctx is not None and not engine_last:
-        pipe, models = P.apply_engine(dctx, pipe, models, family)
-        part("engine")
-    speed = apply_speed_options(pipe, models, device=device, compile=cfg.compile,
-                                compile_backend=cfg.compile_backend, compile_mode=cfg.compile_mode,
-                                bf16_te_gemms=cfg.bf16_te_gemms, fp8_gemms=cfg.fp8_gemms)
-    part("speed_options")
-    counter = None
-    if plan.cache is not None:  # beside the speed options: diffusers' hooks on every denoiser, counted
+
+    def sped_up(pipe, models) -> tuple:
+        """(the speed options' record, the step cache's counter or None): both applied to the pipeline as it runs."""
+        speed = apply_speed_options(pipe, models, device=device, compile=cfg.compile,
+                                    compile_backend=cfg.compile_backend, compile_mode=cfg.compile_mode,
+                                    bf16_te_gemms=cfg.bf16_te_gemms, fp8_gemms=cfg.fp8_gemms)
+        part("speed_options")
+        if plan.cache is None:
+            return speed, None
         from .cache import apply_cache
 
+        # beside the speed options: diffusers' hooks on every denoiser, counted
         shares = dctx is not None and P.shares_calls(dctx, family.guidance_in_one_batch)
         counter = apply_cache(plan.cache, pipe, models, steps=cfg.num_inference_steps, family=family,
                               group=(lambda: P.shard_group(dctx)) if shares else None)
         speed["cache"] = {**plan.cache.as_dict(), "units": len(counter.units)}
         part("cache")
+        return speed, counter
+
+    # an engine that hooks the denoisers in place (diffusers' context parallelism) goes on last: its split and
+    # gather hooks wrap the compiled blocks and the cache's hooks, which then see the shard each rank computes; an
+    # engine that rebuilds the pipeline (xfuser) goes first, and the speed options and cache apply to what it built
+    engine_last = dctx is not None and P.hooks_in_place(dctx.spec)
     if engine_last:
+        speed, counter = sped_up(pipe, models)
+    if dctx is not None:
         pipe, models = P.apply_engine(dctx, pipe, models, family)
         part("engine")
+    if not engine_last:
+        speed, counter = sped_up(pipe, models)
     split = P.guidance_split(dctx, pipe) if counter is not None and dctx is not None else None
     if split is not None:  # the cache's counts are of what this rank computed: one guidance branch per step
         counter.split_guidance(*split)
@@ -677,6 +670,7 @@ class _Watch:
                                     # entry, while each Ulysses attention call holds the whole sequence again
                                     tile_order_once=not cfg.compile and plan.cache is None and plan.dctx is None)
         self.profiler = None
+        self.stepped_profiler = None  # the profiler of the call in progress (:meth:`begin`), stepped by advance
         if cfg.profile_output:
             root = cfg.traces_root if cfg.traces_root is not None else cfg.output_path.parent.parent / "traces"
             self.profiler = StepProfiler(Path(root) / cfg.profile_output, cfg.rank, cfg.profile_wait,
@@ -707,7 +701,8 @@ class _Watch:
         return _Mark(compile_seconds(), dict(self.encode_info.get("one_time") or {}))
 
     def advance(self, step: int) -> None:
-        """A denoising step ended: the schedule's step, the cache counter's, the progress line."""
+        """A denoising step ended: the schedule's step, the cache counter's, the progress line, the profiler's
+        schedule."""
         from . import parallel as P
 
         self.patch.step = step + 1
@@ -720,6 +715,8 @@ class _Watch:
         self.progress.step(step)
         if self.dctx is not None:
             P.maybe_inject_failure(self.dctx.rank, "step", self.attention_type)
+        if self.stepped_profiler is not None:
+            self.stepped_profiler.step()
 
     def reset(self) -> None:
         """Before a pipeline call: its steps and cache counted from its first step (a schedule warms every backend
@@ -736,6 +733,7 @@ class _Watch:
         self.stage_timers.reset()
         reset_peak_memory(self.device)
         self.progress.begin(rep)
+        self.stepped_profiler = self.profiler if rep == 0 else None  # the first repetition is profiled
         self.began = self.mark()
 
     def close(self, log) -> None:
@@ -793,13 +791,15 @@ def _warm_up(plan: Plan, loaded: Loaded, watch: _Watch) -> Optional[float]:
     cfg = plan.cfg
     if not cfg.warmup_calls:
         return None
-    steps = StepTimer(plan.device, then=watch.advance)  # steps advance as in a timed call; their times unread
-    start = Clock(plan.device)
-    for _ in range(cfg.warmup_calls):
-        watch.reset()
-        loaded.pipe(generator=torch.Generator("cpu").manual_seed(cfg.seed), callback_on_step_end=steps,
-                    **loaded.kwargs)
-    return start.seconds_until(Clock(plan.device))
+
+    def calls():
+        for _ in range(cfg.warmup_calls):
+            watch.reset()
+            steps = StepTimer(plan.device, then=watch.advance)  # steps advance as in a timed call; times unread
+            loaded.pipe(generator=torch.Generator("cpu").manual_seed(cfg.seed), callback_on_step_end=steps,
+                        **loaded.kwargs)
+
+    return device_seconds(plan.device, calls)
 
 
 def _repetition(plan: Plan, loaded: Loaded, watch: _Watch, rep: int,
@@ -812,14 +812,8 @@ def _repetition(plan: Plan, loaded: Loaded, watch: _Watch, rep: int,
 
     cfg, device = plan.cfg, plan.device
     watch.begin(rep)
-    profiler = watch.profiler if rep == 0 else None
-
-    def then(step):
-        watch.advance(step)
-        if profiler is not None:
-            profiler.step()
-
-    timer = StepTimer(device, then=then)
+    profiler = watch.stepped_profiler
+    timer = StepTimer(device, then=watch.advance)
     if profiler is not None:
         profiler.__enter__()
     generator = torch.Generator("cpu").manual_seed(cfg.seed)

@@ -54,7 +54,7 @@ __all__ = ["Clock", "Laps", "StepTimer", "MIN_SAMPLES", "STEP_KEYS", "spread", "
            "run_step_stats", "call_ms", "first_call_ms", "TARGET_SAMPLES", "Sampled", "sample_ms", "CACHE_VARS", "cache_state",
            "fresh_cache_env", "describe_steps", "system_info", "append_timing", "load_timing", "peak_memory",
            "reset_peak_memory", "KERNEL_CATEGORIES", "kernel_category", "kernel_summary", "StepProfiler",
-           "process_start", "WallStart", "wall_start", "compile_seconds", "compile_counts"]
+           "process_start", "WallStart", "wall_start", "compile_seconds", "compile_counts", "device_seconds"]
 
 
 class Clock:
@@ -73,6 +73,13 @@ class Clock:
             later.event.synchronize()
             return self.event.elapsed_time(later.event) / 1000.0
         return later.t - self.t
+
+
+def device_seconds(device: torch.device, run) -> float:
+    """``run()``'s time on ``device``'s clock (:class:`Clock`: on a GPU, until the work it queued is done)."""
+    start = Clock(device)
+    run()
+    return start.seconds_until(Clock(device))
 
 
 class Laps:

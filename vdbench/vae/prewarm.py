@@ -96,15 +96,16 @@ def plan(*, vae_class: str, device, decode_mode: DecodeMode, decode_options: Dec
     (diffusers' own decode has none of vdbench's). The modes: their entries with their options, as checked by
     :func:`~vdbench.vae.decode.check_decode` / :func:`~vdbench.vae.encode.check_encode` (the render's, in its
     validation), so the prewarm compiles what the real decode and encode will run."""
-    why: dict = {}
-    dec, why["decode"] = _part(decode_mode, decode_options, vae_class, device)
-    enc = None
+    asked = {"decode": (decode_mode, decode_options)}
     if encode_mode is not None:
-        enc, why["encode"] = _part(encode_mode, encode_options, vae_class, device)
-    if dec is None and enc is None:
+        asked["encode"] = (encode_mode, encode_options)
+    parts, why = {}, {}
+    for kind, (mode, options) in asked.items():
+        parts[kind], why[kind] = _part(mode, options, vae_class, device)
+    if not any(parts.values()):
         return None
-    return PrewarmPlan(vae_class, dec, enc, pixel_hw, torch.device(device), {k: v for k, v in why.items() if v},
-                       first_use=first_use)
+    return PrewarmPlan(vae_class, parts["decode"], parts.get("encode"), pixel_hw, torch.device(device),
+                       {k: v for k, v in why.items() if v}, first_use=first_use)
 
 
 class cuda_layouts(TorchFunctionMode):
