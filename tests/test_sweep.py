@@ -5,6 +5,7 @@ on a CPU, within its budget, resumable."""
 import argparse
 import json
 import math
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -222,7 +223,10 @@ def test_a_verdict_never_claims_more_renders_than_it_has():
 
 
 @pytest.mark.slow
-def test_a_tiny_sweep_on_a_cpu_ranks_within_its_budget_and_resumes(tmp_path, capsys):
+def test_a_tiny_sweep_on_a_cpu_ranks_within_its_budget_and_resumes(tmp_path, capsys, monkeypatch, fork_python):
+    # the sweep's renders and kernel bench start `sys.executable`: here each is forked from this process
+    # (tests/launch.py PythonServer), the sweep's own logic unchanged
+    monkeypatch.setattr(sys, "executable", fork_python)
     out = tmp_path / "sweep"
     args = ["--model", "tiny", "--budget_min", "10", "--max_candidates", "1", "--out", str(out)]
     assert S.main(args) == 0
@@ -368,9 +372,10 @@ def test_one_verdict_per_gpu_count():
 
 
 @pytest.mark.slow
-def test_a_sweep_renders_a_layout_under_torchrun_and_ranks_it_per_gpu_count(tmp_path):
+def test_a_sweep_renders_a_layout_under_torchrun_and_ranks_it_per_gpu_count(tmp_path, monkeypatch, fork_python):
     """A stack with a layout (``sdpa+cfg2``) is rendered under torchrun (gloo on a CPU) and ranked in its own GPU
     count's verdict; the CFG split of an exact kernel gives the one-process frames (PSNR inf vs sdpa's own)."""
+    monkeypatch.setattr(sys, "executable", fork_python)  # torchrun and its workers forked too (tests/launch.py)
     out = tmp_path / "sweep"
     assert S.main(["--model", "tiny", "--budget_min", "10", "--max_candidates", "0", "--steps", "2",
                    "--stacks", "sdpa", "sdpa+cfg2", "--out", str(out)]) == 0
