@@ -193,11 +193,10 @@ s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
 s.connect({sock!r})
 msg = json.dumps({{"argv": sys.argv[1:], "cwd": os.getcwd(), "env": dict(os.environ)}}).encode()
 socket.send_fds(s, [struct.pack("!I", len(msg)) + msg], [0, 1, 2])
-def stop(signum, frame):
-    s.sendall(b"k")
-    os._exit(128 + signum)
-signal.signal(signal.SIGTERM, stop)
-signal.signal(signal.SIGINT, stop)
+def forward(signum, frame):  # a signal to `python` is the child's: it decides its own exit code
+    s.sendall(bytes([signum]))
+signal.signal(signal.SIGTERM, forward)
+signal.signal(signal.SIGINT, forward)
 data = b""
 while len(data) < 4:
     chunk = s.recv(4 - len(data))
@@ -205,7 +204,11 @@ while len(data) < 4:
         os._exit(1)
     data += chunk
 code = struct.unpack("!i", data)[0]
-os._exit(code if code >= 0 else 128 - code)
+if code < 0:  # the child died of a signal: so does `python`, as an interpreter killed so would
+    if -code not in (signal.SIGKILL, signal.SIGSTOP):
+        signal.signal(-code, signal.SIG_DFL)
+    os.kill(os.getpid(), -code)
+os._exit(code)
 '''
 
 
@@ -306,6 +309,7 @@ class PythonServer:
                     os.environ.update(msg["env"])
                     for p in reversed([p for p in msg["env"].get("PYTHONPATH", "").split(os.pathsep) if p]):
                         sys.path.insert(0, p)
+                    sys.executable = self.python  # what the child starts as `python` is forked here too
                     sys.stdin = open(0, closefd=False)
                     sys.stdout = open(1, "w", closefd=False, buffering=1)
                     sys.stderr = open(2, "w", closefd=False, buffering=1)
@@ -330,17 +334,22 @@ class PythonServer:
             self._children.add(pid)
             sel = selectors.DefaultSelector()
             sel.register(conn, selectors.EVENT_READ)
+            caller_gone = False
             while True:
                 done, status = os.waitpid(pid, os.WNOHANG)
                 if done:
                     break
-                if sel.select(timeout=0.05):
-                    try:  # the caller was stopped (or closed): stop its child
-                        os.kill(pid, 15)
+                if not caller_gone and sel.select(timeout=0.05):
+                    got = conn.recv(1)
+                    try:  # a signal the caller got goes to its child; a caller gone takes its child with it
+                        os.kill(pid, got[0] if got else 9)
                     except OSError:
                         pass
-                    _, status = os.waitpid(pid, 0)
-                    break
+                    if not got:
+                        caller_gone = True
+                        sel.unregister(conn)
+                elif caller_gone:
+                    time.sleep(0.05)
             self._children.discard(pid)
             code = os.waitstatus_to_exitcode(status)
             try:

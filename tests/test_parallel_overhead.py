@@ -23,7 +23,7 @@ STEPS, ROUNDS = 3, 2
 
 
 @pytest.fixture(scope="module")
-def result(tmp_path_factory):
+def result(tmp_path_factory, fork_python):
     if TORCHRUN is None:
         pytest.skip("torchrun not found beside the interpreter")
     out = tmp_path_factory.mktemp("overhead")
@@ -32,7 +32,8 @@ def result(tmp_path_factory):
                PYTHONPATH=os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]))
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(k, None)
-    cmd = [TORCHRUN, "--standalone", "--nproc_per_node=2",
+    # torchrun and its workers forked from this process (tests/launch.py PythonServer)
+    cmd = [fork_python, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
            str(ROOT / "bench" / "parallel_overhead.py"), "--model", "tiny", "--height", "64", "--width", "96",
            "--num_frames", "9", "--steps", str(STEPS), "--rounds", str(ROUNDS), "--backend", "sdpa",
            "--engines", "diffusers,xfuser", "--device", "cpu", "-o", str(out)]

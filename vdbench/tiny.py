@@ -522,6 +522,36 @@ def tiny_model_dir(variant: str) -> pathlib.Path:
 _COMPLETE_MARKER = "vdbench_tiny.json"
 
 
+@contextlib.contextmanager
+def _every_rank_writes():
+    """transformers writes a model's weights on rank 0 only once torch.distributed is initialized; the tiny model is
+    built by whichever rank takes the cache's lock first, so under torchrun a rank 1 build would leave the text
+    encoder without weights. Inside this block transformers sees no process group (only its save decision reads it)."""
+    import torch.distributed as dist
+
+    try:
+        from transformers.distributed import mixin
+    except ImportError:  # a transformers without the rank check
+        yield
+        return
+    if not (dist.is_available() and dist.is_initialized()) or not hasattr(mixin, "_is_torch_distributed_initialized"):
+        yield
+        return
+    real = mixin._is_torch_distributed_initialized
+    mixin._is_torch_distributed_initialized = lambda: False
+    try:
+        yield
+    finally:
+        mixin._is_torch_distributed_initialized = real
+
+
+def _check_weights_written(folder: pathlib.Path) -> None:
+    """Every saved model component holds its weights (a save that skipped them must not pass for a complete model)."""
+    for sub in sorted(p for p in folder.iterdir() if p.is_dir() and (p / "config.json").is_file()):
+        if not any(sub.glob("*.safetensors")) and not any(sub.glob("*.bin")):
+            raise RuntimeError(f"building the tiny model: {sub.name} was saved without its weights ({folder})")
+
+
 def build_tiny(variant: str, path: str | os.PathLike) -> pathlib.Path:
     """Build tiny ``variant`` and ``save_pretrained`` it to ``path`` (which must not exist or be empty).
 
@@ -535,7 +565,9 @@ def build_tiny(variant: str, path: str | os.PathLike) -> pathlib.Path:
     tmp = path.parent / f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     try:
         pipe = build_pipeline(v)
-        pipe.save_pretrained(tmp, safe_serialization=True)
+        with _every_rank_writes():
+            pipe.save_pretrained(tmp, safe_serialization=True)
+        _check_weights_written(tmp)
         _canonicalize_model_index(tmp / "model_index.json")
         info = {"variant": v.name, "mirrors": v.mirrors, "spec_hash": _spec_hash(v), "spec": v.spec()}
         (tmp / _COMPLETE_MARKER).write_text(json.dumps(info, indent=2, sort_keys=True))
