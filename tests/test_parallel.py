@@ -933,3 +933,28 @@ def test_ulysses_overlap_is_refused_where_it_cant_apply():
             spec.validate()
     # auto picks the engine that has it
     assert P.resolve_engine(P.ParallelSpec("auto", 2, 1, head_chunks=3), torch.device("cuda", 0)).engine == "diffusers"
+
+
+def _tiny_build_worker(rank, port, cache):
+    import torch.distributed as dist
+
+    os.environ["VDBENCH_CACHE"] = cache
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    if rank == 1:  # the rank that takes the cache's lock first builds: here rank 1, with the group initialized
+        from vdbench import tiny
+
+        tiny.build_tiny("wan2.1-t2v", Path(cache) / "built")
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def test_a_tiny_model_built_by_rank_1_keeps_every_components_weights(tmp_path):
+    """transformers writes weights on rank 0 only once a process group exists; a tiny model built by rank 1 (the
+    first to take the cache's lock) must still hold its text encoder's weights, else every later load fails."""
+    import torch.multiprocessing as mp
+
+    mp.start_processes(_tiny_build_worker, args=(_free_port(), str(tmp_path)), nprocs=2, join=True,
+                       start_method="fork")
+    built = tmp_path / "built"
+    for comp in ("text_encoder", "transformer", "vae"):
+        assert list((built / comp).glob("*.safetensors")), comp
