@@ -78,7 +78,9 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _rank(family: str, argv: list, rank: int, world: int, port: int, log: str, env: dict) -> None:
+def _child(log: str, env: dict, body) -> None:
+    """The end of a forked child: its output into ``log``, no torchrun variables but those in ``env``, ``body()``
+    run, and the process ends with the code a ``python`` running it would give (a crash: its traceback, 1)."""
     fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
@@ -87,52 +89,7 @@ def _rank(family: str, argv: list, rank: int, world: int, port: int, log: str, e
         for k in _DIST_ENV:
             os.environ.pop(k, None)
         os.environ.update(env)
-        os.environ["OMP_NUM_THREADS"] = "1"
-        if world > 1:
-            os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
-                              LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-        import torch
-
-        torch.set_num_threads(1)  # the ranks share the machine's cores, as torchrun's OMP_NUM_THREADS=1 makes them
-        from vdbench import cli
-
-        code = cli.main(family, list(argv))
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else 1
-    except BaseException:  # noqa: BLE001 - a crash: its traceback in the log, exit 1
-        import traceback
-
-        traceback.print_exc()
-        code = 1
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code or 0)
-
-
-def _script(path: str, argv: list, root: str, cwd: str, log: str, env: dict) -> None:
-    """A script run as ``python path argv...`` with ``root`` first on the path: the vdbench already imported here is
-    dropped when ``root`` holds another one (an older commit's tree), so the script runs that tree's code; torch,
-    diffusers and transformers stay imported."""
-    import runpy
-
-    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    code = 1
-    try:
-        for k in _DIST_ENV:
-            os.environ.pop(k, None)
-        os.environ.update(env)
-        here = sys.modules.get("vdbench")
-        if here is not None and Path(here.__file__).resolve().parents[1] != Path(root).resolve():
-            for name in [m for m in sys.modules if m == "vdbench" or m.startswith("vdbench.")]:
-                del sys.modules[name]
-        sys.path.insert(0, str(root))
-        os.chdir(cwd)
-        sys.argv = [str(path), *map(str, argv)]
-        runpy.run_path(str(path), run_name="__main__")
-        code = 0
+        code = body() or 0
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     except BaseException:  # noqa: BLE001 - a crash: its traceback in the log, exit 1
@@ -144,6 +101,41 @@ def _script(path: str, argv: list, root: str, cwd: str, log: str, env: dict) -> 
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
+
+
+def _rank(family: str, argv: list, rank: int, world: int, port: int, log: str, env: dict) -> None:
+    def body():
+        os.environ["OMP_NUM_THREADS"] = "1"
+        if world > 1:
+            os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
+                              LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        import torch
+
+        torch.set_num_threads(1)  # the ranks share the machine's cores, as torchrun's OMP_NUM_THREADS=1 makes them
+        from vdbench import cli
+
+        return cli.main(family, list(argv))
+
+    _child(log, env, body)
+
+
+def _script(path: str, argv: list, root: str, cwd: str, log: str, env: dict) -> None:
+    """A script run as ``python path argv...`` with ``root`` first on the path: the vdbench already imported here is
+    dropped when ``root`` holds another one (an older commit's tree), so the script runs that tree's code; torch,
+    diffusers and transformers stay imported."""
+    def body():
+        import runpy
+
+        here = sys.modules.get("vdbench")
+        if here is not None and Path(here.__file__).resolve().parents[1] != Path(root).resolve():
+            for name in [m for m in sys.modules if m == "vdbench" or m.startswith("vdbench.")]:
+                del sys.modules[name]
+        sys.path.insert(0, str(root))
+        os.chdir(cwd)
+        sys.argv = [str(path), *map(str, argv)]
+        runpy.run_path(str(path), run_name="__main__")
+
+    _child(log, env, body)
 
 
 def script(path: Path, argv: list, log: Path, root: Path, cwd: Path | None = None, timeout: float = 600,
