@@ -74,8 +74,16 @@ class DispatcherAdapter(Adapter):
             return self._cp_template()(
                 query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, False,
                 forward_op=self.cp_forward_op, backward_op=None, _parallel_config=parallel_config)
-        out = patch.serve(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), attn_mask, dropout_p,
-                          is_causal, scale, enable_gqa)
+        return self._serve_bshd(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+
+    def _serve_bshd(self, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, tag="",
+                    need_lse=False):
+        """The patch's ``serve`` (BHSD) on diffusers' BSHD tensors: BSHD out (+ LSE (B, S, H) with ``need_lse``)."""
+        out = self.patch.serve(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), attn_mask,
+                               dropout_p, is_causal, scale, enable_gqa, need_lse=need_lse, tag=tag)
+        if need_lse:
+            out, lse = out
+            return out.transpose(1, 2), lse.transpose(1, 2)
         return out.transpose(1, 2)
 
     def _overlapped(self, query, key, value, dropout_p, is_causal, scale, enable_gqa, cp, chunks):
@@ -84,9 +92,7 @@ class DispatcherAdapter(Adapter):
         tag = f"{path_tag(cp.ulysses_degree, 1)}/overlap{chunks}"
 
         def attend(q, k, v):
-            out = self.patch.serve(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), None, dropout_p,
-                                   is_causal, scale, enable_gqa, tag=tag)
-            return out.transpose(1, 2)
+            return self._serve_bshd(q, k, v, None, dropout_p, is_causal, scale, enable_gqa, tag=tag)
 
         return overlapped_ulysses(query, key, value, cp._ulysses_mesh.get_group(), cp.ulysses_degree, chunks, attend)
 
@@ -127,9 +133,5 @@ class DispatcherAdapter(Adapter):
         """diffusers' context-parallel forward op: BSHD in, BSHD out (+ LSE (B, S, H) when asked)."""
         cp = _parallel_config.context_parallel_config if _parallel_config is not None else None
         tag = path_tag(cp.ulysses_degree, cp.ring_degree) if cp is not None else ""
-        out = self.patch.serve(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), attn_mask,
-                               dropout_p, is_causal, scale, enable_gqa, need_lse=return_lse, tag=tag)
-        if return_lse:
-            out, lse = out
-            return out.transpose(1, 2), lse.transpose(1, 2)
-        return out.transpose(1, 2)
+        return self._serve_bshd(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, tag=tag,
+                                need_lse=return_lse)
