@@ -78,6 +78,31 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def one_thread() -> None:
+    """In a forked child, before any torch work: one intra-op thread. GNU OpenMP's thread pool does not survive a
+    fork -- a child entering a parallel region with the parent's pool hangs -- so the children of a test process
+    that computed on several threads must not enter one (the ranks of a launch share the cores anyway, as
+    torchrun's OMP_NUM_THREADS=1 makes them)."""
+    import torch
+
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
+
+
+def _group_rank(rank: int, worker, port: int, *args) -> None:
+    one_thread()
+    worker(rank, port, *args)
+
+
+def group(worker, nprocs: int, *args) -> None:
+    """``worker(rank, port, *args)`` on ``nprocs`` ranks forked from this process, a free loopback port for their
+    process group; returns when every rank has ended (raises if one failed)."""
+    import torch.multiprocessing as mp
+
+    mp.start_processes(_group_rank, args=(worker, free_port(), *args), nprocs=nprocs, join=True,
+                       start_method="fork")
+
+
 def _child(log: str, env: dict, body) -> None:
     """The end of a forked child: its output into ``log``, no torchrun variables but those in ``env``, ``body()``
     run, and the process ends with the code a ``python`` running it would give (a crash: its traceback, 1)."""
@@ -89,6 +114,7 @@ def _child(log: str, env: dict, body) -> None:
         for k in _DIST_ENV:
             os.environ.pop(k, None)
         os.environ.update(env)
+        one_thread()
         code = body() or 0
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
@@ -105,13 +131,9 @@ def _child(log: str, env: dict, body) -> None:
 
 def _rank(family: str, argv: list, rank: int, world: int, port: int, log: str, env: dict) -> None:
     def body():
-        os.environ["OMP_NUM_THREADS"] = "1"
         if world > 1:
             os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
                               LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-        import torch
-
-        torch.set_num_threads(1)  # the ranks share the machine's cores, as torchrun's OMP_NUM_THREADS=1 makes them
         from vdbench import cli
 
         return cli.main(family, list(argv))
@@ -299,6 +321,7 @@ class PythonServer:
                     os.chdir(msg["cwd"])
                     os.environ.clear()
                     os.environ.update(msg["env"])
+                    one_thread()
                     for p in reversed([p for p in msg["env"].get("PYTHONPATH", "").split(os.pathsep) if p]):
                         sys.path.insert(0, p)
                     sys.executable = self.python  # what the child starts as `python` is forked here too

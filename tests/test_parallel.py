@@ -56,15 +56,6 @@ def _env(**extra):
     return env
 
 
-def _free_port() -> int:
-    """A loopback port free now, for a process group the test sets up itself (test files run side by side on the
-    xdist workers, so no fixed port)."""
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
 
 def torchrun(args, out: Path, nproc=2, timeout=240, script="run_wan.py", **env):
     # --standalone: a free rendezvous port per launch (test files run side by side on the xdist workers)
@@ -704,9 +695,7 @@ def _share_worker(rank, port, out):
 
 
 def test_share_output_hands_the_last_ranks_latents_to_every_rank(tmp_path):
-    import torch.multiprocessing as mp
-
-    mp.start_processes(_share_worker, args=(_free_port(), str(tmp_path)), nprocs=3, join=True, start_method="fork")
+    launch.group(_share_worker, 3, str(tmp_path))
     want = torch.arange(24, dtype=torch.bfloat16).reshape(2, 3, 4)
     for r in range(3):
         d = torch.load(tmp_path / f"r{r}.pt", weights_only=True)
@@ -768,10 +757,7 @@ def test_data_dependent_cache_decisions_are_one_for_every_rank(tmp_path):
     """FirstBlockCache compares the whole sequence's change (the sums over the ranks), MagCache's calibration
     averages over every rank's tokens, SeaCache's gate computes where any rank computes: on shards that would
     decide differently alone."""
-    import torch.multiprocessing as mp
-
-    mp.start_processes(_decisions_worker, args=(_free_port(), str(tmp_path)), nprocs=2, join=True,
-                       start_method="fork")
+    launch.group(_decisions_worker, 2, str(tmp_path))
     r0, r1 = (torch.load(tmp_path / f"r{r}.pt", weights_only=True) for r in range(2))
     assert r0["shared"] == ["fbc", "mag", "sea"]
     assert r0["fbc"] == r1["fbc"] == [True, False]  # alone: rank 0 would skip the first, rank 1 compute the second
@@ -907,10 +893,7 @@ def test_overlapped_ulysses_gives_each_rank_its_shard_of_whole_attention(tmp_pat
     """Over gloo, 2 ranks, 12 heads: in 2, 3 or 6 head chunks each rank gets exactly its sequence shard of the
     attention over the whole sequence (every head computed whole by the same kernel), the kernel being called once
     per chunk with the whole sequence of 6/chunks heads, contiguous (no copy after the exchange)."""
-    import torch.multiprocessing as mp
-
-    mp.start_processes(_overlap_worker, args=(_free_port(), str(tmp_path)), nprocs=2, join=True,
-                       start_method="fork")
+    launch.group(_overlap_worker, 2, str(tmp_path))
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, 24, 12, 8, generator=g) for _ in range(3))
     want = torch.nn.functional.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
@@ -951,10 +934,7 @@ def _tiny_build_worker(rank, port, cache):
 def test_a_tiny_model_built_by_rank_1_keeps_every_components_weights(tmp_path):
     """transformers writes weights on rank 0 only once a process group exists; a tiny model built by rank 1 (the
     first to take the cache's lock) must still hold its text encoder's weights, else every later load fails."""
-    import torch.multiprocessing as mp
-
-    mp.start_processes(_tiny_build_worker, args=(_free_port(), str(tmp_path)), nprocs=2, join=True,
-                       start_method="fork")
+    launch.group(_tiny_build_worker, 2, str(tmp_path))
     built = tmp_path / "built"
     for comp in ("text_encoder", "transformer", "vae"):
         assert list((built / comp).glob("*.safetensors")), comp
