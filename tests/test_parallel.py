@@ -40,7 +40,7 @@ SMALL = ["--model", "tiny", "--height", "64", "--width", "96", "--num_frames", "
          "--attention_type", "sdpa", "--save_frames", "--save_latents"]
 VIDEO = "wan_result_t2v_tiny_9f_2s_attn_sdpa_64x96"  # + the layout of a torchrun render: _u2, _r2, _u2r2
 # what each render's name ends with: the layout (``ucfg`` carries a step cache too, before it)
-LAYOUT = {"single": "", "ulysses": "_u2", "ring": "_r2", "hybrid": "_u2r2", "cfg": "_cfg2",
+LAYOUT = {"single": "", "ulysses": "_u2", "uasync": "_u2", "ring": "_r2", "hybrid": "_u2r2", "cfg": "_cfg2",
           "ucfg": "_cache-fbc-threshold=0.001_u2cfg2"}
 # FirstBlockCache with a threshold no step of these renders passes: every block computed, so the frames are the
 # uncached render's, while the cache's hooks, its decision shared over the Ulysses pair and its counts run
@@ -482,6 +482,8 @@ def renders(tmp_path_factory):
                            ("hybrid", ["--parallel_engine", "diffusers", "--ulysses_degree", "2", "--ring_degree", "2"],
                             4),
                            ("cfg", ["--use_cfg_parallel"], 2),
+                           ("uasync", ["--parallel_engine", "diffusers", "--ulysses_degree", "2", "--ulysses_async"],
+                            2),
                            ("ucfg", ["--parallel_engine", "diffusers", "--ulysses_degree", "2", "--use_cfg_parallel",
                                      *UNSKIPPED_FBC], 4)):
         proc = forked(SMALL + flags, base / name, nproc=n)
@@ -496,6 +498,23 @@ def test_ulysses2_over_gloo_is_bit_identical(renders):
     fa = np.load(renders["single"] / "results" / f"{VIDEO}.npy")
     fb = np.load(renders["ulysses"] / "results" / f"{VIDEO}_u2.npy")
     assert fa.std() > 1.0 and np.array_equal(fa, fb)
+
+
+def test_ulysses_async_is_bit_identical_and_says_which_path_ran(renders):
+    """--ulysses_async: Wan's self-attention sends Q, K and V beside the projections, Q and K written by the RoPE
+    into the exchange's layout; the same latents and frames as one process (and so as diffusers' Ulysses), every
+    self-attention call labelled with the path that ran, the cross-attention calls local."""
+    a, b = _latents(renders["single"]), _latents(renders["uasync"])
+    assert a.shape == b.shape and torch.equal(a, b)
+    fa = np.load(renders["single"] / "results" / f"{VIDEO}.npy")
+    assert np.array_equal(fa, np.load(renders["uasync"] / "results" / f"{VIDEO}_u2.npy"))
+    e = json.loads((renders["uasync"] / "results" / "timing.json").read_text())[-1]
+    assert e["parallel"]["async_exchange"] is True and e["parallel"]["engine"] == "diffusers"
+    for r in e["ranks"]:
+        by_kernel = r["attention"]["calls_by_kernel"]
+        by_kind = r["attention"]["calls_by_kind"]
+        assert sum(n for k, n in by_kernel.items() if k.endswith("@ulysses2/async")) == by_kind["self"], by_kernel
+        assert not any(k.endswith("@ulysses2") for k in by_kernel), by_kernel  # no call through the template
 
 
 @pytest.mark.parametrize("name,ranks", [("cfg", 2), ("ucfg", 4)])
@@ -916,6 +935,24 @@ def test_ulysses_overlap_is_refused_where_it_cant_apply():
             spec.validate()
     # auto picks the engine that has it
     assert P.resolve_engine(P.ParallelSpec("auto", 2, 1, head_chunks=3), torch.device("cuda", 0)).engine == "diffusers"
+
+
+def test_ulysses_async_is_refused_where_it_cant_apply():
+    from vdbench import families
+
+    P.ParallelSpec("diffusers", 2, 1, async_exchange=True).validate()
+    for spec in (P.ParallelSpec("diffusers", 1, 1, async_exchange=True),
+                 P.ParallelSpec("diffusers", 2, 2, async_exchange=True),
+                 P.ParallelSpec("xfuser", 2, 1, async_exchange=True),
+                 P.ParallelSpec("diffusers", 2, 1, head_chunks=2, async_exchange=True)):
+        with pytest.raises(ValueError, match="--ulysses_async sends Q, K and V"):
+            spec.validate()
+    assert P.resolve_engine(P.ParallelSpec("auto", 2, 1, async_exchange=True),
+                            torch.device("cuda", 0)).engine == "diffusers"
+    # a family without the exchange-layout self-attention: refused before the load, in one line and a hint
+    check = P.engine_check(torch.device("cpu"), [], families.get("cogvideox"), "t2v")
+    with pytest.raises(ValueError, match="--ulysses_async: vdbench has no cogvideox self-attention"):
+        check(P.ParallelSpec("diffusers", 2, 1, async_exchange=True))
 
 
 def _tiny_build_worker(rank, port, cache):

@@ -86,6 +86,9 @@ class ParallelSpec:
     # --ulysses_overlap: Ulysses attention in this many head chunks, each chunk's all-to-all beside another's
     # attention (vdbench.patching.ulysses); 1: diffusers' template as it is
     head_chunks: int = 1
+    # --ulysses_async: the model family's self-attention sends Q, K and V as each is made, beside the next
+    # projection (Family.ulysses_self_attention through vdbench.patching.ulysses.UlyssesExchange)
+    async_exchange: bool = False
 
     @property
     def world_size(self) -> int:
@@ -121,6 +124,11 @@ class ParallelSpec:
             raise ValueError(f"--ulysses_overlap {self.head_chunks} overlaps the all-to-all of Ulysses attention: it "
                              "needs --ulysses_degree >= 2 without --ring_degree, on --parallel_engine diffusers "
                              "(or auto)")
+        if self.async_exchange and (self.ulysses_degree < 2 or self.ring_degree > 1 or self.engine == "xfuser"
+                                    or self.head_chunks > 1):
+            raise ValueError("--ulysses_async sends Q, K and V of Ulysses attention beside the projections: it needs "
+                             "--ulysses_degree >= 2 without --ring_degree or --ulysses_overlap, on --parallel_engine "
+                             "diffusers (or auto)")
 
     @property
     def label(self) -> str:
@@ -136,7 +144,8 @@ class ParallelSpec:
                                                         else None),
                 "ulysses_degree": self.ulysses_degree, "ring_degree": self.ring_degree,
                 "use_cfg_parallel": self.use_cfg_parallel, "path": self.path, "label": self.label, "tag": self.tag,
-                "world_size": self.world_size, "head_chunks": self.head_chunks}
+                "world_size": self.world_size, "head_chunks": self.head_chunks,
+                "async_exchange": self.async_exchange}
 
 
 def resolve_engine(spec: ParallelSpec, device: torch.device,
@@ -156,8 +165,9 @@ def resolve_engine(spec: ParallelSpec, device: torch.device,
     if device.type != "cuda" or importlib.util.find_spec("xfuser") is None:
         why = "needs a CUDA GPU" if device.type != "cuda" else "is not installed"
         return replace(auto, engine="diffusers", engine_reason=f"auto: xfuser {why}")
-    if spec.head_chunks > 1:
-        return replace(auto, engine="diffusers", engine_reason="auto: --ulysses_overlap runs on diffusers' engine")
+    if spec.head_chunks > 1 or spec.async_exchange:
+        flag = "--ulysses_overlap" if spec.head_chunks > 1 else "--ulysses_async"
+        return replace(auto, engine="diffusers", engine_reason=f"auto: {flag} runs on diffusers' engine")
     refused = refusal(replace(auto, engine="xfuser")) if refusal is not None else None
     if refused and refusal(replace(auto, engine="diffusers")) is None:
         return replace(auto, engine="diffusers",
@@ -178,6 +188,9 @@ def engine_check(device, members, family: families.Family, task: str, pipeline_c
             check_schedule(spec)
         if spec is None:
             return
+        if spec.async_exchange and family.ulysses_self_attention is None:
+            raise ValueError(f"--ulysses_async: vdbench has no {family.name} self-attention that sends Q, K and V "
+                             "beside the projections\ndrop --ulysses_async (diffusers' Ulysses runs as it is)")
         for member in members:
             check_backend_for_path(spec, member, device, family, task, pipeline_class)
         why = compile_refusal(spec) if compiled else None
@@ -395,6 +408,7 @@ def apply_engine(ctx: DistContext, pipe, models: list, family: families.Family) 
                                                                   ring_degree=spec.ring_degree, mesh=mesh))
             # read by the patched dispatcher at each Ulysses call (vdbench.patching.ulysses)
             m._parallel_config.context_parallel_config.vdbench_head_chunks = spec.head_chunks
+            m._parallel_config.context_parallel_config.vdbench_async = spec.async_exchange
         if spec.use_cfg_parallel:
             split_guidance(ctx, pipe, models, family)
         warm_collectives(ctx, models)

@@ -131,6 +131,7 @@ class RenderConfig:
     ring_degree: int = 1
     use_cfg_parallel: bool = False
     ulysses_overlap: int = 1  # head chunks of the overlapped Ulysses attention (vdbench.patching.ulysses)
+    ulysses_async: bool = False  # Q, K, V sent beside the projections (Family.ulysses_self_attention)
     overwrite: bool = False  # replace an existing output file this tool did not write
 
 
@@ -192,7 +193,7 @@ def render(cfg: RenderConfig, log=print, exit_code_of=None, started: Optional[Wa
 
     started = started if started is not None else wall_start(from_process=False)
     spec = P.ParallelSpec(cfg.parallel_engine, cfg.ulysses_degree, cfg.ring_degree, cfg.use_cfg_parallel,
-                          head_chunks=cfg.ulysses_overlap)
+                          head_chunks=cfg.ulysses_overlap, async_exchange=cfg.ulysses_async)
     dctx = P.init_distributed(spec, cfg.device)
     if dctx is None:
         return _stages(cfg, log, None, started)

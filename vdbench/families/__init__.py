@@ -190,6 +190,11 @@ class Family:
         makes on one GPU, from the denoiser's and the VAE's configs (no weights; ``pipe_kwargs``: the extra pipeline
         arguments, a text length among them): what a backend's kernels are compiled for ahead of the first step
         (:mod:`vdbench.backends.prewarm`). None: the family does not say, and nothing is compiled ahead.
+        ``ulysses_self_attention(attn, hidden_states, rotary_emb, exchange, attend) -> out``: the family's
+        self-attention processor call under Ulysses with Q, K and V handed to ``exchange``
+        (:class:`vdbench.patching.ulysses.UlyssesExchange`) as each is made, so the all-to-all of one runs while the
+        next is projected (``--ulysses_async``); ``attend(q, k, v)`` the patched kernel. None: the family has none,
+        and ``--ulysses_async`` is refused for it.
     Benchmarks
         ``attention_presets`` (name -> (B, H, Sq, Sk, D) of a real model's attention, bench/bench_attention.py);
         ``attention_grids`` (preset name -> its token grid, ``FxHxW[+T]``: what the sparse patterns need);
@@ -241,6 +246,7 @@ class Family:
     grid_hooks: Optional[Callable[..., Any]] = None
     pipeline_requirements: Mapping[str, tuple[tuple[str, str], ...]] = dataclasses.field(default_factory=dict)
     attention_calls: Optional[Callable[..., tuple[tuple[int, int, int, int, int, int], ...]]] = None
+    ulysses_self_attention: Optional[Callable[..., Any]] = None
     guidance_in_one_batch: bool = False
     latent_format: str = "BCFHW"
     step_context_pipelines: tuple[str, ...] = ()

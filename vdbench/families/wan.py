@@ -349,6 +349,61 @@ def call_kind(mode: str, attn, encoder_hidden_states) -> str:
     return "cross+img" if getattr(attn, "add_k_proj", None) is not None else "cross"
 
 
+# ----- Ulysses with the exchange beside the projections -----
+
+def ulysses_self_attention(attn, hidden_states, rotary_emb, exchange, attend):
+    """Wan's self-attention (diffusers 0.42's ``WanAttnProcessor`` for a call without text or mask) under Ulysses,
+    with each of Q, K and V handed to the exchange as soon as it is made, so Q's all-to-all runs while K and V are
+    projected, and K's while V is. Q and K leave the rotary embedding already in the exchange's send layout (the
+    RoPE writes there instead of into a tensor of its own), V takes one copy into it.
+
+    ``exchange``: :class:`vdbench.patching.ulysses.UlyssesExchange` (``send_buffer``, ``start``, ``whole``,
+    ``back``); ``attend(q, k, v)``: the patched kernel on BSHD tensors holding the whole sequence for this rank's
+    heads. The arithmetic is the processor's, op for op (the same projections, norms and RoPE expressions, the
+    products rounded where diffusers rounds them), so the output equals diffusers' Ulysses template bit for bit.
+    """
+    heads = attn.heads
+    if attn.fused_projections:
+        q_lin, k_lin, v_lin = attn.to_qkv(hidden_states).chunk(3, dim=-1)
+        q_of, k_of, v_of = (lambda: q_lin), (lambda: k_lin), (lambda: v_lin)
+    else:
+        q_of, k_of, v_of = (lambda: attn.to_q(hidden_states)), (lambda: attn.to_k(hidden_states)), \
+            (lambda: attn.to_v(hidden_states))
+
+    def sent(x, norm):
+        x = x.unflatten(2, (heads, -1)) if norm is None else norm(x).unflatten(2, (heads, -1))
+        buf, dst = exchange.send_buffer(x)  # dst: the send buffer as (B, S_loc, P, h, D), heads split by rank
+        x = x.unflatten(2, dst.shape[2:4])
+        if norm is None or rotary_emb is None:
+            dst.copy_(x)
+        else:  # the frequencies (1, S_loc, 1, D) broadcast over both head dims
+            _rope_into(x, *(f.unsqueeze(2) for f in rotary_emb), dst)
+        return exchange.start(buf)
+
+    q = q_of()
+    dtype = q.dtype
+    q = sent(q, attn.norm_q)
+    k = sent(k_of(), attn.norm_k)
+    v = sent(v_of(), None)
+    out = attend(exchange.whole(q), exchange.whole(k), exchange.whole(v))
+    # the processor casts the kernel's output to the projections' dtype; here before the exchange (the same values)
+    out = exchange.back(out.to(dtype))  # (B, S_loc, H * D): this rank's tokens, every head
+    return attn.to_out[1](attn.to_out[0](out))
+
+
+def _rope_into(x, freqs_cos, freqs_sin, dst) -> None:
+    """diffusers' Wan RoPE of ``x`` written into ``dst`` (a view of ``x``'s shape; the pairs in the last dim, the
+    frequencies broadcast over the rest): the same expressions
+    (each computed in the frequencies' dtype, then cast once on the write, as diffusers' slice assignment does)."""
+    import torch
+
+    x1, x2 = x.unflatten(-1, (-1, 2)).unbind(-1)
+    cos, sin = freqs_cos[..., 0::2], freqs_sin[..., 1::2]
+    pairs = dst.unflatten(-1, (-1, 2))
+    torch.sub(x1 * cos, x2 * sin, out=pairs[..., 0])
+    torch.add(x1 * sin, x2 * cos, out=pairs[..., 1])
+
+
 # ----- sparse attention: the token grid and the tile order once per forward -----
 #
 # Hook points, read from diffusers 0.42's ``WanTransformer3DModel.forward``: ``rotary_emb = self.rope(hidden_states)``
@@ -476,6 +531,7 @@ FAMILY = Family(
                 cfg_pipeline="xfuser.model_executor.pipelines.pipeline_wan_i2v:xFuserWanImageToVideoPipeline")},
     call_kind=call_kind,
     grid_hooks=grid_hooks,
+    ulysses_self_attention=ulysses_self_attention,
     attention_calls=attention_calls,
     tiny_variants=TINY_VARIANTS,
     random_variants=RANDOM_VARIANTS,

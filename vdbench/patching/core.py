@@ -18,6 +18,7 @@ backends that need the token grid get their calls through the model's grid hooks
 
 from __future__ import annotations
 
+import functools
 import inspect
 import itertools
 import sys
@@ -126,7 +127,8 @@ class AttentionPatch:
         self.schedule = as_schedule(backend)
         self._single = self.schedule.rules[0].backend if self.schedule.is_single else None
         self.models = as_models(models)
-        family = None if call_kind and grid_hooks else family_of(self.models)
+        family = family_of(self.models)
+        self._ulysses_self_attention = family.ulysses_self_attention if family else None
         self.call_kind = call_kind or (family.call_kind if family else default_call_kind)
         self.grid_hooks = grid_hooks or (family.grid_hooks if family and family.grid_hooks else no_grid_hooks)
         self.tile_order_once = tile_order_once
@@ -250,8 +252,14 @@ class AttentionPatch:
             # filters processor kwargs by it) and torch.compile can trace it (it can't guard such closures).
             call = types.FunctionType(_patched_call.__code__, _patched_call.__globals__, "__call__")
             call.__signature__ = inspect.signature(orig_call)
+            # the family's own self-attention under --ulysses_async (its exchange beside the projections), where
+            # the route and the family have one; it declines (NotImplemented) the calls it doesn't cover
+            make = self._ulysses_self_attention
+            fast = (functools.partial(adapter.ulysses_call, make) if make is not None
+                    and hasattr(adapter, "ulysses_call") else None)
             self._classes[cls] = type(f"Patched{cls.__name__}", (cls,), {
-                "__call__": call, "_vd_rebound": staticmethod(rebound), "_vd_mode": adapter.mode})
+                "__call__": call, "_vd_rebound": staticmethod(rebound), "_vd_mode": adapter.mode,
+                "_vd_fast": staticmethod(fast) if fast is not None else None})
         new = object.__new__(self._classes[cls])
         new.__dict__.update(proc.__dict__)
         new._vd_model, new._vd_layer, new._vd_patch = model_name, layer, self
@@ -442,6 +450,11 @@ def _patched_call(self_, attn, hidden_states, *args, **kwargs):
     patch.layer_index = None if compiling else self_._vd_layer_index
     patch.context = (self_._vd_model, layer, kind)
     patch._sub = 0
+    fast = type(self_)._vd_fast
+    if fast is not None and not compiling and kind == "self":
+        out = fast(self_, attn, hidden_states, *args, **kwargs)
+        if out is not NotImplemented:
+            return out
     return type(self_)._vd_rebound(self_, attn, hidden_states, *args, **kwargs)
 
 

@@ -13,7 +13,7 @@ import torch
 from ..backends import UnsupportedCall, sdpa_kernel_choice
 from .adapter import Adapter, path_tag
 from .calls import call_args
-from .ulysses import can_overlap, overlapped_ulysses
+from .ulysses import UlyssesExchange, can_overlap, overlapped_ulysses
 
 __all__ = ["DispatcherAdapter"]
 
@@ -95,6 +95,27 @@ class DispatcherAdapter(Adapter):
             return self._serve_bshd(q, k, v, None, dropout_p, is_causal, scale, enable_gqa, tag=tag)
 
         return overlapped_ulysses(query, key, value, cp._ulysses_mesh.get_group(), cp.ulysses_degree, chunks, attend)
+
+    def ulysses_call(self, make, proc, attn, hidden_states, encoder_hidden_states=None, attention_mask=None,
+                     rotary_emb=None, **kwargs):
+        """A self-attention processor call under ``--ulysses_async``: the model family's processor
+        (``Family.ulysses_self_attention``, ``make``) with Q, K and V each sent as it is made, our kernel serving
+        the attention (labelled ``@ulysses2/async``). ``NotImplemented`` for a call it doesn't cover (text, a mask,
+        B > 1, ring, heads not divisible, the pass-through backend): the processor runs as it is, through
+        diffusers' template -- its label says so."""
+        config = getattr(proc, "_parallel_config", None)
+        cp = None if config is None else config.context_parallel_config
+        if (cp is None or not getattr(cp, "vdbench_async", False) or encoder_hidden_states is not None
+                or attention_mask is not None or kwargs or hidden_states.shape[0] != 1 or cp.ring_degree != 1
+                or attn.heads % cp.ulysses_degree or self.patch.passthrough):
+            return NotImplemented
+        tag = f"{path_tag(cp.ulysses_degree, 1)}/async"
+
+        def attend(q, k, v):
+            return self._serve_bshd(q, k, v, None, 0.0, False, None, False, tag=tag)
+
+        exchange = UlyssesExchange(cp._ulysses_mesh.get_group(), cp.ulysses_degree)
+        return make(attn, hidden_states, rotary_emb, exchange, attend)
 
     def _cp_template(self):
         """diffusers' templated context-parallel attention, imported on the first parallel call and kept (an import

@@ -12,13 +12,19 @@ result doesn't depend on the number of heads in the call.
 Layout: the sender's copy puts each destination's heads contiguous (``(P, B, S_loc, h, D)``), which with one
 sample (B = 1, every Wan call) arrives as the whole sequence for ``h`` heads in BSHD order -- no copy after the
 exchange; the output goes back the same way and is copied once into its heads' place. ``P``: the Ulysses degree.
+
+:class:`UlyssesExchange` is the other way to hide the exchange (``--ulysses_async``): not beside attention, whose
+persistent kernels hold every SM, but beside the projections, whose GEMMs leave room between their tiles. The model
+family's processor (``Family.ulysses_self_attention``) hands Q to the exchange as soon as it is made, then projects
+K while Q travels, and so on; and it writes Q and K into the send layout straight from the RoPE, so they take no
+layout copy at all.
 """
 
 from __future__ import annotations
 
 import torch
 
-__all__ = ["can_overlap", "overlapped_ulysses"]
+__all__ = ["UlyssesExchange", "can_overlap", "overlapped_ulysses"]
 
 
 def can_overlap(query, key, value, attn_mask, world: int, chunks: int) -> bool:
@@ -74,3 +80,47 @@ def overlapped_ulysses(query, key, value, group, world: int, chunks: int, attend
         out_waits[c].wait()
         placed[:, :, :, c].copy_(outs[c].permute(1, 2, 0, 3, 4))  # from rank p: my tokens, p's heads of chunk c
     return out
+
+
+class UlyssesExchange:
+    """The all-to-alls of one Ulysses attention call, each issued when its tensor is ready (B = 1, no mask).
+
+    ``send_buffer(x)``: a send buffer for ``x`` (B, S_loc, H, D) laid out per destination rank, (P, B, S_loc, h, D),
+    and a view of it as (B, S_loc, P, h, D) for the producer to write ``x``'s heads into, split by destination (no
+    copy after the write); ``start(buf)``: the
+    asynchronous exchange; ``whole(handle)``: wait for it, the whole sequence of this rank's ``h`` heads, BSHD
+    (contiguous: the ranks' shards arrive in sequence order); ``back(out)``: the attention output (B, S, h, D) sent
+    back to the sequence's owners, this rank's tokens for every head, (B, S_loc, H * D): one copy."""
+
+    def __init__(self, group, world: int):
+        self.group, self.world = group, world
+
+    def send_buffer(self, x):
+        b, s, heads, d = x.shape
+        buf = torch.empty((self.world, b, s, heads // self.world, d), dtype=x.dtype, device=x.device)
+        # (B, S_loc, H, D) is not one view of buf: the producer writes x split as (B, S_loc, P, h, D)
+        return buf, buf.permute(1, 2, 0, 3, 4)
+
+    def start(self, buf):
+        import torch.distributed as dist
+
+        recv = torch.empty_like(buf)
+        work = dist.all_to_all_single(recv, buf, group=self.group, async_op=True)
+        return work, recv, buf  # the send buffer held until the wait: the collective reads it until then
+
+    def whole(self, handle):
+        work, recv, _ = handle
+        work.wait()
+        p, b, s, h, d = recv.shape
+        return recv.view(b, p * s, h, d)
+
+    def back(self, out):
+        import torch.distributed as dist
+
+        b, s_all, h, d = out.shape
+        s = s_all // self.world
+        send = out.contiguous()  # (B, S, h, D) = (P, B, S_loc, h, D) for B = 1: each owner's tokens contiguous
+        recv = torch.empty_like(send)
+        dist.all_to_all_single(recv, send, group=self.group)
+        # from rank p: my tokens for p's heads -> (B, S_loc, P, h, D), heads in order
+        return recv.view(self.world, b, s, h, d).permute(1, 2, 0, 3, 4).reshape(b, s, self.world * h * d)
