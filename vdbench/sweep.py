@@ -11,7 +11,11 @@ What it does, in order, everything under ``--out`` (default ``outputs/sweep``):
 2. **The model's real attention inputs**: one short render with ``--save_inputs`` (one denoising step), then
    ``bench/bench_attention.py`` on those captures for every backend that runs here, ``default`` and the exact
    ``reference`` included: speed with n and spread, accuracy against exact fp64 attention (``kernels/``: its CSV,
-   JSON and records).
+   JSON and records). The bench takes at most ``--kernel_max_s`` (15% of the budget) before it stops starting
+   captures of shapes it has already benched. Where a second GPU is visible both run on it, beside ``default``'s
+   render on the renders' GPU (``--bench_beside``); the candidates and every multi-GPU render wait for them. With
+   ``--layout_backends`` naming the backends (``fav3``) neither runs: those are the candidates, each render estimated
+   from ``default``'s, and a verdict short of renders has no kernel-bench ranking to fall back on (it says so).
 3. **Renders**: the candidates -- the backends that run here, are not emulations, and stayed within
    ``--max_rel_l2`` of exact attention on the captures, fastest first, at most ``--max_candidates`` -- plus the
    pipeline's own attention (``default``, the speed baseline), the exact ``reference`` (the quality baseline) and
@@ -220,8 +224,9 @@ def parse_layout_backends(values: list[str], avail: list[dict]) -> tuple[int, li
             raise ValueError(f"--layout_backends {text}: can't run here: {(a or {}).get('why_not', 'not registered')}")
         if a["emulated"]:
             raise ValueError(f"--layout_backends {text}: an emulation (accuracy only, never a speed)")
-        named.append(Candidate(c.name, c.attention, [], "named (--layout_backends)"))
-    return len(named), list({c.name: c for c in named}.values())
+        if c.name not in {x.name for x in named}:  # an alias and its name: one backend
+            named.append(Candidate(c.name, c.name, [], "named (--layout_backends)"))
+    return len(named), named
 
 
 def side_device(mode: str, device: str, visible: list[str]) -> Optional[tuple[str, dict]]:
