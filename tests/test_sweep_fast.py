@@ -77,7 +77,8 @@ def test_the_capture_and_kernel_bench_run_beside_default_and_the_run_resumes(tmp
             "--out", str(out)]
     assert S.main(args) == 0
     log = capsys.readouterr().out
-    assert "capture render and kernel bench (at most ~90 s of benching) on cpu, beside the 1-GPU renders" in log
+    assert "capture render and kernel bench (no new input of a benched shape after 90 s) on cpu, beside the " \
+        "1-GPU renders" in log
     assert "(on cpu, beside default)" in log
     # beside: default's render ended while the capture + bench still ran (one after the other, it would start
     # only after the bench's log was closed)

@@ -15,7 +15,7 @@ What it does, in order, everything under ``--out`` (default ``outputs/sweep``):
    captures of shapes it has already benched. Where a second GPU is visible both run on it, beside ``default``'s
    render on the renders' GPU (``--bench_beside``); the candidates and every multi-GPU render wait for them. With
    ``--layout_backends`` naming the backends (``fav3``) neither runs: those are the candidates, each render estimated
-   from ``default``'s, and a verdict short of renders has no kernel-bench ranking to fall back on (it says so).
+   at the slowest render so far, and a verdict short of renders has no kernel-bench ranking to fall back on (it says so).
 3. **Renders**: the candidates -- the backends that run here, are not emulations, and stayed within
    ``--max_rel_l2`` of exact attention on the captures, fastest first, at most ``--max_candidates`` -- plus the
    pipeline's own attention (``default``, the speed baseline), the exact ``reference`` (the quality baseline) and
@@ -882,7 +882,7 @@ def run(args) -> int:
     if named:
         pre["kernel_bench"] = f"skipped: the backends are named (--layout_backends {' '.join(c.name for c in named)})"
         _log(f"[sweep] no capture render and no kernel bench: the backends are named (--layout_backends "
-             f"{' '.join(c.name for c in named)}); each render's estimate is default's render time")
+             f"{' '.join(c.name for c in named)}); each render is estimated at the slowest render so far")
     elif not (kdir / "attention.json").exists():
         beside = side_device(args.bench_beside, device, _visible_gpus(device))
         if beside is None:
@@ -892,7 +892,7 @@ def run(args) -> int:
 
             where = f"GPU {beside[1]['CUDA_VISIBLE_DEVICES']}" if beside[1] else beside[0]
             pre["beside"] = where
-            _log(f"[sweep] capture render and kernel bench (at most ~{kernel_max_s:.0f} s of benching) on {where}, "
+            _log(f"[sweep] capture render and kernel bench (no new input of a benched shape after {kernel_max_s:.0f} s) on {where}, "
                  f"beside the 1-GPU renders; the candidates and every multi-GPU render wait for them")
 
             def side_job():
