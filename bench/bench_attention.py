@@ -49,7 +49,9 @@ Per input x kernel:
   atol + rtol*|ref|, NaN/Inf count — and a poison check: the output memory is pre-filled with NaN (Python
   allocations through a torch-function mode, native ones through the caching allocator) so elements a kernel
   never writes show up as NaN instead of stale plausible values.
-Every kernel is also checked on fresh random inputs (row "random"), not only on captured ones.
+Every kernel is also checked on fresh random inputs (row "random"), not only on captured ones. ``--max_s`` bounds a
+run (the sweep's share of its budget): past it, no further input of a shape already benched is started -- one of a
+new shape still is, so every shape the model calls gets a time -- and the JSON's ``not_benched`` names those left out.
 
 Captured inputs are cast to ``--dtype`` (bf16 by default) and the run says so (a note, and ``cast_from`` in the
 CSV); ``--dtype capture`` keeps the captured dtype. Printed figures keep three significant digits (0.0086
@@ -73,6 +75,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import torch
@@ -327,14 +330,17 @@ def run(args) -> int:
     rows = []
     sink = RowWriter(None if args._child_out else args.output)
     try:
-        _bench(args, device, dtype, backends, want, timed, skipped, rows, sink, state)
+        late = _bench(args, device, dtype, backends, want, timed, skipped, rows, sink, state)
     finally:
         sink.close()
     if args._child_out:  # one kernel of a --cold run: its rows go to the parent, which prints and writes them
         Path(args._child_out).write_text(json.dumps({"rows": rows, "skipped": skipped, "pid": os.getpid(), **state},
                                                     default=str))
         return 0
-    return _finish(args, rows, want, skipped, device)
+    if late:
+        print(f"note: {len(late)} input(s) not benched, past --max_s {args.max_s:g} s (every shape was benched on "
+              f"an earlier input): {', '.join(late)}", file=sys.stderr)
+    return _finish(args, rows, want, skipped, device, {"not_benched": late, "max_s": args.max_s} if late else None)
 
 
 def _child_env() -> dict:
@@ -421,9 +427,16 @@ def _bench(args, device, dtype, backends, want, timed, skipped, rows, sink, stat
             grids.setdefault(g.seq_len, g)
     caches = (state or cache_state())["caches"]
     ran: set = set()  # kernels this process has run: their first call on a later input is not a cold one
+    t0, shapes, late = time.monotonic(), set(), []
     for name, q, k, v, cast_from in iter_inputs(args, device, dtype or torch.bfloat16, skipped):
         b, h, sq, d = q.shape
         sk = k.shape[2]
+        # past --max_s, an input of a shape already benched adds spread, not a figure the others lack: left out;
+        # one of a new shape is still benched (a caller predicting a model's step needs every shape it calls)
+        if args.max_s and time.monotonic() - t0 > args.max_s and (q.shape, k.shape) in shapes:
+            late.append(name)
+            continue
+        shapes.add((q.shape, k.shape))
         ref = B.exact_attention(q, k, v, dtype=torch.float64) if ("accuracy" in want) else None
         flops = 4 * b * h * sq * sk * d
         for be in backends:
@@ -473,6 +486,7 @@ def _bench(args, device, dtype, backends, want, timed, skipped, rows, sink, stat
             rows.append(row)
             sink.add(row)
         del ref
+    return late
 
 
 def _speedups(rows, baseline):
@@ -661,6 +675,9 @@ def build_parser():
     p.add_argument("--budget_s", type=float, default=60.0,
                    help="seconds of timed warm calls per kernel and input at most (a call longer than all of it: "
                         "one sample, the warm-up call)")
+    p.add_argument("--max_s", type=float, default=0,
+                   help="seconds of benching after which no further input of a shape already benched is started (an "
+                        "input of a new shape still is; the JSON's not_benched lists those left out); 0: no bound")
     p.add_argument("--cold", action="store_true",
                    help="each kernel in a fresh process whose Triton and inductor caches are new empty temporary "
                         "folders (removed afterwards): first_call_ms of its first input is the cold first call, "

@@ -237,6 +237,20 @@ def test_captures_hostile_and_truncated_are_skipped_with_exit_code(tmp_path, cap
     assert "2 input file(s) skipped" in err
 
 
+def test_past_max_s_only_inputs_of_a_new_shape_are_benched(tmp_path, capsys):
+    # --max_s 1e-9: past it from the first input on; each shape (self, cross) still benched once, the rest listed
+    for i, sk in enumerate((16, 4, 16, 4)):
+        q, kv = torch.randn(1, 2, 16, 8), torch.randn(1, 2, sk, 8)
+        torch.save({"q": q, "k": kv, "v": kv, "meta": {"layout": "BHSD"}}, tmp_path / f"attn_s_rank0_{i:06d}.pt")
+    out = tmp_path / "m.csv"
+    assert ba.main(["--input_dir", str(tmp_path), "--device", "cpu", "--kernel", "sdpa", "--dtype", "fp32",
+                    "-metric", "accuracy", "--max_s", "1e-9", "-o", str(out)]) == 0
+    assert [r["input"] for r in csv.DictReader(open(out))] == ["attn_s_rank0_000000.pt", "attn_s_rank0_000001.pt"]
+    late = ["attn_s_rank0_000002.pt", "attn_s_rank0_000003.pt", "random"]
+    assert json.loads(out.with_suffix(".json").read_text())["not_benched"] == late
+    assert "3 input(s) not benched, past --max_s" in capsys.readouterr().err
+
+
 def test_no_captures_is_a_clear_error(tmp_path):
     with pytest.raises(SystemExit, match="no capture files"):
         ba.main(["--input_dir", str(tmp_path), "--device", "cpu"])

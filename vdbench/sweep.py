@@ -11,7 +11,11 @@ What it does, in order, everything under ``--out`` (default ``outputs/sweep``):
 2. **The model's real attention inputs**: one short render with ``--save_inputs`` (one denoising step), then
    ``bench/bench_attention.py`` on those captures for every backend that runs here, ``default`` and the exact
    ``reference`` included: speed with n and spread, accuracy against exact fp64 attention (``kernels/``: its CSV,
-   JSON and records).
+   JSON and records). The bench takes at most ``--kernel_max_s`` (15% of the budget) before it stops starting
+   captures of shapes it has already benched. Where a second GPU is visible both run on it, beside ``default``'s
+   render on the renders' GPU (``--bench_beside``); the candidates and every multi-GPU render wait for them. With
+   ``--layout_backends`` naming the backends (``fav3``) neither runs: those are the candidates, each render estimated
+   at the slowest render so far, and a verdict short of renders has no kernel-bench ranking to fall back on (it says so).
 3. **Renders**: the candidates -- the backends that run here, are not emulations, and stayed within
    ``--max_rel_l2`` of exact attention on the captures, fastest first, at most ``--max_candidates`` -- plus the
    pipeline's own attention (``default``, the speed baseline), the exact ``reference`` (the quality baseline) and
@@ -48,6 +52,7 @@ import dataclasses
 import html
 import json
 import math
+import os
 import re
 import subprocess
 import sys
@@ -68,6 +73,14 @@ ROOT = Path(__file__).resolve().parents[1]
 
 #: The speed baseline (the pipeline's own attention) and the quality reference (exact attention) every sweep renders.
 BASELINE, REFERENCE = "default", "reference"
+
+#: Why each is in every sweep (the ``why`` column).
+BASELINE_WHY, REFERENCE_WHY = "baseline: the pipeline's own attention", "quality reference: exact attention"
+
+#: The kernel bench's share of the budget (``--kernel_max_s``'s default): past it, it starts no further input of a
+#: shape already benched. On 4 H200s at Wan 1.3B 480p the unbounded bench (8 captures + a random input, 17 kernels)
+#: and the capture took 363 s of a 420 s budget: the renders are what the budget is for.
+KERNEL_SHARE = 0.15
 
 #: Stack options -> the render flags they add (the grammar: :func:`vdbench.measure.record.split_stack`).
 STACK_OPTIONS = {"compile": ["--use_torch_compile"], "fp8gemm": ["--use_fp8_gemms"], "bf16te": ["--use_bf16_te_gemms"]}
@@ -188,6 +201,64 @@ def layout_candidates(cands: list[Candidate], nprocs: list[int], *, fam, device:
     return out, left_out
 
 
+def parse_layout_backends(values: list[str], avail: list[dict]) -> tuple[int, list[Candidate]]:
+    """``--layout_backends``: (how many of the kernel bench's leading backends each layout renders, []) for a count;
+    (their number, the named backends as candidates) for names -- each one that runs here, not an emulation, not
+    ``default`` or ``reference`` (both rendered anyway, on one GPU) and without options (a stack's options go to
+    ``--stacks``); ValueError naming what is wrong otherwise."""
+    if len(values) == 1 and values[0].isdigit():
+        return int(values[0]), []
+    if any(v.isdigit() for v in values):
+        raise ValueError(f"--layout_backends takes one count or backend names, not both ({' '.join(values)})")
+    runs = {a["backend"]: a for a in avail}
+    named = []
+    for text in values:
+        c = parse_stack(text)
+        if c.flags or c.nproc > 1:
+            raise ValueError(f"--layout_backends {text}: a plain backend; a stack's options go to --stacks")
+        if c.name in (BASELINE, REFERENCE):
+            raise ValueError(f"--layout_backends {text}: {c.name} is rendered on one GPU anyway; name the backends "
+                             f"to lay out over the GPUs (e.g. fav3)")
+        a = runs.get(c.name) or runs.get(B.resolve(c.attention).name)
+        if a is None or not a["runs"]:
+            raise ValueError(f"--layout_backends {text}: can't run here: {(a or {}).get('why_not', 'not registered')}")
+        if a["emulated"]:
+            raise ValueError(f"--layout_backends {text}: an emulation (accuracy only, never a speed)")
+        if c.name not in {x.name for x in named}:  # an alias and its name: one backend
+            named.append(Candidate(c.name, c.name, [], "named (--layout_backends)"))
+    return len(named), named
+
+
+def side_device(mode: str, device: str, visible: list[str]) -> Optional[tuple[str, dict]]:
+    """Where the capture render and the kernel bench run beside the 1-GPU renders: (the device they are given, the
+    environment that puts them there) or None (before the renders, on their device). On CUDA: the last visible GPU
+    that is not the renders' (``visible``: the GPUs' ids as ``CUDA_VISIBLE_DEVICES`` names them), the job seeing it
+    alone -- its own GPU, so neither the bench's timings nor the renders' share one; with one GPU, none (``on``
+    refuses). On a CPU only when asked (``on``: the plumbing; no CPU figure is a speed figure)."""
+    if mode == "off":
+        return None
+    if device.startswith("cuda"):
+        index = int(device.partition(":")[2] or 0)
+        free = [g for i, g in enumerate(visible) if i != index]
+        if free:
+            return "cuda", {"CUDA_VISIBLE_DEVICES": free[-1]}
+        if mode == "on":
+            raise ValueError(f"--bench_beside on needs a second GPU ({len(visible)} visible): use auto or off")
+        return None
+    return (device, {}) if mode == "on" else None
+
+
+def _visible_gpus(device: str) -> list[str]:
+    """The GPUs this process sees, by the ids ``CUDA_VISIBLE_DEVICES`` gives them (indices where it is unset)."""
+    if not device.startswith("cuda"):
+        return []
+    import torch
+
+    n = torch.cuda.device_count()
+    ids = [x.strip() for x in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if x.strip()]
+    return ids[:n] if ids else [str(i) for i in range(n)]
+
+
 def availability(device) -> list[dict]:
     """Every registered backend and each of its ``variants`` (``fav3_fp8:smooth_v=1``): can it run on ``device``,
     and why not."""
@@ -245,9 +316,8 @@ def plan_candidates(avail: list[dict], bench_rows: list[dict], *, max_candidates
               for t, n, e in scored[:max_candidates]]
     left_out += [{"backend": n, "why": f"beyond --max_candidates {max_candidates}"} for _, n, _ in
                  scored[max_candidates:]]
-    return [Candidate(baseline, baseline, [], "baseline: the pipeline's own attention"),
-            Candidate(reference, reference, [], "quality reference: exact attention", is_reference=True), *chosen,
-            *stacks], left_out
+    return [Candidate(baseline, baseline, [], BASELINE_WHY),
+            Candidate(reference, reference, [], REFERENCE_WHY, is_reference=True), *chosen, *stacks], left_out
 
 
 def _input_of(row: dict, i: int):
@@ -415,6 +485,7 @@ class Coverage:
     failed: list[str] = field(default_factory=list)
     predicted: list[tuple[str, float]] = field(default_factory=list)
     predicted_is: str = "predicted step vs default's"
+    no_bench: str = ""  # why there was no kernel bench to predict from ("" where there was one)
 
     @property
     def complete(self) -> bool:
@@ -430,10 +501,12 @@ class Coverage:
         """The same, for the candidates ``keep(name)`` selects (one GPU count's)."""
         pick = lambda names: [n for n in names if keep(n)]  # noqa: E731
         return Coverage(pick(self.planned), pick(self.rendered), pick(self.skipped), pick(self.failed),
-                        [p for p in self.predicted if keep(p[0])], self.predicted_is)
+                        [p for p in self.predicted if keep(p[0])], self.predicted_is, self.no_bench)
 
     def provisional(self) -> str:
         if not self.predicted:
+            if self.no_bench:
+                return f"no kernel bench to rank them ({self.no_bench})"
             return "the kernel bench predicts none of them (kernels/attention.csv)"
         done = set(self.rendered)
         return (f"provisional ranking from the kernel bench ({self.predicted_is}): " + ", ".join(
@@ -760,28 +833,35 @@ def run(args) -> int:
     dev_name = torch.cuda.get_device_name(0) if device.startswith("cuda") else "CPU"
     stacks = [parse_stack(s) for s in args.stacks or []]
 
+    t = time.monotonic()
     avail = availability(device)
+    probe_s = time.monotonic() - t
     (out / "backends.txt").write_text("".join(
         f"{a['backend']:22s} {'runs' if a['runs'] else 'no: ' + str(a['why_not'])}\n" for a in avail))
     n_run = sum(a["runs"] for a in avail)
-    _log(f"[sweep] {n_run} of {len(avail)} backends run on {dev_name} ({out / 'backends.txt'})")
+    _log(f"[sweep] {n_run} of {len(avail)} backends run on {dev_name} ({out / 'backends.txt'}; probed in "
+         f"{probe_s:.1f} s)")
+    per_layout, named = parse_layout_backends(args.layout_backends, avail)
 
-    # 2. capture the model's attention inputs with one short render, then bench every runnable kernel on them
+    # 2. capture the model's attention inputs with one short render, then bench every runnable kernel on them --
+    # on a GPU the renders don't use where there is one (the 1-GPU renders go on meanwhile), else before them
     caps, kdir = out / "captures", out / "kernels"
     bench_rows: list[dict] = []
-    capture_s = 0.0
-    if not (kdir / "attention.json").exists():
+    pre: dict = {"probe_s": probe_s}  # what the stage before the renders cost (the log, progress.json, sweep.json)
+    kernel_max_s = args.kernel_max_s if args.kernel_max_s is not None else KERNEL_SHARE * budget
+
+    def capture_and_bench(dev: str, env: Optional[dict]) -> dict:
+        got: dict = {}
         cap = Candidate("capture", BASELINE)
-        cmd = _render_cmd(fam.name, argparse.Namespace(**{**vars(args), "steps": 1}), cap, out / "capture_run",
-                          ["--save_inputs", "--input_dir", str(caps), "--max_captures", str(args.max_captures),
-                           "--overwrite"])
+        cmd = _render_cmd(fam.name, argparse.Namespace(**{**vars(args), "steps": 1, "device": dev}), cap,
+                          out / "capture_run", ["--save_inputs", "--input_dir", str(caps), "--max_captures",
+                                                str(args.max_captures), "--overwrite"])
         t = time.monotonic()
-        rc = _run(cmd, out / "logs" / "capture.log", left())
-        capture_s = time.monotonic() - t  # a lower bound of a render's time: the first render's budget check
-        save_progress(slowest_s=max(capture_s, float(progress.get("slowest_s", 0.0))))
+        rc = _run(cmd, out / "logs" / "capture.log", left(), env)
+        got["capture_s"] = time.monotonic() - t  # a lower bound of a render's time: the first render's budget check
         if rc != 0:
-            _log(f"[sweep] error: the capture render failed (rc {rc}); see {out / 'logs' / 'capture.log'}")
-            return 1
+            got["error"] = f"the capture render failed (rc {rc}); see {out / 'logs' / 'capture.log'}"
+            return got
         kdir.mkdir(exist_ok=True)
         # what can be a candidate (emulations carry accuracy only), and default and the exact reference: their
         # times on the same inputs are what predicts each render's time (estimate_render_s)
@@ -789,43 +869,68 @@ def run(args) -> int:
         runnable.sort(key=lambda n: 0 if n == BASELINE else 2 if n == REFERENCE else 1)
         grid = ["--grid", fam.size_grid(args.height, args.width, args.num_frames)] if fam.size_grid else []
         cmd = [sys.executable, str(ROOT / "bench" / "bench_attention.py"), "--input_dir", str(caps), "--kernel",
-               ",".join(runnable), "--device", device, "--budget_s", str(args.kernel_budget_s), *grid, "-o",
-               str(kdir / "attention.csv")]
-        rc = _run(cmd, out / "logs" / "kernels.log", left())
+               ",".join(runnable), "--device", dev, "--budget_s", str(args.kernel_budget_s), "--max_s",
+               str(kernel_max_s), *grid, "-o", str(kdir / "attention.csv")]
+        t = time.monotonic()
+        rc = _run(cmd, out / "logs" / "kernels.log", left(), env)
+        got["kernel_bench_s"] = time.monotonic() - t
         if rc not in (0, 3):  # 3: some kernels skipped (their rows say why)
-            _log(f"[sweep] warning: the kernel bench ended with rc {rc}; see {out / 'logs' / 'kernels.log'}")
-    if (kdir / "attention.json").exists():
-        bench_rows = json.loads((kdir / "attention.json").read_text())["rows"]
-    cands, left_out = plan_candidates(avail, bench_rows, max_candidates=args.max_candidates,
-                                      max_rel_l2=args.max_rel_l2, stacks=stacks)
-    if any(n > 1 for n in args.nproc):  # the layouts of each GPU count x the leading backends
-        multi, multi_left = layout_candidates(cands, args.nproc, fam=fam, device=device,
-                                              per_layout=args.layout_backends)
-        cands, left_out = cands + multi, left_out + multi_left
-    try:
-        calls = calls_per_step(json.loads((caps / "metadata_default_rank0.json").read_text()))
-    except (OSError, ValueError):
-        calls = {}
-    attn = attention_ms_per_step(bench_rows, calls)  # what predicts each render's time
-    order = render_order(cands)
-    _log(f"[sweep] rendering {len(order)}: {', '.join(c.name for c in order)} ({left():.0f} s of budget left)")
+            got["warning"] = f"the kernel bench ended with rc {rc}; see {out / 'logs' / 'kernels.log'}"
+        return got
+
+    side, side_got, early = None, {}, []
+    if named:
+        pre["kernel_bench"] = f"skipped: the backends are named (--layout_backends {' '.join(c.name for c in named)})"
+        _log(f"[sweep] no capture render and no kernel bench: the backends are named (--layout_backends "
+             f"{' '.join(c.name for c in named)}); each render is estimated at the slowest render so far")
+    elif not (kdir / "attention.json").exists():
+        beside = side_device(args.bench_beside, device, _visible_gpus(device))
+        if beside is None:
+            side_got = capture_and_bench(device, None)
+        else:
+            import threading
+
+            where = f"GPU {beside[1]['CUDA_VISIBLE_DEVICES']}" if beside[1] else beside[0]
+            pre["beside"] = where
+            _log(f"[sweep] capture render and kernel bench (no new input of a benched shape after {kernel_max_s:.0f} s) on {where}, "
+                 f"beside the 1-GPU renders; the candidates and every multi-GPU render wait for them")
+
+            def side_job():
+                try:
+                    side_got.update(capture_and_bench(*beside))
+                except Exception as e:  # noqa: BLE001 -- said on join, in one line, as a failed capture is
+                    side_got["error"] = f"the capture / kernel bench failed: {type(e).__name__}: {e}"
+
+            side = threading.Thread(target=side_job, name="sweep-kernel-bench", daemon=True)
+            side.start()
+            early = [Candidate(BASELINE, BASELINE, [], BASELINE_WHY)]  # what needs no kernel-bench figure
 
     # 3. the renders: default first, then the candidates, the exact reference last; each started only when its
     # estimate fits in what is left, and none again that an earlier run finished
-    slowest, records = max(capture_s, float(progress.get("slowest_s", 0.0))), {}
+    slowest, records = float(progress.get("slowest_s", 0.0)), {}
     render_s = dict(progress.get("render_s") or {})  # each render's measured seconds, across the runs
     quality_s = progress.get("quality_s")  # one quality comparison's seconds (measured on default's frames)
     quality_device = device if device.startswith("cuda") else None
-    skipped, failed = [], []
-    for c in order:
-        folder = out / "runs" / c.slug
-        done = _records(folder) if folder.exists() else []
-        if done and (_video(done[-1]) is not None or (not c.is_reference and _stored_quality(folder))):
-            records[c.name] = done[-1]
-    for i, c in enumerate(order):
+    skipped, failed, left_out = [], [], []
+    attn: dict[str, float] = {}
+
+    def read_back(cands: list[Candidate]) -> None:
+        for c in cands:
+            folder = out / "runs" / c.slug
+            done = _records(folder) if folder.exists() and c.name not in records else []
+            if done and (_video(done[-1]) is not None or (not c.is_reference and _stored_quality(folder))):
+                records[c.name] = done[-1]
+
+    tried: set = set()  # the renders this run has started or passed over: each once
+
+    def render(c: Candidate) -> None:
+        nonlocal slowest, quality_s
+        if c.name in tried:
+            return
+        tried.add(c.name)
         if c.name in records:
             _log(f"[sweep] {c.name}: done earlier (records read back)")
-            continue
+            return
         folder = out / "runs" / c.slug
         est, basis = estimate_render_s(c, default_s=_default_s(render_s, records), steps=args.steps, attn_ms=attn,
                                        fallback_s=slowest)
@@ -834,18 +939,25 @@ def run(args) -> int:
             skipped.append(c.name)
             left_out.append({"backend": c.name, "why": take["why"]})
             _log(f"[sweep] {c.name}: skipped, {take['why']}")
-            continue
+            return
         t = time.monotonic()
         rc = _run(_render_cmd(fam.name, args, c, folder, ["--overwrite"]), out / "logs" / f"{c.slug}.log", left())
         recs = _records(folder)
         took = time.monotonic() - t
         slowest = max(slowest, took)
+        if rc == TIMED_OUT:  # stopped by the budget's end (its estimate fell short): skipped for the budget
+            save_progress(slowest_s=slowest)
+            skipped.append(c.name)
+            why = f"budget: stopped when the budget ran out, {took:.0f} s into its render (estimated {est:.0f} s)"
+            left_out.append({"backend": c.name, "why": why})
+            _log(f"[sweep] {c.name}: {why}")
+            return
         if rc != 0 or not recs:
             save_progress(slowest_s=slowest)
             failed.append(c.name)
             left_out.append({"backend": c.name, "why": f"render failed (rc {rc}): {_first_error(out, c)}"})
             _log(f"[sweep] {c.name}: failed (rc {rc}); see {out / 'logs' / (c.slug + '.log')}")
-            continue
+            return
         records[c.name], render_s[c.name] = recs[-1], took
         _log(f"[sweep] {c.name}: rendered in {took:.0f} s (estimated {est:.0f} s)")
         if c.name == BASELINE and quality_s is None and _frames(recs[-1]) is not None:
@@ -855,11 +967,68 @@ def run(args) -> int:
             quality_of(path, (load_frames(path)[0], path), quality_device)
             quality_s = time.monotonic() - t
         save_progress(slowest_s=slowest, render_s=render_s, quality_s=quality_s)
-        if c.name == BASELINE:
-            _log_plan(plan_renders([(x, *estimate_render_s(x, default_s=took, steps=args.steps, attn_ms=attn,
-                                                            fallback_s=slowest))
-                                    for x in order[i + 1:] if x.name not in records], left(),
-                                   quality_s=float(quality_s or 0.0)), left())
+
+    read_back(early)
+    for c in early:  # beside the capture and the kernel bench, on the renders' own GPU
+        render(c)
+    if side is not None:
+        side.join()
+    for key in ("capture_s", "kernel_bench_s"):
+        if key in side_got:
+            pre[key] = side_got[key]
+    slowest = max(slowest, side_got.get("capture_s", 0.0))
+    save_progress(slowest_s=slowest, pre_render=pre)
+    if "error" in side_got:
+        _log(f"[sweep] error: {side_got['error']}")
+        return 1
+    if "warning" in side_got:
+        _log(f"[sweep] warning: {side_got['warning']}")
+    if (kdir / "attention.json").exists():
+        bench = json.loads((kdir / "attention.json").read_text())
+        bench_rows = bench["rows"]
+        if bench.get("not_benched") and "kernel_bench_s" in side_got:
+            _log(f"[sweep] kernel bench: {len(bench['not_benched'])} input(s) of shapes already benched left out "
+                 f"past its {bench.get('max_s', kernel_max_s):.0f} s (--kernel_max_s)")
+    if "kernel_bench_s" in side_got:
+        _log(f"[sweep] before the renders: probe {probe_s:.1f} s, capture render {side_got['capture_s']:.0f} s, "
+             f"kernel bench {side_got['kernel_bench_s']:.0f} s" + (f" (on {pre['beside']}, beside "
+                                                                 f"{', '.join(c.name for c in early)})"
+                                                                 if "beside" in pre else ""))
+    if named:
+        cands = [Candidate(BASELINE, BASELINE, [], BASELINE_WHY),
+                 Candidate(REFERENCE, REFERENCE, [], REFERENCE_WHY, is_reference=True), *named, *stacks]
+    else:
+        cands, planned_out = plan_candidates(avail, bench_rows, max_candidates=args.max_candidates,
+                                             max_rel_l2=args.max_rel_l2, stacks=stacks)
+        left_out += planned_out
+    if any(n > 1 for n in args.nproc):  # the layouts of each GPU count x the leading backends
+        multi, multi_left = layout_candidates(cands, args.nproc, fam=fam, device=device, per_layout=per_layout)
+        cands, left_out = cands + multi, left_out + multi_left
+    try:
+        calls = calls_per_step(json.loads((caps / "metadata_default_rank0.json").read_text()))
+    except (OSError, ValueError):
+        calls = {}
+    attn.update(attention_ms_per_step(bench_rows, calls))  # what predicts each render's time
+    order = render_order(cands)
+    _log(f"[sweep] rendering {len(order)}: {', '.join(c.name for c in order)} ({left():.0f} s of budget left)")
+
+    read_back(order)
+
+    def log_plan(after: list[Candidate]) -> None:
+        took = _default_s(render_s, records)
+        _log_plan(plan_renders([(x, *estimate_render_s(x, default_s=took, steps=args.steps, attn_ms=attn,
+                                                        fallback_s=slowest))
+                                for x in after if x.name not in records], left(),
+                               quality_s=float(quality_s or 0.0)), left())
+
+    if any(c.name == BASELINE and c.name in render_s for c in early):
+        log_plan(order)  # default rendered beside the kernel bench: what its time says of the rest
+    for i, c in enumerate(order):
+        fresh = c.name not in records
+        render(c)
+        if c.name == BASELINE and fresh and c.name in records:
+            log_plan(order[i + 1:])
+
 
     # 4. the quality of each render against the exact reference, or the exact-kernel render standing in for it
     warm = {n: warm_of(r)[0] for n, r in records.items()}
@@ -888,7 +1057,8 @@ def run(args) -> int:
     planned = [c.name for c in cands if c.name != BASELINE and not c.is_reference]
     predicted, predicted_is = predicted_ranking(cands, attn, warm.get(BASELINE))
     coverage = Coverage(planned, [n for n in planned if n in records], [n for n in skipped if n in planned],
-                        [n for n in failed if n in planned], predicted, predicted_is)
+                        [n for n in failed if n in planned], predicted, predicted_is,
+                        "" if bench_rows else pre.get("kernel_bench", ""))
     counts = sorted({c.nproc for c in cands})
     if counts == [1]:
         text = verdict(rows, device=dev_name, model=args.model, tolerance_db=args.psnr_tolerance_db,
@@ -903,7 +1073,7 @@ def run(args) -> int:
             "num_frames": args.num_frames, "steps": args.steps, "verdict": text, "left_out": left_out,
             "command": command_line(), "commit": commit(), "budget_min": args.budget_min,
             "elapsed_s": spent_before + time.monotonic() - t0, "runs": runs_before + 1,
-            "quality_vs": base or REFERENCE, "coverage": dataclasses.asdict(coverage)}
+            "quality_vs": base or REFERENCE, "coverage": dataclasses.asdict(coverage), "pre_render": pre}
     save_progress()
     write_outputs(out, rows, meta)
     Writer(out / "records.jsonl").write(*(Record(
@@ -958,15 +1128,21 @@ def _first_error(out: Path, c: Candidate) -> str:
     return next((ln for ln in lines if ln.startswith("error")), lines[-1] if lines else "empty log")[:200]
 
 
-def _run(cmd: list[str], log: Path, left_s: float) -> int:
+#: :func:`_run`'s status for a command stopped at the end of the budget.
+TIMED_OUT = 124
+
+
+def _run(cmd: list[str], log: Path, left_s: float, env: Optional[dict] = None) -> int:
+    """Run ``cmd`` (its output to ``log``) for at most ``left_s``; ``env``: variables set on top of this process's
+    (the GPU a job beside the renders sees)."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "w") as f:
         try:
-            return subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT,
-                                  timeout=max(1.0, left_s)).returncode
+            return subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, timeout=max(1.0, left_s),
+                                  env={**os.environ, **env} if env else None).returncode
         except subprocess.TimeoutExpired:
             f.write("\n[sweep] stopped: out of budget\n")
-            return 124
+            return TIMED_OUT
 
 
 def _family_of(model: str) -> str:
@@ -1001,10 +1177,19 @@ def build_parser() -> argparse.ArgumentParser:
                    help="GPU counts to rank layouts for: each layout N allows (the CFG split, Ulysses, ring and "
                         "their products) x the --layout_backends leading backends, each render under torchrun, with "
                         "a verdict per count (e.g. --nproc 2 4)")
-    p.add_argument("--layout_backends", type=int, default=2,
-                   help="backends rendered in each multi-GPU layout: the kernel bench's fastest within --max_rel_l2")
+    p.add_argument("--layout_backends", nargs="+", default=["2"], metavar="N_OR_BACKEND",
+                   help="backends rendered in each multi-GPU layout: a count (the kernel bench's fastest within "
+                        "--max_rel_l2), or their names (e.g. fav3): then those are the candidates, on one GPU and in "
+                        "each layout, and neither the capture render nor the kernel bench runs")
+    p.add_argument("--bench_beside", choices=("auto", "on", "off"), default="auto",
+                   help="the capture render and the kernel bench on a GPU the 1-GPU renders don't use, beside them "
+                        "(the candidates and the multi-GPU renders wait for them): auto where a second GPU is "
+                        "visible; on: also on a CPU (the plumbing); off: before the renders")
     p.add_argument("--max_captures", type=int, default=8, help="attention calls captured for the kernel bench")
     p.add_argument("--kernel_budget_s", type=float, default=10.0, help="seconds of timed calls per kernel and input")
+    p.add_argument("--kernel_max_s", type=float, default=None,
+                   help="seconds of kernel benching after which no further capture of a shape already benched is "
+                        f"started (default: {KERNEL_SHARE * 100:.0f}%% of --budget_min; 0: no bound)")
     p.add_argument("--out", default="outputs/sweep", help="where everything goes (a re-run resumes there)")
     return p
 
