@@ -146,14 +146,16 @@ def test_one_time_costs_a_stage_reports_are_merged_and_the_render_call_is_timed_
 
 
 def test_an_encode_reports_across_calls_split_by_repetition_and_warm_up():
+    from vdbench.stages import reported_since
+
     info = {"one_time": {"setup_s": 0.1, "build_s": 0.5}}  # reported when the warm-up calls ended
     set_up = {"setup_s": 0.1}  # reported before them (on entering the encode): the first repetition's
     info["one_time"]["plan_s"] = 0.2  # reported in the first repetition
-    mine, warm = R._reported_since(info, set_up, {"setup_s": 0.1, "build_s": 0.5})
+    mine, warm = reported_since(info, set_up, {"setup_s": 0.1, "build_s": 0.5})
     assert mine == {"setup_s": 0.1, "plan_s": 0.2} and warm == {"build_s": 0.5}
     before = dict(info["one_time"])
     info["one_time"]["plan_s"] = 0.3  # a later repetition reported again
-    assert R._reported_since(info, None, before) == ({"plan_s": 0.3}, {})
+    assert reported_since(info, None, before) == ({"plan_s": 0.3}, {})
 
 
 def test_a_render_knows_its_model_once(tmp_path, monkeypatch):

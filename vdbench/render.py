@@ -36,7 +36,7 @@ from . import families, pipelines
 from .patching import AttentionPatch, no_grid_hooks
 from .patching.schedule import as_schedule, resolve_attention
 from .measure.record import Writer, command_line, commit, from_render_entry, speed_options, stack_name
-from .stages import Wall
+from .stages import Wall, stage_reports
 from .timing import (Clock, Laps, StepProfiler, StepTimer, WallStart, append_timing, compile_counts, compile_seconds,
                      describe_steps, device_seconds,
                      peak_memory, reset_peak_memory, run_step_stats, step_stats, system_info, wall_start)
@@ -614,23 +614,11 @@ def load(plan: Plan) -> Loaded:
                   attention_prewarm=attn_prewarm, attention_prewarm_skipped=attn_skipped)
 
 
-def _reported_since(info: dict, set_up: Optional[dict], before: dict) -> tuple[dict, dict]:
-    """The one-time costs a stage whose ``info`` lives across the pipeline calls (the encode's) reported for one
-    repetition, and, for the first, those it reported in the warm-up calls: (this repetition's, the warm-up's).
-    ``before``: ``info["one_time"]`` when the repetition began; ``set_up`` (the first repetition only): when the
-    warm-up calls began -- what was reported before them (on setting up) is the first repetition's."""
-    now = dict(info.get("one_time") or {})
-    if set_up is None:
-        return {k: v for k, v in now.items() if before.get(k) != v}, {}
-    in_warmup = {k: v for k, v in before.items() if set_up.get(k) != v}
-    return {k: v for k, v in now.items() if k not in in_warmup or in_warmup[k] != v}, in_warmup
-
-
 class _Watch:
     """What watches a render's pipeline calls, set up once before them and closed after (:meth:`close`): the
     attention patch (counts, timing, its observers), the stage timers (the encoders, the VAE encode under
     ``--vae_timeout``'s watchdog, the first denoiser call), the attention capture, the step cache's counter, the
-    progress lines, the profiler of the first repetition, the encode's reports (``encode_info``, across the calls)
+    progress lines, the profiler of the call in progress, the encode's reports (``encode_info``, across the calls)
     and the run id every entry carries."""
 
     def __init__(self, plan: Plan, loaded: Loaded, log):
@@ -670,12 +658,7 @@ class _Watch:
                                     # (padded) breaks; context parallelism splits the sequence at the blocks'
                                     # entry, while each Ulysses attention call holds the whole sequence again
                                     tile_order_once=not cfg.compile and plan.cache is None and plan.dctx is None)
-        self.profiler = None
-        self.stepped_profiler = None  # the profiler of the call in progress (:meth:`begin`), stepped by advance
-        if cfg.profile_output:
-            root = cfg.traces_root if cfg.traces_root is not None else cfg.output_path.parent.parent / "traces"
-            self.profiler = StepProfiler(Path(root) / cfg.profile_output, cfg.rank, cfg.profile_wait,
-                                         cfg.profile_warmup, cfg.profile_active, device)
+        self.stepped_profiler = None  # the call in progress's profiler (the first repetition's), stepped by advance
         self.counter = loaded.cache
         # what torch.compile made in each step of the call in progress (graphs: a first compile or a recompile)
         self.compiled = cfg.compile
@@ -734,7 +717,7 @@ class _Watch:
         self.stage_timers.reset()
         reset_peak_memory(self.device)
         self.progress.begin(rep)
-        self.stepped_profiler = self.profiler if rep == 0 else None  # the first repetition is profiled
+        self.stepped_profiler = None  # set by the first repetition (:func:`_profiler`)
         self.began = self.mark()
 
     def close(self, log) -> None:
@@ -803,6 +786,17 @@ def _warm_up(plan: Plan, loaded: Loaded, watch: _Watch) -> Optional[float]:
     return device_seconds(plan.device, calls)
 
 
+def _profiler(plan: Plan) -> Optional[StepProfiler]:
+    """The profiler of the first repetition (``--profile_output``), made as it begins: its traces under the traces
+    root; None without the flag."""
+    cfg = plan.cfg
+    if not cfg.profile_output:
+        return None
+    root = cfg.traces_root if cfg.traces_root is not None else cfg.output_path.parent.parent / "traces"
+    return StepProfiler(Path(root) / cfg.profile_output, cfg.rank, cfg.profile_wait, cfg.profile_warmup,
+                        cfg.profile_active, plan.device)
+
+
 def _repetition(plan: Plan, loaded: Loaded, watch: _Watch, rep: int,
                 first: Optional[tuple[_Mark, Optional[float]]]) -> tuple[dict, object]:
     """One timed repetition -- the pipeline call to latents, then the decode timed on its own -- as (its timing
@@ -813,7 +807,7 @@ def _repetition(plan: Plan, loaded: Loaded, watch: _Watch, rep: int,
 
     cfg, device = plan.cfg, plan.device
     watch.begin(rep)
-    profiler = watch.stepped_profiler
+    profiler = watch.stepped_profiler = _profiler(plan) if rep == 0 else None  # the first repetition is profiled
     timer = StepTimer(device, then=watch.advance)
     if profiler is not None:
         profiler.__enter__()
@@ -845,16 +839,21 @@ def _repetition(plan: Plan, loaded: Loaded, watch: _Watch, rep: int,
         save_latents(cfg.capture_dir, latents, cfg.attention_type, rank=cfg.rank, repetition=rep,
                      meta={"family": plan.family.name, "model": plan.model.spec.model, "height": cfg.height,
                            "width": cfg.width, "num_frames": cfg.num_frames})
-    return _entry(plan, loaded, watch, rep, timer, vae_info, (start, after_pipe, after_decode), first), frames
+    # what the repetition measured, read once: its step times (the encoders before the first step are no step's)
+    # and the one-time costs its stages reported themselves
+    timer.starts_at(watch.stage_timers.denoise_start)
+    steps = (timer.step_times(), timer.marks[-1] if len(timer.marks) > 1 else None)  # (times, the last step's end)
+    reported = stage_reports(watch.encode_info, vae_info, watch.began.encode,
+                             set_up=first[0].encode if first is not None else None)
+    return _entry(plan, loaded, watch, rep, steps, vae_info, (start, after_pipe, after_decode), first,
+                  reported), frames
 
 
-def _one_time(loaded: Loaded, watch: _Watch, first: Optional[tuple[_Mark, Optional[float]]], vae_info: dict) -> dict:
+def _one_time(loaded: Loaded, watch: _Watch, first: Optional[tuple[_Mark, Optional[float]]], reported: dict) -> dict:
     """What the repetition just run paid once (completed in finish: :func:`vdbench.stages.one_time`): the first
     carries the render's -- the load, the warm-up calls, torch.compile's time since the load, the wait for the
-    attention prewarm --, each what its stages reported themselves: the encode's (and, for the first, those
-    reported inside the warm-up calls' time) and the decode's."""
-    from .stages import merge_one_time
-
+    attention prewarm --, each what its stages reported themselves (``reported``:
+    :func:`vdbench.stages.stage_reports`)."""
     set_up, warmup_s = first if first is not None else (None, None)
     compiled = compile_seconds() - (set_up or watch.began).compiled
     once: dict = {"load_s": loaded.load_s, "warmup_calls_s": warmup_s} if first is not None else {}
@@ -862,29 +861,24 @@ def _one_time(loaded: Loaded, watch: _Watch, first: Optional[tuple[_Mark, Option
     prewarm = watch.wait_for_prewarm() if first is not None else None
     if prewarm is not None and "waited_s" in prewarm:  # inside the first attention call's step: not added again
         once["attention_prewarm_wait_s"] = prewarm["waited_s"]
-    mine, in_warmup = _reported_since(watch.encode_info, set_up.encode if set_up else None, watch.began.encode)
-    merge_one_time(once, "vae_encode", {"one_time": mine})
-    merge_one_time(once, "warmup_calls.vae_encode", {"one_time": in_warmup})  # inside their time
-    merge_one_time(once, "vae_decode", vae_info)
+    once.update(reported)
     return once
 
 
-def _entry(plan: Plan, loaded: Loaded, watch: _Watch, rep: int, timer: StepTimer, vae_info: dict, clocks: tuple,
-           first: Optional[tuple[_Mark, Optional[float]]]) -> dict:
+def _entry(plan: Plan, loaded: Loaded, watch: _Watch, rep: int, steps: tuple, vae_info: dict, clocks: tuple,
+           first: Optional[tuple[_Mark, Optional[float]]], reported: dict) -> dict:
     """One repetition's timing entry: its step times and their statistics, the stages, the decode and the encode,
     the attention's counts, the cache's, the memory, what it paid once (:func:`_one_time`; ``first``: the first
     repetition's marks), the run it is part of."""
-    once = _one_time(loaded, watch, first, vae_info)
+    once = _one_time(loaded, watch, first, reported)
     cfg, device, backend, patch = plan.cfg, plan.device, plan.backend, watch.patch
     start, after_pipe, after_decode = clocks
-    timer.starts_at(watch.stage_timers.denoise_start)  # the encoders before the first step are no step's
-    step_times = timer.step_times()
+    step_times, last_step = steps
     attn_time = patch.finish_timing()
     decode_time = after_pipe.seconds_until(after_decode)
     stages = watch.stage_timers.entry(start=start, after_pipe=after_pipe, after_decode=after_decode,
-                                      last_step=timer.marks[-1] if len(timer.marks) > 1 else None,
-                                      step_times=step_times, vae_decode=decode_time)
-    encode_info, capture, profiler = watch.encode_info, watch.capture, watch.profiler
+                                      last_step=last_step, step_times=step_times, vae_decode=decode_time)
+    encode_info, capture, profiler = watch.encode_info, watch.capture, watch.stepped_profiler
     return {
         "attention_type": cfg.attention_type,
         "stack": plan.stack,  # the whole configuration as one name: vdbench.measure.record.stack_name

@@ -39,7 +39,8 @@ import torch
 from .timing import Clock, WallStart
 
 __all__ = ["STAGES", "END_TO_END_STAGES", "CallTimer", "StageTimers", "breakdown", "describe", "end_to_end",
-           "merge_one_time", "one_time", "describe_end_to_end", "Wall", "render_end_to_end"]
+           "merge_one_time", "reported_since", "stage_reports", "one_time", "describe_end_to_end", "Wall",
+           "render_end_to_end"]
 
 #: The stages of a render, in pipeline order (timing.json ``stages``; None where the pipeline has no such stage).
 STAGES = ("text_encode", "image_encode", "vae_encode", "denoise", "vae_decode")
@@ -254,6 +255,30 @@ def merge_one_time(section: dict, stage: str, info: Optional[dict], *, keys=None
         if (keys is None or k in keys) and isinstance(v, (int, float)) and not isinstance(v, bool):
             section[f"{stage}.{k}"] = float(v)
     return section
+
+
+def reported_since(info: dict, set_up: Optional[dict], before: dict) -> tuple[dict, dict]:
+    """The one-time costs a stage whose ``info`` lives across the pipeline calls (the encode's) reported for one
+    repetition, and, for the first, those it reported in the warm-up calls: (this repetition's, the warm-up's).
+    ``before``: ``info["one_time"]`` when the repetition began; ``set_up`` (the first repetition only): when the
+    warm-up calls began -- what was reported before them (on setting up) is the first repetition's."""
+    now = dict(info.get("one_time") or {})
+    if set_up is None:
+        return {k: v for k, v in now.items() if before.get(k) != v}, {}
+    in_warmup = {k: v for k, v in before.items() if set_up.get(k) != v}
+    return {k: v for k, v in now.items() if k not in in_warmup or in_warmup[k] != v}, in_warmup
+
+
+def stage_reports(encode_info: dict, decode_info: dict, before: dict, *, set_up: Optional[dict] = None) -> dict:
+    """The one-time costs one repetition's stages reported themselves, under their stage's prefix: the encode's
+    (``encode_info`` lives across the calls: :func:`reported_since`, with ``before`` and ``set_up``), for the first
+    repetition also those the encode reported inside the warm-up calls (their time holds them), and the decode's."""
+    mine, in_warmup = reported_since(encode_info, set_up, before)
+    out: dict = {}
+    merge_one_time(out, "vae_encode", {"one_time": mine})
+    merge_one_time(out, "warmup_calls.vae_encode", {"one_time": in_warmup})
+    merge_one_time(out, "vae_decode", decode_info)
+    return out
 
 
 def _reported(section: dict) -> dict:
