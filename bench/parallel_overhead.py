@@ -18,6 +18,8 @@ same shape, steps, prompt, seed, flow shift, dtype and attention kernel, by each
   merged timing -- everything a user's run pays.
 * ``vdbench_timed`` (``--sides``) -- the same with ``--time_attention`` (a CUDA event pair around every attention
   call), which the multi-GPU table's runs (the W13 of the x4b / x8 suites) pass.
+* ``vdbench_template`` (``--sides``, diffusers) -- with ``--ulysses_async off``: diffusers' Ulysses template around
+  vdbench's kernel instead of the render's default exchange beside the projections.
 
 The bare side runs ``pipe(...)`` under ``torch.inference_mode()`` as the render does, so the difference measured is
 the harness's and not autograd's bookkeeping (diffusers' own ``@torch.no_grad`` costs host time per op).
@@ -65,8 +67,8 @@ XFUSER_NAMES = {"sdpa": "SDPA", "sdpa_flash": "SDPA_FLASH", "sdpa_efficient": "S
                 "fav3_fp8": "FLASH_3_FP8", "sagev1": "SAGE"}
 ENGINES = ("diffusers", "xfuser")
 #: the sides timed per engine, and the render flags each vdbench side adds
-SIDES = ("bare", "vdbench", "vdbench_timed")
-SIDE_FLAGS = {"vdbench": [], "vdbench_timed": ["--time_attention"]}
+SIDES = ("bare", "vdbench", "vdbench_timed", "vdbench_template")
+SIDE_FLAGS = {"vdbench": [], "vdbench_timed": ["--time_attention"], "vdbench_template": ["--ulysses_async", "off"]}
 
 
 def parse(argv=None) -> argparse.Namespace:

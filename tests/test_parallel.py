@@ -40,7 +40,7 @@ SMALL = ["--model", "tiny", "--height", "64", "--width", "96", "--num_frames", "
          "--attention_type", "sdpa", "--save_frames", "--save_latents"]
 VIDEO = "wan_result_t2v_tiny_9f_2s_attn_sdpa_64x96"  # + the layout of a torchrun render: _u2, _r2, _u2r2
 # what each render's name ends with: the layout (``ucfg`` carries a step cache too, before it)
-LAYOUT = {"single": "", "ulysses": "_u2", "uasync": "_u2", "ring": "_r2", "hybrid": "_u2r2", "cfg": "_cfg2",
+LAYOUT = {"single": "", "ulysses": "_u2", "utemplate": "_u2", "ring": "_r2", "hybrid": "_u2r2", "cfg": "_cfg2",
           "ucfg": "_cache-fbc-threshold=0.001_u2cfg2"}
 # FirstBlockCache with a threshold no step of these renders passes: every block computed, so the frames are the
 # uncached render's, while the cache's hooks, its decision shared over the Ulysses pair and its counts run
@@ -482,8 +482,8 @@ def renders(tmp_path_factory):
                            ("hybrid", ["--parallel_engine", "diffusers", "--ulysses_degree", "2", "--ring_degree", "2"],
                             4),
                            ("cfg", ["--use_cfg_parallel"], 2),
-                           ("uasync", ["--parallel_engine", "diffusers", "--ulysses_degree", "2", "--ulysses_async"],
-                            2),
+                           ("utemplate", ["--parallel_engine", "diffusers", "--ulysses_degree", "2",
+                                          "--ulysses_async", "off"], 2),
                            ("ucfg", ["--parallel_engine", "diffusers", "--ulysses_degree", "2", "--use_cfg_parallel",
                                      *UNSKIPPED_FBC], 4)):
         proc = forked(SMALL + flags, base / name, nproc=n)
@@ -501,20 +501,19 @@ def test_ulysses2_over_gloo_is_bit_identical(renders):
 
 
 def test_ulysses_async_is_bit_identical_and_says_which_path_ran(renders):
-    """--ulysses_async: Wan's self-attention sends Q, K and V beside the projections, Q and K written by the RoPE
-    into the exchange's layout; the same latents and frames as one process (and so as diffusers' Ulysses), every
-    self-attention call labelled with the path that ran, the cross-attention calls local."""
-    a, b = _latents(renders["single"]), _latents(renders["uasync"])
-    assert a.shape == b.shape and torch.equal(a, b)
+    """Ulysses by default (--ulysses_async auto) sends Q, K and V beside the projections, Q and K written by the RoPE
+    into the exchange's layout; --ulysses_async off runs diffusers' template. Both give the latents and frames of one
+    process; every self-attention call is labelled with the path that ran, the cross-attention calls are local."""
+    one = _latents(renders["single"])
     fa = np.load(renders["single"] / "results" / f"{VIDEO}.npy")
-    assert np.array_equal(fa, np.load(renders["uasync"] / "results" / f"{VIDEO}_u2.npy"))
-    e = json.loads((renders["uasync"] / "results" / "timing.json").read_text())[-1]
-    assert e["parallel"]["async_exchange"] is True and e["parallel"]["engine"] == "diffusers"
-    for r in e["ranks"]:
-        by_kernel = r["attention"]["calls_by_kernel"]
-        by_kind = r["attention"]["calls_by_kind"]
-        assert sum(n for k, n in by_kernel.items() if k.endswith("@ulysses2/async")) == by_kind["self"], by_kernel
-        assert not any(k.endswith("@ulysses2") for k in by_kernel), by_kernel  # no call through the template
+    for name, path, settled in (("ulysses", "@ulysses2/async", True), ("utemplate", "@ulysses2", False)):
+        assert torch.equal(one, _latents(renders[name])), name
+        assert np.array_equal(fa, np.load(renders[name] / "results" / f"{VIDEO}_u2.npy")), name
+        e = json.loads((renders[name] / "results" / "timing.json").read_text())[-1]
+        assert e["parallel"]["async_exchange"] is settled and e["parallel"]["engine"] == "diffusers"
+        for r in e["ranks"]:
+            by_kernel, by_kind = r["attention"]["calls_by_kernel"], r["attention"]["calls_by_kind"]
+            assert by_kernel == {f"sdpa[flash]{path}": by_kind["self"], "sdpa[flash]": by_kind["cross"]}, by_kernel
 
 
 @pytest.mark.parametrize("name,ranks", [("cfg", 2), ("ucfg", 4)])
@@ -579,7 +578,7 @@ def test_ring2_and_hybrid_over_gloo_match_within_tolerance(renders, name):
 
 
 @pytest.mark.parametrize("name,tag,per_rank,ranks", [
-    ("ulysses", "sdpa[flash]@ulysses2", 8, 2),   # 8 self-attention calls (2 layers x 2 cfg x 2 steps), one each
+    ("ulysses", "sdpa[flash]@ulysses2/async", 8, 2),  # 8 self-attention calls (2 layers x 2 cfg x 2 steps), one each
     ("ring", "sdpa[flash][lse]@ring2", 16, 2),   # each self-attention call = 2 ring blocks, each with its LSE
     ("hybrid", "sdpa[flash][lse]@ulysses2xring2", 16, 4),  # Ulysses all-to-all, then 2 ring blocks
 ])
@@ -845,7 +844,7 @@ def test_compiled_blocks_with_a_cache_on_one_process_and_under_ulysses(fbc_one, 
     assert one["cache"]["computed_blocks_per_step"] == eager["cache"]["computed_blocks_per_step"]
     _same_blocks_as(eager, entry)
     for r in entry["ranks"]:  # the compiled blocks' self-attention ran our kernel on the Ulysses path
-        assert r["attention"]["calls_by_kernel"].get("sdpa[flash]@ulysses2", 0) > 0, r["attention"]
+        assert r["attention"]["calls_by_kernel"].get("sdpa[flash]@ulysses2", 0) > 0, r["attention"]  # compiled: the template
     ref = _latents(fbc_one[0])
     for out in (tmp_path / "one", tmp_path / "two"):
         got = _latents(out)
@@ -869,8 +868,8 @@ def test_a_sparse_schedule_under_ulysses_matches_one_process(tmp_path):
     assert one["attention"]["block_pairs"][sta]["self"]["fraction_computed"] < 1  # sparse on this grid
     for r in entry["ranks"]:
         calls = r["attention"]
-        assert calls["calls_by_kernel"][f"{sta}@ulysses2"] == one["attention"]["calls_by_kernel"][sta]
-    assert entry["attention"]["block_pairs"][f"{sta}@ulysses2"] == one["attention"]["block_pairs"][sta]
+        assert calls["calls_by_kernel"][f"{sta}@ulysses2/async"] == one["attention"]["calls_by_kernel"][sta]
+    assert entry["attention"]["block_pairs"][f"{sta}@ulysses2/async"] == one["attention"]["block_pairs"][sta]
 
     def latents(out):
         from vdbench.capture import load_latents
@@ -945,13 +944,13 @@ def test_ulysses_async_is_refused_where_it_cant_apply():
                  P.ParallelSpec("diffusers", 2, 2, async_exchange=True),
                  P.ParallelSpec("xfuser", 2, 1, async_exchange=True),
                  P.ParallelSpec("diffusers", 2, 1, head_chunks=2, async_exchange=True)):
-        with pytest.raises(ValueError, match="--ulysses_async sends Q, K and V"):
+        with pytest.raises(ValueError, match="--ulysses_async on sends Q, K and V"):
             spec.validate()
     assert P.resolve_engine(P.ParallelSpec("auto", 2, 1, async_exchange=True),
                             torch.device("cuda", 0)).engine == "diffusers"
     # a family without the exchange-layout self-attention: refused before the load, in one line and a hint
     check = P.engine_check(torch.device("cpu"), [], families.get("cogvideox"), "t2v")
-    with pytest.raises(ValueError, match="--ulysses_async: vdbench has no cogvideox self-attention"):
+    with pytest.raises(ValueError, match="--ulysses_async on: vdbench has no cogvideox self-attention"):
         check(P.ParallelSpec("diffusers", 2, 1, async_exchange=True))
 
 

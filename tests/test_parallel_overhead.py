@@ -72,10 +72,11 @@ def test_vdbench_side_ran_the_parallel_path_in_the_benchs_group(result):
         entry = json.loads(path.read_text())[-1]
         assert entry["parallel"]["engine"] == "diffusers" and entry["parallel"]["label"] == "ulysses2"
         assert entry["parallel"]["pg_backend"] == "gloo" and [r["rank"] for r in entry["ranks"]] == [0, 1]
-        # self-attention through diffusers' Ulysses template with vdbench's kernel, cross-attention local: per rank
-        # STEPS x (cond + uncond) x 2 blocks of each, on 2 ranks
+        # self-attention on vdbench's Ulysses (Q, K and V sent beside the projections) with vdbench's kernel,
+        # cross-attention local: per rank STEPS x (cond + uncond) x 2 blocks of each, on 2 ranks
         calls = STEPS * 2 * 2 * 2
-        assert entry["attention_all_ranks"]["calls_by_kernel"] == {"sdpa[flash]@ulysses2": calls, "sdpa[flash]": calls}
+        assert entry["attention_all_ranks"]["calls_by_kernel"] == {"sdpa[flash]@ulysses2/async": calls,
+                                                                   "sdpa[flash]": calls}
     # the table's vdbench step times are the merged (slowest-rank) ones rank 0 wrote
     merged = [json.loads(p.read_text())[-1]["step_times"] for p in timings]
     row = next(r for r in res["rows"] if r["engine"] == "diffusers")

@@ -125,7 +125,7 @@ def test_nproc_launches_each_render_under_torchrun_and_a_failing_rank_fails_that
     assert "(exit 1; ranks exited -9 4): rank 0: stopping because rank 1 stopped without a word" in failed, failed
     assert screen.index("[sagev1_emu] FAILED") < screen.index("[sdpa+u2] step 1/2")  # the batch went on
     sdpa = next(ln for ln in screen.splitlines() if ln.startswith("sdpa+u2 "))
-    assert "ulysses2 (diffusers, 2 ranks)" in sdpa and "sdpa[flash]@ulysses2×" in sdpa
+    assert "ulysses2 (diffusers, 2 ranks)" in sdpa and "sdpa[flash]@ulysses2/async×" in sdpa
     assert "sagev1_emu: FAILED (exit 1; ranks exited -9 4)" in screen
     assert sorted(p.name for p in (out / "results").glob("*.mp4")) == [
         "wan_result_t2v_tiny_9f_2s_attn_sdpa_64x96_u2.mp4"]

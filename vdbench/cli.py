@@ -197,10 +197,12 @@ def build_parser(family: str | families.Family, prog: Optional[str] = None,
     add("--ulysses_overlap", type=int, default=1, metavar="N",
         help="Ulysses attention in N head chunks, each chunk's all-to-all running beside another chunk's attention "
              "(diffusers engine; the kernel label ends in /overlapN; 1: diffusers' own Ulysses) (default: 1)")
-    add("--ulysses_async", action="store_true",
+    add("--ulysses_async", choices=("auto", "on", "off"), default="auto",
         help="Ulysses self-attention with Q, K and V each sent to the other ranks as soon as it is made, while the "
              "next is projected, Q and K written by the RoPE straight into the exchange's layout (Wan; diffusers "
-             "engine; the kernel label ends in /async; the same output as diffusers' Ulysses)")
+             "engine; the same output as diffusers' Ulysses; the kernel label ends in /async); auto: wherever it "
+             "applies (Ulysses without ring or --ulysses_overlap), off: diffusers' own Ulysses (default: "
+             "%(default)s)")
 
     add("--overwrite", action="store_true",
         help="replace an existing file at the output path that this tool did not write (a video it wrote is "
@@ -312,7 +314,7 @@ def config_from_args(fam: families.Family, args):
         vae_prewarm=args.vae_prewarm, attention_prewarm=args.attention_prewarm == "on",
         parallel_engine=args.parallel_engine, ulysses_degree=args.ulysses_degree, ring_degree=args.ring_degree,
         use_cfg_parallel=args.use_cfg_parallel, ulysses_overlap=args.ulysses_overlap,
-        ulysses_async=args.ulysses_async, overwrite=args.overwrite)
+        ulysses_async={"on": True, "off": False}.get(args.ulysses_async), overwrite=args.overwrite)
 
 
 def _listing(args) -> None:

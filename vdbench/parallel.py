@@ -87,8 +87,9 @@ class ParallelSpec:
     # attention (vdbench.patching.ulysses); 1: diffusers' template as it is
     head_chunks: int = 1
     # --ulysses_async: the model family's self-attention sends Q, K and V as each is made, beside the next
-    # projection (Family.ulysses_self_attention through vdbench.patching.ulysses.UlyssesExchange)
-    async_exchange: bool = False
+    # projection (Family.ulysses_self_attention through vdbench.patching.ulysses.UlyssesExchange). None (auto): where
+    # it applies (diffusers' Ulysses without ring or head chunks, a family that has one), settled by apply_engine
+    async_exchange: Optional[bool] = None
 
     @property
     def world_size(self) -> int:
@@ -124,11 +125,11 @@ class ParallelSpec:
             raise ValueError(f"--ulysses_overlap {self.head_chunks} overlaps the all-to-all of Ulysses attention: it "
                              "needs --ulysses_degree >= 2 without --ring_degree, on --parallel_engine diffusers "
                              "(or auto)")
-        if self.async_exchange and (self.ulysses_degree < 2 or self.ring_degree > 1 or self.engine == "xfuser"
+        if self.async_exchange is True and (self.ulysses_degree < 2 or self.ring_degree > 1 or self.engine == "xfuser"
                                     or self.head_chunks > 1):
-            raise ValueError("--ulysses_async sends Q, K and V of Ulysses attention beside the projections: it needs "
-                             "--ulysses_degree >= 2 without --ring_degree or --ulysses_overlap, on --parallel_engine "
-                             "diffusers (or auto)")
+            raise ValueError("--ulysses_async on sends Q, K and V of Ulysses attention beside the projections: it "
+                             "needs --ulysses_degree >= 2 without --ring_degree or --ulysses_overlap, on "
+                             "--parallel_engine diffusers (or auto)")
 
     @property
     def label(self) -> str:
@@ -165,8 +166,8 @@ def resolve_engine(spec: ParallelSpec, device: torch.device,
     if device.type != "cuda" or importlib.util.find_spec("xfuser") is None:
         why = "needs a CUDA GPU" if device.type != "cuda" else "is not installed"
         return replace(auto, engine="diffusers", engine_reason=f"auto: xfuser {why}")
-    if spec.head_chunks > 1 or spec.async_exchange:
-        flag = "--ulysses_overlap" if spec.head_chunks > 1 else "--ulysses_async"
+    if spec.head_chunks > 1 or spec.async_exchange is True:
+        flag = "--ulysses_overlap" if spec.head_chunks > 1 else "--ulysses_async on"
         return replace(auto, engine="diffusers", engine_reason=f"auto: {flag} runs on diffusers' engine")
     refused = refusal(replace(auto, engine="xfuser")) if refusal is not None else None
     if refused and refusal(replace(auto, engine="diffusers")) is None:
@@ -188,9 +189,10 @@ def engine_check(device, members, family: families.Family, task: str, pipeline_c
             check_schedule(spec)
         if spec is None:
             return
-        if spec.async_exchange and family.ulysses_self_attention is None:
-            raise ValueError(f"--ulysses_async: vdbench has no {family.name} self-attention that sends Q, K and V "
-                             "beside the projections\ndrop --ulysses_async (diffusers' Ulysses runs as it is)")
+        if spec.async_exchange is True and family.ulysses_self_attention is None:
+            raise ValueError(f"--ulysses_async on: vdbench has no {family.name} self-attention that sends Q, K and V "
+                             "beside the projections\nuse --ulysses_async auto or off (diffusers' Ulysses runs as it "
+                             "is)")
         for member in members:
             check_backend_for_path(spec, member, device, family, task, pipeline_class)
         why = compile_refusal(spec) if compiled else None
@@ -397,6 +399,10 @@ def apply_engine(ctx: DistContext, pipe, models: list, family: families.Family) 
     spec = ctx.spec
     if spec.engine == "diffusers":
         from diffusers import ContextParallelConfig
+
+        if spec.async_exchange is None:  # auto: where it applies; the record says what was settled
+            spec = ctx.spec = replace(spec, async_exchange=spec.ulysses_degree > 1 and spec.ring_degree == 1
+                                      and spec.head_chunks == 1 and family.ulysses_self_attention is not None)
 
         mesh = _cfg_mesh(ctx) if spec.use_cfg_parallel else None  # diffusers builds its own mesh otherwise
         for name, m in models if spec.sequence_degree > 1 else ():

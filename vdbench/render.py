@@ -131,7 +131,7 @@ class RenderConfig:
     ring_degree: int = 1
     use_cfg_parallel: bool = False
     ulysses_overlap: int = 1  # head chunks of the overlapped Ulysses attention (vdbench.patching.ulysses)
-    ulysses_async: bool = False  # Q, K, V sent beside the projections (Family.ulysses_self_attention)
+    ulysses_async: Optional[bool] = None  # Q, K, V sent beside the projections (Family.ulysses_self_attention); None: auto
     overwrite: bool = False  # replace an existing output file this tool did not write
 
 
