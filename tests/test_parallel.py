@@ -135,6 +135,24 @@ def test_auto_engine_is_xfuser_where_it_runs_else_diffusers(monkeypatch):
         ["u2", "r2", "u2r2", "cfg2", "u2cfg2"]
 
 
+def test_auto_prefers_the_engine_measured_faster_for_the_family(monkeypatch):
+    """Wan names diffusers' context parallelism (faster than xfuser's Wan wrapper, measured): auto takes it where both
+    engines run, and xfuser only where diffusers refuses the request; a family naming none (CogVideoX) keeps xfuser."""
+    import importlib.util
+
+    from vdbench import families
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: object() if n == "xfuser" else real(n, *a))
+    cuda, auto = torch.device("cuda", 0), P.ParallelSpec("auto", 2, 1)
+    wan, cog = families.get("wan"), families.get("cogvideox")
+    spec = P.resolve_engine(auto, cuda, lambda s: None, wan)
+    assert spec.engine == "diffusers" and spec.engine_reason.startswith("auto: diffusers is the faster engine for wan")
+    spec = P.resolve_engine(auto, cuda, lambda s: "no plan" if s.engine == "diffusers" else None, wan)
+    assert (spec.engine, spec.engine_reason) == ("xfuser", "auto: diffusers can't serve this request (no plan)")
+    assert P.resolve_engine(auto, cuda, lambda s: None, cog).engine == "xfuser"
+
+
 @pytest.mark.parametrize("request_,engine,why", [
     (dict(attention_type="sdpa"), "xfuser", "auto: xfuser runs here"),
     (dict(attention_type="sdpa@kind:cross,sta"), "diffusers",

@@ -188,7 +188,9 @@ def build_parser(family: str | families.Family, prog: Optional[str] = None,
 
     add("--parallel_engine", choices=ENGINE_CHOICES, default="auto",
         help="under torchrun: xfuser (xDiT's USP; CUDA only), diffusers (diffusers' context parallelism; CPU too) "
-             "or auto: xfuser where it runs, else diffusers; the engine that ran is in timing.json "
+             "or auto: the engine measured faster for the model family where both serve the request (Wan: diffusers; "
+             "CogVideoX: xfuser where it runs), else the one that serves it; the engine that ran and why are in "
+             "timing.json "
              "(default: %(default)s)")
     add("--ulysses_degree", type=int, default=1, help="Ulysses sequence-parallel degree under torchrun (default: 1)")
     add("--ring_degree", type=int, default=1,

@@ -3,8 +3,9 @@
     torchrun --nproc_per_node=2 run_wan.py --ulysses_degree 2 --parallel_engine diffusers ...
 
 Two engines, both the projects' own sequence-parallel code (nothing here re-implements it); ``auto`` (the
-default) picks xfuser where it runs (a CUDA device and xfuser installed) and serves the request, else diffusers'
-(:func:`resolve_engine`; timing.json records the request, the engine that ran and why):
+default) picks the model family's preferred engine (``Family.preferred_engine``: the one measured faster for it;
+diffusers for Wan) where it runs and serves the request, else the other (:func:`resolve_engine`; timing.json records
+the request, the engine that ran and why):
 
 * ``xfuser`` — xDiT: the transformer becomes ``xFuserWanTransformer3DWrapper`` (its processors call
   xfuser's USP: Ulysses all-to-all, ring via torch's templated ring attention, or both), with xfuser's model
@@ -150,14 +151,16 @@ class ParallelSpec:
 
 
 def resolve_engine(spec: ParallelSpec, device: torch.device,
-                   refusal: Optional[Callable[[ParallelSpec], Optional[str]]] = None) -> ParallelSpec:
-    """``--parallel_engine auto``: xfuser where it runs (a CUDA device and xfuser installed) and serves the request,
-    else diffusers' context parallelism; ``engine_reason`` says which applied. ``refusal(spec)``: why the engine
-    ``spec`` names can't serve this request (its attention backend or schedule, the compile, the pipeline), None
-    where it can -- what the render checks per engine before the load; without it (the process group's set-up, before
-    the request is read) only where xfuser runs decides. Where xfuser refuses and diffusers serves, diffusers; where
-    both refuse, xfuser, whose refusal the render then says. A spec already resolved from auto is resolved again (the
-    request known by then); a named engine is kept."""
+                   refusal: Optional[Callable[[ParallelSpec], Optional[str]]] = None,
+                   family: Optional[families.Family] = None) -> ParallelSpec:
+    """``--parallel_engine auto``: the model family's preferred engine (``Family.preferred_engine``; xfuser for a
+    family that names none) where it runs and serves the request, else the other; ``engine_reason`` says which
+    applied. xfuser runs on a CUDA device with xfuser installed; diffusers' context parallelism everywhere.
+    ``refusal(spec)``: why the engine ``spec`` names can't serve this request (its attention backend or schedule, the
+    compile, the pipeline), None where it can -- what the render checks per engine before the load; without it (the
+    process group's set-up, before the request is read) only where xfuser runs decides. Where the preferred engine
+    refuses and the other serves, the other; where both refuse, the preferred one, whose refusal the render then says.
+    A spec already resolved from auto is resolved again (the request known by then); a named engine is kept."""
     if spec.engine != "auto" and spec.requested_engine != "auto":
         return spec
     import importlib.util
@@ -169,11 +172,15 @@ def resolve_engine(spec: ParallelSpec, device: torch.device,
     if spec.head_chunks > 1 or spec.async_exchange is True:
         flag = "--ulysses_overlap" if spec.head_chunks > 1 else "--ulysses_async on"
         return replace(auto, engine="diffusers", engine_reason=f"auto: {flag} runs on diffusers' engine")
-    refused = refusal(replace(auto, engine="xfuser")) if refusal is not None else None
-    if refused and refusal(replace(auto, engine="diffusers")) is None:
-        return replace(auto, engine="diffusers",
-                       engine_reason=f"auto: xfuser can't serve this request ({refused.splitlines()[0]})")
-    return replace(auto, engine="xfuser", engine_reason="auto: xfuser runs here (a CUDA GPU, xfuser installed)")
+    first = family.preferred_engine if family is not None else "xfuser"
+    other = "diffusers" if first == "xfuser" else "xfuser"
+    refused = refusal(replace(auto, engine=first)) if refusal is not None else None
+    if refused and refusal(replace(auto, engine=other)) is None:
+        return replace(auto, engine=other,
+                       engine_reason=f"auto: {first} can't serve this request ({refused.splitlines()[0]})")
+    why = ("runs here (a CUDA GPU, xfuser installed)" if first == "xfuser" else
+           f"is the faster engine for {family.name}, measured (xfuser would run here)")
+    return replace(auto, engine=first, engine_reason=f"auto: {first} {why}")
 
 
 def engine_check(device, members, family: families.Family, task: str, pipeline_class: Optional[str] = None, *,
@@ -215,13 +222,14 @@ def refusal_of(check: Callable[[Optional[ParallelSpec]], None]) -> Callable[[Par
     return refusal
 
 
-def settle_engine(dctx, device: torch.device, check: Callable[[Optional[ParallelSpec]], None]) -> None:
+def settle_engine(dctx, device: torch.device, check: Callable[[Optional[ParallelSpec]], None],
+                  family: Optional[families.Family] = None) -> None:
     """The render's engine settled and checked before the load: under torchrun ``dctx.spec`` resolved for this
     request (:func:`resolve_engine`, ``check``'s refusal deciding an ``auto``) and the chosen engine checked; one
     process (``dctx`` None) checked as such. ``check(spec)``: raises why the engine ``spec`` names (None: one
     process) can't serve the request (``BackendUnavailable`` or ValueError)."""
     if dctx is not None:
-        dctx.spec = resolve_engine(dctx.spec, device, refusal_of(check))
+        dctx.spec = resolve_engine(dctx.spec, device, refusal_of(check), family)
     check(dctx.spec if dctx is not None else None)
 
 

@@ -324,7 +324,7 @@ def _checked_plan(cfg: RenderConfig, dctx) -> Plan:
                             grid_family=grid_family)
 
     P.settle_engine(dctx, device, P.engine_check(device, schedule.members, family, cfg.task, model.pipeline_class,
-                                                 compiled=cfg.compile, check_schedule=check_schedule))
+                                                 compiled=cfg.compile, check_schedule=check_schedule), family)
     cache = parse_cache(cfg.cache)  # an unknown kind, key or value before anything else of the cache's
     cfg = replace(cfg, cache=cache.name if cache else None)  # recorded in its one spelling
     # the family's rules, diffusers' config checks and, on the denoisers built on the meta device from their

@@ -173,7 +173,9 @@ class Family:
         ``chunk_frames``; False: the VAE's own ``decode`` runs on each band).
     Parallel
         ``parallel_refusal(engine, task, world_size, use_cfg_parallel) -> str | None`` (why an engine/path can't
-        split this family's task, None if it can); ``xfuser`` (pipeline class name -> :class:`XfuserWiring`).
+        split this family's task, None if it can); ``xfuser`` (pipeline class name -> :class:`XfuserWiring`);
+        ``preferred_engine`` (what ``--parallel_engine auto`` picks where both engines serve the request: the one
+        measured faster for the family's models).
     Attention
         ``call_kind(mode, attn, encoder_hidden_states) -> str`` ('self', 'cross' or 'joint' for one processor
         call; ``mode`` is how the processor reaches attention: 'dispatcher', 'sdpa' or 'xfuser'; 'cross+img'
@@ -239,6 +241,7 @@ class Family:
     transformer_classes: tuple[str, ...] = ()
     parallel_refusal: Callable[[str, str, int, bool], Optional[str]] = _always_allowed
     xfuser: Mapping[str, XfuserWiring] = dataclasses.field(default_factory=dict)
+    preferred_engine: str = "xfuser"
     attention_presets: Mapping[str, tuple[int, int, int, int, int]] = dataclasses.field(default_factory=dict)
     attention_grids: Mapping[str, str] = dataclasses.field(default_factory=dict)
     size_grid: Optional[Callable[[int, int, int], str]] = None

@@ -525,6 +525,9 @@ FAMILY = Family(
     # the decoder's causal-conv cache makes decoding a few latent frames per call exact (vdbench.vae.fast's chunked path)
     vae_frame_chunks=True,
     parallel_refusal=parallel_refusal,
+    # diffusers' context parallelism with vdbench's Ulysses beats xfuser's Wan wrapper on the same GPUs (4x H200, fav3,
+    # 1.3B 480p: CFG-2 1.98x vs 1.82x, Ulysses-2 1.83x vs 1.61x; docs/PERFORMANCE.md section 10.0)
+    preferred_engine="diffusers",
     xfuser={"WanPipeline": XfuserWiring(transformer_wrapper=_XFUSER_TRANSFORMER),
             "WanImageToVideoPipeline": XfuserWiring(
                 transformer_wrapper=_XFUSER_TRANSFORMER,
