@@ -14,7 +14,7 @@
 #   --ulysses-degree N      Ulysses degree under --nproc (default: N, when no degree or CFG split is given)
 #   --ring-degree N         ring-attention degree under --nproc (default: 1)
 #   --use-cfg-parallel      split the guidance batch over 2 ranks (xfuser) (default: off)
-#   --parallel-engine E     auto, xfuser or diffusers (default: auto: xfuser where it runs, else diffusers)
+#   --parallel-engine E     auto, xfuser or diffusers (default: auto: the faster engine for the family where it serves)
 #   --img-file-path IMG     conditioning image (i2v; ti2v's image-to-video path) (default: none)
 #   --fps N                 frame rate of the rendered videos (and so of the grid) (default: the model family's)
 #   --font-size N           label size of the grid, in pixels (default: 24)
