@@ -6,6 +6,7 @@ import argparse
 import json
 import math
 import sys
+import types
 from pathlib import Path
 
 import numpy as np
@@ -132,9 +133,20 @@ def test_a_renders_time_is_predicted_from_its_attention_on_the_kernel_bench():
     assert est["fav3"][0] == pytest.approx(27.0 - 4 * (attn["default"] - attn["fav3"]) / 1e3)  # ~26.4 s
     # the exact reference is slow because exact fp32 attention is: ~17 s more a step, not "the slowest render x1.2"
     assert 85 < est["reference"][0] < 100 and "kernel bench" in est["reference"][1]
+    # a stack's options add their one-time cost: the prior until a render here measured it, then the most measured
     compiled, basis = S.estimate_render_s(S.parse_stack("fav3+compile"), default_s=27.0, steps=4, attn_ms=attn,
                                           fallback_s=30.0)
-    assert compiled == pytest.approx(est["fav3"][0]) and "compile" in basis  # its compile's first step is not in it
+    assert compiled == pytest.approx(est["fav3"][0] + S.OPTION_ONE_TIME_S["compile"]) and "the prior" in basis
+    fp8gemm = S.parse_stack("fav3+compile+fp8gemm")
+    assert S.estimate_render_s(fp8gemm, default_s=27.0, steps=4, attn_ms=attn, fallback_s=30.0)[0] == \
+        pytest.approx(est["fav3"][0] + S.OPTION_ONE_TIME_S["fp8gemm"])
+    rec = types.SimpleNamespace(figures={"one_time_s": 8.2})
+    seen = S.options_one_time({"fav3+compile": rec, "fav3": types.SimpleNamespace(figures={"one_time_s": 0.2})})
+    assert seen == {"compile": 8.2}
+    compiled, basis = S.estimate_render_s(S.parse_stack("sdpa+compile"), default_s=27.0, steps=4, attn_ms=attn,
+                                          fallback_s=30.0, one_time_s=seen)
+    assert compiled == pytest.approx(27.0 - 4 * (attn["default"] - attn["sdpa"]) / 1e3 + 8.2)
+    assert "measured on an earlier render here" in basis
     # nothing to predict from: the slowest render so far, and the basis says so
     assert S.estimate_render_s(S.Candidate("sta", "sta"), default_s=27.0, steps=4, attn_ms=attn,
                                fallback_s=90.0) == (90.0, "no kernel-bench time for its attention: the slowest render "

@@ -86,6 +86,11 @@ KERNEL_SHARE = 0.15
 STACK_OPTIONS = {"compile": ["--use_torch_compile"], "fp8gemm": ["--use_fp8_gemms"], "bf16te": ["--use_bf16_te_gemms"]}
 STACK_VALUES = {"vae": "--vae_decode", "encode": "--vae_encode", "cache": "--cache"}
 
+#: What a stack option adds to a render once (its first step or warm-up call), until a render of this sweep measured it
+#: (then the most it measured): the first-call costs measured on an H200 at Wan 1.3B 480p, docs/PERFORMANCE.md §3.6
+#: (a regional compile: 8-11 s) and §10.3 (fp8 GEMMs' first calls: 186-203 s).
+OPTION_ONE_TIME_S = {"compile": 11.0, "fp8gemm": 190.0, "bf16te": 0.0}
+
 
 @dataclass
 class Candidate:
@@ -375,8 +380,31 @@ def attention_ms_per_step(bench_rows: list[dict], calls: dict[tuple, float]) -> 
             for name, by in times.items() if calls and set(by) == set(calls)}
 
 
+def option_words(cand: Candidate) -> list[str]:
+    """The stack options (:data:`STACK_OPTIONS`) a candidate's flags carry."""
+    return [w for w, flags in STACK_OPTIONS.items() if all(f in cand.flags for f in flags)]
+
+
+def options_one_time(records: dict) -> dict[str, float]:
+    """Per stack option, the most one-time cost a render of this sweep that carried it measured (``records``: by
+    the stack's name, which says its options)."""
+    seen: dict[str, float] = {}
+    for name, rec in records.items():
+        one = rec.figures.get("one_time_s")
+        if one is None:
+            continue
+        try:
+            words = option_words(parse_stack(name))
+        except ValueError:
+            continue
+        for w in words:
+            seen[w] = max(seen.get(w, 0.0), float(one))
+    return seen
+
+
 def estimate_render_s(cand: Candidate, *, default_s: Optional[float], steps: int, attn_ms: dict[str, float],
-                      fallback_s: float, baseline: str = BASELINE) -> tuple[float, str]:
+                      fallback_s: float, baseline: str = BASELINE,
+                      one_time_s: Optional[dict[str, float]] = None) -> tuple[float, str]:
     """(seconds, what the figure rests on) of rendering ``cand``, the quality figure aside.
 
     A render of another attention differs from the ``default`` render (measured: ``default_s``) by its attention's
@@ -386,7 +414,8 @@ def estimate_render_s(cand: Candidate, *, default_s: Optional[float], steps: int
     is (at Wan 1.3B 480p: ~290 ms a call against ~12, 17.8 s a step against 1.2) -- and every other render from
     its own attention, not from the slowest render so far. Without a figure (no default render yet, or no
     kernel-bench time for that attention) the estimate is ``fallback_s``, the slowest render so far, and says so.
-    A stack's options are not in the kernel bench: a compile's first step (11 s to minutes) is on top."""
+    A stack's options are not in the kernel bench: their one-time cost is added, the most a render of this sweep
+    measured for one of them (``one_time_s``, :func:`options_one_time`), else :data:`OPTION_ONE_TIME_S`'s."""
     if default_s is None:
         return fallback_s, "no default render yet: the slowest render so far"
     if cand.name == baseline:
@@ -401,8 +430,13 @@ def estimate_render_s(cand: Candidate, *, default_s: Optional[float], steps: int
     est = default_s + steps * (a - d) / 1e3
     basis = (f"default's {default_s:.0f} s {'+' if a >= d else '-'} {steps} steps x {abs(a - d):.1f} ms of attention "
              f"a step (kernel bench)")
-    if cand.flags:
-        basis += "; its options' one-time cost (a compile) is not in it"
+    words = option_words(cand)
+    if words:
+        seen = one_time_s or {}
+        extra, word = max((seen.get(w, OPTION_ONE_TIME_S.get(w, 0.0)), w) for w in words)
+        est += extra
+        basis += (f" + {extra:.0f} s once for {word} ("
+                  f"{'measured on an earlier render here' if word in seen else 'the prior: no render here had it yet'})")
     return est, basis
 
 
@@ -933,7 +967,7 @@ def run(args) -> int:
             return
         folder = out / "runs" / c.slug
         est, basis = estimate_render_s(c, default_s=_default_s(render_s, records), steps=args.steps, attn_ms=attn,
-                                       fallback_s=slowest)
+                                       fallback_s=slowest, one_time_s=options_one_time(records))
         take = plan_renders([(c, est, basis)], left(), quality_s=float(quality_s or 0.0))[0]
         if not take["render"]:
             skipped.append(c.name)
@@ -1017,7 +1051,8 @@ def run(args) -> int:
     def log_plan(after: list[Candidate]) -> None:
         took = _default_s(render_s, records)
         _log_plan(plan_renders([(x, *estimate_render_s(x, default_s=took, steps=args.steps, attn_ms=attn,
-                                                        fallback_s=slowest))
+                                                        fallback_s=slowest,
+                                                        one_time_s=options_one_time(records)))
                                 for x in after if x.name not in records], left(),
                                quality_s=float(quality_s or 0.0)), left())
 
