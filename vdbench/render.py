@@ -33,7 +33,7 @@ import torch
 
 from . import backends as B
 from . import families, pipelines
-from .patching import AttentionPatch, no_grid_hooks
+from .patching import AttentionPatch
 from .patching.schedule import as_schedule, resolve_attention
 from .measure.record import Writer, command_line, commit, from_render_entry, speed_options, stack_name
 from .stages import Wall, stage_reports
@@ -649,10 +649,9 @@ class _Watch:
                                     time_attention=cfg.time_attention,
                                     before_first_call=self.wait_for_prewarm if loaded.attention_prewarm else None,
                                     observers=[self.capture] if self.capture else None,
-                                    # the family's own (none: a grid backend is refused), not found again from
-                                    # the transformers' classes
-                                    call_kind=plan.family.call_kind,
-                                    grid_hooks=plan.family.grid_hooks or no_grid_hooks,
+                                    # the family's call classifier, grid hooks (none: a grid backend is refused)
+                                    # and Ulysses self-attention, not found again from the transformers' classes
+                                    family=plan.family,
                                     # compiled blocks would trace the tile-order hooks; a step cache compares and
                                     # reuses block outputs across steps, which a schedule's switch to tile order
                                     # (padded) breaks; context parallelism splits the sequence at the blocks'

@@ -104,9 +104,11 @@ class AttentionPatch:
     ``backend``: a name (options allowed: ``sta:window=3x3x3``), an entry, or a schedule (``"fav3@steps:0-9,sta"``,
     :mod:`vdbench.patching.schedule`). ``call_kind``: the model family's classifier of a processor call
     (``Family.call_kind``); ``grid_hooks``: its token-grid hooks (``Family.grid_hooks``) for backends that need
-    the grid. Either not given: the family of the patched transformers is asked (``families.for_transformer``, by
-    their class); for a transformer no registered family claims, calls are classified by the attention module
-    alone (:func:`vdbench.patching.calls.call_kind`) and a grid backend is refused.
+    the grid. ``family``: the model family (:class:`vdbench.families.Family`) these come from, with its Ulysses
+    self-attention (``--ulysses_async``). Neither given: the family of the patched transformers is asked
+    (``families.for_transformer``, by their class); for a transformer no registered family claims, calls are
+    classified by the attention module alone (:func:`vdbench.patching.calls.call_kind`) and a grid backend is
+    refused.
     ``tile_order_once``: allow the once-per-forward tile order (False under torch.compile, beside a step cache and
     under context parallelism: per call).
     ``before_first_call``: called once, before the first call a backend serves (the render waits there for the
@@ -121,13 +123,14 @@ class AttentionPatch:
                  observers: Optional[list[Callable[[CallInfo], Any]]] = None, time_attention: bool = False,
                  call_kind: Optional[Callable[[str, Any, Any], str]] = None,
                  grid_hooks: Optional[Callable[..., Any]] = None, tile_order_once: bool = True,
-                 before_first_call: Optional[Callable[[], Any]] = None):
+                 before_first_call: Optional[Callable[[], Any]] = None, family: Optional[families.Family] = None):
         if on_unsupported not in ON_UNSUPPORTED_CHOICES:
             raise ValueError(f"on_unsupported must be one of {ON_UNSUPPORTED_CHOICES}, got {on_unsupported!r}")
         self.schedule = as_schedule(backend)
         self._single = self.schedule.rules[0].backend if self.schedule.is_single else None
         self.models = as_models(models)
-        family = family_of(self.models)
+        if family is None and not (call_kind and grid_hooks):
+            family = family_of(self.models)
         self._ulysses_self_attention = family.ulysses_self_attention if family else None
         self.call_kind = call_kind or (family.call_kind if family else default_call_kind)
         self.grid_hooks = grid_hooks or (family.grid_hooks if family and family.grid_hooks else no_grid_hooks)
