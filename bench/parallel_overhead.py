@@ -169,18 +169,10 @@ def slowest_rank(times: list[float], world: int) -> list[float]:
 
 def time_pipe(pipe, inputs: Inputs, world: int, profile_dir: Path | None = None, rank: int = 0) -> list[float]:
     """One bare repetition: ``pipe(...)`` with the step clock (and the profiler over steps 2-3 when asked)."""
-    prof = StepProfiler(profile_dir, rank, 1, 1, 1, inputs.device) if profile_dir else None
-    timer = StepTimer(inputs.device, then=(lambda step: prof.step()) if prof else None)
-    if prof:
-        prof.__enter__()
-    try:
-        timer.start()
-        with torch.inference_mode():
-            pipe(generator=torch.Generator("cpu").manual_seed(inputs.seed), callback_on_step_end=timer,
-                 **inputs.kwargs)
-    finally:
-        if prof:
-            prof.__exit__(None, None, None)
+    timer = StepTimer(inputs.device,
+                      profiler=StepProfiler(profile_dir, rank, 1, 1, 1, inputs.device) if profile_dir else None)
+    with torch.inference_mode():
+        timer.run(pipe, generator=torch.Generator("cpu").manual_seed(inputs.seed), **inputs.kwargs)
     return slowest_rank(timer.step_times(), world)
 
 

@@ -37,9 +37,9 @@ from .patching import AttentionPatch
 from .patching.schedule import as_schedule, resolve_attention
 from .measure.record import Writer, command_line, commit, from_render_entry, speed_options, stack_name
 from .stages import Wall, stage_reports
-from .timing import (Clock, Laps, StepProfiler, StepTimer, WallStart, append_timing, compile_counts, compile_seconds,
-                     describe_steps, device_seconds,
-                     peak_memory, reset_peak_memory, run_step_stats, step_stats, system_info, wall_start)
+from .timing import (Clock, Laps, StepProfiler, StepTimer, WallStart, append_timing, compile_seconds, describe_steps,
+                     device_seconds, peak_memory, reset_peak_memory, run_step_stats, step_stats, system_info,
+                     wall_start)
 
 __all__ = ["RenderConfig", "Plan", "VaeMode", "Loaded", "render", "validate", "load", "run_repetitions", "finish",
            "resolve_device", "resolve_dtype", "VAEHang"]
@@ -618,8 +618,9 @@ class _Watch:
     """What watches a render's pipeline calls, set up once before them and closed after (:meth:`close`): the
     attention patch (counts, timing, its observers), the stage timers (the encoders, the VAE encode under
     ``--vae_timeout``'s watchdog, the first denoiser call), the attention capture, the step cache's counter, the
-    progress lines, the profiler of the call in progress, the encode's reports (``encode_info``, across the calls)
-    and the run id every entry carries."""
+    progress lines, the encode's reports (``encode_info``, across the calls) and the run id every entry carries. What
+    a call counts itself (its step times, the graphs compiled in each step, its profiler's steps) is its own
+    :class:`~vdbench.timing.StepTimer`'s, whose steps :meth:`advance` the watch."""
 
     def __init__(self, plan: Plan, loaded: Loaded, log):
         from .stages import StageTimers
@@ -657,13 +658,7 @@ class _Watch:
                                     # (padded) breaks; context parallelism splits the sequence at the blocks'
                                     # entry, while each Ulysses attention call holds the whole sequence again
                                     tile_order_once=not cfg.compile and plan.cache is None and plan.dctx is None)
-        self.stepped_profiler = None  # the call in progress's profiler (the first repetition's), stepped by advance
         self.counter = loaded.cache
-        # what torch.compile made in each step of the call in progress (graphs: a first compile or a recompile)
-        self.compiled = cfg.compile
-        self._compiled_at = compile_counts()
-        self.graphs_per_step: list[int] = []
-        self.graph_breaks = 0
         self.encode_info: dict = {}
         self.began: Optional[_Mark] = None  # the repetition in progress's start (:meth:`begin`)
         self.device, self.dctx, self.attention_type = device, plan.dctx, cfg.attention_type
@@ -684,22 +679,16 @@ class _Watch:
         return _Mark(compile_seconds(), dict(self.encode_info.get("one_time") or {}))
 
     def advance(self, step: int) -> None:
-        """A denoising step ended: the schedule's step, the cache counter's, the progress line, the profiler's
-        schedule."""
+        """A denoising step ended (the ``then`` of the call's :class:`~vdbench.timing.StepTimer`, which keeps its own
+        counts): the schedule's step, the cache counter's, the progress line."""
         from . import parallel as P
 
         self.patch.step = step + 1
         if self.counter is not None:
             self.counter.end_step()
-        graphs, breaks = compile_counts()
-        self.graphs_per_step.append(graphs - self._compiled_at[0])
-        self.graph_breaks += breaks - self._compiled_at[1]
-        self._compiled_at = (graphs, breaks)
         self.progress.step(step)
         if self.dctx is not None:
             P.maybe_inject_failure(self.dctx.rank, "step", self.attention_type)
-        if self.stepped_profiler is not None:
-            self.stepped_profiler.step()
 
     def reset(self) -> None:
         """Before a pipeline call: its steps and cache counted from its first step (a schedule warms every backend
@@ -707,7 +696,6 @@ class _Watch:
         self.patch.step = 0
         if self.counter is not None:
             self.counter.reset()
-        self._compiled_at, self.graphs_per_step, self.graph_breaks = compile_counts(), [], 0
 
     def begin(self, rep: int) -> None:
         """Before a timed repetition: the counts, the stage timers and the peak memory afresh."""
@@ -716,7 +704,6 @@ class _Watch:
         self.stage_timers.reset()
         reset_peak_memory(self.device)
         self.progress.begin(rep)
-        self.stepped_profiler = None  # set by the first repetition (:func:`_profiler`)
         self.began = self.mark()
 
     def close(self, log) -> None:
@@ -761,8 +748,9 @@ def run_repetitions(plan: Plan, loaded: Loaded, log) -> tuple[list[dict], object
             warmup_s = _warm_up(plan, loaded, watch)
             for rep in tqdm(range(cfg.num_repetitions), desc=plan.stack, unit="rep",
                             disable=cfg.num_repetitions < 2 or not sys.stderr.isatty()):
-                entry, frames = _repetition(plan, loaded, watch, rep, (set_up, warmup_s) if rep == 0 else None)
-                entries.append(entry)
+                repetition = _Repetition(plan, loaded, watch, rep, (set_up, warmup_s) if rep == 0 else None)
+                frames = repetition.denoise_and_decode()
+                entries.append(repetition.entry())
     finally:
         watch.close(log)
     return entries, frames
@@ -776,11 +764,10 @@ def _warm_up(plan: Plan, loaded: Loaded, watch: _Watch) -> Optional[float]:
         return None
 
     def calls():
-        for _ in range(cfg.warmup_calls):
+        for _ in range(cfg.warmup_calls):  # steps advance as in a timed call; their times unread
             watch.reset()
-            steps = StepTimer(plan.device, then=watch.advance)  # steps advance as in a timed call; times unread
-            loaded.pipe(generator=torch.Generator("cpu").manual_seed(cfg.seed), callback_on_step_end=steps,
-                        **loaded.kwargs)
+            steps = StepTimer(plan.device, then=watch.advance)
+            steps.run(loaded.pipe, generator=torch.Generator("cpu").manual_seed(cfg.seed), **loaded.kwargs)
 
     return device_seconds(plan.device, calls)
 
@@ -796,124 +783,127 @@ def _profiler(plan: Plan) -> Optional[StepProfiler]:
                         cfg.profile_active, plan.device)
 
 
-def _repetition(plan: Plan, loaded: Loaded, watch: _Watch, rep: int,
-                first: Optional[tuple[_Mark, Optional[float]]]) -> tuple[dict, object]:
-    """One timed repetition -- the pipeline call to latents, then the decode timed on its own -- as (its timing
-    entry, its frames). ``first``: the first repetition's (the mark before the warm-up calls, their time)."""
-    from . import parallel as P
-    from .vae.decode import decode_latents
-    from .watchdog import WatchdogTimeout
+class _Repetition:
+    """One timed repetition: :meth:`denoise_and_decode` -- the pipeline call to latents, then the decode timed on its
+    own -- makes its frames and marks its clocks; :meth:`entry` reads what it measured, once, into its timing entry.
+    ``first``: the first repetition's (the mark before the warm-up calls, their time)."""
 
-    cfg, device = plan.cfg, plan.device
-    watch.begin(rep)
-    profiler = watch.stepped_profiler = _profiler(plan) if rep == 0 else None  # the first repetition is profiled
-    timer = StepTimer(device, then=watch.advance)
-    if profiler is not None:
-        profiler.__enter__()
-    generator = torch.Generator("cpu").manual_seed(cfg.seed)
-    start = Clock(device)
-    timer.start()
-    try:
-        latents = loaded.pipe(generator=generator, callback_on_step_end=timer, **loaded.kwargs).frames
-        latents = P.share_output(plan.dctx, latents)  # xfuser's CogVideoX: only its last ranks return them
-    except WatchdogTimeout as e:  # the VAE encode inside the pipeline call (the stage timers' watchdog)
-        raise VAEHang(f"VAE encode hung (> {cfg.vae_timeout} s, --vae_timeout); all threads' stacks were dumped "
-                      "to stderr") from e
-    finally:
-        if profiler is not None:
-            profiler.__exit__(None, None, None)
-    after_pipe = Clock(device)
-    vae_info: dict = {}
-    try:
-        frames = decode_latents(loaded.pipe, latents, plan.family, num_frames=cfg.num_frames, mode=plan.decode.mode,
-                                options=plan.decode.options, timeout_s=cfg.vae_timeout, info=vae_info,
-                                prewarm=loaded.prewarm if rep == 0 else None, uint8=True)
-    except WatchdogTimeout as e:  # never wait forever: say where it hung, exit non-zero
-        raise VAEHang(f"VAE decode hung (> {cfg.vae_timeout} s, --vae_timeout); last completed stage: "
-                      f"{e.report.last_completed_stage}; all threads' stacks were dumped to stderr") from e
-    after_decode = Clock(device)
-    if cfg.save_latents:
-        from .capture import save_latents
+    def __init__(self, plan: Plan, loaded: Loaded, watch: _Watch, rep: int,
+                 first: Optional[tuple[_Mark, Optional[float]]] = None):
+        self.plan = plan
+        self.loaded = loaded
+        self.watch = watch
+        self.rep = rep
+        self.first = first
+        self.timer: Optional[StepTimer] = None  # the pipeline call's steps
+        self.after_pipe = self.after_decode = None  # the clocks after the call and after the decode
+        self.vae_info: dict = {}  # what the decode reported
 
-        save_latents(cfg.capture_dir, latents, cfg.attention_type, rank=cfg.rank, repetition=rep,
-                     meta={"family": plan.family.name, "model": plan.model.spec.model, "height": cfg.height,
-                           "width": cfg.width, "num_frames": cfg.num_frames})
-    # what the repetition measured, read once: its step times (the encoders before the first step are no step's)
-    # and the one-time costs its stages reported themselves
-    timer.starts_at(watch.stage_timers.denoise_start)
-    steps = (timer.step_times(), timer.marks[-1] if len(timer.marks) > 1 else None)  # (times, the last step's end)
-    reported = stage_reports(watch.encode_info, vae_info, watch.began.encode,
-                             set_up=first[0].encode if first is not None else None)
-    return _entry(plan, loaded, watch, rep, steps, vae_info, (start, after_pipe, after_decode), first,
-                  reported), frames
+    def denoise_and_decode(self):
+        """The pipeline call to latents (the first repetition's profiled), then the decode; the frames."""
+        from . import parallel as P
+        from .vae.decode import decode_latents
+        from .watchdog import WatchdogTimeout
 
+        plan, loaded, watch, rep = self.plan, self.loaded, self.watch, self.rep
+        cfg, device = plan.cfg, plan.device
+        watch.begin(rep)
+        profiler = _profiler(plan) if rep == 0 else None  # the first repetition is profiled
+        self.timer = StepTimer(device, then=watch.advance, profiler=profiler)
+        try:
+            latents = self.timer.run(loaded.pipe, generator=torch.Generator("cpu").manual_seed(cfg.seed),
+                                     **loaded.kwargs).frames
+            latents = P.share_output(plan.dctx, latents)  # xfuser's CogVideoX: only its last ranks return them
+        except WatchdogTimeout as e:  # the VAE encode inside the pipeline call (the stage timers' watchdog)
+            raise VAEHang(f"VAE encode hung (> {cfg.vae_timeout} s, --vae_timeout); all threads' stacks were dumped "
+                          "to stderr") from e
+        self.after_pipe = Clock(device)
+        try:
+            frames = decode_latents(loaded.pipe, latents, plan.family, num_frames=cfg.num_frames,
+                                    mode=plan.decode.mode, options=plan.decode.options, timeout_s=cfg.vae_timeout,
+                                    info=self.vae_info, prewarm=loaded.prewarm if rep == 0 else None, uint8=True)
+        except WatchdogTimeout as e:  # never wait forever: say where it hung, exit non-zero
+            raise VAEHang(f"VAE decode hung (> {cfg.vae_timeout} s, --vae_timeout); last completed stage: "
+                          f"{e.report.last_completed_stage}; all threads' stacks were dumped to stderr") from e
+        self.after_decode = Clock(device)
+        if cfg.save_latents:
+            from .capture import save_latents
 
-def _one_time(loaded: Loaded, watch: _Watch, first: Optional[tuple[_Mark, Optional[float]]], reported: dict) -> dict:
-    """What the repetition just run paid once (completed in finish: :func:`vdbench.stages.one_time`): the first
-    carries the render's -- the load, the warm-up calls, torch.compile's time since the load, the wait for the
-    attention prewarm --, each what its stages reported themselves (``reported``:
-    :func:`vdbench.stages.stage_reports`)."""
-    set_up, warmup_s = first if first is not None else (None, None)
-    compiled = compile_seconds() - (set_up or watch.began).compiled
-    once: dict = {"load_s": loaded.load_s, "warmup_calls_s": warmup_s} if first is not None else {}
-    once["compile_s"] = compiled if compiled > 0 else None
-    prewarm = watch.wait_for_prewarm() if first is not None else None
-    if prewarm is not None and "waited_s" in prewarm:  # inside the first attention call's step: not added again
-        once["attention_prewarm_wait_s"] = prewarm["waited_s"]
-    once.update(reported)
-    return once
+            save_latents(cfg.capture_dir, latents, cfg.attention_type, rank=cfg.rank, repetition=rep,
+                         meta={"family": plan.family.name, "model": plan.model.spec.model, "height": cfg.height,
+                               "width": cfg.width, "num_frames": cfg.num_frames})
+        return frames
 
+    def _one_time(self, reported: dict) -> dict:
+        """What this repetition paid once (completed in finish: :func:`vdbench.stages.one_time`): the first carries
+        the render's -- the load, the warm-up calls, torch.compile's time since the load, the wait for the attention
+        prewarm --, each what its stages reported themselves (``reported``: :func:`vdbench.stages.stage_reports`)."""
+        watch, first = self.watch, self.first
+        set_up, warmup_s = first if first is not None else (None, None)
+        compiled = compile_seconds() - (set_up or watch.began).compiled
+        once: dict = {"load_s": self.loaded.load_s, "warmup_calls_s": warmup_s} if first is not None else {}
+        once["compile_s"] = compiled if compiled > 0 else None
+        prewarm = watch.wait_for_prewarm() if first is not None else None
+        if prewarm is not None and "waited_s" in prewarm:  # inside the first attention call's step: not added again
+            once["attention_prewarm_wait_s"] = prewarm["waited_s"]
+        once.update(reported)
+        return once
 
-def _entry(plan: Plan, loaded: Loaded, watch: _Watch, rep: int, steps: tuple, vae_info: dict, clocks: tuple,
-           first: Optional[tuple[_Mark, Optional[float]]], reported: dict) -> dict:
-    """One repetition's timing entry: its step times and their statistics, the stages, the decode and the encode,
-    the attention's counts, the cache's, the memory, what it paid once (:func:`_one_time`; ``first``: the first
-    repetition's marks), the run it is part of."""
-    once = _one_time(loaded, watch, first, reported)
-    cfg, device, backend, patch = plan.cfg, plan.device, plan.backend, watch.patch
-    start, after_pipe, after_decode = clocks
-    step_times, last_step = steps
-    attn_time = patch.finish_timing()
-    decode_time = after_pipe.seconds_until(after_decode)
-    stages = watch.stage_timers.entry(start=start, after_pipe=after_pipe, after_decode=after_decode,
-                                      last_step=last_step, step_times=step_times, vae_decode=decode_time)
-    encode_info, capture, profiler = watch.encode_info, watch.capture, watch.stepped_profiler
-    return {
-        "attention_type": cfg.attention_type,
-        "stack": plan.stack,  # the whole configuration as one name: vdbench.measure.record.stack_name
-        "repetition": rep,
-        "pipe_time": start.seconds_until(after_pipe),
-        "text_encode_time": stages.pop("text_encode_time"),
-        "image_encode_time": stages.pop("image_encode_time"),
-        "vae_encode_time": stages.pop("vae_encode_time"),
-        "vae_encode": ({"mode": plan.encode.mode.name, **{k: v for k, v in encode_info.items()
-                                                       if isinstance(v, (int, float, str, bool))}}
-                       if stages["stages"]["vae_encode"] is not None else None),
-        "step_times": step_times,
-        **step_stats(step_times, device, backend.emulated),  # warm step, first step, spread, verdict
-        "vae_decode_time": decode_time,
-        "vae_decode": {"mode": plan.decode.mode.name, "max_memory_gib": cfg.vae_max_memory,
-                       **{k: v for k, v in vae_info.items() if isinstance(v, (int, float, str, bool))}},
-        "total_time": start.seconds_until(after_decode),
-        **stages,  # stages, unaccounted (+ share, where): vdbench.stages.breakdown
-        "one_time": once,  # + steady_s; end_to_end_s and end_to_end on the first: finish
-        "cache": watch.counter.summary() if watch.counter is not None else None,
-        # the backend's first-call kernels compiled ahead (vdbench.backends.prewarm): the render's, on the first entry
-        "attention_prewarm": watch.attention_prewarm_record if rep == 0 else None,
-        # --use_torch_compile: the graphs dynamo made in each step (the first step's compile; any later one is a
-        # recompile) and its graph breaks in this call (none: the blocks compile with fullgraph=True)
-        "compile": ({"graphs_per_step": list(watch.graphs_per_step), "graph_breaks": watch.graph_breaks}
-                    if watch.compiled else None),
-        "attention": patch.stats.as_dict(),
-        "attention_share": (attn_time / sum(step_times)) if attn_time and step_times else None,
-        "peak_memory_bytes": peak_memory(device),
-        "traces": [str(p) for p in profiler.paths] if (profiler is not None and rep == 0) else None,
-        "capture": ({"saved": capture.stats.saved, "bytes": capture.stats.bytes,
-                     "host_time_s": capture.stats.host_time_s} if capture else None),
-        "output": str(cfg.output_path),
-        "run_id": watch.run_id,
-        "run": loaded.header,
-    }
+    def entry(self) -> dict:
+        """The repetition's timing entry: its step times and their statistics, the stages, the decode and the encode,
+        the attention's counts, the cache's, the compiler's, the memory, what it paid once (:meth:`_one_time`), the
+        run it is part of."""
+        plan, watch, timer, rep = self.plan, self.watch, self.timer, self.rep
+        cfg, device, backend, patch = plan.cfg, plan.device, plan.backend, watch.patch
+        # the step times (the encoders before the first step are no step's) and the one-time costs the stages
+        # reported themselves
+        timer.starts_at(watch.stage_timers.denoise_start)
+        step_times = timer.step_times()
+        last_step = timer.marks[-1] if len(timer.marks) > 1 else None
+        once = self._one_time(stage_reports(watch.encode_info, self.vae_info, watch.began.encode,
+                                            set_up=self.first[0].encode if self.first is not None else None))
+        start, after_pipe, after_decode = timer.started, self.after_pipe, self.after_decode
+        attn_time = patch.finish_timing()
+        decode_time = after_pipe.seconds_until(after_decode)
+        stages = watch.stage_timers.entry(start=start, after_pipe=after_pipe, after_decode=after_decode,
+                                          last_step=last_step, step_times=step_times, vae_decode=decode_time)
+        encode_info, vae_info, capture, profiler = watch.encode_info, self.vae_info, watch.capture, timer.profiler
+        return {
+            "attention_type": cfg.attention_type,
+            "stack": plan.stack,  # the whole configuration as one name: vdbench.measure.record.stack_name
+            "repetition": rep,
+            "pipe_time": start.seconds_until(after_pipe),
+            "text_encode_time": stages.pop("text_encode_time"),
+            "image_encode_time": stages.pop("image_encode_time"),
+            "vae_encode_time": stages.pop("vae_encode_time"),
+            "vae_encode": ({"mode": plan.encode.mode.name, **{k: v for k, v in encode_info.items()
+                                                           if isinstance(v, (int, float, str, bool))}}
+                           if stages["stages"]["vae_encode"] is not None else None),
+            "step_times": step_times,
+            **step_stats(step_times, device, backend.emulated),  # warm step, first step, spread, verdict
+            "vae_decode_time": decode_time,
+            "vae_decode": {"mode": plan.decode.mode.name, "max_memory_gib": cfg.vae_max_memory,
+                           **{k: v for k, v in vae_info.items() if isinstance(v, (int, float, str, bool))}},
+            "total_time": start.seconds_until(after_decode),
+            **stages,  # stages, unaccounted (+ share, where): vdbench.stages.breakdown
+            "one_time": once,  # + steady_s; end_to_end_s and end_to_end on the first: finish
+            "cache": watch.counter.summary() if watch.counter is not None else None,
+            # the backend's first-call kernels compiled ahead (vdbench.backends.prewarm): the render's, on the first
+            "attention_prewarm": watch.attention_prewarm_record if rep == 0 else None,
+            # --use_torch_compile: the graphs dynamo made in each step (the first step's compile; any later one is a
+            # recompile) and its graph breaks in this call (none: the blocks compile with fullgraph=True)
+            "compile": ({"graphs_per_step": list(timer.graphs_per_step), "graph_breaks": timer.graph_breaks}
+                        if cfg.compile else None),
+            "attention": patch.stats.as_dict(),
+            "attention_share": (attn_time / sum(step_times)) if attn_time and step_times else None,
+            "peak_memory_bytes": peak_memory(device),
+            "traces": [str(p) for p in profiler.paths] if profiler is not None else None,
+            "capture": ({"saved": capture.stats.saved, "bytes": capture.stats.bytes,
+                         "host_time_s": capture.stats.host_time_s} if capture else None),
+            "output": str(cfg.output_path),
+            "run_id": watch.run_id,
+            "run": self.loaded.header,
+        }
 
 
 def _log_compile(comp: Optional[dict], stack: str, log) -> None:

@@ -199,15 +199,31 @@ def compile_counts() -> tuple[int, int]:
 
 
 class StepTimer:
-    """Per-step times from a ``callback_on_step_end``; chain it with other callbacks via ``then``."""
+    """One pipeline call's steps, as its ``callback_on_step_end``: the step times (a clock at each step's end), the
+    graphs torch.compile made in each step and its graph breaks (:func:`compile_counts` at each step's end: a graph
+    made after the first step is a recompile), and the profiler's schedule stepped where one runs over the call
+    (:meth:`run`); chain it with other callbacks via ``then``. One per call: its counts start where it is made."""
 
-    def __init__(self, device, then=None):
+    def __init__(self, device, then=None, profiler: Optional["StepProfiler"] = None):
         self.device = torch.device(device)
+        self.started: Optional[Clock] = None
         self.marks: list[Clock] = []
-        self.then = then
+        self.then, self.profiler = then, profiler
+        self._compiled_at = compile_counts()
+        self.graphs_per_step: list[int] = []
+        self.graph_breaks = 0
 
     def start(self):
-        self.marks = [Clock(self.device)]
+        """The call starts: :attr:`started`, and the first step's start until :meth:`starts_at` moves it."""
+        self.started = Clock(self.device)
+        self.marks = [self.started]
+
+    def run(self, pipe, **kwargs):
+        """``pipe(callback_on_step_end=self, **kwargs)`` -- a pipeline call with this timer as its step callback --
+        from :meth:`start`, inside the profiler where one is given (left also on an error); what it returns."""
+        with self.profiler if self.profiler is not None else contextlib.nullcontext():
+            self.start()
+            return pipe(callback_on_step_end=self, **kwargs)
 
     def starts_at(self, clock: Optional[Clock]) -> None:
         """The first step starts at ``clock`` (a render: the first denoiser call) instead of at :meth:`start`, so
@@ -218,8 +234,14 @@ class StepTimer:
 
     def __call__(self, pipe, step, timestep, callback_kwargs):
         self.marks.append(Clock(self.device))
+        graphs, breaks = compile_counts()
+        self.graphs_per_step.append(graphs - self._compiled_at[0])
+        self.graph_breaks += breaks - self._compiled_at[1]
+        self._compiled_at = (graphs, breaks)
         if self.then is not None:
             self.then(step)
+        if self.profiler is not None:
+            self.profiler.step()
         return callback_kwargs
 
     def step_times(self) -> list[float]:
