@@ -100,7 +100,7 @@ def _child(args) -> dict:
         t0 = time.perf_counter()
         p = W.plan(vae_class=type(vae).__name__, device=dev, decode_mode=D.check_decode("fast"),
                    decode_options=DecodeOptions(), pixel_hw=(height, width))
-        row["prewarm"] = None if p is None else W.start(lambda: W.meta_vae(type(vae), dict(vae.config)).to(vae.dtype),
+        row["prewarm"] = None if p is None else W.start_thread(lambda: W.meta_vae(type(vae), dict(vae.config)).to(vae.dtype),
                                                         p).wait()
         row["prewarm_wall_s"] = time.perf_counter() - t0
         if variant == "prewarm+main":

@@ -172,7 +172,7 @@ def time_pipe(pipe, inputs: Inputs, world: int, profile_dir: Path | None = None,
     timer = StepTimer(inputs.device,
                       profiler=StepProfiler(profile_dir, rank, 1, 1, 1, inputs.device) if profile_dir else None)
     with torch.inference_mode():
-        timer.run(pipe, generator=torch.Generator("cpu").manual_seed(inputs.seed), **inputs.kwargs)
+        timer.run_pipe(pipe, generator=torch.Generator("cpu").manual_seed(inputs.seed), **inputs.kwargs)
     return slowest_rank(timer.step_times(), world)
 
 

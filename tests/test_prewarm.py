@@ -45,7 +45,7 @@ def _plan(vae, pixel_hw, encode=False, fused=True):
 
 
 def _start(vae, p):
-    return W.start(lambda: W.meta_vae(type(vae), dict(vae.config)).to(vae.dtype), p)
+    return W.start_thread(lambda: W.meta_vae(type(vae), dict(vae.config)).to(vae.dtype), p)
 
 
 def test_nothing_to_prewarm_without_the_triton_glue():
@@ -202,7 +202,7 @@ def test_a_failed_prewarm_is_recorded_and_the_decode_still_runs(monkeypatch):
     def boom():
         raise RuntimeError("CUDA out of memory.\nmore")
 
-    pw = W.start(boom, p)
+    pw = W.start_thread(boom, p)
 
     class Pipe:  # what decode_latents reads of a pipeline
         pass
@@ -235,7 +235,7 @@ def test_the_first_use_runs_the_path_on_a_zero_weight_copy_and_leaves_the_vae_un
         made.append(W.meta_vae(type(vae), dict(vae.config)).to(vae.dtype))
         return made[-1]
 
-    pw = W.start(make, p)
+    pw = W.start_thread(make, p)
     assert pw.wait()["status"] == "done"
     seen.clear()
     pw._first_use(p)  # on a CPU plan the thread skips it (no cuDNN); called here as the GPU's thread calls it

@@ -258,7 +258,7 @@ def test_the_prewarm_uses_the_gpu_only_beside_an_uncompiled_denoiser(tmp_path, n
     plan = replace(plan, device=torch.device("cuda"), cfg=replace(plan.cfg, compile=compile_))
     seen = {}
     monkeypatch.setattr(W, "plan", lambda **kw: seen.update(kw) or "a plan")
-    monkeypatch.setattr(W, "start", lambda make, p: p)
+    monkeypatch.setattr(W, "start_thread", lambda make, p: p)
 
     class Pipe:
         class vae:

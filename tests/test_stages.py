@@ -75,7 +75,7 @@ def test_stage_timers_of_a_pipeline():
     assert st.seconds("image_encode") is None and st.seconds("vae_encode") >= 0.01
     st.reset()
     assert st.denoise_start is None and st.seconds("vae_encode") is None
-    st.remove()
+    st.close()
     assert "encode" not in vars(pipe.vae) and not d1._forward_pre_hooks
 
 

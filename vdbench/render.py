@@ -439,7 +439,7 @@ def _start_prewarm(plan: Plan, pipe=None, *, encode_only: bool = False):
     if encode_only and (p is None or p.encode is None):
         return None
     dtype = plan.vae_dtype or plan.dtype
-    return W.start(lambda: W.meta_vae(spec[0], spec[1]).to(dtype), p)
+    return W.start_thread(lambda: W.meta_vae(spec[0], spec[1]).to(dtype), p)
 
 
 def _attention_calls(plan: Plan, pipe=None) -> tuple[Optional[list], str]:
@@ -709,7 +709,7 @@ class _Watch:
     def close(self, log) -> None:
         """After the calls, also on error: the stage timers' hooks removed, the capture's files closed, the attention
         prewarm's worker stopped if it still runs."""
-        self.stage_timers.remove()
+        self.stage_timers.close()
         if self.attention_prewarm is not None:
             self.attention_prewarm.close()
         if self.capture is not None:
@@ -767,7 +767,7 @@ def _warm_up(plan: Plan, loaded: Loaded, watch: _Watch) -> Optional[float]:
         for _ in range(cfg.warmup_calls):  # steps advance as in a timed call; their times unread
             watch.reset()
             steps = StepTimer(plan.device, then=watch.advance)
-            steps.run(loaded.pipe, generator=torch.Generator("cpu").manual_seed(cfg.seed), **loaded.kwargs)
+            steps.run_pipe(loaded.pipe, generator=torch.Generator("cpu").manual_seed(cfg.seed), **loaded.kwargs)
 
     return device_seconds(plan.device, calls)
 
@@ -811,7 +811,7 @@ class _Repetition:
         profiler = _profiler(plan) if rep == 0 else None  # the first repetition is profiled
         self.timer = StepTimer(device, then=watch.advance, profiler=profiler)
         try:
-            latents = self.timer.run(loaded.pipe, generator=torch.Generator("cpu").manual_seed(cfg.seed),
+            latents = self.timer.run_pipe(loaded.pipe, generator=torch.Generator("cpu").manual_seed(cfg.seed),
                                      **loaded.kwargs).frames
             latents = P.share_output(plan.dctx, latents)  # xfuser's CogVideoX: only its last ranks return them
         except WatchdogTimeout as e:  # the VAE encode inside the pipeline call (the stage timers' watchdog)

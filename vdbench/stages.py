@@ -154,7 +154,8 @@ class StageTimers:
                 "vae_encode_time": enc["vae_encode"],
                 **breakdown(start.seconds_until(after_decode), stages, before_denoise=before, after_denoise=after)}
 
-    def remove(self) -> None:
+    def close(self) -> None:
+        """The hooks taken off the pipeline and its denoisers (what the watch's other parts do on ``close`` too)."""
         for t in self.timers.values():
             t.remove()
         for h in self._hooks:

@@ -218,7 +218,7 @@ class StepTimer:
         self.started = Clock(self.device)
         self.marks = [self.started]
 
-    def run(self, pipe, **kwargs):
+    def run_pipe(self, pipe, **kwargs):
         """``pipe(callback_on_step_end=self, **kwargs)`` -- a pipeline call with this timer as its step callback --
         from :meth:`start`, inside the profiler where one is given (left also on an error); what it returns."""
         with self.profiler if self.profiler is not None else contextlib.nullcontext():

@@ -49,7 +49,7 @@ from .encode import EncodeMode, EncodeOptions
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Prewarm", "PrewarmPlan", "plan", "start", "meta_vae", "cuda_layouts"]
+__all__ = ["Prewarm", "PrewarmPlan", "plan", "start_thread", "meta_vae", "cuda_layouts"]
 
 #: Latent frames of the decode run for its shapes: the first chunk alone, then chunks until every causal cache and
 #: temporal upsampler is in its steady state (Wan 2.2's up blocks reach it later than Wan 2.1's).
@@ -238,7 +238,7 @@ class Prewarm:
         return {**self.record, "waited_s": time.perf_counter() - t}
 
 
-def start(make_vae, p: Optional[PrewarmPlan]) -> Optional[Prewarm]:
+def start_thread(make_vae, p: Optional[PrewarmPlan]) -> Optional[Prewarm]:
     """Start ``p`` (from :func:`plan`) on its thread with the VAE ``make_vae()`` builds, or None when there is
     nothing to prewarm."""
     return None if p is None else Prewarm(make_vae, p)
