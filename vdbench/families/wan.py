@@ -393,8 +393,8 @@ def ulysses_self_attention(attn, hidden_states, rotary_emb, exchange, attend):
 
 def _rope_into(x, freqs_cos, freqs_sin, dst) -> None:
     """diffusers' Wan RoPE of ``x`` written into ``dst`` (a view of ``x``'s shape; the pairs in the last dim, the
-    frequencies broadcast over the rest): the same expressions
-    (each computed in the frequencies' dtype, then cast once on the write, as diffusers' slice assignment does)."""
+    frequencies broadcast over the rest): the same expressions, each computed in the frequencies' dtype and cast once
+    on the write, as diffusers' slice assignment does."""
     import torch
 
     x1, x2 = x.unflatten(-1, (-1, 2)).unbind(-1)

@@ -87,10 +87,10 @@ class UlyssesExchange:
 
     ``send_buffer(x)``: a send buffer for ``x`` (B, S_loc, H, D) laid out per destination rank, (P, B, S_loc, h, D),
     and a view of it as (B, S_loc, P, h, D) for the producer to write ``x``'s heads into, split by destination (no
-    copy after the write); ``start(buf)``: the
-    asynchronous exchange; ``whole(handle)``: wait for it, the whole sequence of this rank's ``h`` heads, BSHD
-    (contiguous: the ranks' shards arrive in sequence order); ``back(out)``: the attention output (B, S, h, D) sent
-    back to the sequence's owners, this rank's tokens for every head, (B, S_loc, H * D): one copy."""
+    copy after the write); ``start(buf)``: the asynchronous exchange; ``whole(handle)``: wait for it, the whole
+    sequence of this rank's ``h`` heads, BSHD (contiguous: the ranks' shards arrive in sequence order); ``back(out)``:
+    the attention output (B, S, h, D) sent back to the sequence's owners, this rank's tokens for every head,
+    (B, S_loc, H * D): one copy."""
 
     def __init__(self, group, world: int):
         self.group, self.world = group, world
