@@ -102,6 +102,13 @@ class ParallelSpec:
         return "single" if u == r == 1 else "hybrid" if u > 1 and r > 1 else "ulysses" if u > 1 else "ring"
 
     @property
+    def async_applies(self) -> bool:
+        """Whether the layout has the exchange ``--ulysses_async`` overlaps: Ulysses without ring or head chunks,
+        on diffusers' engine (or auto, which takes it there)."""
+        return (self.ulysses_degree > 1 and self.ring_degree == 1 and self.head_chunks == 1
+                and self.engine != "xfuser")
+
+    @property
     def needs_lse(self) -> bool:
         return self.ring_degree > 1
 
@@ -126,8 +133,7 @@ class ParallelSpec:
             raise ValueError(f"--ulysses_overlap {self.head_chunks} overlaps the all-to-all of Ulysses attention: it "
                              "needs --ulysses_degree >= 2 without --ring_degree, on --parallel_engine diffusers "
                              "(or auto)")
-        if self.async_exchange is True and (self.ulysses_degree < 2 or self.ring_degree > 1 or self.engine == "xfuser"
-                                    or self.head_chunks > 1):
+        if self.async_exchange is True and not self.async_applies:
             raise ValueError("--ulysses_async on sends Q, K and V of Ulysses attention beside the projections: it "
                              "needs --ulysses_degree >= 2 without --ring_degree or --ulysses_overlap, on "
                              "--parallel_engine diffusers (or auto)")
@@ -409,8 +415,8 @@ def apply_engine(ctx: DistContext, pipe, models: list, family: families.Family) 
         from diffusers import ContextParallelConfig
 
         if spec.async_exchange is None:  # auto: where it applies; the record says what was settled
-            spec = ctx.spec = replace(spec, async_exchange=spec.ulysses_degree > 1 and spec.ring_degree == 1
-                                      and spec.head_chunks == 1 and family.ulysses_self_attention is not None)
+            spec = ctx.spec = replace(spec, async_exchange=spec.async_applies
+                                      and family.ulysses_self_attention is not None)
 
         mesh = _cfg_mesh(ctx) if spec.use_cfg_parallel else None  # diffusers builds its own mesh otherwise
         for name, m in models if spec.sequence_degree > 1 else ():

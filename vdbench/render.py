@@ -812,7 +812,7 @@ class _Repetition:
         self.timer = StepTimer(device, then=watch.advance, profiler=profiler)
         try:
             latents = self.timer.run_pipe(loaded.pipe, generator=torch.Generator("cpu").manual_seed(cfg.seed),
-                                     **loaded.kwargs).frames
+                                          **loaded.kwargs).frames
             latents = P.share_output(plan.dctx, latents)  # xfuser's CogVideoX: only its last ranks return them
         except WatchdogTimeout as e:  # the VAE encode inside the pipeline call (the stage timers' watchdog)
             raise VAEHang(f"VAE encode hung (> {cfg.vae_timeout} s, --vae_timeout); all threads' stacks were dumped "

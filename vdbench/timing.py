@@ -202,7 +202,7 @@ class StepTimer:
     """One pipeline call's steps, as its ``callback_on_step_end``: the step times (a clock at each step's end), the
     graphs torch.compile made in each step and its graph breaks (:func:`compile_counts` at each step's end: a graph
     made after the first step is a recompile), and the profiler's schedule stepped where one runs over the call
-    (:meth:`run`); chain it with other callbacks via ``then``. One per call: its counts start where it is made."""
+    (:meth:`run_pipe`); chain it with other callbacks via ``then``. One per call: its counts start where it is made."""
 
     def __init__(self, device, then=None, profiler: Optional["StepProfiler"] = None):
         self.device = torch.device(device)
