@@ -1,0 +1,152 @@
+#!/usr/bin/env python3
+"""Where a profiled step's GPU time goes on the timeline, not just in sum: busy, idle, and communication that no
+compute kernel hides.
+
+    python3 bench/trace_gaps.py OUT/traces/u2/rank0_step4.json [...] -o gaps.json
+
+Reads torch.profiler Chrome traces (a render's ``--profile_output NAME`` writes them under
+``DIR/traces/NAME/``). For each trace, over the span from its first GPU kernel to its last:
+
+* ``busy_ms``: the union of every kernel's interval (streams overlapping counted once); ``idle_ms`` the rest of the
+  span -- the GPU waiting for the host or for another rank;
+* ``comm_ms``: the union of the communication kernels (NCCL), ``comm_exposed_ms`` the part of it no compute kernel
+  runs beside -- what an overlap could still win;
+* ``categories_ms``: kernel time by :func:`vdbench.timing.kernel_category` (summed, not unioned);
+* ``gaps``: the idle intervals over ``--min_gap_us``, their count and sum, and the largest ones with the kernels on
+  either side (what the GPU waited between).
+
+Prints one line per trace and writes the whole as JSON. CPU-only traces have no GPU kernels: said, not guessed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from vdbench.timing import kernel_category  # noqa: E402
+
+KERNEL_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+
+
+def union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """Merged, sorted intervals covering the same points."""
+    out: list[list[float]] = []
+    for a, b in sorted(intervals):
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return [(a, b) for a, b in out]
+
+
+def length(intervals) -> float:
+    return sum(b - a for a, b in intervals)
+
+
+def minus(xs: list[tuple[float, float]], ys: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The parts of the merged intervals ``xs`` outside the merged intervals ``ys``."""
+    out, j = [], 0
+    for a, b in xs:
+        cur = a
+        while j < len(ys) and ys[j][1] <= cur:
+            j += 1
+        k = j
+        while k < len(ys) and ys[k][0] < b:
+            if ys[k][0] > cur:
+                out.append((cur, ys[k][0]))
+            cur = max(cur, ys[k][1])
+            k += 1
+        if cur < b:
+            out.append((cur, b))
+    return out
+
+
+def analyse(events: list[dict], min_gap_us: float = 20.0, top: int = 12) -> dict:
+    """The timeline summary of one trace's GPU kernels (times in ms)."""
+    ks = [e for e in events if e.get("ph") == "X" and e.get("cat") in KERNEL_CATS and e.get("dur") is not None]
+    if not ks:
+        return {"error": "no GPU kernels in this trace (a CPU-only profile)"}
+    ks.sort(key=lambda e: e["ts"])
+    t0, t1 = ks[0]["ts"], max(e["ts"] + e["dur"] for e in ks)
+    comm = [e for e in ks if kernel_category(e["name"]) == "communication"]
+    comp = [e for e in ks if kernel_category(e["name"]) != "communication"]
+    iv = lambda es: union([(e["ts"], e["ts"] + e["dur"]) for e in es])  # noqa: E731
+    all_u, comm_u, comp_u = iv(ks), iv(comm), iv(comp)
+    cats: dict = {}
+    for e in ks:
+        c = kernel_category(e["name"])
+        cats[c] = cats.get(c, 0.0) + e["dur"] / 1e3
+    idle = minus([(t0, t1)], all_u)
+    big = [(a, b) for a, b in idle if b - a >= min_gap_us]
+    ends = sorted(((e["ts"] + e["dur"], e["name"]) for e in ks))
+    starts = [(e["ts"], e["name"]) for e in ks]
+
+    def before(t):
+        lo, hi = 0, len(ends)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if ends[mid][0] <= t + 1e-3:
+                lo = mid + 1
+            else:
+                hi = mid
+        return ends[lo - 1][1] if lo else None
+
+    def after(t):
+        lo, hi = 0, len(starts)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if starts[mid][0] < t - 1e-3:
+                lo = mid + 1
+            else:
+                hi = mid
+        return starts[lo][1] if lo < len(starts) else None
+
+    largest = sorted(big, key=lambda ab: ab[0] - ab[1])[:top]
+    return {
+        "span_ms": (t1 - t0) / 1e3, "kernels": len(ks), "busy_ms": length(all_u) / 1e3,
+        "idle_ms": length(idle) / 1e3, "comm_ms": length(comm_u) / 1e3,
+        "comm_exposed_ms": length(minus(comm_u, comp_u)) / 1e3, "compute_ms": length(comp_u) / 1e3,
+        "categories_ms": dict(sorted(cats.items(), key=lambda kv: -kv[1])),
+        "gaps": {"min_gap_us": min_gap_us, "count": len(big), "sum_ms": length(big) / 1e3,
+                 "largest": [{"us": b - a, "at_ms": (a - t0) / 1e3, "after": (before(a) or "")[:80],
+                              "before": (after(b) or "")[:80]} for a, b in largest]},
+    }
+
+
+def load_events(path: Path) -> list[dict]:
+    data = json.loads(path.read_text())
+    return data["traceEvents"] if isinstance(data, dict) else data
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("traces", nargs="+", type=Path, help="Chrome trace JSON files")
+    p.add_argument("--min_gap_us", type=float, default=20.0, help="idle intervals shorter than this are not gaps")
+    p.add_argument("-o", "--output", type=Path, default=None, help="the JSON summary (default: print only)")
+    args = p.parse_args(argv)
+    out = {}
+    for path in args.traces:
+        try:
+            r = analyse(load_events(path), args.min_gap_us)
+        except (OSError, ValueError, KeyError) as exc:
+            r = {"error": f"{type(exc).__name__}: {exc}"}
+        out[str(path)] = r
+        if "error" in r:
+            print(f"{path}: {r['error']}")
+            continue
+        print(f"{path}: span {r['span_ms']:.1f} ms, busy {r['busy_ms']:.1f}, idle {r['idle_ms']:.1f} "
+              f"({r['gaps']['count']} gaps >= {args.min_gap_us:g} us: {r['gaps']['sum_ms']:.1f}), "
+              f"comm {r['comm_ms']:.1f} (exposed {r['comm_exposed_ms']:.1f}); "
+              + ", ".join(f"{k} {v:.1f}" for k, v in r["categories_ms"].items()))
+    if args.output is not None:
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        args.output.write_text(json.dumps(out, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

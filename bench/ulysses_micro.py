@@ -1,0 +1,183 @@
+#!/usr/bin/env python3
+"""What one Ulysses self-attention layer's pieces cost, apart, on the real shapes: the kernel, the exchanges, the
+layout copies, the projections, and the ways to hide the exchanges behind the kernel.
+
+    torchrun --nproc_per_node=2 bench/ulysses_micro.py -o outputs/ulysses_micro.json       # Wan 1.3B 480p×81
+
+Each rank holds its sequence shard (S / P tokens, all H heads) as under Ulysses; random bf16 inputs (never zeros),
+CUDA events around each piece after warm-up, the ranks lined up by a barrier before each sample, median of ``--reps``
+samples with p20-p80 (rank 0's clock). Pieces:
+
+* ``attn_whole``: FA3 on the whole sequence for this rank's H / P heads (what the template calls);
+  ``attn_12heads_half``: half of FA3's time on all H heads (a one-GPU layer's kernel, halved): the kernel's own
+  loss at fewer heads.
+* ``attn_rows_split``: the same kernel called once per destination's query rows (P calls, same K/V), and whether the
+  output equals the whole call's bit for bit; ``..._margin_M``: each call leaving M SMs to NCCL (FA3's
+  ``sm_margin``).
+* ``exchange``: one all-to-all of a (P, S / P, H / P, D) tensor (what each of Q, K, V and the output takes).
+* ``rows_overlapped_M``: the destinations' rows computed first, each one's output sent (point to point) while the
+  next is computed, this rank's own rows last with M SMs left: the output exchange hidden behind the kernel.
+  ``serial``: kernel then exchange, the template's order.
+* ``copy_v_send`` / ``copy_out_recv``: the layout copies left around the exchanges.
+* ``proj_whole`` / ``proj_per_dest``: the V projection as one GEMM, and as P GEMMs each writing a destination's
+  heads straight into the send buffer (and whether the values are the same).
+
+Writes one JSON (rank 0) with the device, the shapes and every piece's spread; prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from vdbench.timing import spread, system_info  # noqa: E402
+
+
+def parse(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--seq", type=int, default=32760, help="tokens (Wan 1.3B 480p×81: 32760; 14B 720p×81: 75600)")
+    p.add_argument("--heads", type=int, default=12, help="attention heads (1.3B: 12, 14B: 40)")
+    p.add_argument("--head_dim", type=int, default=128)
+    p.add_argument("--margins", default="8,16,24", help="SMs left to NCCL, comma-separated")
+    p.add_argument("--reps", type=int, default=20, help="timed samples per piece")
+    p.add_argument("-o", "--output", default="outputs/ulysses_micro.json")
+    return p.parse_args(argv)
+
+
+def timed(fn, reps: int, warmup: int = 3) -> dict:
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    xs = []
+    for _ in range(reps):
+        dist.barrier()
+        torch.cuda.synchronize()
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        xs.append(a.elapsed_time(b))
+    return spread(xs)
+
+
+def main(argv=None) -> int:
+    args = parse(argv)
+    dist.init_process_group("nccl")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
+    dev = torch.device("cuda")
+    from vdbench.backends.flash import _fa3_module
+
+    fa3 = _fa3_module()
+    from fa3_fwd_interface import _flash_attn_forward  # noqa: F401  (checks the low-level entry exists)
+
+    S, H, D, P = args.seq, args.heads, args.head_dim, world
+    s, h = S // P, H // P
+    dim = H * D
+    g = torch.Generator(device=dev).manual_seed(1234 + rank)
+    rnd = lambda *shape: torch.randn(*shape, device=dev, dtype=torch.bfloat16, generator=g)  # noqa: E731
+    q, k, v = rnd(1, S, h, D), rnd(1, S, h, D), rnd(1, S, h, D)
+    q12, k12, v12 = rnd(1, S, H, D), rnd(1, S, H, D), rnd(1, S, H, D)
+    res: dict = {}
+
+    def fa(qq, kk, vv, margin=0):
+        out = fa3.flash_attn_func(qq, kk, vv, sm_margin=margin)
+        return out[0] if isinstance(out, tuple) else out
+
+    res["attn_whole"] = timed(lambda: fa(q, k, v), args.reps)
+    t12 = timed(lambda: fa(q12, k12, v12), args.reps)
+    res["attn_12heads_half"] = {key: (val / 2 if isinstance(val, float) else val) for key, val in t12.items()}
+
+    whole = fa(q, k, v)
+    rows = [slice(p * s, (p + 1) * s) for p in range(P)]
+
+    def by_rows(margin=0):
+        return [fa(q[:, r], k, v, margin) for r in rows]
+
+    split = torch.cat(by_rows(), dim=1)
+    res["rows_split_equal"] = bool(torch.equal(split, whole))
+    res["attn_rows_split"] = timed(by_rows, args.reps)
+    margins = [int(m) for m in args.margins.split(",") if m]
+    for m in margins:
+        res[f"attn_rows_split_margin_{m}"] = timed(lambda m=m: by_rows(m), args.reps)
+        res[f"attn_whole_margin_{m}"] = timed(lambda m=m: fa(q, k, v, m), args.reps)
+
+    send = rnd(P, 1, s, h, D)
+    recv = torch.empty_like(send)
+    res["exchange"] = timed(lambda: dist.all_to_all_single(recv, send), args.reps)
+
+    def serial():
+        o = fa(q, k, v)
+        r = torch.empty_like(o)
+        dist.all_to_all_single(r, o)
+        return r
+
+    res["serial"] = timed(serial, args.reps)
+
+    # the other ranks' rows first (rank + 1, rank + 2, ...), each sent as soon as it is computed; own rows last
+    order = [(rank + i) % P for i in range(1, P)]
+
+    def overlapped(margin):
+        got = torch.empty(P, 1, s, h, D, device=dev, dtype=torch.bfloat16)  # from each rank: my rows, its heads
+        works = []
+        for i, dst in enumerate(order):
+            o = fa(q[:, rows[dst]], k, v, margin)
+            src = (rank - 1 - i) % P
+            ops = [dist.P2POp(dist.isend, o, dst), dist.P2POp(dist.irecv, got[src], src)]
+            works += dist.batch_isend_irecv(ops)
+        got[rank].copy_(fa(q[:, rows[rank]], k, v, margin))
+        for w in works:
+            w.wait()
+        return got
+
+    for m in [0] + margins:
+        res[f"rows_overlapped_{m}"] = timed(lambda m=m: overlapped(m), args.reps)
+
+    x = rnd(1, s, H, D)
+    buf = torch.empty(P, 1, s, h, D, device=dev, dtype=torch.bfloat16)
+    res["copy_v_send"] = timed(lambda: buf.copy_(x.view(1, s, P, h, D).permute(2, 0, 1, 3, 4)), args.reps)
+    res["copy_out_recv"] = timed(lambda: buf.permute(1, 2, 0, 3, 4).reshape(1, s, dim), args.reps)
+
+    lin = torch.nn.Linear(dim, dim, device=dev, dtype=torch.bfloat16)
+    hs = rnd(1, s, dim)
+    res["proj_whole"] = timed(lambda: lin(hs), args.reps)
+    sendv = torch.empty(P, s, dim // P, device=dev, dtype=torch.bfloat16)
+    w_parts = lin.weight.view(P, dim // P, dim)
+    b_parts = lin.bias.view(P, dim // P)
+
+    def per_dest():
+        for p in range(P):
+            torch.addmm(b_parts[p], hs[0], w_parts[p].t(), out=sendv[p])
+
+    res["proj_per_dest"] = timed(per_dest, args.reps)
+    per_dest()
+    ref = lin(hs)[0].view(s, P, dim // P).permute(1, 0, 2)
+    res["proj_per_dest_equal"] = bool(torch.equal(sendv, ref))
+    res["proj_per_dest_max_abs_diff"] = float((sendv.float() - ref.float()).abs().max())
+
+    if rank == 0:
+        out = {"device": system_info(dev), "world": P, "shape": {"S": S, "H": H, "D": D}, "pieces": res}
+        path = Path(args.output)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(out, indent=1, default=str))
+        for key, val in res.items():
+            if isinstance(val, dict):
+                print(f"{key:32s} {val['median']:9.3f} ms  [{val['p20']:.3f}-{val['p80']:.3f}] n={val['n']}")
+            else:
+                print(f"{key:32s} {val}")
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,45 @@
+"""bench/trace_gaps.py: the timeline arithmetic on a hand-made trace whose answers are known."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+spec = importlib.util.spec_from_file_location("trace_gaps", Path(__file__).resolve().parents[1] / "bench/trace_gaps.py")
+tg = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(tg)
+
+
+def k(name, ts, dur, tid=7):
+    return {"ph": "X", "cat": "kernel", "name": name, "ts": ts, "dur": dur, "pid": 0, "tid": tid}
+
+
+def test_busy_idle_and_exposed_communication(tmp_path):
+    events = [
+        k("sm90_xmma_gemm_bf16", 0, 100),                    # 0-100 compute
+        k("ncclDevKernel_SendRecv", 50, 100, tid=9),         # 50-150: 50 hidden by the GEMM, 50 exposed
+        k("flash_fwd_kernel", 200, 300),                     # idle 150-200 (50 us gap)
+        k("vectorized_elementwise_kernel", 510, 10),         # idle 500-510 (10 us: under the gap threshold)
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 1000},  # host ops are not GPU time
+    ]
+    r = tg.analyse(events, min_gap_us=20)
+    assert r["span_ms"] == pytest.approx(0.520)
+    assert r["busy_ms"] == pytest.approx(0.460)
+    assert r["idle_ms"] == pytest.approx(0.060)
+    assert r["comm_ms"] == pytest.approx(0.100)
+    assert r["comm_exposed_ms"] == pytest.approx(0.050)
+    assert r["gaps"]["count"] == 1 and r["gaps"]["sum_ms"] == pytest.approx(0.050)
+    gap = r["gaps"]["largest"][0]
+    assert gap["after"].startswith("ncclDevKernel") and gap["before"] == "flash_fwd_kernel"
+    assert r["categories_ms"]["attention"] == pytest.approx(0.3)
+
+    path = tmp_path / "rank0.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    out = tmp_path / "gaps.json"
+    assert tg.main([str(path), "-o", str(out)]) == 0
+    assert json.loads(out.read_text())[str(path)]["busy_ms"] == pytest.approx(0.460)
+
+
+def test_a_cpu_only_trace_says_so():
+    assert "no GPU kernels" in tg.analyse([{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 5}])["error"]
