@@ -15,7 +15,9 @@ import run_wan  # noqa: E402
 import sageattn_cogvideo  # noqa: E402
 from vdbench.patching import AttentionPatch  # noqa: E402
 from vdbench.pipelines import load_pipeline  # noqa: E402
-from vdbench.speed import SpeedOptionError, apply_speed_options, compile_blocks, quantize_fp8_gemms  # noqa: E402
+from vdbench import tiny  # noqa: E402
+from vdbench.speed import (SpeedOptionError, apply_speed_options, compile_blocks, fp8_gemm_targets,  # noqa: E402
+                           quantize_fp8_gemms)
 
 SMALL = ["--model", "tiny", "--height", "64", "--width", "96", "--num_frames", "9", "--num_inference_steps", "2"]
 
@@ -129,6 +131,34 @@ def test_fp8_gemms_refused_on_cpu(tmp_path, capsys):
     assert not list((tmp_path / "results").glob("*.mp4")) if (tmp_path / "results").exists() else True
     with pytest.raises(SpeedOptionError, match="torchao|GPU"):
         quantize_fp8_gemms([], torch.device("cpu"))
+    with pytest.raises(SpeedOptionError, match="torchao|GPU"):
+        quantize_fp8_gemms([], torch.device("cpu"), layers="ffn")
+
+
+@pytest.mark.parametrize("variant", ["wan2.1-t2v", "cogvideox-t2v"])
+def test_fp8_gemm_targets_all_is_every_block_linear_and_ffn_only_the_feed_forward_ones(variant):
+    """What --use_fp8_gemms quantizes, per scope, on a tiny transformer (randomly initialized: only its modules
+    matter): ``all`` every Linear of the blocks whose dims are multiples of 16, ``ffn`` those inside a diffusers
+    FeedForward -- a non-empty strict subset, with the attention projections left out."""
+    import diffusers
+    from diffusers.models.attention import FeedForward
+
+    v = tiny.get_variant(variant)
+    model = getattr(diffusers, v.transformer_class)(**v.transformer)
+    blocks = next(getattr(model, a) for a in ("blocks", "transformer_blocks") if hasattr(model, a))
+    in_blocks = {id(m) for b in blocks for m in b.modules()}
+    in_ffn = {id(m) for f in model.modules() if isinstance(f, FeedForward) for m in f.modules()}
+    linears = {n: m for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+    every = fp8_gemm_targets(model, "all")
+    assert every == [n for n, m in linears.items()
+                     if id(m) in in_blocks and m.in_features % 16 == 0 and m.out_features % 16 == 0]
+    assert len(every) < len(linears)  # the embedders and the output projection stay out
+    ffn = fp8_gemm_targets(model, "ffn")
+    assert ffn and set(ffn) < set(every)
+    assert ffn == [n for n in every if id(linears[n]) in in_ffn]
+    assert not any(".attn" in n for n in ffn) and any(".attn" in n for n in every)
+    with pytest.raises(SpeedOptionError, match="unknown scope"):
+        fp8_gemm_targets(model, "attn")
 
 
 def test_bf16_text_encoder_changes_dtype_and_stays_close():

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 import run_wan
-from vdbench import batch, families
+from vdbench import batch, cli, families
 from vdbench import render as R
 from vdbench import sweep as S
 from vdbench.measure import record as M
@@ -31,10 +31,19 @@ def test_the_stack_name_orders_the_options_and_a_plain_stack_is_its_attention():
     settings = {"attention_type": "sdpa", "compile": True, "compile_backend": "inductor", "fp8_gemms": False,
                 "bf16_te_gemms": True, "vae_decode": "fast", "vae_encode": "default", "cache": "fbc"}
     assert M.stack_of(settings) == "sdpa+compile+bf16te+vae=fast+fbc"
+    # the fp8 GEMMs' scope: every block Linear is the bare word, the feed-forward ones a value; a record written
+    # before the scope existed (True) reads as all of them
+    assert M.speed_options(fp8_gemms="all") == M.speed_options(fp8_gemms=True) == ("fp8gemm",)
+    assert M.speed_options(compile=True, fp8_gemms="ffn") == ("compile", "fp8gemm=ffn")
+    assert M.speed_options(fp8_gemms=None) == M.speed_options(fp8_gemms=False) == ()
+    assert M.stack_of({**settings, "fp8_gemms": True}) == "sdpa+compile+fp8gemm+bf16te+vae=fast+fbc"
+    assert M.stack_of({**settings, "fp8_gemms": "ffn"}) == "sdpa+compile+fp8gemm=ffn+bf16te+vae=fast+fbc"
 
 
 @pytest.mark.parametrize("text,name", [
     ("fav3+compile+fp8gemm+vae=fast", "fav3+compile+fp8gemm+vae=fast"),
+    ("fav3+fbc:threshold=0.2+fp8gemm=ffn+compile", "fav3+compile+fp8gemm=ffn+fbc:threshold=0.2"),
+    ("fav3+fp8gemm=all", "fav3+fp8gemm"),  # the default scope is the bare word
     ("fav3+vae=fast+compile", "fav3+compile+vae=fast"),  # one order
     ("fav3+cache=fbc:threshold=0.05", "fav3+fbc:threshold=0.05"),  # the cache's spec written bare
     ("sdpa+compile=aot_eager+mag:threshold=0.1,mag_ratios=1.0+0.9", "sdpa+compile=aot_eager+mag:threshold=0.1,"
@@ -69,6 +78,35 @@ def test_the_options_tag_reads_back_and_a_plain_name_has_none():
     assert wan.label("wan_result_t2v_tiny_9f_2s_attn_sdpa_64x96") == "sdpa"
 
 
+def test_the_fp8_gemm_scope_round_trips_through_flag_name_tag_and_record(tmp_path, capsys):
+    """``--use_fp8_gemms ffn``: the output name's tag, the name read back, the record's identity -- one stack
+    name, ``fp8gemm=ffn``; the bare flag stays ``fp8gemm``."""
+    tag = M.options_tag(("compile", "fp8gemm=ffn"), "fast", "default")
+    assert tag == "compile-fp8gemm=ffn-vae=fast"
+    assert M.options_from_tag(tag) == (("compile", "fp8gemm=ffn"), "fast", None)
+    assert families.get("cogvideox").label("cogvideox-tiny_fav3_fp8_fp8gemm=ffn") == "fav3_fp8+fp8gemm=ffn"
+    out = str(tmp_path)
+    for flags in (["--use_fp8_gemms", "ffn"], ["--use_fp8_gemms"], ["--use_fp8_gemms", "all"]):
+        assert run_wan.main(SMALL + ["--attention_type", "sdpa", "--output_dir", out, "--use_torch_compile", *flags,
+                                     "--cache", "fbc:threshold=0.2", "--print_output_path"]) == 0
+    names = [Path(p) for p in capsys.readouterr().out.split()]
+    assert [p.name for p in names] == [
+        "wan_result_t2v_tiny_9f_2s_attn_sdpa_64x96_compile-fp8gemm=ffn_cache-fbc-threshold=0.2.mp4",
+        *["wan_result_t2v_tiny_9f_2s_attn_sdpa_64x96_compile-fp8gemm_cache-fbc-threshold=0.2.mp4"] * 2]
+    assert [identity_from_filename(p).label for p in names[:2]] == [
+        "sdpa+compile+fp8gemm=ffn+fbc:threshold=0.2", "sdpa+compile+fp8gemm+fbc:threshold=0.2"]
+    wan = families.get("wan")
+    scopes = [cli.config_from_args(wan, cli.build_parser(wan).parse_args(SMALL + ["--output_dir", out, *f])).fp8_gemms
+              for f in (["--use_fp8_gemms", "ffn"], ["--use_fp8_gemms"], [])]
+    assert scopes == ["ffn", "all", None]  # the render's setting is the scope
+    rec = M.Record(suite="render", case="sdpa", config={"backend": {"name": "sdpa"}, "settings": {
+        "attention_type": "sdpa", "compile": True, "compile_backend": "inductor", "fp8_gemms": "ffn"}})
+    assert M.identity(rec).stack == "sdpa+compile+fp8gemm=ffn"
+    old = M.Record(suite="render", case="sdpa", config={"backend": {"name": "sdpa"}, "settings": {
+        "attention_type": "sdpa", "fp8_gemms": True}})
+    assert M.identity(old).stack == "sdpa+fp8gemm"
+
+
 def test_a_stacked_render_records_its_stack_everywhere(tmp_path, capsys):
     """One tiny render (compile through the eager backend, the fast VAE decode): the name in timing.json, the record,
     the summary line, the output name, the batch table's and the grid's label; a plain render beside it keeps its
@@ -97,6 +135,8 @@ def test_a_stacked_render_records_its_stack_everywhere(tmp_path, capsys):
 
 @pytest.mark.parametrize("kw,message", [
     (dict(fp8_gemms=True), "--use_fp8_gemms can't run here: "),
+    (dict(fp8_gemms="ffn"), "--use_fp8_gemms can't run here: "),
+    (dict(fp8_gemms="attn"), "--use_fp8_gemms attn: unknown scope"),
     (dict(compile_mode="max-autotune"), "--compile_mode max-autotune without --use_torch_compile"),
     (dict(compile_backend="eager"), "--compile_backend eager without --use_torch_compile"),
     (dict(compile=True, compile_backend="eager", compile_mode="max-autotune"), "only inductor takes a mode"),

@@ -21,6 +21,12 @@ def test_stacks_parse_and_bad_ones_say_what_is_valid():
     c = S.parse_stack("fav3+compile+fp8gemm+vae=fast")
     assert (c.attention, c.flags) == ("fav3", ["--use_torch_compile", "--use_fp8_gemms", "--vae_decode", "fast"])
     assert c.slug == "fav3_compile_fp8gemm_vae=fast"
+    ffn = S.parse_stack("fav3+compile+fp8gemm=ffn+fbc:threshold=0.2")
+    assert ffn.flags == ["--use_torch_compile", "--use_fp8_gemms", "ffn", "--cache", "fbc:threshold=0.2"]
+    assert ffn.name == "fav3+compile+fp8gemm=ffn+fbc:threshold=0.2"
+    assert S.option_words(ffn) == ["compile", "fp8gemm=ffn"]
+    with pytest.raises(ValueError, match="unknown fp8gemm scope 'attn'; valid: all, ffn"):
+        S.parse_stack("fav3+fp8gemm=attn")
     cached = S.parse_stack("fav3+cache=fbc:threshold=0.05")
     assert cached.flags == ["--cache", "fbc:threshold=0.05"] and cached.attention == "fav3"
     with pytest.raises(ValueError, match="unknown option 'turbo'.*compile"):
@@ -140,6 +146,9 @@ def test_a_renders_time_is_predicted_from_its_attention_on_the_kernel_bench():
     fp8gemm = S.parse_stack("fav3+compile+fp8gemm")
     assert S.estimate_render_s(fp8gemm, default_s=27.0, steps=4, attn_ms=attn, fallback_s=30.0)[0] == \
         pytest.approx(est["fav3"][0] + S.OPTION_ONE_TIME_S["fp8gemm"])
+    ffn, basis = S.estimate_render_s(S.parse_stack("fav3+fp8gemm=ffn"), default_s=27.0, steps=4, attn_ms=attn,
+                                     fallback_s=30.0)
+    assert ffn == pytest.approx(est["fav3"][0] + S.OPTION_ONE_TIME_S["fp8gemm"]) and "once for fp8gemm=ffn" in basis
     rec = types.SimpleNamespace(figures={"one_time_s": 8.2})
     seen = S.options_one_time({"fav3+compile": rec, "fav3": types.SimpleNamespace(figures={"one_time_s": 0.2})})
     assert seen == {"compile": 8.2}

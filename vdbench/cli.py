@@ -33,7 +33,7 @@ from .helptext import DefaultsHelpFormatter
 from .patching import ON_UNSUPPORTED_CHOICES
 from .patching.schedule import resolve_attention
 from .sparse import split_attention_types
-from .speed import COMPILE_BACKENDS
+from .speed import COMPILE_BACKENDS, FP8_GEMM_SCOPES
 
 __all__ = ["build_parser", "config_from_args", "main", "EXIT_OK", "EXIT_BAD_INPUT", "EXIT_UNSUPPORTED_CALL",
            "EXIT_PEER_FAILED", "EXIT_HUNG"]
@@ -153,9 +153,10 @@ def build_parser(family: str | families.Family, prog: Optional[str] = None,
         help="inductor mode, e.g. max-autotune-no-cudagraphs (default: inductor's default)")
     add("--use_bf16_te_gemms", action="store_true",
         help="run the text encoder in bfloat16 whatever --dtype is (T5 overflows in fp16)")
-    add("--use_fp8_gemms", action="store_true",
-        help="torchao float8 GEMMs (dynamic activation + weight, per-row scales) in the transformer blocks; needs "
-             "torchao and a GPU with fp8")
+    add("--use_fp8_gemms", nargs="?", const="all", default=None, choices=FP8_GEMM_SCOPES,
+        help="torchao float8 GEMMs (dynamic activation + weight, per-row scales) in the transformer blocks: all "
+             "their Linear layers (bare flag, or 'all'), or 'ffn': only the feed-forward ones (the attention "
+             "projections, whose errors feed the softmax, stay in --dtype); needs torchao and a GPU with fp8")
     add("--cache", default=None, metavar="KIND[:key=value,...]", help=CACHE_HELP)
 
     modes = [m for m, e in MODES.items() if e.vaes is None or fam.vae_class in e.vaes]
@@ -257,7 +258,7 @@ def stack_options(args) -> tuple[tuple[str, ...], str, str]:
     from .measure.record import speed_options
 
     speed = speed_options(bool(getattr(args, "compile", False)), getattr(args, "compile_backend", "inductor"),
-                          getattr(args, "compile_mode", None), bool(getattr(args, "use_fp8_gemms", False)),
+                          getattr(args, "compile_mode", None), getattr(args, "use_fp8_gemms", None),
                           bool(getattr(args, "use_bf16_te_gemms", False)))
     return speed, getattr(args, "vae_decode", "default"), getattr(args, "vae_encode", "default")
 

@@ -27,7 +27,7 @@ import time
 import uuid
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Union
 
 import torch
 
@@ -115,7 +115,9 @@ class RenderConfig:
     compile_backend: str = "inductor"
     compile_mode: Optional[str] = None
     bf16_te_gemms: bool = False  # text encoder in bfloat16 whatever the pipeline dtype
-    fp8_gemms: bool = False  # torchao float8 GEMMs in the transformer blocks
+    # torchao float8 GEMMs in the transformer blocks, the scope (vdbench.speed.FP8_GEMM_SCOPES): "all" or "ffn"; None:
+    # off (True, as older records say, reads as "all": measure.record.fp8_gemm_scope)
+    fp8_gemms: Union[bool, str, None] = None
     cache: Optional[str] = None  # diffusers' step cache, KIND[:key=value,...] (vdbench.cache); None: none
     vae_decode: str = "default"  # default | fast | parallel (vdbench.vae.decode.MODES)
     vae_encode: str = "default"  # default | fast: the image-conditioned tasks' encode (vdbench.vae.encode.MODES)

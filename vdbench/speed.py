@@ -18,20 +18,28 @@ that asked for fp8 GEMMs and silently ran bf16 would report a speed that belongs
   the pipeline dtype: T5-family encoders overflow in float16 and are needlessly slow in float32. The
   embeddings are cast to the transformer's dtype by the pipelines, as they are anyway.
 * **fp8 GEMMs** -- torchao's float8 dynamic-activation/float8-weight quantization (per-row scales by default)
-  of the Linear layers inside the transformer blocks, the layers that carry the FLOPs. torchao needs a GPU with
-  fp8 (CUDA compute capability >= 8.9, MI300+); anywhere else this refuses.
+  of the Linear layers inside the transformer blocks, the layers that carry the FLOPs. Its scope
+  (:data:`FP8_GEMM_SCOPES`): ``all`` of the blocks' Linear layers, or ``ffn``, only those inside a diffusers
+  ``FeedForward``, so that the attention projections, whose rounding errors feed the softmax, stay in the
+  pipeline's dtype. torchao needs a GPU with fp8 (CUDA compute capability >= 8.9, MI300+); anywhere else this
+  refuses.
 """
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Union
 
 import torch
 
+from .measure.record import fp8_gemm_scope
+
 __all__ = ["SpeedOptionError", "apply_speed_options", "check_speed_options", "compile_blocks", "quantize_fp8_gemms",
-           "COMPILE_BACKENDS"]
+           "fp8_gemm_targets", "COMPILE_BACKENDS", "FP8_GEMM_SCOPES"]
 
 COMPILE_BACKENDS = ("inductor", "aot_eager", "eager")  # eager/aot_eager: debugging what dynamo traces
+#: Which Linear layers of the transformer blocks ``--use_fp8_gemms`` quantizes: ``all`` of them, or ``ffn``, those
+#: inside a diffusers ``FeedForward`` (the attention projections stay in the pipeline's dtype).
+FP8_GEMM_SCOPES = ("all", "ffn")
 
 
 class SpeedOptionError(RuntimeError):
@@ -99,10 +107,11 @@ def _fp8_support_reason(device: torch.device) -> Optional[str]:
 
 
 def check_speed_options(device: torch.device, *, compile: bool = False, compile_backend: str = "inductor",
-                        compile_mode: Optional[str] = None, fp8_gemms: bool = False) -> None:
+                        compile_mode: Optional[str] = None, fp8_gemms: Union[bool, str, None] = None) -> None:
     """Refuse (SpeedOptionError: the fact, then the hint) a combination of speed options that can't take effect,
     from the device and the options alone: before any weight loads. A compile option without the compile, or a mode
-    the backend ignores, would otherwise be recorded in the run's settings while changing nothing."""
+    the backend ignores, would otherwise be recorded in the run's settings while changing nothing. ``fp8_gemms``:
+    the scope (:data:`FP8_GEMM_SCOPES`; True: ``all``), None or False: off."""
     if not compile and (compile_mode or compile_backend not in (None, "inductor")):
         given = f"--compile_mode {compile_mode}" if compile_mode else f"--compile_backend {compile_backend}"
         raise SpeedOptionError(f"{given} without --use_torch_compile: nothing is compiled\nadd --use_torch_compile "
@@ -110,14 +119,38 @@ def check_speed_options(device: torch.device, *, compile: bool = False, compile_
     if compile and compile_mode and compile_backend != "inductor":
         raise SpeedOptionError(f"--compile_mode {compile_mode} with --compile_backend {compile_backend}: only inductor "
                                "takes a mode\ndrop --compile_mode or use --compile_backend inductor")
-    reason = _fp8_support_reason(device) if fp8_gemms else None
+    scope = fp8_gemm_scope(fp8_gemms)
+    if scope is not None and scope not in FP8_GEMM_SCOPES:  # a RenderConfig built in code, past argparse's choices
+        raise SpeedOptionError(f"--use_fp8_gemms {scope}: unknown scope\nvalid: {', '.join(FP8_GEMM_SCOPES)}")
+    reason = _fp8_support_reason(device) if scope else None
     if reason:
         raise SpeedOptionError(f"--use_fp8_gemms can't run here: {reason}\nrender without --use_fp8_gemms, or on a "
                                "GPU with fp8 and torchao installed")
 
 
-def quantize_fp8_gemms(models, device: torch.device, granularity: str = "row") -> dict:
-    """float8 dynamic-activation/weight quantization of the Linear layers inside the transformer blocks."""
+def fp8_gemm_targets(model: torch.nn.Module, layers: str = "all") -> list[str]:
+    """The fully qualified names (``model.named_modules()``'s) of the Linear layers ``--use_fp8_gemms <layers>``
+    quantizes in ``model``: those inside its repeated blocks with both dims multiples of 16 (fp8 GEMM kernels want
+    them; the small layers outside the blocks carry no FLOPs worth it), and for ``layers="ffn"`` only those inside a
+    diffusers ``FeedForward`` (told by its type, whatever the model names it)."""
+    if layers not in FP8_GEMM_SCOPES:
+        raise SpeedOptionError(f"--use_fp8_gemms {layers}: unknown scope\nvalid: {', '.join(FP8_GEMM_SCOPES)}")
+    scope = _blocks(model)
+    if layers == "ffn":
+        from diffusers.models.attention import FeedForward
+
+        scope = [m for b in scope for m in b.modules() if isinstance(m, FeedForward)]
+    inside = {id(m) for s in scope for m in s.modules()}
+    return [fqn for fqn, m in model.named_modules()
+            if isinstance(m, torch.nn.Linear) and id(m) in inside and m.in_features % 16 == 0
+            and m.out_features % 16 == 0]
+
+
+def quantize_fp8_gemms(models, device: torch.device, granularity: str = "row", layers: str = "all") -> dict:
+    """float8 dynamic-activation/weight quantization of the Linear layers :func:`fp8_gemm_targets` picks in each
+    model (``layers``: the scope, :data:`FP8_GEMM_SCOPES`); returns the scope and the layers quantized per model."""
+    if layers not in FP8_GEMM_SCOPES:
+        raise SpeedOptionError(f"--use_fp8_gemms {layers}: unknown scope\nvalid: {', '.join(FP8_GEMM_SCOPES)}")
     reason = _fp8_support_reason(device)
     if reason:
         raise SpeedOptionError(f"--use_fp8_gemms can't run here: {reason}")
@@ -126,25 +159,28 @@ def quantize_fp8_gemms(models, device: torch.device, granularity: str = "row") -
     gran = {"row": PerRow(), "tensor": PerTensor()}[granularity]
     done = {}
     for name, model in models:
-        blocks = {id(m) for b in _blocks(model) for m in b.modules()}
+        targets = fp8_gemm_targets(model, layers)
+        if not targets:
+            raise SpeedOptionError(f"--use_fp8_gemms {layers}: {type(model).__name__} has no Linear layer in that "
+                                   "scope\nuse --use_fp8_gemms all, or drop it")
+        # the modules themselves, not their names: torchao's filter is told each module's path its own way
+        wanted = {id(model.get_submodule(fqn)) for fqn in targets}
         picked = []
 
-        def pick(mod, fqn, blocks=blocks, picked=picked):
-            # fp8 GEMM kernels want both dims multiples of 16; the tiny layers outside blocks carry no FLOPs.
-            ok = (isinstance(mod, torch.nn.Linear) and id(mod) in blocks and mod.in_features % 16 == 0
-                  and mod.out_features % 16 == 0)
+        def pick(mod, fqn, wanted=wanted, picked=picked):
+            ok = id(mod) in wanted
             if ok:
                 picked.append(fqn)
             return ok
 
         quantize_(model, Float8DynamicActivationFloat8WeightConfig(granularity=gran), filter_fn=pick)
         done[name] = len(picked)
-    return {"granularity": granularity, "linear_layers": done}
+    return {"granularity": granularity, "scope": layers, "linear_layers": done}
 
 
 def apply_speed_options(pipe, models, *, device: torch.device, compile: bool = False,
                         compile_backend: str = "inductor", compile_mode: Optional[str] = None,
-                        bf16_te_gemms: bool = False, fp8_gemms: bool = False) -> dict:
+                        bf16_te_gemms: bool = False, fp8_gemms: Union[bool, str, None] = None) -> dict:
     """Apply the requested options in the order that works (quantize, then compile); return what was done."""
     done: dict = {}
     if bf16_te_gemms:
@@ -153,8 +189,9 @@ def apply_speed_options(pipe, models, *, device: torch.device, compile: bool = F
             raise SpeedOptionError("--use_bf16_te_gemms: this pipeline has no text encoder")
         done["text_encoder_dtype"] = {"from": str(te.dtype).replace("torch.", ""), "to": "bfloat16"}
         te.to(torch.bfloat16)
-    if fp8_gemms:
-        done["fp8_gemms"] = quantize_fp8_gemms(models, device)
+    scope = fp8_gemm_scope(fp8_gemms)
+    if scope:
+        done["fp8_gemms"] = quantize_fp8_gemms(models, device, layers=scope)
     if compile:
         done["compile"] = compile_blocks(models, compile_backend, compile_mode)
     return done

@@ -32,7 +32,7 @@ import shlex
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Optional
+from typing import Any, Iterable, Iterator, Optional, Union
 
 from ..timing import spread
 
@@ -40,7 +40,7 @@ __all__ = ["SCHEMA", "VERSION", "Record", "figure", "commit", "command_line", "W
            "RecordError", "from_render_entry", "records_of", "write_beside", "Identity", "identity", "layout_tag",
            "run_label", "cache_tag", "spec_from_tag", "speed_options", "stack_name", "stack_of", "split_stack",
            "parse_layout", "layout_ranks",
-           "options_tag", "options_from_tag", "STACK_WORDS", "STACK_KEYS"]
+           "options_tag", "options_from_tag", "STACK_WORDS", "STACK_KEYS", "fp8_gemm_scope"]
 
 SCHEMA = "vdbench.record"
 #: Bump when a reader of the previous version would misread a record; readers refuse versions above theirs.
@@ -243,29 +243,43 @@ def spec_from_tag(tag: str) -> str:
 # --- a render's stack: attention, speed options, VAE modes, step cache, as one name ---------------------------------
 
 #: The stack options that are one word (the speed options): ``+compile`` (``--use_torch_compile``, inductor, its
-#: default mode), ``+fp8gemm`` (``--use_fp8_gemms``), ``+bf16te`` (``--use_bf16_te_gemms``).
+#: default mode), ``+fp8gemm`` (``--use_fp8_gemms``: every Linear layer of the blocks), ``+bf16te``
+#: (``--use_bf16_te_gemms``).
 STACK_WORDS = ("compile", "fp8gemm", "bf16te")
 #: The stack options with a value: ``compile=<backend>[:<mode>]`` (a compile other than inductor's default),
-#: ``vae=<mode>`` (``--vae_decode``), ``encode=<mode>`` (``--vae_encode``), ``cache=<spec>`` (``--cache``; a stack
-#: name writes the spec bare: ``+fbc:threshold=0.1``).
-STACK_KEYS = ("compile", "vae", "encode", "cache")
+#: ``fp8gemm=<scope>`` (``--use_fp8_gemms <scope>`` other than ``all``: ``fp8gemm=ffn``), ``vae=<mode>``
+#: (``--vae_decode``), ``encode=<mode>`` (``--vae_encode``), ``cache=<spec>`` (``--cache``; a stack name writes the
+#: spec bare: ``+fbc:threshold=0.1``).
+STACK_KEYS = ("compile", "fp8gemm", "vae", "encode", "cache")
+#: What each valued option's value is, for the refusal that lists them.
+_KEY_VALUE = {"compile": "backend[:mode]", "fp8gemm": "scope", "cache": "spec"}
 #: The attention spec's own ``+`` (a selector's ranges and kinds: ``0-4+45-``, ``self+cross``): a piece after a ``+``
 #: that starts so continues the spec instead of naming an option.
 _SPEC_GOES_ON = re.compile(r"^(\d|(self|cross|joint)\b)")
 
 
+def fp8_gemm_scope(value: Union[bool, str, None]) -> Optional[str]:
+    """The fp8 GEMMs' scope a render's ``fp8_gemms`` setting says: None (off) for None, False or ``""``; ``"all"``
+    for True (records written before the setting took a scope); otherwise the scope itself (``"all"``, ``"ffn"``)."""
+    if value is True:
+        return "all"
+    return str(value) if value else None
+
+
 def speed_options(compile: bool = False, compile_backend: Optional[str] = "inductor",
-                  compile_mode: Optional[str] = None, fp8_gemms: bool = False,
+                  compile_mode: Optional[str] = None, fp8_gemms: Union[bool, str, None] = None,
                   bf16_te_gemms: bool = False) -> tuple[str, ...]:
     """The speed options of a render as stack options, in a stack name's order: ``("compile", "fp8gemm")``,
-    ``("compile=eager",)``, ``("compile=inductor:max-autotune",)``; ``()`` for none."""
+    ``("compile=eager",)``, ``("compile=inductor:max-autotune",)``, ``("fp8gemm=ffn",)``; ``()`` for none.
+    ``fp8_gemms``: the scope (:func:`fp8_gemm_scope`), ``all`` written as the bare word."""
     out = []
     if compile:
         backend = compile_backend or "inductor"
         mode = compile_mode if backend == "inductor" else None  # the other backends take no mode (vdbench.speed)
         plain = backend == "inductor" and not mode
         out.append("compile" if plain else f"compile={backend}" + (f":{mode}" if mode else ""))
-    out += ["fp8gemm"] if fp8_gemms else []
+    scope = fp8_gemm_scope(fp8_gemms)
+    out += [] if scope is None else ["fp8gemm" if scope == "all" else f"fp8gemm={scope}"]
     out += ["bf16te"] if bf16_te_gemms else []
     return tuple(out)
 
@@ -292,7 +306,7 @@ def stack_of(settings: dict, attention: Optional[str] = None) -> str:
     s = settings or {}
     return stack_name(attention or str(s.get("attention_type")),
                       speed_options(bool(s.get("compile")), s.get("compile_backend"), s.get("compile_mode"),
-                                    bool(s.get("fp8_gemms")), bool(s.get("bf16_te_gemms"))),
+                                    s.get("fp8_gemms"), bool(s.get("bf16_te_gemms"))),
                       s.get("vae_decode"), s.get("vae_encode"), s.get("cache"),
                       layout_tag(int(s.get("ulysses_degree") or 1), int(s.get("ring_degree") or 1),
                                  bool(s.get("use_cfg_parallel"))))
@@ -324,7 +338,7 @@ def split_stack(text: str, cache_kinds: Iterable[str] = ()) -> tuple[str, list[t
         elif not opts and _SPEC_GOES_ON.match(piece):
             attention += "+" + piece
         else:
-            valid = [*STACK_WORDS, *(f"{k}=<{'spec' if k == 'cache' else 'mode'}>" for k in STACK_KEYS)]
+            valid = [*STACK_WORDS, *(f"{k}=<{_KEY_VALUE.get(k, 'mode')}>" for k in STACK_KEYS)]
             valid += ["<cache spec>"] if kinds else []
             raise ValueError(f"stack {text!r}: unknown option {piece!r}; valid: {', '.join(valid)}")
     return attention, opts
@@ -332,7 +346,8 @@ def split_stack(text: str, cache_kinds: Iterable[str] = ()) -> tuple[str, list[t
 
 def options_tag(speed: Iterable[str] = (), vae_decode: Optional[str] = None, vae_encode: Optional[str] = None) -> str:
     """The output-name tag of a stack's speed options and VAE modes (its cache has :func:`cache_tag`): the options
-    joined by ``-``, a value's ``:`` written ``-`` (``compile-fp8gemm-vae=fast``, ``compile=inductor-max-autotune``);
+    joined by ``-``, a value's ``:`` written ``-`` (``compile-fp8gemm-vae=fast``, ``compile=inductor-max-autotune``,
+    ``compile-fp8gemm=ffn``);
     ``""`` for none, so a plain render keeps its name. Output names carry it before the cache tag."""
     parts = [*speed] + ([f"vae={vae_decode}"] if vae_decode not in (None, "default") else [])
     parts += [f"encode={vae_encode}"] if vae_encode not in (None, "default") else []
@@ -421,7 +436,7 @@ def identity(rec: Record) -> Identity:
     encode = (data["vae_encode"] or {}).get("mode") if "vae_encode" in data else settings.get("vae_encode")
     cache = (data.get("cache") or {}).get("spec") or settings.get("cache") or None
     speed = speed_options(bool(settings.get("compile")), settings.get("compile_backend"), settings.get("compile_mode"),
-                          bool(settings.get("fp8_gemms")), bool(settings.get("bf16_te_gemms")))
+                          settings.get("fp8_gemms"), bool(settings.get("bf16_te_gemms")))
     return Identity(attention=str(attention), layout=layout, vae_decode=decode, vae_encode=encode, cache=cache,
                     emulated=backend.get("emulated"), exact=backend.get("exact"),
                     run_id=data.get("run_id") or rec.created, speed=speed)
