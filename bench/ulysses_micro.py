@@ -48,6 +48,7 @@ def parse(argv=None):
     p.add_argument("--head_dim", type=int, default=128)
     p.add_argument("--margins", default="8,16,24", help="SMs left to NCCL, comma-separated")
     p.add_argument("--reps", type=int, default=20, help="timed samples per piece")
+    p.add_argument("--only", default="", help="comma-separated groups: attn, exchange, copies, layer, ce (default: all)")
     p.add_argument("-o", "--output", default="outputs/ulysses_micro.json")
     return p.parse_args(argv)
 
@@ -67,6 +68,121 @@ def timed(fn, reps: int, warmup: int = 3) -> dict:
         b.synchronize()
         xs.append(a.elapsed_time(b))
     return spread(xs)
+
+
+def attn_pieces(res, fa, q, k, v, q12, k12, v12, args, S, s, P, rank, dev):
+    h, D = q.shape[2], q.shape[3]
+    res["attn_whole"] = timed(lambda: fa(q, k, v), args.reps)
+    t12 = timed(lambda: fa(q12, k12, v12), args.reps)
+    res["attn_12heads_half"] = {key: (val / 2 if isinstance(val, float) else val) for key, val in t12.items()}
+
+    whole = fa(q, k, v)
+    rows = [slice(p * s, (p + 1) * s) for p in range(P)]
+
+    def by_rows(margin=0):
+        return [fa(q[:, r], k, v, margin) for r in rows]
+
+    split = torch.cat(by_rows(), dim=1)
+    res["rows_split_equal"] = bool(torch.equal(split, whole))
+    res["attn_rows_split"] = timed(by_rows, args.reps)
+    margins = [int(m) for m in args.margins.split(",") if m]
+    for m in margins:
+        res[f"attn_rows_split_margin_{m}"] = timed(lambda m=m: by_rows(m), args.reps)
+        res[f"attn_whole_margin_{m}"] = timed(lambda m=m: fa(q, k, v, m), args.reps)
+
+
+
+def layer_pieces(res, fa, hs, args, S, s, h, D, P, rank, dev):
+    dim = hs.shape[-1]
+    # one self-attention layer, projections to output projection: the exchange beside the projections (Q, K, V
+    # in that order, the kernel on the whole sequence, the output exchanged after it) against the rows form (V, K,
+    # Q; this rank's own query rows, which need no exchange, split in two around the other ranks' rows: the first
+    # half hides Q's exchange, the second the output's)
+    wq, wk, wv, wo = (torch.nn.Linear(dim, dim, device=dev, dtype=torch.bfloat16).requires_grad_(False)
+                      for _ in range(4))
+
+    def sent(x):
+        buf = torch.empty(P, 1, s, h, D, device=dev, dtype=torch.bfloat16)
+        buf.copy_(x.view(1, s, P, h, D).permute(2, 0, 1, 3, 4))
+        recv = torch.empty_like(buf)
+        return buf, recv, dist.all_to_all_single(recv, buf, async_op=True)
+
+    def whole_of(handle):
+        handle[2].wait()
+        return handle[1].view(1, S, h, D)
+
+    def layer_async():
+        qh, kh, vh = sent(wq(hs)), sent(wk(hs)), sent(wv(hs))
+        o = fa(whole_of(qh), whole_of(kh), whole_of(vh))
+        recv = torch.empty_like(o)
+        dist.all_to_all_single(recv, o)
+        return wo(recv.view(P, 1, s, h, D).permute(1, 2, 0, 3, 4).reshape(1, s, dim))
+
+    others = [p for p in range(P) if p != rank]
+    half = s // 2
+
+    def layer_rows(margin):
+        vh, kh = sent(wv(hs)), sent(wk(hs))
+        qh = sent(wq(hs))
+        kk, vv = whole_of(kh), whole_of(vh)
+        mine = qh[0][rank]  # (1, s, h, D): my rows of my heads, never exchanged
+        out = torch.empty(1, s, P, h, D, device=dev, dtype=torch.bfloat16)
+        out[:, :half, rank] = fa(mine[:, :half], kk, vv, margin)
+        qh[2].wait()
+        send = torch.stack([fa(qh[1][p], kk, vv, margin) for p in others])  # (P-1, 1, s, h, D)
+        got = torch.empty_like(send)
+        work = dist.all_to_all_single(got, send, [1 if p != rank else 0 for p in range(P)],
+                                      [1 if p != rank else 0 for p in range(P)], async_op=True)
+        out[:, half:, rank] = fa(mine[:, half:], kk, vv, margin)
+        work.wait()
+        out[:, :, others] = got.permute(1, 2, 0, 3, 4)
+        return wo(out.view(1, s, dim))
+
+    ref_layer = layer_async()
+    res["layer_rows_equal"] = bool(torch.equal(layer_rows(0), ref_layer))
+    res["layer_async"] = timed(layer_async, args.reps)
+    res["layer_rows_0"] = timed(lambda: layer_rows(0), args.reps)
+
+
+def ce_pieces(res, fa, q, k, v, send, args, s, h, D, P, rank, dev):
+    """The exchange as copies into the peers' memory (torch's symmetric memory: copy engines over NVLink, no SMs),
+    alone and beside the kernel."""
+    import torch.distributed._symmetric_memory as symm_mem
+
+    buf = symm_mem.empty((P, 1, s, h, D), dtype=torch.bfloat16, device=dev)
+    hdl = symm_mem.rendezvous(buf, dist.group.WORLD.group_name)
+    peers = [p for p in range(P) if p != rank]
+    remote = {p: hdl.get_buffer(p, (P, 1, s, h, D), torch.bfloat16) for p in peers}
+    side = torch.cuda.Stream()
+
+    def put():
+        for p in peers:
+            remote[p][rank].copy_(send[p])
+
+    res["ce_put"] = timed(put, args.reps)
+
+    def put_barrier():
+        put()
+        hdl.barrier(channel=0)
+
+    res["ce_put_barrier"] = timed(put_barrier, args.reps)
+
+    def attn_beside_ce():
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            put()
+        o = fa(q, k, v)
+        torch.cuda.current_stream().wait_stream(side)
+        return o
+
+    res["attn_beside_ce"] = timed(attn_beside_ce, args.reps)
+    put_barrier()
+    torch.cuda.synchronize()
+    dist.barrier()
+    # what each peer wrote into my buffer is that peer's send slot for me
+    got = torch.empty(P, 1, s, h, D, device=dev, dtype=torch.bfloat16)
+    dist.all_to_all_single(got, send)
+    res["ce_equal"] = bool(all(torch.equal(buf[p], got[p]) for p in peers))
 
 
 def main(argv=None) -> int:
@@ -93,76 +209,79 @@ def main(argv=None) -> int:
         out = fa3.flash_attn_func(qq, kk, vv, sm_margin=margin)
         return out[0] if isinstance(out, tuple) else out
 
-    res["attn_whole"] = timed(lambda: fa(q, k, v), args.reps)
-    t12 = timed(lambda: fa(q12, k12, v12), args.reps)
-    res["attn_12heads_half"] = {key: (val / 2 if isinstance(val, float) else val) for key, val in t12.items()}
-
-    whole = fa(q, k, v)
-    rows = [slice(p * s, (p + 1) * s) for p in range(P)]
-
-    def by_rows(margin=0):
-        return [fa(q[:, r], k, v, margin) for r in rows]
-
-    split = torch.cat(by_rows(), dim=1)
-    res["rows_split_equal"] = bool(torch.equal(split, whole))
-    res["attn_rows_split"] = timed(by_rows, args.reps)
+    want = lambda group: not args.only or group in args.only.split(",")  # noqa: E731
+    if want("attn"):
+        attn_pieces(res, fa, q, k, v, q12, k12, v12, args, S, s, P, rank, dev)
     margins = [int(m) for m in args.margins.split(",") if m]
-    for m in margins:
-        res[f"attn_rows_split_margin_{m}"] = timed(lambda m=m: by_rows(m), args.reps)
-        res[f"attn_whole_margin_{m}"] = timed(lambda m=m: fa(q, k, v, m), args.reps)
-
+    rows = [slice(p * s, (p + 1) * s) for p in range(P)]
     send = rnd(P, 1, s, h, D)
     recv = torch.empty_like(send)
-    res["exchange"] = timed(lambda: dist.all_to_all_single(recv, send), args.reps)
+    if want("exchange"):
+        res["exchange"] = timed(lambda: dist.all_to_all_single(recv, send), args.reps)
 
-    def serial():
-        o = fa(q, k, v)
-        r = torch.empty_like(o)
-        dist.all_to_all_single(r, o)
-        return r
+        def serial():
+            o = fa(q, k, v)
+            r = torch.empty_like(o)
+            dist.all_to_all_single(r, o)
+            return r
 
-    res["serial"] = timed(serial, args.reps)
+        res["serial"] = timed(serial, args.reps)
+        # the other ranks' rows first (rank + 1, rank + 2, ...), each sent as soon as it is computed; own rows last
+        order = [(rank + i) % P for i in range(1, P)]
 
-    # the other ranks' rows first (rank + 1, rank + 2, ...), each sent as soon as it is computed; own rows last
-    order = [(rank + i) % P for i in range(1, P)]
+        def overlapped(margin):
+            got = torch.empty(P, 1, s, h, D, device=dev, dtype=torch.bfloat16)  # from each rank: my rows, its heads
+            works = []
+            for i, dst in enumerate(order):
+                o = fa(q[:, rows[dst]], k, v, margin)
+                src = (rank - 1 - i) % P
+                ops = [dist.P2POp(dist.isend, o, dst), dist.P2POp(dist.irecv, got[src], src)]
+                works += dist.batch_isend_irecv(ops)
+            got[rank].copy_(fa(q[:, rows[rank]], k, v, margin))
+            for w in works:
+                w.wait()
+            return got
 
-    def overlapped(margin):
-        got = torch.empty(P, 1, s, h, D, device=dev, dtype=torch.bfloat16)  # from each rank: my rows, its heads
-        works = []
-        for i, dst in enumerate(order):
-            o = fa(q[:, rows[dst]], k, v, margin)
-            src = (rank - 1 - i) % P
-            ops = [dist.P2POp(dist.isend, o, dst), dist.P2POp(dist.irecv, got[src], src)]
-            works += dist.batch_isend_irecv(ops)
-        got[rank].copy_(fa(q[:, rows[rank]], k, v, margin))
-        for w in works:
-            w.wait()
-        return got
+        for m in [0] + margins:
+            res[f"rows_overlapped_{m}"] = timed(lambda m=m: overlapped(m), args.reps)
 
-    for m in [0] + margins:
-        res[f"rows_overlapped_{m}"] = timed(lambda m=m: overlapped(m), args.reps)
+        def attn_beside_nccl():  # the kernel with an all-to-all of the same size issued just before, on NCCL's stream
+            work = dist.all_to_all_single(recv, send, async_op=True)
+            o = fa(q, k, v)
+            work.wait()
+            return o
 
-    x = rnd(1, s, H, D)
-    buf = torch.empty(P, 1, s, h, D, device=dev, dtype=torch.bfloat16)
-    res["copy_v_send"] = timed(lambda: buf.copy_(x.view(1, s, P, h, D).permute(2, 0, 1, 3, 4)), args.reps)
-    res["copy_out_recv"] = timed(lambda: buf.permute(1, 2, 0, 3, 4).reshape(1, s, dim), args.reps)
+        res["attn_beside_nccl"] = timed(attn_beside_nccl, args.reps)
 
-    lin = torch.nn.Linear(dim, dim, device=dev, dtype=torch.bfloat16)
+    if want("ce"):
+        try:
+            ce_pieces(res, fa, q, k, v, send, args, s, h, D, P, rank, dev)
+        except Exception as exc:  # noqa: BLE001 - a piece that can't run here is reported, the others go on
+            res["ce_error"] = f"{type(exc).__name__}: {exc}"[:300]
+
     hs = rnd(1, s, dim)
-    res["proj_whole"] = timed(lambda: lin(hs), args.reps)
-    sendv = torch.empty(P, s, dim // P, device=dev, dtype=torch.bfloat16)
-    w_parts = lin.weight.view(P, dim // P, dim)
-    b_parts = lin.bias.view(P, dim // P)
+    if want("copies"):
+        x = rnd(1, s, H, D)
+        buf = torch.empty(P, 1, s, h, D, device=dev, dtype=torch.bfloat16)
+        res["copy_v_send"] = timed(lambda: buf.copy_(x.view(1, s, P, h, D).permute(2, 0, 1, 3, 4)), args.reps)
+        res["copy_out_recv"] = timed(lambda: buf.permute(1, 2, 0, 3, 4).reshape(1, s, dim), args.reps)
+        lin = torch.nn.Linear(dim, dim, device=dev, dtype=torch.bfloat16).requires_grad_(False)
+        res["proj_whole"] = timed(lambda: lin(hs), args.reps)
+        sendv = torch.empty(P, s, dim // P, device=dev, dtype=torch.bfloat16)
+        w_parts = lin.weight.view(P, dim // P, dim)
+        b_parts = lin.bias.view(P, dim // P)
 
-    def per_dest():
-        for p in range(P):
-            torch.addmm(b_parts[p], hs[0], w_parts[p].t(), out=sendv[p])
+        def per_dest():
+            for p in range(P):
+                torch.addmm(b_parts[p], hs[0], w_parts[p].t(), out=sendv[p])
 
-    res["proj_per_dest"] = timed(per_dest, args.reps)
-    per_dest()
-    ref = lin(hs)[0].view(s, P, dim // P).permute(1, 0, 2)
-    res["proj_per_dest_equal"] = bool(torch.equal(sendv, ref))
-    res["proj_per_dest_max_abs_diff"] = float((sendv.float() - ref.float()).abs().max())
+        res["proj_per_dest"] = timed(per_dest, args.reps)
+        per_dest()
+        ref = lin(hs)[0].view(s, P, dim // P).permute(1, 0, 2)
+        res["proj_per_dest_equal"] = bool(torch.equal(sendv, ref))
+
+    if want("layer"):
+        layer_pieces(res, fa, hs, args, S, s, h, D, P, rank, dev)
 
     if rank == 0:
         out = {"device": system_info(dev), "world": P, "shape": {"S": S, "H": H, "D": D}, "pieces": res}
