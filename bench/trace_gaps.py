@@ -27,6 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from vdbench.helptext import DefaultsHelpFormatter  # noqa: E402
 from vdbench.timing import kernel_category  # noqa: E402
 
 KERNEL_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
@@ -123,13 +124,18 @@ def load_events(path: Path) -> list[dict]:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("traces", nargs="+", type=Path, help="Chrome trace JSON files")
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=DefaultsHelpFormatter)
+    p.add_argument("traces", nargs="+", type=Path,
+                   help="Chrome trace JSON files, or folders searched for rank*_step*.json traces")
     p.add_argument("--min_gap_us", type=float, default=20.0, help="idle intervals shorter than this are not gaps")
     p.add_argument("-o", "--output", type=Path, default=None, help="the JSON summary (default: print only)")
     args = p.parse_args(argv)
+    paths = [q for p in args.traces for q in (sorted(p.rglob("rank*_step*.json")) if p.is_dir() else [p])]
+    if not paths:
+        print(f"no traces in {', '.join(map(str, args.traces))}", file=sys.stderr)
+        return 1
     out = {}
-    for path in args.traces:
+    for path in paths:
         try:
             r = analyse(load_events(path), args.min_gap_us)
         except (OSError, ValueError, KeyError) as exc:

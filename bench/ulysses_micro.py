@@ -38,18 +38,19 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from vdbench.helptext import DefaultsHelpFormatter  # noqa: E402
 from vdbench.timing import spread, system_info  # noqa: E402
 
 
 def parse(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=DefaultsHelpFormatter)
     p.add_argument("--seq", type=int, default=32760, help="tokens (Wan 1.3B 480p×81: 32760; 14B 720p×81: 75600)")
     p.add_argument("--heads", type=int, default=12, help="attention heads (1.3B: 12, 14B: 40)")
-    p.add_argument("--head_dim", type=int, default=128)
+    p.add_argument("--head_dim", type=int, default=128, help="head dimension")
     p.add_argument("--margins", default="8,16,24", help="SMs left to NCCL, comma-separated")
     p.add_argument("--reps", type=int, default=20, help="timed samples per piece")
-    p.add_argument("--only", default="", help="comma-separated groups: attn, exchange, copies, layer, ce (default: all)")
-    p.add_argument("-o", "--output", default="outputs/ulysses_micro.json")
+    p.add_argument("--only", default="", help="comma-separated groups: attn, exchange, copies, layer, ce (default: all of them)")
+    p.add_argument("-o", "--output", default="outputs/ulysses_micro.json", help="the JSON written by rank 0")
     return p.parse_args(argv)
 
 
