@@ -198,3 +198,36 @@ def test_sparse_attention_survives_regional_compile(tmp_path):
     assert speed["custom_op_aliasing_check"].startswith(("off", "not in this torch"))
     a, b = (np.load(next((tmp_path / d / "results").glob("*.npy"))) for d in ("eager", "compiled"))
     assert a.shape == b.shape and np.abs(a.astype(int) - b.astype(int)).max() <= 1
+
+
+def test_inductor_tuning_is_set_or_read_recorded_and_refused_without_a_compile(tmp_path, capsys, monkeypatch):
+    """--inductor_tuning: refused in one line where nothing is compiled by inductor; on/off set inductor's
+    coordinate-descent tuning, auto reads it as the other options left it and says who set it; the fp8 GEMMs are told
+    to leave inductor's settings alone unless auto."""
+    from torch._inductor import config
+
+    from vdbench import speed
+
+    rc = run_wan.main(SMALL + ["--benchmark_output_directory", str(tmp_path), "--inductor_tuning", "off"])
+    assert rc == 2 and "--inductor_tuning off without inductor's compile" in capsys.readouterr().err
+    with pytest.raises(SpeedOptionError, match="nothing is tuned"):
+        speed.check_speed_options(torch.device("cpu"), compile=True, compile_backend="eager", inductor_tuning="on")
+    speed.check_speed_options(torch.device("cpu"), compile=True, inductor_tuning="on")  # accepted
+
+    monkeypatch.setattr(config, "coordinate_descent_tuning", False)
+    assert speed._coordinate_descent_tuning("auto") == {"on": False, "set_by": "inductor's default"}
+    assert speed._coordinate_descent_tuning("on") == {"on": True, "set_by": "--inductor_tuning"}
+    assert config.coordinate_descent_tuning is True
+    assert speed._coordinate_descent_tuning("auto") == {"on": True, "set_by": "already on in this process"}
+    assert speed._coordinate_descent_tuning("auto", torchao_set=True)["set_by"] == "torchao (fp8 GEMMs)"
+
+    told = []
+    monkeypatch.setattr(speed, "quantize_fp8_gemms",
+                        lambda models, device, layers, inductor_settings: told.append((layers, inductor_settings)) or {})
+    monkeypatch.setattr(speed, "compile_blocks", lambda models, backend, mode: {"backend": backend})
+    for setting in ("auto", "off"):
+        done = apply_speed_options(None, [], device=torch.device("cpu"), compile=True, fp8_gemms="ffn",
+                                   inductor_tuning=setting)
+        assert done["compile"]["coordinate_descent_tuning"]["on"] is (setting != "off")
+    assert told == [("ffn", True), ("ffn", False)]
+    assert config.coordinate_descent_tuning is False

@@ -151,6 +151,10 @@ def build_parser(family: str | families.Family, prog: Optional[str] = None,
         help="torch.compile backend; eager/aot_eager check what dynamo traces, fast to build (default: inductor)")
     add("--compile_mode", default=None,
         help="inductor mode, e.g. max-autotune-no-cudagraphs (default: inductor's default)")
+    add("--inductor_tuning", choices=("auto", "on", "off"), default="auto",
+        help="inductor's coordinate-descent tuning of the compiled kernels: auto leaves it as the other options set it "
+             "(torchao's fp8 GEMMs turn it on for the whole process: most of their first call), on/off set it "
+             "(default: auto)")
     add("--use_bf16_te_gemms", action="store_true",
         help="run the text encoder in bfloat16 whatever --dtype is (T5 overflows in fp16)")
     add("--use_fp8_gemms", nargs="?", const="all", default=None, choices=FP8_GEMM_SCOPES,
@@ -312,6 +316,7 @@ def config_from_args(fam: families.Family, args):
         cpu_offload=args.cpu_offload, vae_tiling=args.vae_tiling, vae_slicing=args.vae_slicing,
         compile=args.compile, compile_backend=args.compile_backend, compile_mode=args.compile_mode,
         bf16_te_gemms=args.use_bf16_te_gemms, fp8_gemms=args.use_fp8_gemms, cache=args.cache,
+        inductor_tuning=args.inductor_tuning,
         vae_decode=args.vae_decode,
         vae_encode=args.vae_encode, vae_max_memory=args.vae_max_memory, vae_timeout=args.vae_timeout, vae_glue=args.vae_glue,
         vae_prewarm=args.vae_prewarm, attention_prewarm=args.attention_prewarm == "on",

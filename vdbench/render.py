@@ -118,6 +118,7 @@ class RenderConfig:
     # torchao float8 GEMMs in the transformer blocks, the scope (vdbench.speed.FP8_GEMM_SCOPES): "all" or "ffn"; None:
     # off (True, as older records say, reads as "all": measure.record.fp8_gemm_scope)
     fp8_gemms: Union[bool, str, None] = None
+    inductor_tuning: str = "auto"  # inductor's coordinate-descent tuning: auto | on | off (vdbench.speed.INDUCTOR_TUNING)
     cache: Optional[str] = None  # diffusers' step cache, KIND[:key=value,...] (vdbench.cache); None: none
     vae_decode: str = "default"  # default | fast | parallel (vdbench.vae.decode.MODES)
     vae_encode: str = "default"  # default | fast: the image-conditioned tasks' encode (vdbench.vae.encode.MODES)
@@ -308,7 +309,7 @@ def _checked_plan(cfg: RenderConfig, dctx) -> Plan:
     device = dctx.device if dctx is not None else resolve_device(cfg.device)
     dtype = resolve_dtype(cfg.dtype, device)
     check_speed_options(device, compile=cfg.compile, compile_backend=cfg.compile_backend,
-                        compile_mode=cfg.compile_mode, fp8_gemms=cfg.fp8_gemms)
+                        compile_mode=cfg.compile_mode, fp8_gemms=cfg.fp8_gemms, inductor_tuning=cfg.inductor_tuning)
     # the render's one lookup of its family and one parse of its model string, its configs read (no weight): the
     # Model travels from here; an unknown variant is the load's refusal
     model = pipelines.resolve(cfg.model, cfg.task, cfg.family, image=bool(cfg.image))
@@ -553,7 +554,8 @@ def load(plan: Plan) -> Loaded:
         """(the speed options' record, the step cache's counter or None): both applied to the pipeline as it runs."""
         speed = apply_speed_options(pipe, models, device=device, compile=cfg.compile,
                                     compile_backend=cfg.compile_backend, compile_mode=cfg.compile_mode,
-                                    bf16_te_gemms=cfg.bf16_te_gemms, fp8_gemms=cfg.fp8_gemms)
+                                    bf16_te_gemms=cfg.bf16_te_gemms, fp8_gemms=cfg.fp8_gemms,
+                                    inductor_tuning=cfg.inductor_tuning)
         part("speed_options")
         if plan.cache is None:
             return speed, None

@@ -40,6 +40,9 @@ COMPILE_BACKENDS = ("inductor", "aot_eager", "eager")  # eager/aot_eager: debugg
 #: Which Linear layers of the transformer blocks ``--use_fp8_gemms`` quantizes: ``all`` of them, or ``ffn``, those
 #: inside a diffusers ``FeedForward`` (the attention projections stay in the pipeline's dtype).
 FP8_GEMM_SCOPES = ("all", "ffn")
+#: ``--inductor_tuning``: ``auto`` leaves inductor's coordinate-descent tuning as the other options set it (torchao's
+#: fp8 GEMMs turn it on for the whole process, with its other recommended inductor settings); ``on`` / ``off`` set it.
+INDUCTOR_TUNING = ("auto", "on", "off")
 
 
 class SpeedOptionError(RuntimeError):
@@ -107,7 +110,8 @@ def _fp8_support_reason(device: torch.device) -> Optional[str]:
 
 
 def check_speed_options(device: torch.device, *, compile: bool = False, compile_backend: str = "inductor",
-                        compile_mode: Optional[str] = None, fp8_gemms: Union[bool, str, None] = None) -> None:
+                        compile_mode: Optional[str] = None, fp8_gemms: Union[bool, str, None] = None,
+                        inductor_tuning: str = "auto") -> None:
     """Refuse (SpeedOptionError: the fact, then the hint) a combination of speed options that can't take effect,
     from the device and the options alone: before any weight loads. A compile option without the compile, or a mode
     the backend ignores, would otherwise be recorded in the run's settings while changing nothing. ``fp8_gemms``:
@@ -116,6 +120,11 @@ def check_speed_options(device: torch.device, *, compile: bool = False, compile_
         given = f"--compile_mode {compile_mode}" if compile_mode else f"--compile_backend {compile_backend}"
         raise SpeedOptionError(f"{given} without --use_torch_compile: nothing is compiled\nadd --use_torch_compile "
                                "or drop the option")
+    if inductor_tuning not in INDUCTOR_TUNING:
+        raise SpeedOptionError(f"--inductor_tuning {inductor_tuning}: unknown\nvalid: {', '.join(INDUCTOR_TUNING)}")
+    if inductor_tuning != "auto" and not (compile and compile_backend == "inductor"):
+        raise SpeedOptionError(f"--inductor_tuning {inductor_tuning} without inductor's compile: nothing is tuned\n"
+                               "add --use_torch_compile (inductor) or drop the option")
     if compile and compile_mode and compile_backend != "inductor":
         raise SpeedOptionError(f"--compile_mode {compile_mode} with --compile_backend {compile_backend}: only inductor "
                                "takes a mode\ndrop --compile_mode or use --compile_backend inductor")
@@ -146,9 +155,12 @@ def fp8_gemm_targets(model: torch.nn.Module, layers: str = "all") -> list[str]:
             and m.out_features % 16 == 0]
 
 
-def quantize_fp8_gemms(models, device: torch.device, granularity: str = "row", layers: str = "all") -> dict:
+def quantize_fp8_gemms(models, device: torch.device, granularity: str = "row", layers: str = "all",
+                       inductor_settings: bool = True) -> dict:
     """float8 dynamic-activation/weight quantization of the Linear layers :func:`fp8_gemm_targets` picks in each
-    model (``layers``: the scope, :data:`FP8_GEMM_SCOPES`); returns the scope and the layers quantized per model."""
+    model (``layers``: the scope, :data:`FP8_GEMM_SCOPES`); returns the scope and the layers quantized per model.
+    ``inductor_settings``: let torchao set its recommended inductor settings for the whole process (coordinate-descent
+    tuning of every compiled kernel among them: most of a compiled fp8 render's first call)."""
     if layers not in FP8_GEMM_SCOPES:
         raise SpeedOptionError(f"--use_fp8_gemms {layers}: unknown scope\nvalid: {', '.join(FP8_GEMM_SCOPES)}")
     reason = _fp8_support_reason(device)
@@ -173,15 +185,21 @@ def quantize_fp8_gemms(models, device: torch.device, granularity: str = "row", l
                 picked.append(fqn)
             return ok
 
-        quantize_(model, Float8DynamicActivationFloat8WeightConfig(granularity=gran), filter_fn=pick)
+        quantize_(model, Float8DynamicActivationFloat8WeightConfig(granularity=gran,
+                                                                   set_inductor_config=inductor_settings),
+                  filter_fn=pick)
         done[name] = len(picked)
-    return {"granularity": granularity, "scope": layers, "linear_layers": done}
+    return {"granularity": granularity, "scope": layers, "linear_layers": done,
+            "torchao_inductor_settings": inductor_settings}
 
 
 def apply_speed_options(pipe, models, *, device: torch.device, compile: bool = False,
                         compile_backend: str = "inductor", compile_mode: Optional[str] = None,
-                        bf16_te_gemms: bool = False, fp8_gemms: Union[bool, str, None] = None) -> dict:
-    """Apply the requested options in the order that works (quantize, then compile); return what was done."""
+                        bf16_te_gemms: bool = False, fp8_gemms: Union[bool, str, None] = None,
+                        inductor_tuning: str = "auto") -> dict:
+    """Apply the requested options in the order that works (quantize, then compile); return what was done, with
+    inductor's coordinate-descent tuning as it stands for the compile (``inductor_tuning``: :data:`INDUCTOR_TUNING`),
+    since it changes every compiled kernel and its first call, whoever set it."""
     done: dict = {}
     if bf16_te_gemms:
         te = getattr(pipe, "text_encoder", None)
@@ -191,7 +209,25 @@ def apply_speed_options(pipe, models, *, device: torch.device, compile: bool = F
         te.to(torch.bfloat16)
     scope = fp8_gemm_scope(fp8_gemms)
     if scope:
-        done["fp8_gemms"] = quantize_fp8_gemms(models, device, layers=scope)
+        done["fp8_gemms"] = quantize_fp8_gemms(models, device, layers=scope,
+                                               inductor_settings=inductor_tuning == "auto")
     if compile:
         done["compile"] = compile_blocks(models, compile_backend, compile_mode)
+        if compile_backend == "inductor":
+            done["compile"]["coordinate_descent_tuning"] = _coordinate_descent_tuning(
+                inductor_tuning, torchao_set=bool(scope) and inductor_tuning == "auto")
     return done
+
+
+def _coordinate_descent_tuning(setting: str, torchao_set: bool = False) -> dict:
+    """inductor's coordinate-descent tuning for this process: set by ``on`` / ``off``, read as it stands for
+    ``auto``; where it came from is said (``torchao``: its fp8 GEMMs' recommended settings turned it on)."""
+    from torch._inductor import config
+
+    if setting in ("on", "off"):
+        config.coordinate_descent_tuning = setting == "on"
+        return {"on": setting == "on", "set_by": "--inductor_tuning"}
+    on = bool(config.coordinate_descent_tuning)
+    if not on:
+        return {"on": False, "set_by": "inductor's default"}
+    return {"on": True, "set_by": "torchao (fp8 GEMMs)" if torchao_set else "already on in this process"}
