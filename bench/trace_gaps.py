@@ -25,10 +25,8 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from vdbench.helptext import DefaultsHelpFormatter  # noqa: E402
-from vdbench.timing import kernel_category  # noqa: E402
+from vdbench.helptext import DefaultsHelpFormatter
+from vdbench.timing import kernel_category
 
 KERNEL_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 

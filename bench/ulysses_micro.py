@@ -36,10 +36,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from vdbench.helptext import DefaultsHelpFormatter  # noqa: E402
-from vdbench.timing import spread, system_info  # noqa: E402
+from vdbench.helptext import DefaultsHelpFormatter
+from vdbench.timing import spread, system_info
 
 
 def parse(argv=None):
