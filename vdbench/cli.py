@@ -33,7 +33,7 @@ from .helptext import DefaultsHelpFormatter
 from .patching import ON_UNSUPPORTED_CHOICES
 from .patching.schedule import resolve_attention
 from .sparse import split_attention_types
-from .speed import COMPILE_BACKENDS, FP8_GEMM_SCOPES
+from .speed import COMPILE_BACKENDS, FP8_GEMM_SCOPES, INDUCTOR_TUNING
 
 __all__ = ["build_parser", "config_from_args", "main", "EXIT_OK", "EXIT_BAD_INPUT", "EXIT_UNSUPPORTED_CALL",
            "EXIT_PEER_FAILED", "EXIT_HUNG"]
@@ -151,7 +151,7 @@ def build_parser(family: str | families.Family, prog: Optional[str] = None,
         help="torch.compile backend; eager/aot_eager check what dynamo traces, fast to build (default: inductor)")
     add("--compile_mode", default=None,
         help="inductor mode, e.g. max-autotune-no-cudagraphs (default: inductor's default)")
-    add("--inductor_tuning", choices=("auto", "on", "off"), default="auto",
+    add("--inductor_tuning", choices=INDUCTOR_TUNING, default="auto",
         help="inductor's coordinate-descent tuning of the compiled kernels: auto leaves it as the other options set it "
              "(torchao's fp8 GEMMs turn it on for the whole process: most of their first call), on/off set it "
              "(default: auto)")

@@ -129,12 +129,17 @@ def check_speed_options(device: torch.device, *, compile: bool = False, compile_
         raise SpeedOptionError(f"--compile_mode {compile_mode} with --compile_backend {compile_backend}: only inductor "
                                "takes a mode\ndrop --compile_mode or use --compile_backend inductor")
     scope = fp8_gemm_scope(fp8_gemms)
-    if scope is not None and scope not in FP8_GEMM_SCOPES:  # a RenderConfig built in code, past argparse's choices
-        raise SpeedOptionError(f"--use_fp8_gemms {scope}: unknown scope\nvalid: {', '.join(FP8_GEMM_SCOPES)}")
+    if scope is not None:  # a RenderConfig built in code gets past argparse's choices
+        _known_scope(scope)
     reason = _fp8_support_reason(device) if scope else None
     if reason:
         raise SpeedOptionError(f"--use_fp8_gemms can't run here: {reason}\nrender without --use_fp8_gemms, or on a "
                                "GPU with fp8 and torchao installed")
+
+
+def _known_scope(layers: str) -> None:
+    if layers not in FP8_GEMM_SCOPES:
+        raise SpeedOptionError(f"--use_fp8_gemms {layers}: unknown scope\nvalid: {', '.join(FP8_GEMM_SCOPES)}")
 
 
 def fp8_gemm_targets(model: torch.nn.Module, layers: str = "all") -> list[str]:
@@ -142,8 +147,7 @@ def fp8_gemm_targets(model: torch.nn.Module, layers: str = "all") -> list[str]:
     quantizes in ``model``: those inside its repeated blocks with both dims multiples of 16 (fp8 GEMM kernels want
     them; the small layers outside the blocks carry no FLOPs worth it), and for ``layers="ffn"`` only those inside a
     diffusers ``FeedForward`` (told by its type, whatever the model names it)."""
-    if layers not in FP8_GEMM_SCOPES:
-        raise SpeedOptionError(f"--use_fp8_gemms {layers}: unknown scope\nvalid: {', '.join(FP8_GEMM_SCOPES)}")
+    _known_scope(layers)
     scope = _blocks(model)
     if layers == "ffn":
         from diffusers.models.attention import FeedForward
@@ -161,8 +165,7 @@ def quantize_fp8_gemms(models, device: torch.device, granularity: str = "row", l
     model (``layers``: the scope, :data:`FP8_GEMM_SCOPES`); returns the scope and the layers quantized per model.
     ``inductor_settings``: let torchao set its recommended inductor settings for the whole process (coordinate-descent
     tuning of every compiled kernel among them: most of a compiled fp8 render's first call)."""
-    if layers not in FP8_GEMM_SCOPES:
-        raise SpeedOptionError(f"--use_fp8_gemms {layers}: unknown scope\nvalid: {', '.join(FP8_GEMM_SCOPES)}")
+    _known_scope(layers)
     reason = _fp8_support_reason(device)
     if reason:
         raise SpeedOptionError(f"--use_fp8_gemms can't run here: {reason}")
