@@ -21,6 +21,7 @@ Prints one line per trace and writes the whole as JSON. CPU-only traces have no 
 from __future__ import annotations
 
 import argparse
+import bisect
 import json
 import sys
 from pathlib import Path
@@ -82,27 +83,16 @@ def analyse(events: list[dict], min_gap_us: float = 20.0, top: int = 12) -> dict
     idle = minus([(t0, t1)], all_u)
     big = [(a, b) for a, b in idle if b - a >= min_gap_us]
     ends = sorted(((e["ts"] + e["dur"], e["name"]) for e in ks))
-    starts = [(e["ts"], e["name"]) for e in ks]
+    end_ts = [t for t, _ in ends]
+    start_ts = [e["ts"] for e in ks]  # ks is sorted by start
 
-    def before(t):
-        lo, hi = 0, len(ends)
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if ends[mid][0] <= t + 1e-3:
-                lo = mid + 1
-            else:
-                hi = mid
-        return ends[lo - 1][1] if lo else None
+    def before(t):  # the kernel that ended last at or before t
+        i = bisect.bisect_right(end_ts, t + 1e-3)
+        return ends[i - 1][1] if i else None
 
-    def after(t):
-        lo, hi = 0, len(starts)
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if starts[mid][0] < t - 1e-3:
-                lo = mid + 1
-            else:
-                hi = mid
-        return starts[lo][1] if lo < len(starts) else None
+    def after(t):  # the kernel that starts first at or after t
+        i = bisect.bisect_left(start_ts, t - 1e-3)
+        return ks[i]["name"] if i < len(ks) else None
 
     largest = sorted(big, key=lambda ab: ab[0] - ab[1])[:top]
     return {
