@@ -520,7 +520,8 @@ def test_ulysses2_over_gloo_is_bit_identical(renders):
 
 def test_ulysses_async_is_bit_identical_and_says_which_path_ran(renders):
     """Ulysses by default (--ulysses_async auto) sends Q, K and V beside the projections, Q and K written by the RoPE
-    into the exchange's layout; --ulysses_async off runs diffusers' template. Both give the latents and frames of one
+    into the exchange's layout, the two guidance branches interleaved (--guidance_overlap auto); --ulysses_async off
+    runs diffusers' template, one branch after the other. Both give the latents and frames of one
     process; every self-attention call is labelled with the path that ran, the cross-attention calls are local."""
     one = _latents(renders["single"])
     fa = np.load(renders["single"] / "results" / f"{VIDEO}.npy")
@@ -529,6 +530,12 @@ def test_ulysses_async_is_bit_identical_and_says_which_path_ran(renders):
         assert np.array_equal(fa, np.load(renders[name] / "results" / f"{VIDEO}_u2.npy")), name
         e = json.loads((renders[name] / "results" / "timing.json").read_text())[-1]
         assert e["parallel"]["async_exchange"] is settled and e["parallel"]["engine"] == "diffusers"
+        # --guidance_overlap auto: both branches interleaved where the async processor's turns are; the same frames
+        assert e["parallel"]["guidance_overlap"] is (settled and P.GUIDANCE_OVERLAP_AUTO), e["parallel"]
+        if e["parallel"]["guidance_overlap"]:  # 8 hand-overs per step of 2 layers (test_guidance_overlap.py)
+            assert e["parallel"]["guidance_overlap_handovers"] == 16
+        else:
+            assert e["parallel"]["guidance_overlap_reason"]
         for r in e["ranks"]:
             by_kernel, by_kind = r["attention"]["calls_by_kernel"], r["attention"]["calls_by_kind"]
             assert by_kernel == {f"sdpa[flash]{path}": by_kind["self"], "sdpa[flash]": by_kind["cross"]}, by_kernel

@@ -210,6 +210,12 @@ def build_parser(family: str | families.Family, prog: Optional[str] = None,
              "engine; the same output as diffusers' Ulysses; the kernel label ends in /async); auto: wherever it "
              "applies (Ulysses without ring or --ulysses_overlap), off: diffusers' own Ulysses (default: "
              "%(default)s)")
+    add("--guidance_overlap", choices=("auto", "on", "off"), default="auto",
+        help="under Ulysses without --use_cfg_parallel: each step's two guidance branches computed together on "
+             "every rank, on two host threads taking turns, so each branch's exchanges travel beside the other's "
+             "GEMMs (Wan; diffusers engine with --ulysses_async; the same frames); auto: wherever it applies (not "
+             "with a cache, the compile or a sparse pattern; timing.json's parallel.guidance_overlap_reason says "
+             "why it is off), off: one branch after the other (default: %(default)s)")
 
     add("--overwrite", action="store_true",
         help="replace an existing file at the output path that this tool did not write (a video it wrote is "
@@ -322,7 +328,8 @@ def config_from_args(fam: families.Family, args):
         vae_prewarm=args.vae_prewarm, attention_prewarm=args.attention_prewarm == "on",
         parallel_engine=args.parallel_engine, ulysses_degree=args.ulysses_degree, ring_degree=args.ring_degree,
         use_cfg_parallel=args.use_cfg_parallel, ulysses_overlap=args.ulysses_overlap,
-        ulysses_async={"on": True, "off": False}.get(args.ulysses_async), overwrite=args.overwrite)
+        ulysses_async={"on": True, "off": False}.get(args.ulysses_async),
+        guidance_overlap={"on": True, "off": False}.get(args.guidance_overlap), overwrite=args.overwrite)
 
 
 def _listing(args) -> None:

@@ -34,6 +34,7 @@ and the merged timing.json, which carries every rank's figures (``ranks``).
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import datetime
 import os
 import signal
@@ -54,7 +55,8 @@ __all__ = ["ParallelSpec", "DistContext", "ENGINES", "ENGINE_CHOICES", "resolve_
            "settle_engine", "init_distributed", "check_backend_for_path", "agree", "apply_engine", "share_output",
            "sequence_layout", "merge_rank_entries",
            "FailureWatch", "set_outcome", "finish", "one_device_presented", "shares_calls", "shard_group",
-           "hooks_in_place", "compile_refusal", "guidance_split", "EXIT_PEER_FAILED"]
+           "hooks_in_place", "compile_refusal", "guidance_split", "guidance_overlap_refusal",
+           "settle_guidance_overlap", "GUIDANCE_OVERLAP_AUTO", "Baton", "interleaved", "turn", "EXIT_PEER_FAILED"]
 
 ENGINES = ("xfuser", "diffusers")
 ENGINE_CHOICES = ("auto", *ENGINES)  # what --parallel_engine takes; auto is resolved by resolve_engine
@@ -91,6 +93,11 @@ class ParallelSpec:
     # projection (Family.ulysses_self_attention through vdbench.patching.ulysses.UlyssesExchange). None (auto): where
     # it applies (diffusers' Ulysses without ring or head chunks, a family that has one), settled by apply_engine
     async_exchange: Optional[bool] = None
+    # --guidance_overlap: both guidance branches of a step computed together on every rank, on two host threads
+    # taking turns, so each branch's exchanges travel beside the other's GEMMs (interleaved
+    # and GuidanceSplit). None (auto): settled by settle_guidance_overlap with the request in hand
+    guidance_overlap: Optional[bool] = None
+    guidance_overlap_reason: Optional[str] = None  # why it is off (auto), one line
 
     @property
     def world_size(self) -> int:
@@ -133,6 +140,12 @@ class ParallelSpec:
             raise ValueError(f"--ulysses_overlap {self.head_chunks} overlaps the all-to-all of Ulysses attention: it "
                              "needs --ulysses_degree >= 2 without --ring_degree, on --parallel_engine diffusers "
                              "(or auto)")
+        if self.guidance_overlap is True and (not self.async_applies or self.use_cfg_parallel
+                                              or self.async_exchange is False):
+            raise ValueError("--guidance_overlap on interleaves the two guidance branches' Ulysses exchanges: it "
+                             "needs --ulysses_degree >= 2 without --ring_degree, --ulysses_overlap or "
+                             "--use_cfg_parallel, and --ulysses_async auto or on, on --parallel_engine diffusers "
+                             "(or auto)")
         if self.async_exchange is True and not self.async_applies:
             raise ValueError("--ulysses_async on sends Q, K and V of Ulysses attention beside the projections: it "
                              "needs --ulysses_degree >= 2 without --ring_degree or --ulysses_overlap, on "
@@ -153,7 +166,8 @@ class ParallelSpec:
                 "ulysses_degree": self.ulysses_degree, "ring_degree": self.ring_degree,
                 "use_cfg_parallel": self.use_cfg_parallel, "path": self.path, "label": self.label, "tag": self.tag,
                 "world_size": self.world_size, "head_chunks": self.head_chunks,
-                "async_exchange": self.async_exchange}
+                "async_exchange": self.async_exchange, "guidance_overlap": self.guidance_overlap,
+                "guidance_overlap_reason": self.guidance_overlap_reason}
 
 
 def resolve_engine(spec: ParallelSpec, device: torch.device,
@@ -175,8 +189,9 @@ def resolve_engine(spec: ParallelSpec, device: torch.device,
     if device.type != "cuda" or importlib.util.find_spec("xfuser") is None:
         why = "needs a CUDA GPU" if device.type != "cuda" else "is not installed"
         return replace(auto, engine="diffusers", engine_reason=f"auto: xfuser {why}")
-    if spec.head_chunks > 1 or spec.async_exchange is True:
-        flag = "--ulysses_overlap" if spec.head_chunks > 1 else "--ulysses_async on"
+    if spec.head_chunks > 1 or spec.async_exchange is True or spec.guidance_overlap is True:
+        flag = ("--ulysses_overlap" if spec.head_chunks > 1 else "--ulysses_async on" if spec.async_exchange
+                else "--guidance_overlap on")
         return replace(auto, engine="diffusers", engine_reason=f"auto: {flag} runs on diffusers' engine")
     first = family.preferred_engine if family is not None else "xfuser"
     other = "diffusers" if first == "xfuser" else "xfuser"
@@ -213,6 +228,47 @@ def engine_check(device, members, family: families.Family, task: str, pipeline_c
             raise ValueError(why)
 
     return check
+
+
+#: ``--guidance_overlap auto``: on wherever it applies
+GUIDANCE_OVERLAP_AUTO = True
+
+
+def guidance_overlap_refusal(spec: ParallelSpec, family: families.Family, *, guidance_scale: float,
+                             cache: bool, compiled: bool, sparse: bool) -> Optional[str]:
+    """Why the two guidance branches can't be interleaved in this render (one line), or None. They can where
+    vdbench's Ulysses self-attention runs (its phase ends are the turns), the family's pipelines make two denoiser
+    calls per step that differ only in the text, and nothing keeps state across one forward: a step cache (diffusers'
+    hooks hold one context at a time), the compiled blocks, a sparse pattern's per-forward token order."""
+    if not (spec.async_applies and spec.async_exchange is not False and not spec.use_cfg_parallel):
+        return ("it interleaves Ulysses exchanges: needs --ulysses_degree >= 2 without ring, --ulysses_overlap or "
+                "--use_cfg_parallel, with --ulysses_async on diffusers' engine")
+    if family.guidance_in_one_batch or family.ulysses_self_attention is None:
+        return f"{family.name}'s pipelines run guidance as one batch or have no vdbench Ulysses self-attention"
+    if guidance_scale <= 1:
+        return f"--guidance_scale {guidance_scale:g} runs one branch per step"
+    for on, what in ((cache, "a step cache (its hooks keep one guidance context at a time)"),
+                     (compiled, "--use_torch_compile (not measured interleaved)"),
+                     (sparse, "a sparse pattern (its token order is kept per forward)")):
+        if on:
+            return f"not with {what}"
+    return None
+
+
+def settle_guidance_overlap(dctx: Optional["DistContext"], refusal: Optional[str]) -> None:
+    """``--guidance_overlap``: ``on`` refused with the reason where it can't apply; ``auto`` settled (on where it
+    applies, per :data:`GUIDANCE_OVERLAP_AUTO`) and the reason it is off recorded."""
+    if dctx is None:
+        return
+    spec = dctx.spec
+    if spec.guidance_overlap is True and refusal:
+        raise ValueError(f"--guidance_overlap on: {refusal}\nuse --guidance_overlap auto or off")
+    if spec.guidance_overlap is None:
+        on = refusal is None and GUIDANCE_OVERLAP_AUTO
+        why = None if on else refusal or "auto: off by default"
+        dctx.spec = replace(spec, guidance_overlap=on, guidance_overlap_reason=why)
+    elif spec.guidance_overlap is False:
+        dctx.spec = replace(spec, guidance_overlap_reason="--guidance_overlap off")
 
 
 def refusal_of(check: Callable[[Optional[ParallelSpec]], None]) -> Callable[[ParallelSpec], Optional[str]]:
@@ -258,6 +314,8 @@ class DistContext:
     shard_group: object = None
     # seconds apply_engine spent connecting the groups' peers before the first step (warm_collectives)
     collectives_warmup_s: Optional[float] = None
+    # the GuidanceSplit hook split_guidance installed (None: none, or the engine's own split)
+    guidance: object = None
 
     @property
     def is_main(self) -> bool:
@@ -429,7 +487,7 @@ def apply_engine(ctx: DistContext, pipe, models: list, family: families.Family) 
             # read by the patched dispatcher at each Ulysses call (vdbench.patching.ulysses)
             m._parallel_config.context_parallel_config.vdbench_head_chunks = spec.head_chunks
             m._parallel_config.context_parallel_config.vdbench_async = spec.async_exchange
-        if spec.use_cfg_parallel:
+        if spec.use_cfg_parallel or spec.guidance_overlap:
             split_guidance(ctx, pipe, models, family)
         warm_collectives(ctx, models)
         return pipe, models
@@ -519,10 +577,16 @@ class GuidanceSplit:
       on one GPU, so latents agree to rounding rather than bit for bit.
 
     A diffusers cache (when one is stacked) keeps one state per guidance branch on one GPU; here each rank always
-    computes the same branch under the pipeline's context, so its state is that branch's, as on one GPU."""
+    computes the same branch under the pipeline's context, so its state is that branch's, as on one GPU.
 
-    def __init__(self, group, index: int, batched: bool):
+    ``index=None`` (``--guidance_overlap``, pair mode only): no split -- every rank computes both branches at a
+    step's first call, interleaved (:func:`interleaved`: the conditional call on the
+    pipeline's thread, the unconditional one on a helper thread, taking turns at the Ulysses processor's phase
+    ends), and serves the second call as above; no gather."""
+
+    def __init__(self, group, index: Optional[int], batched: bool):
         self.group, self.index, self.batched = group, index, batched
+        self.handovers = 0  # index None: the turns the two interleaved branches took
         self.negative = None  # the pipeline's negative prompt embeddings (pair mode), from its encode_prompt
         self.pending = None  # between a pair's two calls: (the step's latents, the unconditional prediction)
         self.gathers = 0
@@ -568,9 +632,14 @@ class GuidanceSplit:
             raise RuntimeError("--use_cfg_parallel: the pipeline's negative prompt embeddings were not recorded "
                                "(its encode_prompt did not run); run without the CFG split")
         negative = self.negative.to(device=ehs.device, dtype=ehs.dtype)
-        if self.index == 1:
-            kwargs = {**kwargs, "encoder_hidden_states": negative}
-        out = inner(*args, **kwargs)
+        uncond_kwargs = {**kwargs, "encoder_hidden_states": negative}
+        if self.index is None:  # both branches here, interleaved
+            out, other, turns = interleaved(lambda: inner(*args, **kwargs), lambda: inner(*args, **uncond_kwargs),
+                                            hs.device)
+            self.handovers += turns
+            self.pending = (hs, negative, other)
+            return out
+        out = inner(*args, **(uncond_kwargs if self.index == 1 else kwargs))
         cond, uncond = self._gather(_prediction(out))
         self.pending = (hs, negative, _with_prediction(out, uncond))
         return _with_prediction(out, cond)
@@ -590,6 +659,141 @@ class GuidanceSplit:
         return _with_prediction(out, torch.cat(self._gather(_prediction(out)), dim=0))
 
 
+# ----- two guidance branches interleaved on two host threads (--guidance_overlap) -----
+
+_LOCAL = threading.local()  # (baton, this thread's side) while a thread runs one branch of an interleaved pair
+
+
+class _Abandoned(Exception):
+    """Raised in a branch's thread when the other branch failed: its work is of no use any more."""
+
+
+class Baton:
+    """Two host threads issuing GPU work in turns: only the holder runs; :meth:`pass_` (a phase's end) hands the
+    turn to the other side and waits for it to come back. Only one thread runs at a time, so the order of kernels
+    and collectives follows from the code alone -- the same on every rank, never decided by thread timing (the
+    ranks' collectives must match one for one).
+
+    ``lead``: how many of each side's first passes are skipped. The processor passes at three points of each layer
+    -- its entry (E), after Q, K and V are sent (V), after the output's exchange is started (O) -- and leads of
+    (2, 1) offset the two branches by one phase, so that the stream receives A's attention, B's projections, A's
+    out-projection to next-layer norm, B's attention, A's projections, ...: each exchange (A's Q/K/V, A's output,
+    B's Q/K/V, B's output) has the other branch's GEMMs beside it, never the attention kernel (whose persistent
+    grid holds every SM). A side that has finished passes nothing: the other runs alone to its end."""
+
+    def __init__(self, lead: tuple[int, int] = (2, 1)):
+        self._cv = threading.Condition()
+        self._owner = 0
+        self._skip = list(lead)
+        self._done = [False, False]
+        self._failed = False
+        self.passes = 0  # hand-overs made (recorded: a pair that never alternated overlapped nothing)
+
+    def wait(self, side: int) -> None:
+        """Block until ``side`` holds the turn; :class:`_Abandoned` if the other side failed."""
+        with self._cv:
+            self._cv.wait_for(lambda: self._owner == side or self._failed)
+            if self._failed:
+                raise _Abandoned()
+
+    def pass_(self, side: int) -> None:
+        if self._skip[side]:
+            self._skip[side] -= 1
+            return
+        with self._cv:
+            if self._done[1 - side]:
+                return
+            self._owner = 1 - side
+            self.passes += 1
+            self._cv.notify_all()
+        self.wait(side)
+
+    def finish(self, side: int, failed: bool = False) -> None:
+        """``side`` is done (or ``failed``: the other side stops at its next pass)."""
+        with self._cv:
+            self._done[side] = True
+            self._failed = self._failed or failed
+            self._owner = 1 - side
+            self._cv.notify_all()
+
+
+def turn() -> None:
+    """A phase's end in a branch of an :func:`interleaved` pair: the other branch's turn. Nothing outside one."""
+    held = getattr(_LOCAL, "held", None)
+    if held is not None:
+        held[0].pass_(held[1])
+
+
+@contextlib.contextmanager
+def _holding(baton: Baton, side: int):
+    _LOCAL.held = (baton, side)
+    try:
+        yield
+    finally:
+        _LOCAL.held = None
+
+
+def _thread_state(device: torch.device):
+    """What of the calling thread's torch state a branch's thread must share (grad and inference mode are
+    thread-local; so are the current CUDA device and stream, which must be the caller's: one stream orders both
+    branches' kernels as the host issued them)."""
+    grad, inference = torch.is_grad_enabled(), torch.is_inference_mode_enabled()
+    stream = torch.cuda.current_stream(device) if device.type == "cuda" else None
+
+    @contextlib.contextmanager
+    def state():
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(torch.inference_mode(inference))
+            stack.enter_context(torch.set_grad_enabled(grad))
+            if stream is not None:
+                torch.cuda.set_device(device)
+                stack.enter_context(torch.cuda.stream(stream))
+            yield
+
+    return state
+
+
+def interleaved(first: Callable[[], object], second: Callable[[], object], device) -> tuple[object, object, int]:
+    """``first()`` on this thread and ``second()`` on a helper thread, taking turns at every :func:`turn` (a
+    :class:`Baton`, ``first`` leading). Returns both results and the number of hand-overs. An error in either stops
+    both and is raised here (the first's own error when both failed)."""
+    baton = Baton()
+    result: dict = {}
+    state = _thread_state(torch.device(device))
+
+    def run_second():
+        try:
+            with state(), _holding(baton, 1):
+                baton.wait(1)
+                result["second"] = second()
+        except _Abandoned:
+            pass
+        except BaseException as e:  # handed to the caller's thread
+            result["error"] = e
+        finally:
+            baton.finish(1, failed="error" in result)
+
+    helper = threading.Thread(target=contextvars.copy_context().run, args=(run_second,),
+                              name="vdbench-guidance-branch", daemon=True)
+    helper.start()
+    try:
+        with _holding(baton, 0):
+            out = first()
+    except _Abandoned:
+        baton.finish(0)
+        helper.join()
+        raise result["error"] from None
+    except BaseException:
+        baton.finish(0, failed=True)
+        helper.join()
+        raise
+    baton.finish(0)
+    helper.join()
+    if "error" in result:
+        raise result["error"]
+    return out, result["second"], baton.passes
+
+
 def _prediction(out):
     """The noise prediction in a denoiser's output (a tuple with ``return_dict=False``, else ``.sample``)."""
     return out[0] if isinstance(out, tuple) else out.sample
@@ -607,7 +811,9 @@ def split_guidance(ctx: DistContext, pipe, models: list, family: "families.Famil
     (``guidance_in_one_batch``)."""
     from diffusers.hooks import HookRegistry, ModelHook
 
-    split = GuidanceSplit(ctx.cfg_group, ctx.cfg_index, family.guidance_in_one_batch)
+    overlap = not ctx.spec.use_cfg_parallel  # --guidance_overlap: both branches on every rank
+    split = GuidanceSplit(None if overlap else ctx.cfg_group, None if overlap else ctx.cfg_index,
+                          family.guidance_in_one_batch)
     if not split.batched:
         split.record_prompts(pipe)
 
@@ -617,7 +823,7 @@ def split_guidance(ctx: DistContext, pipe, models: list, family: "families.Famil
 
     for _, m in models:
         HookRegistry.check_if_exists_or_initialize(m).register_hook(_Hook(), GUIDANCE_HOOK)
-    pipe._vdbench_guidance_split = split
+    pipe._vdbench_guidance_split = ctx.guidance = split
     return split
 
 
@@ -823,6 +1029,8 @@ def merge_rank_entries(ctx: Optional[DistContext], entries: list[dict]) -> Optio
         e = dict(e)
         e["parallel"] = {**ctx.spec.as_dict(), "pg_backend": ctx.pg_backend,
                          "collectives_warmup_s": ctx.collectives_warmup_s}
+        if ctx.spec.guidance_overlap and ctx.guidance is not None:  # rank 0's, since the process started
+            e["parallel"]["guidance_overlap_handovers"] = ctx.guidance.handovers
         e["ranks"] = per_rank
         e["attention_all_ranks"] = {"calls_by_kernel": total, "total_calls": sum(total.values())}
         if e.get("cache"):  # alike within each guidance branch (a CFG split's ranks count their branch's calls)

@@ -135,6 +135,7 @@ class RenderConfig:
     use_cfg_parallel: bool = False
     ulysses_overlap: int = 1  # head chunks of the overlapped Ulysses attention (vdbench.patching.ulysses)
     ulysses_async: Optional[bool] = None  # Q, K, V sent beside the projections (Family.ulysses_self_attention); None: auto
+    guidance_overlap: Optional[bool] = None  # both guidance branches interleaved on every rank; None: auto
     overwrite: bool = False  # replace an existing output file this tool did not write
 
 
@@ -196,7 +197,8 @@ def render(cfg: RenderConfig, log=print, exit_code_of=None, started: Optional[Wa
 
     started = started if started is not None else wall_start(from_process=False)
     spec = P.ParallelSpec(cfg.parallel_engine, cfg.ulysses_degree, cfg.ring_degree, cfg.use_cfg_parallel,
-                          head_chunks=cfg.ulysses_overlap, async_exchange=cfg.ulysses_async)
+                          head_chunks=cfg.ulysses_overlap, async_exchange=cfg.ulysses_async,
+                          guidance_overlap=cfg.guidance_overlap)
     dctx = P.init_distributed(spec, cfg.device)
     if dctx is None:
         return _stages(cfg, log, None, started)
@@ -336,6 +338,10 @@ def _checked_plan(cfg: RenderConfig, dctx) -> Plan:
         check_cache(cache, family, model.denoisers, compiled=cfg.compile,
                     cfg_split=dctx is not None and dctx.spec.use_cfg_parallel,
                     steps=cfg.num_inference_steps, pipeline_class=model.pipeline_class)
+    if dctx is not None:  # --guidance_overlap: where it applies to this request, settled like the engine
+        P.settle_guidance_overlap(dctx, P.guidance_overlap_refusal(
+            dctx.spec, family, guidance_scale=cfg.guidance_scale, cache=cache is not None, compiled=cfg.compile,
+            sparse=any(b.sparse is not None for b in schedule.members)))
     if dctx is not None and dctx.spec.use_cfg_parallel and cfg.guidance_scale <= 1:
         raise ValueError(f"--use_cfg_parallel splits classifier-free guidance's two branches, and "
                          f"--guidance_scale {cfg.guidance_scale:g} runs none\ndrop --use_cfg_parallel, or "

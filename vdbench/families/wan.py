@@ -358,7 +358,7 @@ def ulysses_self_attention(attn, hidden_states, rotary_emb, exchange, attend):
     RoPE writes there instead of into a tensor of its own), V takes one copy into it.
 
     ``exchange``: :class:`vdbench.patching.ulysses.UlyssesExchange` (``send_buffer``, ``start``, ``whole``,
-    ``back``); ``attend(q, k, v)``: the patched kernel on BSHD tensors holding the whole sequence for this rank's
+    ``back_start``, ``back_wait``, ``turn``); ``attend(q, k, v)``: the patched kernel on BSHD tensors holding the whole sequence for this rank's
     heads. The arithmetic is the processor's, op for op (the same projections, norms and RoPE expressions, the
     products rounded where diffusers rounds them), so the output equals diffusers' Ulysses template bit for bit.
     """
@@ -380,14 +380,20 @@ def ulysses_self_attention(attn, hidden_states, rotary_emb, exchange, attend):
             _rope_into(x, *(f.unsqueeze(2) for f in rotary_emb), dst)
         return exchange.start(buf)
 
+    # exchange.turn(): a phase's end, where an interleaved guidance branch takes over (--guidance_overlap); its
+    # exchanges then travel beside this branch's next phase
+    exchange.turn()
     q = q_of()
     dtype = q.dtype
     q = sent(q, attn.norm_q)
     k = sent(k_of(), attn.norm_k)
     v = sent(v_of(), None)
+    exchange.turn()
     out = attend(exchange.whole(q), exchange.whole(k), exchange.whole(v))
     # the processor casts the kernel's output to the projections' dtype; here before the exchange (the same values)
-    out = exchange.back(out.to(dtype))  # (B, S_loc, H * D): this rank's tokens, every head
+    back = exchange.back_start(out.to(dtype))
+    exchange.turn()
+    out = exchange.back_wait(back)  # (B, S_loc, H * D): this rank's tokens, every head
     return attn.to_out[1](attn.to_out[0](out))
 
 

@@ -22,6 +22,7 @@ import functools
 import inspect
 import itertools
 import sys
+import threading
 import time
 import types
 from collections import Counter
@@ -142,17 +143,21 @@ class AttentionPatch:
         self.time_attention = time_attention
         self.stats = PatchStats(self.schedule.name)
         self.step = 0
-        self.layer_index: Optional[int] = None  # block index of the processor call in progress (None: unknown)
-        self.context = ("?", "?", "?")  # (model, layer, kind) of the processor call in progress
+        self._now = _InProgress()  # the processor call in progress: layer_index, context, _sub (per thread)
         self.adapters: dict[str, Adapter] = {}  # by mode, those this patch's processors use
         self._saved: list[tuple[torch.nn.Module, Any]] = []
-        self._sub = 0  # attention calls so far inside the current processor call
         self._events: list = []
         self._host_time = 0.0
         self._classes: dict[type, type] = {}
         self._modules: list[str] = []  # sys.modules entries holding the rebound globals (see _patched_processor)
         self.installed = False
         self._before_first_call = before_first_call
+
+    # the processor call in progress, per host thread (two guidance branches interleave their calls under
+    # --guidance_overlap): its block index (None: unknown), (model, layer, kind), and the attention calls made so far
+    layer_index = property(lambda self: self._now.layer_index, lambda self, v: setattr(self._now, "layer_index", v))
+    context = property(lambda self: self._now.context, lambda self, v: setattr(self._now, "context", v))
+    _sub = property(lambda self: self._now.sub, lambda self, v: setattr(self._now, "sub", v))
 
     @property
     def calls(self) -> Counter:
@@ -419,6 +424,15 @@ class AttentionPatch:
                             args=args)
             for obs in self.observers:
                 obs(info)
+
+
+class _InProgress(threading.local):
+    """An :class:`AttentionPatch`'s processor call in progress, one per host thread."""
+
+    def __init__(self):
+        self.layer_index: Optional[int] = None
+        self.context = ("?", "?", "?")
+        self.sub = 0
 
 
 _LIVE_PATCHES: dict[int, "AttentionPatch"] = {}

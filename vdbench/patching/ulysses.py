@@ -18,11 +18,22 @@ persistent kernels hold every SM, but beside the projections, whose GEMMs leave 
 family's processor (``Family.ulysses_self_attention``) hands Q to the exchange as soon as it is made, then projects
 K while Q travels, and so on; and it writes Q and K into the send layout straight from the RoPE, so they take no
 layout copy at all.
+
+That leaves two exchanges of every call with nothing beside them: V's (the kernel needs it next) and the output's
+(the out-projection needs it next). :func:`vdbench.parallel.interleaved` gives them the other guidance branch's work instead
+(``--guidance_overlap``; the two-batch overlap of MoE inference engines, with classifier-free guidance's two
+branches as the two batches): the step's two denoiser calls run on two host threads that take turns at the
+processor's phase ends (:class:`vdbench.parallel.Baton`), so the GPU's one stream receives, per layer, one branch's attention, then
+the other's projections, then the first's out-projection and feed-forward, then the other's attention... and every
+exchange travels beside the other branch's GEMMs. Each branch's kernels are the ones it runs alone, on the same
+shapes, so its output is the same bit for bit.
 """
 
 from __future__ import annotations
 
 import torch
+
+from ..parallel import turn
 
 __all__ = ["UlyssesExchange", "can_overlap", "overlapped_ulysses"]
 
@@ -88,9 +99,10 @@ class UlyssesExchange:
     ``send_buffer(x)``: a send buffer for ``x`` (B, S_loc, H, D) laid out per destination rank, (P, B, S_loc, h, D),
     and a view of it as (B, S_loc, P, h, D) for the producer to write ``x``'s heads into, split by destination (no
     copy after the write); ``start(buf)``: the asynchronous exchange; ``whole(handle)``: wait for it, the whole
-    sequence of this rank's ``h`` heads, BSHD (contiguous: the ranks' shards arrive in sequence order); ``back(out)``:
-    the attention output (B, S, h, D) sent back to the sequence's owners, this rank's tokens for every head,
-    (B, S_loc, H * D): one copy."""
+    sequence of this rank's ``h`` heads, BSHD (contiguous: the ranks' shards arrive in sequence order);
+    ``back_start(out)`` / ``back_wait(handle)``: the attention output (B, S, h, D) sent back to the sequence's
+    owners, this rank's tokens for every head, (B, S_loc, H * D): one copy; ``turn()``: a phase's end, where an
+    interleaved guidance branch takes over (:func:`vdbench.parallel.interleaved`; nothing outside one)."""
 
     def __init__(self, group, world: int):
         self.group, self.world = group, world
@@ -114,13 +126,26 @@ class UlyssesExchange:
         p, b, s, h, d = recv.shape
         return recv.view(b, p * s, h, d)
 
-    def back(self, out):
+    def back_start(self, out):
+        """Start sending the attention output (B, S, h, D) back to the sequence's owners; :meth:`back_wait` ends it."""
         import torch.distributed as dist
 
-        b, s_all, h, d = out.shape
-        s = s_all // self.world
         send = out.contiguous()  # (B, S, h, D) = (P, B, S_loc, h, D) for B = 1: each owner's tokens contiguous
         recv = torch.empty_like(send)
-        dist.all_to_all_single(recv, send, group=self.group)
+        work = dist.all_to_all_single(recv, send, group=self.group, async_op=True)
+        return work, recv, send  # the send buffer held until the wait, as in start
+
+    def back_wait(self, handle):
+        """This rank's tokens for every head, (B, S_loc, H * D)."""
+        work, recv, _ = handle
+        work.wait()
+        b, s_all, h, d = recv.shape
+        s = s_all // self.world
         # from rank p: my tokens for p's heads -> (B, S_loc, P, h, D), heads in order
         return recv.view(self.world, b, s, h, d).permute(1, 2, 0, 3, 4).reshape(b, s, self.world * h * d)
+
+    @staticmethod
+    def turn() -> None:
+        """A phase's end: under ``--guidance_overlap`` the other guidance branch's turn."""
+        turn()
+
