@@ -13,7 +13,12 @@ Reads torch.profiler Chrome traces (a render's ``--profile_output NAME`` writes 
   runs beside -- what an overlap could still win;
 * ``categories_ms``: kernel time by :func:`vdbench.timing.kernel_category` (summed, not unioned);
 * ``gaps``: the idle intervals over ``--min_gap_us``, their count and sum, and the largest ones with the kernels on
-  either side (what the GPU waited between).
+  either side (what the GPU waited between); where the trace has the host side (torch.profiler's ``cuda_runtime``
+  launch events, matched to the kernels by ``correlation``), which gaps the host caused: ``host_bound_ms`` sums the
+  gaps whose next kernel was launched only after the gap had begun (the GPU waited for the host), and each large gap
+  says when that launch came (``launched_us`` after the gap's start; negative: launched before, the kernel waited
+  on another stream or rank) and what the launching thread ran meanwhile (``host``: its outermost ops in the gap,
+  longest first).
 
 Prints one line per trace and writes the whole as JSON. CPU-only traces have no GPU kernels: said, not guessed.
 """
@@ -94,6 +99,48 @@ def analyse(events: list[dict], min_gap_us: float = 20.0, top: int = 12) -> dict
         i = bisect.bisect_left(start_ts, t - 1e-3)
         return ks[i]["name"] if i < len(ks) else None
 
+    # the host side: each kernel's launch (its cuda_runtime event, by correlation id) and the launching thread's ops
+    launches = {e["args"]["correlation"]: e for e in events
+                if e.get("ph") == "X" and e.get("cat") == "cuda_runtime" and "correlation" in (e.get("args") or {})}
+    host_ops: dict = {}
+    for e in events:
+        if e.get("ph") == "X" and e.get("cat") in ("cpu_op", "cuda_runtime", "python_function", "user_annotation") \
+                and e.get("dur") is not None:
+            host_ops.setdefault(e.get("tid"), []).append(e)
+    for ops in host_ops.values():
+        ops.sort(key=lambda e: (e["ts"], -e["dur"]))
+
+    def launch_of(t):  # the runtime event that launched the kernel starting first at or after t
+        i = bisect.bisect_left(start_ts, t - 1e-3)
+        corr = (ks[i].get("args") or {}).get("correlation") if i < len(ks) else None
+        return launches.get(corr)
+
+    def host_during(tid, a, b, n=3):  # the thread's outermost ops overlapping [a, b], by their overlap
+        outer, cover = [], float("-inf")
+        for e in host_ops.get(tid, ()):
+            if e["ts"] >= b:
+                break
+            if e["ts"] < cover:  # nested in an outer op already seen
+                continue
+            cover = e["ts"] + e["dur"]
+            if cover > a:
+                outer.append((min(b, cover) - max(a, e["ts"]), e["name"]))
+        return [{"op": name[:60], "us": round(us, 1)} for us, name in sorted(outer, reverse=True)[:n]]
+
+    host_bound = 0.0
+    for a, b in big:
+        launch = launch_of(b)
+        if launch is not None and launch["ts"] > a:
+            host_bound += b - a
+
+    def gap_entry(a, b):
+        entry = {"us": b - a, "at_ms": (a - t0) / 1e3, "after": (before(a) or "")[:80], "before": (after(b) or "")[:80]}
+        launch = launch_of(b)
+        if launch is not None:
+            entry["launched_us"] = round(launch["ts"] - a, 1)
+            entry["host"] = host_during(launch.get("tid"), a, b)
+        return entry
+
     largest = sorted(big, key=lambda ab: ab[0] - ab[1])[:top]
     return {
         "span_ms": (t1 - t0) / 1e3, "kernels": len(ks), "busy_ms": length(all_u) / 1e3,
@@ -101,8 +148,8 @@ def analyse(events: list[dict], min_gap_us: float = 20.0, top: int = 12) -> dict
         "comm_exposed_ms": length(minus(comm_u, comp_u)) / 1e3, "compute_ms": length(comp_u) / 1e3,
         "categories_ms": dict(sorted(cats.items(), key=lambda kv: -kv[1])),
         "gaps": {"min_gap_us": min_gap_us, "count": len(big), "sum_ms": length(big) / 1e3,
-                 "largest": [{"us": b - a, "at_ms": (a - t0) / 1e3, "after": (before(a) or "")[:80],
-                              "before": (after(b) or "")[:80]} for a, b in largest]},
+                 "host_bound_ms": host_bound / 1e3 if launches else None,
+                 "largest": [gap_entry(a, b) for a, b in largest]},
     }
 
 
@@ -133,7 +180,9 @@ def main(argv=None) -> int:
             print(f"{path}: {r['error']}")
             continue
         print(f"{path}: span {r['span_ms']:.1f} ms, busy {r['busy_ms']:.1f}, idle {r['idle_ms']:.1f} "
-              f"({r['gaps']['count']} gaps >= {args.min_gap_us:g} us: {r['gaps']['sum_ms']:.1f}), "
+              f"({r['gaps']['count']} gaps >= {args.min_gap_us:g} us: {r['gaps']['sum_ms']:.1f}"
+              + (f", host-bound {r['gaps']['host_bound_ms']:.1f}" if r["gaps"]["host_bound_ms"] is not None else "")
+              + "), "
               f"comm {r['comm_ms']:.1f} (exposed {r['comm_exposed_ms']:.1f}); "
               + ", ".join(f"{k} {v:.1f}" for k, v in r["categories_ms"].items()))
     if args.output is not None:

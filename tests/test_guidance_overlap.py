@@ -54,7 +54,7 @@ def test_a_failing_branch_stops_both_and_its_error_reaches_the_caller():
         with pytest.raises(RuntimeError, match=f"{failing} failed"):
             P.interleaved(first, second, "cpu")
         assert ("A", "post") not in log and ("B", "post") not in log, log  # the other branch stopped too
-        assert [t.name for t in threading.enumerate() if t.name == "vdbench-guidance-branch"] == []
+        assert sum(t.name == "vdbench-guidance-branch" for t in threading.enumerate()) <= 1  # one, kept
     assert P.turn() is None  # outside a pair a turn is nothing
 
 

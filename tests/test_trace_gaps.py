@@ -43,3 +43,29 @@ def test_busy_idle_and_exposed_communication(tmp_path):
 
 def test_a_cpu_only_trace_says_so():
     assert "no GPU kernels" in tg.analyse([{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 5}])["error"]
+
+
+def test_gaps_the_host_caused_are_told_from_gaps_waiting_on_another_stream():
+    def launch(corr, ts, dur=5, tid=1):
+        return {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": ts, "dur": dur, "tid": tid,
+                "args": {"correlation": corr}}
+
+    def kern(name, ts, dur, corr):
+        return {**k(name, ts, dur), "args": {"correlation": corr}}
+
+    events = [
+        kern("gemm", 0, 100, 1), launch(1, -10),
+        # gap 100-200: the next kernel was launched at 190, after a synchronize the host sat in
+        {"ph": "X", "cat": "cpu_op", "name": "aten::item", "ts": 95, "dur": 90, "tid": 1},
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaStreamSynchronize", "ts": 96, "dur": 85, "tid": 1},
+        kern("flash_fwd_kernel", 200, 100, 2), launch(2, 190),
+        # gap 300-400: launched at 50, long before: it waited on something else (another stream, a peer)
+        kern("vectorized_elementwise_kernel", 400, 10, 3), launch(3, 50),
+    ]
+    r = tg.analyse(events, min_gap_us=20)
+    assert r["gaps"]["count"] == 2 and r["gaps"]["host_bound_ms"] == pytest.approx(0.100)
+    host_gap, wait_gap = sorted(r["gaps"]["largest"], key=lambda g: g["at_ms"])
+    assert host_gap["launched_us"] == 90 and host_gap["host"][0] == {"op": "aten::item", "us": 85.0}
+    assert wait_gap["launched_us"] == -250
+    # a trace without the host side says nothing of it
+    assert tg.analyse([k("gemm", 0, 10), k("gemm", 100, 10)])["gaps"]["host_bound_ms"] is None

@@ -753,6 +753,42 @@ def _thread_state(device: torch.device):
     return state
 
 
+class _Helper:
+    """The one long-lived thread that runs the second branch of every interleaved pair: a render calls
+    :func:`interleaved` once per step, and a thread started per step would put its start-up (and the GIL hand-overs
+    it brings) into every step's first layer, where the host is already behind the GPU."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._jobs = None
+
+    def submit(self, fn, *args) -> threading.Event:
+        """Run ``fn(*args)`` on the helper thread; the event is set once it has returned (or raised: ``fn`` keeps
+        its own errors)."""
+        import queue
+
+        with self._lock:
+            if self._jobs is None:
+                self._jobs = queue.SimpleQueue()
+                threading.Thread(target=self._serve, args=(self._jobs,), name="vdbench-guidance-branch",
+                                 daemon=True).start()
+        done = threading.Event()
+        self._jobs.put((fn, args, done))
+        return done
+
+    @staticmethod
+    def _serve(jobs) -> None:
+        while True:
+            fn, args, done = jobs.get()
+            try:
+                fn(*args)
+            finally:
+                done.set()
+
+
+_HELPER = _Helper()
+
+
 def interleaved(first: Callable[[], object], second: Callable[[], object], device) -> tuple[object, object, int]:
     """``first()`` on this thread and ``second()`` on a helper thread, taking turns at every :func:`turn` (a
     :class:`Baton`, ``first`` leading). Returns both results and the number of hand-overs. An error in either stops
@@ -773,22 +809,20 @@ def interleaved(first: Callable[[], object], second: Callable[[], object], devic
         finally:
             baton.finish(1, failed="error" in result)
 
-    helper = threading.Thread(target=contextvars.copy_context().run, args=(run_second,),
-                              name="vdbench-guidance-branch", daemon=True)
-    helper.start()
+    ended = _HELPER.submit(contextvars.copy_context().run, run_second)
     try:
         with _holding(baton, 0):
             out = first()
     except _Abandoned:
         baton.finish(0)
-        helper.join()
+        ended.wait()
         raise result["error"] from None
     except BaseException:
         baton.finish(0, failed=True)
-        helper.join()
+        ended.wait()
         raise
     baton.finish(0)
-    helper.join()
+    ended.wait()
     if "error" in result:
         raise result["error"]
     return out, result["second"], baton.passes
