@@ -2,6 +2,7 @@
 interleaved). The end-to-end render over gloo (frames identical to one process) is in tests/test_parallel.py."""
 
 import threading
+import time
 
 import pytest
 import torch
@@ -106,3 +107,29 @@ def test_settling_records_why_it_is_off_and_refuses_on_where_it_cant_apply():
     P.settle_guidance_overlap(ctx, None)
     assert ctx.spec.guidance_overlap is False and ctx.spec.guidance_overlap_reason == "--guidance_overlap off"
     P.settle_guidance_overlap(None, "anything")  # one process: nothing to settle
+
+
+def test_a_forked_process_gets_its_own_helper_thread():
+    """fork copies the calling thread only: a child forked after the helper started (the tests' fork server, a
+    launcher forking its workers) must not hand its second branch to a thread it does not have."""
+    import os
+
+    P.interleaved(lambda: None, lambda: None, "cpu")  # the helper runs in this process
+    pid = os.fork()
+    if pid == 0:  # the child: a pair must complete (the parent's wait below times out otherwise)
+        try:
+            log = []
+            P.interleaved(_branch("A", log), _branch("B", log), "cpu")
+            os._exit(0 if ("B", "post") in log else 3)
+        except BaseException:
+            os._exit(4)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            assert os.waitstatus_to_exitcode(status) == 0
+            return
+        time.sleep(0.05)
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+    pytest.fail("the forked child's interleaved pair hung: its helper thread was the parent's")

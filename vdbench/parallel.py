@@ -760,18 +760,20 @@ class _Helper:
 
     def __init__(self):
         self._lock = threading.Lock()
-        self._jobs = None
+        self._jobs = self._thread = None
 
     def submit(self, fn, *args) -> threading.Event:
         """Run ``fn(*args)`` on the helper thread; the event is set once it has returned (or raised: ``fn`` keeps
-        its own errors)."""
+        its own errors). A process forked after the thread started has the queue but not the thread (fork copies
+        only the calling thread): a thread not alive is started afresh, with a queue of its own."""
         import queue
 
         with self._lock:
-            if self._jobs is None:
+            if self._thread is None or not self._thread.is_alive():
                 self._jobs = queue.SimpleQueue()
-                threading.Thread(target=self._serve, args=(self._jobs,), name="vdbench-guidance-branch",
-                                 daemon=True).start()
+                self._thread = threading.Thread(target=self._serve, args=(self._jobs,),
+                                                name="vdbench-guidance-branch", daemon=True)
+                self._thread.start()
         done = threading.Event()
         self._jobs.put((fn, args, done))
         return done
