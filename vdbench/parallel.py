@@ -94,8 +94,8 @@ class ParallelSpec:
     # it applies (diffusers' Ulysses without ring or head chunks, a family that has one), settled by apply_engine
     async_exchange: Optional[bool] = None
     # --guidance_overlap: both guidance branches of a step computed together on every rank, on two host threads
-    # taking turns, so each branch's exchanges travel beside the other's GEMMs (interleaved
-    # and GuidanceSplit). None (auto): settled by settle_guidance_overlap with the request in hand
+    # taking turns, so each branch's exchanges travel beside the other's GEMMs (GuidanceSplit through interleaved).
+    # None (auto): settled by settle_guidance_overlap with the request in hand
     guidance_overlap: Optional[bool] = None
     guidance_overlap_reason: Optional[str] = None  # why it is off (auto), one line
 
@@ -804,8 +804,8 @@ def interleaved(first: Callable[[], object], second: Callable[[], object], devic
             with state(), _holding(baton, 1):
                 baton.wait(1)
                 result["second"] = second()
-        except _Abandoned:
-            pass
+        except _Abandoned:  # the first branch failed: its error is the one the caller raises
+            return
         except BaseException as e:  # handed to the caller's thread
             result["error"] = e
         finally:
