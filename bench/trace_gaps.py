@@ -18,7 +18,8 @@ Reads torch.profiler Chrome traces (a render's ``--profile_output NAME`` writes 
   gaps whose next kernel was launched only after the gap had begun (the GPU waited for the host), and each large gap
   says when that launch came (``launched_us`` after the gap's start; negative: launched before, the kernel waited
   on another stream or rank) and what the launching thread ran meanwhile (``host``: its outermost ops in the gap,
-  longest first).
+  longest first, the profiler's step marks left out; ``host_ops_us``: their time in the gap, the rest of which the
+  thread spent in Python between ops or waiting for the GIL).
 
 Prints one line per trace and writes the whole as JSON. CPU-only traces have no GPU kernels: said, not guessed.
 """
@@ -103,9 +104,9 @@ def analyse(events: list[dict], min_gap_us: float = 20.0, top: int = 12) -> dict
     launches = {e["args"]["correlation"]: e for e in events
                 if e.get("ph") == "X" and e.get("cat") == "cuda_runtime" and "correlation" in (e.get("args") or {})}
     host_ops: dict = {}
-    for e in events:
+    for e in events:  # the profiler's own step marks enclose everything: not an op the host ran
         if e.get("ph") == "X" and e.get("cat") in ("cpu_op", "cuda_runtime", "python_function", "user_annotation") \
-                and e.get("dur") is not None:
+                and e.get("dur") is not None and not str(e.get("name", "")).startswith("ProfilerStep#"):
             host_ops.setdefault(e.get("tid"), []).append(e)
     for ops in host_ops.values():
         ops.sort(key=lambda e: (e["ts"], -e["dur"]))
@@ -115,7 +116,7 @@ def analyse(events: list[dict], min_gap_us: float = 20.0, top: int = 12) -> dict
         corr = (ks[i].get("args") or {}).get("correlation") if i < len(ks) else None
         return launches.get(corr)
 
-    def host_during(tid, a, b, n=3):  # the thread's outermost ops overlapping [a, b], by their overlap
+    def host_during(tid, a, b):  # the thread's outermost ops overlapping [a, b], by their overlap
         outer, cover = [], float("-inf")
         for e in host_ops.get(tid, ()):
             if e["ts"] >= b:
@@ -125,7 +126,7 @@ def analyse(events: list[dict], min_gap_us: float = 20.0, top: int = 12) -> dict
             cover = e["ts"] + e["dur"]
             if cover > a:
                 outer.append((min(b, cover) - max(a, e["ts"]), e["name"]))
-        return [{"op": name[:60], "us": round(us, 1)} for us, name in sorted(outer, reverse=True)[:n]]
+        return sorted(outer, reverse=True)
 
     host_bound = 0.0
     for a, b in big:
@@ -137,8 +138,10 @@ def analyse(events: list[dict], min_gap_us: float = 20.0, top: int = 12) -> dict
         entry = {"us": b - a, "at_ms": (a - t0) / 1e3, "after": (before(a) or "")[:80], "before": (after(b) or "")[:80]}
         launch = launch_of(b)
         if launch is not None:
+            ops = host_during(launch.get("tid"), a, b)
             entry["launched_us"] = round(launch["ts"] - a, 1)
-            entry["host"] = host_during(launch.get("tid"), a, b)
+            entry["host_ops_us"] = round(sum(us for us, _ in ops), 1)  # the rest of the gap: Python, or the GIL
+            entry["host"] = [{"op": name[:60], "us": round(us, 1)} for us, name in ops[:3]]
         return entry
 
     largest = sorted(big, key=lambda ab: ab[0] - ab[1])[:top]

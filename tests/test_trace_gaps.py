@@ -56,6 +56,7 @@ def test_gaps_the_host_caused_are_told_from_gaps_waiting_on_another_stream():
     events = [
         kern("gemm", 0, 100, 1), launch(1, -10),
         # gap 100-200: the next kernel was launched at 190, after a synchronize the host sat in
+        {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#3", "ts": -50, "dur": 1000, "tid": 1},
         {"ph": "X", "cat": "cpu_op", "name": "aten::item", "ts": 95, "dur": 90, "tid": 1},
         {"ph": "X", "cat": "cuda_runtime", "name": "cudaStreamSynchronize", "ts": 96, "dur": 85, "tid": 1},
         kern("flash_fwd_kernel", 200, 100, 2), launch(2, 190),
@@ -66,6 +67,7 @@ def test_gaps_the_host_caused_are_told_from_gaps_waiting_on_another_stream():
     assert r["gaps"]["count"] == 2 and r["gaps"]["host_bound_ms"] == pytest.approx(0.100)
     host_gap, wait_gap = sorted(r["gaps"]["largest"], key=lambda g: g["at_ms"])
     assert host_gap["launched_us"] == 90 and host_gap["host"][0] == {"op": "aten::item", "us": 85.0}
-    assert wait_gap["launched_us"] == -250
+    assert host_gap["host_ops_us"] == 90.0  # aten::item in the gap (85 us, its sync nested in it) + the launch (5)
+    assert wait_gap["launched_us"] == -250 and wait_gap["host"] == []  # nothing but the profiler's step mark
     # a trace without the host side says nothing of it
     assert tg.analyse([k("gemm", 0, 10), k("gemm", 100, 10)])["gaps"]["host_bound_ms"] is None
