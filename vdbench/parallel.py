@@ -681,13 +681,21 @@ class Baton:
     B's Q/K/V, B's output) has the other branch's GEMMs beside it, never the attention kernel (whose persistent
     grid holds every SM). A side that has finished passes nothing: the other runs alone to its end."""
 
-    def __init__(self, lead: tuple[int, int] = (2, 1)):
+    def __init__(self, lead: tuple[int, int] = (2, 1), start_second: Optional[Callable[[], None]] = None):
         self._cv = threading.Condition()
         self._owner = 0
         self._skip = list(lead)
         self._done = [False, False]
         self._failed = False
         self.passes = 0  # hand-overs made (recorded: a pair that never alternated overlapped nothing)
+        # called once, at the first hand-over to side 1 (or when side 0 ends without one): side 1's thread is woken
+        # only then, so its wake-up costs the host nothing at the call's start, where the GPU waits for the host
+        self._start_second = start_second
+
+    def _second_started(self) -> None:
+        start, self._start_second = self._start_second, None
+        if start is not None:
+            start()
 
     def wait(self, side: int) -> None:
         """Block until ``side`` holds the turn; :class:`_Abandoned` if the other side failed."""
@@ -706,6 +714,7 @@ class Baton:
             self._owner = 1 - side
             self.passes += 1
             self._cv.notify_all()
+        self._second_started()
         self.wait(side)
 
     def finish(self, side: int, failed: bool = False) -> None:
@@ -715,6 +724,7 @@ class Baton:
             self._failed = self._failed or failed
             self._owner = 1 - side
             self._cv.notify_all()
+        self._second_started()
 
 
 def turn() -> None:
@@ -793,11 +803,18 @@ _HELPER = _Helper()
 
 def interleaved(first: Callable[[], object], second: Callable[[], object], device) -> tuple[object, object, int]:
     """``first()`` on this thread and ``second()`` on a helper thread, taking turns at every :func:`turn` (a
-    :class:`Baton`, ``first`` leading). Returns both results and the number of hand-overs. An error in either stops
-    both and is raised here (the first's own error when both failed)."""
-    baton = Baton()
+    :class:`Baton`, ``first`` leading; the helper is handed ``second`` at the first hand-over, when the GPU already
+    holds the first branch's opening work). Returns both results and the number of hand-overs. An error in either
+    stops both and is raised here (the first's own error when both failed)."""
     result: dict = {}
     state = _thread_state(torch.device(device))
+    ended = threading.Event()
+
+    def start_second():
+        nonlocal ended
+        ended = _HELPER.submit(contextvars.copy_context().run, run_second)
+
+    baton = Baton(start_second=start_second)
 
     def run_second():
         try:
@@ -811,7 +828,6 @@ def interleaved(first: Callable[[], object], second: Callable[[], object], devic
         finally:
             baton.finish(1, failed="error" in result)
 
-    ended = _HELPER.submit(contextvars.copy_context().run, run_second)
     try:
         with _holding(baton, 0):
             out = first()
