@@ -38,6 +38,9 @@ from .speed import COMPILE_BACKENDS, FP8_GEMM_SCOPES, INDUCTOR_TUNING
 __all__ = ["build_parser", "config_from_args", "main", "EXIT_OK", "EXIT_BAD_INPUT", "EXIT_UNSUPPORTED_CALL",
            "EXIT_PEER_FAILED", "EXIT_HUNG"]
 
+#: the choices of the flags whose ``auto`` the render settles (:func:`_auto_on_off`)
+AUTO_ON_OFF = ("auto", "on", "off")
+
 EXIT_OK = 0
 EXIT_BAD_INPUT = 2  # unknown/unavailable backend, bad size, model that can't be loaded, refused option
 EXIT_UNSUPPORTED_CALL = 3  # the backend met a call it cannot serve during the run
@@ -205,13 +208,13 @@ def build_parser(family: str | families.Family, prog: Optional[str] = None,
     add("--ulysses_overlap", type=int, default=1, metavar="N",
         help="Ulysses attention in N head chunks, each chunk's all-to-all running beside another chunk's attention "
              "(diffusers engine; the kernel label ends in /overlapN; 1: diffusers' own Ulysses) (default: 1)")
-    add("--ulysses_async", choices=("auto", "on", "off"), default="auto",
+    add("--ulysses_async", choices=AUTO_ON_OFF, default="auto",
         help="Ulysses self-attention with Q, K and V each sent to the other ranks as soon as it is made, while the "
              "next is projected, Q and K written by the RoPE straight into the exchange's layout (Wan; diffusers "
              "engine; the same output as diffusers' Ulysses; the kernel label ends in /async); auto: wherever it "
              "applies (Ulysses without ring or --ulysses_overlap), off: diffusers' own Ulysses (default: "
              "%(default)s)")
-    add("--guidance_overlap", choices=("auto", "on", "off"), default="auto",
+    add("--guidance_overlap", choices=AUTO_ON_OFF, default="auto",
         help="under Ulysses without --use_cfg_parallel: each step's two guidance branches computed together on "
              "every rank, on two host threads taking turns, so each branch's exchanges travel beside the other's "
              "GEMMs (Wan; diffusers engine with --ulysses_async; the same frames); auto: wherever it applies (not "
@@ -329,8 +332,13 @@ def config_from_args(fam: families.Family, args):
         vae_prewarm=args.vae_prewarm, attention_prewarm=args.attention_prewarm == "on",
         parallel_engine=args.parallel_engine, ulysses_degree=args.ulysses_degree, ring_degree=args.ring_degree,
         use_cfg_parallel=args.use_cfg_parallel, ulysses_overlap=args.ulysses_overlap,
-        ulysses_async={"on": True, "off": False}.get(args.ulysses_async),
-        guidance_overlap={"on": True, "off": False}.get(args.guidance_overlap), overwrite=args.overwrite)
+        ulysses_async=_auto_on_off(args.ulysses_async), guidance_overlap=_auto_on_off(args.guidance_overlap),
+        overwrite=args.overwrite)
+
+
+def _auto_on_off(value: str) -> Optional[bool]:
+    """An ``auto|on|off`` flag as the render takes it: None (auto, settled later), True or False."""
+    return {"on": True, "off": False}.get(value)
 
 
 def _listing(args) -> None:

@@ -358,8 +358,8 @@ def ulysses_self_attention(attn, hidden_states, rotary_emb, exchange, attend):
     RoPE writes there instead of into a tensor of its own), V takes one copy into it.
 
     ``exchange``: :class:`vdbench.patching.ulysses.UlyssesExchange` (``send_buffer``, ``start``, ``whole``,
-    ``back_start``, ``back_wait``, ``turn``); ``attend(q, k, v)``: the patched kernel on BSHD tensors holding the whole sequence for this rank's
-    heads. The arithmetic is the processor's, op for op (the same projections, norms and RoPE expressions, the
+    ``back_start``, ``back_wait``, ``turn``); ``attend(q, k, v)``: the patched kernel on BSHD tensors holding the
+    whole sequence for this rank's heads. The arithmetic is the processor's, op for op (the same projections, norms and RoPE expressions, the
     products rounded where diffusers rounds them), so the output equals diffusers' Ulysses template bit for bit.
     """
     heads = attn.heads

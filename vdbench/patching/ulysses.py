@@ -20,12 +20,12 @@ K while Q travels, and so on; and it writes Q and K into the send layout straigh
 layout copy at all.
 
 That leaves two exchanges of every call with nothing beside them: V's (the kernel needs it next) and the output's
-(the out-projection needs it next). :func:`vdbench.parallel.interleaved` gives them the other guidance branch's work instead
-(``--guidance_overlap``; the two-batch overlap of MoE inference engines, with classifier-free guidance's two
-branches as the two batches): the step's two denoiser calls run on two host threads that take turns at the
-processor's phase ends (:class:`vdbench.parallel.Baton`), so the GPU's one stream receives, per layer, one branch's attention, then
-the other's projections, then the first's out-projection and feed-forward, then the other's attention... and every
-exchange travels beside the other branch's GEMMs. Each branch's kernels are the ones it runs alone, on the same
+(the out-projection needs it next). :func:`vdbench.parallel.interleaved` gives them the other guidance branch's
+work instead (``--guidance_overlap``; the two-batch overlap of MoE inference engines, with classifier-free
+guidance's two branches as the two batches): the step's two denoiser calls run on two host threads that take turns
+at the processor's phase ends (:class:`vdbench.parallel.Baton`), so the GPU's one stream receives, per layer, one
+branch's attention, then the other's projections, then the first's out-projection and feed-forward, then the
+other's attention... and every exchange travels beside the other branch's GEMMs. Each branch's kernels are the ones it runs alone, on the same
 shapes, so its output is the same bit for bit.
 """
 
@@ -144,8 +144,5 @@ class UlyssesExchange:
         # from rank p: my tokens for p's heads -> (B, S_loc, P, h, D), heads in order
         return recv.view(self.world, b, s, h, d).permute(1, 2, 0, 3, 4).reshape(b, s, self.world * h * d)
 
-    @staticmethod
-    def turn() -> None:
-        """A phase's end: under ``--guidance_overlap`` the other guidance branch's turn."""
-        turn()
-
+    #: a phase's end: under ``--guidance_overlap`` the other guidance branch's turn
+    turn = staticmethod(turn)
