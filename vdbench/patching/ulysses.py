@@ -35,7 +35,8 @@ import torch
 
 from ..parallel import turn
 
-__all__ = ["UlyssesExchange", "can_overlap", "overlapped_ulysses"]
+__all__ = ["UlyssesExchange", "PeerCopyExchange", "PeerPool", "SymmetricMemory", "peer_pool", "can_overlap",
+           "overlapped_ulysses"]
 
 
 def can_overlap(query, key, value, attn_mask, world: int, chunks: int) -> bool:
@@ -146,3 +147,140 @@ class UlyssesExchange:
 
     #: a phase's end: under ``--guidance_overlap`` the other guidance branch's turn
     turn = staticmethod(turn)
+
+
+class PeerCopyExchange(UlyssesExchange):
+    """:class:`UlyssesExchange` with each all-to-all done as copies into the peers' memory (``--ulysses_transport
+    copy_engine``): torch's symmetric memory maps every rank's receive buffer into its peers' address space, so a
+    send is one ``copy_`` per peer, which the copy engines carry over NVLink without a single SM. NCCL's kernels
+    instead hold SMs (one CTA per channel, spinning until the peer's data arrives) and slow the GEMMs they travel
+    beside. What arrives, where, is the NCCL exchange's, so the output is the same bit for bit.
+
+    Each exchange runs on a side stream (:class:`PeerPool`): wait for the compute stream (the send buffer is
+    written), copy this rank's own share into its receive buffer, a barrier (every peer has reached the same
+    exchange, so its receive buffer's last contents were consumed), one copy into each peer, a barrier (every peer's
+    copy into this rank has landed). ``whole`` / ``back_wait`` make the compute stream wait for that."""
+
+    def __init__(self, group, world: int, pool: "PeerPool"):
+        super().__init__(group, world)
+        self.pool = pool
+        self._slot = 0
+
+    def _exchange(self, send):
+        slot, self._slot = self._slot, self._slot + 1
+        recv, done = self.pool.exchange(slot, send)
+        return done, recv, send
+
+    def start(self, buf):
+        return self._exchange(buf)
+
+    def whole(self, handle):
+        done, recv, _ = handle
+        self.pool.wait(done)
+        p, b, s, h, d = recv.shape
+        return recv.view(b, p * s, h, d)
+
+    def back_start(self, out):
+        b, s_all, h, d = out.shape
+        return self._exchange(out.contiguous().view(self.world, b, s_all // self.world, h, d))
+
+    def back_wait(self, handle):
+        done, recv, _ = handle
+        self.pool.wait(done)
+        p, b, s, h, d = recv.shape
+        return recv.permute(1, 2, 0, 3, 4).reshape(b, s, p * h * d)
+
+
+class PeerPool:
+    """The receive buffers and side streams of :class:`PeerCopyExchange` over one process group, kept for the
+    process: a buffer per (host thread, exchange of the call, shape, dtype), allocated and made symmetric at its
+    first use -- a collective, met in the same order on every rank because every rank runs the same code path (the
+    interleaved guidance branches too: :class:`vdbench.parallel.Baton` fixes their order). A buffer is reused by the
+    same exchange of the next layer only: the first barrier of that exchange says the peers consumed it.
+
+    ``transport``: the device primitives, :class:`SymmetricMemory` on CUDA; a test gives a stand-in."""
+
+    def __init__(self, transport):
+        self.t = transport
+        self.rank, self.world = transport.rank, transport.world
+        self._buffers: dict = {}
+
+    def exchange(self, slot: int, send):
+        """Send ``send`` (P, ...): part ``p`` to rank ``p``; returns (the receive buffer (P, ...), part ``p`` from
+        rank ``p`` once the returned event is waited for; the event)."""
+        import threading
+
+        key = (threading.get_ident(), slot, tuple(send.shape), send.dtype)
+        got = self._buffers.get(key)
+        if got is None:
+            got = self._buffers[key] = self.t.allocate(tuple(send.shape), send.dtype, send.device)
+        recv, peers, barrier = got
+        with self.t.side(send.device) as done:
+            recv[self.rank].copy_(send[self.rank])
+            barrier()
+            for step in range(1, self.world):  # each rank starts with its successor: no peer is written by all at once
+                p = (self.rank + step) % self.world
+                peers[p][self.rank].copy_(send[p])
+            barrier()
+        return recv, (done, send.device)
+
+    def wait(self, done) -> None:
+        self.t.wait(*done)
+
+
+class SymmetricMemory:
+    """:class:`PeerPool`'s primitives on CUDA: torch's symmetric memory (``torch.distributed._symmetric_memory``)
+    for the buffers and their barrier, a side stream per host thread for the copies."""
+
+    def __init__(self, group):
+        import torch.distributed as dist
+
+        self.group_name = group.group_name
+        self.rank, self.world = dist.get_rank(group), dist.get_world_size(group)
+        self._streams: dict = {}
+
+    def allocate(self, shape, dtype, device):
+        import torch.distributed._symmetric_memory as symm_mem
+
+        buf = symm_mem.empty(shape, dtype=dtype, device=device)
+        handle = symm_mem.rendezvous(buf, self.group_name)
+        peers = [buf if p == self.rank else handle.get_buffer(p, shape, dtype) for p in range(self.world)]
+        return buf, peers, lambda: handle.barrier(channel=0)
+
+    def side(self, device):
+        """A context on this thread's side stream of ``device``, which first waits for the compute stream (the
+        thread's current one: an interleaved branch's thread shares its caller's); yields the event recorded at its
+        end."""
+        from contextlib import contextmanager
+        import threading
+
+        stream = self._streams.get(threading.get_ident())
+        if stream is None:
+            stream = self._streams[threading.get_ident()] = torch.cuda.Stream(device=device)
+
+        @contextmanager
+        def on_side():
+            compute = torch.cuda.current_stream(device)
+            stream.wait_stream(compute)
+            done = torch.cuda.Event()
+            with torch.cuda.stream(stream):
+                yield done
+                done.record(stream)
+
+        return on_side()
+
+    @staticmethod
+    def wait(done, device) -> None:
+        torch.cuda.current_stream(device).wait_event(done)
+
+
+_POOLS: dict = {}
+
+
+def peer_pool(group) -> PeerPool:
+    """The process's :class:`PeerPool` over ``group`` (torch's symmetric memory; CUDA)."""
+    pool = _POOLS.get(group.group_name)
+    if pool is None:
+        pool = _POOLS[group.group_name] = PeerPool(SymmetricMemory(group))
+    return pool
+
