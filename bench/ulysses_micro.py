@@ -21,6 +21,11 @@ samples with p20-p80 (rank 0's clock). Pieces:
 * ``copy_v_send`` / ``copy_out_recv``: the layout copies left around the exchanges.
 * ``proj_whole`` / ``proj_per_dest``: the V projection as one GEMM, and as P GEMMs each writing a destination's
   heads straight into the send buffer (and whether the values are the same).
+* ``transport``: vdbench's two carriers of the exchange (``--ulysses_transport``) over the Ulysses group of a
+  diffusers-style device mesh, as a render makes it: ``transport_equal`` (the copy-engine exchange delivers what
+  NCCL's all-to-all does, bit for bit), ``xchg_nccl`` / ``xchg_ce`` alone, ``gemms`` (three projection GEMMs of the
+  layer, what an exchange travels beside) alone and ``gemms_beside_nccl`` / ``gemms_beside_ce`` with an exchange
+  issued just before.
 
 Writes one JSON (rank 0) with the device, the shapes and every piece's spread; prints a table.
 """
@@ -47,7 +52,10 @@ def parse(argv=None):
     p.add_argument("--head_dim", type=int, default=128, help="head dimension")
     p.add_argument("--margins", default="8,16,24", help="SMs left to NCCL, comma-separated")
     p.add_argument("--reps", type=int, default=20, help="timed samples per piece")
-    p.add_argument("--only", default="", help="comma-separated groups: attn, exchange, copies, layer, ce (default: all of them)")
+    p.add_argument("--only", default="", help="comma-separated groups: attn, exchange, copies, layer, ce, transport "
+                   "(default: all of them)")
+    p.add_argument("--hang_s", type=float, default=0, help="print every thread's Python stack after this many seconds "
+                   "(a hang's whereabouts; 0: never)")
     p.add_argument("-o", "--output", default="outputs/ulysses_micro.json", help="the JSON written by rank 0")
     return p.parse_args(argv)
 
@@ -184,8 +192,68 @@ def ce_pieces(res, fa, q, k, v, send, args, s, h, D, P, rank, dev):
     res["ce_equal"] = bool(all(torch.equal(buf[p], got[p]) for p in peers))
 
 
+def transport_pieces(res, args, s, h, D, P, rank, dev, dim, rnd):
+    """The exchange carried by NCCL and by the copy engines (vdbench.patching.ulysses.PeerPool), alone and beside the
+    projections' GEMMs, over a diffusers-style mesh's Ulysses group."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from vdbench.patching.ulysses import PeerPool, SymmetricMemory
+
+    group = init_device_mesh("cuda", (1, P), mesh_dim_names=("ring", "ulysses"))["ulysses"].get_group()
+    send = rnd(P, 1, s, h, D)
+    recv = torch.empty_like(send)
+    dist.all_to_all_single(recv, send, group=group)
+    print(f"rank {rank}: nccl exchange done", flush=True)
+    pool = PeerPool(SymmetricMemory(group))
+    got, done = pool.exchange(0, send)
+    print(f"rank {rank}: copy-engine exchange issued", flush=True)
+    pool.wait(done)
+    torch.cuda.synchronize()
+    print(f"rank {rank}: copy-engine exchange done", flush=True)
+    res["transport_equal"] = bool(torch.equal(got, recv))
+
+    def nccl():
+        dist.all_to_all_single(recv, send, group=group, async_op=True).wait()
+
+    def ce():
+        pool.wait(pool.exchange(0, send)[1])
+
+    res["xchg_nccl"] = timed(nccl, args.reps)
+    res["xchg_ce"] = timed(ce, args.reps)
+    x = rnd(s, dim)
+    ws = [rnd(dim, dim) for _ in range(3)]
+
+    def gemms():
+        for w in ws:
+            x @ w
+
+    res["gemms"] = timed(gemms, args.reps)
+
+    def beside(start):
+        def run():
+            handle = start()
+            gemms()
+            handle()
+        return run
+
+    def start_nccl():
+        work = dist.all_to_all_single(recv, send, group=group, async_op=True)
+        return work.wait
+
+    def start_ce():
+        _, d = pool.exchange(0, send)
+        return lambda: pool.wait(d)
+
+    res["gemms_beside_nccl"] = timed(beside(start_nccl), args.reps)
+    res["gemms_beside_ce"] = timed(beside(start_ce), args.reps)
+
+
 def main(argv=None) -> int:
     args = parse(argv)
+    if args.hang_s > 0:
+        import faulthandler
+
+        faulthandler.dump_traceback_later(args.hang_s, exit=True)
     dist.init_process_group("nccl")
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
@@ -257,6 +325,12 @@ def main(argv=None) -> int:
             ce_pieces(res, fa, q, k, v, send, args, s, h, D, P, rank, dev)
         except Exception as exc:  # noqa: BLE001 - a piece that can't run here is reported, the others go on
             res["ce_error"] = f"{type(exc).__name__}: {exc}"[:300]
+
+    if want("transport"):
+        try:
+            transport_pieces(res, args, s, h, D, P, rank, dev, dim, rnd)
+        except Exception as exc:  # noqa: BLE001 - a piece that can't run here is reported, the others go on
+            res["transport_error"] = f"{type(exc).__name__}: {exc}"[:300]
 
     hs = rnd(1, s, dim)
     if want("copies"):
