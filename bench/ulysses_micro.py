@@ -21,8 +21,9 @@ samples with p20-p80 (rank 0's clock). Pieces:
 * ``copy_v_send`` / ``copy_out_recv``: the layout copies left around the exchanges.
 * ``proj_whole`` / ``proj_per_dest``: the V projection as one GEMM, and as P GEMMs each writing a destination's
   heads straight into the send buffer (and whether the values are the same).
-* ``transport``: vdbench's two carriers of the exchange (``--ulysses_transport``) over the Ulysses group of a
-  diffusers-style device mesh, as a render makes it: ``transport_equal`` (the copy-engine exchange delivers what
+* ``transport``: two carriers of the exchange over the Ulysses group of a diffusers-style device mesh, as a render
+  makes it -- NCCL's all-to-all and copies into the peers' memory by the copy engines (:class:`PeerPool` over
+  torch's symmetric memory: no SMs, two barriers per exchange): ``transport_equal`` (the copy-engine exchange delivers what
   NCCL's all-to-all does, bit for bit), ``xchg_nccl`` / ``xchg_ce`` alone, ``gemms`` (three projection GEMMs of the
   layer, what an exchange travels beside) alone and ``gemms_beside_nccl`` / ``gemms_beside_ce`` with an exchange
   issued just before.
@@ -192,12 +193,92 @@ def ce_pieces(res, fa, q, k, v, send, args, s, h, D, P, rank, dev):
     res["ce_equal"] = bool(all(torch.equal(buf[p], got[p]) for p in peers))
 
 
+class PeerPool:
+    """The receive buffers and side streams of the copy-engine exchange over one process group, kept for the
+    process: a buffer per (host thread, exchange of the call, shape, dtype), allocated and made symmetric at its
+    first use -- a collective, met in the same order on every rank because every rank runs the same code path (the
+    interleaved guidance branches too). A buffer is reused by the
+    same exchange of the next layer only: the first barrier of that exchange says the peers consumed it.
+
+    ``transport``: the device primitives, :class:`SymmetricMemory` on CUDA; a test gives a stand-in."""
+
+    def __init__(self, transport):
+        self.t = transport
+        self.rank, self.world = transport.rank, transport.world
+        self._buffers: dict = {}
+
+    def exchange(self, slot: int, send):
+        """Send ``send`` (P, ...): part ``p`` to rank ``p``; returns (the receive buffer (P, ...), part ``p`` from
+        rank ``p`` once the returned event is waited for; the event)."""
+        import threading
+
+        key = (threading.get_ident(), slot, tuple(send.shape), send.dtype)
+        got = self._buffers.get(key)
+        if got is None:
+            got = self._buffers[key] = self.t.allocate(tuple(send.shape), send.dtype, send.device)
+        recv, peers, barrier = got
+        with self.t.side(send.device) as done:
+            recv[self.rank].copy_(send[self.rank])
+            barrier()
+            for step in range(1, self.world):  # each rank starts with its successor: no peer is written by all at once
+                p = (self.rank + step) % self.world
+                peers[p][self.rank].copy_(send[p])
+            barrier()
+        return recv, (done, send.device)
+
+    def wait(self, done) -> None:
+        self.t.wait(*done)
+
+class SymmetricMemory:
+    """:class:`PeerPool`'s primitives on CUDA: torch's symmetric memory (``torch.distributed._symmetric_memory``)
+    for the buffers and their barrier, a side stream per host thread for the copies."""
+
+    def __init__(self, group):
+        import torch.distributed as dist
+
+        self.group_name = group.group_name
+        self.rank, self.world = dist.get_rank(group), dist.get_world_size(group)
+        self._streams: dict = {}
+
+    def allocate(self, shape, dtype, device):
+        import torch.distributed._symmetric_memory as symm_mem
+
+        buf = symm_mem.empty(shape, dtype=dtype, device=device)
+        handle = symm_mem.rendezvous(buf, self.group_name)
+        peers = [buf if p == self.rank else handle.get_buffer(p, shape, dtype) for p in range(self.world)]
+        return buf, peers, lambda: handle.barrier(channel=0)
+
+    def side(self, device):
+        """A context on this thread's side stream of ``device``, which first waits for the compute stream (the
+        thread's current one: an interleaved branch's thread shares its caller's); yields the event recorded at its
+        end."""
+        from contextlib import contextmanager
+        import threading
+
+        stream = self._streams.get(threading.get_ident())
+        if stream is None:
+            stream = self._streams[threading.get_ident()] = torch.cuda.Stream(device=device)
+
+        @contextmanager
+        def on_side():
+            compute = torch.cuda.current_stream(device)
+            stream.wait_stream(compute)
+            done = torch.cuda.Event()
+            with torch.cuda.stream(stream):
+                yield done
+                done.record(stream)
+
+        return on_side()
+
+    @staticmethod
+    def wait(done, device) -> None:
+        torch.cuda.current_stream(device).wait_event(done)
+
+
 def transport_pieces(res, args, s, h, D, P, rank, dev, dim, rnd):
-    """The exchange carried by NCCL and by the copy engines (vdbench.patching.ulysses.PeerPool), alone and beside the
+    """The exchange carried by NCCL and by the copy engines (:class:`PeerPool`), alone and beside the
     projections' GEMMs, over a diffusers-style mesh's Ulysses group."""
     from torch.distributed.device_mesh import init_device_mesh
-
-    from vdbench.patching.ulysses import PeerPool, SymmetricMemory
 
     group = init_device_mesh("cuda", (1, P), mesh_dim_names=("ring", "ulysses"))["ulysses"].get_group()
     send = rnd(P, 1, s, h, D)

@@ -28,7 +28,7 @@ from typing import Optional
 from . import backends as B
 from . import families
 from .cache import CACHE_HELP, parse_cache
-from .parallel import ENGINE_CHOICES, EXIT_PEER_FAILED, TRANSPORT_AUTO, TRANSPORTS, ParallelSpec
+from .parallel import ENGINE_CHOICES, EXIT_PEER_FAILED, ParallelSpec
 from .helptext import DefaultsHelpFormatter
 from .patching import ON_UNSUPPORTED_CHOICES
 from .patching.schedule import resolve_attention
@@ -214,11 +214,6 @@ def build_parser(family: str | families.Family, prog: Optional[str] = None,
              "engine; the same output as diffusers' Ulysses; the kernel label ends in /async); auto: wherever it "
              "applies (Ulysses without ring or --ulysses_overlap), off: diffusers' own Ulysses (default: "
              "%(default)s)")
-    add("--ulysses_transport", choices=("auto",) + TRANSPORTS, default="auto",
-        help="what carries --ulysses_async's all-to-alls: nccl (NCCL's kernels, which hold SMs while they run) or "
-             "copy_engine (copies into the peers' memory by the GPUs' copy engines over NVLink, no SMs: torch's "
-             f"symmetric memory; CUDA); the same frames either way; auto: {TRANSPORT_AUTO}; the one that ran is in "
-             "timing.json's parallel.ulysses_transport (default: %(default)s)")
     add("--guidance_overlap", choices=AUTO_ON_OFF, default="auto",
         help="under Ulysses without --use_cfg_parallel: each step's two guidance branches computed together on "
              "every rank, on two host threads taking turns, so each branch's exchanges travel beside the other's "
@@ -338,7 +333,6 @@ def config_from_args(fam: families.Family, args):
         parallel_engine=args.parallel_engine, ulysses_degree=args.ulysses_degree, ring_degree=args.ring_degree,
         use_cfg_parallel=args.use_cfg_parallel, ulysses_overlap=args.ulysses_overlap,
         ulysses_async=_auto_on_off(args.ulysses_async), guidance_overlap=_auto_on_off(args.guidance_overlap),
-        ulysses_transport=None if args.ulysses_transport == "auto" else args.ulysses_transport,
         overwrite=args.overwrite)
 
 

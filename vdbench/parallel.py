@@ -98,9 +98,6 @@ class ParallelSpec:
     # None (auto): settled by settle_guidance_overlap with the request in hand
     guidance_overlap: Optional[bool] = None
     guidance_overlap_reason: Optional[str] = None  # why it is off (auto), one line
-    # --ulysses_transport: how --ulysses_async's all-to-alls travel: "nccl" (NCCL's kernels) or "copy_engine" (copies
-    # into the peers' memory, vdbench.patching.ulysses.PeerCopyExchange). None (auto): settled by apply_engine
-    transport: Optional[str] = None
 
     @property
     def world_size(self) -> int:
@@ -149,12 +146,6 @@ class ParallelSpec:
                              "needs --ulysses_degree >= 2 without --ring_degree, --ulysses_overlap or "
                              "--use_cfg_parallel, and --ulysses_async auto or on, on --parallel_engine diffusers "
                              "(or auto)")
-        if self.transport not in (None,) + TRANSPORTS:
-            raise ValueError(f"--ulysses_transport must be one of auto, {', '.join(TRANSPORTS)}, got {self.transport!r}")
-        if self.transport == "copy_engine" and (not self.async_applies or self.async_exchange is False):
-            raise ValueError("--ulysses_transport copy_engine carries the exchanges of --ulysses_async: it needs "
-                             "--ulysses_degree >= 2 without --ring_degree or --ulysses_overlap, with --ulysses_async "
-                             "auto or on, on --parallel_engine diffusers (or auto)")
         if self.async_exchange is True and not self.async_applies:
             raise ValueError("--ulysses_async on sends Q, K and V of Ulysses attention beside the projections: it "
                              "needs --ulysses_degree >= 2 without --ring_degree or --ulysses_overlap, on "
@@ -176,7 +167,7 @@ class ParallelSpec:
                 "use_cfg_parallel": self.use_cfg_parallel, "path": self.path, "label": self.label, "tag": self.tag,
                 "world_size": self.world_size, "head_chunks": self.head_chunks,
                 "async_exchange": self.async_exchange, "guidance_overlap": self.guidance_overlap,
-                "guidance_overlap_reason": self.guidance_overlap_reason, "ulysses_transport": self.transport}
+                "guidance_overlap_reason": self.guidance_overlap_reason}
 
 
 def resolve_engine(spec: ParallelSpec, device: torch.device,
@@ -198,10 +189,9 @@ def resolve_engine(spec: ParallelSpec, device: torch.device,
     if device.type != "cuda" or importlib.util.find_spec("xfuser") is None:
         why = "needs a CUDA GPU" if device.type != "cuda" else "is not installed"
         return replace(auto, engine="diffusers", engine_reason=f"auto: xfuser {why}")
-    if (spec.head_chunks > 1 or spec.async_exchange is True or spec.guidance_overlap is True
-            or spec.transport == "copy_engine"):
+    if spec.head_chunks > 1 or spec.async_exchange is True or spec.guidance_overlap is True:
         flag = ("--ulysses_overlap" if spec.head_chunks > 1 else "--ulysses_async on" if spec.async_exchange
-                else "--guidance_overlap on" if spec.guidance_overlap else "--ulysses_transport copy_engine")
+                else "--guidance_overlap on")
         return replace(auto, engine="diffusers", engine_reason=f"auto: {flag} runs on diffusers' engine")
     first = family.preferred_engine if family is not None else "xfuser"
     other = "diffusers" if first == "xfuser" else "xfuser"
@@ -238,42 +228,6 @@ def engine_check(device, members, family: families.Family, task: str, pipeline_c
             raise ValueError(why)
 
     return check
-
-
-#: ``--ulysses_transport``'s choices besides auto
-TRANSPORTS = ("nccl", "copy_engine")
-#: ``--ulysses_transport auto``: what carries the exchanges where either can
-TRANSPORT_AUTO = "nccl"
-
-
-def copy_engine_refusal(device) -> Optional[str]:
-    """Why ``--ulysses_transport copy_engine`` can't run on ``device`` (one line), or None."""
-    import importlib.util
-
-    if torch.device(device).type != "cuda":
-        return "it copies into the peers' GPU memory: needs CUDA GPUs (torch's symmetric memory)"
-    if importlib.util.find_spec("torch.distributed._symmetric_memory") is None:
-        return "this torch has no symmetric memory (torch.distributed._symmetric_memory)"
-    return None
-
-
-def settle_transport(spec: ParallelSpec, device) -> ParallelSpec:
-    """``--ulysses_transport``: ``copy_engine`` refused where it can't run; ``auto`` settled (where ``--ulysses_async``
-    runs: :data:`TRANSPORT_AUTO` where it can run, else nccl); None where no exchange of ours runs."""
-    runs = spec.async_applies and bool(spec.async_exchange)
-    if spec.transport == "copy_engine":
-        why = copy_engine_refusal(device) or (None if runs else "it carries --ulysses_async's exchanges, which "
-                                              "don't run here (this model family has no vdbench Ulysses "
-                                              "self-attention)")
-        if why:
-            raise ValueError(f"--ulysses_transport copy_engine: {why}\nuse --ulysses_transport nccl")
-        return spec
-    if not runs:
-        return replace(spec, transport=None)
-    if spec.transport is None:
-        auto = TRANSPORT_AUTO if TRANSPORT_AUTO == "nccl" or copy_engine_refusal(device) is None else "nccl"
-        return replace(spec, transport=auto)
-    return spec
 
 
 #: ``--guidance_overlap auto``: on wherever it applies
@@ -521,7 +475,6 @@ def apply_engine(ctx: DistContext, pipe, models: list, family: families.Family) 
         if spec.async_exchange is None:  # auto: where it applies; the record says what was settled
             spec = ctx.spec = replace(spec, async_exchange=spec.async_applies
                                       and family.ulysses_self_attention is not None)
-        spec = ctx.spec = settle_transport(spec, ctx.device)
 
         mesh = _cfg_mesh(ctx) if spec.use_cfg_parallel else None  # diffusers builds its own mesh otherwise
         for name, m in models if spec.sequence_degree > 1 else ():
@@ -534,7 +487,6 @@ def apply_engine(ctx: DistContext, pipe, models: list, family: families.Family) 
             # read by the patched dispatcher at each Ulysses call (vdbench.patching.ulysses)
             m._parallel_config.context_parallel_config.vdbench_head_chunks = spec.head_chunks
             m._parallel_config.context_parallel_config.vdbench_async = spec.async_exchange
-            m._parallel_config.context_parallel_config.vdbench_transport = spec.transport
         if spec.use_cfg_parallel or spec.guidance_overlap:
             split_guidance(ctx, pipe, models, family)
         warm_collectives(ctx, models)

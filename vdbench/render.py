@@ -136,7 +136,6 @@ class RenderConfig:
     ulysses_overlap: int = 1  # head chunks of the overlapped Ulysses attention (vdbench.patching.ulysses)
     ulysses_async: Optional[bool] = None  # Q, K, V sent beside the projections (Family.ulysses_self_attention); None: auto
     guidance_overlap: Optional[bool] = None  # both guidance branches interleaved on every rank; None: auto
-    ulysses_transport: Optional[str] = None  # what carries the async exchanges: nccl | copy_engine; None: auto
     overwrite: bool = False  # replace an existing output file this tool did not write
 
 
@@ -199,7 +198,7 @@ def render(cfg: RenderConfig, log=print, exit_code_of=None, started: Optional[Wa
     started = started if started is not None else wall_start(from_process=False)
     spec = P.ParallelSpec(cfg.parallel_engine, cfg.ulysses_degree, cfg.ring_degree, cfg.use_cfg_parallel,
                           head_chunks=cfg.ulysses_overlap, async_exchange=cfg.ulysses_async,
-                          guidance_overlap=cfg.guidance_overlap, transport=cfg.ulysses_transport)
+                          guidance_overlap=cfg.guidance_overlap)
     dctx = P.init_distributed(spec, cfg.device)
     if dctx is None:
         return _stages(cfg, log, None, started)

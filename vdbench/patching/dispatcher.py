@@ -13,7 +13,7 @@ import torch
 from ..backends import UnsupportedCall, sdpa_kernel_choice
 from .adapter import Adapter, path_tag
 from .calls import call_args
-from .ulysses import PeerCopyExchange, UlyssesExchange, can_overlap, overlapped_ulysses, peer_pool
+from .ulysses import UlyssesExchange, can_overlap, overlapped_ulysses
 
 __all__ = ["DispatcherAdapter"]
 
@@ -114,10 +114,7 @@ class DispatcherAdapter(Adapter):
         def attend(q, k, v):
             return self._serve_bshd(q, k, v, None, 0.0, False, None, False, tag=tag)
 
-        group = cp._ulysses_mesh.get_group()
-        exchange = (PeerCopyExchange(group, cp.ulysses_degree, peer_pool(group))
-                    if getattr(cp, "vdbench_transport", None) == "copy_engine"
-                    else UlyssesExchange(group, cp.ulysses_degree))
+        exchange = UlyssesExchange(cp._ulysses_mesh.get_group(), cp.ulysses_degree)
         return make(attn, hidden_states, rotary_emb, exchange, attend)
 
     def _cp_template(self):
