@@ -40,7 +40,7 @@ SMALL = ["--model", "tiny", "--height", "64", "--width", "96", "--num_frames", "
          "--attention_type", "sdpa", "--save_frames", "--save_latents"]
 VIDEO = "wan_result_t2v_tiny_9f_2s_attn_sdpa_64x96"  # + the layout of a torchrun render: _u2, _r2, _u2r2
 # what each render's name ends with: the layout (``ucfg`` carries a step cache too, before it)
-LAYOUT = {"single": "", "ulysses": "_u2", "utemplate": "_u2", "ring": "_r2", "hybrid": "_u2r2", "cfg": "_cfg2",
+LAYOUT = {"single": "", "ulysses": "_u2", "utemplate": "_u2", "ufp8": "_u2", "ring": "_r2", "hybrid": "_u2r2", "cfg": "_cfg2",
           "ucfg": "_cache-fbc-threshold=0.001_u2cfg2"}
 # FirstBlockCache with a threshold no step of these renders passes: every block computed, so the frames are the
 # uncached render's, while the cache's hooks, its decision shared over the Ulysses pair and its counts run
@@ -507,6 +507,11 @@ def renders(tmp_path_factory):
         proc = forked(SMALL + flags, base / name, nproc=n)
         assert proc.returncode == 0, proc.stderr[-3000:]
         out[name] = base / name
+    # the fp8 exchange's Triton kernels run on a CPU under Triton's interpreter
+    proc = forked(SMALL + ["--parallel_engine", "diffusers", "--ulysses_degree", "2", "--ulysses_fp8_exchange", "on"],
+                  base / "ufp8", nproc=2, TRITON_INTERPRET="1")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out["ufp8"] = base / "ufp8"
     return out
 
 
@@ -539,6 +544,20 @@ def test_ulysses_async_is_bit_identical_and_says_which_path_ran(renders):
         for r in e["ranks"]:
             by_kernel, by_kind = r["attention"]["calls_by_kernel"], r["attention"]["calls_by_kind"]
             assert by_kernel == {f"sdpa[flash]{path}": by_kind["self"], "sdpa[flash]": by_kind["cross"]}, by_kernel
+
+
+def test_fp8_exchange_is_close_to_one_process_and_says_so(renders):
+    """--ulysses_fp8_exchange on: V and the attention output cross as e4m3 rows with their scales. The latents are
+    no longer one process's bit for bit but close to them (e4m3 keeps 3 mantissa bits a row); every self-attention
+    call is labelled with the path that ran; the record says the exchange was fp8."""
+    one, got = _latents(renders["single"]), _latents(renders["ufp8"])
+    rel = ((got.float() - one.float()).norm() / one.float().norm()).item()
+    assert 0 < rel < 0.05, rel
+    e = json.loads((renders["ufp8"] / "results" / "timing.json").read_text())[-1]
+    assert e["parallel"]["fp8_exchange"] is True and e["parallel"]["async_exchange"] is True
+    for r in e["ranks"]:
+        by_kernel, by_kind = r["attention"]["calls_by_kernel"], r["attention"]["calls_by_kind"]
+        assert by_kernel == {"sdpa[flash]@ulysses2/async+fp8": by_kind["self"], "sdpa[flash]": by_kind["cross"]}
 
 
 @pytest.mark.parametrize("name,ranks", [("cfg", 2), ("ucfg", 4)])

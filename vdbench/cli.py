@@ -214,6 +214,12 @@ def build_parser(family: str | families.Family, prog: Optional[str] = None,
              "engine; the same output as diffusers' Ulysses; the kernel label ends in /async); auto: wherever it "
              "applies (Ulysses without ring or --ulysses_overlap), off: diffusers' own Ulysses (default: "
              "%(default)s)")
+    add("--ulysses_fp8_exchange", choices=("off", "on"), default="off",
+        help="V and the attention output of --ulysses_async's exchange cross as fp8 e4m3 with a scale per (token, "
+             "head): half the bytes of the two exchanges nothing hides, quantized inside the layout copies they "
+             "need anyway (Triton); the frames are then no longer the one-GPU render's bit for bit: compare them "
+             "(bench/parallel_summary.py gives the PSNR); the kernel label ends in /async+fp8 (default: "
+             "%(default)s)")
     add("--guidance_overlap", choices=AUTO_ON_OFF, default="auto",
         help="under Ulysses without --use_cfg_parallel: each step's two guidance branches computed together on "
              "every rank, on two host threads taking turns, so each branch's exchanges travel beside the other's "
@@ -333,6 +339,7 @@ def config_from_args(fam: families.Family, args):
         parallel_engine=args.parallel_engine, ulysses_degree=args.ulysses_degree, ring_degree=args.ring_degree,
         use_cfg_parallel=args.use_cfg_parallel, ulysses_overlap=args.ulysses_overlap,
         ulysses_async=_auto_on_off(args.ulysses_async), guidance_overlap=_auto_on_off(args.guidance_overlap),
+        ulysses_fp8_exchange=args.ulysses_fp8_exchange == "on",
         overwrite=args.overwrite)
 
 

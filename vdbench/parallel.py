@@ -98,6 +98,9 @@ class ParallelSpec:
     # None (auto): settled by settle_guidance_overlap with the request in hand
     guidance_overlap: Optional[bool] = None
     guidance_overlap_reason: Optional[str] = None  # why it is off (auto), one line
+    # --ulysses_fp8_exchange: V and the attention output of --ulysses_async's exchange cross as e4m3 rows with a
+    # scale each (vdbench.patching.ulysses.Fp8Exchange): half the bytes, not the one-GPU output bit for bit
+    fp8_exchange: bool = False
 
     @property
     def world_size(self) -> int:
@@ -146,6 +149,10 @@ class ParallelSpec:
                              "needs --ulysses_degree >= 2 without --ring_degree, --ulysses_overlap or "
                              "--use_cfg_parallel, and --ulysses_async auto or on, on --parallel_engine diffusers "
                              "(or auto)")
+        if self.fp8_exchange and (not self.async_applies or self.async_exchange is False):
+            raise ValueError("--ulysses_fp8_exchange on quantizes the exchanges of --ulysses_async: it needs "
+                             "--ulysses_degree >= 2 without --ring_degree or --ulysses_overlap, with --ulysses_async "
+                             "auto or on, on --parallel_engine diffusers (or auto)")
         if self.async_exchange is True and not self.async_applies:
             raise ValueError("--ulysses_async on sends Q, K and V of Ulysses attention beside the projections: it "
                              "needs --ulysses_degree >= 2 without --ring_degree or --ulysses_overlap, on "
@@ -167,7 +174,7 @@ class ParallelSpec:
                 "use_cfg_parallel": self.use_cfg_parallel, "path": self.path, "label": self.label, "tag": self.tag,
                 "world_size": self.world_size, "head_chunks": self.head_chunks,
                 "async_exchange": self.async_exchange, "guidance_overlap": self.guidance_overlap,
-                "guidance_overlap_reason": self.guidance_overlap_reason}
+                "guidance_overlap_reason": self.guidance_overlap_reason, "fp8_exchange": self.fp8_exchange}
 
 
 def resolve_engine(spec: ParallelSpec, device: torch.device,
@@ -189,9 +196,9 @@ def resolve_engine(spec: ParallelSpec, device: torch.device,
     if device.type != "cuda" or importlib.util.find_spec("xfuser") is None:
         why = "needs a CUDA GPU" if device.type != "cuda" else "is not installed"
         return replace(auto, engine="diffusers", engine_reason=f"auto: xfuser {why}")
-    if spec.head_chunks > 1 or spec.async_exchange is True or spec.guidance_overlap is True:
+    if spec.head_chunks > 1 or spec.async_exchange is True or spec.guidance_overlap is True or spec.fp8_exchange:
         flag = ("--ulysses_overlap" if spec.head_chunks > 1 else "--ulysses_async on" if spec.async_exchange
-                else "--guidance_overlap on")
+                else "--guidance_overlap on" if spec.guidance_overlap else "--ulysses_fp8_exchange on")
         return replace(auto, engine="diffusers", engine_reason=f"auto: {flag} runs on diffusers' engine")
     first = family.preferred_engine if family is not None else "xfuser"
     other = "diffusers" if first == "xfuser" else "xfuser"
@@ -228,6 +235,22 @@ def engine_check(device, members, family: families.Family, task: str, pipeline_c
             raise ValueError(why)
 
     return check
+
+
+def fp8_exchange_refusal(spec: ParallelSpec, device) -> Optional[str]:
+    """Why ``--ulysses_fp8_exchange on`` can't run in this render (one line), or None: it quantizes the exchanges of
+    vdbench's own Ulysses self-attention (settled on by then), in Triton kernels (a GPU Triton compiles for, or its
+    interpreter: ``TRITON_INTERPRET=1``)."""
+    import importlib.util
+
+    if not spec.async_exchange:
+        return "this model family has no vdbench Ulysses self-attention whose exchanges it could quantize"
+    if importlib.util.find_spec("triton") is None:
+        return "its kernels are Triton's: pip install triton"
+    if torch.device(device).type != "cuda" and os.environ.get("TRITON_INTERPRET", "0").lower() not in (
+            "1", "true", "on", "yes"):
+        return "its Triton kernels need a GPU (or TRITON_INTERPRET=1 to run them on the CPU, slowly)"
+    return None
 
 
 #: ``--guidance_overlap auto``: on wherever it applies
@@ -475,6 +498,10 @@ def apply_engine(ctx: DistContext, pipe, models: list, family: families.Family) 
         if spec.async_exchange is None:  # auto: where it applies; the record says what was settled
             spec = ctx.spec = replace(spec, async_exchange=spec.async_applies
                                       and family.ulysses_self_attention is not None)
+        if spec.fp8_exchange:
+            why = fp8_exchange_refusal(spec, ctx.device)
+            if why:
+                raise ValueError(f"--ulysses_fp8_exchange on: {why}\nuse --ulysses_fp8_exchange off")
 
         mesh = _cfg_mesh(ctx) if spec.use_cfg_parallel else None  # diffusers builds its own mesh otherwise
         for name, m in models if spec.sequence_degree > 1 else ():
@@ -487,6 +514,7 @@ def apply_engine(ctx: DistContext, pipe, models: list, family: families.Family) 
             # read by the patched dispatcher at each Ulysses call (vdbench.patching.ulysses)
             m._parallel_config.context_parallel_config.vdbench_head_chunks = spec.head_chunks
             m._parallel_config.context_parallel_config.vdbench_async = spec.async_exchange
+            m._parallel_config.context_parallel_config.vdbench_fp8_exchange = spec.fp8_exchange
         if spec.use_cfg_parallel or spec.guidance_overlap:
             split_guidance(ctx, pipe, models, family)
         warm_collectives(ctx, models)

@@ -136,6 +136,7 @@ class RenderConfig:
     ulysses_overlap: int = 1  # head chunks of the overlapped Ulysses attention (vdbench.patching.ulysses)
     ulysses_async: Optional[bool] = None  # Q, K, V sent beside the projections (Family.ulysses_self_attention); None: auto
     guidance_overlap: Optional[bool] = None  # both guidance branches interleaved on every rank; None: auto
+    ulysses_fp8_exchange: bool = False  # V and the output exchanged as e4m3 rows with scales (Fp8Exchange)
     overwrite: bool = False  # replace an existing output file this tool did not write
 
 
@@ -198,7 +199,7 @@ def render(cfg: RenderConfig, log=print, exit_code_of=None, started: Optional[Wa
     started = started if started is not None else wall_start(from_process=False)
     spec = P.ParallelSpec(cfg.parallel_engine, cfg.ulysses_degree, cfg.ring_degree, cfg.use_cfg_parallel,
                           head_chunks=cfg.ulysses_overlap, async_exchange=cfg.ulysses_async,
-                          guidance_overlap=cfg.guidance_overlap)
+                          guidance_overlap=cfg.guidance_overlap, fp8_exchange=cfg.ulysses_fp8_exchange)
     dctx = P.init_distributed(spec, cfg.device)
     if dctx is None:
         return _stages(cfg, log, None, started)

@@ -357,8 +357,8 @@ def ulysses_self_attention(attn, hidden_states, rotary_emb, exchange, attend):
     projected, and K's while V is. Q and K leave the rotary embedding already in the exchange's send layout (the
     RoPE writes there instead of into a tensor of its own), V takes one copy into it.
 
-    ``exchange``: :class:`vdbench.patching.ulysses.UlyssesExchange` (``send_buffer``, ``start``, ``whole``,
-    ``back_start``, ``back_wait``, ``turn``); ``attend(q, k, v)``: the patched kernel on BSHD tensors holding the
+    ``exchange``: :class:`vdbench.patching.ulysses.UlyssesExchange` (``send_buffer``, ``start``, ``send``,
+    ``whole``, ``back_start``, ``back_wait``, ``turn``); ``attend(q, k, v)``: the patched kernel on BSHD tensors holding the
     whole sequence for this rank's heads. The arithmetic is the processor's, op for op (the same projections, norms and RoPE expressions, the
     products rounded where diffusers rounds them), so the output equals diffusers' Ulysses template bit for bit.
     """
@@ -372,9 +372,11 @@ def ulysses_self_attention(attn, hidden_states, rotary_emb, exchange, attend):
 
     def sent(x, norm):
         x = x.unflatten(2, (heads, -1)) if norm is None else norm(x).unflatten(2, (heads, -1))
+        if norm is None:  # V: sent as it is (the exchange makes its own layout copy)
+            return exchange.send(x)
         buf, dst = exchange.send_buffer(x)  # dst: the send buffer as (B, S_loc, P, h, D), heads split by rank
         x = x.unflatten(2, dst.shape[2:4])
-        if norm is None or rotary_emb is None:
+        if rotary_emb is None:
             dst.copy_(x)
         else:  # the frequencies (1, S_loc, 1, D) broadcast over both head dims
             _rope_into(x, *(f.unsqueeze(2) for f in rotary_emb), dst)

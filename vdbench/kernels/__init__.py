@@ -19,7 +19,9 @@ pure-torch emulations are in ``vdbench.numerics``.
 
 Two helpers of backends live here too: ``fa3_prepass`` (``fav3_fp8``'s fused per-(batch, head) e4m3 pre-pass,
 bit-equal to ``numerics.fp8_bh_inputs``) and ``channels`` (the ``sagev2`` fp8 entries' zero-V-channel guard);
-``fa3_fp8_prepass()`` and ``zero_channels_()`` import them on first use.
+``fa3_fp8_prepass()`` and ``zero_channels_()`` import them on first use. ``exchange_fp8`` is Ulysses' fp8 exchange
+(``--ulysses_fp8_exchange``: e4m3 rows with a scale each, quantized inside the exchange's layout copies), imported
+by ``vdbench.patching.ulysses.Fp8Exchange`` on first use.
 
 Importing this package never imports triton (``forward`` / ``prepass`` import the kernel modules on first use),
 and Triton decides at *decoration* time whether a ``@triton.jit`` function is compiled or interpreted: to run them on

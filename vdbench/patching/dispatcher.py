@@ -13,7 +13,7 @@ import torch
 from ..backends import UnsupportedCall, sdpa_kernel_choice
 from .adapter import Adapter, path_tag
 from .calls import call_args
-from .ulysses import UlyssesExchange, can_overlap, overlapped_ulysses
+from .ulysses import Fp8Exchange, UlyssesExchange, can_overlap, overlapped_ulysses
 
 __all__ = ["DispatcherAdapter"]
 
@@ -109,12 +109,13 @@ class DispatcherAdapter(Adapter):
                 or attention_mask is not None or kwargs or hidden_states.shape[0] != 1 or cp.ring_degree != 1
                 or attn.heads % cp.ulysses_degree or self.patch.passthrough):
             return NotImplemented
-        tag = f"{path_tag(cp.ulysses_degree, 1)}/async"
+        fp8 = getattr(cp, "vdbench_fp8_exchange", False)
+        tag = f"{path_tag(cp.ulysses_degree, 1)}/async{'+fp8' if fp8 else ''}"
 
         def attend(q, k, v):
             return self._serve_bshd(q, k, v, None, 0.0, False, None, False, tag=tag)
 
-        exchange = UlyssesExchange(cp._ulysses_mesh.get_group(), cp.ulysses_degree)
+        exchange = (Fp8Exchange if fp8 else UlyssesExchange)(cp._ulysses_mesh.get_group(), cp.ulysses_degree)
         return make(attn, hidden_states, rotary_emb, exchange, attend)
 
     def _cp_template(self):

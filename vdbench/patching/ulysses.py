@@ -35,7 +35,7 @@ import torch
 
 from ..parallel import turn
 
-__all__ = ["UlyssesExchange", "can_overlap", "overlapped_ulysses"]
+__all__ = ["UlyssesExchange", "Fp8Exchange", "can_overlap", "overlapped_ulysses"]
 
 
 def can_overlap(query, key, value, attn_mask, world: int, chunks: int) -> bool:
@@ -113,6 +113,13 @@ class UlyssesExchange:
         # (B, S_loc, H, D) is not one view of buf: the producer writes x split as (B, S_loc, P, h, D)
         return buf, buf.permute(1, 2, 0, 3, 4)
 
+    def send(self, x):
+        """Start exchanging ``x`` (B, S_loc, H, D) as it is (one layout copy into the send buffer); :meth:`whole`
+        ends it."""
+        buf, dst = self.send_buffer(x)
+        dst.copy_(x.unflatten(2, dst.shape[2:4]))
+        return self.start(buf)
+
     def start(self, buf):
         import torch.distributed as dist
 
@@ -146,3 +153,83 @@ class UlyssesExchange:
 
     #: a phase's end: under ``--guidance_overlap`` the other guidance branch's turn
     turn = staticmethod(turn)
+
+
+class _Fp8Handle:
+    """An exchange in flight as e4m3 rows and their scales, one packed byte buffer per destination."""
+
+    def __init__(self, work, recv, send, shape, dtype):
+        self.work, self.recv, self.send, self.shape, self.dtype = work, recv, send, shape, dtype
+
+
+class Fp8Exchange(UlyssesExchange):
+    """:class:`UlyssesExchange` with V and the attention output crossing as e4m3 (``--ulysses_fp8_exchange``): the
+    two exchanges nothing hides (the kernel needs V next, the out-projection the output) at half their bytes. Each
+    (token, head) row of ``D`` values gets its own fp32 scale (amax / 448); the rows and their scales travel in
+    one byte buffer per destination, so it is still one all-to-all. The quantization is the layout copy the
+    exchange needed anyway (``vdbench.kernels.exchange_fp8``): V goes from the projection into the send layout
+    as e4m3, and the output is dequantized straight into this rank's tokens with every head in order. Q and K
+    travel beside the projections in the model's dtype. The output is no longer the one-GPU render's bit for bit:
+    its quality against that render is what the option costs."""
+
+    def _packed(self, x5, dtype):
+        """Quantize ``x5`` (P, B, S, h, D view, row per (token, head)) into a packed send buffer and start its
+        exchange."""
+        from ..kernels.exchange_fp8 import quantize_rows
+        import torch.distributed as dist
+
+        p, b, s, h, d = x5.shape
+        n = b * s * h * d
+        buf = torch.empty((p, n + 4 * b * s * h), dtype=torch.uint8, device=x5.device)
+        data, scale = self._views(buf, (b, s, h, d))
+        quantize_rows(x5, data, scale)
+        recv = torch.empty_like(buf)
+        work = dist.all_to_all_single(recv, buf, group=self.group, async_op=True)
+        return _Fp8Handle(work, recv, buf, (b, s, h, d), dtype)
+
+    @staticmethod
+    def _views(buf, shape):
+        """(e4m3 rows (P, B, S, h, D), fp32 scales (P, B, S, h)) of a packed buffer."""
+        b, s, h, d = shape
+        n = b * s * h * d
+        p = buf.shape[0]
+        return (buf[:, :n].view(torch.float8_e4m3fn).view(p, b, s, h, d),
+                buf[:, n:].view(torch.float32).view(p, b, s, h))
+
+    def send(self, x):
+        b, s, heads, d = x.shape
+        if (b * s * (heads // self.world) * d) % 4:
+            return super().send(x)  # the scales would not be 4-byte aligned in the packed buffer
+        return self._packed(x.view(b, s, self.world, heads // self.world, d).permute(2, 0, 1, 3, 4), x.dtype)
+
+    def whole(self, handle):
+        if not isinstance(handle, _Fp8Handle):
+            return super().whole(handle)
+        from ..kernels.exchange_fp8 import dequantize_rows
+
+        handle.work.wait()
+        b, s, h, d = handle.shape
+        data, scale = self._views(handle.recv, handle.shape)
+        out = torch.empty((b, self.world * s, h, d), dtype=handle.dtype, device=data.device)
+        dequantize_rows(data, scale, out.view(b, self.world, s, h, d).permute(1, 0, 2, 3, 4))
+        return out
+
+    def back_start(self, out):
+        b, s_all, h, d = out.shape
+        s = s_all // self.world
+        if (b * s * h * d) % 4:
+            return super().back_start(out)
+        return self._packed(out.view(b, self.world, s, h, d).permute(1, 0, 2, 3, 4), out.dtype)
+
+    def back_wait(self, handle):
+        if not isinstance(handle, _Fp8Handle):
+            return super().back_wait(handle)
+        from ..kernels.exchange_fp8 import dequantize_rows
+
+        handle.work.wait()
+        b, s, h, d = handle.shape
+        data, scale = self._views(handle.recv, handle.shape)
+        out = torch.empty((b, s, self.world * h * d), dtype=handle.dtype, device=data.device)
+        # from rank p: my tokens for p's heads -> (B, S_loc, P, h, D), heads in order
+        dequantize_rows(data, scale, out.view(b, s, self.world, h, d).permute(2, 0, 1, 3, 4))
+        return out
