@@ -179,6 +179,11 @@ def build_parser(family: str | families.Family, prog: Optional[str] = None,
              "they can't run), eager "
              "(PyTorch ops), auto (triton on a GPU where it runs, else eager; recorded in timing.json) "
              "(default: auto)")
+    add("--scheduler_prewarm", choices=("on", "off"), default="on",
+        help="on (a CUDA device): run a copy of the scheduler through the render's steps on a tiny sample during the "
+             "load, so what its step pays once (cuSOLVER's load at a multistep solver's third step) is load time, "
+             "not a warm step's (recorded in timing.json: run.resolved.scheduler_prewarm); off: the step pays it "
+             "(default: %(default)s)")
     add("--attention_prewarm", choices=("on", "off"), default="on",
         help="on: compile the attention backend's first-call kernels (fav3_fp8's Triton pre-pass) for this render's "
              "call shapes in a worker process while the model loads, so the first denoising step finds them "
@@ -336,6 +341,7 @@ def config_from_args(fam: families.Family, args):
         vae_decode=args.vae_decode,
         vae_encode=args.vae_encode, vae_max_memory=args.vae_max_memory, vae_timeout=args.vae_timeout, vae_glue=args.vae_glue,
         vae_prewarm=args.vae_prewarm, attention_prewarm=args.attention_prewarm == "on",
+        scheduler_prewarm=args.scheduler_prewarm == "on",
         parallel_engine=args.parallel_engine, ulysses_degree=args.ulysses_degree, ring_degree=args.ring_degree,
         use_cfg_parallel=args.use_cfg_parallel, ulysses_overlap=args.ulysses_overlap,
         ulysses_async=_auto_on_off(args.ulysses_async), guidance_overlap=_auto_on_off(args.guidance_overlap),

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import time
 from typing import Any, Optional
 
 import torch
@@ -41,6 +42,7 @@ from .tiny import (BUILDER_VERSION, RANDOM_VARIANTS, TINY_VARIANTS, TinyVariant,
                    ensure_tiny, get_variant, random_variant, tiny_model_dir)
 
 __all__ = [
+    "prewarm_scheduler",
     "BUILDER_VERSION",
     "MODEL_KINDS",
     "Model",
@@ -514,6 +516,33 @@ def set_flow_shift(pipe, shift: float) -> Optional[float]:
         return None
     pipe.scheduler = type(pipe.scheduler).from_config(pipe.scheduler.config, flow_shift=shift)
     return shift
+
+
+def prewarm_scheduler(scheduler, steps: int, device, dtype) -> dict:
+    """Run a copy of ``scheduler`` through ``steps`` steps on a tiny random sample on ``device``, so the first-call
+    costs its step pays (a library loaded on its first call: diffusers' multistep solvers call ``torch.linalg.solve``
+    from their third step on, and its first call on a CUDA device loads cuSOLVER) are paid in the load, not inside a
+    timed step where they would pass for step time. The pipeline's own scheduler is left as it was, and so is every
+    random number generator (a stochastic scheduler draws from them). Returns the record: ``status`` (``done`` or
+    ``skipped``), ``s`` (its time, host clock after a synchronize), ``why`` where skipped."""
+    import copy
+
+    t0 = time.perf_counter()
+    try:
+        dry = copy.deepcopy(scheduler)
+        dry.set_timesteps(steps, device=device)
+        g = torch.Generator(device=device).manual_seed(0)
+        with torch.random.fork_rng(devices=[device] if torch.device(device).type == "cuda" else []):
+            sample = torch.randn(1, 4, 2, 2, 2, device=device, generator=g)
+            for t in dry.timesteps:
+                noise = torch.randn(sample.shape, device=device, generator=g).to(dtype)
+                sample = dry.step(noise, t, sample, return_dict=False)[0]
+        if torch.device(device).type == "cuda":
+            torch.cuda.synchronize(device)
+    except Exception as e:  # noqa: BLE001 - a scheduler this dry run can't drive is simply not prewarmed, and says so
+        return {"status": "skipped", "why": f"{type(scheduler).__name__}: {type(e).__name__}: {e}"[:200]}
+    return {"status": "done", "scheduler": type(scheduler).__name__, "steps": steps,
+            "s": round(time.perf_counter() - t0, 4)}
 
 
 def _patch_hw(transformer) -> tuple[int, int]:

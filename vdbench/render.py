@@ -127,6 +127,7 @@ class RenderConfig:
     vae_glue: str = "auto"  # auto | triton | eager: the fast decode's (and encode's) glue (vdbench.vae.decode.GLUES)
     vae_prewarm: bool = True  # compile the fast VAE path's kernels on a thread while the GPU denoises (vdbench.vae.prewarm)
     attention_prewarm: bool = True  # the backend's first-call kernels compiled during the load (backends.prewarm)
+    scheduler_prewarm: bool = True  # the scheduler's first-call costs paid in the load (pipelines.prewarm_scheduler)
     extra_pipe_kwargs: dict = field(default_factory=dict)
     # multi-process (torchrun): see vdbench.parallel
     parallel_engine: str = "xfuser"
@@ -534,7 +535,7 @@ def _load_checked(plan: Plan, laps: Laps) -> tuple:
 def load(plan: Plan) -> Loaded:
     """Load the pipeline and check what only the loaded model can tell (its exact size rules, its head dims)."""
     from . import parallel as P
-    from .pipelines import ModelLoadError, model_summary
+    from .pipelines import ModelLoadError, model_summary, prewarm_scheduler
     from .speed import apply_speed_options
 
     cfg, family, device, dctx = plan.cfg, plan.family, plan.device, plan.dctx
@@ -612,6 +613,15 @@ def load(plan: Plan) -> Loaded:
     if plan.model.image:
         kwargs["image"] = _load_image(cfg.image, cfg.width, cfg.height)
     part("header")
+    # the scheduler's first-call costs (cuSOLVER's load at a multistep solver's third step) paid here, not in a step
+    if not cfg.scheduler_prewarm:
+        header["resolved"]["scheduler_prewarm"] = {"status": "skipped", "why": "--scheduler_prewarm off"}
+    elif device.type != "cuda":
+        header["resolved"]["scheduler_prewarm"] = {"status": "skipped", "why": "not a CUDA device"}
+    else:
+        header["resolved"]["scheduler_prewarm"] = prewarm_scheduler(pipe.scheduler, cfg.num_inference_steps, device,
+                                                                    plan.dtype)
+    part("scheduler_prewarm")
     if device.type == "cuda":  # the load's last copies and quantization kernels are the load's time
         torch.cuda.synchronize(device)
     part("sync")
