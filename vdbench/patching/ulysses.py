@@ -25,8 +25,11 @@ work instead (``--guidance_overlap``; the two-batch overlap of MoE inference eng
 guidance's two branches as the two batches): the step's two denoiser calls run on two host threads that take turns
 at the processor's phase ends (:class:`vdbench.parallel.Baton`), so the GPU's one stream receives, per layer, one
 branch's attention, then the other's projections, then the first's out-projection and feed-forward, then the
-other's attention... and every exchange travels beside the other branch's GEMMs. Each branch's kernels are the ones it runs alone, on the same
-shapes, so its output is the same bit for bit.
+other's attention... and every exchange travels beside the other branch's GEMMs. Each branch's kernels are the ones
+it runs alone, on the same shapes, so its output is the same bit for bit.
+
+:class:`Fp8Exchange` (``--ulysses_fp8_exchange``) shrinks those two instead: V and the output cross as e4m3 rows with
+a scale each, quantized inside the layout copies they take anyway; lossy, so off by default.
 """
 
 from __future__ import annotations
