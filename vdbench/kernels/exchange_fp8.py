@@ -3,10 +3,11 @@ with one fp32 scale per (token, head) row of ``D`` values, half the bytes of bf1
 
 Each kernel also does the layout copy the exchange needs anyway, so the quantization costs no pass of its own:
 
-* ``quantize_rows``: rows of a strided 4-D view (the projection's (B, S_loc, P, h, D) split by destination, or the
-  attention output) -> e4m3 rows and their scales at the positions a second 4-D view names (the send buffer).
-* ``dequantize_rows``: the reverse, e4m3 rows and scales -> the model's dtype, into any strided 4-D view (the
-  kernel's BSHD input, or this rank's tokens with every head in order).
+* ``quantize_rows``: the rows of a strided 5-D view (four row dims, then ``D``: the projection's (B, S_loc, P, h, D)
+  split by destination, or the attention output) -> e4m3 rows and their scales at the positions a second view of the
+  same shape names (the send buffer).
+* ``dequantize_rows``: the reverse, e4m3 rows and scales -> the model's dtype, into any strided view of that shape
+  (the kernel's BSHD input, or this rank's tokens with every head in order).
 
 Scale = amax(|row|) / 448 (1 for a row of zeros), so every row uses e4m3's whole range; the value is rounded to
 nearest. ``vdbench.numerics`` has no emulation of its own: :func:`reference_quantize_rows` is the same arithmetic in
