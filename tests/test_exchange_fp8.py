@@ -63,3 +63,18 @@ def test_refused_where_it_cant_run():
     assert "no vdbench Ulysses self-attention" in P.fp8_exchange_refusal(spec, "cpu")
     assert P.resolve_engine(P.ParallelSpec("auto", 2, 1, fp8_exchange=True), torch.device("cpu")).engine == \
         "diffusers"
+
+
+def test_packed_buffer_keeps_the_scales_aligned_for_any_row_count():
+    """Rows and scales share one byte buffer per destination (one all-to-all); the rows' bytes are rounded up to 4,
+    so the fp32 scales after them are aligned whatever the count (a tiny model's head dim, an odd token count)."""
+    from vdbench.patching.ulysses import Fp8Exchange
+
+    for shape in [(1, 3, 1, 5), (1, 16380, 6, 128)]:
+        b, s, h, d = shape
+        n = b * s * h * d
+        buf = torch.zeros(2, Fp8Exchange._data_bytes(n) + 4 * b * s * h, dtype=torch.uint8)
+        data, scale = Fp8Exchange._views(buf, shape)
+        assert data.shape == (2, b, s, h, d) and scale.shape == (2, b, s, h)
+        scale[1].fill_(2.0)  # the scales don't overlap the rows
+        assert data.view(torch.uint8).sum() == 0 and scale.data_ptr() % 4 == 0

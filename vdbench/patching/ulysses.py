@@ -182,8 +182,7 @@ class Fp8Exchange(UlyssesExchange):
         import torch.distributed as dist
 
         p, b, s, h, d = x5.shape
-        n = b * s * h * d
-        buf = torch.empty((p, n + 4 * b * s * h), dtype=torch.uint8, device=x5.device)
+        buf = torch.empty((p, self._data_bytes(b * s * h * d) + 4 * b * s * h), dtype=torch.uint8, device=x5.device)
         data, scale = self._views(buf, (b, s, h, d))
         quantize_rows(x5, data, scale)
         recv = torch.empty_like(buf)
@@ -191,22 +190,25 @@ class Fp8Exchange(UlyssesExchange):
         return _Fp8Handle(work, recv, buf, (b, s, h, d), dtype)
 
     @staticmethod
-    def _views(buf, shape):
+    def _data_bytes(n: int) -> int:
+        """The rows' bytes in a packed buffer, rounded up to 4 so the fp32 scales after them are aligned."""
+        return (n + 3) // 4 * 4
+
+    @classmethod
+    def _views(cls, buf, shape):
         """(e4m3 rows (P, B, S, h, D), fp32 scales (P, B, S, h)) of a packed buffer."""
         b, s, h, d = shape
         n = b * s * h * d
         p = buf.shape[0]
         return (buf[:, :n].view(torch.float8_e4m3fn).view(p, b, s, h, d),
-                buf[:, n:].view(torch.float32).view(p, b, s, h))
+                buf[:, cls._data_bytes(n):].view(torch.float32).view(p, b, s, h))
 
     def send(self, x):
         b, s, heads, d = x.shape
-        if (b * s * (heads // self.world) * d) % 4:
-            return super().send(x)  # the scales would not be 4-byte aligned in the packed buffer
         return self._packed(x.view(b, s, self.world, heads // self.world, d).permute(2, 0, 1, 3, 4), x.dtype)
 
     def whole(self, handle):
-        if not isinstance(handle, _Fp8Handle):
+        if not isinstance(handle, _Fp8Handle):  # Q and K: sent in the model's dtype
             return super().whole(handle)
         from ..kernels.exchange_fp8 import dequantize_rows
 
@@ -220,13 +222,9 @@ class Fp8Exchange(UlyssesExchange):
     def back_start(self, out):
         b, s_all, h, d = out.shape
         s = s_all // self.world
-        if (b * s * h * d) % 4:
-            return super().back_start(out)
         return self._packed(out.view(b, self.world, s, h, d).permute(1, 0, 2, 3, 4), out.dtype)
 
     def back_wait(self, handle):
-        if not isinstance(handle, _Fp8Handle):
-            return super().back_wait(handle)
         from ..kernels.exchange_fp8 import dequantize_rows
 
         handle.work.wait()
