@@ -41,15 +41,27 @@ def _row_offsets(r, n1, n2, n3, s0, s1, s2, s3):
 
 
 @triton.jit
-def _quantize_kernel(X, Y, Sc, n_rows, n1, n2, n3,
-                     sx0, sx1, sx2, sx3, sy0, sy1, sy2, sy3, ss0, ss1, ss2, ss3, D,
-                     ROWS: tl.constexpr, BD: tl.constexpr, FIX: tl.constexpr):
+def _tile(n_rows, D, ROWS: tl.constexpr, BD: tl.constexpr):
+    """This program's rows, the columns, which rows exist, and the (row, column) mask."""
     r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     d = tl.arange(0, BD)
     live = r < n_rows
-    mask = live[:, None] & (d[None, :] < D)
-    x = tl.load(X + _row_offsets(r, n1, n2, n3, sx0, sx1, sx2, sx3)[:, None] + d[None, :], mask=mask,
-                other=0.0).to(tl.float32)
+    return r, d, live, live[:, None] & (d[None, :] < D)
+
+
+@triton.jit
+def _load_rows(P, r, d, mask, n1, n2, n3, s0, s1, s2, s3):
+    """Rows ``r`` of a strided view, in fp32 (masked entries 0)."""
+    return tl.load(P + _row_offsets(r, n1, n2, n3, s0, s1, s2, s3)[:, None] + d[None, :], mask=mask,
+                   other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _quantize_kernel(X, Y, Sc, n_rows, n1, n2, n3,
+                     sx0, sx1, sx2, sx3, sy0, sy1, sy2, sy3, ss0, ss1, ss2, ss3, D,
+                     ROWS: tl.constexpr, BD: tl.constexpr, FIX: tl.constexpr):
+    r, d, live, mask = _tile(n_rows, D, ROWS, BD)
+    x = _load_rows(X, r, d, mask, n1, n2, n3, sx0, sx1, sx2, sx3)
     amax = tl.max(tl.abs(x), axis=1)
     scale = tl.where(amax > 0, amax / 448.0, 1.0)
     q = to_e4m3(tl.clamp(x / scale[:, None], -448.0, 448.0), FIX)
@@ -61,12 +73,8 @@ def _quantize_kernel(X, Y, Sc, n_rows, n1, n2, n3,
 def _dequantize_kernel(Y, Sc, Out, n_rows, n1, n2, n3,
                        sy0, sy1, sy2, sy3, ss0, ss1, ss2, ss3, so0, so1, so2, so3, D,
                        ROWS: tl.constexpr, BD: tl.constexpr, ROUND_BF16: tl.constexpr):
-    r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
-    d = tl.arange(0, BD)
-    live = r < n_rows
-    mask = live[:, None] & (d[None, :] < D)
-    q = tl.load(Y + _row_offsets(r, n1, n2, n3, sy0, sy1, sy2, sy3)[:, None] + d[None, :], mask=mask,
-                other=0.0).to(tl.float32)
+    r, d, live, mask = _tile(n_rows, D, ROWS, BD)
+    q = _load_rows(Y, r, d, mask, n1, n2, n3, sy0, sy1, sy2, sy3)
     scale = tl.load(Sc + _row_offsets(r, n1, n2, n3, ss0, ss1, ss2, ss3), mask=live, other=1.0)
     x = q * scale[:, None]
     if ROUND_BF16:  # the interpreter truncates fp32 -> bf16: put the value on the bf16 grid first (ties to even)
