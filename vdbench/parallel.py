@@ -243,12 +243,13 @@ def fp8_exchange_refusal(spec: ParallelSpec, device) -> Optional[str]:
     interpreter: ``TRITON_INTERPRET=1``)."""
     import importlib.util
 
+    from .kernels import interpret_requested
+
     if not spec.async_exchange:
         return "this model family has no vdbench Ulysses self-attention whose exchanges it could quantize"
     if importlib.util.find_spec("triton") is None:
         return "its kernels are Triton's: pip install triton"
-    if torch.device(device).type != "cuda" and os.environ.get("TRITON_INTERPRET", "0").lower() not in (
-            "1", "true", "on", "yes"):
+    if torch.device(device).type != "cuda" and not interpret_requested():
         return "its Triton kernels need a GPU (or TRITON_INTERPRET=1 to run them on the CPU, slowly)"
     return None
 
