@@ -159,7 +159,8 @@ class UlyssesExchange:
 
 
 class _Fp8Handle:
-    """An exchange in flight as e4m3 rows and their scales, one packed byte buffer per destination."""
+    """An exchange in flight as e4m3 rows and their scales, one packed byte buffer per destination; ``send`` is held
+    until the wait, as in :meth:`UlyssesExchange.start` (the collective reads it until then)."""
 
     def __init__(self, work, recv, send, shape, dtype):
         self.work, self.recv, self.send, self.shape, self.dtype = work, recv, send, shape, dtype
@@ -210,14 +211,10 @@ class Fp8Exchange(UlyssesExchange):
     def whole(self, handle):
         if not isinstance(handle, _Fp8Handle):  # Q and K: sent in the model's dtype
             return super().whole(handle)
-        from ..kernels.exchange_fp8 import dequantize_rows
-
-        handle.work.wait()
         b, s, h, d = handle.shape
-        data, scale = self._views(handle.recv, handle.shape)
-        out = torch.empty((b, self.world * s, h, d), dtype=handle.dtype, device=data.device)
-        dequantize_rows(data, scale, out.view(b, self.world, s, h, d).permute(1, 0, 2, 3, 4))
-        return out
+        # from rank p: its tokens of my heads -> the whole sequence in rank order, BSHD
+        return self._unpacked(handle, (b, self.world * s, h, d),
+                              lambda out: out.view(b, self.world, s, h, d).permute(1, 0, 2, 3, 4))
 
     def back_start(self, out):
         b, s_all, h, d = out.shape
@@ -225,12 +222,18 @@ class Fp8Exchange(UlyssesExchange):
         return self._packed(out.view(b, self.world, s, h, d).permute(1, 0, 2, 3, 4), out.dtype)
 
     def back_wait(self, handle):
+        b, s, h, d = handle.shape
+        # from rank p: my tokens for p's heads -> (B, S_loc, P, h, D), heads in order
+        return self._unpacked(handle, (b, s, self.world * h * d),
+                              lambda out: out.view(b, s, self.world, h, d).permute(2, 0, 1, 3, 4))
+
+    def _unpacked(self, handle, shape, placed):
+        """Wait for ``handle``'s exchange and dequantize what arrived into a new tensor of ``shape`` (the model's
+        dtype), each source rank's rows where ``placed(out)`` (a (P, B, S, h, D) view of it) puts them."""
         from ..kernels.exchange_fp8 import dequantize_rows
 
         handle.work.wait()
-        b, s, h, d = handle.shape
         data, scale = self._views(handle.recv, handle.shape)
-        out = torch.empty((b, s, self.world * h * d), dtype=handle.dtype, device=data.device)
-        # from rank p: my tokens for p's heads -> (B, S_loc, P, h, D), heads in order
-        dequantize_rows(data, scale, out.view(b, s, self.world, h, d).permute(2, 0, 1, 3, 4))
+        out = torch.empty(shape, dtype=handle.dtype, device=data.device)
+        dequantize_rows(data, scale, placed(out))
         return out
