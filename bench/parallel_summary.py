@@ -11,6 +11,12 @@ configuration (``1gpu`` = the baseline; any other name, e.g. ``diffusers_u2``, `
 (``parallel``: engine, Ulysses/ring/CFG layout), not from the folder name. Groups named ``_*`` are skipped
 (e.g. profiled runs, whose step times include the profiler).
 
+Cards of one machine differ in speed, and an N-GPU step runs at the pace of its slowest card, so a group may also
+hold one-GPU renders of the same backend on each card (folders ``1gpu_<anything>``, e.g. ``1gpu_g0`` .. ``1gpu_g3``,
+run side by side). Each render names its cards (``gpu_uuid``, as nvidia-smi does); an N-GPU row whose every card
+has such a render also gets its speed-up against the slowest of its own cards (``speedup_vs_slowest_gpu``) and
+against their mean (``speedup_vs_mean_gpu``), beside the speed-up against ``1gpu`` (one card, alone).
+
 Step times use ``vdbench.timing``'s one definition, recomputed from each entry's raw ``step_times`` (so files
 written before the warm-step keys read the same way): the warm step is the median of the steps after the first
 (``warm_step_ms``, with ``warm_step_n`` and p20/p80), the first step is ``first_step_ms``; speed-ups and
@@ -57,6 +63,25 @@ def _kernels(e: dict) -> str:
     return f"{len(ranks)} ranks: {k}" + ("" if same else " (rank 0; others differ)")
 
 
+def _gpus(e: dict) -> list:
+    """The cards a render ran on, in rank order (nvidia-smi's UUIDs; None where the render did not record one)."""
+    if e.get("ranks"):
+        return [r.get("gpu_uuid") for r in e["ranks"]]
+    return [((e.get("run") or {}).get("system") or {}).get("gpu_uuid")]
+
+
+def _by_gpu(group: Path) -> dict:
+    """backend -> {card UUID: one-GPU warm step in s} from the group's ``1gpu_*`` folders (the per-card baselines)."""
+    out: dict = {}
+    for d in sorted(p for p in group.iterdir() if p.is_dir() and p.name.startswith("1gpu_")):
+        for b, e in _entries(d).items():
+            g = _gpus(e)
+            t = _steps(e)["warm_step_median"]
+            if len(g) == 1 and g[0] and t and not (e.get("parallel") or {}):
+                out.setdefault(b, {})[g[0]] = t
+    return out
+
+
 def _steps(e: dict) -> dict:
     """The warm-step figures of one timing entry (the slowest rank's step times for a merged parallel entry)."""
     from vdbench.timing import step_stats
@@ -77,6 +102,7 @@ def summarize(res: Path) -> list[dict]:
         cfgs = [base_dir] if base_dir.is_dir() else []
         cfgs += sorted(p for p in group.iterdir() if p.is_dir() and p.name != "1gpu")
         ref_cache: dict = {}
+        by_gpu = _by_gpu(group)
         for cfg_dir in cfgs:
             for b, e in _entries(cfg_dir).items():
                 par = e.get("parallel") or {}
@@ -96,6 +122,14 @@ def summarize(res: Path) -> list[dict]:
                 if e.get("ranks") and not emulated:
                     r["warm_step_ms_per_rank"] = [ms(step_stats(x.get("step_times") or [])["warm_step_median"])
                                                   for x in e["ranks"]]
+                r["gpu_uuids"] = _gpus(e)
+                cards = by_gpu.get(b, {})
+                if n > 1 and not emulated and st["warm_step_median"] and r["gpu_uuids"] \
+                        and all(u in cards for u in r["gpu_uuids"]):
+                    own = [cards[u] for u in r["gpu_uuids"]]
+                    r["by_gpu_warm_ms"] = [1e3 * t for t in own]
+                    r["speedup_vs_slowest_gpu"] = max(own) / st["warm_step_median"]
+                    r["speedup_vs_mean_gpu"] = sum(own) / len(own) / st["warm_step_median"]
                 ref = base.get(b)
                 if ref is not None and cfg_dir != base_dir:
                     t1 = _steps(ref)["warm_step_median"]
@@ -135,6 +169,23 @@ def table(rows: list[dict]) -> str:
                      f"{format(r['latent_rel_l2_vs_1gpu'], '.2e') if 'latent_rel_l2_vs_1gpu' in r else '':>9s}  "
                      f"{r['kernels']}")
     lines.append("warm ms = median of the steps after the first (n of them); first ms = the first step alone")
+    cards: dict = {}
+    for r in rows:
+        if r["config_dir"].startswith("1gpu_") and r["gpus"] == 1 and r["warm_step_ms"] and r["gpu_uuids"][0]:
+            cards.setdefault((r["group"], r["backend"]), []).append((r["gpu_uuids"][0], r["warm_step_ms"]))
+    for (g, b), cs in cards.items():
+        lo = min(t for _, t in cs)
+        lines.append(f"one-GPU warm step by card ({g}/{b}, 1gpu_* folders): "
+                     + ", ".join(f"{u[:12]} {t:.1f} ms" for u, t in cs)
+                     + f"; slowest/fastest {max(t for _, t in cs) / lo:.4f}")
+    own = [r for r in rows if "speedup_vs_slowest_gpu" in r]
+    if own:
+        lines.append("against the one-GPU renders on its own cards (1gpu_* folders; an N-GPU step runs at its slowest "
+                     "card's pace):")
+        for r in own:
+            lines.append(f"  {r['group']}/{r['backend']}/{r['config']} ({r['config_dir']}): "
+                         f"{r['speedup_vs_slowest_gpu']:.3f}x vs its slowest card, {r['speedup_vs_mean_gpu']:.3f}x vs "
+                         f"their mean (cards' one-GPU warm ms: {', '.join(f'{t:.1f}' for t in r['by_gpu_warm_ms'])})")
     lines += [f"warning: not a speed figure ({why}): {', '.join(names)}" for why, names in not_speed.items()]
     return "\n".join(lines)
 

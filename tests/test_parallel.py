@@ -639,6 +639,7 @@ def test_rank0_writes_merged_timing_with_per_rank_counts(renders, name, tag, per
     assert e["parallel"]["tag"] == LAYOUT[name][1:] and e["run"]["settings"]["parallel_engine"] == \
         ("auto" if name == "ulysses" else "diffusers")
     assert [r["rank"] for r in e["ranks"]] == list(range(ranks))
+    assert [r["gpu_uuid"] for r in e["ranks"]] == [None] * ranks  # each rank names its card; none on CPU
     for r in e["ranks"]:
         # cross-attention is local in diffusers' Wan CP plan: plain kernel, 8 calls per rank
         assert r["attention"]["calls_by_kernel"] == {tag: per_rank, "sdpa[flash]": 8}, r

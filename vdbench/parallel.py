@@ -1089,20 +1089,21 @@ def merge_rank_entries(ctx: Optional[DistContext], entries: list[dict]) -> Optio
         return entries
     import torch.distributed as dist
 
-    from .timing import STEP_KEYS, step_stats
+    from .timing import STEP_KEYS, gpu_uuid, step_stats
 
     slim = [{k: e.get(k) for k in ("repetition", "step_times", *STEP_KEYS, "pipe_time", "vae_decode_time",
                                    "attention", "peak_memory_bytes", "total_time")} for e in entries]
     for sl, e in zip(slim, entries):  # a step cache's count per rank: the ranks must have decided alike
         sl["cache"] = {k: (e.get("cache") or {}).get(k) for k in _CACHE_COUNTS} if e.get("cache") else None
     gathered: list = [None] * ctx.world_size
-    dist.all_gather_object(gathered, {"rank": ctx.rank, "device": str(ctx.device), "entries": slim,
-                                      "branch": ctx.cfg_index})
+    dist.all_gather_object(gathered, {"rank": ctx.rank, "device": str(ctx.device), "gpu_uuid": gpu_uuid(ctx.device),
+                                      "entries": slim, "branch": ctx.cfg_index})
     if not ctx.is_main:
         return None
     merged = []
     for i, e in enumerate(entries):
-        per_rank = [{"rank": g["rank"], "device": g["device"], **g["entries"][i]} for g in gathered]
+        per_rank = [{"rank": g["rank"], "device": g["device"], "gpu_uuid": g["gpu_uuid"], **g["entries"][i]}
+                    for g in gathered]
         total: dict = {}
         for pr in per_rank:
             for k, n in pr["attention"]["calls_by_kernel"].items():

@@ -580,6 +580,19 @@ def _version(mod: str) -> Optional[str]:
         return None
 
 
+def gpu_uuid(device) -> Optional[str]:
+    """The physical GPU behind ``device`` as nvidia-smi names it (``GPU-...``), whatever ``CUDA_VISIBLE_DEVICES``
+    renumbered: what ties a render's figures to one card when the cards of a machine differ in speed. None off CUDA."""
+    dev = torch.device(device)
+    if dev.type != "cuda" or not torch.cuda.is_available():
+        return None
+    try:
+        u = str(torch.cuda.get_device_properties(dev).uuid)
+    except (AttributeError, RuntimeError):  # a build without the field
+        return None
+    return u if u.startswith("GPU-") else f"GPU-{u}"
+
+
 def system_info(device) -> dict:
     dev = torch.device(device)
     info = {
@@ -600,7 +613,7 @@ def system_info(device) -> dict:
     if dev.type == "cuda" and torch.cuda.is_available():
         p = torch.cuda.get_device_properties(dev)
         info.update(gpu=p.name, gpu_capability=f"{p.major}.{p.minor}", gpu_memory_bytes=p.total_memory,
-                    gpu_count=torch.cuda.device_count())
+                    gpu_count=torch.cuda.device_count(), gpu_uuid=gpu_uuid(dev))
     return info
 
 

@@ -1,0 +1,81 @@
+"""bench/parallel_summary.py against one-GPU renders on each card: an N-GPU step runs at its slowest card's pace."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _entry(steps_s, uuids, parallel=None):
+    att = {"calls_by_kernel": {"fa3": 4}}
+    e = {"attention_type": "fav3", "step_times": steps_s, "attention": att,
+         "run": {"resolved": {"device": "cuda:0"}, "system": {"gpu_uuid": uuids[0] if not parallel else None}}}
+    if parallel:
+        e["parallel"] = parallel
+        e["ranks"] = [{"rank": i, "gpu_uuid": u, "step_times": steps_s, "attention": att} for i, u in enumerate(uuids)]
+    return e
+
+
+def _write(d: Path, e):
+    (d / "results").mkdir(parents=True)
+    (d / "results" / "timing.json").write_text(json.dumps([e]))
+
+
+def test_speedup_against_the_slowest_of_its_own_cards(tmp_path):
+    sys.path.insert(0, str(ROOT / "bench"))
+    import parallel_summary as S
+
+    g = tmp_path / "res" / "w13"
+    _write(g / "1gpu", _entry([1.5, 1.0, 1.0, 1.0], ["GPU-a"]))            # card a alone
+    for card, t in (("a", 1.01), ("b", 1.03), ("c", 1.02), ("d", 1.00)):  # each card, side by side
+        _write(g / f"1gpu_g{card}", _entry([1.5, t, t, t], [f"GPU-{card}"]))
+    par = {"world_size": 2, "label": "ulysses2", "engine": "diffusers"}
+    _write(g / "u2_ab", _entry([0.8, 0.54, 0.54, 0.54], ["GPU-a", "GPU-b"], par))
+    _write(g / "u2_cx", _entry([0.8, 0.54, 0.54, 0.54], ["GPU-c", "GPU-x"], par))  # card x has no one-GPU render
+    rows = {r["config_dir"]: r for r in S.summarize(tmp_path / "res")}
+    ab = rows["u2_ab"]
+    assert ab["speedup"] == pytest.approx(1.0 / 0.54)               # against 1gpu: card a alone
+    assert ab["gpu_uuids"] == ["GPU-a", "GPU-b"] and ab["by_gpu_warm_ms"] == pytest.approx([1010.0, 1030.0])
+    assert ab["speedup_vs_slowest_gpu"] == pytest.approx(1.03 / 0.54)
+    assert ab["speedup_vs_mean_gpu"] == pytest.approx(1.02 / 0.54)
+    assert "speedup_vs_slowest_gpu" not in rows["u2_cx"]            # not every card measured: no such figure
+    assert "speedup_vs_slowest_gpu" not in rows["1gpu_gb"] and rows["1gpu_gb"]["gpu_uuids"] == ["GPU-b"]
+    text = S.table(list(rows.values()))
+    assert "1.907x vs its slowest card, 1.889x vs their mean" in text and "slowest/fastest 1.0300" in text
+
+
+def test_gpu_uuid_is_none_off_cuda():
+    from vdbench.timing import gpu_uuid, system_info
+
+    assert gpu_uuid("cpu") is None and system_info(torch.device("cpu")).get("gpu_uuid") is None
+
+
+def test_gpu_monitor_summarizes_each_cards_busy_samples():
+    sys.path.insert(0, str(ROOT / "bench"))
+    import gpu_monitor as G
+
+    names = G.FIELDS + ["reasons"]
+    lines = ["2026/11/27 10:00:00.000, 0, GPU-a, 100, 1980, 3201, 650.1, 700.00, 60, 0x0000000000000000",
+             "2026/11/27 10:00:01.000, 0, GPU-a, 99, 1830, 3201, 699.5, 700.00, 63, 0x0000000000000004",
+             "2026/11/27 10:00:00.000, 1, GPU-b, 0, 345, 3201, 80.0, 700.00, 35, 0x0000000000000001",
+             "bad line"]
+    rows = G.parse(lines, names)
+    assert len(rows) == 3 and rows[0]["clocks.sm"] == 1980.0 and rows[0]["index"] == 0
+    s = G.summarize(rows, busy_pct=90)
+    assert s["GPU-a"]["busy_samples"] == 2 and s["GPU-a"]["sm_clock_mhz_median"] == 1905.0
+    assert s["GPU-a"]["sm_clock_mhz_min"] == 1830.0 and s["GPU-a"]["busy_clock_event_reasons"] == ["0x0000000000000004"]
+    assert s["GPU-b"]["busy_samples"] == 0 and s["GPU-b"]["sm_clock_mhz_median"] is None  # idle: no busy figure
+
+
+def test_gpu_monitor_without_nvidia_smi_says_so_in_one_line(tmp_path, monkeypatch, capsys):
+    sys.path.insert(0, str(ROOT / "bench"))
+    import gpu_monitor as G
+
+    monkeypatch.setattr(G.shutil, "which", lambda name: None)
+    assert G.main(["-o", str(tmp_path / "s.csv")]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and "nvidia-smi is not on PATH" in err and not (tmp_path / "s.csv").exists()
