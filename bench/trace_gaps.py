@@ -21,7 +21,12 @@ Reads torch.profiler Chrome traces (a render's ``--profile_output NAME`` writes 
   longest first, the profiler's step marks left out; ``host_ops_us``: their time in the gap, the rest of which the
   thread spent in Python between ops or waiting for the GIL).
 
-Prints one line per trace and writes the whole as JSON. CPU-only traces have no GPU kernels: said, not guessed.
+With ``--per_step``, a trace of several steps (``--profile_active`` > 1) is read step by step: each GPU kernel
+belongs to the step whose profiler mark (``ProfilerStep#N``) was open when the host launched it, so steps that
+took longer than others can be told apart (more idle, more exposed communication, or slower kernels).
+
+Prints one line per trace (or step) and writes the whole as JSON. CPU-only traces have no GPU kernels: said, not
+guessed.
 """
 
 from __future__ import annotations
@@ -156,9 +161,47 @@ def analyse(events: list[dict], min_gap_us: float = 20.0, top: int = 12) -> dict
     }
 
 
+def split_steps(events: list[dict]) -> list[tuple[str, list[dict]]]:
+    """(``ProfilerStep#N``, the trace's events with only that step's GPU kernels) for each step mark that launched
+    a kernel; a kernel goes to the mark open at its launch (its ``cuda_runtime`` event; its own start where the
+    trace has none). Kernels launched before the first mark are left out; no marks: an empty list."""
+    marks = sorted((e for e in events if e.get("ph") == "X" and str(e.get("name", "")).startswith("ProfilerStep#")),
+                   key=lambda e: e["ts"])
+    if not marks:
+        return []
+    starts = [m["ts"] for m in marks]
+    launches = {e["args"]["correlation"]: e["ts"] for e in events
+                if e.get("ph") == "X" and e.get("cat") == "cuda_runtime" and "correlation" in (e.get("args") or {})}
+    is_kernel = lambda e: e.get("ph") == "X" and e.get("cat") in KERNEL_CATS and e.get("dur") is not None  # noqa: E731
+    rest = [e for e in events if not is_kernel(e)]
+    per: list[list[dict]] = [[] for _ in marks]
+    for e in events:
+        if not is_kernel(e):
+            continue
+        t = launches.get((e.get("args") or {}).get("correlation"), e["ts"])
+        i = bisect.bisect_right(starts, t) - 1
+        if i >= 0:
+            per[i].append(e)
+    return [(m["name"], rest + ks) for m, ks in zip(marks, per) if ks]
+
+
 def load_events(path: Path) -> list[dict]:
     data = json.loads(path.read_text())
     return data["traceEvents"] if isinstance(data, dict) else data
+
+
+def _analysed(paths: list[Path], per_step: bool, min_gap_us: float):
+    """(name, summary) for each trace, or each step of each trace with ``per_step`` (name ``PATH#ProfilerStep#N``)."""
+    for path in paths:
+        try:
+            events = load_events(path)
+            parts = split_steps(events) if per_step else []
+            if not parts:
+                yield str(path), analyse(events, min_gap_us)
+            for name, evs in parts:
+                yield f"{path}#{name}", analyse(evs, min_gap_us)
+        except (OSError, ValueError, KeyError) as exc:
+            yield str(path), {"error": f"{type(exc).__name__}: {exc}"}
 
 
 def main(argv=None) -> int:
@@ -166,6 +209,8 @@ def main(argv=None) -> int:
     p.add_argument("traces", nargs="+", type=Path,
                    help="Chrome trace JSON files, or folders searched for rank*_step*.json traces")
     p.add_argument("--min_gap_us", type=float, default=20.0, help="idle intervals shorter than this are not gaps")
+    p.add_argument("--per_step", action="store_true",
+                   help="read a trace of several steps step by step (by the profiler's step marks)")
     p.add_argument("-o", "--output", type=Path, default=None, help="the JSON summary (default: print only)")
     args = p.parse_args(argv)
     paths = [q for p in args.traces for q in (sorted(p.rglob("rank*_step*.json")) if p.is_dir() else [p])]
@@ -173,12 +218,8 @@ def main(argv=None) -> int:
         print(f"no traces in {', '.join(map(str, args.traces))}", file=sys.stderr)
         return 1
     out = {}
-    for path in paths:
-        try:
-            r = analyse(load_events(path), args.min_gap_us)
-        except (OSError, ValueError, KeyError) as exc:
-            r = {"error": f"{type(exc).__name__}: {exc}"}
-        out[str(path)] = r
+    for path, r in _analysed(paths, args.per_step, args.min_gap_us):
+        out[path] = r
         if "error" in r:
             print(f"{path}: {r['error']}")
             continue

@@ -71,3 +71,31 @@ def test_gaps_the_host_caused_are_told_from_gaps_waiting_on_another_stream():
     assert wait_gap["launched_us"] == -250 and wait_gap["host"] == []  # nothing but the profiler's step mark
     # a trace without the host side says nothing of it
     assert tg.analyse([k("gemm", 0, 10), k("gemm", 100, 10)])["gaps"]["host_bound_ms"] is None
+
+
+def test_per_step_gives_each_kernel_to_the_step_that_launched_it(tmp_path):
+    def launch(corr, ts):
+        return {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": ts, "dur": 2, "tid": 1,
+                "args": {"correlation": corr}}
+
+    def kern(name, ts, dur, corr):
+        return {**k(name, ts, dur), "args": {"correlation": corr}}
+
+    mark = lambda n, ts, dur: {"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{n}", "ts": ts,  # noqa: E731
+                               "dur": dur, "tid": 1}
+    events = [mark(1, 0, 100), mark(2, 100, 100),
+              launch(1, 10), kern("gemm", 20, 50, 1),
+              launch(2, 90), kern("flash_fwd_kernel", 95, 80, 2),     # launched in step 1, runs into step 2's time
+              launch(3, 150), kern("gemm", 200, 40, 3),               # step 2 (its kernel after a 25 us gap)
+              kern("ncclDevKernel_AllToAll", 240, 30, 99)]            # no launch event: by its own start, step 2
+    parts = dict(tg.split_steps(events))
+    assert list(parts) == ["ProfilerStep#1", "ProfilerStep#2"]
+    s1, s2 = (tg.analyse(parts[n], min_gap_us=20) for n in parts)
+    assert s1["kernels"] == 2 and s1["span_ms"] == pytest.approx(0.155) and s1["idle_ms"] == pytest.approx(0.025)
+    assert s2["kernels"] == 2 and s2["comm_exposed_ms"] == pytest.approx(0.030)
+    assert tg.split_steps([k("gemm", 0, 5)]) == []  # no marks: nothing to split by
+    path = tmp_path / "rank0_step2.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    out = tmp_path / "g.json"
+    assert tg.main([str(path), "--per_step", "-o", str(out)]) == 0
+    assert sorted(json.loads(out.read_text())) == [f"{path}#ProfilerStep#1", f"{path}#ProfilerStep#2"]

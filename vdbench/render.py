@@ -915,6 +915,7 @@ class _Repetition:
             # recompile) and its graph breaks in this call (none: the blocks compile with fullgraph=True)
             "compile": ({"graphs_per_step": list(timer.graphs_per_step), "graph_breaks": timer.graph_breaks}
                         if cfg.compile else None),
+            "host": timer.host(),  # the garbage collector's pauses per step (a multi-GPU step's host stalls)
             "attention": patch.stats.as_dict(),
             "attention_share": (attn_time / sum(step_times)) if attn_time and step_times else None,
             "peak_memory_bytes": peak_memory(device),

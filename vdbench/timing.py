@@ -202,12 +202,19 @@ class StepTimer:
     """One pipeline call's steps, as its ``callback_on_step_end``: the step times (a clock at each step's end), the
     graphs torch.compile made in each step and its graph breaks (:func:`compile_counts` at each step's end: a graph
     made after the first step is a recompile), and the profiler's schedule stepped where one runs over the call
-    (:meth:`run_pipe`); chain it with other callbacks via ``then``. One per call: its counts start where it is made."""
+    (:meth:`run_pipe`); chain it with other callbacks via ``then``. One per call: its counts start where it is made.
+
+    Inside :meth:`run_pipe` it also keeps the host's side of each step (:meth:`host`): the Python garbage collector's
+    pauses that fell in it (any thread's: a collection holds every thread), since a pause the GPU's queue does not
+    cover is idle GPU time -- and a multi-GPU step, whose ranks wait for each other, keeps a shorter queue."""
 
     def __init__(self, device, then=None, profiler: Optional["StepProfiler"] = None):
         self.device = torch.device(device)
         self.started: Optional[Clock] = None
         self.marks: list[Clock] = []
+        self.gc_ms: list[float] = []  # per step, as the steps come (index = marks so far - 1)
+        self.gc_collections = [0, 0, 0]  # by generation
+        self._gc_t0: Optional[float] = None
         self.then, self.profiler = then, profiler
         self._compiled_at = compile_counts()
         self.graphs_per_step: list[int] = []
@@ -221,9 +228,35 @@ class StepTimer:
     def run_pipe(self, pipe, **kwargs):
         """``pipe(callback_on_step_end=self, **kwargs)`` -- a pipeline call with this timer as its step callback --
         from :meth:`start`, inside the profiler where one is given (left also on an error); what it returns."""
+        import gc
+
         with self.profiler if self.profiler is not None else contextlib.nullcontext():
             self.start()
-            return pipe(callback_on_step_end=self, **kwargs)
+            gc.callbacks.append(self._gc)
+            try:
+                return pipe(callback_on_step_end=self, **kwargs)
+            finally:
+                gc.callbacks.remove(self._gc)
+
+    def _gc(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._gc_t0 = time.perf_counter()
+            return
+        if self._gc_t0 is None:
+            return
+        i = max(0, len(self.marks) - 1)
+        self.gc_ms += [0.0] * (i + 1 - len(self.gc_ms))
+        self.gc_ms[i] += (time.perf_counter() - self._gc_t0) * 1e3
+        self.gc_collections[min(int(info.get("generation", 0)), 2)] += 1
+        self._gc_t0 = None
+
+    def host(self) -> dict:
+        """The host's side of the steps: ``gc_ms_per_step`` (the garbage collector's pauses in each step, ms; the
+        first step's holds the pauses before it too), ``gc_collections`` by generation, ``gc_ms`` in all."""
+        n = max(0, len(self.marks) - 1)
+        per = (self.gc_ms + [0.0] * n)[:n]
+        return {"gc_ms_per_step": [round(x, 3) for x in per], "gc_collections": list(self.gc_collections),
+                "gc_ms": round(sum(self.gc_ms), 3)}
 
     def starts_at(self, clock: Optional[Clock]) -> None:
         """The first step starts at ``clock`` (a render: the first denoiser call) instead of at :meth:`start`, so
