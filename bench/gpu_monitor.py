@@ -3,9 +3,11 @@
 busy samples: whether the cards of one machine ran at the same clocks, and why not (power, thermal).
 
     python3 bench/gpu_monitor.py -o smi.csv --summary smi.json --stop_file OUT/parallel_summary.json --seconds 600
+    python3 bench/gpu_monitor.py -o smi.csv -- torchrun --nproc_per_node=4 run_wan.py ...   # around one command
 
 It reads only (``nvidia-smi --query-gpu``); it changes no setting of the cards. It stops when ``--stop_file``
-exists, after ``--seconds``, or on SIGTERM/SIGINT, and writes the summary whichever way it stopped. A busy sample is
+exists, after ``--seconds``, on SIGTERM/SIGINT, or when the command given after ``--`` ends (its exit status is
+then this tool's), and writes the summary whichever way it stopped. A busy sample is
 one with the card's utilization at or above ``--busy_pct``; the summary per card (by nvidia-smi's UUID, the key
 ``gpu_uuid`` in a render's timing.json) holds the busy samples' count, median and minimum SM clock, median power
 and the power limit, the highest temperature, and every clock event reason (nvidia-smi's bit mask: power cap,
@@ -89,7 +91,10 @@ def main(argv=None) -> int:
     ap.add_argument("--seconds", type=float, default=600.0, help="stop after this long")
     ap.add_argument("--stop_file", type=Path, default=None, help="stop once this file exists")
     ap.add_argument("--busy_pct", type=float, default=90.0, help="utilization (%%) from which a sample counts as busy")
+    ap.add_argument("command", nargs=argparse.REMAINDER,
+                    help="after --: a command to run, sampled while it runs (default: none, sample until stopped)")
     args = ap.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if shutil.which("nvidia-smi") is None:
         print("error: nvidia-smi is not on PATH: gpu_monitor samples NVIDIA cards (hint: run it on the GPU machine)",
               file=sys.stderr)
@@ -109,11 +114,12 @@ def main(argv=None) -> int:
     names = fields[:-1] + ["reasons"] if fields[-1] in REASONS else fields
     rows: list[dict] = []
     args.output.parent.mkdir(parents=True, exist_ok=True)
+    child = subprocess.Popen(command) if command else None
     t0 = time.monotonic()
     with open(args.output, "w") as f:
         f.write(",".join(names) + "\n")
-        while not stop["now"] and time.monotonic() - t0 < args.seconds \
-                and not (args.stop_file and args.stop_file.exists()):
+        while not stop["now"] and (child is not None or time.monotonic() - t0 < args.seconds) \
+                and not (args.stop_file and args.stop_file.exists()) and not (child and child.poll() is not None):
             p = _query(fields)
             if p.returncode == 0:
                 lines = p.stdout.strip().splitlines()
@@ -129,6 +135,10 @@ def main(argv=None) -> int:
         print(f"card {c['index']} {uuid[:12]}: {c['busy_samples']} busy samples, SM clock median "
               f"{c['sm_clock_mhz_median']} MHz (min {c['sm_clock_mhz_min']}), power {c['power_w_median']} W of "
               f"{c['power_limit_w']}, max {c['temperature_c_max']} C, reasons {c['busy_clock_event_reasons']}")
+    if child is not None:
+        if child.poll() is None:  # stopped by a signal or the stop file: the command goes too
+            child.terminate()
+        return child.wait()
     return 0
 
 

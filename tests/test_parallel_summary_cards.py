@@ -79,3 +79,21 @@ def test_gpu_monitor_without_nvidia_smi_says_so_in_one_line(tmp_path, monkeypatc
     assert G.main(["-o", str(tmp_path / "s.csv")]) == 2
     err = capsys.readouterr().err
     assert len(err.splitlines()) == 1 and "nvidia-smi is not on PATH" in err and not (tmp_path / "s.csv").exists()
+
+
+def test_gpu_monitor_samples_around_a_command_and_returns_its_status(tmp_path, monkeypatch):
+    sys.path.insert(0, str(ROOT / "bench"))
+    import subprocess
+
+    import gpu_monitor as G
+
+    line = "2026/11/27 10:00:00.000, 0, GPU-a, 100, 1700, 3201, 690.0, 700.00, 60, 0x0000000000000004"
+    monkeypatch.setattr(G.shutil, "which", lambda name: "/usr/bin/nvidia-smi")
+    monkeypatch.setattr(G, "_query", lambda fields: subprocess.CompletedProcess([], 0, stdout=line + "\n"))
+    out = tmp_path / "s.csv"
+    rc = G.main(["-o", str(out), "--interval_s", "0.05", "--", sys.executable, "-c",
+                 "import time, sys; time.sleep(0.3); sys.exit(3)"])
+    assert rc == 3  # the command's own status
+    s = json.loads(out.with_suffix(".json").read_text())
+    assert s["cards"]["GPU-a"]["busy_samples"] >= 1 and s["cards"]["GPU-a"]["sm_clock_mhz_median"] == 1700.0
+    assert out.read_text().splitlines()[0].startswith("timestamp,index,uuid")
