@@ -70,16 +70,27 @@ def _gpus(e: dict) -> list:
     return [((e.get("run") or {}).get("system") or {}).get("gpu_uuid")]
 
 
-def _by_gpu(group: Path) -> dict:
-    """backend -> {card UUID: one-GPU warm step in s} from the group's ``1gpu_*`` folders (the per-card baselines)."""
+def _card_steps(rows: list[dict]) -> dict:
+    """(group, backend) -> {card UUID: one-GPU warm ms} of the rows from ``1gpu_*`` folders (the per-card
+    baselines)."""
     out: dict = {}
-    for d in sorted(p for p in group.iterdir() if p.is_dir() and p.name.startswith("1gpu_")):
-        for b, e in _entries(d).items():
-            g = _gpus(e)
-            t = _steps(e)["warm_step_median"]
-            if len(g) == 1 and g[0] and t and not (e.get("parallel") or {}):
-                out.setdefault(b, {})[g[0]] = t
+    for r in rows:
+        if r["config_dir"].startswith("1gpu_") and r["gpus"] == 1 and r["warm_step_ms"] and r["gpu_uuids"][0]:
+            out.setdefault((r["group"], r["backend"]), {})[r["gpu_uuids"][0]] = r["warm_step_ms"]
     return out
+
+
+def _against_own_cards(rows: list[dict]) -> None:
+    """Each N-GPU row whose every card has a one-GPU render (:func:`_card_steps`) gets its speed-up against the
+    slowest and the mean of those cards' warm steps."""
+    cards = _card_steps(rows)
+    for r in rows:
+        own = cards.get((r["group"], r["backend"]), {})
+        if r["gpus"] > 1 and r["warm_step_ms"] and r["gpu_uuids"] and all(u in own for u in r["gpu_uuids"]):
+            t = [own[u] for u in r["gpu_uuids"]]
+            r["by_gpu_warm_ms"] = t
+            r["speedup_vs_slowest_gpu"] = max(t) / r["warm_step_ms"]
+            r["speedup_vs_mean_gpu"] = sum(t) / len(t) / r["warm_step_ms"]
 
 
 def _steps(e: dict) -> dict:
@@ -102,7 +113,6 @@ def summarize(res: Path) -> list[dict]:
         cfgs = [base_dir] if base_dir.is_dir() else []
         cfgs += sorted(p for p in group.iterdir() if p.is_dir() and p.name != "1gpu")
         ref_cache: dict = {}
-        by_gpu = _by_gpu(group)
         for cfg_dir in cfgs:
             for b, e in _entries(cfg_dir).items():
                 par = e.get("parallel") or {}
@@ -123,13 +133,6 @@ def summarize(res: Path) -> list[dict]:
                     r["warm_step_ms_per_rank"] = [ms(step_stats(x.get("step_times") or [])["warm_step_median"])
                                                   for x in e["ranks"]]
                 r["gpu_uuids"] = _gpus(e)
-                cards = by_gpu.get(b, {})
-                if n > 1 and not emulated and st["warm_step_median"] and r["gpu_uuids"] \
-                        and all(u in cards for u in r["gpu_uuids"]):
-                    own = [cards[u] for u in r["gpu_uuids"]]
-                    r["by_gpu_warm_ms"] = [1e3 * t for t in own]
-                    r["speedup_vs_slowest_gpu"] = max(own) / st["warm_step_median"]
-                    r["speedup_vs_mean_gpu"] = sum(own) / len(own) / st["warm_step_median"]
                 ref = base.get(b)
                 if ref is not None and cfg_dir != base_dir:
                     t1 = _steps(ref)["warm_step_median"]
@@ -146,6 +149,7 @@ def summarize(res: Path) -> list[dict]:
                     if lat is not None and rl is not None and lat.shape == rl.shape:
                         r["latent_rel_l2_vs_1gpu"] = M.rel_l2(lat, rl)
                 rows.append(r)
+    _against_own_cards(rows)
     return rows
 
 
@@ -169,15 +173,10 @@ def table(rows: list[dict]) -> str:
                      f"{format(r['latent_rel_l2_vs_1gpu'], '.2e') if 'latent_rel_l2_vs_1gpu' in r else '':>9s}  "
                      f"{r['kernels']}")
     lines.append("warm ms = median of the steps after the first (n of them); first ms = the first step alone")
-    cards: dict = {}
-    for r in rows:
-        if r["config_dir"].startswith("1gpu_") and r["gpus"] == 1 and r["warm_step_ms"] and r["gpu_uuids"][0]:
-            cards.setdefault((r["group"], r["backend"]), []).append((r["gpu_uuids"][0], r["warm_step_ms"]))
-    for (g, b), cs in cards.items():
-        lo = min(t for _, t in cs)
+    for (g, b), cs in _card_steps(rows).items():
         lines.append(f"one-GPU warm step by card ({g}/{b}, 1gpu_* folders): "
-                     + ", ".join(f"{u[:12]} {t:.1f} ms" for u, t in cs)
-                     + f"; slowest/fastest {max(t for _, t in cs) / lo:.4f}")
+                     + ", ".join(f"{u[:12]} {t:.1f} ms" for u, t in cs.items())
+                     + f"; slowest/fastest {max(cs.values()) / min(cs.values()):.4f}")
     own = [r for r in rows if "speedup_vs_slowest_gpu" in r]
     if own:
         lines.append("against the one-GPU renders on its own cards (1gpu_* folders; an N-GPU step runs at its slowest "
