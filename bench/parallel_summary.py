@@ -12,7 +12,8 @@ configuration (``1gpu`` = the baseline; any other name, e.g. ``diffusers_u2``, `
 (e.g. profiled runs, whose step times include the profiler).
 
 Cards of one machine differ in speed, and an N-GPU step runs at the pace of its slowest card, so a group may also
-hold one-GPU renders of the same backend on each card (folders ``1gpu_<anything>``, e.g. ``1gpu_g0`` .. ``1gpu_g3``,
+hold one-GPU renders of the same backend on each card (folders ``1gpu_<anything>``, e.g. ``1gpu_g1`` .. ``1gpu_g3``,
+the ``1gpu`` render standing for its own card where no ``1gpu_*`` one ran there,
 run side by side). Each render names its cards (``gpu_uuid``, as nvidia-smi does); an N-GPU row whose every card
 has such a render also gets its speed-up against the slowest of its own cards (``speedup_vs_slowest_gpu``) and
 against their mean (``speedup_vs_mean_gpu``), beside the speed-up against ``1gpu`` (one card, alone).
@@ -72,10 +73,11 @@ def _gpus(e: dict) -> list:
 
 def _card_steps(rows: list[dict]) -> dict:
     """(group, backend) -> {card UUID: one-GPU warm ms} of the rows from ``1gpu_*`` folders (the per-card
-    baselines)."""
+    baselines); a card without one takes the ``1gpu`` row's where that ran on it."""
     out: dict = {}
-    for r in rows:
-        if r["config_dir"].startswith("1gpu_") and r["gpus"] == 1 and r["warm_step_ms"] and r["gpu_uuids"][0]:
+    for r in sorted(rows, key=lambda r: r["config_dir"].startswith("1gpu_")):  # 1gpu_* last: they win
+        if ((r["config_dir"] == "1gpu" or r["config_dir"].startswith("1gpu_")) and r["gpus"] == 1
+                and r["warm_step_ms"] and r["gpu_uuids"][0]):
             out.setdefault((r["group"], r["backend"]), {})[r["gpu_uuids"][0]] = r["warm_step_ms"]
     return out
 

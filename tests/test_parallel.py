@@ -535,6 +535,7 @@ def test_ulysses_async_is_bit_identical_and_says_which_path_ran(renders):
         assert np.array_equal(fa, np.load(renders[name] / "results" / f"{VIDEO}_u2.npy")), name
         e = json.loads((renders[name] / "results" / "timing.json").read_text())[-1]
         assert e["parallel"]["async_exchange"] is settled and e["parallel"]["engine"] == "diffusers"
+        assert e["parallel"]["v_per_rank"] is True  # the default; V made per destination where async runs
         # --guidance_overlap auto: both branches interleaved where the async processor's turns are; the same frames
         assert e["parallel"]["guidance_overlap"] is (settled and P.GUIDANCE_OVERLAP_AUTO), e["parallel"]
         if e["parallel"]["guidance_overlap"]:  # 8 hand-overs per step of 2 layers (test_guidance_overlap.py)

@@ -48,6 +48,20 @@ def test_speedup_against_the_slowest_of_its_own_cards(tmp_path):
     assert "1.907x vs its slowest card, 1.889x vs their mean" in text and "slowest/fastest 1.0300" in text
 
 
+
+def test_the_1gpu_render_stands_for_its_card_without_a_1gpu_folder_of_its_own(tmp_path):
+    sys.path.insert(0, str(ROOT / "bench"))
+    import parallel_summary as S
+
+    g = tmp_path / "res" / "w13"
+    _write(g / "1gpu", _entry([1.5, 1.04, 1.04, 1.04], ["GPU-a"]))  # card a: no 1gpu_* render
+    _write(g / "1gpu_gb", _entry([1.5, 1.0, 1.0, 1.0], ["GPU-b"]))
+    _write(g / "u2_ab", _entry([0.8, 0.52, 0.52, 0.52], ["GPU-a", "GPU-b"],
+                               {"world_size": 2, "label": "ulysses2", "engine": "diffusers"}))
+    rows = {r["config_dir"]: r for r in S.summarize(tmp_path / "res")}
+    assert rows["u2_ab"]["by_gpu_warm_ms"] == pytest.approx([1040.0, 1000.0])
+    assert rows["u2_ab"]["speedup_vs_slowest_gpu"] == pytest.approx(1.04 / 0.52)
+
 def test_gpu_uuid_is_none_off_cuda():
     from vdbench.timing import gpu_uuid, system_info
 

@@ -184,6 +184,12 @@ def build_parser(family: str | families.Family, prog: Optional[str] = None,
              "load, so what its step pays once (cuSOLVER's load at a multistep solver's third step) is load time, "
              "not a warm step's (recorded in timing.json: run.resolved.scheduler_prewarm); off: the step pays it "
              "(default: %(default)s)")
+    add("--scheduler_async", choices=("on", "off"), default="on",
+        help="on (a CUDA device): the scheduler's steps don't wait for the device: their small CPU-to-device copies "
+             "are made from pinned memory without blocking and their linear solves without the error check that "
+             "blocks (checked once after the denoising), so the host issues the next step while the GPU finishes "
+             "this one; the same values and kernels as off (recorded in timing.json: run.resolved.scheduler_async, "
+             "scheduler_ahead); off: diffusers' blocking step (default: %(default)s)")
     add("--attention_prewarm", choices=("on", "off"), default="on",
         help="on: compile the attention backend's first-call kernels (fav3_fp8's Triton pre-pass) for this render's "
              "call shapes in a worker process while the model loads, so the first denoising step finds them "
@@ -219,6 +225,11 @@ def build_parser(family: str | families.Family, prog: Optional[str] = None,
              "engine; the same output as diffusers' Ulysses; the kernel label ends in /async); auto: wherever it "
              "applies (Ulysses without ring or --ulysses_overlap), off: diffusers' own Ulysses (default: "
              "%(default)s)")
+    add("--ulysses_v_per_rank", choices=("on", "off"), default="on",
+        help="with --ulysses_async's exchange: V projected per destination rank, the other ranks' heads first and "
+             "sent, this rank's own heads projected straight into place while they travel (they never cross the "
+             "wire); the same values as off, where V is projected whole, copied into the send layout and sent "
+             "whole (recorded in timing.json: parallel.v_per_rank) (default: %(default)s)")
     add("--ulysses_fp8_exchange", choices=("off", "on"), default="off",
         help="V and the attention output of --ulysses_async's exchange cross as fp8 e4m3 with a scale per (token, "
              "head): half the bytes of the two exchanges nothing hides, quantized inside the layout copies they "
@@ -342,10 +353,12 @@ def config_from_args(fam: families.Family, args):
         vae_encode=args.vae_encode, vae_max_memory=args.vae_max_memory, vae_timeout=args.vae_timeout, vae_glue=args.vae_glue,
         vae_prewarm=args.vae_prewarm, attention_prewarm=args.attention_prewarm == "on",
         scheduler_prewarm=args.scheduler_prewarm == "on",
+        scheduler_async=args.scheduler_async == "on",
         parallel_engine=args.parallel_engine, ulysses_degree=args.ulysses_degree, ring_degree=args.ring_degree,
         use_cfg_parallel=args.use_cfg_parallel, ulysses_overlap=args.ulysses_overlap,
         ulysses_async=_auto_on_off(args.ulysses_async), guidance_overlap=_auto_on_off(args.guidance_overlap),
         ulysses_fp8_exchange=args.ulysses_fp8_exchange == "on",
+        ulysses_v_per_rank=args.ulysses_v_per_rank == "on",
         overwrite=args.overwrite)
 
 

@@ -101,6 +101,9 @@ class ParallelSpec:
     # --ulysses_fp8_exchange: V and the attention output of --ulysses_async's exchange cross as e4m3 rows with a
     # scale each (vdbench.patching.ulysses.Fp8Exchange): half the bytes, not the one-GPU output bit for bit
     fp8_exchange: bool = False
+    # --ulysses_v_per_rank: the async exchange projects V per destination rank, this rank's heads while the others'
+    # travel (UlyssesExchange.send_projected); the same values as V projected whole
+    v_per_rank: bool = True
 
     @property
     def world_size(self) -> int:
@@ -174,7 +177,8 @@ class ParallelSpec:
                 "use_cfg_parallel": self.use_cfg_parallel, "path": self.path, "label": self.label, "tag": self.tag,
                 "world_size": self.world_size, "head_chunks": self.head_chunks,
                 "async_exchange": self.async_exchange, "guidance_overlap": self.guidance_overlap,
-                "guidance_overlap_reason": self.guidance_overlap_reason, "fp8_exchange": self.fp8_exchange}
+                "guidance_overlap_reason": self.guidance_overlap_reason, "fp8_exchange": self.fp8_exchange,
+                "v_per_rank": self.v_per_rank}
 
 
 def resolve_engine(spec: ParallelSpec, device: torch.device,
@@ -516,6 +520,7 @@ def apply_engine(ctx: DistContext, pipe, models: list, family: families.Family) 
             m._parallel_config.context_parallel_config.vdbench_head_chunks = spec.head_chunks
             m._parallel_config.context_parallel_config.vdbench_async = spec.async_exchange
             m._parallel_config.context_parallel_config.vdbench_fp8_exchange = spec.fp8_exchange
+            m._parallel_config.context_parallel_config.vdbench_v_per_rank = spec.v_per_rank
         if spec.use_cfg_parallel or spec.guidance_overlap:
             split_guidance(ctx, pipe, models, family)
         warm_collectives(ctx, models)

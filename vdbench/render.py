@@ -128,6 +128,7 @@ class RenderConfig:
     vae_prewarm: bool = True  # compile the fast VAE path's kernels on a thread while the GPU denoises (vdbench.vae.prewarm)
     attention_prewarm: bool = True  # the backend's first-call kernels compiled during the load (backends.prewarm)
     scheduler_prewarm: bool = True  # the scheduler's first-call costs paid in the load (pipelines.prewarm_scheduler)
+    scheduler_async: bool = True  # the scheduler's steps never wait for the device (pipelines.run_scheduler_ahead)
     extra_pipe_kwargs: dict = field(default_factory=dict)
     # multi-process (torchrun): see vdbench.parallel
     parallel_engine: str = "xfuser"
@@ -138,6 +139,7 @@ class RenderConfig:
     ulysses_async: Optional[bool] = None  # Q, K, V sent beside the projections (Family.ulysses_self_attention); None: auto
     guidance_overlap: Optional[bool] = None  # both guidance branches interleaved on every rank; None: auto
     ulysses_fp8_exchange: bool = False  # V and the output exchanged as e4m3 rows with scales (Fp8Exchange)
+    ulysses_v_per_rank: bool = True  # the async exchange's V projected per destination (UlyssesExchange)
     overwrite: bool = False  # replace an existing output file this tool did not write
 
 
@@ -200,7 +202,8 @@ def render(cfg: RenderConfig, log=print, exit_code_of=None, started: Optional[Wa
     started = started if started is not None else wall_start(from_process=False)
     spec = P.ParallelSpec(cfg.parallel_engine, cfg.ulysses_degree, cfg.ring_degree, cfg.use_cfg_parallel,
                           head_chunks=cfg.ulysses_overlap, async_exchange=cfg.ulysses_async,
-                          guidance_overlap=cfg.guidance_overlap, fp8_exchange=cfg.ulysses_fp8_exchange)
+                          guidance_overlap=cfg.guidance_overlap, fp8_exchange=cfg.ulysses_fp8_exchange,
+                          v_per_rank=cfg.ulysses_v_per_rank)
     dctx = P.init_distributed(spec, cfg.device)
     if dctx is None:
         return _stages(cfg, log, None, started)
@@ -535,7 +538,8 @@ def _load_checked(plan: Plan, laps: Laps) -> tuple:
 def load(plan: Plan) -> Loaded:
     """Load the pipeline and check what only the loaded model can tell (its exact size rules, its head dims)."""
     from . import parallel as P
-    from .pipelines import ModelLoadError, model_summary, prewarm_scheduler
+    from .pipelines import ModelLoadError, model_summary, prewarm_scheduler, run_scheduler_ahead, \
+        run_scheduler_blocking
     from .speed import apply_speed_options
 
     cfg, family, device, dctx = plan.cfg, plan.family, plan.device, plan.dctx
@@ -622,6 +626,13 @@ def load(plan: Plan) -> Loaded:
         header["resolved"]["scheduler_prewarm"] = prewarm_scheduler(pipe.scheduler, cfg.num_inference_steps, device,
                                                                     plan.dtype)
     part("scheduler_prewarm")
+    # after the prewarm (whose dry run copies the scheduler): no step of the render waits for the device
+    if not cfg.scheduler_async or device.type != "cuda":
+        run_scheduler_blocking(pipe.scheduler)  # a pipeline loaded once keeps what an earlier render set
+        header["resolved"]["scheduler_async"] = {
+            "status": "skipped", "why": "--scheduler_async off" if not cfg.scheduler_async else "not a CUDA device"}
+    else:
+        header["resolved"]["scheduler_async"] = run_scheduler_ahead(pipe.scheduler)
     if device.type == "cuda":  # the load's last copies and quantization kernels are the load's time
         torch.cuda.synchronize(device)
     part("sync")
@@ -780,6 +791,8 @@ def run_repetitions(plan: Plan, loaded: Loaded, log) -> tuple[list[dict], object
 def _warm_up(plan: Plan, loaded: Loaded, watch: _Watch) -> Optional[float]:
     """The untimed calls before the timed repetitions (compilation, cuDNN plans, Triton JIT, the allocator); their
     whole time, one-time costs and all (None without them): not a step time."""
+    from .pipelines import settle_scheduler
+
     cfg = plan.cfg
     if not cfg.warmup_calls:
         return None
@@ -789,6 +802,7 @@ def _warm_up(plan: Plan, loaded: Loaded, watch: _Watch) -> Optional[float]:
             watch.reset()
             steps = StepTimer(plan.device, then=watch.advance)
             steps.run_pipe(loaded.pipe, generator=torch.Generator("cpu").manual_seed(cfg.seed), **loaded.kwargs)
+            settle_scheduler(loaded.pipe.scheduler)  # a failed solve raises here too
 
     return device_seconds(plan.device, calls)
 
@@ -819,10 +833,12 @@ class _Repetition:
         self.timer: Optional[StepTimer] = None  # the pipeline call's steps
         self.after_pipe = self.after_decode = None  # the clocks after the call and after the decode
         self.vae_info: dict = {}  # what the decode reported
+        self.scheduler_ahead: Optional[dict] = None  # what the scheduler made ahead (pipelines.settle_scheduler)
 
     def denoise_and_decode(self):
         """The pipeline call to latents (the first repetition's profiled), then the decode; the frames."""
         from . import parallel as P
+        from .pipelines import settle_scheduler
         from .vae.decode import decode_latents
         from .watchdog import WatchdogTimeout
 
@@ -834,6 +850,8 @@ class _Repetition:
         try:
             latents = self.timer.run_pipe(loaded.pipe, generator=torch.Generator("cpu").manual_seed(cfg.seed),
                                           **loaded.kwargs).frames
+            # what the scheduler made ahead of the device (--scheduler_async); a solve that failed raises here
+            self.scheduler_ahead = settle_scheduler(loaded.pipe.scheduler)
             latents = P.share_output(plan.dctx, latents)  # xfuser's CogVideoX: only its last ranks return them
         except WatchdogTimeout as e:  # the VAE encode inside the pipeline call (the stage timers' watchdog)
             raise VAEHang(f"VAE encode hung (> {cfg.vae_timeout} s, --vae_timeout); all threads' stacks were dumped "
@@ -916,6 +934,7 @@ class _Repetition:
             "compile": ({"graphs_per_step": list(timer.graphs_per_step), "graph_breaks": timer.graph_breaks}
                         if cfg.compile else None),
             "host": timer.host(),  # the garbage collector's pauses per step (a multi-GPU step's host stalls)
+            "scheduler_ahead": self.scheduler_ahead,  # copies and solves made without waiting (--scheduler_async)
             "attention": patch.stats.as_dict(),
             "attention_share": (attn_time / sum(step_times)) if attn_time and step_times else None,
             "peak_memory_bytes": peak_memory(device),

@@ -355,7 +355,9 @@ def ulysses_self_attention(attn, hidden_states, rotary_emb, exchange, attend):
     """Wan's self-attention (diffusers 0.42's ``WanAttnProcessor`` for a call without text or mask) under Ulysses,
     with each of Q, K and V handed to the exchange as soon as it is made, so Q's all-to-all runs while K and V are
     projected, and K's while V is. Q and K leave the rotary embedding already in the exchange's send layout (the
-    RoPE writes there instead of into a tensor of its own), V takes one copy into it.
+    RoPE writes there instead of into a tensor of its own); V is projected per destination
+    (``exchange.send_projected``): the other ranks' heads into the send layout, then this rank's own heads into
+    place while those travel.
 
     ``exchange``: :class:`vdbench.patching.ulysses.UlyssesExchange` (``send_buffer``, ``start``, ``send``,
     ``whole``, ``back_start``, ``back_wait``, ``turn``); ``attend(q, k, v)``: the patched kernel on BSHD tensors holding the
@@ -365,15 +367,15 @@ def ulysses_self_attention(attn, hidden_states, rotary_emb, exchange, attend):
     heads = attn.heads
     if attn.fused_projections:
         q_lin, k_lin, v_lin = attn.to_qkv(hidden_states).chunk(3, dim=-1)
-        q_of, k_of, v_of = (lambda: q_lin), (lambda: k_lin), (lambda: v_lin)
+        q_of, k_of = (lambda: q_lin), (lambda: k_lin)
+        v_sent = lambda: exchange.send(v_lin.unflatten(2, (heads, -1)))  # noqa: E731
     else:
-        q_of, k_of, v_of = (lambda: attn.to_q(hidden_states)), (lambda: attn.to_k(hidden_states)), \
-            (lambda: attn.to_v(hidden_states))
+        q_of, k_of = (lambda: attn.to_q(hidden_states)), (lambda: attn.to_k(hidden_states))
+        # V, which nothing transforms: projected per destination, this rank's heads while the others' travel
+        v_sent = lambda: exchange.send_projected(attn.to_v, hidden_states, heads)  # noqa: E731
 
     def sent(x, norm):
-        x = x.unflatten(2, (heads, -1)) if norm is None else norm(x).unflatten(2, (heads, -1))
-        if norm is None:  # V: sent as it is (the exchange makes its own layout copy)
-            return exchange.send(x)
+        x = norm(x).unflatten(2, (heads, -1))
         buf, dst = exchange.send_buffer(x)  # dst: the send buffer as (B, S_loc, P, h, D), heads split by rank
         x = x.unflatten(2, dst.shape[2:4])
         if rotary_emb is None:
@@ -389,7 +391,7 @@ def ulysses_self_attention(attn, hidden_states, rotary_emb, exchange, attend):
     dtype = q.dtype
     q = sent(q, attn.norm_q)
     k = sent(k_of(), attn.norm_k)
-    v = sent(v_of(), None)
+    v = v_sent()
     exchange.turn()
     out = attend(exchange.whole(q), exchange.whole(k), exchange.whole(v))
     # the processor casts the kernel's output to the projections' dtype; here before the exchange (the same values)

@@ -115,7 +115,8 @@ class DispatcherAdapter(Adapter):
         def attend(q, k, v):
             return self._serve_bshd(q, k, v, None, 0.0, False, None, False, tag=tag)
 
-        exchange = (Fp8Exchange if fp8 else UlyssesExchange)(cp._ulysses_mesh.get_group(), cp.ulysses_degree)
+        exchange = (Fp8Exchange if fp8 else UlyssesExchange)(cp._ulysses_mesh.get_group(), cp.ulysses_degree,
+                                                             v_per_rank=getattr(cp, "vdbench_v_per_rank", True))
         return make(attn, hidden_states, rotary_emb, exchange, attend)
 
     def _cp_template(self):

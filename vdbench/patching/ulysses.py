@@ -20,7 +20,9 @@ K while Q travels, and so on; and it writes Q and K into the send layout straigh
 layout copy at all.
 
 That leaves two exchanges of every call with nothing beside them: V's (the kernel needs it next) and the output's
-(the out-projection needs it next). :func:`vdbench.parallel.interleaved` gives them the other guidance branch's
+(the out-projection needs it next). V's gets a GEMM of its own call beside it: V is projected per destination
+(:meth:`UlyssesExchange.send_projected`), the other ranks' heads first and sent, then this rank's own heads, which
+never travel, while they do. :func:`vdbench.parallel.interleaved` gives them the other guidance branch's
 work instead (``--guidance_overlap``; the two-batch overlap of MoE inference engines, with classifier-free
 guidance's two branches as the two batches): the step's two denoiser calls run on two host threads that take turns
 at the processor's phase ends (:class:`vdbench.parallel.Baton`), so the GPU's one stream receives, per layer, one
@@ -96,6 +98,17 @@ def overlapped_ulysses(query, key, value, group, world: int, chunks: int, attend
     return out
 
 
+class _Placed(tuple):
+    """:meth:`UlyssesExchange.send_projected`'s exchange in flight: (work, the whole receive buffer (P, B, S_loc, h,
+    D), the send buffer held until the wait); ``apart``: for a rank whose slot lies between its peers', (where the
+    peers' slots arrived, this rank's index), placed by :meth:`UlyssesExchange.whole`."""
+
+    def __new__(cls, work, recv, send, apart):
+        out = super().__new__(cls, (work, recv, send))
+        out.apart = apart
+        return out
+
+
 class UlyssesExchange:
     """The all-to-alls of one Ulysses attention call, each issued when its tensor is ready (B = 1, no mask).
 
@@ -107,8 +120,51 @@ class UlyssesExchange:
     owners, this rank's tokens for every head, (B, S_loc, H * D): one copy; ``turn()``: a phase's end, where an
     interleaved guidance branch takes over (:func:`vdbench.parallel.interleaved`; nothing outside one)."""
 
-    def __init__(self, group, world: int):
-        self.group, self.world = group, world
+    def __init__(self, group, world: int, v_per_rank: bool = True):
+        self.group, self.world, self.v_per_rank = group, world, v_per_rank
+
+    def send_projected(self, linear, hidden_states, heads: int):
+        """Start exchanging ``linear(hidden_states)`` (B, S_loc, H * D; V, which nothing transforms before the
+        exchange) with its heads made per destination rank (``v_per_rank``): the other ranks' heads first, each
+        projected straight into its send slot (no layout copy) and sent, then this rank's own heads projected
+        straight into their place in the receive buffer while the others travel -- they never cross the wire, so
+        the exchange that nothing hides loses its own share's copy and has a GEMM beside it. Each head's values
+        are the same projection's (the weight's rows for those heads, the same ``addmm`` as ``nn.Linear``);
+        :meth:`whole` ends it. Falls back to :meth:`send` of the whole projection where the projection is not a
+        plain ``nn.Linear`` (a quantized or wrapped one) or B > 1."""
+        import torch.distributed as dist
+
+        b, s, c = hidden_states.shape
+        if (not self.v_per_rank or type(linear) is not torch.nn.Linear or b != 1 or torch.is_autocast_enabled()
+                or linear.weight.dtype != hidden_states.dtype
+                or (torch.is_grad_enabled() and linear.weight.requires_grad)):  # out= has no autograd
+            return self.send(linear(hidden_states).unflatten(2, (heads, -1)))
+        p_all, me = self.world, dist.get_rank(self.group)
+        rows = linear.weight.shape[0] // p_all  # this destination's heads x D
+        x = hidden_states.reshape(s, c)
+        kwargs = dict(dtype=hidden_states.dtype, device=hidden_states.device)
+        whole = torch.empty((p_all, s, rows), **kwargs)  # the whole sequence of this rank's heads, rank order
+        # the peers' slots of the receive buffer are one run where this rank's slot is at an end (any rank of 2)
+        ends = me in (0, p_all - 1)
+        recv = (whole[1:] if me == 0 else whole[:-1]) if ends else torch.empty((p_all - 1, s, rows), **kwargs)
+        send = torch.empty((p_all - 1, s, rows), **kwargs)
+        peers = [q for q in range(p_all) if q != me]
+
+        def project(q, out):
+            w = linear.weight[q * rows:(q + 1) * rows]
+            if linear.bias is None:
+                torch.mm(x, w.t(), out=out)
+            else:
+                torch.addmm(linear.bias[q * rows:(q + 1) * rows], x, w.t(), out=out)
+
+        for i, q in enumerate(peers):
+            project(q, send[i])
+        splits = [0 if q == me else s * rows for q in range(p_all)]
+        work = dist.all_to_all_single(recv.view(-1), send.view(-1), splits, splits, group=self.group,
+                                      async_op=True)
+        project(me, whole[me])
+        d = rows // (heads // p_all)
+        return _Placed(work, whole.view(p_all, 1, s, rows // d, d), send, None if ends else (recv, me))
 
     def send_buffer(self, x):
         b, s, heads, d = x.shape
@@ -133,6 +189,10 @@ class UlyssesExchange:
     def whole(self, handle):
         work, recv, _ = handle
         work.wait()
+        if isinstance(handle, _Placed) and handle.apart is not None:  # a middle rank: the peers' slots around its own
+            arrived, me = handle.apart
+            recv[:me].copy_(arrived[:me].view(recv[:me].shape))
+            recv[me + 1:].copy_(arrived[me:].view(recv[me + 1:].shape))
         p, b, s, h, d = recv.shape
         return recv.view(b, p * s, h, d)
 
@@ -203,6 +263,10 @@ class Fp8Exchange(UlyssesExchange):
         p = buf.shape[0]
         return (buf[:, :n].view(torch.float8_e4m3fn).view(p, b, s, h, d),
                 buf[:, cls._data_bytes(n):].view(torch.float32).view(p, b, s, h))
+
+    def send_projected(self, linear, hidden_states, heads: int):
+        """V quantized from the whole projection (the quantization is its layout copy)."""
+        return self.send(linear(hidden_states).unflatten(2, (heads, -1)))
 
     def send(self, x):
         b, s, heads, d = x.shape
