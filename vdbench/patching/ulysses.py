@@ -136,6 +136,7 @@ class UlyssesExchange:
 
         b, s, c = hidden_states.shape
         if (not self.v_per_rank or type(linear) is not torch.nn.Linear or b != 1 or torch.is_autocast_enabled()
+                or type(linear.weight) not in (torch.Tensor, torch.nn.Parameter)  # a quantized weight's subclass
                 or linear.weight.dtype != hidden_states.dtype
                 or (torch.is_grad_enabled() and linear.weight.requires_grad)):  # out= has no autograd
             return self.send(linear(hidden_states).unflatten(2, (heads, -1)))
