@@ -90,6 +90,9 @@ def test_timing_json_schema(rendered):
         assert run["system"]["torch"] and run["resolved"]["device"] == "cpu"
         # nothing loads on a first call on a CPU: no scheduler dry run, and the record says why
         assert run["resolved"]["scheduler_prewarm"] == {"status": "skipped", "why": "not a CUDA device"}
+        # nor a device queue for the scheduler's step to run ahead of
+        assert run["resolved"]["scheduler_async"] == {"status": "skipped", "why": "not a CUDA device"}
+        assert e["scheduler_ahead"] is None
         assert run["model"]
     assert set(entries[-1]["attention"]["calls_by_kernel"]) == {"emu.sagev1"}
     assert all(k.startswith("sdpa[") for k in entries[0]["attention"]["calls_by_kernel"])
