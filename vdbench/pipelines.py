@@ -548,7 +548,6 @@ def prewarm_scheduler(scheduler, steps: int, device, dtype) -> dict:
             "s": round(time.perf_counter() - t0, 4)}
 
 
-
 # ----- the scheduler's step without waiting for the device -----
 #
 # diffusers' multistep solvers keep their sigmas on the CPU and move the few they need each step with ``.to(device)``
@@ -673,6 +672,7 @@ def settle_scheduler(scheduler) -> Optional[dict]:
                            "this call found a singular system; the latents are not valid "
                            "(hint: --scheduler_async off raises it where it happens)")
     return record.as_dict()
+
 
 def _patch_hw(transformer) -> tuple[int, int]:
     p = transformer.config.patch_size
