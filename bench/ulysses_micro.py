@@ -27,6 +27,20 @@ samples with p20-p80 (rank 0's clock). Pieces:
   NCCL's all-to-all does, bit for bit), ``xchg_nccl`` / ``xchg_ce`` alone, ``gemms`` (three projection GEMMs of the
   layer, what an exchange travels beside) alone and ``gemms_beside_nccl`` / ``gemms_beside_ce`` with an exchange
   issued just before.
+* ``gather``: the ring form with K and V gathered whole (every rank keeps its own query rows and all H heads):
+  ``xchg_a2a_x4`` (Ulysses' four all-to-alls of a layer, issued together) against ``xchg_gather_x2`` (K's and V's
+  all-gathers, in place, issued together); ``attn_local_rows`` (FA3 on this rank's S / P query rows, all H heads,
+  the whole K and V) and whether it equals those rows of the one-GPU call bit for bit; ``gemms_beside_gather``
+  (the three projection GEMMs with one gather issued before them); ``layer_gathered`` (V projected into its gather
+  slot and sent, then K, then Q projected while they travel, the kernel, the output projection: no output exchange)
+  against ``layer_async``.
+* ``remote``: the exchange folded into the kernels that produce it, over torch's symmetric memory (each rank's
+  receive buffers mapped into its peers): FA3 writes the other ranks' query rows straight into their output
+  buffers (``out=`` a view of the peer's memory; SM stores over NVLink, spread through the kernel) and its own rows
+  locally, then one barrier (``o_remote``, against ``serial``, and whether what arrived equals NCCL's exchange bit
+  for bit: ``o_remote_equal``); the projections write each destination's heads straight into its receive buffer
+  (``proj_remote``, against ``proj_per_dest`` + ``exchange``; ``proj_remote_equal``); ``barrier`` alone; and a whole
+  layer in that form (``layer_remote``) against ``layer_async``.
 
 Writes one JSON (rank 0) with the device, the shapes and every piece's spread; prints a table.
 """
@@ -53,8 +67,8 @@ def parse(argv=None):
     p.add_argument("--head_dim", type=int, default=128, help="head dimension")
     p.add_argument("--margins", default="8,16,24", help="SMs left to NCCL, comma-separated")
     p.add_argument("--reps", type=int, default=20, help="timed samples per piece")
-    p.add_argument("--only", default="", help="comma-separated groups: attn, exchange, copies, layer, ce, transport "
-                   "(default: all of them)")
+    p.add_argument("--only", default="", help="comma-separated groups: attn, exchange, copies, layer, ce, transport, "
+                   "gather, remote (default: all of them)")
     p.add_argument("--hang_s", type=float, default=0, help="print every thread's Python stack after this many seconds "
                    "(a hang's whereabouts; 0: never)")
     p.add_argument("-o", "--output", default="outputs/ulysses_micro.json", help="the JSON written by rank 0")
@@ -329,6 +343,138 @@ def transport_pieces(res, args, s, h, D, P, rank, dev, dim, rnd):
     res["gemms_beside_ce"] = timed(beside(start_ce), args.reps)
 
 
+def gather_pieces(res, fa, hs, q12, k12, v12, args, S, s, H, D, P, rank, dev, rnd):
+    """The ring form with K and V all-gathered whole against Ulysses' all-to-alls, on one layer's shapes."""
+    dim = H * D
+    h = H // P
+    sends = [rnd(P, 1, s, h, D) for _ in range(4)]
+    recvs = [torch.empty_like(x) for x in sends]
+    kv = [rnd(1, S, H, D) for _ in range(2)]  # each rank's slot [rank * s, (rank + 1) * s) is its own
+
+    def a2a_x4():
+        for w in [dist.all_to_all_single(r, x, async_op=True) for r, x in zip(recvs, sends)]:
+            w.wait()
+
+    def gather_x2():
+        for w in [dist.all_gather_into_tensor(x, x[:, rank * s:(rank + 1) * s], async_op=True) for x in kv]:
+            w.wait()
+
+    res["xchg_a2a_x4"] = timed(a2a_x4, args.reps)
+    res["xchg_gather_x2"] = timed(gather_x2, args.reps)
+    mine = slice(rank * s, (rank + 1) * s)
+    res["attn_local_rows"] = timed(lambda: fa(q12[:, mine], k12, v12), args.reps)
+    res["attn_local_rows_equal"] = bool(torch.equal(fa(q12[:, mine], k12, v12), fa(q12, k12, v12)[:, mine]))
+    x = rnd(s, dim)
+    ws = [rnd(dim, dim) for _ in range(3)]
+
+    def gemms():
+        for w in ws:
+            x @ w
+
+    def beside_gather():
+        work = dist.all_gather_into_tensor(kv[0], kv[0][:, mine], async_op=True)
+        gemms()
+        work.wait()
+
+    res["gemms_beside_gather"] = timed(beside_gather, args.reps)
+    wq, wk, wv, wo = (torch.nn.Linear(dim, dim, device=dev, dtype=torch.bfloat16).requires_grad_(False)
+                      for _ in range(4))
+
+    def layer_gathered():
+        k_all, v_all = (torch.empty(1, S, H, D, device=dev, dtype=torch.bfloat16) for _ in range(2))
+        torch.addmm(wv.bias, hs[0], wv.weight.t(), out=v_all[0, mine].view(s, dim))
+        wv_ = dist.all_gather_into_tensor(v_all, v_all[:, mine], async_op=True)
+        torch.addmm(wk.bias, hs[0], wk.weight.t(), out=k_all[0, mine].view(s, dim))
+        wk_ = dist.all_gather_into_tensor(k_all, k_all[:, mine], async_op=True)
+        qq = wq(hs).view(1, s, H, D)
+        wk_.wait()
+        wv_.wait()
+        return wo(fa(qq, k_all, v_all).reshape(1, s, dim))
+
+    res["layer_gathered"] = timed(layer_gathered, args.reps)
+
+
+def remote_pieces(res, fa3, hs, q, k, v, args, S, s, H, D, P, rank, dev):
+    """The exchange as remote stores by the producing kernels (symmetric memory), against NCCL's."""
+    import torch.distributed._symmetric_memory as symm_mem
+
+    def _flash_attn_forward(qq, kk, vv, out_=None):
+        """FA3's forward op with its output written into ``out_`` (the interface's custom op refuses an output
+        that aliases a given tensor, so its registered op is called as the interface calls it)."""
+        return torch.ops.fa3_fwd.fwd(qq, kk, vv, None, None, None, out_, *([None] * 16), qq.shape[-1] ** -0.5,
+                                     False, -1, -1, 0, 0.0, True, None, 1, None, 0)
+
+    h, dim = H // P, H * D
+    group = dist.group.WORLD.group_name
+    bf = torch.bfloat16
+
+    def symmetric(shape):
+        buf = symm_mem.empty(shape, dtype=bf, device=dev)
+        hdl = symm_mem.rendezvous(buf, group)
+        return buf, hdl, [buf if p == rank else hdl.get_buffer(p, shape, bf) for p in range(P)]
+
+    obuf, ohdl, opeer = symmetric((1, s, H, D))  # my tokens, every head: slot r's heads written by rank r
+    rows = [slice(p * s, (p + 1) * s) for p in range(P)]
+
+    def fa_out(qq, out):
+        _flash_attn_forward(qq, k, v, out_=out)
+
+    def o_remote():
+        for i in range(1, P):  # the other ranks' rows first, each written into its owner's buffer
+            p = (rank + i) % P
+            fa_out(q[:, rows[p]], opeer[p][:, :, rank * h:(rank + 1) * h])
+        fa_out(q[:, rows[rank]], obuf[:, :, rank * h:(rank + 1) * h])
+        ohdl.barrier(channel=0)
+
+    o_remote()
+    torch.cuda.synchronize()
+    dist.barrier()
+    whole = _flash_attn_forward(q, k, v)[0].contiguous()  # (1, S, h, D) = (P, 1, s, h, D)
+    got = torch.empty_like(whole)
+    dist.all_to_all_single(got, whole)
+    res["o_remote_equal"] = bool(torch.equal(obuf.view(1, s, P, h, D), got.view(P, 1, s, h, D).permute(1, 2, 0, 3, 4)))
+    res["o_remote"] = timed(o_remote, args.reps)
+    res["barrier"] = timed(lambda: ohdl.barrier(channel=0), args.reps)
+
+    # Q, K, V: each destination's heads written straight into its receive buffer (the whole sequence of its heads)
+    recv, rhdl, rpeer = symmetric((3, P, s, h * D))
+    lins = [torch.nn.Linear(dim, dim, device=dev, dtype=bf).requires_grad_(False) for _ in range(4)]
+    x = hs[0]
+
+    def proj_remote(n=3):
+        for j in range(n):
+            w, b = lins[j].weight.view(P, h * D, dim), lins[j].bias.view(P, h * D)
+            for i in range(1, P + 1):
+                p = (rank + i) % P  # own heads last
+                torch.addmm(b[p], x, w[p].t(), out=rpeer[p][j, rank])
+        rhdl.barrier(channel=0)
+
+    proj_remote()
+    torch.cuda.synchronize()
+    dist.barrier()
+    ok = True
+    for j in range(3):
+        full = lins[j](hs).view(1, s, P, h * D).permute(2, 0, 1, 3).contiguous()  # (P, 1, s, hD): per destination
+        arrived = torch.empty_like(full)
+        dist.all_to_all_single(arrived, full)
+        ok = ok and bool(torch.equal(recv[j], arrived.view(P, s, h * D)))
+    res["proj_remote_equal"] = ok
+    res["proj_remote"] = timed(proj_remote, args.reps)
+    wo = lins[3]
+
+    def layer_remote():
+        proj_remote()
+        qq, kk, vv = (recv[j].view(1, S, h, D) for j in range(3))
+        for i in range(1, P):
+            p = (rank + i) % P
+            _flash_attn_forward(qq[:, rows[p]], kk, vv, out_=opeer[p][:, :, rank * h:(rank + 1) * h])
+        _flash_attn_forward(qq[:, rows[rank]], kk, vv, out_=obuf[:, :, rank * h:(rank + 1) * h])
+        ohdl.barrier(channel=0)
+        return wo(obuf.view(1, s, dim))
+
+    res["layer_remote"] = timed(layer_remote, args.reps)
+
+
 def main(argv=None) -> int:
     args = parse(argv)
     if args.hang_s > 0:
@@ -436,6 +582,15 @@ def main(argv=None) -> int:
 
     if want("layer"):
         layer_pieces(res, fa, hs, args, S, s, h, D, P, rank, dev)
+
+    if want("remote"):
+        try:
+            remote_pieces(res, fa3, hs, q, k, v, args, S, s, H, D, P, rank, dev)
+        except Exception as exc:  # noqa: BLE001 - a piece that can't run here is reported, the others go on
+            res["remote_error"] = f"{type(exc).__name__}: {exc}"[:300]
+
+    if want("gather"):
+        gather_pieces(res, fa, hs, q12, k12, v12, args, S, s, H, D, P, rank, dev, rnd)
 
     if rank == 0:
         out = {"device": system_info(dev), "world": P, "shape": {"S": S, "H": H, "D": D}, "pieces": res}
