@@ -11,8 +11,9 @@ This runs the given script in this process (each rank under torchrun) with torch
 Explicit waits (``torch.cuda.synchronize``, an event's ``synchronize``) are not flagged: those are the timers'.
 
 Writes ``OUTPUT/sync_points.rank<R>.json`` (every rank) and prints rank 0's table: per call site (the innermost
-frame in this project, diffusers or the script; the frame below it), how many times it synchronized and the stack.
-A site met once per denoising step (a count that is a multiple of the steps) is what a warm step pays. The run's own
+frame in this project, diffusers or the script) and the stack above it, how many times it synchronized. A stack
+through the pipeline's denoising loop met once per step (a count that is a multiple of the steps) is what a warm
+step pays; load-time and after-the-call ones are paid once. The run's own
 outputs are the script's (its flags as usual). Needs CUDA: on a CPU nothing synchronizes and the tool says so.
 """
 
@@ -64,21 +65,19 @@ def _short(path: str) -> str:
 
 
 class Recorder:
-    """Counts the sync debug mode's warnings by call site, keeping one stack per site."""
+    """Counts the sync debug mode's warnings by call site and the frames above it (``frames`` deep), so one site met
+    in two places (a scheduler's step in a load-time dry run and in the denoising loop) counts twice, apart."""
 
     def __init__(self, frames: int):
         self.frames = frames
-        self.sites: Counter = Counter()
-        self.stacks: dict = {}
+        self.sites: Counter = Counter()  # (site, stack) -> count
 
     def showwarning(self, message, category, filename, lineno, file=None, line=None):
         if "synchroniz" not in str(message):
             return self._orig(message, category, filename, lineno, file, line)
         stack = [fr for fr in traceback.extract_stack()[:-1] if "warnings.py" not in fr.filename]
-        site = site_of(stack)
-        self.sites[site] += 1
-        if site not in self.stacks:
-            self.stacks[site] = [f"{_short(fr.filename)}:{fr.lineno} {fr.name}" for fr in stack[-self.frames:]]
+        kept = tuple(f"{_short(fr.filename)}:{fr.lineno} {fr.name}" for fr in stack[-self.frames:])
+        self.sites[(site_of(stack), kept)] += 1
         return None
 
     def install(self):
@@ -88,7 +87,7 @@ class Recorder:
 
     def report(self) -> dict:
         return {"total": sum(self.sites.values()),
-                "sites": [{"site": s, "count": n, "stack": self.stacks[s]} for s, n in self.sites.most_common()]}
+                "sites": [{"site": s, "count": n, "stack": list(k)} for (s, k), n in self.sites.most_common()]}
 
 
 def main(argv=None) -> int:
@@ -121,7 +120,7 @@ def main(argv=None) -> int:
         if rank == 0:
             print(f"{report['total']} synchronizing calls on rank 0 (exit {code})")
             for s in report["sites"]:
-                print(f"{s['count']:6d}  {s['site']}")
+                print(f"{s['count']:6d}  {s['site']}  <- {' <- '.join(reversed(s['stack'][:-1][-3:]))}")
     return code
 
 

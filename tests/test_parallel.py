@@ -298,44 +298,6 @@ def test_guidance_split_pairs_the_calls_and_refuses_a_call_that_is_not_the_twin(
         fresh.forward(inner, hidden_states=hs, encoder_hidden_states=pos)
 
 
-def test_guidance_split_checks_the_second_call_without_a_device_wait(monkeypatch):
-    """The second call's text is the recorded negative tensor itself (what the pipelines pass): accepted without
-    reading any value. Another tensor of the same shape, on a device whose reads make the host wait (CUDA; here the
-    CPU stands in), is compared on the device and read after the pipeline call: equal values pass, others raise
-    there -- before the render keeps an output."""
-    neg = torch.full((1, 3, 4), 2.0)
-
-    def inner(hidden_states, encoder_hidden_states, return_dict=False):
-        return (hidden_states * encoder_hidden_states.mean(),)
-
-    class Pipe:
-        pass
-
-    pipe = Pipe()
-    split = pipe._vdbench_guidance_split = P.GuidanceSplit(group=None, index=1, batched=False)
-    split.negative = neg
-    monkeypatch.setattr(split, "_gather", lambda mine: [mine, mine])
-    monkeypatch.setattr(P.GuidanceSplit, "deferred_on", ("cpu",))
-    hs = torch.ones(1, 2)
-    pos = torch.ones(1, 3, 4)
-    split.forward(inner, hidden_states=hs, encoder_hidden_states=pos, return_dict=False)
-    split.forward(inner, hidden_states=hs, encoder_hidden_states=neg, return_dict=False)
-    assert split.unchecked == [], "the same tensor: nothing to read later"
-    split.forward(inner, hidden_states=hs, encoder_hidden_states=pos, return_dict=False)
-    split.forward(inner, hidden_states=hs, encoder_hidden_states=neg.clone(), return_dict=False)
-    assert len(split.unchecked) == 1
-    P.settle_guidance(pipe)  # equal values
-    assert split.unchecked == []
-    split.forward(inner, hidden_states=hs, encoder_hidden_states=pos, return_dict=False)
-    split.forward(inner, hidden_states=hs, encoder_hidden_states=neg + 1, return_dict=False)  # answered, checked later
-    with pytest.raises(RuntimeError, match="not the first's unconditional twin"):
-        P.settle_guidance(pipe)
-    split.forward(inner, hidden_states=hs, encoder_hidden_states=pos, return_dict=False)
-    with pytest.raises(RuntimeError, match="not the first's unconditional twin"):  # another shape: refused at once
-        split.forward(inner, hidden_states=hs, encoder_hidden_states=neg[:, :2], return_dict=False)
-    P.settle_guidance(Pipe())  # a pipeline without the split: nothing to check
-
-
 def test_guidance_split_of_a_batch_halves_every_batched_argument(monkeypatch):
     got = {}
 

@@ -30,11 +30,17 @@ def test_each_sync_is_counted_under_its_call_site():
         for _ in range(3):
             step()
         warnings.warn("an unrelated warning", UserWarning)  # passed on, not counted
+        def elsewhere():  # the same site reached from another caller: counted apart
+            step()
+
+        elsewhere()
     report = rec.report()
-    assert report["total"] == 3
-    (site,) = report["sites"]
-    assert site["count"] == 3 and " step" in site["site"] and "test_sync_points.py" in site["site"]
-    assert site["stack"][-1].endswith(" step") and len(site["stack"]) <= 4
+    assert report["total"] == 4
+    first, second = report["sites"]
+    assert first["count"] == 3 and second["count"] == 1
+    assert first["site"] == second["site"] and " step" in first["site"] and "test_sync_points.py" in first["site"]
+    assert first["stack"][-1].endswith(" step") and len(first["stack"]) <= 4
+    assert second["stack"][-2].endswith(" elsewhere")
 
 
 def test_site_is_the_innermost_project_frame():

@@ -55,7 +55,7 @@ __all__ = ["ParallelSpec", "DistContext", "ENGINES", "ENGINE_CHOICES", "resolve_
            "settle_engine", "init_distributed", "check_backend_for_path", "agree", "apply_engine", "share_output",
            "sequence_layout", "merge_rank_entries",
            "FailureWatch", "set_outcome", "finish", "one_device_presented", "shares_calls", "shard_group",
-           "hooks_in_place", "compile_refusal", "guidance_split", "guidance_overlap_refusal", "settle_guidance",
+           "hooks_in_place", "compile_refusal", "guidance_split", "guidance_overlap_refusal",
            "settle_guidance_overlap", "GUIDANCE_OVERLAP_AUTO", "Baton", "interleaved", "turn", "EXIT_PEER_FAILED"]
 
 ENGINES = ("xfuser", "diffusers")
@@ -618,10 +618,6 @@ class GuidanceSplit:
     pipeline's thread, the unconditional one on a helper thread, taking turns at the Ulysses processor's phase
     ends), and serves the second call as above; no gather."""
 
-    #: device types whose second-call text comparison is read after the pipeline call, not at the call (reading it
-    #: there would make the host wait for the GPU)
-    deferred_on: tuple = ("cuda",)
-
     def __init__(self, group, index: Optional[int], batched: bool):
         self.group, self.index, self.batched = group, index, batched
         self.handovers = 0  # index None: the turns the two interleaved branches took
@@ -629,7 +625,6 @@ class GuidanceSplit:
         self.pending = None  # between a pair's two calls: (the step's latents, the unconditional prediction)
         self.gathers = 0
         self.served = 0  # denoiser calls answered without computing (a pair's second call: the other rank's branch)
-        self.unchecked: list = []  # device-side "texts differ" flags of second calls, read by settle_guidance
 
     def record_prompts(self, pipe) -> None:
         """Keep the negative prompt embeddings ``pipe.encode_prompt`` returns (the second of its pair)."""
@@ -644,20 +639,6 @@ class GuidanceSplit:
 
     def forward(self, inner, *args, **kwargs):
         return (self._batch if self.batched else self._pair)(inner, args, kwargs)
-
-    def _same_text(self, ehs, negative) -> bool:
-        """Whether a step's second call carries the recorded negative embeddings, decided without making the host
-        wait for the GPU (a ``torch.equal`` on CUDA would, every step, and the next step would then start on an
-        idle GPU): the same tensor (what the pipelines pass), or on CUDA the same shape with the values compared on
-        the device, read once after the pipeline call (:func:`settle_guidance`)."""
-        if ehs is negative:
-            return True
-        if ehs.shape != negative.shape or ehs.dtype != negative.dtype or ehs.device != negative.device:
-            return False
-        if ehs.device.type not in self.deferred_on:
-            return torch.equal(ehs, negative)
-        self.unchecked.append(torch.ne(ehs, negative).any())
-        return True
 
     def _gather(self, mine):
         import torch.distributed as dist
@@ -676,8 +657,9 @@ class GuidanceSplit:
         if self.pending is not None:  # the step's second call: the unconditional branch, computed by the pair
             latents, negative, out = self.pending
             self.pending = None
-            if hs is not latents or not self._same_text(ehs, negative):
-                raise RuntimeError(_NOT_TWIN)
+            if hs is not latents or not torch.equal(ehs, negative):
+                raise RuntimeError("--use_cfg_parallel: the second denoiser call of a step is not the first's "
+                                   "unconditional twin (other latents or text embeddings); run without the CFG split")
             self.served += 1
             return out
         if self.negative is None:
@@ -907,21 +889,6 @@ def _with_prediction(out, pred):
     if isinstance(out, tuple):
         return (pred, *out[1:])
     return type(out)(sample=pred)
-
-
-_NOT_TWIN = ("--use_cfg_parallel: the second denoiser call of a step is not the first's unconditional twin (other "
-             "latents or text embeddings); run without the CFG split")
-
-
-def settle_guidance(pipe) -> None:
-    """After a pipeline call: raise where a second call's text embeddings, compared on the device during the call
-    (:meth:`GuidanceSplit._same_text`), were not the negative prompt's (the render then keeps no output)."""
-    split = getattr(pipe, "_vdbench_guidance_split", None)
-    if split is None or not split.unchecked:
-        return
-    flags, split.unchecked = split.unchecked, []
-    if bool(torch.stack(flags).any()):
-        raise RuntimeError(_NOT_TWIN)
 
 
 def split_guidance(ctx: DistContext, pipe, models: list, family: "families.Family") -> GuidanceSplit:

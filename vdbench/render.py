@@ -791,7 +791,6 @@ def run_repetitions(plan: Plan, loaded: Loaded, log) -> tuple[list[dict], object
 def _warm_up(plan: Plan, loaded: Loaded, watch: _Watch) -> Optional[float]:
     """The untimed calls before the timed repetitions (compilation, cuDNN plans, Triton JIT, the allocator); their
     whole time, one-time costs and all (None without them): not a step time."""
-    from . import parallel as P
     from .pipelines import settle_scheduler
 
     cfg = plan.cfg
@@ -804,7 +803,6 @@ def _warm_up(plan: Plan, loaded: Loaded, watch: _Watch) -> Optional[float]:
             steps = StepTimer(plan.device, then=watch.advance)
             steps.run_pipe(loaded.pipe, generator=torch.Generator("cpu").manual_seed(cfg.seed), **loaded.kwargs)
             settle_scheduler(loaded.pipe.scheduler)  # a failed solve raises here too
-            P.settle_guidance(loaded.pipe)
 
     return device_seconds(plan.device, calls)
 
@@ -854,7 +852,6 @@ class _Repetition:
                                           **loaded.kwargs).frames
             # what the scheduler made ahead of the device (--scheduler_async); a solve that failed raises here
             self.scheduler_ahead = settle_scheduler(loaded.pipe.scheduler)
-            P.settle_guidance(loaded.pipe)  # the CFG split's check of each step's second call, read once
             latents = P.share_output(plan.dctx, latents)  # xfuser's CogVideoX: only its last ranks return them
         except WatchdogTimeout as e:  # the VAE encode inside the pipeline call (the stage timers' watchdog)
             raise VAEHang(f"VAE encode hung (> {cfg.vae_timeout} s, --vae_timeout); all threads' stacks were dumped "
