@@ -394,7 +394,7 @@ def gather_pieces(res, fa, hs, q12, k12, v12, args, S, s, H, D, P, rank, dev, rn
     res["layer_gathered"] = timed(layer_gathered, args.reps)
 
 
-def remote_pieces(res, fa3, hs, q, k, v, args, S, s, H, D, P, rank, dev):
+def remote_pieces(res, hs, q, k, v, args, S, s, H, D, P, rank, dev):
     """The exchange as remote stores by the producing kernels (symmetric memory), against NCCL's."""
     import torch.distributed._symmetric_memory as symm_mem
 
@@ -416,24 +416,22 @@ def remote_pieces(res, fa3, hs, q, k, v, args, S, s, H, D, P, rank, dev):
     obuf, ohdl, opeer = symmetric((1, s, H, D))  # my tokens, every head: slot r's heads written by rank r
     rows = [slice(p * s, (p + 1) * s) for p in range(P)]
 
-    def fa_out(qq, out):
-        _flash_attn_forward(qq, k, v, out_=out)
-
-    def o_remote():
-        for i in range(1, P):  # the other ranks' rows first, each written into its owner's buffer
+    def attend_to_owners(qq, kk, vv):
+        """FA3 on each rank's query rows, written into that rank's output buffer (the other ranks' rows first, this
+        rank's own last, locally: ``opeer[rank]`` is ``obuf``), then the barrier that makes them visible."""
+        for i in range(1, P + 1):
             p = (rank + i) % P
-            fa_out(q[:, rows[p]], opeer[p][:, :, rank * h:(rank + 1) * h])
-        fa_out(q[:, rows[rank]], obuf[:, :, rank * h:(rank + 1) * h])
+            _flash_attn_forward(qq[:, rows[p]], kk, vv, out_=opeer[p][:, :, rank * h:(rank + 1) * h])
         ohdl.barrier(channel=0)
 
-    o_remote()
+    attend_to_owners(q, k, v)
     torch.cuda.synchronize()
     dist.barrier()
     whole = _flash_attn_forward(q, k, v)[0].contiguous()  # (1, S, h, D) = (P, 1, s, h, D)
     got = torch.empty_like(whole)
     dist.all_to_all_single(got, whole)
     res["o_remote_equal"] = bool(torch.equal(obuf.view(1, s, P, h, D), got.view(P, 1, s, h, D).permute(1, 2, 0, 3, 4)))
-    res["o_remote"] = timed(o_remote, args.reps)
+    res["o_remote"] = timed(lambda: attend_to_owners(q, k, v), args.reps)
     res["barrier"] = timed(lambda: ohdl.barrier(channel=0), args.reps)
 
     # Q, K, V: each destination's heads written straight into its receive buffer (the whole sequence of its heads)
@@ -441,8 +439,8 @@ def remote_pieces(res, fa3, hs, q, k, v, args, S, s, H, D, P, rank, dev):
     lins = [torch.nn.Linear(dim, dim, device=dev, dtype=bf).requires_grad_(False) for _ in range(4)]
     x = hs[0]
 
-    def proj_remote(n=3):
-        for j in range(n):
+    def proj_remote():
+        for j in range(3):
             w, b = lins[j].weight.view(P, h * D, dim), lins[j].bias.view(P, h * D)
             for i in range(1, P + 1):
                 p = (rank + i) % P  # own heads last
@@ -464,12 +462,7 @@ def remote_pieces(res, fa3, hs, q, k, v, args, S, s, H, D, P, rank, dev):
 
     def layer_remote():
         proj_remote()
-        qq, kk, vv = (recv[j].view(1, S, h, D) for j in range(3))
-        for i in range(1, P):
-            p = (rank + i) % P
-            _flash_attn_forward(qq[:, rows[p]], kk, vv, out_=opeer[p][:, :, rank * h:(rank + 1) * h])
-        _flash_attn_forward(qq[:, rows[rank]], kk, vv, out_=obuf[:, :, rank * h:(rank + 1) * h])
-        ohdl.barrier(channel=0)
+        attend_to_owners(*(recv[j].view(1, S, h, D) for j in range(3)))
         return wo(obuf.view(1, s, dim))
 
     res["layer_remote"] = timed(layer_remote, args.reps)
@@ -585,7 +578,7 @@ def main(argv=None) -> int:
 
     if want("remote"):
         try:
-            remote_pieces(res, fa3, hs, q, k, v, args, S, s, H, D, P, rank, dev)
+            remote_pieces(res, hs, q, k, v, args, S, s, H, D, P, rank, dev)
         except Exception as exc:  # noqa: BLE001 - a piece that can't run here is reported, the others go on
             res["remote_error"] = f"{type(exc).__name__}: {exc}"[:300]
 
