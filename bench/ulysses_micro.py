@@ -468,6 +468,15 @@ def remote_pieces(res, hs, q, k, v, args, S, s, H, D, P, rank, dev):
     res["layer_remote"] = timed(layer_remote, args.reps)
 
 
+def reported(res: dict, group: str, pieces, *args) -> None:
+    """``pieces(*args)``, where a group that can't run here (no symmetric memory, no peer access) is reported as
+    ``<group>_error`` and the other groups go on."""
+    try:
+        pieces(*args)
+    except Exception as exc:  # noqa: BLE001 - a piece that can't run here is reported, the others go on
+        res[f"{group}_error"] = f"{type(exc).__name__}: {exc}"[:300]
+
+
 def main(argv=None) -> int:
     args = parse(argv)
     if args.hang_s > 0:
@@ -541,16 +550,10 @@ def main(argv=None) -> int:
         res["attn_beside_nccl"] = timed(attn_beside_nccl, args.reps)
 
     if want("ce"):
-        try:
-            ce_pieces(res, fa, q, k, v, send, args, s, h, D, P, rank, dev)
-        except Exception as exc:  # noqa: BLE001 - a piece that can't run here is reported, the others go on
-            res["ce_error"] = f"{type(exc).__name__}: {exc}"[:300]
+        reported(res, "ce", ce_pieces, res, fa, q, k, v, send, args, s, h, D, P, rank, dev)
 
     if want("transport"):
-        try:
-            transport_pieces(res, args, s, h, D, P, rank, dev, dim, rnd)
-        except Exception as exc:  # noqa: BLE001 - a piece that can't run here is reported, the others go on
-            res["transport_error"] = f"{type(exc).__name__}: {exc}"[:300]
+        reported(res, "transport", transport_pieces, res, args, s, h, D, P, rank, dev, dim, rnd)
 
     hs = rnd(1, s, dim)
     if want("copies"):
@@ -577,10 +580,7 @@ def main(argv=None) -> int:
         layer_pieces(res, fa, hs, args, S, s, h, D, P, rank, dev)
 
     if want("remote"):
-        try:
-            remote_pieces(res, hs, q, k, v, args, S, s, H, D, P, rank, dev)
-        except Exception as exc:  # noqa: BLE001 - a piece that can't run here is reported, the others go on
-            res["remote_error"] = f"{type(exc).__name__}: {exc}"[:300]
+        reported(res, "remote", remote_pieces, res, hs, q, k, v, args, S, s, H, D, P, rank, dev)
 
     if want("gather"):
         gather_pieces(res, fa, hs, q12, k12, v12, args, S, s, H, D, P, rank, dev, rnd)
