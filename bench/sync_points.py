@@ -34,7 +34,8 @@ OWN = ("vdbench", "diffusers", "run_wan.py", "sageattn_cogvideo.py")
 
 
 def parse(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("-o", "--output", default="outputs/sync_points", help="folder of the per-rank JSON files")
     p.add_argument("--frames", type=int, default=8, help="stack frames kept per call site")
     p.add_argument("script", nargs=argparse.REMAINDER,
