@@ -104,6 +104,18 @@ def _steps(e: dict) -> dict:
                       bool((run.get("backend") or {}).get("emulated")))
 
 
+def _energy(e: dict) -> dict:
+    """A warm step's joules over every card (``power_all_ranks`` of a multi-GPU entry, ``power`` of a one-GPU one:
+    vdbench.power), and each card's warm power, SM clock and power-capped share; {} where none was recorded."""
+    per_card = [x.get("power") or {} for x in e["ranks"]] if e.get("ranks") else [e.get("power") or {}]
+    whole = e.get("power_all_ranks") if e.get("ranks") else e.get("power")
+    if not whole or whole.get("warm_energy_j") is None:
+        return {}
+    return {"warm_energy_j": whole["warm_energy_j"],
+            **{f"{k}_per_card": [c.get(k) for c in per_card]
+               for k in ("warm_power_w", "warm_sm_clock_mhz", "warm_capped_share")}}
+
+
 def summarize(res: Path) -> list[dict]:
     from vdbench.measure import quality as M
     from vdbench.timing import step_stats
@@ -135,12 +147,16 @@ def summarize(res: Path) -> list[dict]:
                     r["warm_step_ms_per_rank"] = [ms(step_stats(x.get("step_times") or [])["warm_step_median"])
                                                   for x in e["ranks"]]
                 r["gpu_uuids"] = _gpus(e)
+                r.update(_energy(e))
                 ref = base.get(b)
                 if ref is not None and cfg_dir != base_dir:
                     t1 = _steps(ref)["warm_step_median"]
                     if not emulated and t1 and st["warm_step_median"]:
                         r["speedup"] = t1 / st["warm_step_median"]
                         r["efficiency"] = r["speedup"] / n
+                    e1 = _energy(ref).get("warm_energy_j")
+                    if e1 and r.get("warm_energy_j"):
+                        r["energy_vs_1gpu"] = r["warm_energy_j"] / e1
                     if b not in ref_cache:
                         ref_cache[b] = (_frames(base_dir, b), _latents(base_dir, b))
                     rf, rl = ref_cache[b]
@@ -187,6 +203,16 @@ def table(rows: list[dict]) -> str:
             lines.append(f"  {r['group']}/{r['backend']}/{r['config']} ({r['config_dir']}): "
                          f"{r['speedup_vs_slowest_gpu']:.3f}x vs its slowest card, {r['speedup_vs_mean_gpu']:.3f}x vs "
                          f"their mean (cards' one-GPU warm ms: {', '.join(f'{t:.1f}' for t in r['by_gpu_warm_ms'])})")
+    energy = [r for r in rows if r.get("warm_energy_j") is not None]
+    if energy:
+        lines.append("energy of a warm step, every card's joules added (NVML; median after the first step), and each "
+                     "card's power, SM clock and share of it power-capped:")
+        for r in energy:
+            rel = f" = {r['energy_vs_1gpu']:.3f}x one GPU's" if "energy_vs_1gpu" in r else ""
+            cards = "; ".join(f"{w} W, {c} MHz, capped {s}" for w, c, s in zip(
+                r["warm_power_w_per_card"], r["warm_sm_clock_mhz_per_card"], r["warm_capped_share_per_card"]))
+            lines.append(f"  {r['group']}/{r['backend']}/{r['config']} ({r['config_dir']}): "
+                         f"{r['warm_energy_j']:.1f} J{rel} ({cards})")
     lines += [f"warning: not a speed figure ({why}): {', '.join(names)}" for why, names in not_speed.items()]
     return "\n".join(lines)
 

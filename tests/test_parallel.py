@@ -545,6 +545,8 @@ def test_ulysses_async_is_bit_identical_and_says_which_path_ran(renders):
         for r in e["ranks"]:
             by_kernel, by_kind = r["attention"]["calls_by_kernel"], r["attention"]["calls_by_kind"]
             assert by_kernel == {f"sdpa[flash]{path}": by_kind["self"], "sdpa[flash]": by_kind["cross"]}, by_kernel
+            assert r["power"] == {"source": None, "why": "not a CUDA device"}  # joules only from a GPU's counter
+        assert e["power_all_ranks"] == {"source": None, "why": "not a CUDA device"}
 
 
 def test_fp8_exchange_is_close_to_one_process_and_says_so(renders):

@@ -62,6 +62,32 @@ def test_the_1gpu_render_stands_for_its_card_without_a_1gpu_folder_of_its_own(tm
     assert rows["u2_ab"]["by_gpu_warm_ms"] == pytest.approx([1040.0, 1000.0])
     assert rows["u2_ab"]["speedup_vs_slowest_gpu"] == pytest.approx(1.04 / 0.52)
 
+def test_the_energy_of_a_layouts_step_against_one_gpus(tmp_path):
+    sys.path.insert(0, str(ROOT / "bench"))
+    import parallel_summary as S
+    from vdbench.power import all_ranks
+
+    def card(joules, watts):
+        return {"source": "nvml", "energy_j": joules, "warm_energy_j": joules[1], "warm_power_w": watts,
+                "warm_sm_clock_mhz": 1800, "warm_capped_share": 1.0}
+
+    g = tmp_path / "res" / "w13"
+    one = _entry([1.5, 1.0, 1.0], ["GPU-a"])
+    one["power"] = card([900.0, 690.0, 690.0], 690.0)
+    _write(g / "1gpu", one)
+    u2 = _entry([0.8, 0.54, 0.54], ["GPU-a", "GPU-b"], {"world_size": 2, "label": "ulysses2", "engine": "diffusers"})
+    for r, j in zip(u2["ranks"], (372.0, 368.0)):
+        r["power"] = card([500.0, j, j], 685.0)
+    u2["power_all_ranks"] = all_ranks([r["power"] for r in u2["ranks"]])
+    _write(g / "u2", u2)
+    rows = {r["config_dir"]: r for r in S.summarize(tmp_path / "res")}
+    assert rows["1gpu"]["warm_energy_j"] == 690.0 and rows["u2"]["warm_energy_j"] == 740.0
+    assert rows["u2"]["energy_vs_1gpu"] == pytest.approx(740.0 / 690.0)
+    assert rows["u2"]["warm_power_w_per_card"] == [685.0, 685.0]
+    assert "w13/fav3/ulysses2 (diffusers) (u2): 740.0 J = 1.072x one GPU's (685.0 W, 1800 MHz, capped 1.0;" in (
+        S.table(list(rows.values())))
+
+
 def test_gpu_uuid_is_none_off_cuda():
     from vdbench.timing import gpu_uuid, system_info
 

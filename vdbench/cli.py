@@ -146,6 +146,9 @@ def build_parser(family: str | families.Family, prog: Optional[str] = None,
     add("--profile_wait", type=int, default=0, help="denoising steps skipped before profiling (default: 0)")
     add("--profile_warmup", type=int, default=1, help="profiler warm-up steps, not recorded (default: 1)")
     add("--profile_active", type=int, default=2, help="denoising steps recorded (default: 2)")
+    add("--power_interval_ms", type=float, default=10.0,
+        help="sample the card's energy counter, SM clock and power cap every MS during the steps (NVML, "
+             "nvidia-ml-py): each step's joules in timing.json; 0 = off (default: %(default)s)")
 
     add("--use_torch_compile", "--compile", dest="compile", action="store_true",
         help="regional torch.compile of the transformer blocks (every backend survives it: each attention call is "
@@ -345,6 +348,7 @@ def config_from_args(fam: families.Family, args):
         rank=int(os.environ.get("RANK", 0)), warmup_calls=args.warmup_calls, vae_dtype=args.vae_dtype,
         flow_shift=args.flow_shift, profile_output=args.profile_output, traces_root=out / "traces",
         profile_wait=args.profile_wait, profile_warmup=args.profile_warmup, profile_active=args.profile_active,
+        power_interval_ms=args.power_interval_ms,
         cpu_offload=args.cpu_offload, vae_tiling=args.vae_tiling, vae_slicing=args.vae_slicing,
         compile=args.compile, compile_backend=args.compile_backend, compile_mode=args.compile_mode,
         bf16_te_gemms=args.use_bf16_te_gemms, fp8_gemms=args.use_fp8_gemms, cache=args.cache,

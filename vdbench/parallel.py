@@ -1094,10 +1094,12 @@ def merge_rank_entries(ctx: Optional[DistContext], entries: list[dict]) -> Optio
         return entries
     import torch.distributed as dist
 
+    from .power import all_ranks
     from .timing import STEP_KEYS, gpu_uuid, step_stats
 
     slim = [{k: e.get(k) for k in ("repetition", "step_times", *STEP_KEYS, "pipe_time", "vae_decode_time",
-                                   "attention", "peak_memory_bytes", "total_time", "host")} for e in entries]
+                                   "attention", "peak_memory_bytes", "total_time", "host", "power")}
+            for e in entries]
     for sl, e in zip(slim, entries):  # a step cache's count per rank: the ranks must have decided alike
         sl["cache"] = {k: (e.get("cache") or {}).get(k) for k in _CACHE_COUNTS} if e.get("cache") else None
     gathered: list = [None] * ctx.world_size
@@ -1120,6 +1122,7 @@ def merge_rank_entries(ctx: Optional[DistContext], entries: list[dict]) -> Optio
             e["parallel"]["guidance_overlap_handovers"] = ctx.guidance.handovers
         e["ranks"] = per_rank
         e["attention_all_ranks"] = {"calls_by_kernel": total, "total_calls": sum(total.values())}
+        e["power_all_ranks"] = all_ranks([pr.get("power") for pr in per_rank])  # the layout's joules per step
         if e.get("cache"):  # alike within each guidance branch (a CFG split's ranks count their branch's calls)
             branch = {}
             for g, pr in zip(gathered, per_rank):

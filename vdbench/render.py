@@ -36,10 +36,11 @@ from . import families, pipelines
 from .patching import AttentionPatch
 from .patching.schedule import as_schedule, resolve_attention
 from .measure.record import Writer, command_line, commit, from_render_entry, speed_options, stack_name
+from .power import open_trace
 from .stages import Wall, stage_reports
 from .timing import (Clock, Laps, StepProfiler, StepTimer, WallStart, append_timing, compile_seconds, describe_steps,
-                     device_seconds, peak_memory, reset_peak_memory, run_step_stats, step_stats, system_info,
-                     wall_start)
+                     device_seconds, gpu_uuid, peak_memory, reset_peak_memory, run_step_stats, step_stats,
+                     system_info, wall_start)
 
 __all__ = ["RenderConfig", "Plan", "VaeMode", "Loaded", "render", "validate", "load", "run_repetitions", "finish",
            "resolve_device", "resolve_dtype", "VAEHang"]
@@ -108,6 +109,7 @@ class RenderConfig:
     profile_wait: int = 0
     profile_warmup: int = 1
     profile_active: int = 2
+    power_interval_ms: float = 10.0  # the card's energy, clock and power cap sampled per step (vdbench.power); 0 off
     cpu_offload: bool = False
     vae_tiling: bool = False
     vae_slicing: bool = False
@@ -846,7 +848,8 @@ class _Repetition:
         cfg, device = plan.cfg, plan.device
         watch.begin(rep)
         profiler = _profiler(plan) if rep == 0 else None  # the first repetition is profiled
-        self.timer = StepTimer(device, then=watch.advance, profiler=profiler)
+        self.timer = StepTimer(device, then=watch.advance, profiler=profiler,
+                               power=open_trace(device, cfg.power_interval_ms, gpu_uuid(device)))
         try:
             latents = self.timer.run_pipe(loaded.pipe, generator=torch.Generator("cpu").manual_seed(cfg.seed),
                                           **loaded.kwargs).frames
@@ -934,6 +937,7 @@ class _Repetition:
             "compile": ({"graphs_per_step": list(timer.graphs_per_step), "graph_breaks": timer.graph_breaks}
                         if cfg.compile else None),
             "host": timer.host(),  # the garbage collector's pauses per step (a multi-GPU step's host stalls)
+            "power": timer.power_record(),  # each step's joules, power, SM clock, power-capped share (vdbench.power)
             "scheduler_ahead": self.scheduler_ahead,  # copies and solves made without waiting (--scheduler_async)
             "attention": patch.stats.as_dict(),
             "attention_share": (attn_time / sum(step_times)) if attn_time and step_times else None,

@@ -50,6 +50,8 @@ from typing import Callable, Optional
 
 import torch
 
+from .power import PowerTrace
+
 __all__ = ["Clock", "Laps", "StepTimer", "MIN_SAMPLES", "STEP_KEYS", "spread", "speed_verdict", "step_stats",
            "run_step_stats", "call_ms", "first_call_ms", "TARGET_SAMPLES", "Sampled", "sample_ms", "CACHE_VARS", "cache_state",
            "fresh_cache_env", "describe_steps", "system_info", "append_timing", "load_timing", "peak_memory",
@@ -208,8 +210,11 @@ class StepTimer:
     pauses that fell in it (any thread's: a collection holds every thread), since a pause the GPU's queue does not
     cover is idle GPU time -- and a multi-GPU step, whose ranks wait for each other, keeps a shorter queue."""
 
-    def __init__(self, device, then=None, profiler: Optional["StepProfiler"] = None):
+    def __init__(self, device, then=None, profiler: Optional["StepProfiler"] = None, power=None):
         self.device = torch.device(device)
+        # a PowerTrace sampled over run_pipe (vdbench.power.open_trace), or why there is none
+        self.power: Optional[PowerTrace] = power if isinstance(power, PowerTrace) else None
+        self.power_why = power if isinstance(power, str) else "not sampled"
         self.started: Optional[Clock] = None
         self.marks: list[Clock] = []
         self.gc_ms: list[float] = []  # per step, as the steps come (index = marks so far - 1)
@@ -224,19 +229,26 @@ class StepTimer:
         """The call starts: :attr:`started`, and the first step's start until :meth:`starts_at` moves it."""
         self.started = Clock(self.device)
         self.marks = [self.started]
+        if self.power is not None and self.started.cuda:
+            self.power.watch(self.started.event)
 
     def run_pipe(self, pipe, **kwargs):
         """``pipe(callback_on_step_end=self, **kwargs)`` -- a pipeline call with this timer as its step callback --
         from :meth:`start`, inside the profiler where one is given (left also on an error); what it returns."""
         import gc
 
+        power = self.power
         with self.profiler if self.profiler is not None else contextlib.nullcontext():
+            if power is not None:
+                power.start()
             self.start()
             gc.callbacks.append(self._gc)
             try:
                 return pipe(callback_on_step_end=self, **kwargs)
             finally:
                 gc.callbacks.remove(self._gc)
+                if power is not None:
+                    power.stop()
 
     def _gc(self, phase: str, info: dict) -> None:
         if phase == "start":
@@ -267,6 +279,8 @@ class StepTimer:
 
     def __call__(self, pipe, step, timestep, callback_kwargs):
         self.marks.append(Clock(self.device))
+        if self.power is not None and self.marks[-1].cuda:
+            self.power.watch(self.marks[-1].event)
         graphs, breaks = compile_counts()
         self.graphs_per_step.append(graphs - self._compiled_at[0])
         self.graph_breaks += breaks - self._compiled_at[1]
@@ -279,6 +293,15 @@ class StepTimer:
 
     def step_times(self) -> list[float]:
         return [a.seconds_until(b) for a, b in zip(self.marks, self.marks[1:])]
+
+    def power_record(self) -> dict:
+        """Each step's energy, power, SM clock and power-capped share (:meth:`vdbench.power.PowerTrace.steps`,
+        over the marks as :meth:`step_times` reads them), or ``{"source": None, "why": ...}``."""
+        if self.power is None:
+            return {"source": None, "why": self.power_why}
+        if len(self.marks) < 2:
+            return {"source": None, "why": "no step was taken"}
+        return self.power.steps([m.event for m in self.marks])
 
 
 #: Fewer timed samples than this and a figure is not a speed figure: one or two samples have no spread to judge

@@ -461,6 +461,13 @@ def from_render_entry(e: dict) -> Record:
         figs["one_time_s"] = e["one_time"].get("total_s")
     if isinstance(e.get("cache"), dict):  # what the cache skipped: a cached step's median isn't its mean
         figs["cache_skipped_share"] = e["cache"].get("skipped_share")
+    # a warm step's joules (every card's, on several), the card's power and how much of it ran power-capped
+    power = e.get("power_all_ranks") or e.get("power") or {}
+    if power.get("warm_energy_j") is not None:
+        figs["step_energy_j"] = power["warm_energy_j"]
+    for k in ("warm_power_w", "warm_capped_share"):
+        if (e.get("power") or {}).get(k) is not None:
+            figs[k.replace("warm_", "step_")] = e["power"][k]
     system = run.get("system") or {}
     backend = run.get("backend") or {"name": e.get("attention_type")}
     return Record(
