@@ -162,6 +162,10 @@ def build_parser(family: str | families.Family, prog: Optional[str] = None,
              "torchao's recommended inductor settings too: about 2 minutes more in the first call on an H200, no "
              "warm-step gain measured), off clears it, auto leaves it as the process has it (off unless set "
              "before) (default: %(default)s)")
+    add("--fused_rope", choices=AUTO_ON_OFF, default="auto",
+        help="Q and K's rotary embedding in one Triton kernel, diffusers' values bit for bit (the eager form is six "
+             "strided passes, ~10%% of a Wan 1.3B step); auto: on a CUDA device with Triton, not with "
+             "--use_torch_compile (inductor fuses it); Wan (default: %(default)s)")
     add("--use_bf16_te_gemms", action="store_true",
         help="run the text encoder in bfloat16 whatever --dtype is (T5 overflows in fp16)")
     add("--use_fp8_gemms", nargs="?", const="all", default=None, choices=FP8_GEMM_SCOPES,
@@ -361,6 +365,7 @@ def config_from_args(fam: families.Family, args):
         parallel_engine=args.parallel_engine, ulysses_degree=args.ulysses_degree, ring_degree=args.ring_degree,
         use_cfg_parallel=args.use_cfg_parallel, ulysses_overlap=args.ulysses_overlap,
         ulysses_async=_auto_on_off(args.ulysses_async), guidance_overlap=_auto_on_off(args.guidance_overlap),
+        fused_rope=_auto_on_off(args.fused_rope),
         ulysses_fp8_exchange=args.ulysses_fp8_exchange == "on",
         ulysses_v_per_rank=args.ulysses_v_per_rank == "on",
         overwrite=args.overwrite)

@@ -139,6 +139,7 @@ class RenderConfig:
     use_cfg_parallel: bool = False
     ulysses_overlap: int = 1  # head chunks of the overlapped Ulysses attention (vdbench.patching.ulysses)
     ulysses_async: Optional[bool] = None  # Q, K, V sent beside the projections (Family.ulysses_self_attention); None: auto
+    fused_rope: Optional[bool] = None  # Q and K's RoPE in one kernel (vdbench.kernels.rope); None: auto
     guidance_overlap: Optional[bool] = None  # both guidance branches interleaved on every rank; None: auto
     ulysses_fp8_exchange: bool = False  # V and the output exchanged as e4m3 rows with scales (Fp8Exchange)
     ulysses_v_per_rank: bool = True  # the async exchange's V projected per destination (UlyssesExchange)
@@ -258,6 +259,7 @@ class Plan:
     dctx: object = None
     cache: object = None  # vdbench.cache.CacheSpec, or None
     flow_shift: Optional[float] = None  # the scheduler's: --flow_shift or the family's default; None: it has none
+    fused_rope: Optional[str] = "not decided"  # why the RoPE is not fused (fused_rope_choice); None: it is
 
     @property
     def stack(self) -> str:
@@ -406,7 +408,28 @@ def _checked_plan(cfg: RenderConfig, dctx) -> Plan:
         raise ValueError(f"--profile_wait + --profile_warmup + --profile_active = {steps_profiled} exceeds the "
                          f"{cfg.num_inference_steps} denoising steps of the profiled repetition")
     return Plan(cfg, model, backend, device, dtype, vae_dtype, VaeMode(decode, decode_options),
-                VaeMode(encode, encode_options), dctx, cache, flow_shift)
+                VaeMode(encode, encode_options), dctx, cache, flow_shift, fused_rope_choice(cfg, device, family))
+
+
+def fused_rope_choice(cfg: RenderConfig, device: torch.device, family: families.Family) -> Optional[str]:
+    """Why this render's RoPE is not fused (``--fused_rope``: :func:`vdbench.kernels.rope.rope_pairs`, diffusers'
+    values bit for bit), None where it is: auto fuses it on CUDA with Triton for a family with a processor of its own
+    (``Family.self_attention``), except under torch.compile, whose inductor fuses it itself. ``on`` where it can't:
+    ValueError with the reason."""
+    if cfg.fused_rope is False:
+        return "off (--fused_rope off)"
+    why = None
+    if family.self_attention is None:
+        why = "the model family runs diffusers' own processor"
+    elif device.type != "cuda":
+        why = f"a {device.type} device (the kernel runs on CUDA)"
+    elif cfg.compile:
+        why = "compiled blocks (inductor fuses the RoPE itself)"
+    elif importlib.util.find_spec("triton") is None:
+        why = "Triton is not installed (pip install triton)"
+    if why is not None and cfg.fused_rope is True:
+        raise ValueError(f"--fused_rope on: not here: {why}; hint: --fused_rope auto uses it where it can")
+    return why
 
 
 @dataclass
@@ -691,7 +714,8 @@ class _Watch:
                                     # reuses block outputs across steps, which a schedule's switch to tile order
                                     # (padded) breaks; context parallelism splits the sequence at the blocks'
                                     # entry, while each Ulysses attention call holds the whole sequence again
-                                    tile_order_once=not cfg.compile and plan.cache is None and plan.dctx is None)
+                                    tile_order_once=not cfg.compile and plan.cache is None and plan.dctx is None,
+                                    fused_rope=plan.fused_rope is None)
         self.counter = loaded.cache
         self.encode_info: dict = {}
         self.began: Optional[_Mark] = None  # the repetition in progress's start (:meth:`begin`)
@@ -939,7 +963,9 @@ class _Repetition:
             "host": timer.host(),  # the garbage collector's pauses per step (a multi-GPU step's host stalls)
             "power": timer.power_record(),  # each step's joules, power, SM clock, power-capped share (vdbench.power)
             "scheduler_ahead": self.scheduler_ahead,  # copies and solves made without waiting (--scheduler_async)
-            "attention": patch.stats.as_dict(),
+            "attention": patch.stats.as_dict(),  # + the RoPE's calls, fused or eager
+            "fused_rope": {"setting": {None: "auto", True: "on", False: "off"}[cfg.fused_rope],
+                           "used": plan.fused_rope is None, "why_not": plan.fused_rope},
             "attention_share": (attn_time / sum(step_times)) if attn_time and step_times else None,
             "peak_memory_bytes": peak_memory(device),
             "traces": [str(p) for p in profiler.paths] if profiler is not None else None,

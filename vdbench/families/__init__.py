@@ -196,7 +196,10 @@ class Family:
         self-attention processor call under Ulysses with Q, K and V handed to ``exchange``
         (:class:`vdbench.patching.ulysses.UlyssesExchange`) as each is made, so the all-to-all of one runs while the
         next is projected (``--ulysses_async``); ``attend(q, k, v)`` the patched kernel. None: the family has none,
-        and ``--ulysses_async`` is refused for it.
+        and ``--ulysses_async`` is refused for it. Both it and ``self_attention(attn, hidden_states, rotary_emb,
+        attend) -> out`` (the same call on one GPU, op for op diffusers' processor) take ``rope=`` (``rope(x, cos,
+        sin, dst, eager)``: the rotary embedding of ``x`` into ``dst``, the patch's fused kernel or ``eager``, the
+        family's expressions: ``--fused_rope``). None: diffusers' processor runs, with its own RoPE.
     Benchmarks
         ``attention_presets`` (name -> (B, H, Sq, Sk, D) of a real model's attention, bench/bench_attention.py);
         ``attention_grids`` (preset name -> its token grid, ``FxHxW[+T]``: what the sparse patterns need);
@@ -250,6 +253,7 @@ class Family:
     pipeline_requirements: Mapping[str, tuple[tuple[str, str], ...]] = dataclasses.field(default_factory=dict)
     attention_calls: Optional[Callable[..., tuple[tuple[int, int, int, int, int, int], ...]]] = None
     ulysses_self_attention: Optional[Callable[..., Any]] = None
+    self_attention: Optional[Callable[..., Any]] = None
     guidance_in_one_batch: bool = False
     latent_format: str = "BCFHW"
     step_context_pipelines: tuple[str, ...] = ()

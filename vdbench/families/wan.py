@@ -351,7 +351,34 @@ def call_kind(mode: str, attn, encoder_hidden_states) -> str:
 
 # ----- Ulysses with the exchange beside the projections -----
 
-def ulysses_self_attention(attn, hidden_states, rotary_emb, exchange, attend):
+def _eager_rope(x, freqs_cos, freqs_sin, dst, eager):
+    eager(x, freqs_cos, freqs_sin, dst)
+
+
+def self_attention(attn, hidden_states, rotary_emb, attend, rope=_eager_rope):
+    """Wan's self-attention (diffusers 0.42's ``WanAttnProcessor`` for a call without text, mask or image context)
+    op for op, with the rotary embedding handed to ``rope(x, cos, sin, dst, eager)`` -- the patch's, which runs
+    :func:`vdbench.kernels.rope.rope_pairs` (diffusers' RoPE in one pass, its values bit for bit) where it can and
+    ``eager`` (these expressions) where it can't. ``attend(q, k, v)``: the patched dispatcher on BSHD tensors."""
+    import torch
+
+    if attn.fused_projections:
+        query, key, value = attn.to_qkv(hidden_states).chunk(3, dim=-1)
+    else:
+        query, key, value = attn.to_q(hidden_states), attn.to_k(hidden_states), attn.to_v(hidden_states)
+    query = attn.norm_q(query).unflatten(2, (attn.heads, -1))
+    key = attn.norm_k(key).unflatten(2, (attn.heads, -1))
+    value = value.unflatten(2, (attn.heads, -1))
+    if rotary_emb is not None:
+        q_rot, k_rot = torch.empty_like(query), torch.empty_like(key)
+        rope(query, *rotary_emb, q_rot, _rope_into)
+        rope(key, *rotary_emb, k_rot, _rope_into)
+        query, key = q_rot, k_rot
+    out = attend(query, key, value).flatten(2, 3).type_as(query)
+    return attn.to_out[1](attn.to_out[0](out))
+
+
+def ulysses_self_attention(attn, hidden_states, rotary_emb, exchange, attend, rope=_eager_rope):
     """Wan's self-attention (diffusers 0.42's ``WanAttnProcessor`` for a call without text or mask) under Ulysses,
     with each of Q, K and V handed to the exchange as soon as it is made, so Q's all-to-all runs while K and V are
     projected, and K's while V is. Q and K leave the rotary embedding already in the exchange's send layout (the
@@ -361,7 +388,7 @@ def ulysses_self_attention(attn, hidden_states, rotary_emb, exchange, attend):
 
     ``exchange``: :class:`vdbench.patching.ulysses.UlyssesExchange` (``send_buffer``, ``start``, ``send``,
     ``whole``, ``back_start``, ``back_wait``, ``turn``); ``attend(q, k, v)``: the patched kernel on BSHD tensors holding the
-    whole sequence for this rank's heads. The arithmetic is the processor's, op for op (the same projections, norms and RoPE expressions, the
+    whole sequence for this rank's heads; ``rope``: as in :func:`self_attention`. The arithmetic is the processor's, op for op (the same projections, norms and RoPE expressions, the
     products rounded where diffusers rounds them), so the output equals diffusers' Ulysses template bit for bit.
     """
     heads = attn.heads
@@ -381,7 +408,7 @@ def ulysses_self_attention(attn, hidden_states, rotary_emb, exchange, attend):
         if rotary_emb is None:
             dst.copy_(x)
         else:  # the frequencies (1, S_loc, 1, D) broadcast over both head dims
-            _rope_into(x, *(f.unsqueeze(2) for f in rotary_emb), dst)
+            rope(x, *(f.unsqueeze(2) for f in rotary_emb), dst, _rope_into)
         return exchange.start(buf)
 
     # exchange.turn(): a phase's end, where an interleaved guidance branch takes over (--guidance_overlap); its
@@ -545,6 +572,7 @@ FAMILY = Family(
     call_kind=call_kind,
     grid_hooks=grid_hooks,
     ulysses_self_attention=ulysses_self_attention,
+    self_attention=self_attention,
     attention_calls=attention_calls,
     tiny_variants=TINY_VARIANTS,
     random_variants=RANDOM_VARIANTS,

@@ -45,6 +45,10 @@ class PatchStats:
     block_pairs: defaultdict = field(default_factory=lambda: defaultdict(dict))  # label -> kind -> SparsityTally
     fallbacks: int = 0
     attention_time_s: Optional[float] = None  # filled by ``finish_timing`` when timing was asked
+    # the rotary embeddings the family's processor ran (--fused_rope): by the kernel (vdbench.kernels.rope) or by
+    # the eager expressions, and why the first eager one could not be fused
+    rope: Counter = field(default_factory=Counter)
+    rope_eager_why: Optional[str] = None
 
     def tally(self, label: str, kind: str, blocks) -> None:
         """Add one call's ``vdbench.sparse.BlockStats``."""
@@ -69,7 +73,9 @@ class PatchStats:
                 "block_pairs": {label: {kind: t.as_dict() for kind, t in kinds.items()}
                                 for label, kinds in self.block_pairs.items()},
                 "fraction_computed": self.fraction_computed(),
-                "fallback_calls": self.fallbacks, "attention_time_s": self.attention_time_s}
+                "fallback_calls": self.fallbacks, "attention_time_s": self.attention_time_s,
+                "rope": {"fused_calls": self.rope["fused"], "eager_calls": self.rope["eager"],
+                         "eager_why": self.rope_eager_why}}
 
 
 def call_kind(mode: str, attn, encoder_hidden_states) -> str:

@@ -124,7 +124,8 @@ class AttentionPatch:
                  observers: Optional[list[Callable[[CallInfo], Any]]] = None, time_attention: bool = False,
                  call_kind: Optional[Callable[[str, Any, Any], str]] = None,
                  grid_hooks: Optional[Callable[..., Any]] = None, tile_order_once: bool = True,
-                 before_first_call: Optional[Callable[[], Any]] = None, family: Optional[families.Family] = None):
+                 before_first_call: Optional[Callable[[], Any]] = None, family: Optional[families.Family] = None,
+                 fused_rope: bool = False):
         if on_unsupported not in ON_UNSUPPORTED_CHOICES:
             raise ValueError(f"on_unsupported must be one of {ON_UNSUPPORTED_CHOICES}, got {on_unsupported!r}")
         self.schedule = as_schedule(backend)
@@ -133,6 +134,9 @@ class AttentionPatch:
         if family is None and not (call_kind and grid_hooks):
             family = family_of(self.models)
         self._ulysses_self_attention = family.ulysses_self_attention if family else None
+        # the family's one-GPU self-attention, run instead of diffusers' processor only for its fused RoPE
+        self._self_attention = family.self_attention if family and fused_rope else None
+        self.fused_rope = fused_rope
         self.call_kind = call_kind or (family.call_kind if family else default_call_kind)
         self.grid_hooks = grid_hooks or (family.grid_hooks if family and family.grid_hooks else no_grid_hooks)
         self.tile_order_once = tile_order_once
@@ -262,9 +266,9 @@ class AttentionPatch:
             call.__signature__ = inspect.signature(orig_call)
             # the family's own self-attention under --ulysses_async (its exchange beside the projections), where
             # the route and the family have one; it declines (NotImplemented) the calls it doesn't cover
-            make = self._ulysses_self_attention
-            fast = (functools.partial(adapter.ulysses_call, make) if make is not None
-                    and hasattr(adapter, "ulysses_call") else None)
+            make, plain = self._ulysses_self_attention, self._self_attention
+            fast = (functools.partial(adapter.family_call, make, plain) if (make or plain) is not None
+                    and hasattr(adapter, "family_call") else None)
             self._classes[cls] = type(f"Patched{cls.__name__}", (cls,), {
                 "__call__": call, "_vd_rebound": staticmethod(rebound), "_vd_mode": adapter.mode,
                 "_vd_fast": staticmethod(fast) if fast is not None else None})
@@ -363,6 +367,25 @@ class AttentionPatch:
         return out.contiguous()  # the layout the op's fake implementation promises
 
     # ----- bookkeeping -----
+
+    def rope(self, x, freqs_cos, freqs_sin, dst, eager) -> None:
+        """The rotary embedding of ``x`` into ``dst`` for the family's processor: the fused kernel
+        (:func:`vdbench.kernels.rope.rope_pairs`, the eager values bit for bit) under ``fused_rope`` where it can
+        serve the call, else ``eager`` (the family's expressions); counted either way, with why the first eager
+        one could not be fused."""
+        why = "off (--fused_rope off)"
+        if self.fused_rope:
+            from ..kernels.rope import rope_pairs, why_not_fused
+
+            why = why_not_fused(x, freqs_cos, freqs_sin, dst)
+            if why is None:
+                rope_pairs(x, freqs_cos, freqs_sin, out=dst)
+                self.stats.rope["fused"] += 1
+                return
+        eager(x, freqs_cos, freqs_sin, dst)
+        self.stats.rope["eager"] += 1
+        if self.stats.rope_eager_why is None:
+            self.stats.rope_eager_why = why
 
     def timed(self, fn, like: torch.Tensor):
         """Run ``fn()``; when timing was asked, time it (CUDA events on ``like``'s GPU, else a host clock)."""

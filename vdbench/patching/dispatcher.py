@@ -96,6 +96,25 @@ class DispatcherAdapter(Adapter):
 
         return overlapped_ulysses(query, key, value, cp._ulysses_mesh.get_group(), cp.ulysses_degree, chunks, attend)
 
+    def family_call(self, make, plain, proc, attn, hidden_states, encoder_hidden_states=None, attention_mask=None,
+                    rotary_emb=None, **kwargs):
+        """A self-attention processor call by the model family's own processor: under context parallelism its
+        Ulysses form (:meth:`ulysses_call`, ``make``), on one GPU its plain form (``plain``: given only under
+        ``--fused_rope``, whose RoPE it runs in one kernel; the attention through this dispatcher as diffusers'
+        processor calls it). ``NotImplemented`` for a call neither covers: diffusers' processor runs as it is."""
+        if getattr(proc, "_parallel_config", None) is not None:
+            return (NotImplemented if make is None else
+                    self.ulysses_call(make, proc, attn, hidden_states, encoder_hidden_states, attention_mask,
+                                      rotary_emb, **kwargs))
+        if (plain is None or encoder_hidden_states is not None or attention_mask is not None or kwargs
+                or getattr(attn, "add_k_proj", None) is not None):
+            return NotImplemented
+
+        def attend(q, k, v):
+            return self.dispatch_attention_fn(q, k, v, None, 0.0, False, None, False)
+
+        return plain(attn, hidden_states, rotary_emb, attend, rope=self.patch.rope)
+
     def ulysses_call(self, make, proc, attn, hidden_states, encoder_hidden_states=None, attention_mask=None,
                      rotary_emb=None, **kwargs):
         """A self-attention processor call under ``--ulysses_async``: the model family's processor
@@ -117,7 +136,7 @@ class DispatcherAdapter(Adapter):
 
         exchange = (Fp8Exchange if fp8 else UlyssesExchange)(cp._ulysses_mesh.get_group(), cp.ulysses_degree,
                                                              v_per_rank=getattr(cp, "vdbench_v_per_rank", True))
-        return make(attn, hidden_states, rotary_emb, exchange, attend)
+        return make(attn, hidden_states, rotary_emb, exchange, attend, rope=self.patch.rope)
 
     def _cp_template(self):
         """diffusers' templated context-parallel attention, imported on the first parallel call and kept (an import

@@ -1,0 +1,111 @@
+"""Wan's RoPE in one Triton kernel (vdbench.kernels.rope; Triton's interpreter on CPU): diffusers' eager values bit for
+bit, into any strided destination; and a Wan transformer whose self-attention runs it (--fused_rope) gives the
+unpatched transformer's output bit for bit, its RoPE calls counted."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.conftest import triton_interpreter
+from tests.test_patching import run, small_wan, wan_inputs
+from vdbench.patching import AttentionPatch
+
+
+def diffusers_rope(x, freqs_cos, freqs_sin):
+    """diffusers 0.42's ``WanAttnProcessor`` ``apply_rotary_emb``, as written there."""
+    x1, x2 = x.unflatten(-1, (-1, 2)).unbind(-1)
+    cos = freqs_cos[..., 0::2]
+    sin = freqs_sin[..., 1::2]
+    out = torch.empty_like(x)
+    out[..., 0::2] = x1 * cos - x2 * sin
+    out[..., 1::2] = x1 * sin + x2 * cos
+    return out.type_as(x)
+
+
+def _freqs(s, d, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    angles = torch.rand(1, s, 1, d // 2, generator=g, dtype=torch.float64) * 60
+    return (angles.cos().repeat_interleave(2, -1).float(), angles.sin().repeat_interleave(2, -1).float())
+
+
+@pytest.fixture(scope="module")
+def rope():
+    with triton_interpreter("vdbench.kernels.rope") as (mod,):
+        yield mod
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_the_kernel_gives_diffusers_values_bit_for_bit(rope, dtype):
+    b, s, h, d = 1, 41, 4, 16
+    g = torch.Generator().manual_seed(1)
+    x = (torch.randn(b, s, h * d, generator=g) * 4).to(dtype).unflatten(2, (h, d))  # a view, as the processor has
+    cos, sin = _freqs(s, d)
+    want = diffusers_rope(x, cos, sin)
+    assert torch.equal(rope.rope_pairs(x, cos, sin), want)
+    # into the Ulysses exchange's send layout: (P, B, S, h, D) written through its (B, S, P, h, D) view
+    p = 2
+    buf = torch.empty(p, b, s, h // p, d, dtype=dtype)
+    rope.rope_pairs(x.unflatten(2, (p, h // p)), cos.unsqueeze(2), sin.unsqueeze(2), out=buf.permute(1, 2, 0, 3, 4))
+    assert torch.equal(buf.permute(1, 2, 0, 3, 4).reshape(b, s, h, d), want)
+
+
+def test_the_kernel_says_which_calls_it_cannot_serve(rope):
+    x = torch.randn(1, 8, 2, 16)
+    cos, sin = _freqs(8, 16)
+    assert rope.why_not_fused(x, cos, sin) is None
+    assert "float64" in rope.why_not_fused(x, cos.double(), sin.double())
+    assert "dtype" in rope.why_not_fused(x, cos, sin, out=torch.empty(1, 8, 2, 16, dtype=torch.bfloat16))
+    assert "strides" in rope.why_not_fused(x.transpose(-1, -2).contiguous().transpose(-1, -2), cos, sin)
+    assert "frequencies of shape" in rope.why_not_fused(x, cos[:, :4], sin[:, :4])
+    with pytest.raises(ValueError, match="rope_pairs: frequencies in torch.float64"):
+        rope.rope_pairs(x, cos.double(), sin.double())
+
+
+def test_a_wan_transformer_with_the_fused_rope_is_bit_identical(rope):
+    model = small_wan()
+    inputs = wan_inputs()
+    plain = run(model, inputs)
+    with AttentionPatch([("transformer", model)], "sdpa", fused_rope=True) as patch:
+        fused = run(model, inputs)
+    assert torch.equal(fused, plain)
+    assert patch.stats.as_dict()["rope"] == {"fused_calls": 4, "eager_calls": 0, "eager_why": None}  # Q, K x 2
+    assert dict(patch.stats.calls_by_kind) == {"self": 2, "cross": 2}
+    with AttentionPatch([("transformer", model)], "sdpa") as patch:  # off: diffusers' processor, nothing counted
+        assert torch.equal(run(model, inputs), plain)
+    assert patch.stats.as_dict()["rope"]["fused_calls"] == 0
+
+
+def test_the_choice_auto_on_off():
+    from types import SimpleNamespace as Cfg
+
+    from vdbench import families
+    from vdbench.render import fused_rope_choice
+
+    wan = families.get("wan")
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    auto = Cfg(fused_rope=None, compile=False)
+    assert fused_rope_choice(auto, cpu, wan) == "a cpu device (the kernel runs on CUDA)"
+    assert fused_rope_choice(Cfg(fused_rope=None, compile=True), cuda, wan) == (
+        "compiled blocks (inductor fuses the RoPE itself)")
+    assert fused_rope_choice(Cfg(fused_rope=False, compile=False), cuda, wan) == "off (--fused_rope off)"
+    with pytest.raises(ValueError, match="--fused_rope on: not here: a cpu device"):
+        fused_rope_choice(Cfg(fused_rope=True, compile=False), cpu, wan)
+    assert fused_rope_choice(auto, cuda, families.get("cogvideox")) == (
+        "the model family runs diffusers' own processor")
+
+
+def test_the_bench_compares_both_forms_and_checks_the_bits(rope, tmp_path):
+    import json
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    import rope_bench
+
+    out = tmp_path / "rope.json"
+    assert rope_bench.main(["--shapes", "tiny", "--budget_s", "0.05", "-o", str(out)]) == 0
+    d = json.loads(out.read_text())
+    assert [r["form"] for r in d["rows"]] == ["eager", "fused", "rank_eager_u2", "rank_fused_u2"]
+    assert all(r["bit_identical"] is not False for r in d["rows"]) and d["speed_figure"] is False
+    assert d["rows"][0]["calls_per_step"] == 8  # Q and K, two guidance branches, two layers
