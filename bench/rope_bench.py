@@ -31,8 +31,8 @@ import torch
 from vdbench.helptext import DefaultsHelpFormatter
 from vdbench.timing import sample_ms, speed_verdict, system_info
 
-#: name -> (latent frames, latent height, latent width, heads, head dim, layers): the self-attention of one call
-SHAPES = {"wan13": (21, 60, 104, 12, 128, 30), "wan14": (21, 90, 160, 40, 128, 40), "tiny": (3, 8, 8, 2, 16, 2)}
+#: name -> (frames, height, width of the token grid (latent / patch), heads, head dim, layers): one self-attention call
+SHAPES = {"wan13": (21, 30, 52, 12, 128, 30), "wan14": (21, 45, 80, 40, 128, 40), "tiny": (3, 4, 4, 2, 16, 2)}
 
 
 def diffusers_rope(x, freqs_cos, freqs_sin):

@@ -109,3 +109,54 @@ def test_the_bench_compares_both_forms_and_checks_the_bits(rope, tmp_path):
     assert [r["form"] for r in d["rows"]] == ["eager", "fused", "rank_eager_u2", "rank_fused_u2"]
     assert all(r["bit_identical"] is not False for r in d["rows"]) and d["speed_figure"] is False
     assert d["rows"][0]["calls_per_step"] == 8  # Q and K, two guidance branches, two layers
+
+
+def test_the_first_fused_call_waits_for_the_prewarm_once(rope):
+    model, inputs = small_wan(), wan_inputs()
+    ready = []
+    with AttentionPatch([("transformer", model)], "sdpa", fused_rope=True,
+                        rope_ready=lambda: ready.append(1)) as patch:
+        run(model, inputs)
+    assert ready == [1] and patch.stats.rope["fused"] == 4
+
+
+def test_the_rope_prewarm_thread_records_what_it_did(monkeypatch):
+    from vdbench import render as R
+    from vdbench.backends.registry import CallShape
+
+    seen = []
+    monkeypatch.setattr(rope_kernel_module(), "prewarm",
+                        lambda seq, heads, d, dtype, device, ulysses: seen.append((seq, heads, d, ulysses)) or 1)
+    calls = [CallShape(1, 12, 32760, 12, 32760, 128)]
+    pw = R._RopePrewarm(calls, torch.device("cuda"), torch.bfloat16, 2)
+    pw.wait()
+    rec = pw.as_dict()
+    assert seen == [(32760, 12, 128, 2)] and rec["status"] == "done" and rec["compiled"] == 1
+    assert rec["waited_s"] >= 0 and rec["ulysses"] == 2
+
+    def broken(*a):
+        raise RuntimeError("no driver\nmore")
+
+    monkeypatch.setattr(rope_kernel_module(), "prewarm", broken)
+    pw = R._RopePrewarm(calls, torch.device("cuda"), torch.bfloat16, 1)
+    pw.wait()
+    assert pw.as_dict()["status"] == "failed" and pw.as_dict()["error"].startswith("RuntimeError: no driver")
+
+
+def rope_kernel_module():
+    import importlib
+
+    return importlib.import_module("vdbench.kernels.rope")
+
+
+def test_a_cpu_render_records_why_its_rope_is_not_fused(tmp_path):
+    import json
+
+    from tests.test_attention_prewarm import _cfg
+    from vdbench import render as R
+
+    R.render(_cfg(tmp_path, num_frames=5), log=lambda *a: None)
+    first = json.loads((tmp_path / "results" / "timing.json").read_text())[0]
+    assert first["fused_rope"] == {"setting": "auto", "used": False,
+                                   "why_not": "a cpu device (the kernel runs on CUDA)"}
+    assert first["attention"]["rope"] == {"fused_calls": 0, "eager_calls": 0, "eager_why": None}

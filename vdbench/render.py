@@ -23,6 +23,7 @@ import contextlib
 import importlib.util
 import os
 import sys
+import threading
 import time
 import uuid
 from dataclasses import asdict, dataclass, field, replace
@@ -448,6 +449,7 @@ class Loaded:
     # has a prewarm that did not start, why (recorded as the first entry's attention_prewarm)
     attention_prewarm: object = None
     attention_prewarm_skipped: Optional[dict] = None
+    rope_prewarm: object = None  # _RopePrewarm started for this render (--fused_rope), or None
 
 
 def _start_prewarm(plan: Plan, pipe=None, *, encode_only: bool = False):
@@ -668,7 +670,59 @@ def load(plan: Plan) -> Loaded:
     if attn_skipped is not None and attn_skipped.get("why") == "the model's configs are read with the load":
         attn_prewarm, attn_skipped = _start_attention_prewarm(plan, pipe)  # its configs now known
     return Loaded(pipe, models, kwargs, header, load_s=load_s, prewarm=prewarm, cache=counter,
-                  attention_prewarm=attn_prewarm, attention_prewarm_skipped=attn_skipped)
+                  attention_prewarm=attn_prewarm, attention_prewarm_skipped=attn_skipped,
+                  rope_prewarm=_start_rope_prewarm(plan, pipe))
+
+
+class _RopePrewarm:
+    """The fused RoPE's kernel imported, compiled and loaded on a thread (:func:`vdbench.kernels.rope.prewarm`)
+    while the text encoder runs (the main thread then waits on the GPU), for the render's self-attention shapes at
+    its Ulysses degree; the first fused call waits for it (:meth:`wait`). Without it that call pays Triton's import,
+    the compile on an empty cache and the module load inside the first step. A failure is recorded, never raised:
+    the first call then compiles its own."""
+
+    def __init__(self, calls: list, device, dtype, ulysses: int):
+        self.record: dict = {"status": "running", "calls": [list(c) for c in calls], "ulysses": ulysses}
+        self._waited: Optional[float] = None
+        self._args = (calls, device, dtype, ulysses)
+        self._thread = threading.Thread(target=self._run, name="vdbench-rope-prewarm", daemon=True)
+        self._t0 = time.perf_counter()
+        self._thread.start()
+
+    def _run(self) -> None:
+        calls, device, dtype, ulysses = self._args
+        try:
+            from .kernels.rope import prewarm
+
+            n = sum(prewarm(c.seq, c.heads, c.head_dim, dtype, device, ulysses) for c in calls)
+            self.record.update(status="done", compiled=n)
+        except Exception as e:  # noqa: BLE001 - recorded; the first call compiles its own kernel instead
+            self.record.update(status="failed", error=f"{type(e).__name__}: {str(e).strip()[:200]}")
+        self.record["seconds"] = round(time.perf_counter() - self._t0, 4)
+
+    def wait(self) -> None:
+        t = time.perf_counter()
+        self._thread.join()
+        self._waited = time.perf_counter() - t
+
+    def as_dict(self) -> dict:
+        return {**self.record, "waited_s": None if self._waited is None else round(self._waited, 4)}
+
+
+def _start_rope_prewarm(plan: Plan, pipe) -> Optional[_RopePrewarm]:
+    """:class:`_RopePrewarm` for a render that fuses its RoPE on CUDA, for its self-attention calls (the family's
+    call shapes with as many keys as queries) at its Ulysses degree (1 under CFG alone); None otherwise."""
+    if plan.fused_rope is not None or plan.device.type != "cuda":
+        return None
+    try:
+        calls, _ = _attention_calls(plan, pipe)
+    except Exception:  # noqa: BLE001 - no shapes, no prewarm: the first call compiles its own kernel
+        return None
+    spec = plan.dctx.spec if plan.dctx is not None else None
+    if not calls or (spec is not None and spec.ring_degree > 1):
+        return None
+    own = [c for c in calls if c.seq == c.seq_kv and c.heads == c.heads_kv]
+    return _RopePrewarm(own, plan.device, plan.dtype, spec.ulysses_degree if spec is not None else 1)
 
 
 class _Watch:
@@ -715,7 +769,8 @@ class _Watch:
                                     # (padded) breaks; context parallelism splits the sequence at the blocks'
                                     # entry, while each Ulysses attention call holds the whole sequence again
                                     tile_order_once=not cfg.compile and plan.cache is None and plan.dctx is None,
-                                    fused_rope=plan.fused_rope is None)
+                                    fused_rope=plan.fused_rope is None,
+                                    rope_ready=loaded.rope_prewarm.wait if loaded.rope_prewarm else None)
         self.counter = loaded.cache
         self.encode_info: dict = {}
         self.began: Optional[_Mark] = None  # the repetition in progress's start (:meth:`begin`)
@@ -964,8 +1019,7 @@ class _Repetition:
             "power": timer.power_record(),  # each step's joules, power, SM clock, power-capped share (vdbench.power)
             "scheduler_ahead": self.scheduler_ahead,  # copies and solves made without waiting (--scheduler_async)
             "attention": patch.stats.as_dict(),  # + the RoPE's calls, fused or eager
-            "fused_rope": {"setting": {None: "auto", True: "on", False: "off"}[cfg.fused_rope],
-                           "used": plan.fused_rope is None, "why_not": plan.fused_rope},
+            "fused_rope": _fused_rope_record(plan, patch, self.loaded if rep == 0 else None),
             "attention_share": (attn_time / sum(step_times)) if attn_time and step_times else None,
             "peak_memory_bytes": peak_memory(device),
             "traces": [str(p) for p in profiler.paths] if profiler is not None else None,
@@ -975,6 +1029,18 @@ class _Repetition:
             "run_id": watch.run_id,
             "run": self.loaded.header,
         }
+
+
+def _fused_rope_record(plan: Plan, patch, loaded: Optional[Loaded]) -> dict:
+    """The render's RoPE: the setting, whether the kernel ran (its calls: a context-parallel render without the
+    family's processor runs diffusers' RoPE, unfused), why not, and on the first repetition its prewarm."""
+    fused = patch.stats.rope["fused"]
+    why = plan.fused_rope or (None if fused else "no call went through the family's processor (diffusers' own ran)")
+    out = {"setting": {None: "auto", True: "on", False: "off"}[plan.cfg.fused_rope], "used": bool(fused),
+           "why_not": why}
+    if loaded is not None and loaded.rope_prewarm is not None:
+        out["prewarm"] = loaded.rope_prewarm.as_dict()
+    return out
 
 
 def _log_compile(comp: Optional[dict], stack: str, log) -> None:

@@ -26,9 +26,9 @@ import torch
 import triton
 import triton.language as tl
 
-from .ahead import launch
+from .ahead import compile_only, compiling_for, launch, load_compiled
 
-__all__ = ["rope_pairs", "why_not_fused", "aot_specs", "INTERPRETED"]
+__all__ = ["rope_pairs", "why_not_fused", "prewarm", "aot_specs", "INTERPRETED"]
 
 #: Whether this module's kernel was decorated under Triton's interpreter (read once, at import).
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
@@ -95,7 +95,7 @@ def _as4(t: torch.Tensor) -> Optional[torch.Tensor]:
 def why_not_fused(x: torch.Tensor, freqs_cos: torch.Tensor, freqs_sin: torch.Tensor,
                   out: Optional[torch.Tensor] = None) -> Optional[str]:
     """Why :func:`rope_pairs` can't serve this call (None: it can): the eager expressions then run instead."""
-    if x.device.type != "cuda" and not INTERPRETED:
+    if x.device.type != "cuda" and not INTERPRETED and not (x.device.type == "meta" and compiling_for()):
         return f"{x.device.type} tensors (the kernel runs on CUDA)"
     if x.dtype not in _DTYPES or (out is not None and out.dtype != x.dtype):
         return f"dtype {x.dtype} -> {None if out is None else out.dtype}"
@@ -138,6 +138,28 @@ def rope_pairs(x: torch.Tensor, freqs_cos: torch.Tensor, freqs_sin: torch.Tensor
            x5, freqs_cos, freqs_sin, o5, n, s, g1, g2, *x5.stride()[:4], *o5.stride()[:4], fb, freqs_cos.stride(1),
            D=d, BLOCK_R=block_r, OUT_BF16=out.dtype == torch.bfloat16, num_warps=4, enable_fp_fusion=False)
     return out
+
+
+def prewarm(seq: int, heads: int, head_dim: int, dtype: torch.dtype, device, ulysses: int = 1) -> int:
+    """Compile ahead, and load, the kernel's specialization for a render's self-attention calls (``seq`` tokens,
+    ``heads`` x ``head_dim``), in the form vdbench's processors call it: on one GPU a contiguous ``x`` into a new
+    tensor; at Ulysses degree ``ulysses`` a rank's ``seq / ulysses`` tokens into the exchange's send layout ((P, B,
+    S_loc, h, D) written as (B, S_loc, P, h, D)). Meta tensors: no GPU work; the first real call finds the kernel in
+    the JIT's cache (Triton's specialization key: the same dtypes, alignments and integer properties). Returns how
+    many kernels it compiled or found."""
+    meta = dict(device="meta", dtype=dtype)
+    s, h = seq // ulysses, heads // ulysses
+    x = torch.empty(1, s, heads * head_dim, **meta).unflatten(2, (heads, head_dim))
+    freqs = torch.empty(1, s, 1, head_dim, device="meta", dtype=torch.float32)
+    if ulysses == 1:
+        form = (x, freqs, freqs, torch.empty_like(x))
+    else:
+        dst = torch.empty(ulysses, 1, s, h, head_dim, **meta).permute(1, 2, 0, 3, 4)
+        form = (x.unflatten(2, (ulysses, h)), freqs.unsqueeze(2), freqs.unsqueeze(2), dst)
+    with compile_only(device) as compiled:
+        rope_pairs(form[0], form[1], form[2], out=form[3])
+    load_compiled(compiled, device)
+    return len(compiled)
 
 
 def aot_specs(d: int = 128, causal: bool = False, config: dict | None = None) -> dict:

@@ -114,6 +114,9 @@ class AttentionPatch:
     under context parallelism: per call).
     ``before_first_call``: called once, before the first call a backend serves (the render waits there for the
     backend's first-call kernels compiled ahead: :mod:`vdbench.backends.prewarm`).
+    ``fused_rope``: the family's processor (``Family.self_attention`` on one GPU, its Ulysses form under context
+    parallelism) rotates Q and K with :mod:`vdbench.kernels.rope` (:meth:`rope`; the RoPE's values unchanged, bit for
+    bit); ``rope_ready``: called once before the first such call (the render's compile of it ahead).
 
     What the adapters use: ``serve`` (run one call on the backend), ``timed``, ``record``, ``compiled_call``,
     ``passthrough`` / ``backend`` (of the call in progress) and ``context`` (model, layer, kind of the processor
@@ -125,7 +128,7 @@ class AttentionPatch:
                  call_kind: Optional[Callable[[str, Any, Any], str]] = None,
                  grid_hooks: Optional[Callable[..., Any]] = None, tile_order_once: bool = True,
                  before_first_call: Optional[Callable[[], Any]] = None, family: Optional[families.Family] = None,
-                 fused_rope: bool = False):
+                 fused_rope: bool = False, rope_ready: Optional[Callable[[], Any]] = None):
         if on_unsupported not in ON_UNSUPPORTED_CHOICES:
             raise ValueError(f"on_unsupported must be one of {ON_UNSUPPORTED_CHOICES}, got {on_unsupported!r}")
         self.schedule = as_schedule(backend)
@@ -137,6 +140,7 @@ class AttentionPatch:
         # the family's one-GPU self-attention, run instead of diffusers' processor only for its fused RoPE
         self._self_attention = family.self_attention if family and fused_rope else None
         self.fused_rope = fused_rope
+        self._rope_ready = rope_ready  # called once before the first fused RoPE (the render's kernel prewarm)
         self.call_kind = call_kind or (family.call_kind if family else default_call_kind)
         self.grid_hooks = grid_hooks or (family.grid_hooks if family and family.grid_hooks else no_grid_hooks)
         self.tile_order_once = tile_order_once
@@ -379,6 +383,9 @@ class AttentionPatch:
 
             why = why_not_fused(x, freqs_cos, freqs_sin, dst)
             if why is None:
+                if self._rope_ready is not None:
+                    ready, self._rope_ready = self._rope_ready, None
+                    ready()
                 rope_pairs(x, freqs_cos, freqs_sin, out=dst)
                 self.stats.rope["fused"] += 1
                 return
