@@ -587,6 +587,9 @@ def load(plan: Plan) -> Loaded:
         attn_prewarm.close()
     P.agree(dctx, err)  # single process: raises err itself
     part("agree")  # the ranks agreeing on the outcome (torchrun)
+    # the fused RoPE's kernel, ready before the first step: from here the load's remaining parts (the parallel
+    # engine's set-up, the collectives' warm-up, the speed options) and the text encode mostly wait on the GPU
+    rope_prewarm = _start_rope_prewarm(plan, pipe)
     head_dims = [m.config.attention_head_dim for _, m in models]
 
     def sped_up(pipe, models) -> tuple:
@@ -671,15 +674,15 @@ def load(plan: Plan) -> Loaded:
         attn_prewarm, attn_skipped = _start_attention_prewarm(plan, pipe)  # its configs now known
     return Loaded(pipe, models, kwargs, header, load_s=load_s, prewarm=prewarm, cache=counter,
                   attention_prewarm=attn_prewarm, attention_prewarm_skipped=attn_skipped,
-                  rope_prewarm=_start_rope_prewarm(plan, pipe))
+                  rope_prewarm=rope_prewarm)
 
 
 class _RopePrewarm:
     """The fused RoPE's kernel imported, compiled and loaded on a thread (:func:`vdbench.kernels.rope.prewarm`)
-    while the text encoder runs (the main thread then waits on the GPU), for the render's self-attention shapes at
-    its Ulysses degree; the first fused call waits for it (:meth:`wait`). Without it that call pays Triton's import,
-    the compile on an empty cache and the module load inside the first step. A failure is recorded, never raised:
-    the first call then compiles its own."""
+    from the end of the weights' load to the text encode (where the main thread mostly waits on the GPU), for the
+    render's self-attention shapes at its Ulysses degree; the first fused call waits for it (:meth:`wait`). Without
+    it that call pays Triton's import, the compile on an empty cache and the module load inside the first step. A
+    failure is recorded, never raised: the first call then compiles its own."""
 
     def __init__(self, calls: list, device, dtype, ulysses: int):
         self.record: dict = {"status": "running", "calls": [list(c) for c in calls], "ulysses": ulysses}
