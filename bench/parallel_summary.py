@@ -105,15 +105,21 @@ def _steps(e: dict) -> dict:
 
 
 def _energy(e: dict) -> dict:
-    """A warm step's joules over every card (``power_all_ranks`` of a multi-GPU entry, ``power`` of a one-GPU one:
-    vdbench.power), and each card's warm power, SM clock and power-capped share; {} where none was recorded."""
-    per_card = [x.get("power") or {} for x in e["ranks"]] if e.get("ranks") else [e.get("power") or {}]
-    whole = e.get("power_all_ranks") if e.get("ranks") else e.get("power")
-    if not whole or whole.get("warm_energy_j") is None:
+    """A warm step's joules over every card (vdbench.power.warm_energy of each card's per-step joules, added up), and
+    each card's warm power (its warm joules over its warm steps' time), median SM clock and power-capped share; {}
+    where a card recorded no joules."""
+    from vdbench.power import warm_energy
+
+    cards = e["ranks"] if e.get("ranks") else [e]
+    joules = [warm_energy((c.get("power") or {}).get("energy_j") or []) for c in cards]
+    if None in joules:
         return {}
-    return {"warm_energy_j": whole["warm_energy_j"],
-            **{f"{k}_per_card": [c.get(k) for c in per_card]
-               for k in ("warm_power_w", "warm_sm_clock_mhz", "warm_capped_share")}}
+    warm_s = [sum((c.get("step_times") or [])[1:]) for c in cards]
+    return {"warm_energy_j": round(sum(joules), 3),
+            "warm_power_w_per_card": [round(j * (len(c["step_times"]) - 1) / t, 1) if t else None
+                                      for j, c, t in zip(joules, cards, warm_s)],
+            **{f"{k}_per_card": [(c.get("power") or {}).get(k) for c in cards]
+               for k in ("warm_sm_clock_mhz", "warm_capped_share")}}
 
 
 def summarize(res: Path) -> list[dict]:
@@ -205,8 +211,8 @@ def table(rows: list[dict]) -> str:
                          f"their mean (cards' one-GPU warm ms: {', '.join(f'{t:.1f}' for t in r['by_gpu_warm_ms'])})")
     energy = [r for r in rows if r.get("warm_energy_j") is not None]
     if energy:
-        lines.append("energy of a warm step, every card's joules added (NVML; median after the first step), and each "
-                     "card's power, SM clock and share of it power-capped:")
+        lines.append("energy of a warm step, every card's joules added (NVML; the mean of the steps after the first), "
+                     "and each card's power, SM clock and share of it power-capped:")
         for r in energy:
             rel = f" = {r['energy_vs_1gpu']:.3f}x one GPU's" if "energy_vs_1gpu" in r else ""
             cards = "; ".join(f"{w} W, {c} MHz, capped {s}" for w, c, s in zip(

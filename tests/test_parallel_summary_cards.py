@@ -83,8 +83,9 @@ def test_the_energy_of_a_layouts_step_against_one_gpus(tmp_path):
     rows = {r["config_dir"]: r for r in S.summarize(tmp_path / "res")}
     assert rows["1gpu"]["warm_energy_j"] == 690.0 and rows["u2"]["warm_energy_j"] == 740.0
     assert rows["u2"]["energy_vs_1gpu"] == pytest.approx(740.0 / 690.0)
-    assert rows["u2"]["warm_power_w_per_card"] == [685.0, 685.0]
-    assert "w13/fav3/ulysses2 (diffusers) (u2): 740.0 J = 1.072x one GPU's (685.0 W, 1800 MHz, capped 1.0;" in (
+    assert rows["u2"]["warm_power_w_per_card"] == [pytest.approx(372.0 / 0.54, abs=0.1),
+                                                   pytest.approx(368.0 / 0.54, abs=0.1)]  # joules / seconds
+    assert "w13/fav3/ulysses2 (diffusers) (u2): 740.0 J = 1.072x one GPU's (688.9 W, 1800 MHz, capped 1.0;" in (
         S.table(list(rows.values())))
 
 

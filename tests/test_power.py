@@ -90,7 +90,8 @@ def test_step_energy_is_the_counter_across_each_step(monkeypatch):
     for j in rec["energy_j"][1:]:
         assert j == pytest.approx(300.0, rel=0.03)  # 600 W for 0.5 s
     assert rec["power_w"][1] == pytest.approx(600.0, rel=0.03)
-    assert rec["warm_energy_j"] == pytest.approx(300.0, rel=0.03)
+    assert rec["warm_energy_j"] == pytest.approx(300.0, rel=0.01)  # over the warm stretch: 900 J / 3 steps
+    assert rec["warm_power_w"] == pytest.approx(600.0, rel=0.01)
     assert rec["capped_share"][0] < 0.1 and rec["warm_capped_share"] == 1.0
     assert rec["sm_clock_mhz"][0] == 1980 and rec["warm_sm_clock_mhz"] == 1500
     assert rec["reasons_seen"] == ["idle", "sw_power_cap"]
@@ -144,10 +145,11 @@ def test_open_trace_says_why_there_is_none():
 
 
 def test_the_ranks_joules_add_up_to_the_layouts_step():
-    a = {"source": "nvml", "energy_j": [500.0, 300.0, 310.0]}
-    b = {"source": "nvml", "energy_j": [480.0, 290.0, None]}
+    a = {"source": "nvml", "energy_j": [500.0, 300.0, 310.0], "warm_energy_j": 305.0}
+    b = {"source": "nvml", "energy_j": [480.0, 290.0, None], "warm_energy_j": 295.0}
     out = PW.all_ranks([a, b])
-    assert out["energy_j"] == [980.0, 590.0, None] and out["warm_energy_j"] == 590.0 and out["cards"] == 2
+    assert out["energy_j"] == [980.0, 590.0, None] and out["warm_energy_j"] == 600.0 and out["cards"] == 2
+    assert PW.all_ranks([a, dict(b, warm_energy_j=None)])["warm_energy_j"] is None
     assert PW.all_ranks([a, {"source": None, "why": "not a CUDA device"}]) == {"source": None,
                                                                               "why": "not a CUDA device"}
 

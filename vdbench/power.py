@@ -25,7 +25,7 @@ from typing import Optional
 
 import torch
 
-__all__ = ["PowerTrace", "open_trace", "all_ranks", "INSTALL_HINT", "POWER_CAP_REASONS"]
+__all__ = ["PowerTrace", "open_trace", "all_ranks", "warm_energy", "INSTALL_HINT", "POWER_CAP_REASONS"]
 
 INSTALL_HINT = "pip install nvidia-ml-py"
 #: NVML's clock event reasons that mean the power limit held the clock: the software power cap, the hardware
@@ -38,6 +38,16 @@ _REASON_NAMES = {0x1: "idle", 0x2: "applications_clocks", 0x4: "sw_power_cap", 0
 
 def _reason_names(mask: int) -> list[str]:
     return [name for bit, name in _REASON_NAMES.items() if mask & bit]
+
+
+def warm_energy(energy_j: list) -> Optional[float]:
+    """A warm step's joules: the mean of the steps after the first -- the counter's difference across the whole warm
+    stretch per step, since the steps' figures are differences at shared ends (a step's own figure carries up to one
+    counter update of error at each end; the stretch's inner ends cancel). None where a step has no figure."""
+    warm = list(energy_j[1:])
+    if not warm or any(x is None for x in warm):
+        return None
+    return round(sum(warm) / len(warm), 3)
 
 
 class PowerTrace:
@@ -134,8 +144,10 @@ class PowerTrace:
     def steps(self, events: list) -> dict:
         """Per step between consecutive ``events`` (the step marks, recorded CUDA events, the first the first
         step's start): ``energy_j``, ``power_w``, ``sm_clock_mhz`` (median of its samples), ``capped_share`` (its
-        samples' share with a power-cap reason), then the warm steps' (after the first) medians, as the step
-        times are read."""
+        samples' share with a power-cap reason), then the warm steps' (after the first): their energy and power
+        over the whole warm stretch (the counter's difference from the second mark to the last, per step: a step's
+        own figure carries up to one counter update of error at each end, which the stretch's inner ends cancel),
+        the medians of their clocks and capped shares."""
         if self.error is not None:
             return {"source": None, "why": f"NVML stopped answering: {self.error}"}
         first = events[0]
@@ -166,9 +178,11 @@ class PowerTrace:
             xs = [x for x in xs[1:] if x is not None]
             return statistics.median(xs) if xs else None
 
+        warm_j = warm_energy(energy)
+        warm_w = None if warm_j is None else round(warm_j * (len(ends) - 2) / (ends[-1] - ends[1]), 1)
         return {"source": "nvml", "interval_ms": self.interval_s * 1e3, "limit_w": self.limit_w,
                 "samples": len(self.samples), "energy_j": energy, "power_w": power, "sm_clock_mhz": clock,
-                "capped_share": capped, "warm_energy_j": warm(energy), "warm_power_w": warm(power),
+                "capped_share": capped, "warm_energy_j": warm_j, "warm_power_w": warm_w,
                 "warm_sm_clock_mhz": warm(clock), "warm_capped_share": warm(capped),
                 "reasons_seen": _reason_names(reasons)}
 
@@ -197,14 +211,14 @@ def open_trace(device, interval_ms: float, uuid: Optional[str] = None):
 
 def all_ranks(records: list) -> dict:
     """The cards of a multi-GPU render together (each rank's :meth:`PowerTrace.steps` record): ``energy_j`` per step
-    (the ranks' joules added up: the energy of the layout's step) and its warm median, or why there is none (the
-    first rank without a figure)."""
+    (the ranks' joules added up: the energy of the layout's step) and ``warm_energy_j``, the ranks' warm figures
+    added up, or why there is none (the first rank without a figure)."""
     for r in records:
         if not r or r.get("source") is None:
             return {"source": None, "why": (r or {}).get("why", "a rank recorded nothing")}
     per_step = [None if any(r["energy_j"][i] is None for r in records) else round(sum(r["energy_j"][i]
                                                                                     for r in records), 3)
                 for i in range(min(len(r["energy_j"]) for r in records))]
-    warm = [x for x in per_step[1:] if x is not None]
+    warm = [r.get("warm_energy_j") for r in records]
     return {"source": "nvml", "cards": len(records), "energy_j": per_step,
-            "warm_energy_j": statistics.median(warm) if warm else None}
+            "warm_energy_j": None if None in warm else round(sum(warm), 3)}

@@ -387,9 +387,10 @@ def ulysses_self_attention(attn, hidden_states, rotary_emb, exchange, attend, ro
     place while those travel.
 
     ``exchange``: :class:`vdbench.patching.ulysses.UlyssesExchange` (``send_buffer``, ``start``, ``send``,
-    ``whole``, ``back_start``, ``back_wait``, ``turn``); ``attend(q, k, v)``: the patched kernel on BSHD tensors holding the
-    whole sequence for this rank's heads; ``rope``: as in :func:`self_attention`. The arithmetic is the processor's, op for op (the same projections, norms and RoPE expressions, the
-    products rounded where diffusers rounds them), so the output equals diffusers' Ulysses template bit for bit.
+    ``whole``, ``back_start``, ``back_wait``, ``turn``); ``attend(q, k, v)``: the patched kernel on BSHD tensors
+    holding the whole sequence for this rank's heads; ``rope``: as in :func:`self_attention`. The arithmetic is the
+    processor's, op for op (the same projections, norms and RoPE expressions, the products rounded where diffusers
+    rounds them), so the output equals diffusers' Ulysses template bit for bit.
     """
     heads = attn.heads
     if attn.fused_projections:
