@@ -4,6 +4,9 @@ unpatched transformer's output bit for bit, its RoPE calls counted."""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -11,16 +14,8 @@ from tests.conftest import triton_interpreter
 from tests.test_patching import run, small_wan, wan_inputs
 from vdbench.patching import AttentionPatch
 
-
-def diffusers_rope(x, freqs_cos, freqs_sin):
-    """diffusers 0.42's ``WanAttnProcessor`` ``apply_rotary_emb``, as written there."""
-    x1, x2 = x.unflatten(-1, (-1, 2)).unbind(-1)
-    cos = freqs_cos[..., 0::2]
-    sin = freqs_sin[..., 1::2]
-    out = torch.empty_like(x)
-    out[..., 0::2] = x1 * cos - x2 * sin
-    out[..., 1::2] = x1 * sin + x2 * cos
-    return out.type_as(x)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+from rope_bench import diffusers_rope  # noqa: E402 - diffusers' expressions as written, the bench's reference
 
 
 def _freqs(s, d, seed=0):
@@ -97,10 +92,7 @@ def test_the_choice_auto_on_off():
 
 def test_the_bench_compares_both_forms_and_checks_the_bits(rope, tmp_path):
     import json
-    import sys
-    from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
     import rope_bench
 
     out = tmp_path / "rope.json"

@@ -379,14 +379,17 @@ class AttentionPatch:
         one could not be fused."""
         why = "off (--fused_rope off)"
         if self.fused_rope:
-            from ..kernels.rope import rope_pairs, why_not_fused
+            kernel = self.__dict__.get("_rope_kernel")
+            if kernel is None:  # imported once (Triton with it), not at every call
+                from ..kernels import rope as kernel
 
-            why = why_not_fused(x, freqs_cos, freqs_sin, dst)
+                self._rope_kernel = kernel
+            why = kernel.why_not_fused(x, freqs_cos, freqs_sin, dst)
             if why is None:
                 if self._rope_ready is not None:
                     ready, self._rope_ready = self._rope_ready, None
                     ready()
-                rope_pairs(x, freqs_cos, freqs_sin, out=dst)
+                kernel.rope_pairs(x, freqs_cos, freqs_sin, out=dst)
                 self.stats.rope["fused"] += 1
                 return
         eager(x, freqs_cos, freqs_sin, dst)
