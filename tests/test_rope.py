@@ -69,6 +69,11 @@ def test_a_wan_transformer_with_the_fused_rope_is_bit_identical(rope):
     with AttentionPatch([("transformer", model)], "sdpa") as patch:  # off: diffusers' processor, nothing counted
         assert torch.equal(run(model, inputs), plain)
     assert patch.stats.as_dict()["rope"]["fused_calls"] == 0
+    import vdbench
+
+    with vdbench.use_backend(model, "sdpa", fused_rope=True) as patch:  # the library's form
+        assert torch.equal(run(model, inputs), plain)
+    assert patch.stats.rope["fused"] == 4
 
 
 def test_the_choice_auto_on_off():

@@ -27,7 +27,8 @@ __all__ = ["use_backend", "list_backends"]
 
 @contextmanager
 def use_backend(pipe_or_module, backend: str, on_unsupported: str = "error", *, time_attention: bool = False,
-                observers: Optional[list[Callable[[CallInfo], Any]]] = None) -> Iterator[AttentionPatch]:
+                observers: Optional[list[Callable[[CallInfo], Any]]] = None,
+                fused_rope: bool = False) -> Iterator[AttentionPatch]:
     """Install ``backend`` into the pipeline's (or module's) attention for the ``with`` block; yields the patch.
 
     ``backend``: a name, a name with options (``"sta:window=3x3x3,tile=6x8x8"``) or a schedule
@@ -38,12 +39,14 @@ def use_backend(pipe_or_module, backend: str, on_unsupported: str = "error", *, 
     cross / joint. ``on_unsupported="fallback:sdpa"`` runs the calls the backend can't serve (a mask, a head
     dim) on torch sdpa and counts them, instead of raising ``UnsupportedCall``. ``time_attention``: the summed
     attention time is in ``patch.stats.attention_time_s`` after the block. ``observers``: callables receiving a
-    ``vdbench.patching.CallInfo`` (BHSD tensors) after every call.
+    ``vdbench.patching.CallInfo`` (BHSD tensors) after every call. ``fused_rope``: a Wan transformer's
+    self-attention rotates Q and K with one Triton kernel (``vdbench.kernels.rope``: diffusers' values bit for bit,
+    on CUDA; the render's ``--fused_rope``), counted in ``patch.stats.rope``.
 
     Raises ``BackendUnavailable`` on entry, before the model is touched, when the backend can't run here.
     """
     patch = AttentionPatch(pipe_or_module, backend, on_unsupported, observers=observers,
-                           time_attention=time_attention)
+                           time_attention=time_attention, fused_rope=fused_rope)
     for member in patch.schedule.members:  # a schedule ("fav3@steps:0-9,sta"): every backend it names
         problem = availability_problem(member, patch.models)
         if problem is not None:
