@@ -163,8 +163,8 @@ def build_parser(family: str | families.Family, prog: Optional[str] = None,
              "warm-step gain measured), off clears it, auto leaves it as the process has it (off unless set "
              "before) (default: %(default)s)")
     add("--fused_rope", choices=AUTO_ON_OFF, default="auto",
-        help="Q and K's rotary embedding in one Triton kernel, diffusers' values bit for bit (the eager form is six "
-             "strided passes, ~10%% of a Wan 1.3B step); auto: on a CUDA device with Triton, not with "
+        help="Q and K's rotary embedding in one Triton kernel, diffusers' values bit for bit (the eager form is eight "
+             "strided passes, ~8%% of a Wan 1.3B step on an H200); auto: on a CUDA device with Triton, not with "
              "--use_torch_compile (inductor fuses it); Wan (default: %(default)s)")
     add("--use_bf16_te_gemms", action="store_true",
         help="run the text encoder in bfloat16 whatever --dtype is (T5 overflows in fp16)")
