@@ -18,7 +18,8 @@ samples with p20-p80 (rank 0's clock). Pieces:
 * ``rows_overlapped_M``: the destinations' rows computed first, each one's output sent (point to point) while the
   next is computed, this rank's own rows last with M SMs left: the output exchange hidden behind the kernel.
   ``serial``: kernel then exchange, the template's order.
-* ``copy_v_send`` / ``copy_out_recv``: the layout copies left around the exchanges.
+* ``copy_v_send`` / ``copy_out_recv``: the layout copies left around the exchanges; ``*_wide``: the same copies on
+  8-byte words, as the render makes them (``copy_wide``), with the output's checked against the plain copy.
 * ``proj_whole`` / ``proj_per_dest``: the V projection as one GEMM, and as P GEMMs each writing a destination's
   heads straight into the send buffer (and whether the values are the same).
 * ``transport``: two carriers of the exchange over the Ulysses group of a diffusers-style device mesh, as a render
@@ -561,6 +562,15 @@ def main(argv=None) -> int:
         buf = torch.empty(P, 1, s, h, D, device=dev, dtype=torch.bfloat16)
         res["copy_v_send"] = timed(lambda: buf.copy_(x.view(1, s, P, h, D).permute(2, 0, 1, 3, 4)), args.reps)
         res["copy_out_recv"] = timed(lambda: buf.permute(1, 2, 0, 3, 4).reshape(1, s, dim), args.reps)
+        # the same two copies on 8-byte words (vdbench.patching.ulysses.copy_wide: what the render runs)
+        from vdbench.patching.ulysses import copy_wide
+
+        res["copy_v_send_wide"] = timed(
+            lambda: copy_wide(buf.permute(1, 2, 0, 3, 4), x.view(1, s, P, h, D)), args.reps)
+        out = torch.empty(1, s, dim, device=dev, dtype=torch.bfloat16)
+        res["copy_out_recv_wide"] = timed(
+            lambda: copy_wide(out.view(1, s, P, h * D), buf.view(P, 1, s, h * D).permute(1, 2, 0, 3)), args.reps)
+        res["copy_out_recv_wide_equal"] = bool(torch.equal(out, buf.permute(1, 2, 0, 3, 4).reshape(1, s, dim)))
         lin = torch.nn.Linear(dim, dim, device=dev, dtype=torch.bfloat16).requires_grad_(False)
         res["proj_whole"] = timed(lambda: lin(hs), args.reps)
         sendv = torch.empty(P, s, dim // P, device=dev, dtype=torch.bfloat16)
