@@ -81,7 +81,8 @@ def _send_layout(x: torch.Tensor, world: int, chunks: int, c: int) -> torch.Tens
     (P, B, S_loc, h, D)."""
     b, s, h_all, d = x.shape
     h = h_all // world // chunks
-    return x.view(b, s, world, chunks, h, d)[:, :, :, c].permute(2, 0, 1, 3, 4).contiguous()
+    src = x.view(b, s, world, chunks, h, d)[:, :, :, c].permute(2, 0, 1, 3, 4)
+    return copy_wide(torch.empty(src.shape, dtype=x.dtype, device=x.device), src)
 
 
 def overlapped_ulysses(query, key, value, group, world: int, chunks: int, attend):
@@ -116,7 +117,7 @@ def overlapped_ulysses(query, key, value, group, world: int, chunks: int, attend
     placed = out.view(b, s_loc, world, chunks, h, d)
     for c in range(chunks):
         out_waits[c].wait()
-        placed[:, :, :, c].copy_(outs[c].permute(1, 2, 0, 3, 4))  # from rank p: my tokens, p's heads of chunk c
+        copy_wide(placed[:, :, :, c], outs[c].permute(1, 2, 0, 3, 4))  # from rank p: my tokens, p's heads of chunk c
     return out
 
 
