@@ -102,9 +102,15 @@ class PowerTrace:
             return False
         return True
 
+    def _done(self) -> bool:
+        with self._lock:
+            return self._stop.is_set() and not self._pending
+
     def _run(self) -> None:
-        while not self._stop.is_set() and self._sampled():
-            self._stop.wait(self.interval_s)
+        # after stop() the thread samples on until the last watched mark has completed: the render's host never
+        # waits for the GPU on its account, and every step ends inside the trace
+        while self._sampled() and not self._done():
+            time.sleep(self.interval_s)
 
     def start(self) -> "PowerTrace":
         self._sampled()  # a reading before any mark made after this call: every step starts inside the trace
@@ -118,18 +124,13 @@ class PowerTrace:
             self._pending.append(event)
 
     def stop(self) -> None:
-        """Stop sampling once every watched mark has completed (a last reading after them)."""
-        if self._thread is None:
-            return
-        with self._lock:
-            last = self._pending[-1] if self._pending else None
-        if last is not None:
-            last.synchronize()
+        """No marks after this: the thread stops once every watched one has completed (it does not wait here)."""
         self._stop.set()
-        self._thread.join()
-        self._thread = None
-        if self.error is None:
-            self._sampled()
+
+    def _joined(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
 
     def _energy_at(self, t: float) -> Optional[float]:
         times = [s[0] for s in self.samples]
@@ -148,6 +149,7 @@ class PowerTrace:
         over the whole warm stretch (the counter's difference from the second mark to the last, per step: a step's
         own figure carries up to one counter update of error at each end, which the stretch's inner ends cancel),
         the medians of their clocks and capped shares."""
+        self._joined()  # the marks have completed by now (their times were read): the thread ends at once
         if self.error is not None:
             return {"source": None, "why": f"NVML stopped answering: {self.error}"}
         first = events[0]
