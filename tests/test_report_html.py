@@ -281,6 +281,31 @@ def test_stages_and_encode_times_in_the_summary(tmp_path):
     assert "VAE encode (s)" in page and "VAE enc 1.10 · denoise 30.00" in page
 
 
+def test_each_backends_joules_per_warm_step_in_the_summary(tmp_path):
+    """A render's recorded joules per step (vdbench.power) reach summary.csv and the page: the warm steps' mean
+    over every card (a torchrun render's ranks added up), and how much of it the card ran power-capped; an
+    emulation carries none, and a file without them gives empty cells and no column."""
+    card = {"source": "nvml", "energy_j": [900.0, 700.0, 720.0, 710.0], "warm_capped_share": 1.0}
+    two = {"source": "nvml", "energy_j": [950.0, 800.0, 820.0, 810.0]}
+    entries = [_entry("sdpa", [1.5, 1.0, 1.0, 1.0], power=card),
+               _entry("fav3", [0.9, 0.6, 0.6, 0.6], power=dict(card, warm_capped_share=0.5), power_all_ranks=two),
+               _entry("fp8_emu", [9.0, 8.0, 8.0, 8.0], power=card),
+               _entry("default", [3.0, 1.2, 1.2, 1.2])]
+    (tmp_path / "timing.json").write_text(json.dumps(entries))
+    s = report.summarize(tmp_path)
+    rows = {r["backend"]: r for r in s["rows"]}
+    assert rows["sdpa"]["step_energy_j"] == 710.0 and rows["sdpa"]["power_capped_share"] == 1.0
+    assert rows["fav3"]["step_energy_j"] == 810.0 and rows["fav3"]["power_capped_share"] == 0.5  # every card
+    assert rows["fp8_emu"]["step_energy_j"] is None and rows["default"]["step_energy_j"] is None
+    report.write_csv([s], tmp_path / "s.csv")
+    row = {r["backend"]: r for r in csv.DictReader(open(tmp_path / "s.csv"))}
+    assert float(row["sdpa"]["step_energy_j"]) == 710.0 and row["default"]["step_energy_j"] == ""
+    page = report.write_html([s], tmp_path / "r.html").read_text()
+    assert "J per warm step, every card" in page and "710.0" in page
+    (tmp_path / "timing.json").write_text(json.dumps([_entry("default", [3.0, 1.2, 1.2, 1.2])]))
+    assert "J per warm step" not in report.write_html([report.summarize(tmp_path)], tmp_path / "r2.html").read_text()
+
+
 def test_the_latest_run_of_each_output_never_two_runs_mixed(tmp_path):
     """Re-rendering into the same directory appends; the report reads each output's latest run only (its run id;
     for files written before run ids, the trailing repetitions 0..r) and says how many runs the file holds. A

@@ -69,13 +69,17 @@ __all__ = ["resolve_results", "collect", "render_records", "identities", "match_
 #: to the video on disk; ``one_time_s``: the render's one-time costs beyond its steady work (timing.json's
 #: ``one_time.total_s``; the load apart, ``load_s``; ``compile_s`` torch.compile's share, inside them);
 #: ``steady_s`` a repetition's time less its one-time costs; ``break_even_steps_vs_default`` the denoising steps from
-#: which the backend's render beats default's (:func:`break_even`). Empty for files written before they existed.
+#: which the backend's render beats default's (:func:`break_even`). ``step_energy_j``: a warm step's joules over
+#: every card (vdbench.power; median over the repetitions), ``power_capped_share`` the share of the warm steps'
+#: samples the card (rank 0's) spent power-capped: at the cap a step's time follows its energy. Empty for files
+#: written before they existed.
 CSV_COLUMNS = ["run", "backend", "warm_step_ms", "warm_step_n", "warm_step_p20_ms", "warm_step_p80_ms",
                "warm_step_min_ms", "warm_step_max_ms", "first_step_ms", "repetitions", "rep_warm_min_ms",
                "rep_warm_max_ms", "end_to_end_s", "one_time_s", "load_s", "compile_s", "steady_s",
                "break_even_steps_vs_default", "speedup_vs_default", "speed_figure", "why_not_speed", "emulated",
                "attention_share", "vae_decode_s", "text_encode_s", "image_encode_s", "vae_encode_s", "unaccounted_s",
-               "peak_memory_gib", "psnr_db", "ssim", "quality_source", "kernels", "work", "fallback_calls", "note"]
+               "peak_memory_gib", "step_energy_j", "power_capped_share", "psnr_db", "ssim", "quality_source",
+               "kernels", "work", "fallback_calls", "note"]
 
 #: The columns that are a speed (a time of the attention's work or derived from one): "emulated" in their place
 #: for an emulated backend, whose numerics are emulated in pure torch and whose time means nothing.
@@ -323,6 +327,9 @@ def speed(results: Path) -> dict[str, dict]:
                       "work": _work(att),
                       "fallback_calls": att.get("fallback_calls"),
                       "peak_memory_bytes": last_run[-1].get("peak_memory_bytes"),
+                      "step_energy_j": _median(_step_energy(e) for e in last_run),
+                      "power_capped_share": _median((e.get("power") or {}).get("warm_capped_share")
+                                                    for e in last_run),
                       "emulated": emulated, "device": device, "runs_recorded": _run_count(entries),
                       "run_id": last_run[-1].get("run_id"), "output": last_run[-1].get("output"),
                       "parallel": last_run[-1].get("parallel"), "identity": ident,
@@ -332,9 +339,19 @@ def speed(results: Path) -> dict[str, dict]:
             out[label].update({k: None for k in stats if k.startswith(("warm_step_", "first_step", "rep_warm_"))
                                and k != "warm_step_n"}, denoise_s=None, step_mean=None,
                               rep_warm_medians=[], step_times=None, attention_share=None, end_to_end_s=None,
+                              step_energy_j=None, power_capped_share=None,
                               one_time_s=None, steady_s=None,
                               stages={k: v for k, v in out[label]["stages"].items() if k != "denoise"})
     return out
+
+
+def _step_energy(entry: dict):
+    """A warm step's joules over every card of one repetition (:func:`vdbench.power.warm_energy` of the per-step
+    joules, the ranks' added up on several), or None where none were recorded."""
+    from vdbench.power import warm_energy
+
+    rec = entry.get("power_all_ranks") or entry.get("power") or {}
+    return warm_energy(rec.get("energy_j") or []) if rec.get("source") else None
 
 
 def _work(attention: dict):
@@ -517,6 +534,7 @@ def summarize(run_dir, reference: str = "reference", device=None) -> dict:
                "vae_encode_s": s.get("vae_encode_time"), "unaccounted_s": s.get("unaccounted"),
                "stages": _stages_text(s),
                "peak_memory_gib": s["peak_memory_bytes"] / 2**30 if s.get("peak_memory_bytes") else None,
+               "step_energy_j": s.get("step_energy_j"), "power_capped_share": s.get("power_capped_share"),
                "psnr_db": None, "ssim": None, "quality_source": None,
                "kernels": "; ".join(f"{k}×{n}" for k, n in s.get("calls_by_kernel", {}).items()) or None,
                "work": s.get("work"), "fallback_calls": s.get("fallback_calls"), "note": None,
@@ -789,6 +807,9 @@ def write_html(summaries: list[dict], path) -> Path:
                  ("attention share", "attention_share", ".1%"),
                  ("VAE decode (s)", "vae_decode_s", ".2f"), ("VAE encode (s)", "vae_encode_s", ".2f"),
                  ("stages (s), what no stage covers", "stages", ""), ("peak mem (GiB)", "peak_memory_gib", ".2f")]
+        if any(r.get("step_energy_j") is not None for r in s["rows"]):
+            cols += [("J per warm step, every card", "step_energy_j", ".1f"),
+                     ("power-capped share", "power_capped_share", ".0%")]
         if has_q:
             cols += [(f"PSNR vs {s['reference']} (dB)", "psnr_db", ".2f"), ("SSIM", "ssim", ".4f"),
                      ("quality from", "quality_source", "")]
