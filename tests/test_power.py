@@ -189,3 +189,17 @@ def test_the_sampler_thread_times_marks_as_they_complete():
     assert len(trace.seen) == 4 and rec["samples"] > 5  # it sampled on its own, again and again
     for j in rec["energy_j"]:
         assert j == pytest.approx(12.5, rel=0.25)  # 250 W x 50 ms
+
+
+def test_a_renders_record_carries_its_joules_per_warm_step():
+    from vdbench.measure.record import from_render_entry
+
+    e = {"attention_type": "fav3", "step_times": [1.5, 1.0, 1.0, 1.0], "run": {"backend": {"name": "fav3"}},
+         "power": {"source": "nvml", "energy_j": [900.0, 700.0, 720.0, 710.0], "warm_power_w": 705.0,
+                   "warm_capped_share": 1.0}}
+    figs = from_render_entry(e).figures
+    assert figs["step_energy_j"] == 710.0 and figs["step_power_w"] == 705.0 and figs["step_capped_share"] == 1.0
+    e["power_all_ranks"] = {"source": "nvml", "energy_j": [1800.0, 1400.0, 1440.0, 1420.0]}  # every card's
+    assert from_render_entry(e).figures["step_energy_j"] == 1420.0
+    assert "step_energy_j" not in from_render_entry(dict(e, power={"source": None, "why": "x"},
+                                                         power_all_ranks=None)).figures

@@ -668,6 +668,9 @@ def row_of(cand: Candidate, rec: Record, ref, stored: Optional[dict] = None, dev
            "peak_gib": None if peak is None else peak / 2**30,
            "speed_figure": rec.verdict.get("speed_figure"), "why_not_speed": rec.verdict.get("why_not"),
            "emulated": bool((rec.config.get("backend") or {}).get("emulated")),
+           # a warm step's joules over every card (vdbench.power), as a speed: none for an emulation
+           "step_energy_j": (None if (rec.config.get("backend") or {}).get("emulated")
+                             else rec.figures.get("step_energy_j")),
            "kernels": ", ".join(f"{k}×{v}" for k, v in
                                 ((rec.data.get("attention") or {}).get("calls_by_kernel") or {}).items()),
            "psnr_db": None, "ssim": None, "quality_from": None, "quality_vs": quality_vs, "video": str(video or "")}

@@ -462,9 +462,12 @@ def from_render_entry(e: dict) -> Record:
     if isinstance(e.get("cache"), dict):  # what the cache skipped: a cached step's median isn't its mean
         figs["cache_skipped_share"] = e["cache"].get("skipped_share")
     # a warm step's joules (every card's, on several), the card's power and how much of it ran power-capped
+    from ..power import warm_energy
+
     power = e.get("power_all_ranks") or e.get("power") or {}
-    if power.get("warm_energy_j") is not None:
-        figs["step_energy_j"] = power["warm_energy_j"]
+    joules = warm_energy(power.get("energy_j") or []) if power.get("source") else None
+    if joules is not None:
+        figs["step_energy_j"] = joules
     for k in ("warm_power_w", "warm_capped_share"):
         if (e.get("power") or {}).get(k) is not None:
             figs[k.replace("warm_", "step_")] = e["power"][k]
