@@ -9,8 +9,8 @@ multi-GPU render's entry adds the ranks' joules up, the energy of the layout's s
 A sampler thread reads the card's energy counter (mJ; the driver updates it about every 10 ms), its SM clock and
 its clock event reasons every ``interval_ms``, and notes when each step's closing CUDA event completes (polled
 from the same thread: the render's stream is never waited for). A step's ends are placed on the host's clock by
-the GPU's own times between the marks, anchored at the mark whose completion was seen soonest; its energy is the
-counter's difference across them (linearly interpolated between samples: about one update, ~10 ms of the card's
+the GPU's own times between the marks, anchored where every mark's window (after the poll before its completion was
+seen, by the poll that saw it) agrees; its energy is the counter's difference across them (linearly interpolated between samples: about one update, ~10 ms of the card's
 power, of error at each end). Off CUDA, without NVML, or with ``interval_ms`` 0 there is no trace: the entry says
 why (:func:`open_trace`).
 """
@@ -132,8 +132,8 @@ class PowerTrace:
             self._thread.join()
             self._thread = None
 
-    def _energy_at(self, t: float) -> Optional[float]:
-        times = [s[0] for s in self.samples]
+    def _energy_at(self, t: float, times: list) -> Optional[float]:
+        """The counter at host time ``t``, interpolated between the samples (``times``: theirs, in order)."""
         if not times or not times[0] <= t <= times[-1]:
             return None  # outside the trace: no figure rather than an extrapolated one
         i = bisect.bisect_left(times, t)
@@ -163,11 +163,12 @@ class PowerTrace:
         hi = min(n - a for (_, n), a in seen)
         zero = (max(lo, hi - self.interval_s) + hi) / 2
         ends = [zero + a for a in at]
+        times = [s[0] for s in self.samples]
         energy, power, clock, capped, reasons = [], [], [], [], 0
         for t0, t1 in zip(ends, ends[1:]):
-            e0, e1 = self._energy_at(t0), self._energy_at(t1)
+            e0, e1 = self._energy_at(t0, times), self._energy_at(t1, times)
             j = (e1 - e0) / 1e3 if e0 is not None and e1 is not None else None
-            inside = [s for s in self.samples if t0 <= s[0] <= t1]
+            inside = self.samples[bisect.bisect_left(times, t0):bisect.bisect_right(times, t1)]
             energy.append(None if j is None else round(j, 3))
             power.append(None if j is None else round(j / (t1 - t0), 1))
             clock.append(statistics.median(s[2] for s in inside) if inside else None)

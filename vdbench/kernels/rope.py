@@ -84,8 +84,8 @@ _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
 def _as4(t: torch.Tensor) -> Optional[torch.Tensor]:
-    """``t`` (B, S, *heads, D) as (B, S, G1, G2, D) with its strides (heads merged where their strides allow; one or
-    two head dimensions); None where they can't be."""
+    """``t`` (B, S, H, D) or (B, S, P, h, D) as a view (B, S, G1, G2, D): one head dimension gets G1 = 1; None for
+    any other rank."""
     if t.dim() == 4:
         return t.unsqueeze(2)
     if t.dim() == 5:
