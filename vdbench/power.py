@@ -11,8 +11,8 @@ its clock event reasons every ``interval_ms``, and notes when each step's closin
 from the same thread: the render's stream is never waited for). A step's ends are placed on the host's clock by
 the GPU's own times between the marks, anchored where every mark's window (after the poll before its completion was
 seen, by the poll that saw it) agrees; its energy is the counter's difference across them (linearly interpolated
-between samples: about one update, ~10 ms of the card's power, of error at each end). Off CUDA, without NVML, or with ``interval_ms`` 0 there is no trace: the entry says
-why (:func:`open_trace`).
+between samples: about one update, ~10 ms of the card's power, of error at each end). Off CUDA, without NVML, or
+with ``interval_ms`` 0 there is no trace: the entry says why (:func:`open_trace`).
 """
 
 from __future__ import annotations
