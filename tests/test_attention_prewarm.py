@@ -20,6 +20,7 @@ import torch
 from vdbench import backends as B
 from vdbench import families, pipelines
 from vdbench import render as R
+from vdbench.render import prewarm as RP
 from vdbench.backends import prewarm as AP
 from vdbench.backends.registry import Backend, CallShape, registered
 from vdbench.numerics import exact_attention
@@ -97,24 +98,30 @@ def test_no_prewarm_without_the_capability_and_off_or_skipped_is_recorded(tmp_pa
     family that gives no call shapes are recorded with the reason, a family rule that fails on the configs as a
     failure (the render says it in one line); no weight is loaded for any of it."""
     monkeypatch.setattr(pipelines.Model, "load", lambda *a, **k: pytest.fail("weights were loaded"))
-    assert R._start_attention_prewarm(R.validate(_cfg(tmp_path))) == (None, None)
+    assert RP.start_attention(R.validate(_cfg(tmp_path))) == RP.AttentionStart(None, None)
     with registered(_toy("toy_pw", lambda calls, device, dtype: {})):
-        off = R._start_attention_prewarm(R.validate(_cfg(tmp_path, attention_type="toy_pw", attention_prewarm=False)))
-        assert off == (None, {"status": "off", "backends": ["toy_pw"], "why": "--attention_prewarm off"})
+        off = RP.start_attention(R.validate(_cfg(tmp_path, attention_type="toy_pw", attention_prewarm=False)))
+        assert off == RP.AttentionStart(None, {"status": "off", "backends": ["toy_pw"],
+                                               "why": "--attention_prewarm off"})
         plan = R.validate(_cfg(tmp_path, attention_type="toy_pw"))
         shapeless = replace(plan, model=replace(plan.model, family=replace(plan.family, attention_calls=None)))
-        handle, why = R._start_attention_prewarm(shapeless)
-        assert handle is None and why["status"] == "skipped" and "Family.attention_calls" in why["why"]
-        handle, why = R._start_attention_prewarm(replace(plan, dctx=object()))
-        assert handle is None and why["status"] == "skipped" and "torchrun" in why["why"]
+        start = RP.start_attention(shapeless)
+        assert start.prewarm is None and start.record["status"] == "skipped"
+        assert "Family.attention_calls" in start.record["why"] and not start.after_load
+        start = RP.start_attention(replace(plan, dctx=object()))
+        assert start.prewarm is None and start.record["status"] == "skipped" and "torchrun" in start.record["why"]
+        # configs the load reads (a hub id it downloads): skipped now, started again at the load's end
+        unread = replace(plan, model=replace(plan.model, denoisers={}, vae=None))
+        start = RP.start_attention(unread)
+        assert start.prewarm is None and start.record["status"] == "skipped" and start.after_load
 
         def unreadable(*a):
             raise KeyError("num_attention_heads")
 
         broken = replace(plan, model=replace(plan.model, family=replace(plan.family, attention_calls=unreadable)))
-        handle, why = R._start_attention_prewarm(broken)
-        assert handle is None and why == {"status": "failed", "backends": ["toy_pw"],
-                                          "error": "the call shapes: KeyError: 'num_attention_heads'"}
+        start = RP.start_attention(broken)
+        assert start.prewarm is None and start.record == {"status": "failed", "backends": ["toy_pw"],
+                                                          "error": "the call shapes: KeyError: 'num_attention_heads'"}
 
 
 def test_the_call_shapes_of_the_real_models_are_the_bench_presets():

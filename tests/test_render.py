@@ -106,16 +106,16 @@ def test_image_refusals_before_the_load(tmp_path, no_load):
 def test_one_time_costs_a_stage_reports_are_merged_and_the_render_call_is_timed_end_to_end(tmp_path, monkeypatch):
     """The decode's ``info["one_time"]`` lands in the entry's one_time section under ``vae_decode.`` and in its
     total; a render called as a library counts its end-to-end time from its call, stages + unaccounted = it."""
-    import vdbench.vae.decode as D
+    from vdbench.render import repetitions
 
-    real = D.decode_latents
+    real = repetitions.decode_latents
 
     def decode(*a, info=None, **k):
         out = real(*a, info=info, **k)
         info["one_time"] = {"prewarm_s": 0.25, "note": "not a number: left out"}
         return out
 
-    monkeypatch.setattr(D, "decode_latents", decode)
+    monkeypatch.setattr(repetitions, "decode_latents", decode)
     summary = R.render(_cfg(tmp_path), log=lambda *a, **k: None)
     (entry,) = json.loads(_cfg(tmp_path).timing_path.read_text())
     once = entry["one_time"]
@@ -202,8 +202,10 @@ def test_the_vae_prewarm_starts_after_the_load_and_only_an_image_encode_part_bef
     """The prewarm's compile holds the GIL in long stretches: beside the load's Python it slows the load, beside
     the denoising (a thread waiting on the GPU) it costs nothing; only an image's encode, which comes before the
     denoising, has the load alone to hide under."""
+    from vdbench.render import loading, prewarm
+
     events = []
-    real_load = R._load_checked
+    real_load = loading.load_checked
 
     def load_checked(plan, parts):
         events.append("load")
@@ -213,17 +215,17 @@ def test_the_vae_prewarm_starts_after_the_load_and_only_an_image_encode_part_bef
         events.append(("prewarm", "encode_only" if encode_only else "all", pipe is not None))
         return None
 
-    monkeypatch.setattr(R, "_load_checked", load_checked)
-    monkeypatch.setattr(R, "_start_prewarm", start)
+    monkeypatch.setattr(loading, "load_checked", load_checked)
+    monkeypatch.setattr(prewarm, "start_vae", start)
     loaded = R.load(R.validate(_cfg(tmp_path)))
     assert events == [("prewarm", "encode_only", False), "load", ("prewarm", "all", True)]
-    assert loaded.load_s is not None and loaded.prewarm is None
+    assert loaded.load_s is not None and loaded.prewarms.vae is None
 
 
-def test_the_render_configuration_is_read_in_one_module_the_rest_get_resolved_objects(tmp_path, monkeypatch):
+def test_the_render_configuration_is_read_in_the_render_package_the_rest_get_resolved_objects(tmp_path, monkeypatch):
     """A render resolves its configuration once (validate -> Plan) and hands resolved objects down (the Family, the
-    Backend, the decode mode...): no module below reads the raw settings again. Measured as the walk of a tiny
-    render: which modules read a RenderConfig or Plan attribute, in order."""
+    Backend, the decode mode...): no module below reads the raw settings again, only the render's stages do.
+    Measured as the walk of a tiny render: which modules read a RenderConfig or Plan attribute, in order."""
     readers = []
 
     def recording(cls):
@@ -242,7 +244,7 @@ def test_the_render_configuration_is_read_in_one_module_the_rest_get_resolved_ob
     recording(R.Plan)
     R.render(cfg, log=lambda *a, **k: None)
     monkeypatch.undo()
-    assert readers == ["vdbench.render"], readers
+    assert readers and all(r.startswith("vdbench.render.") for r in readers), readers
     assert json.loads(cfg.timing_path.read_text())[-1]["attention_type"] == "sdpa"  # the render did run
 
 
@@ -252,6 +254,7 @@ def test_the_prewarm_uses_the_gpu_only_beside_an_uncompiled_denoiser(tmp_path, n
     graphs, which another thread's kernels and allocations break, so there it is left out."""
     from dataclasses import replace
 
+    from vdbench.render.prewarm import start_vae
     from vdbench.vae import prewarm as W
 
     plan = R.validate(_cfg(tmp_path, vae_decode="fast"))
@@ -264,5 +267,5 @@ def test_the_prewarm_uses_the_gpu_only_beside_an_uncompiled_denoiser(tmp_path, n
         class vae:
             config = {"z_dim": 16}
 
-    assert R._start_prewarm(plan, Pipe()) == "a plan"
+    assert start_vae(plan, Pipe()) == "a plan"
     assert seen["first_use"] is (not compile_) and seen["decode_mode"] is plan.decode.mode

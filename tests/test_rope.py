@@ -118,14 +118,14 @@ def test_the_first_fused_call_waits_for_the_prewarm_once(rope):
 
 
 def test_the_rope_prewarm_thread_records_what_it_did(monkeypatch):
-    from vdbench import render as R
     from vdbench.backends.registry import CallShape
+    from vdbench.render.prewarm import RopePrewarm
 
     seen = []
     monkeypatch.setattr(rope_kernel_module(), "prewarm",
                         lambda seq, heads, d, dtype, device, ulysses: seen.append((seq, heads, d, ulysses)) or 1)
     calls = [CallShape(1, 12, 32760, 12, 32760, 128)]
-    pw = R._RopePrewarm(calls, torch.device("cuda"), torch.bfloat16, 2)
+    pw = RopePrewarm(calls, torch.device("cuda"), torch.bfloat16, 2)
     pw.wait()
     rec = pw.as_dict()
     assert seen == [(32760, 12, 128, 2)] and rec["status"] == "done" and rec["compiled"] == 1
@@ -135,7 +135,7 @@ def test_the_rope_prewarm_thread_records_what_it_did(monkeypatch):
         raise RuntimeError("no driver\nmore")
 
     monkeypatch.setattr(rope_kernel_module(), "prewarm", broken)
-    pw = R._RopePrewarm(calls, torch.device("cuda"), torch.bfloat16, 1)
+    pw = RopePrewarm(calls, torch.device("cuda"), torch.bfloat16, 1)
     pw.wait()
     assert pw.as_dict()["status"] == "failed" and pw.as_dict()["error"].startswith("RuntimeError: no driver")
 

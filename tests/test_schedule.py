@@ -156,6 +156,7 @@ def _cfg(tmp_path, **kw):
 
 def test_a_pattern_on_a_family_without_a_grid_and_under_context_parallelism_is_refused(no_load, tmp_path):
     from vdbench.parallel import ParallelSpec
+    from vdbench.render.plan import checked_plan
 
     fam = families.register(dataclasses.replace(families.get("wan"), name="gridless", grid_hooks=None,
                                                 tiny_variants=(), random_variants={}))
@@ -173,7 +174,7 @@ def test_a_pattern_on_a_family_without_a_grid_and_under_context_parallelism_is_r
         spec = ParallelSpec("diffusers", 1, 2, False)
 
     with pytest.raises(B.BackendUnavailable, match="'radial' can't serve ring attention"):
-        render._checked_plan(_cfg(tmp_path, attention_type="radial"), Ctx())
+        checked_plan(_cfg(tmp_path, attention_type="radial"), Ctx())
 
 
 # ----- one patch, several backends -----

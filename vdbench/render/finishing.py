@@ -1,0 +1,127 @@
+"""The render's last stage: :func:`finish` -- the ranks' entries merged, rank 0 writes the video of the last
+repetition (atomically) and appends the repetitions to ``timing.json`` and ``records.jsonl``, the first with the
+render's end-to-end time (the process's start to the video on disk, broken into stages:
+:func:`vdbench.stages.end_to_end`) and each with its one-time costs (:func:`vdbench.stages.one_time`); the summary
+logged."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Optional
+
+from .. import parallel as P
+from ..measure.record import Writer, from_render_entry
+from ..stages import Wall, describe_end_to_end, one_time, render_end_to_end
+from ..stages import describe as describe_stages
+from ..timing import append_timing, describe_steps, run_step_stats
+from ..video import MADE_BY_RENDER, render_comment, save_frames, write_video
+from .plan import Plan
+
+__all__ = ["finish"]
+
+
+def _log_compile(comp: Optional[dict], stack: str, log) -> None:
+    """A compiled render's graphs per step; a warning where a step after the first compiled (a recompile: the step
+    waits for the compiler again) or where dynamo broke a graph."""
+    if not comp:
+        return
+    per = comp["graphs_per_step"]
+    log(f"[{stack}] torch.compile: graphs made per step {per}, graph breaks {comp['graph_breaks']}")
+    later = [i + 1 for i, n in enumerate(per) if i and n]
+    if later:
+        log(f"warning: [{stack}] torch.compile compiled again in step(s) {later}: a guard failed and the blocks "
+            "recompiled")
+        log("hint: TORCH_LOGS=recompiles names the guard")
+
+
+def _log_calibration(c: dict, stack: str, timing_path: Path, log) -> None:
+    """A calibrating MagCache's outcome, one line and a hint: the spec to render with next time, or why there is
+    none; a calibration message that held no list of numbers said too."""
+    cal = c.get("calibration")
+    if not cal:
+        return
+    for why in cal.get("ignored") or []:
+        log(f"warning: [{stack}] cache {c['spec']}: a MagCache calibration message ignored: {why}")
+    if cal.get("use"):
+        n = len(cal["ratios"])
+        log(f"[{stack}] cache calibrated ({len(cal['ratios'][0])} steps, {n} cache context{'s' if n != 1 else ''}; "
+            f"the first, the conditional pass's, kept): next time --cache {cal['use']}")
+        log(f"hint: or --cache mag:mag_ratios=@{timing_path} (the same ratios, read from this render's timing.json)")
+    else:
+        log(f"warning: [{stack}] cache {c['spec']}: diffusers logged no calibration ratios")
+        log("hint: it logs them when a denoiser has run every step; Wan 2.2's two experts each run part of them")
+
+
+def finish(plan: Plan, entries: list[dict], frames, log, wall: Optional[Wall] = None) -> dict:
+    """Merge the ranks' entries; rank 0 writes the video (and raw frames) and appends to timing.json.
+
+    Each entry's ``one_time`` is completed (:func:`vdbench.stages.one_time`). With ``wall`` (the render's marks), the
+    first repetition's entry gets ``end_to_end_s`` -- the render's start (the process's, from the CLIs) to the video
+    and raw frames on disk, every repetition included -- and its ``end_to_end`` breakdown
+    (:func:`vdbench.stages.render_end_to_end`); the later repetitions' entries get None for both (the render's wait
+    is counted once)."""
+    cfg, device, backend = plan.cfg, plan.device, plan.backend
+    merged = P.merge_rank_entries(plan.dctx, entries)  # a collective under torchrun; None on ranks other than 0
+    if merged is None:
+        return {"attention_type": cfg.attention_type, "rank": cfg.rank, "output": None,
+                "calls_by_kernel": entries[-1]["attention"]["calls_by_kernel"]}
+    # the files first: what the render's end-to-end time counts to
+    write_start = time.perf_counter()
+    run_id = merged[-1].get("run_id")
+    write_video(frames, cfg.output_path, fps=cfg.fps, made_by=render_comment(run_id) if run_id else MADE_BY_RENDER)
+    if cfg.save_frames:
+        save_frames(frames, cfg.output_path.with_suffix(".npy"))
+    end = time.perf_counter()
+    # then the entries completed: what each repetition paid once, the render's end to end on the first
+    entries = one_time(merged)
+    for i, e in enumerate(entries):
+        e2e = render_end_to_end(entries, wall, end - write_start, end) if (wall is not None and i == 0) else None
+        e["end_to_end_s"] = (end - wall.started.t) if e2e else None
+        e["end_to_end"] = e2e
+    last = entries[-1]
+    stages_line, e2e_line = describe_stages(last), describe_end_to_end(entries[0])
+    # the repetitions in the record schema every tool writes (vdbench.measure.record), beside timing.json
+    Writer(cfg.timing_path.with_name("records.jsonl")).write(*(from_render_entry(e) for e in entries))
+    append_timing(cfg.timing_path, entries)
+    steps = run_step_stats([e["step_times"] for e in entries], device, backend.emulated)
+    timing_text = ("emulated backend: no speed figure" if backend.emulated
+                   else describe_steps(steps, cached=plan.cache is not None))
+    stack = plan.stack
+    summary = {
+        "attention_type": cfg.attention_type, "stack": stack, "output": str(cfg.output_path),
+        "timing": str(cfg.timing_path),
+        "warm_step_median": None if backend.emulated else steps["warm_step_median"],
+        "warm_step_n": steps["warm_step_n"], "speed_figure": steps["speed_figure"],
+        "why_not_speed": steps["why_not_speed"], "vae_decode_time": last["vae_decode_time"],
+        "vae_encode_time": last.get("vae_encode_time"),
+        "calls_by_kernel": last["attention"]["calls_by_kernel"], "fallback_calls": last["attention"]["fallback_calls"],
+        "end_to_end_s": entries[0].get("end_to_end_s"), "one_time_s": entries[0]["one_time"]["total_s"],
+        "load_s": entries[0]["one_time"].get("load_s"),
+        "denoise_s": steps["denoise_s"], "step_mean": steps["step_mean"], "cache": last.get("cache"),
+    }
+    kernels = ", ".join(f"{k}×{v}" for k, v in last["attention"]["calls_by_kernel"].items())
+    log(f"[{stack}] {timing_text}, decode {last['vae_decode_time']:.2f} s, kernels: {kernels} "
+        f"-> {cfg.output_path}")
+    log(f"[{stack}] {stages_line}")
+    if last.get("cache"):
+        c = last["cache"]
+        share = "n/a" if c["skipped_share"] is None else f"{c['skipped_share']:.0%}"
+        mine = f" (rank 0: {c['guidance_split']['this_rank_computes']})" if c.get("guidance_split") else ""
+        log(f"[{stack}] cache {c['spec']}: {share} of the {c['unit']} calls reused; computed per "
+            f"step {c['computed_blocks_per_step']}, reused {c['reused_blocks_per_step']}{mine}")
+        if c.get("ranks_agree") is False:  # made one by vdbench.cache.share_decisions: a difference is a fault
+            log(f"warning: [{stack}] cache {c['spec']}: the ranks computed different blocks (ranks[].cache in "
+                f"{cfg.timing_path})")
+        _log_calibration(c, stack, cfg.timing_path, log)
+    _log_compile(last.get("compile"), stack, log)
+    par = last.get("parallel")
+    if par:
+        log(f"[{stack}] parallel {par['label']} over {par['world_size']} ranks on the {par['engine']} engine "
+            f"({par.get('engine_reason')})")
+    if e2e_line:
+        log(f"[{stack}] {e2e_line}")
+    if not steps["speed_figure"] and not backend.emulated:
+        log(f"warning: [{stack}] not a speed figure: {steps['why_not_speed']}")
+    log(f"output: {cfg.output_path}")
+    return summary
