@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from vdbench import backends as B
-from vdbench import families, pipelines
+from vdbench import families, parallel, pipelines
 from vdbench import render as R
 from vdbench.render import prewarm as RP
 from vdbench.backends import prewarm as AP
@@ -108,7 +108,8 @@ def test_no_prewarm_without_the_capability_and_off_or_skipped_is_recorded(tmp_pa
         start = RP.start_attention(shapeless)
         assert start.prewarm is None and start.record["status"] == "skipped"
         assert "Family.attention_calls" in start.record["why"] and not start.after_load
-        start = RP.start_attention(replace(plan, dctx=object()))
+        torchrun = parallel.DistContext(parallel.ParallelSpec("diffusers", 2), 0, 2, 0, plan.device, "gloo")
+        start = RP.start_attention(replace(plan, dctx=torchrun))
         assert start.prewarm is None and start.record["status"] == "skipped" and "torchrun" in start.record["why"]
         # configs the load reads (a hub id it downloads): skipped now, started again at the load's end
         unread = replace(plan, model=replace(plan.model, denoisers={}, vae=None))

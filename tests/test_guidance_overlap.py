@@ -92,6 +92,7 @@ def test_guidance_overlap_applies_only_where_its_turns_and_two_calls_are():
 
 def test_settling_records_why_it_is_off_and_refuses_on_where_it_cant_apply():
     class Ctx:
+        distributed = True
         spec = P.ParallelSpec("diffusers", 2, 1)
 
     ctx = Ctx()
@@ -106,7 +107,9 @@ def test_settling_records_why_it_is_off_and_refuses_on_where_it_cant_apply():
     ctx.spec = P.ParallelSpec("diffusers", 2, 1, guidance_overlap=False)
     P.settle_guidance_overlap(ctx, None)
     assert ctx.spec.guidance_overlap is False and ctx.spec.guidance_overlap_reason == "--guidance_overlap off"
-    P.settle_guidance_overlap(None, "anything")  # one process: nothing to settle
+    one = P.OneProcess(torch.device("cpu"))
+    P.settle_guidance_overlap(one, "anything")  # one process: nothing to settle
+    assert one.spec == P.ParallelSpec()
 
 
 def test_a_forked_process_gets_its_own_helper_thread():

@@ -255,7 +255,8 @@ def test_cfg_parallel_without_guidance_is_refused_before_the_load(tmp_path, monk
     from vdbench.render import RenderConfig, validate
 
     agree = P.agree
-    monkeypatch.setattr(P, "agree", lambda ctx, err: agree(None, err))  # one rank: no process group to agree in
+    # one rank: no process group to agree in
+    monkeypatch.setattr(P, "agree", lambda ctx, err: agree(P.OneProcess(ctx.device), err))
 
     ctx = P.DistContext(P.ParallelSpec("diffusers", 1, 1, True), 0, 2, 0, torch.device("cpu"), "gloo")
     cfg = RenderConfig(model="tiny", task="t2v", prompt="a cat", negative_prompt="", height=64, width=96,
@@ -766,7 +767,7 @@ def test_share_output_hands_the_last_ranks_latents_to_every_rank(tmp_path):
     for r in range(3):
         d = torch.load(tmp_path / f"r{r}.pt", weights_only=True)
         assert d["got"].dtype == torch.bfloat16 and torch.equal(d["got"], want) and d["same_is_got"]
-    assert P.share_output(None, [None]) == [None]  # single process: untouched
+    assert P.share_output(P.OneProcess(torch.device("cpu")), [None]) == [None]  # single process: untouched
 
 
 # ----- step caches under torchrun: one decision for every rank -----

@@ -170,6 +170,7 @@ def test_a_pattern_on_a_family_without_a_grid_and_under_context_parallelism_is_r
         families.unregister(fam.name)
 
     class Ctx:  # what the checks read of a torchrun context (validate then agrees over the group: not here)
+        distributed = True
         device = torch.device("cpu")
         spec = ParallelSpec("diffusers", 1, 2, False)
 

@@ -12,10 +12,10 @@ Four stages, one module each, so a refusal can never come after work it could ha
 * ``finishing`` -- :func:`finish`: rank 0 writes the video and appends the repetitions to ``timing.json``.
 """
 
-from .config import DTYPES, RenderConfig, VAEHang, resolve_device, resolve_dtype
+from .config import RenderConfig, VAEHang
 from .finishing import finish
 from .loading import Loaded, load
-from .plan import Plan, VaeMode, fused_rope_choice, validate
+from .plan import DTYPES, Plan, VaeMode, fused_rope_choice, resolve_device, resolve_dtype, validate
 from .repetitions import run_repetitions
 from .run import render
 

@@ -1,5 +1,5 @@
-"""What a render is asked to do (:class:`RenderConfig`: every setting, as the CLIs or a library caller give it), the
-device and dtypes it names resolved, and the error a hung VAE stage raises."""
+"""What a render is asked to do (:class:`RenderConfig`: every setting, as the CLIs or a library caller give it), and
+the error a hung VAE stage raises."""
 
 from __future__ import annotations
 
@@ -7,38 +7,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Union
 
-import torch
-
-from .. import backends as B
-
-__all__ = ["RenderConfig", "VAEHang", "DTYPES", "resolve_device", "resolve_dtype"]
+__all__ = ["RenderConfig", "VAEHang"]
 
 
 class VAEHang(RuntimeError):
     """The VAE decode (or encode) ran past --vae_timeout (the watchdog dumped every thread's stack)."""
-
-
-DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
-          "fp16": torch.float16, "float16": torch.float16}
-
-
-def resolve_device(arg: str = "auto") -> torch.device:
-    if arg in (None, "auto"):
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(arg)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise B.BackendUnavailable(f"--device {arg} asked for, but torch.cuda.is_available() is False")
-    return dev
-
-
-def resolve_dtype(arg: str, device: torch.device) -> torch.dtype:
-    """``auto``: bf16 on a GPU (what the models are run in), fp32 on a CPU (bf16 matmuls are slow there)."""
-    if arg in (None, "auto"):
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    try:
-        return DTYPES[arg]
-    except KeyError:
-        raise ValueError(f"unknown dtype {arg!r}; choose from auto, {', '.join(DTYPES)}") from None
 
 
 @dataclass

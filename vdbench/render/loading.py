@@ -110,38 +110,30 @@ def _made_parallel_and_fast(plan: Plan, pipe, models: list, part) -> tuple:
     place (diffusers' context parallelism) goes on last: its split and gather hooks wrap the compiled blocks and the
     cache's hooks, which then see the shard each rank computes; an engine that rebuilds the pipeline (xfuser) goes
     first, and the speed options and cache apply to what it built."""
-    dctx = plan.dctx
-    engine_last = dctx is not None and P.hooks_in_place(dctx.spec)
-    if engine_last:
-        speed, counter = _sped_up(plan, pipe, models, part)
-    if dctx is not None:
-        pipe, models = P.apply_engine(dctx, pipe, models, plan.family)
-        part("engine")
-    if not engine_last:
-        speed, counter = _sped_up(plan, pipe, models, part)
-    split = P.guidance_split(dctx, pipe) if counter is not None and dctx is not None else None
-    if split is not None:  # the cache's counts are of what this rank computed: one guidance branch per step
-        counter.split_guidance(*split)
-    return pipe, models, speed, counter
-
-
-def _sped_up(plan: Plan, pipe, models: list, part) -> tuple:
-    """(the speed options' record, the step cache's counter or None): both applied to the pipeline as it runs."""
     cfg, dctx, family = plan.cfg, plan.dctx, plan.family
+    engine_first = dctx.distributed and not P.hooks_in_place(dctx.spec)
+    if engine_first:
+        pipe, models = P.apply_engine(dctx, pipe, models, family)
+        part("engine")
     speed = apply_speed_options(pipe, models, device=plan.device, compile=cfg.compile,
                                 compile_backend=cfg.compile_backend, compile_mode=cfg.compile_mode,
                                 bf16_te_gemms=cfg.bf16_te_gemms, fp8_gemms=cfg.fp8_gemms,
                                 inductor_tuning=cfg.inductor_tuning)
     part("speed_options")
-    if plan.cache is None:
-        return speed, None
-    # beside the speed options: diffusers' hooks on every denoiser, counted
-    shares = dctx is not None and P.shares_calls(dctx, family.guidance_in_one_batch)
-    counter = apply_cache(plan.cache, pipe, models, steps=cfg.num_inference_steps, family=family,
-                          group=(lambda: P.shard_group(dctx)) if shares else None)
-    speed["cache"] = {**plan.cache.as_dict(), "units": len(counter.units)}
-    part("cache")
-    return speed, counter
+    counter = None
+    if plan.cache is not None:  # beside the speed options: diffusers' hooks on every denoiser, counted
+        shares = P.shares_calls(dctx, family.guidance_in_one_batch)
+        counter = apply_cache(plan.cache, pipe, models, steps=cfg.num_inference_steps, family=family,
+                              group=(lambda: P.shard_group(dctx)) if shares else None)
+        speed["cache"] = {**plan.cache.as_dict(), "units": len(counter.units)}
+        part("cache")
+    if dctx.distributed and not engine_first:
+        pipe, models = P.apply_engine(dctx, pipe, models, family)
+        part("engine")
+    split = P.guidance_split(dctx, pipe) if counter is not None else None
+    if split is not None:  # the cache's counts are of what this rank computed: one guidance branch per step
+        counter.split_guidance(*split)
+    return pipe, models, speed, counter
 
 
 def _header(plan: Plan, pipe, summary: dict, head_dims: list, resolved: dict, load_time: Optional[float]) -> dict:

@@ -28,9 +28,32 @@ from ..vae.decode import MODES as DECODE_MODES
 from ..vae.encode import MODES as ENCODE_MODES
 from ..vae.encode import EncodeOptions, check_encode
 from ..video import written_by_render
-from .config import RenderConfig, resolve_device, resolve_dtype
+from .config import RenderConfig
 
-__all__ = ["VaeMode", "Plan", "validate", "checked_plan", "fused_rope_choice"]
+__all__ = ["VaeMode", "Plan", "validate", "checked_plan", "fused_rope_choice", "DTYPES", "resolve_device",
+           "resolve_dtype"]
+
+DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
+          "fp16": torch.float16, "float16": torch.float16}
+
+
+def resolve_device(arg: str = "auto") -> torch.device:
+    if arg in (None, "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(arg)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise B.BackendUnavailable(f"--device {arg} asked for, but torch.cuda.is_available() is False")
+    return dev
+
+
+def resolve_dtype(arg: str, device: torch.device) -> torch.dtype:
+    """``auto``: bf16 on a GPU (what the models are run in), fp32 on a CPU (bf16 matmuls are slow there)."""
+    if arg in (None, "auto"):
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    try:
+        return DTYPES[arg]
+    except KeyError:
+        raise ValueError(f"unknown dtype {arg!r}; choose from auto, {', '.join(DTYPES)}") from None
 
 
 @dataclass(frozen=True)
@@ -48,8 +71,9 @@ class Plan:
     """What :func:`validate` settled before any weight loads, each thing resolved once into the object the later
     stages take (none of them looks a name of ``cfg`` up again): the backend entry (or schedule), the model
     (:class:`vdbench.pipelines.Model`: its family, its parsed string, its pipeline class, its components' configs),
-    the device and dtypes, the decode and encode modes with their options, the torchrun context and its parallel
-    layout (:class:`vdbench.parallel.ParallelSpec`, None for one process)."""
+    the device and dtypes, the decode and encode modes with their options, the process context (``dctx``: under
+    torchrun :class:`vdbench.parallel.DistContext` with its parallel layout, else
+    :class:`vdbench.parallel.OneProcess`)."""
 
     cfg: RenderConfig
     model: pipelines.Model
@@ -59,7 +83,7 @@ class Plan:
     vae_dtype: torch.dtype
     decode: VaeMode
     encode: VaeMode
-    dctx: object = None
+    dctx: object
     cache: object = None  # vdbench.cache.CacheSpec, or None
     flow_shift: Optional[float] = None  # the scheduler's: --flow_shift or the family's default; None: it has none
     fused_rope: Optional[str] = "not decided"  # why the RoPE is not fused (fused_rope_choice); None: it is
@@ -72,7 +96,7 @@ class Plan:
         return stack_name(self.backend.name, speed_options(cfg.compile, cfg.compile_backend, cfg.compile_mode,
                                                            cfg.fp8_gemms, cfg.bf16_te_gemms),
                           self.decode.mode.name, self.encode.mode.name, self.cache.name if self.cache else None,
-                          self.dctx.spec.tag if self.dctx is not None else "")
+                          self.dctx.spec.tag)
 
     @property
     def family(self) -> families.Family:
@@ -82,7 +106,7 @@ class Plan:
     @property
     def parallel(self):
         """The parallel layout (:class:`vdbench.parallel.ParallelSpec`) under torchrun; None for one process."""
-        return self.dctx.spec if self.dctx is not None else None
+        return self.dctx.spec if self.dctx.distributed else None
 
     @property
     def fused_glue(self) -> Optional[bool]:
@@ -98,7 +122,9 @@ class Plan:
 def validate(cfg: RenderConfig, dctx=None) -> Plan:
     """Every refusal that needs no weights, before anything loads. Under torchrun every rank checks and the ranks
     agree (one collective), so all stop together, with the reason and the same exit code, whichever check failed
-    on whichever rank; a single process raises the refusal itself."""
+    on whichever rank; a single process raises the refusal itself. ``dctx``: the process context
+    (:func:`vdbench.render.render` makes it); by default one process on ``cfg.device``."""
+    dctx = dctx if dctx is not None else P.OneProcess(resolve_device(cfg.device), rank=cfg.rank)
     plan, err = None, None
     try:
         plan = checked_plan(cfg, dctx)
@@ -109,11 +135,12 @@ def validate(cfg: RenderConfig, dctx=None) -> Plan:
 
 
 def checked_plan(cfg: RenderConfig, dctx) -> Plan:
-    """The :class:`Plan` of ``cfg``, or the first refusal: what the settings alone refuse, then each thing resolved and
-    checked. The plan's ``cfg`` records the backend by its own name (an alias -- diffusers' or SGLang's -- as ours)
-    and the step cache in its one spelling."""
+    """The :class:`Plan` of ``cfg``, or the first refusal: what the settings alone refuse, then each thing in turn as
+    it is resolved -- the device and dtypes, the speed options, the model (and what its family refuses), the VAE
+    modes, the backend, the step cache, the parallel layout, the output file. The plan's ``cfg`` records the backend
+    by its own name (an alias -- diffusers' or SGLang's -- as ours) and the step cache in its one spelling."""
     _check_settings(cfg)
-    device = dctx.device if dctx is not None else resolve_device(cfg.device)
+    device = dctx.device
     dtype = resolve_dtype(cfg.dtype, device)
     vae_dtype = dtype if cfg.vae_dtype in (None, "auto") else resolve_dtype(cfg.vae_dtype, device)
     if cfg.cpu_offload and device.type != "cuda":
@@ -124,27 +151,30 @@ def checked_plan(cfg: RenderConfig, dctx) -> Plan:
     # Model travels from here; an unknown variant is the load's refusal
     model = pipelines.resolve(cfg.model, cfg.task, cfg.family, image=bool(cfg.image))
     family = model.family
+    _check_inputs(cfg, model)
+    fused_rope = fused_rope_choice(cfg, device, family)
+    decode, encode = _vae_modes(cfg, family, device)
     # unknown names, bad options and malformed schedules fail before the (slow) model load
     backend = resolve_attention(cfg.attention_type)
     cache = parse_cache(cfg.cache)  # an unknown kind, key or value before anything else of the cache's
     if cache is not None:  # the family's rules, diffusers' config checks and, on the denoisers built on the meta
         # device from their configs, whether diffusers applies it at all: all before the weights
-        check_cache(cache, family, model.denoisers, compiled=cfg.compile,
-                    cfg_split=dctx is not None and dctx.spec.use_cfg_parallel,
+        check_cache(cache, family, model.denoisers, compiled=cfg.compile, cfg_split=dctx.spec.use_cfg_parallel,
                     steps=cfg.num_inference_steps, pipeline_class=model.pipeline_class)
     _settle_parallel(cfg, dctx, device, model, backend, cache)
     # the head dims from the model's config (no weights; the loaded model is checked again): a backend that can't
     # serve them, or can't run on this device at all (sagev1 on a CPU), is refused here
     B.require_here(backend, device, dtype, model.head_dims or [])
-    _check_files(cfg, model)
-    decode, encode = _vae_modes(cfg, family, device)
+    if (cfg.rank == 0 and not cfg.overwrite and cfg.output_path.exists()
+            and not written_by_render(cfg.output_path, cfg.timing_path)):
+        raise ValueError(f"{cfg.output_path} exists and is not a video this tool wrote; not replacing it\n"
+                         "move it away, choose another --benchmark_output_directory, or pass --overwrite")
     flow_shift = None  # the scheduler's: --flow_shift, else the family's rule; none for a scheduler without one
     if family.flow_shift is not None:
         flow_shift = cfg.flow_shift if cfg.flow_shift is not None else family.flow_shift(cfg.task, cfg.height,
                                                                                          cfg.width)
     cfg = replace(cfg, attention_type=backend.name, cache=cache.name if cache else None)
-    return Plan(cfg, model, backend, device, dtype, vae_dtype, decode, encode, dctx, cache, flow_shift,
-                fused_rope_choice(cfg, device, family))
+    return Plan(cfg, model, backend, device, dtype, vae_dtype, decode, encode, dctx, cache, flow_shift, fused_rope)
 
 
 def _check_settings(cfg: RenderConfig) -> None:
@@ -176,8 +206,6 @@ def _settle_parallel(cfg: RenderConfig, dctx, device: torch.device, model: pipel
 
     P.settle_engine(dctx, device, P.engine_check(device, schedule.members, family, cfg.task, model.pipeline_class,
                                                  compiled=cfg.compile, check_schedule=check_schedule), family)
-    if dctx is None:
-        return
     P.settle_guidance_overlap(dctx, P.guidance_overlap_refusal(
         dctx.spec, family, guidance_scale=cfg.guidance_scale, cache=cache is not None, compiled=cfg.compile,
         sparse=any(b.sparse is not None for b in schedule.members)))
@@ -187,9 +215,9 @@ def _settle_parallel(cfg: RenderConfig, dctx, device: torch.device, model: pipel
                          "use a guidance scale above 1")
 
 
-def _check_files(cfg: RenderConfig, model: pipelines.Model) -> None:
+def _check_inputs(cfg: RenderConfig, model: pipelines.Model) -> None:
     """The conditioning image where the task needs one (and none where the family refuses it), the packages the
-    pipeline calls without checking them; never a file this tool did not write replaced."""
+    pipeline calls without checking them."""
     family = model.family
     if cfg.image and cfg.task in family.image_refusals:
         raise ValueError(family.image_refusals[cfg.task])
@@ -200,10 +228,6 @@ def _check_files(cfg: RenderConfig, model: pipelines.Model) -> None:
             raise ValueError(f"task {cfg.task} needs the {module} package ({why})\npip install {module}")
     if cfg.image and not Path(cfg.image).is_file():
         raise ValueError(f"conditioning image {cfg.image} does not exist\ngive --img_file_path an image file")
-    if (cfg.rank == 0 and not cfg.overwrite and cfg.output_path.exists()
-            and not written_by_render(cfg.output_path, cfg.timing_path)):
-        raise ValueError(f"{cfg.output_path} exists and is not a video this tool wrote; not replacing it\n"
-                         "move it away, choose another --benchmark_output_directory, or pass --overwrite")
 
 
 def _vae_modes(cfg: RenderConfig, family: families.Family, device: torch.device) -> tuple[VaeMode, VaeMode]:

@@ -169,7 +169,7 @@ def start_attention(plan: Plan, pipe=None) -> AttentionStart:
     names = [b.name for b in entries]
     if not plan.cfg.attention_prewarm:
         return AttentionStart(record={"status": "off", "backends": names, "why": "--attention_prewarm off"})
-    if plan.dctx is not None:
+    if plan.dctx.distributed:
         return AttentionStart(record={"status": "skipped", "backends": names,
                                       "why": "under torchrun each rank's call shapes follow the parallel split: the "
                                              "first calls compile their own kernels"})
@@ -231,8 +231,8 @@ def start_rope(plan: Plan, pipe) -> Optional[RopePrewarm]:
         calls = attention_calls(plan, pipe).calls
     except Exception:  # noqa: BLE001 - no shapes, no prewarm: the first call compiles its own kernel
         return None
-    spec = plan.dctx.spec if plan.dctx is not None else None
-    if not calls or (spec is not None and spec.ring_degree > 1):
+    spec = plan.dctx.spec  # one process: every degree 1
+    if not calls or spec.ring_degree > 1:
         return None
     own = [c for c in calls if c.seq == c.seq_kv and c.heads == c.heads_kv]
-    return RopePrewarm(own, plan.device, plan.dtype, spec.ulysses_degree if spec is not None else 1)
+    return RopePrewarm(own, plan.device, plan.dtype, spec.ulysses_degree)

@@ -1,5 +1,5 @@
-"""A render from start to end: :func:`render` -- the process group torchrun describes joined (one process: none), the
-four stages run in order (:func:`~vdbench.render.plan.validate`, :func:`~vdbench.render.loading.load`,
+"""A render from start to end: :func:`render` -- the process group torchrun describes joined (or one process's
+context, :class:`vdbench.parallel.OneProcess`), the four stages run in order (:func:`~vdbench.render.plan.validate`, :func:`~vdbench.render.loading.load`,
 :func:`~vdbench.render.repetitions.run_repetitions`, :func:`~vdbench.render.finishing.finish`), a rank's failure
 handed to its peers."""
 
@@ -16,7 +16,7 @@ from ..timing import WallStart, wall_start
 from .config import RenderConfig
 from .finishing import finish
 from .loading import load
-from .plan import validate
+from .plan import resolve_device, validate
 from .repetitions import run_repetitions
 
 __all__ = ["render"]
@@ -38,24 +38,19 @@ def render(cfg: RenderConfig, log=print, exit_code_of=None, started: Optional[Wa
                           head_chunks=cfg.ulysses_overlap, async_exchange=cfg.ulysses_async,
                           guidance_overlap=cfg.guidance_overlap, fp8_exchange=cfg.ulysses_fp8_exchange,
                           v_per_rank=cfg.ulysses_v_per_rank)
-    dctx = P.init_distributed(spec, cfg.device)
-    if dctx is None:
-        return _stages(cfg, log, None, started)
-    watch = P.FailureWatch(dctx)
+    ctx = P.init_distributed(spec, cfg.device) or P.OneProcess(resolve_device(cfg.device), rank=cfg.rank)
+    watch = P.FailureWatch(ctx)
+    log = log if ctx.is_main else (lambda *a, **k: None)  # rank 0 speaks for the ranks
     try:
-        P.maybe_inject_failure(dctx.rank, "start", B.canonical_name(cfg.attention_type))
-        out = _stages(replace(cfg, rank=dctx.rank), log if dctx.is_main else (lambda *a, **k: None), dctx, started)
+        if ctx.distributed:  # the test hook of the failure propagation (VDBENCH_TEST_FAIL)
+            P.maybe_inject_failure(ctx.rank, "start", B.canonical_name(cfg.attention_type))
+        plan = validate(replace(cfg, rank=ctx.rank), ctx)
+        load_start = time.perf_counter()
+        loaded = load(plan)
+        entries, frames = run_repetitions(plan, loaded, log)
+        out = finish(plan, entries, frames, log, wall=Wall(started, load_start, loaded.load_s))
     except BaseException as e:
-        P.finish(dctx, watch, e, exit_code_of(e) if exit_code_of is not None else 1)
+        P.finish(ctx, watch, e, exit_code_of(e) if exit_code_of is not None else 1)
         raise
-    P.finish(dctx, watch, None)
+    P.finish(ctx, watch, None)
     return out
-
-
-def _stages(cfg: RenderConfig, log, dctx, started: Optional[WallStart] = None) -> dict:
-    started = started if started is not None else wall_start(from_process=False)
-    plan = validate(cfg, dctx)
-    load_start = time.perf_counter()
-    loaded = load(plan)
-    entries, frames = run_repetitions(plan, loaded, log)
-    return finish(plan, entries, frames, log, wall=Wall(started, load_start, loaded.load_s))
