@@ -69,6 +69,8 @@ class Val:
     def __format__(self, spec: str) -> str:
         if self.text is not None:
             return self.text
+        if self.value in (float("inf"), float("-inf")):  # a PSNR of identical frames
+            return "∞" if self.value > 0 else "-∞"
         return format(self.value, spec or f".{self.digits}f")
 
     @property
@@ -82,8 +84,8 @@ def _steps(rec):
     """The render's step figures by :func:`vdbench.timing.step_stats`, the one warm-step definition."""
     from vdbench.timing import step_stats
 
-    times = rec.data.get("step_times")
-    if not times:
+    times = rec.data.get("step_times") or [ms / 1e3 for ms in rec.data.get("step_times_ms") or []]
+    if not times:  # (a parallel_summary.json row keeps its render's step times in ms)
         raise DocsError("not a render record (no step_times)")
     emulated = bool((rec.config.get("backend") or {}).get("emulated"))
     return step_stats(times, rec.system.get("device"), emulated)
@@ -98,7 +100,9 @@ def _timed(rec, key: str):
 
 
 def _warm_ms(rec, spec):
-    if "step_times" in rec.data:
+    if spec.get("key"):  # a bench's timed figure by name (bench_fp8's ``registry_ms``)
+        return _timed(rec, spec["key"])
+    if "step_times" in rec.data or "step_times_ms" in rec.data:
         s = _steps(rec)
         ms = lambda k: None if s[k] is None else s[k] * 1e3  # noqa: E731
         return ms("warm_step_median"), s["warm_step_n"], ms("warm_step_p20"), ms("warm_step_p80")
@@ -144,7 +148,7 @@ MEASURES = {
     "vae_encode_s": Measure(lambda r, s: _timed(r, "encode_time_s"), "warm", "warm, n = {n}", 3),
     "energy_j": Measure(lambda r, s: (_figure(r, "step_energy_j"), _steps(r)["warm_step_n"], None, None), "warm",
                         "warm, n = {n}"),
-    "mean_ms": Measure(lambda r, s: (_steps(r)["step_mean"] * 1e3, len(r.data["step_times"]), None, None), "mean",
+    "mean_ms": Measure(lambda r, s: (_steps(r)["step_mean"] * 1e3, _steps(r)["warm_step_n"] + 1, None, None), "mean",
                        "mean of {n} steps"),
     "first_ms": Measure(lambda r, s: (_steps(r)["first_step"] * 1e3, 1, None, None), "cold",
                         "cold, {caches}"),
@@ -206,27 +210,29 @@ class Records:
         return sorted(p.relative_to(base).as_posix() for p in base.glob(pattern) if p.is_file())
 
 
-def _field(rec, key: str):
-    """A selector's key: ``case`` / ``suite``, else a dotted path into the record's config, then its data (a
-    plain JSON row: into the row)."""
+def _fields(rec, key: str) -> tuple:
+    """What a selector's key may mean: ``case`` / ``suite``, else a dotted path into the record's config and into its
+    data (a plain JSON row: into the row); the entry matches where either holds the value."""
     if isinstance(rec, dict):
-        return _walk(rec, key)
+        return (_walk(rec, key),)
     if key in ("case", "suite"):
-        return getattr(rec, key)
-    v = _walk(rec.config, key)
-    return _walk(rec.data, key) if v is None else v
+        return (getattr(rec, key),)
+    return _walk(rec.config, key), _walk(rec.data, key)
 
 
 def _walk(d, key: str):
     for part in key.split("."):
-        if not isinstance(d, dict):
+        if isinstance(d, list) and part.isdigit():
+            d = d[int(part)] if int(part) < len(d) else None
+        elif isinstance(d, dict):
+            d = d.get(part)
+        else:
             return None
-        d = d.get(part)
     return d
 
 
 def _select(recs: list, sel: dict, at: Optional[int], where: str):
-    hits = [r for r in recs if all(str(_field(r, k)) == str(v) for k, v in sel.items())]
+    hits = [r for r in recs if all(any(str(x) == str(v) for x in _fields(r, k)) for k, v in sel.items())]
     if at is not None:
         if not -len(hits) <= at < len(hits):
             raise DocsError(f"{where}: {len(hits)} entries match {sel}, none at {at}")
@@ -298,12 +304,16 @@ def _of_many(spec: dict, records: Records, where: str) -> Val:
 
 
 def _judge(m: Measure, rec, n, where: str, spec: dict) -> None:
-    """A warm figure is a speed figure or refused: the record's own verdict, and n >= 3."""
+    """A warm figure is a speed figure or refused: the record's own verdict, the render's steps judged by
+    :func:`vdbench.timing.step_stats` (n >= 3, a GPU, not an emulation), a bench's sample count."""
     from vdbench.timing import speed_verdict
 
     if m.kind != "warm":
         return
     ok, why = speed_verdict(None, n if n is not None else 0)
+    if ok and ("step_times" in rec.data or "step_times_ms" in rec.data):
+        s = _steps(rec)
+        ok, why = bool(s["speed_figure"]), s["why_not_speed"]
     if rec.speed_figure is False:
         ok, why = False, rec.verdict.get("why_not") or "speed_figure false"
     if not ok:
@@ -317,8 +327,10 @@ def _names(template: str) -> list[str]:
     return [f.split(".")[0].split("[")[0] for _, f, _, _ in string.Formatter().parse(template) if f]
 
 
-def render_cells(cells: list, figs: dict, records: Records, page: str, where: str, folders: bool = False) -> list[str]:
-    """The row's cells with its figures filled in, refused where a timed figure is shown without its ``how``."""
+def render_cells(cells: list, figs: dict, records: Records, page: str, where: str, folders: bool = False,
+                 says: str = "") -> list[str]:
+    """The row's cells with its figures filled in, refused where a timed figure is shown without its ``how`` in the
+    row or in ``says`` (its table's header)."""
     used = [n for c in cells for n in _names(c)]
     done: dict[str, Val] = {}
 
@@ -347,7 +359,7 @@ def render_cells(cells: list, figs: dict, records: Records, page: str, where: st
     for v in done.values():
         v.link = ", ".join(link(r) for r in dict.fromkeys(v.recs))
     out = [c.format_map(fields) for c in cells]
-    text = " ".join(out)
+    text = " ".join(out) + " " + says
     for name in used:
         for kind in done[name].kinds if name in done else ():
             if _SAYS[kind] not in text:
@@ -383,14 +395,28 @@ def table_text(t: dict, records: Records, shared: dict) -> tuple[str, list[list[
     align = t.get("align", "l" * len(head))
     rows = []
     for i, row in enumerate(t.get("row", []), 1):
-        figs = {**shared, **t.get("figs", {}), **row.get("figs", {})}
+        figs = {k: _defaults(v, row, t) for k, v in {**shared, **t.get("figs", {}), **row.get("figs", {})}.items()}
         where = f"{t['page']}: table {t['name']}, row {i}"
         if len(row["cells"]) != len(head):
             raise DocsError(f"{where}: {len(row['cells'])} cells, the header has {len(head)}")
-        rows.append(render_cells(row["cells"], figs, records, t["page"], where, t.get("links") == "folder"))
+        rows.append(render_cells(row["cells"], figs, records, t["page"], where, t.get("links") == "folder",
+                                 says=" ".join(head)))
     sep = ["---:" if a == "r" else "---" for a in align]
     lines = ["| " + " | ".join(r) + " |" for r in [head, sep, *rows]]
     return "\n".join(lines), rows
+
+
+def _defaults(spec: dict, row: dict, t: dict) -> dict:
+    """A record figure without its own ``rec`` reads the row's (else the table's) ``rec``, its ``sel`` over the
+    row's over the table's, and their ``at``: a table of one file's entries declares each row in two lines."""
+    if any(k in spec for k in ("ratio", "diff", "range")) or not ("rec" in row or "rec" in t or "rec" in spec):
+        return spec
+    out = {"rec": row.get("rec", t.get("rec")), **spec}
+    if "rec" not in spec:
+        out["sel"] = {**t.get("sel", {}), **row.get("sel", {}), **spec.get("sel", {})}
+        if "at" not in spec and "at" in {**t, **row}:
+            out["at"] = row.get("at", t.get("at"))
+    return out
 
 
 def fig_text(f: dict, records: Records, shared: dict) -> str:
@@ -461,7 +487,7 @@ def _cell_diffs(page: str, d: dict, old: str, new: str, cells) -> list[str]:
         was = olds[i] if i < len(olds) else []
         for j, (col, cell) in enumerate(zip(d["head"], row)):
             if j >= len(was) or was[j] != cell:
-                label = re.sub(r"[`*]", "", row[0] or (olds[i][0] if i < len(olds) else ""))[:40]
+                label = re.sub(r"[`*]", "", next((c for c in row[:2] if c), ""))[:50]
                 out.append(f"{page}: table {d['name']}, row {i + 1} ({label}), column '{col}': the page says "
                            f"{(was[j] if j < len(was) else None)!r}, its records give {cell!r}")
     if len(olds) != len(cells):
@@ -506,6 +532,7 @@ def records_read(spec: dict, root: Path = ROOT) -> set[str]:
     """Every record a declaration names, under docs/gpu_results (what a copy of the pages needs to be checked)."""
     specs = list(spec.get("figs", {}).values())
     for d in spec.get("table", []) + spec.get("fig", []):
+        specs += [d] + d.get("row", [])  # their own ``rec`` (a default for their figures)
         for figs in [d.get("figs", {})] + [r.get("figs", {}) for r in d.get("row", [])]:
             specs += figs.values()
     pats = {p for f in specs if "rec" in f for p in (f["rec"] if isinstance(f["rec"], list) else [f["rec"]])}
