@@ -8,9 +8,10 @@
 What each table holds is data, in ``bench/docs_tables.toml``: a ``[[table]]`` names its page, its header and its
 rows; a row is its cells as text with ``{name}`` fields, and the figures those names are. A figure is a record
 (a path under ``docs/gpu_results/``, read by :func:`vdbench.measure.record.read`: ``records.jsonl``, a render's
-``timing.json``, the benches' JSON), a selector for the entry in it, a measure (:data:`MEASURES`: which number,
-and what makes it valid) and its rounding; or a ``ratio`` of two figures, or a ``range`` of several. A ``[[fig]]``
-is one inline figure in a page's prose. A page holds each between markers::
+``timing.json``, the benches' JSON; a glob or a list of them gives their range or median), a selector for the entry
+in it, a measure (:data:`MEASURES`: which number, and what makes it valid) and its rounding; or a ``ratio`` or
+``diff`` of two figures, or a ``range`` of several. A ``[[fig]]`` is one inline figure in a page's prose. A page
+holds each between markers::
 
     <!-- table:NAME -->          <!-- fig:NAME -->1.98×<!-- /fig:NAME -->
     | ... generated ... |
@@ -26,6 +27,7 @@ row is refused where it shows a timed figure without the words of its ``how``.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import re
@@ -273,7 +275,8 @@ def figure(spec: dict, records: Records, done: dict, where: str) -> Val:
         try:
             value, n, p20, p80 = m.get(rec, spec)
         except (DocsError, KeyError, TypeError) as e:
-            raise DocsError(f"{where}: {spec['rec']}: {e!r}") from None
+            why = e if isinstance(e, DocsError) else f"{type(e).__name__}: {e}"
+            raise DocsError(f"{where}: {spec['rec']}: {why}") from None
         _judge(m, rec, n, where, spec)
     if value is None:
         raise DocsError(f"{where}: {spec['rec']}: no value for {spec.get('m')}")
@@ -350,11 +353,7 @@ def render_cells(cells: list, figs: dict, records: Records, page: str, where: st
     for name in used:
         if name != "links":
             links.update(dict.fromkeys(_folder(r) if folders else r for r in done[name].recs))
-    page_dir = Path(page).parent
-    def link(rel: str) -> str:
-        target = Path(os.path.relpath(RESULTS / rel, page_dir)).as_posix() + ("/" if rel.endswith("/") else "")
-        return f"[{_label(rel)}]({target})"
-
+    link = functools.partial(_link, page_dir=Path(page).parent.as_posix())
     fields = {**done, "links": ", ".join(link(r) for r in links)}
     for v in done.values():
         v.link = ", ".join(link(r) for r in dict.fromkeys(v.recs))
@@ -366,6 +365,13 @@ def render_cells(cells: list, figs: dict, records: Records, page: str, where: st
                 raise DocsError(f"{where}: {{{name}}} holds a {kind} figure and the row does not say "
                                 f"{_SAYS[kind]!r}")
     return out
+
+
+@functools.lru_cache(maxsize=None)
+def _link(rel: str, page_dir: str) -> str:
+    """A Markdown link to a record (or folder) under docs/gpu_results from a page in ``page_dir``."""
+    target = Path(os.path.relpath(RESULTS / rel, page_dir)).as_posix() + ("/" if rel.endswith("/") else "")
+    return f"[{_label(rel)}]({target})"
 
 
 def _folder(rel: str) -> str:
@@ -495,6 +501,18 @@ def _cell_diffs(page: str, d: dict, old: str, new: str, cells) -> list[str]:
     return out or [f"{page}: table {d['name']}: differs in spacing"]
 
 
+def records_read(spec: dict, root: Path = ROOT) -> set[str]:
+    """Every record a declaration names, under docs/gpu_results (what a copy of the pages needs to be checked)."""
+    specs = list(spec.get("figs", {}).values())
+    for d in spec.get("table", []) + spec.get("fig", []):
+        specs += [d] + d.get("row", [])  # their own ``rec`` (a default for their figures)
+        for figs in [d.get("figs", {})] + [r.get("figs", {}) for r in d.get("row", [])]:
+            specs += figs.values()
+    pats = {p for f in specs if "rec" in f for p in (f["rec"] if isinstance(f["rec"], list) else [f["rec"]])}
+    records = Records(root)
+    return {p for pat in pats for p in (records.glob(pat) if "*" in pat else [pat])}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -504,6 +522,13 @@ def main(argv=None) -> int:
     ap.add_argument("--declarations", type=Path, default=DECLARATIONS, help="the declarations file")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
+    try:
+        import vdbench.measure.record  # noqa: F401 - the records' reader: this checkout's package, torch with it
+    except ModuleNotFoundError as e:
+        print(f"error: bench/docs_tables.py reads the records with vdbench ({e})\n"
+              "hint: run it in the project's environment: source .venv/bin/activate (make setup creates it)",
+              file=sys.stderr)
+        return 2
     try:
         spec = load(args.declarations)
         if args.records:
@@ -526,18 +551,6 @@ def main(argv=None) -> int:
             path.write_text(text)
             print(f"wrote {page}")
     return 0
-
-
-def records_read(spec: dict, root: Path = ROOT) -> set[str]:
-    """Every record a declaration names, under docs/gpu_results (what a copy of the pages needs to be checked)."""
-    specs = list(spec.get("figs", {}).values())
-    for d in spec.get("table", []) + spec.get("fig", []):
-        specs += [d] + d.get("row", [])  # their own ``rec`` (a default for their figures)
-        for figs in [d.get("figs", {})] + [r.get("figs", {}) for r in d.get("row", [])]:
-            specs += figs.values()
-    pats = {p for f in specs if "rec" in f for p in (f["rec"] if isinstance(f["rec"], list) else [f["rec"]])}
-    records = Records(root)
-    return {p for pat in pats for p in (records.glob(pat) if "*" in pat else [pat])}
 
 
 if __name__ == "__main__":
