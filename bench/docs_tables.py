@@ -514,13 +514,17 @@ def records_read(spec: dict, root: Path = ROOT) -> set[str]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    from vdbench.helptext import DefaultsHelpFormatter
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=DefaultsHelpFormatter)
     ap.add_argument("--check", action="store_true", help="change nothing; exit 1 where a page differs from its records")
     ap.add_argument("--records", action="store_true", help="list the records the declarations read, and exit")
-    ap.add_argument("--root", type=Path, default=ROOT, help="the checkout whose pages and records to use")
-    ap.add_argument("--declarations", type=Path, default=DECLARATIONS, help="the declarations file")
+    ap.add_argument("--root", type=Path, default=None,
+                    help="the checkout whose pages and records to use (default: the one this script is in)")
+    ap.add_argument("--declarations", type=Path, default=None,
+                    help="the declarations file (default: bench/docs_tables.toml beside this script)")
     args = ap.parse_args(argv)
+    args.root, args.declarations = args.root or ROOT, args.declarations or DECLARATIONS
     t0 = time.perf_counter()
     try:
         import vdbench.measure.record  # noqa: F401 - the records' reader: this checkout's package, torch with it
