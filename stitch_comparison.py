@@ -168,9 +168,11 @@ def main(argv: list[str] | None = None) -> int:
             names = ", ".join(os.path.basename(p) for p in inputs)
             return fail(f"--labels gives {len(labels)} labels for {len(inputs)} videos: {names}")
     else:
-        from vdbench.report import identities
+        from vdbench.report import identities, shown_labels
 
-        labels = [i.label for i in identities(inputs)]
+        labels, common = shown_labels(identities(inputs))
+        if common:
+            print(f"stitch_comparison: note: every video: {common}", file=sys.stderr)
     if args.reference is not None:
         from vdbench.report import figure_labels
 

@@ -30,7 +30,7 @@ from pathlib import Path
 from . import backends as B
 from .helptext import DefaultsHelpFormatter
 from .report import (BREAK_EVEN_NOTE, EMULATED, FROM_FILE_NAME, NEGATIVE_ONE_TIME_NOTE, break_even_cell, identities,
-                     one_time_cell, references, refused, resolved, speed, video_psnr)
+                     one_time_cell, references, refused, resolved, shown_labels, speed, video_psnr)
 
 __all__ = ["rows", "table", "failure_line", "main"]
 
@@ -80,10 +80,11 @@ def rows(results, outputs, reference: str = "reference") -> tuple[list[dict], li
     base_s = (sp.get(base_label) or {}) if base_label else {}
     base = base_s.get("warm_step_median")
     out, whys, broke_even, cached = [], {}, False, False
-    for ident, video in zip(ids, outputs):
+    shown, common = shown_labels(ids)
+    for ident, video, name in zip(ids, outputs, shown):
         label = ident.label
         s = sp.get(label) or {}
-        row = {"backend": label, "layout": _layout(s) if s else "?", "warm": "no timing entry", "speedup": "",
+        row = {"backend": name, "layout": _layout(s) if s else "?", "warm": "no timing entry", "speedup": "",
                "end_to_end": _s(s.get("end_to_end_s")) if s else "",
                "one_time": one_time_cell(s.get("one_time_s"), _spread(s), MISSING) if s else "",
                "break_even": "", "psnr": "",
@@ -120,6 +121,9 @@ def rows(results, outputs, reference: str = "reference") -> tuple[list[dict], li
             row["psnr"] = "–"
         out.append(row)
     notes = [f"not a speed figure ({why}): {', '.join(names)}" for why, names in whys.items()]
+    if common:
+        notes.insert(0, f"every render: {common} (the settings off their defaults are in each timing entry's "
+                        "identity.settings)")
     if base_label:
         notes.insert(0, f"speed-up: against {base_label}, the batch's first exact backend")
     if broke_even:

@@ -53,7 +53,8 @@ from vdbench.helptext import DefaultsHelpFormatter
 from vdbench.measure import record as R
 from vdbench.video import identity_from_filename, iter_frames, run_of
 
-__all__ = ["resolve_results", "collect", "render_records", "identities", "refused", "match_label", "references", "resolved", "FROM_FILE_NAME",
+__all__ = ["resolve_results", "collect", "render_records", "identities", "refused", "match_label", "references",
+           "shown_labels", "resolved", "FROM_FILE_NAME",
            "load_frames", "speed", "summarize", "write_csv", "write_html", "figure_labels", "video_psnr", "main",
            "CSV_COLUMNS", "SPEED_COLUMNS", "EMULATED", "break_even", "break_even_text", "break_even_cell",
            "BREAK_EVEN_NOTE", "one_time_shown", "one_time_cell", "NEGATIVE_ONE_TIME_NOTE"]
@@ -245,6 +246,15 @@ def match_label(name: str, runs) -> str | None:
     if name in runs:
         return name
     return next((label for label, ident in runs.items() if ident.attention == name), None)
+
+
+def shown_labels(idents) -> tuple[list[str], Optional[str]]:
+    """The labels to show for renders of these identities, and the identity tag they all share (None where they
+    don't): a tag common to every render (a batch's one prompt, image or frame rate) is said once, not on each."""
+    tags = {i.tag for i in idents}
+    if len(tags) == 1 and next(iter(tags)):
+        return [i.stack for i in idents], next(iter(tags))
+    return [i.label for i in idents], None
 
 
 def references(name: str, runs) -> dict:
