@@ -186,7 +186,7 @@ def test_auto_picks_the_engine_that_serves_the_request(monkeypatch, tmp_path, re
     cuda = torch.device("cuda", 0)
     schedule = as_schedule(backend)
     grid = model.family.name if model.family.grid_hooks is not None else None
-    # the render's engine check (vdbench.render._checked_plan), built the same way
+    # the render's engine check (vdbench.render.plan.checked_plan), built the same way
     check = P.engine_check(cuda, schedule.members, model.family, cfg.task, model.pipeline_class, compiled=cfg.compile,
                            check_schedule=lambda s: schedule.check_plan(num_steps=cfg.num_inference_steps,
                                                                         compiled=cfg.compile, parallel=s,

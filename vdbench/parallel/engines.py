@@ -24,6 +24,7 @@ import importlib
 import inspect
 import time
 from contextlib import contextmanager
+from dataclasses import replace
 
 import torch
 import torch.distributed as dist

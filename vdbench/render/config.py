@@ -45,7 +45,9 @@ class RenderConfig:
     rank: int = 0
     warmup_calls: int = 0  # untimed pipeline calls before the timed repetitions (compilation, caches, plans)
     vae_dtype: str = "auto"  # "auto": the pipeline dtype
-    flow_shift: Optional[float] = None  # None = the family's default per task and size (Family.flow_shift)
+    flow_shift: Optional[float] = None  # None = the family's default for the model and size (Family.flow_shift)
+    boundary_ratio: Optional[float] = None  # two experts: where the low-noise one takes over; None: the model's
+    guidance_scale_2: Optional[float] = None  # two experts: the low-noise one's guidance; None: guidance_scale
     profile_output: Optional[str] = None  # torch profiler Chrome traces under <traces_root>/<name>/
     traces_root: Optional[Path] = None
     profile_wait: int = 0
@@ -75,7 +77,7 @@ class RenderConfig:
     scheduler_async: bool = True  # the scheduler's steps never wait for the device (pipelines.run_scheduler_ahead)
     extra_pipe_kwargs: dict = field(default_factory=dict)
     # multi-process (torchrun): see vdbench.parallel
-    parallel_engine: str = "xfuser"
+    parallel_engine: str = "auto"  # xfuser | diffusers | auto (the engine that serves the request: vdbench.parallel)
     ulysses_degree: int = 1
     ring_degree: int = 1
     use_cfg_parallel: bool = False

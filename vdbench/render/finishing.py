@@ -7,15 +7,18 @@ logged."""
 from __future__ import annotations
 
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Optional
 
+from .. import identity
 from .. import parallel as P
 from ..measure.record import Writer, from_render_entry
 from ..stages import Wall, describe_end_to_end, one_time, render_end_to_end
 from ..stages import describe as describe_stages
 from ..timing import append_timing, describe_steps, run_step_stats
 from ..video import MADE_BY_RENDER, render_comment, save_frames, write_video
+from .config import RenderConfig
 from .plan import Plan
 
 __all__ = ["finish"]
@@ -73,9 +76,15 @@ def finish(plan: Plan, entries: list[dict], frames, log, wall: Optional[Wall] = 
     if cfg.save_frames:
         save_frames(frames, cfg.output_path.with_suffix(".npy"))
     end = time.perf_counter()
+    # what the record vouches for: the render's identity and the bytes it wrote (the readers refuse a file that
+    # no longer matches its entry)
+    written = {"identity": identity.of(asdict(cfg), RenderConfig, plan.family).as_dict(),
+               "output_sha256": identity.file_sha256(cfg.output_path),
+               "frames_sha256": identity.file_sha256(cfg.output_path.with_suffix(".npy")) if cfg.save_frames else None}
     # then the entries completed: what each repetition paid once, the render's end to end on the first
     entries = one_time(merged)
     for i, e in enumerate(entries):
+        e.update(written)
         e2e = render_end_to_end(entries, wall, end - write_start, end) if (wall is not None and i == 0) else None
         e["end_to_end_s"] = (end - wall.started.t) if e2e else None
         e["end_to_end"] = e2e

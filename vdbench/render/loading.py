@@ -18,10 +18,10 @@ from .. import backends as B
 from .. import parallel as P
 from ..cache import apply_cache
 from ..measure.record import command_line, commit
-from ..pipelines import ModelLoadError, model_summary, set_flow_shift, transformers_of
+from ..pipelines import ModelLoadError, model_summary, set_schedule, transformers_of
 from ..speed import apply_speed_options
 from ..timing import Laps, system_info
-from .plan import Plan
+from .plan import Plan, check_experts
 from .prewarm import Prewarms
 
 __all__ = ["Loaded", "load", "load_checked"]
@@ -45,13 +45,13 @@ def load(plan: Plan) -> Loaded:
     """Load the pipeline and check what only the loaded model can tell (its exact size rules, its head dims)."""
     device, dctx = plan.device, plan.dctx
     t0 = time.perf_counter()
-    err = pipe = models = load_time = flow_shift = None
+    err = pipe = models = load_time = schedule = None
     laps = Laps({})  # where the load's time goes (host clock): its variation is read here, not guessed
     part = laps.lap
     prewarms = Prewarms.at_load_start(plan)
     part("prewarm_start")
     try:  # what only the files or the loaded model can refuse is agreed like validate's refusals (torchrun)
-        pipe, models, load_time, flow_shift = load_checked(plan, laps)
+        pipe, models, load_time, schedule = load_checked(plan, laps)
     except (ModelLoadError, B.BackendUnavailable, ValueError, OSError) as e:
         err = e
     if err is not None:
@@ -64,8 +64,8 @@ def load(plan: Plan) -> Loaded:
     scheduler = prewarms.ready_scheduler(plan, pipe)
     part("scheduler_prewarm")
     summary = model_summary(pipe)
-    header = _header(plan, pipe, summary, head_dims, {"flow_shift": flow_shift, "speed_options": speed, **scheduler},
-                     load_time)
+    header = _header(plan, pipe, summary, head_dims, {"flow_shift": schedule["flow_shift"], "schedule": schedule,
+                                                      "speed_options": speed, **scheduler}, load_time)
     kwargs = _call_kwargs(plan)
     part("header")
     if device.type == "cuda":  # the load's last copies and quantization kernels are the load's time
@@ -78,9 +78,9 @@ def load(plan: Plan) -> Loaded:
 
 
 def load_checked(plan: Plan, laps: Laps) -> tuple:
-    """(pipeline, its denoisers, load time, flow shift): loaded, its scheduler's shift set, its exact size rules
-    and the backend against its head dims checked; ``laps``: the load's parts, the loading's own
-    (:meth:`vdbench.pipelines.Model.load`) among them."""
+    """(pipeline, its denoisers, load time, its schedule): loaded, its scheduler's shift and experts' boundary set
+    (:func:`vdbench.pipelines.set_schedule`), its exact size rules and the backend against its head dims checked;
+    ``laps``: the load's parts, the loading's own (:meth:`vdbench.pipelines.Model.load`) among them."""
     cfg, model, device = plan.cfg, plan.model, plan.device
     t_load = time.perf_counter()
     pipe = model.load(dtype=plan.dtype, device="cpu" if cfg.cpu_offload else device, vae_dtype=plan.vae_dtype,
@@ -95,13 +95,16 @@ def load_checked(plan: Plan, laps: Laps) -> tuple:
     laps.lap("pipeline_other")  # outside the parts the load names
     model.check_size(pipe, cfg.height, cfg.width, cfg.num_frames)
     models = transformers_of(pipe)
-    flow_shift = set_flow_shift(pipe, plan.flow_shift) if plan.flow_shift is not None else None
+    check_experts(cfg, None, loaded=getattr(pipe, "transformer_2", None) is not None)
+    schedule = set_schedule(pipe, plan.family, cfg.task, cfg.height, cfg.width, flow_shift=plan.flow_shift,
+                            boundary_ratio=cfg.boundary_ratio, guidance_scale=cfg.guidance_scale,
+                            guidance_scale_2=cfg.guidance_scale_2)
     pipe.set_progress_bar_config(disable=not sys.stderr.isatty(), leave=False)
     laps.lap("size_checks")
     # the backend's availability here (its package imported, the device queried)
     B.require_here(plan.backend, device, plan.dtype, [m.config.attention_head_dim for _, m in models])
     laps.lap("preflight")
-    return pipe, models, load_time, flow_shift
+    return pipe, models, load_time, schedule
 
 
 def _made_parallel_and_fast(plan: Plan, pipe, models: list, part) -> tuple:
@@ -161,6 +164,8 @@ def _call_kwargs(plan: Plan) -> dict:
     kwargs = dict(prompt=cfg.prompt, negative_prompt=cfg.negative_prompt, height=cfg.height, width=cfg.width,
                   num_frames=cfg.num_frames, num_inference_steps=cfg.num_inference_steps,
                   guidance_scale=cfg.guidance_scale, output_type="latent", **cfg.extra_pipe_kwargs)
+    if cfg.guidance_scale_2 is not None:
+        kwargs["guidance_scale_2"] = cfg.guidance_scale_2
     if plan.model.image:
         kwargs["image"] = _load_image(cfg.image, cfg.width, cfg.height)
     return kwargs

@@ -10,17 +10,17 @@ then each thing as it is resolved, so that of two faults the same one is always 
 from __future__ import annotations
 
 import importlib.util
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Optional
 
 import torch
 
 from .. import backends as B
-from .. import families, pipelines
+from .. import families, identity, pipelines
 from .. import parallel as P
 from ..cache import check_cache, parse_cache
-from ..measure.record import speed_options, stack_name
+from ..measure.record import settings_speed_options, stack_name
 from ..patching.schedule import as_schedule, resolve_attention
 from ..speed import check_speed_options
 from ..vae.decode import GLUES, DecodeOptions, check_decode
@@ -30,8 +30,8 @@ from ..vae.encode import EncodeOptions, check_encode
 from ..video import written_by_render
 from .config import RenderConfig
 
-__all__ = ["VaeMode", "Plan", "validate", "checked_plan", "fused_rope_choice", "DTYPES", "resolve_device",
-           "resolve_dtype"]
+__all__ = ["VaeMode", "Plan", "validate", "checked_plan", "check_experts", "fused_rope_choice", "DTYPES",
+           "resolve_device", "resolve_dtype"]
 
 DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
           "fp16": torch.float16, "float16": torch.float16}
@@ -85,7 +85,7 @@ class Plan:
     encode: VaeMode
     dctx: object
     cache: object = None  # vdbench.cache.CacheSpec, or None
-    flow_shift: Optional[float] = None  # the scheduler's: --flow_shift or the family's default; None: it has none
+    flow_shift: Optional[float] = None  # --flow_shift; None: the model's default, read with the load
     fused_rope: Optional[str] = "not decided"  # why the RoPE is not fused (fused_rope_choice); None: it is
 
     @property
@@ -93,9 +93,7 @@ class Plan:
         """The render's stack name (:func:`vdbench.measure.record.stack_name`): the backend or schedule, the speed
         options, the VAE modes other than default, the step cache -- recorded with every entry (``stack``)."""
         cfg = self.cfg
-        return stack_name(self.backend.name, speed_options(cfg.compile, cfg.compile_backend, cfg.compile_mode,
-                                                           cfg.fp8_gemms, cfg.bf16_te_gemms),
-                          self.decode.mode.name, self.encode.mode.name, self.cache.name if self.cache else None,
+        return stack_name(self.backend.name, settings_speed_options(asdict(cfg)), self.decode.mode.name, self.encode.mode.name, self.cache.name if self.cache else None,
                           self.dctx.spec.tag)
 
     @property
@@ -151,12 +149,16 @@ def checked_plan(cfg: RenderConfig, dctx) -> Plan:
     # Model travels from here; an unknown variant is the load's refusal
     model = pipelines.resolve(cfg.model, cfg.task, cfg.family, image=bool(cfg.image))
     family = model.family
+    if cfg.flow_shift is not None and family.flow_shift is None:
+        raise ValueError(f"--flow_shift: the {family.name} pipelines' schedulers have no flow shift\ndrop the flag")
     _check_inputs(cfg, model)
     fused_rope = fused_rope_choice(cfg, device, family)
     decode, encode = _vae_modes(cfg, family, device)
     # unknown names, bad options and malformed schedules fail before the (slow) model load
     backend = resolve_attention(cfg.attention_type)
     cache = parse_cache(cfg.cache)  # an unknown kind, key or value before anything else of the cache's
+    # recorded in their own spellings from here: an alias (diffusers' or SGLang's name) as ours, the cache's one
+    cfg = replace(cfg, attention_type=backend.name, cache=cache.name if cache else None)
     if cache is not None:  # the family's rules, diffusers' config checks and, on the denoisers built on the meta
         # device from their configs, whether diffusers applies it at all: all before the weights
         check_cache(cache, family, model.denoisers, compiled=cfg.compile, cfg_split=dctx.spec.use_cfg_parallel,
@@ -165,16 +167,9 @@ def checked_plan(cfg: RenderConfig, dctx) -> Plan:
     # the head dims from the model's config (no weights; the loaded model is checked again): a backend that can't
     # serve them, or can't run on this device at all (sagev1 on a CPU), is refused here
     B.require_here(backend, device, dtype, model.head_dims or [])
-    if (cfg.rank == 0 and not cfg.overwrite and cfg.output_path.exists()
-            and not written_by_render(cfg.output_path, cfg.timing_path)):
-        raise ValueError(f"{cfg.output_path} exists and is not a video this tool wrote; not replacing it\n"
-                         "move it away, choose another --benchmark_output_directory, or pass --overwrite")
-    flow_shift = None  # the scheduler's: --flow_shift, else the family's rule; none for a scheduler without one
-    if family.flow_shift is not None:
-        flow_shift = cfg.flow_shift if cfg.flow_shift is not None else family.flow_shift(cfg.task, cfg.height,
-                                                                                         cfg.width)
-    cfg = replace(cfg, attention_type=backend.name, cache=cache.name if cache else None)
-    return Plan(cfg, model, backend, device, dtype, vae_dtype, decode, encode, dctx, cache, flow_shift, fused_rope)
+    _check_output(cfg, family)
+    check_experts(cfg, model.denoisers)
+    return Plan(cfg, model, backend, device, dtype, vae_dtype, decode, encode, dctx, cache, cfg.flow_shift, fused_rope)
 
 
 def _check_settings(cfg: RenderConfig) -> None:
@@ -228,6 +223,33 @@ def _check_inputs(cfg: RenderConfig, model: pipelines.Model) -> None:
             raise ValueError(f"task {cfg.task} needs the {module} package ({why})\npip install {module}")
     if cfg.image and not Path(cfg.image).is_file():
         raise ValueError(f"conditioning image {cfg.image} does not exist\ngive --img_file_path an image file")
+
+
+def _check_output(cfg: RenderConfig, family: families.Family) -> None:
+    """Never a file this tool did not write replaced, nor another render's video (its identity differs)."""
+    if cfg.rank == 0 and not cfg.overwrite and cfg.output_path.exists():
+        if not written_by_render(cfg.output_path, cfg.timing_path):
+            raise ValueError(f"{cfg.output_path} exists and is not a video this tool wrote; not replacing it\n"
+                             "move it away, choose another --benchmark_output_directory, or pass --overwrite")
+        other = identity.replaced_render(asdict(cfg), cfg.output_path, cfg.timing_path, RenderConfig, family)
+        if other is not None:
+            raise ValueError(f"{cfg.output_path} holds another render's video (it differs in {other}); not "
+                             "replacing it\nwrite to another path, or pass --overwrite")
+
+
+def check_experts(cfg: RenderConfig, denoisers: Optional[dict], loaded: Optional[bool] = None) -> None:
+    """``--boundary_ratio`` and ``--guidance_scale_2`` are for a pipeline of two experts (Wan 2.2 A14B): refused for
+    one, where its configs (``denoisers``, before the load) or the loaded pipeline (``loaded``: whether it has a
+    second expert) tell."""
+    asked = [f for f, v in (("--boundary_ratio", cfg.boundary_ratio), ("--guidance_scale_2", cfg.guidance_scale_2))
+             if v is not None]
+    if cfg.boundary_ratio is not None and not 0 < cfg.boundary_ratio < 1:
+        raise ValueError(f"--boundary_ratio {cfg.boundary_ratio:g} is outside (0, 1)\ngive the share of the "
+                         "timesteps the high-noise expert runs, e.g. 0.875")
+    two = loaded if loaded is not None else (None if denoisers is None else "transformer_2" in denoisers)
+    if asked and two is False:
+        raise ValueError(f"{' and '.join(asked)}: {cfg.model} has one denoiser; they apply to a model of two "
+                         "experts (Wan 2.2 A14B)\ndrop the flag(s)")
 
 
 def _vae_modes(cfg: RenderConfig, family: families.Family, device: torch.device) -> tuple[VaeMode, VaeMode]:
