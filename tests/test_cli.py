@@ -2,12 +2,14 @@
 family's defaults and output layout, aliases named as ours, exit codes."""
 
 import argparse
+import dataclasses
 
 import pytest
 
 import run_wan
 import sageattn_cogvideo
-from vdbench import cli, families
+from vdbench import cli, families, options
+from vdbench.render import RenderConfig
 
 
 def _long_flags(parser: argparse.ArgumentParser) -> set[str]:
@@ -29,6 +31,33 @@ def test_both_clis_have_the_same_flags_and_every_flag_has_help_with_its_default(
                   ("--save_inputs", "--save-inputs"), ("--input_dir", "--input-dir"), ("--max_captures",)):
         dests = {next(a.dest for a in wan._actions if n in a.option_strings) for n in names}
         assert len(dests) == 1, names
+
+
+def test_each_option_is_declared_once_and_fills_one_render_config_field_with_the_configs_default():
+    """The options table (vdbench.options) is the one declaration: each option fills its own RenderConfig field (or
+    none: the CLI reads it itself), every field is an option's or the CLI's own (paths, model, rank), and the CLI's
+    defaults are RenderConfig's, so a library render and a CLI render of the same settings are the same render."""
+    fields = {f.name: f for f in dataclasses.fields(RenderConfig)}
+    fills = [o.fills for o in options.OPTIONS if o.fills is not None]
+    assert len(fills) == len(set(fills)) and set(fills) <= set(fields)
+    own = {"family", "model", "output_path", "timing_path", "capture_dir", "traces_root", "rank"}
+    assert set(fields) - set(fills) - own == {"extra_pipe_kwargs"}  # a library caller's: no flag
+    names = [o.name for o in options.OPTIONS]
+    assert len(names) == len(set(names))
+    fam = families.get("wan")
+    args = cli.build_parser(fam).parse_args(["--model", "tiny"])
+    cli._fill_defaults(fam, args, "tiny")
+    cfg = cli.config_from_args(fam, args)
+    differ = [n for n in fills if fields[n].default is not dataclasses.MISSING and getattr(cfg, n) != fields[n].default]
+    assert differ == [], differ
+
+
+def test_a_command_passing_options_on_declares_them_from_the_table():
+    """add_options gives another parser (the sweep's) the render's flags, spellings and help, its own defaults."""
+    p = argparse.ArgumentParser(add_help=False)
+    options.add_options(p, families.get("wan"), names={"device", "use_fp8_gemms"}, device="cpu")
+    assert _long_flags(p) == {"--device", "--use_fp8_gemms", "--use-fp8-gemms"}
+    assert vars(p.parse_args(["--use-fp8-gemms"])) == {"device": "cpu", "use_fp8_gemms": "all"}
 
 
 def test_spellings_parse_to_the_same_config(tmp_path):
