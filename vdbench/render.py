@@ -34,6 +34,7 @@ import torch
 
 from . import backends as B
 from . import families, identity, pipelines
+from .offload import HOST_COMPONENTS, apply_offload, check_offload
 from .patching import AttentionPatch
 from .patching.schedule import as_schedule, resolve_attention
 from .measure.record import Writer, command_line, commit, from_render_entry, settings_speed_options, stack_name
@@ -113,7 +114,7 @@ class RenderConfig:
     profile_warmup: int = 1
     profile_active: int = 2
     power_interval_ms: float = 10.0  # the card's energy, clock and power cap sampled per step (vdbench.power); 0 off
-    cpu_offload: bool = False
+    offload: str = "none"  # where weights wait off the GPU: none | model | group | expert (vdbench.offload)
     vae_tiling: bool = False
     vae_slicing: bool = False
     compile: bool = False  # regional torch.compile of the transformer blocks (vdbench.speed)
@@ -404,8 +405,8 @@ def _checked_plan(cfg: RenderConfig, dctx) -> Plan:
     if not encode.stock and cfg.vae_tiling:
         raise ValueError(f"--vae_encode {cfg.vae_encode} does not tile; drop --vae_tiling or use --vae_encode default")
     vae_dtype = dtype if cfg.vae_dtype in (None, "auto") else resolve_dtype(cfg.vae_dtype, device)
-    if cfg.cpu_offload and device.type != "cuda":
-        raise ValueError("--cpu_offload moves models between the CPU and a GPU: it needs a CUDA device")
+    check_offload(cfg.offload, device=device, parallel=dctx is not None, compiled=cfg.compile,
+                  two_experts=None if model.denoisers is None else "transformer_2" in model.denoisers)
     if cfg.flow_shift is not None and family.flow_shift is None:
         raise ValueError(f"--flow_shift: the {family.name} pipelines' schedulers have no flow shift\ndrop the flag")
     steps_profiled = cfg.profile_wait + cfg.profile_warmup + cfg.profile_active
@@ -485,7 +486,7 @@ def _start_prewarm(plan: Plan, pipe=None, *, encode_only: bool = False):
     from .vae import prewarm as W
 
     cfg, device = plan.cfg, plan.device
-    if not cfg.vae_prewarm or device.type != "cuda" or cfg.cpu_offload or cfg.vae_tiling:
+    if not cfg.vae_prewarm or device.type != "cuda" or cfg.offload != "none" or cfg.vae_tiling:
         return None
     image = plan.model.image
     if encode_only and not image:
@@ -561,10 +562,9 @@ def _load_checked(plan: Plan, laps: Laps) -> tuple:
 
     cfg, model, device = plan.cfg, plan.model, plan.device
     t_load = time.perf_counter()
-    pipe = model.load(dtype=plan.dtype, device="cpu" if cfg.cpu_offload else device, vae_dtype=plan.vae_dtype,
-                      timings=laps.parts)
-    if cfg.cpu_offload:
-        pipe.enable_model_cpu_offload(device=device)
+    on_host = cfg.offload in ("model", "group")  # loaded on the host; the offload places what runs
+    pipe = model.load(dtype=plan.dtype, device="cpu" if on_host else device, vae_dtype=plan.vae_dtype,
+                      timings=laps.parts, host=HOST_COMPONENTS.get(cfg.offload, ()))
     if cfg.vae_tiling:
         pipe.vae.enable_tiling()
     if cfg.vae_slicing:
@@ -577,6 +577,7 @@ def _load_checked(plan: Plan, laps: Laps) -> tuple:
     schedule = set_schedule(pipe, plan.family, cfg.task, cfg.height, cfg.width, flow_shift=plan.flow_shift,
                             boundary_ratio=cfg.boundary_ratio, guidance_scale=cfg.guidance_scale,
                             guidance_scale_2=cfg.guidance_scale_2)
+    schedule["offload"] = apply_offload(cfg.offload, pipe, device)  # the boundary set: the expert swap reads it
     pipe.set_progress_bar_config(disable=not sys.stderr.isatty(), leave=False)
     laps.lap("size_checks")
     # the backend's availability here (its package imported, the device queried)
@@ -654,7 +655,8 @@ def load(plan: Plan) -> Loaded:
         "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items()},
         "resolved": {"device": str(device), "dtype": str(plan.dtype).replace("torch.", ""), "head_dims": head_dims,
                      "vae_dtype": str(pipe.vae.dtype).replace("torch.", ""), "flow_shift": schedule["flow_shift"],
-                     "schedule": schedule,
+                     "schedule": {k: v for k, v in schedule.items() if k != "offload"},
+                     "offload": schedule["offload"],
                      "speed_options": speed},
         "backend": {"name": backend.name, "kernel": backend.kernel, "emulated": backend.emulated,
                     "exact": backend.exact, "description": backend.description},

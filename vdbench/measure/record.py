@@ -268,7 +268,7 @@ def split_identity_tags(stem: str) -> tuple[str, Optional[int], Optional[str]]:
 STACK_WORDS = ("compile", "fp8gemm", "bf16te", "fp8x")
 #: The stack options with a value: ``compile=<backend>[:<mode>]`` (a compile other than inductor's default),
 #: ``fp8gemm=<scope>`` (``--use_fp8_gemms <scope>`` other than ``all``: ``fp8gemm=ffn``), ``offload=<where>``
-#: (``offload=model``: ``--cpu_offload``), ``vae=<mode>``
+#: (``--offload <where>``, :mod:`vdbench.offload`), ``vae=<mode>``
 #: (``--vae_decode``), ``encode=<mode>`` (``--vae_encode``), ``cache=<spec>`` (``--cache``; a stack name writes the
 #: spec bare: ``+fbc:threshold=0.1``).
 STACK_KEYS = ("compile", "fp8gemm", "offload", "vae", "encode", "cache")
@@ -294,7 +294,7 @@ def speed_options(compile: bool = False, compile_backend: Optional[str] = "induc
     """The speed options of a render as stack options, in a stack name's order: ``("compile", "fp8gemm")``,
     ``("compile=eager",)``, ``("compile=inductor:max-autotune",)``, ``("fp8gemm=ffn",)``; ``()`` for none.
     ``fp8_gemms``: the scope (:func:`fp8_gemm_scope`), ``all`` written as the bare word. ``offload``: where the
-    weights wait off the GPU (``offload=model``: ``--cpu_offload``); ``fp8_exchange``: Ulysses' V and output cross
+    weights wait off the GPU (``--offload``: ``model``, ``group``, ``expert``); ``fp8_exchange``: Ulysses' V and output cross
     as fp8 (``fp8x``: ``--ulysses_fp8_exchange on``, lossy)."""
     out = []
     if compile:
@@ -314,9 +314,9 @@ def settings_speed_options(s: dict) -> tuple[str, ...]:
     """:func:`speed_options` of a render's recorded settings (a timing entry's ``run.settings``, the RenderConfig's
     fields as data)."""
     exchange = s.get("ulysses_fp8_exchange")
+    offload = s.get("offload") if s.get("offload") not in (None, "none") else ("model" if s.get("cpu_offload") else None)
     return speed_options(bool(s.get("compile")), s.get("compile_backend"), s.get("compile_mode"), s.get("fp8_gemms"),
-                         bool(s.get("bf16_te_gemms")), "model" if s.get("cpu_offload") else None,
-                         exchange is True or exchange == "on")
+                         bool(s.get("bf16_te_gemms")), offload, exchange is True or exchange == "on")
 
 
 def stack_name(attention: str, speed: Iterable[str] = (), vae_decode: Optional[str] = None,
