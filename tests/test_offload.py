@@ -64,3 +64,23 @@ def test_the_swap_would_show_a_block_left_behind(monkeypatch):
 
     monkeypatch.setattr(swap, "_swap", skip_block_0)
     assert np.isnan(_frames(pipe)).any() or not np.isfinite(_frames(pipe)).all()
+
+
+def test_an_expert_offloaded_render_equals_the_resident_one_and_records_its_swaps(tmp_path):
+    """Through the render CLI: the stack names the offload, the frames are the resident render's bit for bit."""
+    import json
+    from pathlib import Path
+
+    import run_wan
+
+    base = ["--model", "tiny:wan2.2-t2v-a14b", "--height", "32", "--width", "32", "--num_frames", "5",
+            "--num_inference_steps", "4", "--attention_type", "sdpa", "--save_frames", "--num_repetitions", "2",
+            "--benchmark_output_directory", str(tmp_path)]
+    assert run_wan.main(base) == 0
+    assert run_wan.main(base + ["--offload", "expert"]) == 0
+    resident, swapped = (json.loads((tmp_path / "results" / "timing.json").read_text())[i] for i in (0, 2))
+    assert Path(swapped["output"]).name.endswith("_32x32_offload=expert.mp4") and swapped["stack"] == "sdpa+offload=expert"
+    a, b = (np.load(Path(e["output"]).with_suffix(".npy")) for e in (resident, swapped))
+    assert np.array_equal(a, b)
+    assert swapped["run"]["resolved"]["offload"]["mode"] == "expert"
+    assert swapped["offload"]["swapped_late"] == 0 and swapped["offload"]["units_swapped"] > 0

@@ -14,7 +14,8 @@
   the device, never the host). The weights are the same bytes: the frames are the resident render's, bit for bit.
 
 Each mode refuses with its reason where it can't apply (no CUDA device, no second expert, a parallel layout or a
-compile for ``expert``), and :func:`apply_offload` returns what it did for the render's record.
+compile for ``expert``), and :func:`apply_offload` returns what it did for the render's record. On a CPU the expert
+swap runs with its host copies standing in for the device's (it saves nothing there): what the tests render.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import Optional
 
 import torch
 
-__all__ = ["MODES", "OffloadError", "check_offload", "apply_offload", "ExpertSwap", "HOST_COMPONENTS"]
+__all__ = ["MODES", "OffloadError", "check_offload", "apply_offload", "expert_swap", "ExpertSwap", "HOST_COMPONENTS"]
 
 #: ``--offload``'s modes (``none``: every weight resident).
 MODES = ("none", "model", "group", "expert")
@@ -45,7 +46,7 @@ def check_offload(mode: str, *, device: torch.device, two_experts: Optional[bool
         raise OffloadError(f"unknown --offload {mode!r}; valid: {', '.join(MODES)}")
     if mode == "none":
         return
-    if device.type != "cuda":
+    if device.type != "cuda" and mode != "expert":  # the expert swap runs on a CPU too: what its tests render
         raise OffloadError(f"--offload {mode} moves weights between the host and a GPU: it needs a CUDA device")
     if mode == "expert":
         if two_experts is False:
@@ -76,9 +77,18 @@ def apply_offload(mode: str, pipe, device: torch.device) -> Optional[dict]:
     if getattr(pipe, "transformer_2", None) is None:
         check_offload(mode, device=device, two_experts=False)
     swap = ExpertSwap(pipe, device)
-    pipe._vdbench_expert_swap = swap  # the render reads its counts back
+    setattr(pipe, _SWAP_ATTR, swap)
     return {"mode": mode, "how": "the idle expert pinned on the host, swapped block by block in its neighbour's "
                                  "last step on a side stream", "host_bytes": swap.host_bytes}
+
+
+#: The attribute of a pipeline that holds its :class:`ExpertSwap`.
+_SWAP_ATTR = "vdbench_expert_swap"
+
+
+def expert_swap(pipe) -> Optional["ExpertSwap"]:
+    """The :class:`ExpertSwap` :func:`apply_offload` installed on ``pipe``, or None."""
+    return getattr(pipe, _SWAP_ATTR, None)
 
 
 def _blocks(model: torch.nn.Module) -> list[torch.nn.Module]:

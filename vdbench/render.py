@@ -34,14 +34,14 @@ import torch
 
 from . import backends as B
 from . import families, identity, pipelines
-from .offload import HOST_COMPONENTS, apply_offload, check_offload
+from .offload import HOST_COMPONENTS, apply_offload, check_offload, expert_swap
 from .patching import AttentionPatch
 from .patching.schedule import as_schedule, resolve_attention
 from .measure.record import Writer, command_line, commit, from_render_entry, settings_speed_options, stack_name
 from .power import open_trace
 from .stages import Wall, stage_reports
 from .timing import (Clock, Laps, StepProfiler, StepTimer, WallStart, append_timing, compile_seconds, describe_steps,
-                     device_seconds, gpu_uuid, peak_memory, reset_peak_memory, run_step_stats, step_stats,
+                     device_seconds, gpu_uuid, memory_stage, reset_peak_memory, run_step_stats, step_stats,
                      system_info, wall_start)
 
 __all__ = ["RenderConfig", "Plan", "VaeMode", "Loaded", "render", "validate", "load", "run_repetitions", "finish",
@@ -470,6 +470,7 @@ class Loaded:
     attention_prewarm: object = None
     attention_prewarm_skipped: Optional[dict] = None
     rope_prewarm: object = None  # _RopePrewarm started for this render (--fused_rope), or None
+    memory: Optional[dict] = None  # the load stage's allocated and reserved peaks (vdbench.timing.memory_stage)
 
 
 def _start_prewarm(plan: Plan, pipe=None, *, encode_only: bool = False):
@@ -702,7 +703,7 @@ def load(plan: Plan) -> Loaded:
         attn_prewarm, attn_skipped = _start_attention_prewarm(plan, pipe)  # its configs now known
     return Loaded(pipe, models, kwargs, header, load_s=load_s, prewarm=prewarm, cache=counter,
                   attention_prewarm=attn_prewarm, attention_prewarm_skipped=attn_skipped,
-                  rope_prewarm=rope_prewarm)
+                  rope_prewarm=rope_prewarm, memory=memory_stage(device))
 
 
 class _RopePrewarm:
@@ -946,6 +947,7 @@ class _Repetition:
         self.after_pipe = self.after_decode = None  # the clocks after the call and after the decode
         self.vae_info: dict = {}  # what the decode reported
         self.scheduler_ahead: Optional[dict] = None  # what the scheduler made ahead (pipelines.settle_scheduler)
+        self.memory: dict = {}  # each stage's allocated and reserved peaks (vdbench.timing.memory_stage)
 
     def denoise_and_decode(self):
         """The pipeline call to latents (the first repetition's profiled), then the decode; the frames."""
@@ -970,6 +972,7 @@ class _Repetition:
             raise VAEHang(f"VAE encode hung (> {cfg.vae_timeout} s, --vae_timeout); all threads' stacks were dumped "
                           "to stderr") from e
         self.after_pipe = Clock(device)
+        self.memory["denoise"] = memory_stage(device)  # the text encode and the steps: the pipeline call
         try:
             frames = decode_latents(loaded.pipe, latents, plan.family, num_frames=cfg.num_frames,
                                     mode=plan.decode.mode, options=plan.decode.options, timeout_s=cfg.vae_timeout,
@@ -978,6 +981,7 @@ class _Repetition:
             raise VAEHang(f"VAE decode hung (> {cfg.vae_timeout} s, --vae_timeout); last completed stage: "
                           f"{e.report.last_completed_stage}; all threads' stacks were dumped to stderr") from e
         self.after_decode = Clock(device)
+        self.memory["decode"] = memory_stage(device)
         if cfg.save_latents:
             from .capture import save_latents
 
@@ -1051,8 +1055,12 @@ class _Repetition:
             "scheduler_ahead": self.scheduler_ahead,  # copies and solves made without waiting (--scheduler_async)
             "attention": patch.stats.as_dict(),  # + the RoPE's calls, fused or eager
             "fused_rope": _fused_rope_record(plan, patch, self.loaded if rep == 0 else None),
+            # --offload expert: the units swapped since the load, those left to the incoming expert's first call
+            "offload": swap.as_dict() if (swap := expert_swap(self.loaded.pipe)) is not None else None,
             "attention_share": (attn_time / sum(step_times)) if attn_time and step_times else None,
-            "peak_memory_bytes": peak_memory(device),
+            "memory": {"load": self.loaded.memory, **self.memory},  # each stage's peaks, this rank's card
+            "peak_memory_bytes": _peak(self.memory, "allocated_peak"),
+            "peak_reserved_bytes": _peak(self.memory, "reserved_peak"),
             "traces": [str(p) for p in profiler.paths] if profiler is not None else None,
             "capture": ({"saved": capture.stats.saved, "bytes": capture.stats.bytes,
                          "host_time_s": capture.stats.host_time_s} if capture else None),
@@ -1060,6 +1068,12 @@ class _Repetition:
             "run_id": watch.run_id,
             "run": self.loaded.header,
         }
+
+
+def _peak(memory: dict, key: str) -> Optional[int]:
+    """A repetition's peak (the denoising's and the decode's; the load's is its own stage), None on a CPU."""
+    values = [m[key] for m in memory.values() if m]
+    return max(values) if values else None
 
 
 def _fused_rope_record(plan: Plan, patch, loaded: Optional[Loaded]) -> dict:
