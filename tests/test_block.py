@@ -254,6 +254,35 @@ def test_the_bench_compares_each_kernel_with_its_eager_form(kernels, tmp_path):
     assert set(d["probes"]["tiny"]) == {"stats_dtype", "bf16_stats_equal", "norm_from_stats_equal"}
 
 
+def test_the_unfused_block_names_its_stack_and_the_fused_default_names_nothing(capsys, tmp_path):
+    """``--fused_block off`` renders the same frames more slowly: its stack (and so its output name, its record's
+    identity, the sweep's row) says ``eagerblock``; auto and on, the default wherever it runs, add nothing."""
+    import run_wan
+    from vdbench import cli
+    from vdbench import sweep as S
+    from vdbench.measure import record as M
+    from vdbench.video import identity_from_filename
+
+    assert M.speed_options(fused_block=False) == ("eagerblock",) and M.speed_options(fused_block=True) == ()
+    assert M.stack_of({"attention_type": "fav3", "fused_block": False, "ulysses_degree": 2}) == "fav3+eagerblock+u2"
+    cand = S.parse_stack("fav3+eagerblock")
+    assert cand.name == "fav3+eagerblock" and cand.flags == ["--fused_block", "off"]
+    small = ["--model", "tiny", "--height", "64", "--width", "96", "--num_frames", "9", "--num_inference_steps", "2",
+             "--attention_type", "sdpa", "--output_dir", str(tmp_path), "--print_output_path"]
+    for flags in (["--fused_block", "off"], ["--fused_block", "on"], []):
+        assert run_wan.main(small + flags) == 0
+    names = [Path(p) for p in capsys.readouterr().out.split()]
+    assert [p.name for p in names] == ["wan_result_t2v_tiny_9f_2s_attn_sdpa_64x96_eagerblock.mp4",
+                                       *["wan_result_t2v_tiny_9f_2s_attn_sdpa_64x96.mp4"] * 2]
+    assert identity_from_filename(names[0]).label == "sdpa+eagerblock"
+    rec = M.Record(suite="render", case="sdpa", config={"backend": {"name": "sdpa"},
+                                                        "settings": {"attention_type": "sdpa", "fused_block": False}})
+    assert M.identity(rec).stack == "sdpa+eagerblock"
+    wan = families.get("wan")
+    args = cli.build_parser(wan).parse_args(small + ["--fused_block", "off"])
+    assert cli.config_from_args(wan, args).fused_block is False
+
+
 # ----- renders: on against off, one process, Ulysses-2, the CFG split -----
 
 ARGS = ["--model", "tiny", "--task", "ti2v", "--height", "64", "--width", "96", "--num_frames", "9",

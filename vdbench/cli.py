@@ -307,7 +307,8 @@ def stack_options(args) -> tuple[tuple[str, ...], str, str]:
 
     speed = speed_options(bool(getattr(args, "compile", False)), getattr(args, "compile_backend", "inductor"),
                           getattr(args, "compile_mode", None), getattr(args, "use_fp8_gemms", None),
-                          bool(getattr(args, "use_bf16_te_gemms", False)))
+                          bool(getattr(args, "use_bf16_te_gemms", False)),
+                          _auto_on_off(getattr(args, "fused_block", "auto")))
     return speed, getattr(args, "vae_decode", "default"), getattr(args, "vae_encode", "default")
 
 

@@ -270,7 +270,7 @@ class Plan:
         options, the VAE modes other than default, the step cache -- recorded with every entry (``stack``)."""
         cfg = self.cfg
         return stack_name(self.backend.name, speed_options(cfg.compile, cfg.compile_backend, cfg.compile_mode,
-                                                           cfg.fp8_gemms, cfg.bf16_te_gemms),
+                                                           cfg.fp8_gemms, cfg.bf16_te_gemms, cfg.fused_block),
                           self.decode.mode.name, self.encode.mode.name, self.cache.name if self.cache else None,
                           self.dctx.spec.tag if self.dctx is not None else "")
 

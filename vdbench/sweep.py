@@ -38,7 +38,8 @@ What it does, in order, everything under ``--out`` (default ``outputs/sweep``):
 A stack is ``<attention type>[+option...]`` (:func:`vdbench.measure.record.split_stack`): ``compile``
 (``--use_torch_compile``), ``compile=<backend>[:<mode>]`` (with ``--compile_backend`` / ``--compile_mode``),
 ``fp8gemm`` (``--use_fp8_gemms``), ``fp8gemm=<scope>`` (``--use_fp8_gemms <scope>``: ``fp8gemm=ffn``, the
-feed-forward layers only), ``bf16te`` (``--use_bf16_te_gemms``), ``vae=<mode>`` (``--vae_decode``),
+feed-forward layers only), ``bf16te`` (``--use_bf16_te_gemms``), ``eagerblock`` (``--fused_block off``: the blocks'
+elementwise passes unfused, the baseline of the fused default), ``vae=<mode>`` (``--vae_decode``),
 ``encode=<mode>`` (``--vae_encode``), a step cache's spec (``--cache``: ``fbc:threshold=0.05``, or
 ``cache=fbc:threshold=0.05``). Its row is named by the stack's one spelling, the ``stack`` its render records
 (``sagev2_fp8:gran=per_warp+compile+fp8gemm+vae=fast``). CPU figures are not
@@ -84,7 +85,8 @@ BASELINE_WHY, REFERENCE_WHY = "baseline: the pipeline's own attention", "quality
 KERNEL_SHARE = 0.15
 
 #: Stack options -> the render flags they add (the grammar: :func:`vdbench.measure.record.split_stack`).
-STACK_OPTIONS = {"compile": ["--use_torch_compile"], "fp8gemm": ["--use_fp8_gemms"], "bf16te": ["--use_bf16_te_gemms"]}
+STACK_OPTIONS = {"compile": ["--use_torch_compile"], "fp8gemm": ["--use_fp8_gemms"], "bf16te": ["--use_bf16_te_gemms"],
+                 "eagerblock": ["--fused_block", "off"]}
 STACK_VALUES = {"fp8gemm": "--use_fp8_gemms", "vae": "--vae_decode", "encode": "--vae_encode", "cache": "--cache"}
 
 #: What a stack option adds to a render once (its first step or warm-up call), until a render of this sweep measured it
@@ -92,7 +94,7 @@ STACK_VALUES = {"fp8gemm": "--use_fp8_gemms", "vae": "--vae_decode", "encode": "
 #: (a regional compile: 8-11 s) and §10.3 (the feed-forward fp8 GEMMs' warm-up call, compile included, 14.1 s without
 #: inductor's coordinate-descent tuning, the default; every block GEMM in fp8, not measured without it, is given the
 #: same prior).
-OPTION_ONE_TIME_S = {"compile": 11.0, "fp8gemm": 15.0, "fp8gemm=ffn": 15.0, "bf16te": 0.0}
+OPTION_ONE_TIME_S = {"compile": 11.0, "fp8gemm": 15.0, "fp8gemm=ffn": 15.0, "bf16te": 0.0, "eagerblock": 0.0}
 
 
 @dataclass
@@ -160,7 +162,7 @@ def parse_stack(text: str) -> Candidate:
     name = stack_name(canonical_attention(head),
                       speed_options("compile" in given, compile_backend, compile_mode or None,
                                     (given["fp8gemm"] or "all") if "fp8gemm" in given else None,
-                                    "bf16te" in given),
+                                    "bf16te" in given, False if "eagerblock" in given else None),
                       given.get("vae"), given.get("encode"), cache.name if cache else None, given.get("layout", ""))
     return Candidate(name, head, flags, "asked for (--stacks)", nproc=layout_ranks(given.get("layout", "")))
 
@@ -1223,7 +1225,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--psnr_tolerance_db", type=float, default=0.5, help="'within N dB of exact' in the verdict")
     p.add_argument("--stacks", nargs="*", default=[], metavar="STACK",
                    help="extra renders: <attention type>[+compile|+compile=<backend>[:<mode>]][+fp8gemm|+fp8gemm=ffn]"
-                        "[+bf16te]"
+                        "[+bf16te][+eagerblock]"
                         "[+vae=<mode>][+encode=<mode>][+<cache spec>|+cache=<spec>], the name a render records "
                         "as its stack")
     p.add_argument("--nproc", type=int, nargs="+", default=[1], metavar="N",

@@ -67,7 +67,8 @@ def split_cache(stem: str) -> tuple[str, str]:
 
 #: A stack's options tag (:func:`vdbench.measure.record.options_tag`) at the end of a stem (its layout and cache tags
 #: split off): it starts with an option's name.
-_OPTIONS_RE = re.compile(r"^(?P<rest>.+)_(?P<tag>(?:compile|fp8gemm|bf16te|vae=|encode=)[^_]*(?:_[^_]+)*)$")
+_OPTIONS_RE = re.compile(r"^(?P<rest>.+)_(?P<tag>(?:compile|fp8gemm|bf16te|eagerblock|vae=|encode=)[^_]*"
+                         r"(?:_[^_]+)*)$")
 
 
 def split_options(stem: str) -> tuple[str, str]:

@@ -244,8 +244,9 @@ def spec_from_tag(tag: str) -> str:
 
 #: The stack options that are one word (the speed options): ``+compile`` (``--use_torch_compile``, inductor, its
 #: default mode), ``+fp8gemm`` (``--use_fp8_gemms``: every Linear layer of the blocks), ``+bf16te``
-#: (``--use_bf16_te_gemms``).
-STACK_WORDS = ("compile", "fp8gemm", "bf16te")
+#: (``--use_bf16_te_gemms``), ``+eagerblock`` (``--fused_block off``: the blocks' modulations and residuals in
+#: diffusers' eager passes; slower, the same frames).
+STACK_WORDS = ("compile", "fp8gemm", "bf16te", "eagerblock")
 #: The stack options with a value: ``compile=<backend>[:<mode>]`` (a compile other than inductor's default),
 #: ``fp8gemm=<scope>`` (``--use_fp8_gemms <scope>`` other than ``all``: ``fp8gemm=ffn``), ``vae=<mode>``
 #: (``--vae_decode``), ``encode=<mode>`` (``--vae_encode``), ``cache=<spec>`` (``--cache``; a stack name writes the
@@ -268,10 +269,11 @@ def fp8_gemm_scope(value: Union[bool, str, None]) -> Optional[str]:
 
 def speed_options(compile: bool = False, compile_backend: Optional[str] = "inductor",
                   compile_mode: Optional[str] = None, fp8_gemms: Union[bool, str, None] = None,
-                  bf16_te_gemms: bool = False) -> tuple[str, ...]:
+                  bf16_te_gemms: bool = False, fused_block: Optional[bool] = None) -> tuple[str, ...]:
     """The speed options of a render as stack options, in a stack name's order: ``("compile", "fp8gemm")``,
     ``("compile=eager",)``, ``("compile=inductor:max-autotune",)``, ``("fp8gemm=ffn",)``; ``()`` for none.
-    ``fp8_gemms``: the scope (:func:`fp8_gemm_scope`), ``all`` written as the bare word."""
+    ``fp8_gemms``: the scope (:func:`fp8_gemm_scope`), ``all`` written as the bare word; ``fused_block`` False
+    (``--fused_block off``): ``eagerblock`` (auto and on, the default where it runs, name nothing)."""
     out = []
     if compile:
         backend = compile_backend or "inductor"
@@ -281,6 +283,7 @@ def speed_options(compile: bool = False, compile_backend: Optional[str] = "induc
     scope = fp8_gemm_scope(fp8_gemms)
     out += [] if scope is None else ["fp8gemm" if scope == "all" else f"fp8gemm={scope}"]
     out += ["bf16te"] if bf16_te_gemms else []
+    out += ["eagerblock"] if fused_block is False else []
     return tuple(out)
 
 
@@ -306,7 +309,7 @@ def stack_of(settings: dict, attention: Optional[str] = None) -> str:
     s = settings or {}
     return stack_name(attention or str(s.get("attention_type")),
                       speed_options(bool(s.get("compile")), s.get("compile_backend"), s.get("compile_mode"),
-                                    s.get("fp8_gemms"), bool(s.get("bf16_te_gemms"))),
+                                    s.get("fp8_gemms"), bool(s.get("bf16_te_gemms")), s.get("fused_block")),
                       s.get("vae_decode"), s.get("vae_encode"), s.get("cache"),
                       layout_tag(int(s.get("ulysses_degree") or 1), int(s.get("ring_degree") or 1),
                                  bool(s.get("use_cfg_parallel"))))
@@ -355,7 +358,7 @@ def options_tag(speed: Iterable[str] = (), vae_decode: Optional[str] = None, vae
 
 
 #: Where one option of :func:`options_tag` starts (a compile mode's own ``-`` stays in it).
-_TAG_OPTION = re.compile(r"-(?=(?:compile|fp8gemm|bf16te)(?:-|=|$)|(?:vae|encode)=)")
+_TAG_OPTION = re.compile(r"-(?=(?:compile|fp8gemm|bf16te|eagerblock)(?:-|=|$)|(?:vae|encode)=)")
 
 
 def options_from_tag(tag: str) -> tuple[tuple[str, ...], Optional[str], Optional[str]]:
@@ -436,7 +439,7 @@ def identity(rec: Record) -> Identity:
     encode = (data["vae_encode"] or {}).get("mode") if "vae_encode" in data else settings.get("vae_encode")
     cache = (data.get("cache") or {}).get("spec") or settings.get("cache") or None
     speed = speed_options(bool(settings.get("compile")), settings.get("compile_backend"), settings.get("compile_mode"),
-                          settings.get("fp8_gemms"), bool(settings.get("bf16_te_gemms")))
+                          settings.get("fp8_gemms"), bool(settings.get("bf16_te_gemms")), settings.get("fused_block"))
     return Identity(attention=str(attention), layout=layout, vae_decode=decode, vae_encode=encode, cache=cache,
                     emulated=backend.get("emulated"), exact=backend.get("exact"),
                     run_id=data.get("run_id") or rec.created, speed=speed)
