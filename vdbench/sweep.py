@@ -29,11 +29,12 @@ What it does, in order, everything under ``--out`` (default ``outputs/sweep``):
    renders already done (their records are read back) and spends what is left of the same budget
    (``progress.json``); ``--stop_after_min`` bounds one run alone (a machine lent for ten minutes at a time).
 4. **The ranking** (``sweep.csv``, ``sweep.json``, ``report.html``, ``records.jsonl``): warm ms/step with p20-p80
-   and n, speed-up against ``default``, end-to-end seconds, one-time seconds, PSNR / SSIM against the quality
-   baseline (``quality_vs``), peak memory, the kernels that ran; the Pareto set on (warm step, PSNR); and the
-   verdict line: the fastest within ``--psnr_tolerance_db`` of exact, and the fastest overall. Where fewer
-   candidates were rendered than planned, it says how many of how many, speaks of those, and ends with the kernel
-   bench's predicted ranking, marked provisional.
+   and n and beside it the joules per warm step (every card; a GPU's NVML counter), speed-up against ``default``,
+   end-to-end seconds, one-time seconds, PSNR / SSIM against the quality baseline (``quality_vs``), peak memory,
+   the kernels that ran; the Pareto set on (warm step, PSNR); and the verdict line: the fastest within
+   ``--psnr_tolerance_db`` of exact, and the fastest overall. Where fewer candidates were rendered than planned, it
+   says how many of how many, speaks of those, and ends with the kernel bench's predicted ranking, marked
+   provisional.
 
 A stack is ``<attention type>[+option...]`` (:func:`vdbench.measure.record.split_stack`): ``compile``
 (``--use_torch_compile``), ``compile=<backend>[:<mode>]`` (with ``--compile_backend`` / ``--compile_mode``),
@@ -793,9 +794,9 @@ def _db(r) -> str:
     return f"{r['psnr_db']:.1f} dB vs {'the reference' if vs == REFERENCE else vs}{codec}"
 
 
-COLUMNS = ["stack", "gpus", "warm_ms", "warm_is", "p20_ms", "p80_ms", "n", "speedup", "first_step_ms", "end_to_end_s",
-           "one_time_s", "break_even", "psnr_db", "ssim", "quality_from", "quality_vs", "peak_gib", "pareto",
-           "speed_figure", "why_not_speed", "emulated", "kernels", "why", "attention", "video"]
+COLUMNS = ["stack", "gpus", "warm_ms", "step_energy_j", "warm_is", "p20_ms", "p80_ms", "n", "speedup",
+           "first_step_ms", "end_to_end_s", "one_time_s", "break_even", "psnr_db", "ssim", "quality_from", "quality_vs",
+           "peak_gib", "pareto", "speed_figure", "why_not_speed", "emulated", "kernels", "why", "attention", "video"]
 #: The report's table: the CSV's columns up to the kernels that ran.
 HTML_COLUMNS = COLUMNS[:COLUMNS.index("kernels") + 1]
 
@@ -1166,7 +1167,8 @@ def _log_plan(plan: list[dict], left_s: float) -> None:
 
 
 def _print_table(rows, quality_vs: str = REFERENCE):
-    cols = ["stack", "gpus", "warm_ms", "n", "speedup", "one_time_s", "break_even", "psnr_db", "pareto"]
+    cols = ["stack", "gpus", "warm_ms", "step_energy_j", "n", "speedup", "one_time_s", "break_even", "psnr_db",
+            "pareto"]
     print("  ".join(f"{_header(c, quality_vs):>12s}" for c in cols))
     for r in rows:
         print("  ".join(f"{_shown(r, c):>12s}" for c in cols))
