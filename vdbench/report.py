@@ -935,7 +935,7 @@ def figure_labels(inputs, labels, reference: str, timing_dir=None, warnings: lis
 # --------------------------------------------------------------------------------------------------------
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m vdbench.report", description=__doc__,
                                 formatter_class=DefaultsHelpFormatter)
     p.add_argument("run_dirs", nargs="+", type=Path, metavar="RUN_DIR",
@@ -944,7 +944,11 @@ def main(argv=None) -> int:
     p.add_argument("-o", "--output_dir", type=Path, default=None,
                    help="where report.html and summary.csv go (default: the first RUN_DIR)")
     p.add_argument("--device", default=None, help="run the SSIM windows here (e.g. cuda): much faster on 480p")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
     try:
         summaries = [summarize(d, args.reference, device=args.device) for d in args.run_dirs]
     except (FileNotFoundError, ValueError) as exc:
