@@ -26,13 +26,15 @@ kernels run under Triton's interpreter only.
 from __future__ import annotations
 
 import argparse
-import json
-from pathlib import Path
 
 import torch
 
-from vdbench.helptext import DefaultsHelpFormatter
-from vdbench.timing import sample_ms, speed_verdict, system_info
+try:  # imported with the checkout on the path (the tests, a suite's PYTHONPATH)
+    from bench.kernel_rows import finish, parser, print_rows, timed_row
+except ModuleNotFoundError as e:
+    if e.name != "bench":
+        raise
+    from kernel_rows import finish, parser, print_rows, timed_row  # run by path: bench/ is first on sys.path
 
 #: name -> (tokens of one call, model width, blocks)
 SHAPES = {"wan13": (32760, 1536, 30), "wan14": (75600, 5120, 40), "tiny": (48, 64, 2)}
@@ -74,16 +76,12 @@ def bench(name: str, ranks: int, per_token: bool, device, budget_s: float) -> tu
     rows = []
 
     def row(kind, form, n, fn, ref):
-        t = sample_ms(fn, device, budget_s=budget_s)
-        st = t.stats()
-        out = fn()
         calls = PER_BLOCK[kind] * blocks * 2  # both guidance branches (a rank: its share of each)
-        moved = n * d * BYTES[kind][form == "fused"]
-        rows.append({"shape": name, "pass": kind, "form": form, "tokens": n, "dim": d, "per_token": per_token,
-                     "ms": st["median"], "p20_ms": st["p20"], "p80_ms": st["p80"], "n": t.n,
-                     "first_ms": st["first_ms"], "gbps": moved / (st["median"] * 1e-3) / 1e9 if st["median"] else None,
-                     "calls_per_step": calls, "per_step_ms": st["median"] * calls if st["median"] else None,
-                     "bit_identical": None if ref is None else bool(torch.equal(out, ref))})
+        moved = n * d * BYTES[kind][form.startswith("fused")]
+        got, out = timed_row(fn, device, budget_s, moved=moved, calls=calls,
+                             check=None if ref is None else lambda o: torch.equal(o, ref),
+                             shape=name, form=form, tokens=n, dim=d, per_token=per_token, **{"pass": kind})
+        rows.append(got)
         return out
 
     for part in [1] + ([ranks] if ranks > 1 else []):
@@ -102,14 +100,8 @@ def bench(name: str, ranks: int, per_token: bool, device, budget_s: float) -> tu
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=DefaultsHelpFormatter)
-    p.add_argument("--shapes", nargs="+", default=["wan13", "wan14"], choices=sorted(SHAPES),
-                   help="model shapes (default: %(default)s)")
-    p.add_argument("--ranks", type=int, default=1, help="also a rank's share at this Ulysses degree; 1: not "
-                   "(default: %(default)s)")
+    p = parser(__doc__, SHAPES, ranks=1)
     p.add_argument("--per_token", action="store_true", help="temb one row per token (Wan 2.2 TI2V's form)")
-    p.add_argument("--budget_s", type=float, default=5.0, help="timed seconds per row at most (default: %(default)s)")
-    p.add_argument("-o", "--output", default=None, help="JSON output (default: print only)")
     return p
 
 
@@ -120,28 +112,19 @@ def main(argv=None) -> int:
     for name in args.shapes:
         got, checks[name] = bench(name, args.ranks, args.per_token, device, args.budget_s)
         rows += got
-    ok, why = speed_verdict(device, n=min(r["n"] for r in rows))
-    for r in rows:
-        print(f"{r['shape']:6s} {r['pass']:12s} {r['form']:9s} {r['tokens']:6d} tok  {r['ms']:8.3f} ms "
-              f"[{r['p20_ms']:.3f}-{r['p80_ms']:.3f}] n={r['n']}  {r['gbps'] or 0:7.0f} GB/s  x{r['calls_per_step']}"
-              f"/step = {r['per_step_ms']:.1f} ms  identical={r['bit_identical']}")
+    print_rows(rows, lambda r: f"{r['shape']:6s} {r['pass']:12s} {r['form']:9s}")
     saved = {}
     for r in rows:
         key = (r["shape"], r["form"].partition("_")[2])
         sign = -1 if r["form"].startswith("fused") else 1
         saved[key] = saved.get(key, 0.0) + sign * (r["per_step_ms"] or 0.0)
     for (shape, part), ms in saved.items():
-        print(f"{shape} {part or 'one GPU'}: {ms:.1f} ms a step less fused (the passes above, both branches)")
+        print(f"{shape} {part or 'one GPU'}: the fused kernels save {ms:.1f} ms a step (the passes above, both "
+              "branches)")
     for shape, c in checks.items():
         print(f"{shape} layer norm of bf16 vs fp32 input: {c}")
-    if not ok:
-        print(f"warning: not a speed figure ({why})")
-    out = {"device": system_info(device), "speed_figure": ok, "why_not_speed": why, "rows": rows,
-           "per_step_saved_ms": {f"{s}{'_' + p if p else ''}": ms for (s, p), ms in saved.items()}, "probes": checks}
-    if args.output:
-        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.output).write_text(json.dumps(out, indent=1))
-    return 0 if all(r["bit_identical"] in (None, True) for r in rows) else 1
+    return finish(rows, device, args.output, probes=checks,
+                  per_step_saved_ms={f"{s}{'_' + p if p else ''}": ms for (s, p), ms in saved.items()})
 
 
 if __name__ == "__main__":
