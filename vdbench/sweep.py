@@ -163,7 +163,7 @@ def parse_stack(text: str) -> Candidate:
     name = stack_name(canonical_attention(head),
                       speed_options("compile" in given, compile_backend, compile_mode or None,
                                     (given["fp8gemm"] or "all") if "fp8gemm" in given else None,
-                                    "bf16te" in given, False if "eagerblock" in given else None),
+                                    "bf16te" in given, fused_block=False if "eagerblock" in given else None),
                       given.get("vae"), given.get("encode"), cache.name if cache else None, given.get("layout", ""))
     return Candidate(name, head, flags, "asked for (--stacks)", nproc=layout_ranks(given.get("layout", "")))
 
