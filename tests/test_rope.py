@@ -148,7 +148,7 @@ def rope_kernel_module():
     return importlib.import_module("vdbench.kernels.rope")
 
 
-def test_a_cpu_render_records_why_its_rope_is_not_fused(tmp_path):
+def test_a_cpu_render_records_why_its_rope_and_block_are_not_fused(tmp_path):
     import json
 
     from tests.test_attention_prewarm import _cfg
@@ -159,3 +159,7 @@ def test_a_cpu_render_records_why_its_rope_is_not_fused(tmp_path):
     assert first["fused_rope"] == {"setting": "auto", "used": False,
                                    "why_not": "a cpu device (the kernel runs on CUDA)"}
     assert first["attention"]["rope"] == {"fused_calls": 0, "eager_calls": 0, "eager_why": None}
+    # and its block passes (--fused_block auto): the same reason, nothing installed, nothing counted
+    assert first["fused_block"] == {"setting": "auto", "used": False,
+                                    "why_not": "a cpu device (the kernel runs on CUDA)"}
+    assert first["attention"]["block"]["modulate"] == {"fused_calls": 0, "eager_calls": 0}
