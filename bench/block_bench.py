@@ -29,12 +29,14 @@ import argparse
 
 import torch
 
+from vdbench.helptext import DefaultsHelpFormatter
+
 try:  # imported with the checkout on the path (the tests, a suite's PYTHONPATH)
-    from bench.kernel_rows import finish, parser, print_rows, timed_row
+    from bench.kernel_rows import add_options, finish, print_rows, timed_row
 except ModuleNotFoundError as e:
     if e.name != "bench":
         raise
-    from kernel_rows import finish, parser, print_rows, timed_row  # run by path: bench/ is first on sys.path
+    from kernel_rows import add_options, finish, print_rows, timed_row  # run by path: bench/ is first on sys.path
 
 #: name -> (tokens of one call, model width, blocks)
 SHAPES = {"wan13": (32760, 1536, 30), "wan14": (75600, 5120, 40), "tiny": (48, 64, 2)}
@@ -100,7 +102,8 @@ def bench(name: str, ranks: int, per_token: bool, device, budget_s: float) -> tu
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = parser(__doc__, SHAPES, ranks=1)
+    p = add_options(argparse.ArgumentParser(description=__doc__, formatter_class=DefaultsHelpFormatter),
+                    SHAPES, ranks=1)
     p.add_argument("--per_token", action="store_true", help="temb one row per token (Wan 2.2 TI2V's form)")
     return p
 

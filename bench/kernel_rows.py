@@ -5,19 +5,16 @@ checked against the eager one --, its printed line, and the end of a run: the sp
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 from typing import Callable, Optional
 
-from vdbench.helptext import DefaultsHelpFormatter
 from vdbench.timing import sample_ms, speed_verdict, system_info
 
 
-def parser(doc: str, shapes, ranks: int) -> argparse.ArgumentParser:
-    """The options every such bench takes: ``--shapes`` (of ``shapes``), ``--ranks`` (default ``ranks``),
-    ``--budget_s``, ``-o``."""
-    p = argparse.ArgumentParser(description=doc, formatter_class=DefaultsHelpFormatter)
+def add_options(p, shapes, ranks: int):
+    """Add to the bench's parser ``p`` the options every such bench takes: ``--shapes`` (of ``shapes``), ``--ranks``
+    (default ``ranks``), ``--budget_s``, ``-o``; returns ``p``."""
     p.add_argument("--shapes", nargs="+", default=["wan13", "wan14"], choices=sorted(shapes),
                    help="model shapes (default: %(default)s)")
     p.add_argument("--ranks", type=int, default=ranks, help="also a rank's share at this Ulysses degree; 1: not "

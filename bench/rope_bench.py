@@ -26,12 +26,14 @@ import argparse
 
 import torch
 
+from vdbench.helptext import DefaultsHelpFormatter
+
 try:  # imported with the checkout on the path (the tests, a suite's PYTHONPATH)
-    from bench.kernel_rows import finish, parser, print_rows, timed_row
+    from bench.kernel_rows import add_options, finish, print_rows, timed_row
 except ModuleNotFoundError as e:
     if e.name != "bench":
         raise
-    from kernel_rows import finish, parser, print_rows, timed_row  # run by path: bench/ is first on sys.path
+    from kernel_rows import add_options, finish, print_rows, timed_row  # run by path: bench/ is first on sys.path
 
 #: name -> (frames, height, width of the token grid (latent / patch), heads, head dim, layers): one self-attention call
 SHAPES = {"wan13": (21, 30, 52, 12, 128, 30), "wan14": (21, 45, 80, 40, 128, 40), "tiny": (3, 4, 4, 2, 16, 2)}
@@ -93,7 +95,8 @@ def bench(name: str, ranks: int, device, budget_s: float) -> list[dict]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    return parser(__doc__, SHAPES, ranks=2)
+    return add_options(argparse.ArgumentParser(description=__doc__, formatter_class=DefaultsHelpFormatter),
+                       SHAPES, ranks=2)
 
 
 def main(argv=None) -> int:
