@@ -176,6 +176,11 @@ def build_parser(family: str | families.Family, prog: Optional[str] = None,
         help="Q and K's rotary embedding in one Triton kernel, diffusers' values bit for bit (the eager form is eight "
              "strided passes, ~8%% of a Wan 1.3B step on an H200); auto: on a CUDA device with Triton, not with "
              "--use_torch_compile (inductor fuses it); Wan (default: %(default)s)")
+    add("--fused_block", choices=AUTO_ON_OFF, default="auto",
+        help="each transformer block's modulations and gated residuals in Triton kernels, diffusers' values bit for "
+             "bit (eagerly each is several fp32 passes over the hidden state); auto: on a CUDA device with Triton, "
+             "not with --use_torch_compile (inductor fuses them); on also runs on a CPU under TRITON_INTERPRET=1; "
+             "Wan (default: %(default)s)")
     add("--use_bf16_te_gemms", action="store_true",
         help="run the text encoder in bfloat16 whatever --dtype is (T5 overflows in fp16)")
     add("--use_fp8_gemms", nargs="?", const="all", default=None, choices=FP8_GEMM_SCOPES,
@@ -382,6 +387,7 @@ def config_from_args(fam: families.Family, args, model: Optional[str] = None):
         use_cfg_parallel=args.use_cfg_parallel, ulysses_overlap=args.ulysses_overlap,
         ulysses_async=_auto_on_off(args.ulysses_async), guidance_overlap=_auto_on_off(args.guidance_overlap),
         fused_rope=_auto_on_off(args.fused_rope),
+        fused_block=_auto_on_off(args.fused_block),
         ulysses_fp8_exchange=args.ulysses_fp8_exchange == "on",
         ulysses_v_per_rank=args.ulysses_v_per_rank == "on",
         overwrite=args.overwrite)
