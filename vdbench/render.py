@@ -490,13 +490,9 @@ class Loaded:
     # has a prewarm that did not start, why (recorded as the first entry's attention_prewarm)
     attention_prewarm: object = None
     attention_prewarm_skipped: Optional[dict] = None
-<<<<<<< HEAD
-    rope_prewarm: object = None  # _RopePrewarm started for this render (--fused_rope), or None
-    memory: Optional[dict] = None  # the load stage's allocated and reserved peaks (vdbench.timing.memory_stage)
-=======
     rope_prewarm: object = None  # _KernelPrewarm of the fused RoPE started for this render (--fused_rope), or None
     block_prewarm: object = None  # _KernelPrewarm of the fused block's kernels (--fused_block), or None
->>>>>>> block58
+    memory: Optional[dict] = None  # the load stage's allocated and reserved peaks (vdbench.timing.memory_stage)
 
 
 def _start_prewarm(plan: Plan, pipe=None, *, encode_only: bool = False):
@@ -730,11 +726,7 @@ def load(plan: Plan) -> Loaded:
         attn_prewarm, attn_skipped = _start_attention_prewarm(plan, pipe)  # its configs now known
     return Loaded(pipe, models, kwargs, header, load_s=load_s, prewarm=prewarm, cache=counter,
                   attention_prewarm=attn_prewarm, attention_prewarm_skipped=attn_skipped,
-<<<<<<< HEAD
-                  rope_prewarm=rope_prewarm, memory=memory_stage(device))
-=======
-                  rope_prewarm=rope_prewarm, block_prewarm=block_prewarm)
->>>>>>> block58
+                  rope_prewarm=rope_prewarm, block_prewarm=block_prewarm, memory=memory_stage(device))
 
 
 class _KernelPrewarm:
@@ -1121,11 +1113,6 @@ class _Repetition:
             "power": timer.power_record(),  # each step's joules, power, SM clock, power-capped share (vdbench.power)
             "scheduler_ahead": self.scheduler_ahead,  # copies and solves made without waiting (--scheduler_async)
             "attention": patch.stats.as_dict(),  # + the RoPE's calls, fused or eager
-<<<<<<< HEAD
-            "fused_rope": _fused_rope_record(plan, patch, self.loaded if rep == 0 else None),
-            # --offload expert: the units swapped since the load, those left to the incoming expert's first call
-            "offload": swap.as_dict() if (swap := expert_swap(self.loaded.pipe)) is not None else None,
-=======
             "fused_rope": _fused_record(plan.cfg.fused_rope, plan.fused_rope, patch.stats.rope["fused"],
                                         "no call went through the family's processor (diffusers' own ran)",
                                         self.loaded.rope_prewarm if rep == 0 else None),
@@ -1133,7 +1120,8 @@ class _Repetition:
                                          sum(n for (_, form), n in patch.stats.block.items() if form == "fused"),
                                          patch.stats.block_eager_why or "no block ran the family's forward",
                                          self.loaded.block_prewarm if rep == 0 else None),
->>>>>>> block58
+            # --offload expert: the units swapped since the load, those left to the incoming expert's first call
+            "offload": swap.as_dict() if (swap := expert_swap(self.loaded.pipe)) is not None else None,
             "attention_share": (attn_time / sum(step_times)) if attn_time and step_times else None,
             "memory": {"load": self.loaded.memory, **self.memory},  # each stage's peaks, this rank's card
             "peak_memory_bytes": _peak(self.memory, "allocated_peak"),
@@ -1147,23 +1135,12 @@ class _Repetition:
         }
 
 
-<<<<<<< HEAD
 def _peak(memory: dict, key: str) -> Optional[int]:
     """A repetition's peak (the denoising's and the decode's; the load's is its own stage), None on a CPU."""
     values = [m[key] for m in memory.values() if m]
     return max(values) if values else None
 
 
-def _fused_rope_record(plan: Plan, patch, loaded: Optional[Loaded]) -> dict:
-    """The render's RoPE: the setting, whether the kernel ran (its calls: a context-parallel render without the
-    family's processor runs diffusers' RoPE, unfused), why not, and on the first repetition its prewarm."""
-    fused = patch.stats.rope["fused"]
-    why = plan.fused_rope or (None if fused else "no call went through the family's processor (diffusers' own ran)")
-    out = {"setting": {None: "auto", True: "on", False: "off"}[plan.cfg.fused_rope], "used": bool(fused),
-           "why_not": why}
-    if loaded is not None and loaded.rope_prewarm is not None:
-        out["prewarm"] = loaded.rope_prewarm.as_dict()
-=======
 def _fused_record(setting: Optional[bool], why: Optional[str], fused: int, none_ran: str, prewarm) -> dict:
     """A fused kernel's part of a render's entry (``fused_rope``, ``fused_block``): the setting, whether the kernel ran
     (``fused``: its calls), why not (the plan's reason, else ``none_ran`` where no call was fused: a context-parallel
@@ -1173,7 +1150,6 @@ def _fused_record(setting: Optional[bool], why: Optional[str], fused: int, none_
            "why_not": why or (None if fused else none_ran)}
     if prewarm is not None:
         out["prewarm"] = prewarm.as_dict()
->>>>>>> block58
     return out
 
 

@@ -295,14 +295,9 @@ def speed_options(compile: bool = False, compile_backend: Optional[str] = "induc
     """The speed options of a render as stack options, in a stack name's order: ``("compile", "fp8gemm")``,
     ``("compile=eager",)``, ``("compile=inductor:max-autotune",)``, ``("fp8gemm=ffn",)``; ``()`` for none.
     ``fp8_gemms``: the scope (:func:`fp8_gemm_scope`), ``all`` written as the bare word. ``offload``: where the
-<<<<<<< HEAD
-    weights wait off the GPU (``--offload``: ``model``, ``group``, ``expert``); ``fp8_exchange``: Ulysses' V and output cross
-    as fp8 (``fp8x``: ``--ulysses_fp8_exchange on``, lossy)."""
-=======
-    weights wait off the GPU (``offload=model``: ``--cpu_offload``); ``fp8_exchange``: Ulysses' V and output cross
-    as fp8 (``fp8x``: ``--ulysses_fp8_exchange on``, lossy); ``fused_block`` False (``--fused_block off``):
-    ``eagerblock`` (auto and on, the default where it runs, name nothing)."""
->>>>>>> block58
+    weights wait off the GPU (``--offload``: ``model``, ``group``, ``expert``); ``fp8_exchange``: Ulysses' V and
+    output cross as fp8 (``fp8x``: ``--ulysses_fp8_exchange on``, lossy); ``fused_block`` False (``--fused_block
+    off``): ``eagerblock`` (auto and on, the default where it runs, name nothing)."""
     out = []
     if compile:
         backend = compile_backend or "inductor"
@@ -324,12 +319,8 @@ def settings_speed_options(s: dict) -> tuple[str, ...]:
     exchange = s.get("ulysses_fp8_exchange")
     offload = s.get("offload") if s.get("offload") not in (None, "none") else ("model" if s.get("cpu_offload") else None)
     return speed_options(bool(s.get("compile")), s.get("compile_backend"), s.get("compile_mode"), s.get("fp8_gemms"),
-<<<<<<< HEAD
-                         bool(s.get("bf16_te_gemms")), offload, exchange is True or exchange == "on")
-=======
-                         bool(s.get("bf16_te_gemms")), "model" if s.get("cpu_offload") else None,
-                         exchange is True or exchange == "on", s.get("fused_block"))
->>>>>>> block58
+                         bool(s.get("bf16_te_gemms")), offload, exchange is True or exchange == "on",
+                         s.get("fused_block"))
 
 
 def stack_name(attention: str, speed: Iterable[str] = (), vae_decode: Optional[str] = None,
