@@ -14,6 +14,7 @@ from typing import Callable, Optional
 from . import families
 from .cache import CACHE_HELP
 from .identity import DEFAULT_SEED
+from .offload import MODES as OFFLOAD_MODES
 from .parallel import ENGINE_CHOICES
 from .patching import ON_UNSUPPORTED_CHOICES
 from .speed import COMPILE_BACKENDS, FP8_GEMM_SCOPES, INDUCTOR_TUNING
@@ -180,6 +181,11 @@ OPTIONS: tuple[Option, ...] = (
            help="Q and K's rotary embedding in one Triton kernel, diffusers' values bit for bit (the eager form is "
                 "eight strided passes, ~8%% of a Wan 1.3B step on an H200); auto: on a CUDA device with Triton, not "
                 "with --use_torch_compile (inductor fuses it); Wan (default: %(default)s)"),
+    Option("--fused_block", choices=AUTO_ON_OFF, default="auto", convert=auto_on_off,
+           help="each transformer block's modulations and gated residuals in Triton kernels, diffusers' values bit "
+                "for bit (eagerly each is several fp32 passes over the hidden state); auto: on a CUDA device with "
+                "Triton, not with --use_torch_compile (inductor fuses them); on also runs on a CPU under "
+                "TRITON_INTERPRET=1; Wan (default: %(default)s)"),
     Option("--use_bf16_te_gemms", fills="bf16_te_gemms", action="store_true",
            help="run the text encoder in bfloat16 whatever --dtype is (T5 overflows in fp16)"),
     Option("--use_fp8_gemms", fills="fp8_gemms", nargs="?", const="all", default=None, choices=FP8_GEMM_SCOPES,
@@ -226,8 +232,13 @@ OPTIONS: tuple[Option, ...] = (
            help="diffusers' tiled VAE decode (less memory, seams blended)"),
     Option("--vae_slicing", action="store_true",
            help="diffusers' sliced VAE decode (one batch element at a time)"),
-    Option("--cpu_offload", action="store_true",
-           help="diffusers' enable_model_cpu_offload (needs a GPU)"),
+    Option("--offload", choices=OFFLOAD_MODES, default="none",
+           help="where weights wait off the GPU (needs one): model = diffusers' model offload (each component on the "
+                "GPU while it runs), group = diffusers' group offload (a block at a time, the next one prefetched on "
+                "a CUDA stream), expert = the idle one of two experts (Wan 2.2 A14B) on the host, swapped block by "
+                "block in the last step before its turn; named in the stack (offload=<mode>) (default: %(default)s)"),
+    Option("--cpu_offload", fills=None, dest="offload", action="store_const", const="model",
+           help="the same as --offload model"),
 
     Option("--parallel_engine", choices=ENGINE_CHOICES, default="auto",
            help="under torchrun: xfuser (xDiT's USP; CUDA only), diffusers (diffusers' context parallelism; CPU too) "

@@ -29,16 +29,18 @@ What it does, in order, everything under ``--out`` (default ``outputs/sweep``):
    renders already done (their records are read back) and spends what is left of the same budget
    (``progress.json``); ``--stop_after_min`` bounds one run alone (a machine lent for ten minutes at a time).
 4. **The ranking** (``sweep.csv``, ``sweep.json``, ``report.html``, ``records.jsonl``): warm ms/step with p20-p80
-   and n, speed-up against ``default``, end-to-end seconds, one-time seconds, PSNR / SSIM against the quality
-   baseline (``quality_vs``), peak memory, the kernels that ran; the Pareto set on (warm step, PSNR); and the
-   verdict line: the fastest within ``--psnr_tolerance_db`` of exact, and the fastest overall. Where fewer
-   candidates were rendered than planned, it says how many of how many, speaks of those, and ends with the kernel
-   bench's predicted ranking, marked provisional.
+   and n and beside it the joules per warm step (every card; a GPU's NVML counter), speed-up against ``default``,
+   end-to-end seconds, one-time seconds, PSNR / SSIM against the quality baseline (``quality_vs``), peak memory,
+   the kernels that ran; the Pareto set on (warm step, PSNR); and the verdict line: the fastest within
+   ``--psnr_tolerance_db`` of exact, and the fastest overall. Where fewer candidates were rendered than planned, it
+   says how many of how many, speaks of those, and ends with the kernel bench's predicted ranking, marked
+   provisional.
 
 A stack is ``<attention type>[+option...]`` (:func:`vdbench.measure.record.split_stack`): ``compile``
 (``--use_torch_compile``), ``compile=<backend>[:<mode>]`` (with ``--compile_backend`` / ``--compile_mode``),
 ``fp8gemm`` (``--use_fp8_gemms``), ``fp8gemm=<scope>`` (``--use_fp8_gemms <scope>``: ``fp8gemm=ffn``, the
-feed-forward layers only), ``bf16te`` (``--use_bf16_te_gemms``), ``vae=<mode>`` (``--vae_decode``),
+feed-forward layers only), ``bf16te`` (``--use_bf16_te_gemms``), ``eagerblock`` (``--fused_block off``: the blocks'
+elementwise passes unfused, the baseline of the fused default), ``vae=<mode>`` (``--vae_decode``),
 ``encode=<mode>`` (``--vae_encode``), a step cache's spec (``--cache``: ``fbc:threshold=0.05``, or
 ``cache=fbc:threshold=0.05``). Its row is named by the stack's one spelling, the ``stack`` its render records
 (``sagev2_fp8:gran=per_warp+compile+fp8gemm+vae=fast``). CPU figures are not
@@ -84,7 +86,8 @@ BASELINE_WHY, REFERENCE_WHY = "baseline: the pipeline's own attention", "quality
 KERNEL_SHARE = 0.15
 
 #: Stack options -> the render flags they add (the grammar: :func:`vdbench.measure.record.split_stack`).
-STACK_OPTIONS = {"compile": ["--use_torch_compile"], "fp8gemm": ["--use_fp8_gemms"], "bf16te": ["--use_bf16_te_gemms"]}
+STACK_OPTIONS = {"compile": ["--use_torch_compile"], "fp8gemm": ["--use_fp8_gemms"], "bf16te": ["--use_bf16_te_gemms"],
+                 "eagerblock": ["--fused_block", "off"]}
 STACK_VALUES = {"fp8gemm": "--use_fp8_gemms", "vae": "--vae_decode", "encode": "--vae_encode", "cache": "--cache"}
 
 #: What a stack option adds to a render once (its first step or warm-up call), until a render of this sweep measured it
@@ -92,7 +95,7 @@ STACK_VALUES = {"fp8gemm": "--use_fp8_gemms", "vae": "--vae_decode", "encode": "
 #: (a regional compile: 8-11 s) and §10.3 (the feed-forward fp8 GEMMs' warm-up call, compile included, 14.1 s without
 #: inductor's coordinate-descent tuning, the default; every block GEMM in fp8, not measured without it, is given the
 #: same prior).
-OPTION_ONE_TIME_S = {"compile": 11.0, "fp8gemm": 15.0, "fp8gemm=ffn": 15.0, "bf16te": 0.0}
+OPTION_ONE_TIME_S = {"compile": 11.0, "fp8gemm": 15.0, "fp8gemm=ffn": 15.0, "bf16te": 0.0, "eagerblock": 0.0}
 
 
 @dataclass
@@ -160,7 +163,7 @@ def parse_stack(text: str) -> Candidate:
     name = stack_name(canonical_attention(head),
                       speed_options("compile" in given, compile_backend, compile_mode or None,
                                     (given["fp8gemm"] or "all") if "fp8gemm" in given else None,
-                                    "bf16te" in given),
+                                    "bf16te" in given, fused_block=False if "eagerblock" in given else None),
                       given.get("vae"), given.get("encode"), cache.name if cache else None, given.get("layout", ""))
     return Candidate(name, head, flags, "asked for (--stacks)", nproc=layout_ranks(given.get("layout", "")))
 
@@ -791,9 +794,9 @@ def _db(r) -> str:
     return f"{r['psnr_db']:.1f} dB vs {'the reference' if vs == REFERENCE else vs}{codec}"
 
 
-COLUMNS = ["stack", "gpus", "warm_ms", "warm_is", "p20_ms", "p80_ms", "n", "speedup", "first_step_ms", "end_to_end_s",
-           "one_time_s", "break_even", "psnr_db", "ssim", "quality_from", "quality_vs", "peak_gib", "pareto",
-           "speed_figure", "why_not_speed", "emulated", "kernels", "why", "attention", "video"]
+COLUMNS = ["stack", "gpus", "warm_ms", "step_energy_j", "warm_is", "p20_ms", "p80_ms", "n", "speedup",
+           "first_step_ms", "end_to_end_s", "one_time_s", "break_even", "psnr_db", "ssim", "quality_from", "quality_vs",
+           "peak_gib", "pareto", "speed_figure", "why_not_speed", "emulated", "kernels", "why", "attention", "video"]
 #: The report's table: the CSV's columns up to the kernels that ran.
 HTML_COLUMNS = COLUMNS[:COLUMNS.index("kernels") + 1]
 
@@ -1164,7 +1167,8 @@ def _log_plan(plan: list[dict], left_s: float) -> None:
 
 
 def _print_table(rows, quality_vs: str = REFERENCE):
-    cols = ["stack", "gpus", "warm_ms", "n", "speedup", "one_time_s", "break_even", "psnr_db", "pareto"]
+    cols = ["stack", "gpus", "warm_ms", "step_energy_j", "n", "speedup", "one_time_s", "break_even", "psnr_db",
+            "pareto"]
     print("  ".join(f"{_header(c, quality_vs):>12s}" for c in cols))
     for r in rows:
         print("  ".join(f"{_shown(r, c):>12s}" for c in cols))
@@ -1223,7 +1227,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--psnr_tolerance_db", type=float, default=0.5, help="'within N dB of exact' in the verdict")
     p.add_argument("--stacks", nargs="*", default=[], metavar="STACK",
                    help="extra renders: <attention type>[+compile|+compile=<backend>[:<mode>]][+fp8gemm|+fp8gemm=ffn]"
-                        "[+bf16te]"
+                        "[+bf16te][+eagerblock]"
                         "[+vae=<mode>][+encode=<mode>][+<cache spec>|+cache=<spec>], the name a render records "
                         "as its stack")
     p.add_argument("--nproc", type=int, nargs="+", default=[1], metavar="N",

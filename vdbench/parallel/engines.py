@@ -60,7 +60,8 @@ def apply_engine(ctx: DistContext, pipe, models: list, family: families.Family) 
     pipeline's family (the render's :attr:`vdbench.pipelines.Model.family`)."""
     spec = ctx.spec
     if spec.engine == "diffusers":
-        from diffusers import ContextParallelConfig  # here: diffusers takes seconds to import, one process never needs it
+        # imported here: diffusers takes seconds to import, and one process never needs it
+        from diffusers import ContextParallelConfig
 
         if spec.async_exchange is None:  # auto: where it applies; the record says what was settled
             spec = ctx.spec = replace(spec, async_exchange=spec.async_applies

@@ -54,7 +54,7 @@ class RenderConfig:
     profile_warmup: int = 1
     profile_active: int = 2
     power_interval_ms: float = 10.0  # the card's energy, clock and power cap sampled per step (vdbench.power); 0 off
-    cpu_offload: bool = False
+    offload: str = "none"  # where weights wait off the GPU: none | model | group | expert (vdbench.offload)
     vae_tiling: bool = False
     vae_slicing: bool = False
     compile: bool = False  # regional torch.compile of the transformer blocks (vdbench.speed)
@@ -84,6 +84,7 @@ class RenderConfig:
     ulysses_overlap: int = 1  # head chunks of the overlapped Ulysses attention (vdbench.patching.ulysses)
     ulysses_async: Optional[bool] = None  # Q, K, V sent beside the projections (Family.ulysses_self_attention); None: auto
     fused_rope: Optional[bool] = None  # Q and K's RoPE in one kernel (vdbench.kernels.rope); None: auto
+    fused_block: Optional[bool] = None  # the blocks' modulations, residuals fused (vdbench.kernels.block); None: auto
     guidance_overlap: Optional[bool] = None  # both guidance branches interleaved on every rank; None: auto
     ulysses_fp8_exchange: bool = False  # V and the output exchanged as e4m3 rows with scales (Fp8Exchange)
     ulysses_v_per_rank: bool = True  # the async exchange's V projected per destination (UlyssesExchange)

@@ -18,9 +18,10 @@ from .. import backends as B
 from .. import parallel as P
 from ..cache import apply_cache
 from ..measure.record import command_line, commit
+from ..offload import HOST_COMPONENTS, apply_offload
 from ..pipelines import ModelLoadError, model_summary, set_schedule, transformers_of
 from ..speed import apply_speed_options
-from ..timing import Laps, system_info
+from ..timing import Laps, memory_stage, system_info
 from .plan import Plan, check_experts
 from .prewarm import Prewarms
 
@@ -37,8 +38,9 @@ class Loaded:
     kwargs: dict
     header: dict
     load_s: Optional[float] = None  # the whole load stage (weights, checks, engine, speed options), host clock
-    prewarms: Prewarms = None  # the VAE's, the attention's, the RoPE's, the scheduler's (vdbench.render.prewarm)
+    prewarms: Prewarms = None  # the VAE's, the attention's, the fused kernels', the scheduler's (render.prewarm)
     cache: object = None  # vdbench.cache.CacheCounter of the step cache applied, or None
+    memory: Optional[dict] = None  # the load stage's allocated and reserved peaks (vdbench.timing.memory_stage)
 
 
 def load(plan: Plan) -> Loaded:
@@ -64,8 +66,10 @@ def load(plan: Plan) -> Loaded:
     scheduler = prewarms.ready_scheduler(plan, pipe)
     part("scheduler_prewarm")
     summary = model_summary(pipe)
-    header = _header(plan, pipe, summary, head_dims, {"flow_shift": schedule["flow_shift"], "schedule": schedule,
-                                                      "speed_options": speed, **scheduler}, load_time)
+    header = _header(plan, pipe, summary, head_dims,
+                     {"flow_shift": schedule["flow_shift"],
+                      "schedule": {k: v for k, v in schedule.items() if k != "offload"},
+                      "offload": schedule["offload"], "speed_options": speed, **scheduler}, load_time)
     kwargs = _call_kwargs(plan)
     part("header")
     if device.type == "cuda":  # the load's last copies and quantization kernels are the load's time
@@ -74,7 +78,8 @@ def load(plan: Plan) -> Loaded:
     load_s = time.perf_counter() - t0
     header["load_parts"] = {k: round(v, 4) for k, v in laps.parts.items()}
     prewarms.at_load_end(plan, pipe)
-    return Loaded(pipe, models, kwargs, header, load_s=load_s, prewarms=prewarms, cache=counter)
+    return Loaded(pipe, models, kwargs, header, load_s=load_s, prewarms=prewarms, cache=counter,
+                  memory=memory_stage(device))
 
 
 def load_checked(plan: Plan, laps: Laps) -> tuple:
@@ -83,10 +88,9 @@ def load_checked(plan: Plan, laps: Laps) -> tuple:
     ``laps``: the load's parts, the loading's own (:meth:`vdbench.pipelines.Model.load`) among them."""
     cfg, model, device = plan.cfg, plan.model, plan.device
     t_load = time.perf_counter()
-    pipe = model.load(dtype=plan.dtype, device="cpu" if cfg.cpu_offload else device, vae_dtype=plan.vae_dtype,
-                      timings=laps.parts)
-    if cfg.cpu_offload:
-        pipe.enable_model_cpu_offload(device=device)
+    on_host = cfg.offload in ("model", "group")  # loaded on the host; the offload places what runs
+    pipe = model.load(dtype=plan.dtype, device="cpu" if on_host else device, vae_dtype=plan.vae_dtype,
+                      timings=laps.parts, host=HOST_COMPONENTS.get(cfg.offload, ()))
     if cfg.vae_tiling:
         pipe.vae.enable_tiling()
     if cfg.vae_slicing:
@@ -99,6 +103,7 @@ def load_checked(plan: Plan, laps: Laps) -> tuple:
     schedule = set_schedule(pipe, plan.family, cfg.task, cfg.height, cfg.width, flow_shift=plan.flow_shift,
                             boundary_ratio=cfg.boundary_ratio, guidance_scale=cfg.guidance_scale,
                             guidance_scale_2=cfg.guidance_scale_2)
+    schedule["offload"] = apply_offload(cfg.offload, pipe, device)  # the boundary set: the expert swap reads it
     pipe.set_progress_bar_config(disable=not sys.stderr.isatty(), leave=False)
     laps.lap("size_checks")
     # the backend's availability here (its package imported, the device queried)

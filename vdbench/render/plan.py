@@ -20,7 +20,9 @@ from .. import backends as B
 from .. import families, identity, pipelines
 from .. import parallel as P
 from ..cache import check_cache, parse_cache
+from ..kernels import probe
 from ..measure.record import settings_speed_options, stack_name
+from ..offload import check_offload
 from ..patching.schedule import as_schedule, resolve_attention
 from ..speed import check_speed_options
 from ..vae.decode import GLUES, DecodeOptions, check_decode
@@ -30,8 +32,8 @@ from ..vae.encode import EncodeOptions, check_encode
 from ..video import written_by_render
 from .config import RenderConfig
 
-__all__ = ["VaeMode", "Plan", "validate", "checked_plan", "check_experts", "fused_rope_choice", "DTYPES",
-           "resolve_device", "resolve_dtype"]
+__all__ = ["VaeMode", "Plan", "validate", "checked_plan", "check_experts", "fused_rope_choice", "fused_block_choice",
+           "DTYPES", "resolve_device", "resolve_dtype"]
 
 DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
           "fp16": torch.float16, "float16": torch.float16}
@@ -87,13 +89,15 @@ class Plan:
     cache: object = None  # vdbench.cache.CacheSpec, or None
     flow_shift: Optional[float] = None  # --flow_shift; None: the model's default, read with the load
     fused_rope: Optional[str] = "not decided"  # why the RoPE is not fused (fused_rope_choice); None: it is
+    fused_block: Optional[str] = "not decided"  # why the blocks' passes aren't fused (fused_block_choice); None: are
 
     @property
     def stack(self) -> str:
         """The render's stack name (:func:`vdbench.measure.record.stack_name`): the backend or schedule, the speed
         options, the VAE modes other than default, the step cache -- recorded with every entry (``stack``)."""
         cfg = self.cfg
-        return stack_name(self.backend.name, settings_speed_options(asdict(cfg)), self.decode.mode.name, self.encode.mode.name, self.cache.name if self.cache else None,
+        return stack_name(self.backend.name, settings_speed_options(asdict(cfg)), self.decode.mode.name,
+                          self.encode.mode.name, self.cache.name if self.cache else None,
                           self.dctx.spec.tag)
 
     @property
@@ -133,16 +137,15 @@ def validate(cfg: RenderConfig, dctx=None) -> Plan:
 
 
 def checked_plan(cfg: RenderConfig, dctx) -> Plan:
-    """The :class:`Plan` of ``cfg``, or the first refusal: what the settings alone refuse, then each thing in turn as
-    it is resolved -- the device and dtypes, the speed options, the model (and what its family refuses), the VAE
-    modes, the backend, the step cache, the parallel layout, the output file. The plan's ``cfg`` records the backend
-    by its own name (an alias -- diffusers' or SGLang's -- as ours) and the step cache in its one spelling."""
+    """The :class:`Plan` of ``cfg``, or the first refusal: what the settings alone refuse, then each thing in turn as it
+    is resolved -- the device and dtypes, the speed options, the model (and what its family refuses, the offload, the
+    fused kernels), the VAE modes, the backend, the step cache, the parallel layout, the output file. The plan's ``cfg``
+    records the backend by its own name (an alias -- diffusers' or SGLang's -- as ours) and the step cache in its one
+    spelling."""
     _check_settings(cfg)
     device = dctx.device
     dtype = resolve_dtype(cfg.dtype, device)
     vae_dtype = dtype if cfg.vae_dtype in (None, "auto") else resolve_dtype(cfg.vae_dtype, device)
-    if cfg.cpu_offload and device.type != "cuda":
-        raise ValueError("--cpu_offload moves models between the CPU and a GPU: it needs a CUDA device")
     check_speed_options(device, compile=cfg.compile, compile_backend=cfg.compile_backend,
                         compile_mode=cfg.compile_mode, fp8_gemms=cfg.fp8_gemms, inductor_tuning=cfg.inductor_tuning)
     # the render's one lookup of its family and one parse of its model string, its configs read (no weight): the
@@ -151,8 +154,10 @@ def checked_plan(cfg: RenderConfig, dctx) -> Plan:
     family = model.family
     if cfg.flow_shift is not None and family.flow_shift is None:
         raise ValueError(f"--flow_shift: the {family.name} pipelines' schedulers have no flow shift\ndrop the flag")
+    check_offload(cfg.offload, device=device, parallel=dctx.distributed, compiled=cfg.compile,
+                  two_experts=None if model.denoisers is None else "transformer_2" in model.denoisers)
     _check_inputs(cfg, model)
-    fused_rope = fused_rope_choice(cfg, device, family)
+    fused = fused_rope_choice(cfg, device, family), fused_block_choice(cfg, device, family)
     decode, encode = _vae_modes(cfg, family, device)
     # unknown names, bad options and malformed schedules fail before the (slow) model load
     backend = resolve_attention(cfg.attention_type)
@@ -169,7 +174,7 @@ def checked_plan(cfg: RenderConfig, dctx) -> Plan:
     B.require_here(backend, device, dtype, model.head_dims or [])
     _check_output(cfg, family)
     check_experts(cfg, model.denoisers)
-    return Plan(cfg, model, backend, device, dtype, vae_dtype, decode, encode, dctx, cache, cfg.flow_shift, fused_rope)
+    return Plan(cfg, model, backend, device, dtype, vae_dtype, decode, encode, dctx, cache, cfg.flow_shift, *fused)
 
 
 def _check_settings(cfg: RenderConfig) -> None:
@@ -273,22 +278,38 @@ def _vae_modes(cfg: RenderConfig, family: families.Family, device: torch.device)
     return VaeMode(decode, decode_options), VaeMode(encode, encode_options)
 
 
-def fused_rope_choice(cfg: RenderConfig, device: torch.device, family: families.Family) -> Optional[str]:
-    """Why this render's RoPE is not fused (``--fused_rope``: :func:`vdbench.kernels.rope.rope_pairs`, diffusers'
-    values bit for bit), None where it is: auto fuses it on CUDA with Triton for a family with a processor of its own
-    (``Family.self_attention``), except under torch.compile, whose inductor fuses it itself. ``on`` where it can't:
-    ValueError with the reason."""
-    if cfg.fused_rope is False:
-        return "off (--fused_rope off)"
-    why = None
-    if family.self_attention is None:
-        why = "the model family runs diffusers' own processor"
-    elif device.type != "cuda":
+def _fused_choice(setting: Optional[bool], flag: str, kernel: str, device: torch.device, compiled: bool,
+                  family_lacks: Optional[str], inductor: str) -> Optional[str]:
+    """Why one of the render's fused kernels (``--fused_rope``, ``--fused_block``: diffusers' values bit for bit) does
+    not run, None where it does. ``auto`` runs it on CUDA where Triton can (:func:`vdbench.kernels.probe` of the
+    registered ``kernel``), for a family with the code that calls it (``family_lacks``: why not, else None), except
+    under torch.compile (``inductor``: what inductor fuses itself); ``on`` runs it there too, and on a CPU under
+    Triton's interpreter (tests); ``on`` where it can't: ValueError with the reason (one line, then a hint)."""
+    if setting is False:
+        return f"off ({flag} off)"
+    why = family_lacks or (f"compiled blocks ({inductor})" if compiled else None)
+    if why is None and device.type != "cuda" and setting is None:
         why = f"a {device.type} device (the kernel runs on CUDA)"
-    elif cfg.compile:
-        why = "compiled blocks (inductor fuses the RoPE itself)"
-    elif importlib.util.find_spec("triton") is None:
-        why = "Triton is not installed (pip install triton)"
-    if why is not None and cfg.fused_rope is True:
-        raise ValueError(f"--fused_rope on: not here: {why}; hint: --fused_rope auto uses it where it can")
+    if why is None:
+        ok, reason = probe(kernel, device)
+        why = None if ok else reason
+    if why is not None and setting is True:
+        raise ValueError(f"{flag} on: not here: {why}\n{flag} auto uses it where it can")
     return why
+
+
+def fused_rope_choice(cfg: RenderConfig, device: torch.device, family: families.Family) -> Optional[str]:
+    """Why this render's RoPE is not fused (``--fused_rope``: :func:`vdbench.kernels.rope.rope_pairs`), None where
+    it is (:func:`_fused_choice`): for a family with a processor of its own (``Family.self_attention``)."""
+    return _fused_choice(cfg.fused_rope, "--fused_rope", "wan_rope", device, cfg.compile,
+                         "the model family runs diffusers' own processor" if family.self_attention is None else None,
+                         "inductor fuses the RoPE itself")
+
+
+def fused_block_choice(cfg: RenderConfig, device: torch.device, family: families.Family) -> Optional[str]:
+    """Why this render's blocks don't run their elementwise passes fused (``--fused_block``:
+    :mod:`vdbench.kernels.block`), None where they do (:func:`_fused_choice`): for a family with a block forward of its
+    own (``Family.block_forward``)."""
+    return _fused_choice(cfg.fused_block, "--fused_block", "wan_block", device, cfg.compile,
+                         "the model family runs diffusers' own block forward" if family.block_forward is None else None,
+                         "inductor fuses the block's elementwise passes itself")

@@ -8,7 +8,8 @@ it best:
 * the fast VAE path's kernels (:mod:`vdbench.vae.prewarm`, on a thread) at the load's end -- the compile holds the
   GIL for tens of ms at a time, which the load's Python needs and the denoising's waiting thread does not --, except
   an image-to-video encode part, which runs before the denoising: that one starts with the load;
-* the fused RoPE's kernel (:func:`vdbench.kernels.rope.prewarm`, on a thread) once the weights are loaded;
+* the fused RoPE's and block's kernels (:func:`vdbench.kernels.rope.prewarm`, :func:`vdbench.kernels.block.prewarm`,
+  each on a thread) once the weights are loaded;
 * the scheduler's first-call costs (:func:`vdbench.pipelines.prewarm_scheduler`) in the load itself.
 
 What each did is data: the records in the timing entries, :attr:`AttentionStart.after_load` for a start that waits
@@ -20,7 +21,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Callable, Optional
 
 from .. import backends as B
 from ..backends import prewarm as AP
@@ -29,21 +30,21 @@ from ..pipelines import prewarm_scheduler, run_scheduler_ahead, run_scheduler_bl
 from ..vae import prewarm as W
 from .plan import Plan
 
-__all__ = ["Prewarms", "AttentionStart", "CallShapes", "RopePrewarm", "attention_calls", "start_vae",
-           "start_attention", "start_rope"]
+__all__ = ["Prewarms", "AttentionStart", "CallShapes", "KernelPrewarm", "attention_calls", "start_vae",
+           "start_attention", "start_rope", "start_block", "rope_prewarm", "block_prewarm"]
 
 
 @dataclass
 class Prewarms:
-    """The prewarms of one render, each started by the method named after its moment of the load:
-    :meth:`at_load_start`, :meth:`after_weights`, :meth:`ready_scheduler` (in the load, waited for),
-    :meth:`at_load_end`.
-    The stages after read them here: the decode waits for ``vae``, the first attention call for ``attention``, the
-    first fused RoPE call for ``rope``; the timing entries record them."""
+    """The prewarms of one render, each started by the method named after its moment of the load: :meth:`at_load_start`,
+    :meth:`after_weights`, :meth:`ready_scheduler` (in the load, waited for), :meth:`at_load_end`. The stages after read
+    them here: the decode waits for ``vae``, the first attention call for ``attention``, the first fused RoPE and block
+    calls for ``rope`` and ``block``; the timing entries record them."""
 
     vae: object = None  # vdbench.vae.prewarm.Prewarm, or None
     attention: "AttentionStart" = field(default_factory=lambda: AttentionStart())
-    rope: Optional["RopePrewarm"] = None
+    rope: Optional["KernelPrewarm"] = None
+    block: Optional["KernelPrewarm"] = None
     scheduler: Optional[dict] = None  # the scheduler's prewarm record (run.resolved.scheduler_prewarm)
 
     @classmethod
@@ -52,9 +53,11 @@ class Prewarms:
         return cls(vae=start_vae(plan, encode_only=True), attention=start_attention(plan))
 
     def after_weights(self, plan: Plan, pipe) -> None:
-        """The fused RoPE's kernel, ready before the first step: from here the load's remaining parts (the parallel
-        engine's set-up, the collectives' warm-up, the speed options) and the text encode mostly wait on the GPU."""
+        """The fused RoPE's and block's kernels, ready before the first step: from here the load's remaining parts
+        (the parallel engine's set-up, the collectives' warm-up, the speed options) and the text encode mostly wait
+        on the GPU."""
         self.rope = start_rope(plan, pipe)
+        self.block = start_block(plan, pipe)
 
     def ready_scheduler(self, plan: Plan, pipe) -> dict:
         """The scheduler readied for the steps, its records (``run.resolved``): its first-call costs (cuSOLVER's load
@@ -100,7 +103,7 @@ def start_vae(plan: Plan, pipe=None, *, encode_only: bool = False):
     own length (an H200's Wan 1.3B renders: load 11.2 s without, 12.1-15.7 s with it on the load); beside the
     denoising it costs nothing (see the module's docstring)."""
     cfg, device = plan.cfg, plan.device
-    if not cfg.vae_prewarm or device.type != "cuda" or cfg.cpu_offload or cfg.vae_tiling:
+    if not cfg.vae_prewarm or device.type != "cuda" or cfg.offload != "none" or cfg.vae_tiling:
         return None
     image = plan.model.image
     if encode_only and not image:
@@ -185,30 +188,25 @@ def start_attention(plan: Plan, pipe=None) -> AttentionStart:
     return AttentionStart(AP.start(entries, shapes.calls, plan.device, plan.dtype))
 
 
-class RopePrewarm:
-    """The fused RoPE's kernel imported, compiled and loaded on a thread (:func:`vdbench.kernels.rope.prewarm`)
-    from the end of the weights' load to the text encode (where the main thread mostly waits on the GPU), for the
-    render's self-attention shapes at its Ulysses degree; the first fused call waits for it (:meth:`wait`). Without
-    it that call pays Triton's import, the compile on an empty cache and the module load inside the first step. A
-    failure is recorded, never raised: the first call then compiles its own."""
+class KernelPrewarm:
+    """One of the render's fused kernels (``--fused_rope``, ``--fused_block``) imported, compiled and loaded on a
+    thread (``compile()``: its module's ``prewarm`` for the render's shapes, returning how many kernels) from the end
+    of the weights' load to the text encode (where the main thread mostly waits on the GPU); the first fused call waits
+    for it (:meth:`wait`). Without it that call pays Triton's import, the compile on an empty cache and the module load
+    inside the first step. A failure is recorded, never raised: the first call then compiles its own. ``record``: what
+    it compiles for, recorded with its outcome."""
 
-    def __init__(self, calls: list, device, dtype, ulysses: int):
-        self.record: dict = {"status": "running", "calls": [list(c) for c in calls], "ulysses": ulysses}
+    def __init__(self, name: str, record: dict, compile: Callable[[], int]):
+        self.record: dict = {"status": "running", **record}
         self._waited: Optional[float] = None
-        self._args = (calls, device, dtype, ulysses)
-        self._thread = threading.Thread(target=self._run, name="vdbench-rope-prewarm", daemon=True)
+        self._compile = compile
+        self._thread = threading.Thread(target=self._run, name=f"vdbench-{name}-prewarm", daemon=True)
         self._t0 = time.perf_counter()
         self._thread.start()
 
     def _run(self) -> None:
-        calls, device, dtype, ulysses = self._args
         try:
-            # imported here, on the thread: the kernel's module imports Triton, whose import is part of what this
-            # thread takes off the first step
-            from ..kernels.rope import prewarm
-
-            n = sum(prewarm(c.seq, c.heads, c.head_dim, dtype, device, ulysses) for c in calls)
-            self.record.update(status="done", compiled=n)
+            self.record.update(status="done", compiled=self._compile())
         except Exception as e:  # noqa: BLE001 - recorded; the first call compiles its own kernel instead
             self.record.update(status="failed", error=f"{type(e).__name__}: {str(e).strip()[:200]}")
         self.record["seconds"] = round(time.perf_counter() - self._t0, 4)
@@ -222,17 +220,56 @@ class RopePrewarm:
         return {**self.record, "waited_s": None if self._waited is None else round(self._waited, 4)}
 
 
-def start_rope(plan: Plan, pipe) -> Optional[RopePrewarm]:
-    """:class:`RopePrewarm` for a render that fuses its RoPE on CUDA, for its self-attention calls (the family's
-    call shapes with as many keys as queries) at its Ulysses degree (1 under CFG alone); None otherwise."""
-    if plan.fused_rope is not None or plan.device.type != "cuda":
-        return None
+def rope_prewarm(calls: list, device, dtype, ulysses: int) -> KernelPrewarm:
+    """The fused RoPE's kernel for these self-attention calls at Ulysses degree ``ulysses``
+    (:func:`vdbench.kernels.rope.prewarm`), on a thread."""
+    def compile() -> int:
+        # imported here, on the thread: the kernel's module imports Triton, whose import is part of what this
+        # thread takes off the first step
+        from ..kernels.rope import prewarm
+
+        return sum(prewarm(c.seq, c.heads, c.head_dim, dtype, device, ulysses) for c in calls)
+
+    return KernelPrewarm("rope", {"calls": [list(c) for c in calls], "ulysses": ulysses}, compile)
+
+
+def block_prewarm(forms: list, device, dtype) -> KernelPrewarm:
+    """The fused block's kernels for these (tokens, width) of a block call (:func:`vdbench.kernels.block.prewarm`),
+    on a thread."""
+    def compile() -> int:
+        from ..kernels.block import prewarm  # on the thread, as the RoPE's: it imports Triton
+
+        return sum(prewarm(tokens, dim, dtype, device) for tokens, dim in forms)
+
+    return KernelPrewarm("block", {"forms": [list(f) for f in forms]}, compile)
+
+
+def _self_attention_calls(plan: Plan, pipe) -> Optional[list]:
+    """The render's self-attention call shapes (its family's call shapes with as many keys as queries), or None
+    where they can't be read."""
     try:
         calls = attention_calls(plan, pipe).calls
     except Exception:  # noqa: BLE001 - no shapes, no prewarm: the first call compiles its own kernel
         return None
+    return [c for c in calls if c.seq == c.seq_kv and c.heads == c.heads_kv] if calls else None
+
+
+def start_rope(plan: Plan, pipe) -> Optional[KernelPrewarm]:
+    """The fused RoPE's prewarm for a render that fuses its RoPE on CUDA, for its self-attention calls at its Ulysses
+    degree (1 under CFG alone or in one process); None otherwise."""
     spec = plan.dctx.spec  # one process: every degree 1
-    if not calls or spec.ring_degree > 1:
+    if plan.fused_rope is not None or plan.device.type != "cuda" or spec.ring_degree > 1:
         return None
-    own = [c for c in calls if c.seq == c.seq_kv and c.heads == c.heads_kv]
-    return RopePrewarm(own, plan.device, plan.dtype, spec.ulysses_degree)
+    own = _self_attention_calls(plan, pipe)
+    return rope_prewarm(own, plan.device, plan.dtype, spec.ulysses_degree) if own else None
+
+
+def start_block(plan: Plan, pipe) -> Optional[KernelPrewarm]:
+    """The fused block's prewarm for a render that fuses its blocks on CUDA: each self-attention call's tokens (a
+    rank's share of the sequence under context parallelism) by the model's width; None otherwise."""
+    if plan.fused_block is not None or plan.device.type != "cuda":
+        return None
+    own = _self_attention_calls(plan, pipe)
+    share = plan.dctx.spec.sequence_degree
+    forms = sorted({(c.seq // share, c.heads * c.head_dim) for c in own or ()})
+    return block_prewarm(forms, plan.device, plan.dtype) if forms else None

@@ -21,11 +21,12 @@ from tqdm.auto import tqdm
 
 from .. import parallel as P
 from ..capture import AttentionCapture, save_latents
+from ..offload import expert_swap
 from ..patching import AttentionPatch
 from ..pipelines import settle_scheduler
 from ..power import open_trace
 from ..stages import StageTimers, stage_reports
-from ..timing import (Clock, StepProfiler, StepTimer, compile_seconds, device_seconds, gpu_uuid, peak_memory,
+from ..timing import (Clock, StepProfiler, StepTimer, compile_seconds, device_seconds, gpu_uuid, memory_stage,
                       reset_peak_memory, step_stats)
 from ..vae.decode import decode_latents
 from ..vae.encode import use_encode
@@ -105,7 +106,9 @@ class Watch:
                                     # entry, while each Ulysses attention call holds the whole sequence again
                                     tile_order_once=not cfg.compile and plan.cache is None and plan.parallel is None,
                                     fused_rope=plan.fused_rope is None,
-                                    rope_ready=prewarms.rope.wait if prewarms.rope else None)
+                                    rope_ready=prewarms.rope.wait if prewarms.rope else None,
+                                    fused_block=plan.fused_block is None,
+                                    block_ready=prewarms.block.wait if prewarms.block else None)
         self.counter = loaded.cache
         self.encode_info: dict = {}
         self.began: Optional[Mark] = None  # the repetition in progress's start (:meth:`begin`)
@@ -242,6 +245,7 @@ class Repetition:
         self.after_pipe = self.after_decode = None  # the clocks after the call and after the decode
         self.vae_info: dict = {}  # what the decode reported
         self.scheduler_ahead: Optional[dict] = None  # what the scheduler made ahead (pipelines.settle_scheduler)
+        self.memory: dict = {}  # each stage's allocated and reserved peaks (vdbench.timing.memory_stage)
 
     def denoise_and_decode(self):
         """The pipeline call to latents (the first repetition's profiled), then the decode; the frames."""
@@ -261,6 +265,7 @@ class Repetition:
             raise VAEHang(f"VAE encode hung (> {cfg.vae_timeout} s, --vae_timeout); all threads' stacks were dumped "
                           "to stderr") from e
         self.after_pipe = Clock(device)
+        self.memory["denoise"] = memory_stage(device)  # the text encode and the steps: the pipeline call
         try:
             frames = decode_latents(loaded.pipe, latents, plan.family, num_frames=cfg.num_frames,
                                     mode=plan.decode.mode, options=plan.decode.options, timeout_s=cfg.vae_timeout,
@@ -269,6 +274,7 @@ class Repetition:
             raise VAEHang(f"VAE decode hung (> {cfg.vae_timeout} s, --vae_timeout); last completed stage: "
                           f"{e.report.last_completed_stage}; all threads' stacks were dumped to stderr") from e
         self.after_decode = Clock(device)
+        self.memory["decode"] = memory_stage(device)
         if cfg.save_latents:
             save_latents(cfg.capture_dir, latents, cfg.attention_type, rank=cfg.rank, repetition=rep,
                          meta={"family": plan.family.name, "model": plan.model.spec.model, "height": cfg.height,
@@ -339,9 +345,19 @@ class Repetition:
             "power": timer.power_record(),  # each step's joules, power, SM clock, power-capped share (vdbench.power)
             "scheduler_ahead": self.scheduler_ahead,  # copies and solves made without waiting (--scheduler_async)
             "attention": patch.stats.as_dict(),  # + the RoPE's calls, fused or eager
-            "fused_rope": _fused_rope_record(plan, patch, self.loaded if rep == 0 else None),
+            "fused_rope": _fused_record(plan.cfg.fused_rope, plan.fused_rope, patch.stats.rope["fused"],
+                                        "no call went through the family's processor (diffusers' own ran)",
+                                        self.loaded.prewarms.rope if rep == 0 else None),
+            "fused_block": _fused_record(plan.cfg.fused_block, plan.fused_block,
+                                         sum(n for (_, form), n in patch.stats.block.items() if form == "fused"),
+                                         patch.stats.block_eager_why or "no block ran the family's forward",
+                                         self.loaded.prewarms.block if rep == 0 else None),
+            # --offload expert: the units swapped since the load, those left to the incoming expert's first call
+            "offload": swap.as_dict() if (swap := expert_swap(self.loaded.pipe)) is not None else None,
             "attention_share": (attn_time / sum(step_times)) if attn_time and step_times else None,
-            "peak_memory_bytes": peak_memory(device),
+            "memory": {"load": self.loaded.memory, **self.memory},  # each stage's peaks, this rank's card
+            "peak_memory_bytes": _peak(self.memory, "allocated_peak"),
+            "peak_reserved_bytes": _peak(self.memory, "reserved_peak"),
             "traces": [str(p) for p in profiler.paths] if profiler is not None else None,
             "capture": ({"saved": capture.stats.saved, "bytes": capture.stats.bytes,
                          "host_time_s": capture.stats.host_time_s} if capture else None),
@@ -351,14 +367,19 @@ class Repetition:
         }
 
 
-def _fused_rope_record(plan: Plan, patch, loaded: Optional[Loaded]) -> dict:
-    """The render's RoPE: the setting, whether the kernel ran (its calls: a context-parallel render without the
-    family's processor runs diffusers' RoPE, unfused), why not, and on the first repetition its prewarm."""
-    fused = patch.stats.rope["fused"]
-    why = plan.fused_rope or (None if fused else "no call went through the family's processor (diffusers' own ran)")
-    out = {"setting": {None: "auto", True: "on", False: "off"}[plan.cfg.fused_rope], "used": bool(fused),
-           "why_not": why}
-    if loaded is not None and loaded.prewarms.rope is not None:
-        out["prewarm"] = loaded.prewarms.rope.as_dict()
-    return out
+def _peak(memory: dict, key: str) -> Optional[int]:
+    """A repetition's peak (the denoising's and the decode's; the load's is its own stage), None on a CPU."""
+    values = [m[key] for m in memory.values() if m]
+    return max(values) if values else None
 
+
+def _fused_record(setting: Optional[bool], why: Optional[str], fused: int, none_ran: str, prewarm) -> dict:
+    """A fused kernel's part of a render's entry (``fused_rope``, ``fused_block``): the setting, whether the kernel ran
+    (``fused``: its calls), why not (the plan's reason, else ``none_ran`` where no call was fused: a context-parallel
+    render without the family's processor runs diffusers' RoPE; block calls the kernels can't serve run the eager
+    expressions), and, given (the first repetition), its prewarm."""
+    out = {"setting": {None: "auto", True: "on", False: "off"}[setting], "used": bool(fused),
+           "why_not": why or (None if fused else none_ran)}
+    if prewarm is not None:
+        out["prewarm"] = prewarm.as_dict()
+    return out

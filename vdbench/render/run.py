@@ -1,7 +1,7 @@
 """A render from start to end: :func:`render` -- the process group torchrun describes joined (or one process's
-context, :class:`vdbench.parallel.OneProcess`), the four stages run in order (:func:`~vdbench.render.plan.validate`, :func:`~vdbench.render.loading.load`,
-:func:`~vdbench.render.repetitions.run_repetitions`, :func:`~vdbench.render.finishing.finish`), a rank's failure
-handed to its peers."""
+context, :class:`vdbench.parallel.OneProcess`), the four stages run in order (:func:`~vdbench.render.plan.validate`,
+:func:`~vdbench.render.loading.load`, :func:`~vdbench.render.repetitions.run_repetitions`,
+:func:`~vdbench.render.finishing.finish`), a rank's failure handed to its peers."""
 
 from __future__ import annotations
 
