@@ -97,9 +97,9 @@ def load_checked(plan: Plan, laps: Laps) -> tuple:
         pipe.vae.enable_slicing()
     load_time = time.perf_counter() - t_load
     laps.lap("pipeline_other")  # outside the parts the load names
+    check_experts(cfg, None, loaded=getattr(pipe, "transformer_2", None) is not None)
     model.check_size(pipe, cfg.height, cfg.width, cfg.num_frames)
     models = transformers_of(pipe)
-    check_experts(cfg, None, loaded=getattr(pipe, "transformer_2", None) is not None)
     schedule = set_schedule(pipe, plan.family, cfg.task, cfg.height, cfg.width, flow_shift=plan.flow_shift,
                             boundary_ratio=cfg.boundary_ratio, guidance_scale=cfg.guidance_scale,
                             guidance_scale_2=cfg.guidance_scale_2)

@@ -157,6 +157,7 @@ def checked_plan(cfg: RenderConfig, dctx) -> Plan:
     check_offload(cfg.offload, device=device, parallel=dctx.distributed, compiled=cfg.compile,
                   two_experts=None if model.denoisers is None else "transformer_2" in model.denoisers)
     _check_inputs(cfg, model)
+    check_experts(cfg, model.denoisers)
     fused = fused_rope_choice(cfg, device, family), fused_block_choice(cfg, device, family)
     decode, encode = _vae_modes(cfg, family, device)
     # unknown names, bad options and malformed schedules fail before the (slow) model load
@@ -173,7 +174,6 @@ def checked_plan(cfg: RenderConfig, dctx) -> Plan:
     # serve them, or can't run on this device at all (sagev1 on a CPU), is refused here
     B.require_here(backend, device, dtype, model.head_dims or [])
     _check_output(cfg, family)
-    check_experts(cfg, model.denoisers)
     return Plan(cfg, model, backend, device, dtype, vae_dtype, decode, encode, dctx, cache, cfg.flow_shift, *fused)
 
 
