@@ -26,7 +26,7 @@ from typing import Optional
 
 import torch
 
-__all__ = ["MODES", "OffloadError", "check_offload", "apply_offload", "expert_swap", "ExpertSwap", "HOST_COMPONENTS"]
+__all__ = ["MODES", "EXECUTION_DEVICE", "OffloadError", "check_offload", "apply_offload", "expert_swap", "ExpertSwap", "HOST_COMPONENTS"]
 
 #: ``--offload``'s modes (``none``: every weight resident).
 MODES = ("none", "model", "group", "expert")
@@ -66,6 +66,9 @@ def apply_offload(mode: str, pipe, device: torch.device) -> Optional[dict]:
     returns the record's section (None for ``none``)."""
     if mode == "none":
         return None
+    for name in ("transformer", "transformer_2"):
+        if getattr(pipe, name, None) is not None:
+            setattr(getattr(pipe, name), EXECUTION_DEVICE, torch.device(device))
     if mode == "model":
         pipe.enable_model_cpu_offload(device=device)
         return {"mode": mode, "how": "diffusers enable_model_cpu_offload"}
@@ -82,6 +85,10 @@ def apply_offload(mode: str, pipe, device: torch.device) -> Optional[dict]:
     return {"mode": mode, "how": "the idle expert pinned on the host, swapped block by block in its neighbour's "
                                  "last step on a side stream", "host_bytes": swap.host_bytes}
 
+
+#: The attribute an offloaded denoiser carries: the device it runs on while its weights wait on the host (what an
+#: attention backend's availability is checked against: :func:`vdbench.patching.targets.target_of`).
+EXECUTION_DEVICE = "vdbench_execution_device"
 
 #: The attribute of a pipeline that holds its :class:`ExpertSwap`.
 _SWAP_ATTR = "vdbench_expert_swap"
