@@ -178,7 +178,9 @@ def build_parser(family: str | families.Family, prog: Optional[str] = None,
              "--use_torch_compile (inductor fuses it); Wan (default: %(default)s)")
     add("--fused_block", choices=AUTO_ON_OFF, default="auto",
         help="each transformer block's modulations and gated residuals in Triton kernels, diffusers' values bit for "
-             "bit (eagerly each is several fp32 passes over the hidden state); auto: on a CUDA device with Triton, "
+             "bit (eagerly each is several fp32 passes over the hidden state), its layer norms too where a first "
+             "call finds PyTorch's statistics of the bf16 hidden state equal to its fp32 copy's; auto: on a CUDA "
+             "device with Triton, "
              "not with --use_torch_compile (inductor fuses them); on also runs on a CPU under TRITON_INTERPRET=1; "
              "Wan (default: %(default)s)")
     add("--use_bf16_te_gemms", action="store_true",

@@ -1116,10 +1116,11 @@ class _Repetition:
             "fused_rope": _fused_record(plan.cfg.fused_rope, plan.fused_rope, patch.stats.rope["fused"],
                                         "no call went through the family's processor (diffusers' own ran)",
                                         self.loaded.rope_prewarm if rep == 0 else None),
-            "fused_block": _fused_record(plan.cfg.fused_block, plan.fused_block,
-                                         sum(n for (_, form), n in patch.stats.block.items() if form == "fused"),
-                                         patch.stats.block_eager_why or "no block ran the family's forward",
-                                         self.loaded.block_prewarm if rep == 0 else None),
+            "fused_block": {**_fused_record(plan.cfg.fused_block, plan.fused_block,
+                                            sum(n for (_, form), n in patch.stats.block.items() if form == "fused"),
+                                            patch.stats.block_eager_why or "no block ran the family's forward",
+                                            self.loaded.block_prewarm if rep == 0 else None),
+                            "norms": _norms_record(plan, patch.stats)},
             # --offload expert: the units swapped since the load, those left to the incoming expert's first call
             "offload": swap.as_dict() if (swap := expert_swap(self.loaded.pipe)) is not None else None,
             "attention_share": (attn_time / sum(step_times)) if attn_time and step_times else None,
@@ -1151,6 +1152,16 @@ def _fused_record(setting: Optional[bool], why: Optional[str], fused: int, none_
     if prewarm is not None:
         out["prewarm"] = prewarm.as_dict()
     return out
+
+
+def _norms_record(plan: Plan, stats) -> dict:
+    """The fused block's norms in a render's entry: whether any ran fused, why not (the plan's reason for the whole
+    block, else the first refusal: the statistics of the bf16 hidden state not those of its fp32 copy, ...), and
+    each form's first-call check (``PatchStats.block_norm_checks``)."""
+    fused = stats.block["norm_modulate", "fused"] + stats.block["norm", "fused"]
+    why = plan.fused_block or stats.block_norm_why
+    return {"used": bool(fused), "why_not": why or (None if fused else "no norm ran the family's forward"),
+            "checks": list(stats.block_norm_checks)}
 
 
 def _log_compile(comp: Optional[dict], stack: str, log) -> None:
@@ -1258,6 +1269,10 @@ def finish(plan: Plan, entries: list[dict], frames, log, wall: Optional[Wall] = 
                 f"{cfg.timing_path})")
         _log_calibration(c, stack, cfg.timing_path, log)
     _log_compile(last.get("compile"), stack, log)
+    fused_block = last.get("fused_block") or {}
+    norms = fused_block.get("norms") or {}
+    if fused_block.get("used") and not norms.get("used"):
+        log(f"[{stack}] fused block: its norms ran as diffusers' ({norms.get('why_not')})")
     par = last.get("parallel")
     if par:
         log(f"[{stack}] parallel {par['label']} over {par['world_size']} ranks on the {par['engine']} engine "
