@@ -84,3 +84,13 @@ def test_an_expert_offloaded_render_equals_the_resident_one_and_records_its_swap
     assert np.array_equal(a, b)
     assert swapped["run"]["resolved"]["offload"]["mode"] == "expert"
     assert swapped["offload"]["swapped_late"] == 0 and swapped["offload"]["units_swapped"] > 0
+
+
+def test_an_offloaded_expert_is_checked_against_the_device_it_runs_on():
+    """Its weights wait on the host, yet a backend's availability is the GPU's: the target says where it runs."""
+    from vdbench.patching.targets import target_of
+
+    model = torch.nn.Linear(2, 2)
+    assert target_of("transformer_2", model).device == CPU
+    setattr(model, offload.EXECUTION_DEVICE, CUDA)
+    assert target_of("transformer_2", model).device == CUDA

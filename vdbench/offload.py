@@ -21,11 +21,12 @@ swap runs with its host copies standing in for the device's (it saves nothing th
 from __future__ import annotations
 
 import threading
+import time
 from typing import Optional
 
 import torch
 
-__all__ = ["MODES", "OffloadError", "check_offload", "apply_offload", "expert_swap", "ExpertSwap", "HOST_COMPONENTS"]
+__all__ = ["MODES", "EXECUTION_DEVICE", "OffloadError", "check_offload", "apply_offload", "expert_swap", "ExpertSwap", "HOST_COMPONENTS"]
 
 #: ``--offload``'s modes (``none``: every weight resident).
 MODES = ("none", "model", "group", "expert")
@@ -65,6 +66,9 @@ def apply_offload(mode: str, pipe, device: torch.device) -> Optional[dict]:
     returns the record's section (None for ``none``)."""
     if mode == "none":
         return None
+    for name in ("transformer", "transformer_2"):
+        if getattr(pipe, name, None) is not None:
+            setattr(getattr(pipe, name), EXECUTION_DEVICE, torch.device(device))
     if mode == "model":
         pipe.enable_model_cpu_offload(device=device)
         return {"mode": mode, "how": "diffusers enable_model_cpu_offload"}
@@ -81,6 +85,10 @@ def apply_offload(mode: str, pipe, device: torch.device) -> Optional[dict]:
     return {"mode": mode, "how": "the idle expert pinned on the host, swapped block by block in its neighbour's "
                                  "last step on a side stream", "host_bytes": swap.host_bytes}
 
+
+#: The attribute an offloaded denoiser carries: the device it runs on while its weights wait on the host (what an
+#: attention backend's availability is checked against: :func:`vdbench.patching.targets.target_of`).
+EXECUTION_DEVICE = "vdbench_execution_device"
 
 #: The attribute of a pipeline that holds its :class:`ExpertSwap`.
 _SWAP_ATTR = "vdbench_expert_swap"
@@ -129,6 +137,7 @@ class ExpertSwap:
         self.cuda = self.device.type == "cuda"
         self.experts = [pipe.transformer, pipe.transformer_2]
         self.units = [[_Unit(_tensors(b)) for b in _blocks(m)] + [_Unit(self._rest(m))] for m in self.experts]
+        start = time.perf_counter()
         self.host = {}
         for units in self.units:
             for u in units:
@@ -136,6 +145,7 @@ class ExpertSwap:
                     copy = torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=self.cuda)
                     self.host[id(t)] = copy.copy_(t.detach())
         self.host_bytes = sum(t.numel() * t.element_size() for t in self.host.values())
+        self.setup_s = time.perf_counter() - start  # the pinned copies: a one-time cost, in the load
         self.stream = torch.cuda.Stream(self.device) if self.cuda else None
         self.on = [[True] * len(self.units[0]), [False] * len(self.units[1])]
         self.done_event = None  # the side stream's last copy
@@ -152,6 +162,8 @@ class ExpertSwap:
                 block.register_forward_pre_hook(lambda mod, args, e=e, j=j: self._count(e, j))
                 block.register_forward_hook(lambda mod, args, out, e=e, j=j: self._after_block(e, j))
         self._step_key = None
+        self._schedule: list[int] = []
+        self._step = 0
         self.calls = [0, 0]  # the expert's calls in the current step
         self.per_step = [None, None]  # an expert's calls per step, once counted
         self.block_calls: dict = {}
@@ -163,33 +175,42 @@ class ExpertSwap:
 
     # -- the schedule ------------------------------------------------------------------------------------------------
 
-    def _expert_of(self, t) -> int:
+    def _experts_by_step(self) -> list[int]:
+        """Which expert each step of this call runs (diffusers' rule: the high-noise one while the timestep is at
+        or above ``boundary_ratio`` x the training steps), from the scheduler's host-side sigmas where it keeps
+        them, so that no step waits on the device for it (else one read of its timesteps a call). A wrong guess
+        costs only time: an expert's first call brings in whatever of its weights is missing."""
+        sch = self.pipe.scheduler
+        n = sch.config.num_train_timesteps
         boundary = self.pipe.config.get("boundary_ratio")
-        if boundary is None:
-            return 0
-        return 0 if float(t) >= boundary * self.pipe.scheduler.config.num_train_timesteps else 1
+        sigmas = getattr(sch, "sigmas", None)
+        if isinstance(sigmas, torch.Tensor) and sigmas.device.type == "cpu" and len(sigmas) == len(sch.timesteps) + 1:
+            steps = (sigmas[:-1].double() * n).tolist()
+        else:
+            steps = sch.timesteps.tolist()
+        return [0 if boundary is None or t >= boundary * n else 1 for t in steps]
 
     def _swap_step(self) -> Optional[int]:
         """The expert this step hands over to (the next step's, or for the call's last step the first step's), or
         None where the next step keeps this one's."""
-        steps = [float(t) for t in self.pipe.scheduler.timesteps]
-        t = float(self.pipe._current_timestep)
-        i = min(range(len(steps)), key=lambda k: abs(steps[k] - t))
-        here = self._expert_of(steps[i])
-        nxt = self._expert_of(steps[i + 1] if i + 1 < len(steps) else steps[0])
-        return nxt if nxt != here else None
+        by_step, i = self._schedule, self._step
+        nxt = by_step[i + 1] if i + 1 < len(by_step) else by_step[0]
+        return nxt if nxt != by_step[i] else None
 
     # -- the hooks ---------------------------------------------------------------------------------------------------
 
     def _before_expert(self, e: int) -> None:
         with self.lock:
-            key = float(self.pipe._current_timestep)
+            sch = self.pipe.scheduler
+            key = (id(sch.timesteps), sch.step_index or 0)  # the call (its timesteps) and the step
             if key != self._step_key:  # a new step
                 if self._step_key is not None:
                     for k in (0, 1):
                         if self.calls[k] and self.per_step[k] is None:
                             self.per_step[k] = self.calls[k]
-                self._step_key, self.calls, self.block_calls = key, [0, 0], {}
+                if self._step_key is None or key[0] != self._step_key[0]:
+                    self._schedule = self._experts_by_step()  # a new call: its schedule, once
+                self._step_key, self._step, self.calls, self.block_calls = key, key[1], [0, 0], {}
             self.calls[e] += 1
             for j, u in enumerate(self.units[e]):  # whatever the other expert's last step left: swapped now
                 if not self.on[e][j]:
@@ -255,4 +276,4 @@ class ExpertSwap:
     def as_dict(self) -> dict:
         """What the swap did (the render's record): units swapped, the incoming expert's waits on the copies."""
         return {"units_swapped": self.swaps, "swapped_late": self.late, "expert_waits": self.waits,
-                "calls_per_step": self.per_step}
+                "calls_per_step": self.per_step, "setup_s": self.setup_s, "host_bytes": self.host_bytes}

@@ -15,6 +15,7 @@ from typing import Optional
 import torch
 
 from ..backends import Backend
+from ..offload import EXECUTION_DEVICE
 from ..pipelines import transformers_of
 
 __all__ = ["Target", "as_models", "target_of", "runs_on", "availability_problem"]
@@ -64,11 +65,14 @@ def target_of(name: str, model: torch.nn.Module) -> Target:
     """Device, dtype and head dim of one model's attention.
 
     Device: where accelerate's CPU offload runs the model (its hook's ``execution_device``: the weights sit on
-    the CPU until the forward), else diffusers' ``model.device``, else the first parameter's. Dtype: diffusers'
+    the CPU until the forward), or vdbench's offload (:data:`vdbench.offload.EXECUTION_DEVICE`), else diffusers'
+    ``model.device``, else the first parameter's. Dtype: diffusers'
     ``model.dtype`` (which skips ``_keep_in_fp32_modules`` and honours layerwise casting), else the first
     floating parameter's. Head dim: ``config.attention_head_dim``.
     """
     device = getattr(getattr(model, "_hf_hook", None), "execution_device", None)
+    if device is None:  # vdbench's own offload (an expert waiting on the host, diffusers' group offload)
+        device = getattr(model, EXECUTION_DEVICE, None)
     if device is None:
         device = getattr(model, "device", None)
     if not isinstance(device, (torch.device, str, int)):
