@@ -1,8 +1,9 @@
-"""A Wan block's modulations and gated residuals as Triton kernels (vdbench.kernels.block; Triton's interpreter on CPU):
-diffusers' eager values bit for bit, for a temb per sample and per token; the family's block forward on diffusers'
-WanTransformerBlock gives diffusers' output bit for bit, under the hooks diffusers wraps blocks in too; and a tiny
-render with --fused_block on gives the frames and latents of --fused_block off, on one process, under Ulysses-2 and
-under the CFG split (gloo)."""
+"""A Wan block's norms, modulations and gated residuals as Triton kernels (vdbench.kernels.block; Triton's interpreter
+on CPU): diffusers' eager values bit for bit, for a temb per sample and per token, the norms from torch's statistics;
+the family's block forward on diffusers' WanTransformerBlock gives diffusers' output bit for bit, under the hooks
+diffusers wraps blocks in too, its norms fused only where the first call's check found torch's statistics of the bf16
+hidden state equal to those of its fp32 copy; and a tiny render with --fused_block on gives the frames and latents of
+--fused_block off, on one process, under Ulysses-2 and under the CFG split (gloo)."""
 
 from __future__ import annotations
 
@@ -68,6 +69,84 @@ def test_each_kernel_gives_diffusers_values_bit_for_bit(kernels, dtype, form, sh
         assert torch.equal(eager(x, y, table[0], temb, gate), want)
 
 
+def _fp32_layer_norm(d, affine, seed=3):
+    """diffusers' FP32LayerNorm (eps 1e-6, Wan's), its weight and bias random where it has them (a trained norm2's)."""
+    from diffusers.models.normalization import FP32LayerNorm
+
+    norm = FP32LayerNorm(d, 1e-6, elementwise_affine=affine)
+    if affine:
+        g = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            norm.weight.copy_(torch.randn(d, generator=g) * 2)
+            norm.bias.copy_(torch.randn(d, generator=g))
+    return norm
+
+
+def _cpu_stats(x, norm):
+    """The statistics torch's CPU layer norm computes for ``x``'s fp32 copy, as the kernels take them (one a row)."""
+    _, mean, rstd = torch.native_layer_norm(x.float(), x.shape[-1:], norm.weight, norm.bias, norm.eps)
+    return mean.reshape(-1), rstd.reshape(-1)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("form,shape", [("3d", (2, 19, 72)), ("4d", (2, 13, 40)), ("2d", (1, 37, 33)),
+                                        ("3d", (1, 8, 1536))])
+def test_the_norm_kernels_give_diffusers_values_bit_for_bit(kernels, dtype, form, shape):
+    """norm1 / norm3 and their modulation, norm2 and its cast, from the statistics torch's CPU layer norm computes
+    for the fp32 copy (the values it normalizes with): diffusers' FP32LayerNorm and expressions bit for bit."""
+    x, _, table, temb = _inputs(*shape, dtype, form)
+    c = diffusers_chunks(table, temb)
+    plain, affine = _fp32_layer_norm(shape[-1], False), _fp32_layer_norm(shape[-1], True)
+    mean, rstd = _cpu_stats(x, plain)
+    for shift, scale in ((0, 1), (3, 4)):
+        want = (plain(x.float()) * (1 + c[scale]) + c[shift]).type_as(x)
+        got = kernels.norm_modulate(x, mean, rstd, table[0], temb, shift, scale, out=torch.full_like(x, float("nan")))
+        assert torch.equal(got, want)
+        assert torch.equal(W.EagerBlockOps.norm_modulate(x, plain, W.layer_norm_of(plain), table[0], temb, shift,
+                                                         scale, W.modulation), want)
+    with torch.no_grad():
+        want = affine(x.float()).type_as(x)
+        got = kernels.norm_affine(x, mean, rstd, affine.weight, affine.bias, out=torch.full_like(x, float("nan")))
+    assert torch.equal(got, want) and torch.equal(_cpu_stats(x, affine)[1], rstd)
+
+
+def test_an_affine_norm_is_one_fused_multiply_add_as_torch_computes_it(kernels):
+    """fp32 in and out (no bf16 rounding to hide a last bit): torch's CPU layer norm's ``weight * n + bias`` is one
+    fused multiply-add, what the kernel computes by default; the two-rounding form differs."""
+    x, *_ = _inputs(2, 16, 1536, torch.float32, "3d")
+    norm = _fp32_layer_norm(1536, True)
+    mean, rstd = _cpu_stats(x, norm)
+    with torch.no_grad():
+        want = norm(x)
+        assert torch.equal(kernels.norm_affine(x, mean, rstd, norm.weight, norm.bias), want)
+        assert not torch.equal(kernels.norm_affine(x, mean, rstd, norm.weight, norm.bias, fma=False), want)
+
+
+def test_the_norm_kernels_say_what_they_cannot_take(kernels):
+    x, _, table, temb = _inputs(1, 8, 16, torch.bfloat16, "3d")
+    mean, rstd = torch.zeros(8), torch.ones(8)
+    w = torch.ones(16)
+    assert kernels.why_not_normed(x, mean, rstd, w, w) is None and kernels.why_not_normed(x, None, None) is None
+    assert kernels.why_not_normed(x, mean.bfloat16(), rstd) == "layer norm statistics in torch.bfloat16 (the kernels " \
+                                                                 "take fp32)"
+    assert "statistics of (4,)" in kernels.why_not_normed(x, mean[:4], rstd)
+    assert kernels.why_not_normed(x, mean, rstd, w, None) == "a layer norm without both a weight and a bias"
+    assert "(B, S, D), (D,)" in kernels.why_not_normed(x, mean, rstd, w[:8], w)
+    with pytest.raises(ValueError, match="norm_affine: layer norm statistics in torch.bfloat16"):
+        kernels.norm_affine(x, mean.bfloat16(), rstd, w, w)
+    with pytest.raises(ValueError, match="norm_modulate: chunks \\(7, 1\\)"):
+        kernels.norm_modulate(x, mean, rstd, table[0], temb, 7, 1)
+    # torch's CUDA layer norm vectorizes rows of a multiple of 4 from pointers aligned to 4 elements
+    assert kernels.layer_norm_paths(x) == "vectorized/vectorized"
+    shifted = torch.cat([x.new_zeros(2), x.flatten()])[2:].view(1, 8, 16)  # contiguous, 4 bytes past an alignment
+    assert kernels.layer_norm_paths(shifted) == "rowwise/vectorized"
+    assert kernels.layer_norm_paths(shifted[:, ::2]) == "vectorized/vectorized"  # copied first: aligned
+    assert kernels.layer_norm_paths(x[..., :15]) == "rowwise/rowwise"
+    assert kernels.layer_norm_paths(x, torch.ones(17)[1:], w) == "vectorized/rowwise"
+    # what torch's layer norm on a CPU gives for a bf16 input: statistics in bf16 (not its fp32 copy's)
+    assert kernels.layer_norm_stats(x, 1e-6)[0].dtype == torch.bfloat16
+
+
 def test_fp32_and_a_table_in_the_models_dtype(kernels):
     x, y, table, temb = _inputs(1, 9, 48, torch.float32, "3d")
     c = diffusers_chunks(table, temb)
@@ -121,9 +200,78 @@ def test_the_fused_block_forward_gives_diffusers_block_bit_for_bit(kernels, per_
     with AttentionPatch([("transformer", model)], "sdpa", fused_block=True) as patch:
         fused = run(model, inputs)  # sdpa: torch's own attention, as diffusers' processor calls it
     assert torch.equal(fused, plain)
-    assert patch.stats.as_dict()["block"] == {"modulate": {"fused_calls": 2, "eager_calls": 0},
-                                              "residual": {"fused_calls": 2, "eager_calls": 0}, "eager_why": None}
+    # torch's CPU layer norm of a bf16 tensor computes its statistics in bf16: the first call of each norm's form
+    # finds them unlike the fp32 copy's, and every norm runs as diffusers' (then the modulation kernel)
+    why = "layer norm statistics differ between bfloat16 and fp32 inputs here (torch's of the former in bfloat16)"
+    block = patch.stats.as_dict()["block"]
+    assert {k: v for k, v in block.items() if k != "norm_checks"} == {
+        "modulate": {"fused_calls": 2, "eager_calls": 0}, "residual": {"fused_calls": 2, "eager_calls": 0},
+        "norm_modulate": {"fused_calls": 0, "eager_calls": 2}, "norm": {"fused_calls": 0, "eager_calls": 1},
+        "eager_why": None, "norm_eager_why": why}
+    assert [(c["pass"], c["fused"], c["why"], c["torch_paths"]) for c in block["norm_checks"]] == [
+        ("norm_modulate", False, why, "vectorized/vectorized"), ("norm", False, why, "vectorized/vectorized")]
     assert "forward" not in model.blocks[0].__dict__ and torch.equal(run(model, inputs), plain)  # removal restores
+
+
+def _stats_of_the_fp32_copy(x, eps):
+    """torch's statistics of ``x``'s fp32 copy: what torch's CUDA layer norm computes for the bf16 ``x`` itself where
+    both calls vectorize (vdbench.kernels.block), standing in for it on a CPU."""
+    _, mean, rstd = torch.native_layer_norm(x.float(), x.shape[-1:], None, None, eps)
+    return mean.reshape(-1), rstd.reshape(-1)
+
+
+def _trained_norm2(model):
+    for i, block in enumerate(model.blocks):  # a trained cross-attention norm's weight and bias, not 1 and 0
+        block.norm2 = _fp32_layer_norm(block.norm2.normalized_shape[0], True, seed=10 + i)
+    return model
+
+
+@pytest.mark.parametrize("per_token", [False, True])
+def test_where_the_statistics_agree_the_norms_run_fused_after_one_check_per_form(kernels, monkeypatch, per_token):
+    """Two blocks, two forwards: the first call of each norm's form (norm1/norm3 with their modulation; norm2 and
+    its cast) runs diffusers' norm and checks the fused one against it on the real data; every later call runs the
+    kernel; each forward's output is diffusers' bit for bit."""
+    monkeypatch.setattr(kernels, "layer_norm_stats", _stats_of_the_fp32_copy)
+    model, inputs = _trained_norm2(_bf16_wan(layers=2)), _bf16_inputs(per_token)
+    plain = run(model, inputs)
+    with AttentionPatch([("transformer", model)], "sdpa", fused_block=True) as patch:
+        assert torch.equal(run(model, inputs), plain) and torch.equal(run(model, inputs), plain)
+    block = patch.stats.as_dict()["block"]
+    assert block["norm_modulate"] == {"fused_calls": 7, "eager_calls": 1}  # 2 blocks x 2 norms x 2 forwards
+    assert block["norm"] == {"fused_calls": 3, "eager_calls": 1}
+    assert block["modulate"] == {"fused_calls": 1, "eager_calls": 0}  # the check's, after diffusers' norm
+    assert block["norm_eager_why"] is None
+    assert [(c["pass"], c["shape"], c["dtype"], c["fused"], c["fma"], c["why"]) for c in block["norm_checks"]] == [
+        ("norm_modulate", [1, 48, 128], "bfloat16", True, None, None),
+        ("norm", [1, 48, 128], "bfloat16", True, True, None)]  # torch's affine: one fused multiply-add
+
+
+@pytest.mark.parametrize("fault", ["statistics", "values"])
+def test_a_form_whose_check_differs_runs_diffusers_norm_and_says_why(kernels, monkeypatch, fault):
+    """Statistics one ulp off (another reduction order), or a normalization that is not torch's: the check refuses
+    the form; every call runs diffusers' norm, the output is diffusers'."""
+    if fault == "statistics":
+        def stats(x, eps):
+            mean, rstd = _stats_of_the_fp32_copy(x, eps)
+            return mean, torch.nextafter(rstd, torch.full_like(rstd, 2.0))
+
+        monkeypatch.setattr(kernels, "layer_norm_stats", stats)
+        why = "layer norm statistics differ between bfloat16 and fp32 inputs here"
+    else:
+        monkeypatch.setattr(kernels, "layer_norm_stats", _stats_of_the_fp32_copy)
+        for name in ("norm_modulate", "norm_affine"):
+            fused = getattr(kernels, name)
+            monkeypatch.setattr(kernels, name, lambda *a, _f=fused, **k: _f(*a, **k) * 1.0078125)
+        why = "the normalized values from torch's statistics differ from torch's layer norm here"
+    model, inputs = _trained_norm2(_bf16_wan(layers=2)), _bf16_inputs()
+    plain = run(model, inputs)
+    with AttentionPatch([("transformer", model)], "sdpa", fused_block=True) as patch:
+        assert torch.equal(run(model, inputs), plain)
+    block = patch.stats.as_dict()["block"]
+    assert block["norm_modulate"] == {"fused_calls": 0, "eager_calls": 4} and block["norm_eager_why"] == why
+    assert block["norm"] == {"fused_calls": 0, "eager_calls": 2} and block["modulate"]["fused_calls"] == 4
+    assert [(c["pass"], c["fused"], c["why"]) for c in block["norm_checks"]] == [("norm_modulate", False, why),
+                                                                               ("norm", False, why)]
 
 
 def test_with_the_projects_triton_attention_too(kernels):
@@ -247,11 +395,17 @@ def test_the_bench_compares_each_kernel_with_its_eager_form(kernels, tmp_path):
     out = tmp_path / "block.json"
     assert block_bench.main(["--shapes", "tiny", "--budget_s", "0.05", "-o", str(out)]) == 0
     d = json.loads(out.read_text())
-    assert [(r["pass"], r["form"]) for r in d["rows"]] == [(p, f) for p in ("modulate", "residual", "residual_ffn")
-                                                           for f in ("eager", "fused")]
-    assert [r["bit_identical"] for r in d["rows"]] == [None, True] * 3 and d["speed_figure"] is False
+    passes = ("modulate", "residual", "residual_ffn", "norm_modulate", "norm")
+    assert [(r["pass"], r["form"]) for r in d["rows"]] == [(p, f) for p in passes for f in ("eager", "fused")]
+    assert [r["bit_identical"] for r in d["rows"]] == [None, True] * 5 and d["speed_figure"] is False
     assert d["rows"][0]["calls_per_step"] == 2 * 2 * 2  # two per block, two blocks, two guidance branches
-    assert set(d["probes"]["tiny"]) == {"stats_dtype", "bf16_stats_equal", "norm_from_stats_equal"}
+    # the norms: 20 bytes an element each (the fp32 copy, torch's norm of it, the modulation or the cast) against 8
+    assert d["norm_saved_bytes"] == {"tiny": (2 * 2 + 1 * 2) * 2 * (20 - 8) * 48 * 64}
+    assert set(d["norm_saved_ms"]) == set(d["per_step_saved_ms"]) == {"tiny"}
+    probes = d["probes"]["tiny"]  # a CPU: torch's statistics of a bf16 tensor are bf16, its affine one fma
+    assert probes["stats_dtype"] == "bfloat16" and probes["bf16_stats_equal"] is False
+    assert probes["norm_from_stats_equal"] and probes["affine_fma"] and not probes["affine_two_roundings"]
+    assert probes["paths"] == "vectorized/vectorized" and probes["fused_norm_stats"].startswith("the fp32 copy's")
 
 
 def test_the_unfused_block_names_its_stack_and_the_fused_default_names_nothing(capsys, tmp_path):
@@ -316,10 +470,16 @@ def test_a_render_with_the_fused_block_has_the_frames_of_one_without(kernels, tm
         e = json.loads((tmp_path / name / "results" / "timing.json").read_text())[-1]
         calls = e["attention"]["block"]
         if name == "off":
-            assert e["fused_block"] == {"setting": "off", "used": False, "why_not": "off (--fused_block off)"}
+            off = "off (--fused_block off)"
+            assert e["fused_block"] == {"setting": "off", "used": False, "why_not": off,
+                                        "norms": {"used": False, "why_not": off, "checks": []}}
             assert calls["modulate"] == {"fused_calls": 0, "eager_calls": 0}
             continue
+        norms = e["fused_block"].pop("norms")
         assert e["fused_block"] == {"setting": "on", "used": True, "why_not": None}, name
+        # a CPU's layer norm of a bf16 tensor has bf16 statistics: each rank's one check refuses the fused norms
+        assert not norms["used"] and norms["why_not"].startswith("layer norm statistics differ between bfloat16")
+        assert [c["pass"] for c in norms["checks"]] == ["norm_modulate", "norm"], (name, norms)
         # 2 blocks x 2 steps x the guidance branches this rank computes (both; one under the CFG split)
         want = 2 * 2 * (1 if name == "cfg2" else 2) * 2
         assert calls["modulate"] == {"fused_calls": want, "eager_calls": 0} == calls["residual"], (name, calls)

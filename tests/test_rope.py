@@ -160,6 +160,8 @@ def test_a_cpu_render_records_why_its_rope_and_block_are_not_fused(tmp_path):
                                    "why_not": "a cpu device (the kernel runs on CUDA)"}
     assert first["attention"]["rope"] == {"fused_calls": 0, "eager_calls": 0, "eager_why": None}
     # and its block passes (--fused_block auto): the same reason, nothing installed, nothing counted
-    assert first["fused_block"] == {"setting": "auto", "used": False,
-                                    "why_not": "a cpu device (the kernel runs on CUDA)"}
+    cpu = "a cpu device (the kernel runs on CUDA)"
+    assert first["fused_block"] == {"setting": "auto", "used": False, "why_not": cpu,
+                                    "norms": {"used": False, "why_not": cpu, "checks": []}}
     assert first["attention"]["block"]["modulate"] == {"fused_calls": 0, "eager_calls": 0}
+    assert first["attention"]["block"]["norm"] == {"fused_calls": 0, "eager_calls": 0}

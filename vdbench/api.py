@@ -42,7 +42,7 @@ def use_backend(pipe_or_module, backend: str, on_unsupported: str = "error", *, 
     ``vdbench.patching.CallInfo`` (BHSD tensors) after every call. ``fused_rope``: a Wan transformer's
     self-attention rotates Q and K with one Triton kernel (``vdbench.kernels.rope``: diffusers' values bit for bit,
     on CUDA; the render's ``--fused_rope``), counted in ``patch.stats.rope``. ``fused_block``: a Wan transformer's
-    blocks run the family's own forward, their modulations and gated residuals in Triton kernels
+    blocks run the family's own forward, their norms, modulations and gated residuals in Triton kernels
     (``vdbench.kernels.block``: diffusers' values bit for bit, on CUDA; the render's ``--fused_block``), counted in
     ``patch.stats.block``; a model whose family has no block forward is refused (ValueError). Under torch.compile the
     blocks run diffusers' forward (inductor fuses it), uncounted.

@@ -183,9 +183,10 @@ OPTIONS: tuple[Option, ...] = (
                 "with --use_torch_compile (inductor fuses it); Wan (default: %(default)s)"),
     Option("--fused_block", choices=AUTO_ON_OFF, default="auto", convert=auto_on_off,
            help="each transformer block's modulations and gated residuals in Triton kernels, diffusers' values bit "
-                "for bit (eagerly each is several fp32 passes over the hidden state); auto: on a CUDA device with "
-                "Triton, not with --use_torch_compile (inductor fuses them); on also runs on a CPU under "
-                "TRITON_INTERPRET=1; Wan (default: %(default)s)"),
+                "for bit (eagerly each is several fp32 passes over the hidden state), its layer norms too where a "
+                "first call finds PyTorch's statistics of the bf16 hidden state equal to its fp32 copy's; auto: on a "
+                "CUDA device with Triton, not with --use_torch_compile (inductor fuses them); on also runs on a CPU "
+                "under TRITON_INTERPRET=1; Wan (default: %(default)s)"),
     Option("--use_bf16_te_gemms", fills="bf16_te_gemms", action="store_true",
            help="run the text encoder in bfloat16 whatever --dtype is (T5 overflows in fp16)"),
     Option("--use_fp8_gemms", fills="fp8_gemms", nargs="?", const="all", default=None, choices=FP8_GEMM_SCOPES,

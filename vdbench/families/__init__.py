@@ -207,10 +207,10 @@ class Family:
         sin, dst, eager)``: the rotary embedding of ``x`` into ``dst``, the patch's fused kernel or ``eager``, the
         family's expressions: ``--fused_rope``). None: diffusers' processor runs, with its own RoPE.
         ``block_forward(block, hidden_states, encoder_hidden_states, temb, rotary_emb, *, ops) -> hidden_states``: the
-        family's transformer block forward, op for op diffusers', with its elementwise passes (modulations, gated
-        residuals) handed to ``ops`` (the patch's: :mod:`vdbench.kernels.block` where it can, the family's eager
-        expressions where it can't: ``--fused_block``), installed on the modules whose class is one of
-        ``block_classes``. None: diffusers' block forward runs.
+        family's transformer block forward, op for op diffusers', with its norms and elementwise passes
+        (modulations, gated residuals) handed to ``ops`` (the patch's: :mod:`vdbench.kernels.block` where it can,
+        the family's eager expressions where it can't: ``--fused_block``), installed on the modules whose class is
+        one of ``block_classes``. None: diffusers' block forward runs.
     Benchmarks
         ``attention_presets`` (name -> (B, H, Sq, Sk, D) of a real model's attention, bench/bench_attention.py);
         ``attention_grids`` (preset name -> its token grid, ``FxHxW[+T]``: what the sparse patterns need);

@@ -481,6 +481,17 @@ def ffn_residual(x, y, table, temb, gate: int):
     return (x.float() + y.float() * _chunk(table, temb, gate)).type_as(x)
 
 
+def layer_norm_of(norm) -> Optional[tuple]:
+    """``(eps, weight, bias)`` of a block's norm where it is diffusers' ``FP32LayerNorm`` over the last dimension
+    (torch's layer norm of the input's fp32 copy, the weight and bias made fp32: without an affine, None and None);
+    None for another module (Wan's norm2 without ``cross_attn_norm`` is an Identity)."""
+    from diffusers.models.normalization import FP32LayerNorm
+
+    if type(norm) is not FP32LayerNorm or len(norm.normalized_shape) != 1:
+        return None
+    return norm.eps, norm.weight, norm.bias
+
+
 class EagerBlockOps:
     """The passes of :func:`block_forward` as diffusers runs them (the family's expressions, unfused)."""
 
@@ -489,26 +500,36 @@ class EagerBlockOps:
         return eager(norm, table, temb, shift, scale, like)
 
     @staticmethod
+    def norm_modulate(x, norm, ln, table, temb, shift, scale, eager):
+        return eager(norm(x.float()), table, temb, shift, scale, x)
+
+    @staticmethod
+    def norm(x, norm, ln):
+        return norm(x.float()).type_as(x)
+
+    @staticmethod
     def residual(x, y, table, temb, gate, eager):
         return eager(x, y, table, temb, gate)
 
 
 def block_forward(block, hidden_states, encoder_hidden_states, temb, rotary_emb, *, ops=EagerBlockOps):
-    """diffusers 0.42's ``WanTransformerBlock.forward`` op for op, with its two modulations and two gated residuals
-    handed to ``ops`` -- ``ops.modulate(norm, table, temb, shift, scale, like, eager)`` and ``ops.residual(x, y,
-    table, temb, gate, eager)``, the patch's, which run :mod:`vdbench.kernels.block` (the same values bit for bit)
-    where it can and ``eager`` (:func:`modulation`, :func:`attention_residual`, :func:`ffn_residual`) where it
-    can't. ``table``: the block's ``scale_shift_table`` (1, 6, D) as (6, D); ``temb``: the blocks' timestep rows,
-    (B, 6, D) or per token (B, S, 6, D); the chunks are diffusers' (shift, scale, gate of the self-attention, then of
-    the feed-forward). The norms, the cross-attention's residual and the attention calls are diffusers' own
-    expressions."""
+    """diffusers 0.42's ``WanTransformerBlock.forward`` op for op, with its three norms, two modulations and two gated
+    residuals handed to ``ops``, the patch's, which run :mod:`vdbench.kernels.block` (the same values bit for bit)
+    where it can and ``eager`` (:func:`modulation`, :func:`attention_residual`, :func:`ffn_residual`) where it can't:
+    ``ops.norm_modulate(x, norm, ln, table, temb, shift, scale, eager)`` -- ``(norm(x.float()) * (1 + scale) +
+    shift).type_as(x)``, the norm by the patch or ``ops.modulate(norm, table, temb, shift, scale, like, eager)`` after
+    diffusers' --, ``ops.norm(x, norm, ln)`` -- ``norm(x.float()).type_as(x)`` -- and ``ops.residual(x, y, table,
+    temb, gate, eager)``; ``ln``: the norm's parameters (:func:`layer_norm_of`). ``table``: the block's
+    ``scale_shift_table`` (1, 6, D) as (6, D); ``temb``: the blocks' timestep rows, (B, 6, D) or per token (B, S, 6,
+    D); the chunks are diffusers' (shift, scale, gate of the self-attention, then of the feed-forward). The
+    cross-attention's residual and the attention calls are diffusers' own expressions."""
     table = block.scale_shift_table[0]
-    x = ops.modulate(block.norm1(hidden_states.float()), table, temb, 0, 1, hidden_states, modulation)
+    x = ops.norm_modulate(hidden_states, block.norm1, layer_norm_of(block.norm1), table, temb, 0, 1, modulation)
     attn_output = block.attn1(x, None, None, rotary_emb)
     hidden_states = ops.residual(hidden_states, attn_output, table, temb, 2, attention_residual)
-    norm_hidden_states = block.norm2(hidden_states.float()).type_as(hidden_states)
+    norm_hidden_states = ops.norm(hidden_states, block.norm2, layer_norm_of(block.norm2))
     hidden_states = hidden_states + block.attn2(norm_hidden_states, encoder_hidden_states, None, None)
-    x = ops.modulate(block.norm3(hidden_states.float()), table, temb, 3, 4, hidden_states, modulation)
+    x = ops.norm_modulate(hidden_states, block.norm3, layer_norm_of(block.norm3), table, temb, 3, 4, modulation)
     return ops.residual(hidden_states, block.ffn(x), table, temb, 5, ffn_residual)
 
 

@@ -3,6 +3,17 @@ models beside the attention processors (``--fused_block``): the block's elementw
 residuals -- run as :mod:`vdbench.kernels.block`'s kernels where they can serve the call, else as the family's eager
 expressions, each call counted (``PatchStats.block``), with why the first eager one could not be fused.
 
+The block's layer norms (diffusers' ``FP32LayerNorm`` of the hidden state's fp32 copy) join the kernels too: torch's
+layer norm computes the statistics of the bf16 hidden state itself, and a kernel normalizes it and modulates (or casts)
+the result in one pass, the fp32 copy and the norm's fp32 output never written. That is exact only where torch's
+statistics of the bf16 tensor equal those of its fp32 copy and its normalization is the kernel's arithmetic -- true
+of torch's CUDA kernel where both calls take its vectorized path (:mod:`vdbench.kernels.block` says why), but a
+property of torch's build and of the tensors' alignment, not a promise. So the first call of each form (the pass, the
+shape, dtype and device, and whether torch's kernel vectorizes it) runs diffusers' norm on its real data beside the
+fused one, compares the statistics and the outputs bit for bit and keeps the verdict: that call returns diffusers'
+values, the later ones the kernel's where they were equal, diffusers' otherwise, with why (``PatchStats.block_norm_*``).
+One layer norm more per form, per patch.
+
 How it is installed: a block's forward is found where ``nn.Module.__call__`` reaches it -- the class's method, or,
 where diffusers' hooks wrap the block (its context parallelism's split of the sequence on the first block, a step
 cache's), the innermost reference their registry keeps to that method -- and replaced there alone, so every hook
@@ -12,6 +23,7 @@ the block class, keep diffusers' forward.
 
 from __future__ import annotations
 
+import threading
 import types
 from typing import Any, Callable, Optional
 
@@ -32,6 +44,8 @@ class BlockForwards:
         self.patch, self.family, self._ready = patch, family, ready
         self._saved: list[tuple[Any, str, Any]] = []  # (holder, attribute, what it held)
         self._kernel = None
+        self._verdicts: dict[tuple, tuple[Optional[str], bool]] = {}  # a norm's form -> (why not fused, fma)
+        self._checking = threading.Lock()  # the guidance branches' threads (--guidance_overlap) check a form once
         self.installed = 0
         self.unhooked: dict[str, int] = {}
 
@@ -92,26 +106,132 @@ class BlockForwards:
         self._count("residual", "fused")
         return kernel.gated_residual(x, y, table, temb, gate)
 
-    def _serving(self, x, table, temb, *rows):
-        """The kernels' module where it serves this call (the render's prewarm waited for at the first), else None
-        and why recorded (the first eager call's)."""
-        kernel = self._kernel
-        if kernel is None:  # imported once (Triton with it), not at every call
+    def norm_modulate(self, x, norm, ln, table, temb, shift, scale, eager):
+        """diffusers' ``(norm(x.float()) * (1 + scale) + shift).type_as(x)``: the norm fused with the modulation
+        (:func:`~vdbench.kernels.block.norm_modulate`) where this call's form was checked equal, else the norm by
+        diffusers and :meth:`modulate`. ``ln``: ``(eps, weight, bias)`` of the layer norm ``norm`` computes (torch's,
+        of the fp32 copy, over the last dimension), None for another norm."""
+        def unfused(n32):
+            return self.modulate(n32, table, temb, shift, scale, x, eager)
+
+        def fused(kernel, mean, rstd, fma):
+            return kernel.norm_modulate(x, mean, rstd, table, temb, shift, scale)
+
+        def why_not(kernel):
+            if ln[1] is not None or ln[2] is not None:
+                return "a norm with an affine before a modulation (the kernel normalizes without one)"
+            return kernel.why_not_fused(x, table, temb)
+
+        return self._norm("norm_modulate", x, norm, ln, unfused, fused, why_not)
+
+    def norm(self, x, norm, ln):
+        """diffusers' ``norm(x.float()).type_as(x)`` for a layer norm with a weight and a bias (Wan's cross-attention
+        norm): one kernel (:func:`~vdbench.kernels.block.norm_affine`) where this call's form was checked equal, else
+        diffusers'. ``ln`` as for :meth:`norm_modulate`."""
+        def fused(kernel, mean, rstd, fma):
+            return kernel.norm_affine(x, mean, rstd, ln[1], ln[2], fma=fma)
+
+        def why_not(kernel):
+            return kernel.why_not_normed(x, None, None, ln[1], ln[2])
+
+        return self._norm("norm", x, norm, ln, lambda n32: n32.type_as(x), fused, why_not)
+
+    def _norm(self, name, x, norm, ln, unfused, fused, why_not):
+        """A norm pass: ``fused(kernel, mean, rstd, fma)`` where its form's verdict allows, else
+        ``unfused(norm(x.float()))``; the first call of a form checks (:meth:`_check_norm`). ``why_not(kernel)``: why
+        the kernel can't take this call's operands, None if it can."""
+        kernel, fma = self._kernels(), True
+        if ln is None:
+            why = f"the norm is {type(norm).__name__}, not torch's layer norm of the fp32 copy"
+        else:
+            why = why_not(kernel)
+        if why is None:
+            key = (name, tuple(x.shape), x.dtype, x.device, kernel.layer_norm_paths(x, *ln[1:]))
+            if key not in self._verdicts:
+                with self._checking:
+                    if key not in self._verdicts:
+                        return self._check_norm(key, kernel, x, norm, ln, unfused, fused)
+            why, fma = self._verdicts[key]
+        if why is None:
+            self._ready_once()
+            mean, rstd = kernel.layer_norm_stats(x, ln[0])
+            self._count(name, "fused")
+            return fused(kernel, mean, rstd, fma)
+        self._count(name, "eager")
+        self._why_norm(why)
+        return unfused(norm(x.float()))
+
+    def _check_norm(self, key, kernel, x, norm, ln, unfused, fused):
+        """The first call of a norm's form: diffusers' path on the real data (its values returned), beside the
+        statistics of ``x`` and of its fp32 copy and the fused output from the former, compared bit for bit; the
+        verdict kept (and recorded) for the form's later calls."""
+        import torch
+
+        eps, weight, bias = ln
+        x32 = x.float()
+        want = unfused(norm(x32))  # what the unfused path returns
+        _, mean32, rstd32 = torch.native_layer_norm(x32, x.shape[-1:], weight, bias, eps)
+        mean, rstd = kernel.layer_norm_stats(x, eps)
+        why, fma = None, None
+        if not (mean.dtype == mean32.dtype and torch.equal(mean, mean32.reshape(-1))
+                and torch.equal(rstd, rstd32.reshape(-1))):
+            why = f"layer norm statistics differ between {_name(x.dtype)} and fp32 inputs here" + (
+                f" (torch's of the former in {_name(mean.dtype)})" if mean.dtype != mean32.dtype else "")
+        why = why or kernel.why_not_normed(x, mean, rstd, *(() if weight is None else (weight, bias)))
+        if why is None:
+            self._ready_once()
+            # an affine's product-sum: one fused multiply-add (what nvcc makes of torch's expression by default) or,
+            # from a build that doesn't contract, two roundings
+            fma = next((f for f in ((True, False) if weight is not None else (True,))
+                        if torch.equal(fused(kernel, mean, rstd, f), want)), None)
+            if fma is None:
+                why = "the normalized values from torch's statistics differ from torch's layer norm here"
+        self._verdicts[key] = (why, bool(fma))
+        self.patch.stats.block_norm_checks.append(
+            {"pass": key[0], "shape": list(key[1]), "dtype": _name(key[2]), "device": str(key[3]),
+             "torch_paths": key[4], "fused": why is None, "fma": fma if why is None and weight is not None else None,
+             "why": why})
+        self._count(key[0], "eager")
+        if why is not None:
+            self._why_norm(why)
+        return want
+
+    def _kernels(self):
+        """The kernels' module, imported once (Triton with it), not at every call."""
+        if self._kernel is None:
             from ..kernels import block as kernel
 
             self._kernel = kernel
+        return self._kernel
+
+    def _ready_once(self) -> None:
+        """The render's prewarm of the kernels, waited for before the first fused launch."""
+        if self._ready is not None:
+            ready, self._ready = self._ready, None
+            ready()
+
+    def _serving(self, x, table, temb, *rows):
+        """The kernels' module where it serves this call (the render's prewarm waited for at the first), else None
+        and why recorded (the first eager call's)."""
+        kernel = self._kernels()
         why = kernel.why_not_fused(x, table, temb, *rows)
         if why is not None:
             if self.patch.stats.block_eager_why is None:
                 self.patch.stats.block_eager_why = why
             return None
-        if self._ready is not None:
-            ready, self._ready = self._ready, None
-            ready()
+        self._ready_once()
         return kernel
+
+    def _why_norm(self, why: str) -> None:
+        if self.patch.stats.block_norm_why is None:
+            self.patch.stats.block_norm_why = why
 
     def _count(self, kernel: str, form: str) -> None:
         self.patch.stats.block[kernel, form] += 1
+
+
+def _name(dtype) -> str:
+    return str(dtype).replace("torch.", "")
 
 
 def _forward(ops: BlockForwards, block, original, forward_of):

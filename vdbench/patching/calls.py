@@ -51,9 +51,13 @@ class PatchStats:
     rope_eager_why: Optional[str] = None
     # the block passes the family's block forward ran (--fused_block), by kernel (modulate, residual) and form
     # ("modulate", "fused") / ("modulate", "eager") (vdbench.kernels.block, or the eager expressions), and why the
-    # first eager one could not be fused
+    # first eager one could not be fused; its norms likewise ("norm_modulate": a norm and its modulation, "norm": a
+    # norm cast to the hidden state's dtype; eager: diffusers' norm, then a "modulate" pass), why the first eager one
+    # was not fused, and each form's first-call check of the fused norm against diffusers' (that call eager)
     block: Counter = field(default_factory=Counter)
     block_eager_why: Optional[str] = None
+    block_norm_why: Optional[str] = None
+    block_norm_checks: list = field(default_factory=list)
 
     def tally(self, label: str, kind: str, blocks) -> None:
         """Add one call's ``vdbench.sparse.BlockStats``."""
@@ -82,7 +86,9 @@ class PatchStats:
                 "rope": {"fused_calls": self.rope["fused"], "eager_calls": self.rope["eager"],
                          "eager_why": self.rope_eager_why},
                 "block": {**{k: {"fused_calls": self.block[k, "fused"], "eager_calls": self.block[k, "eager"]}
-                             for k in ("modulate", "residual")}, "eager_why": self.block_eager_why}}
+                             for k in ("modulate", "residual", "norm_modulate", "norm")},
+                          "eager_why": self.block_eager_why, "norm_eager_why": self.block_norm_why,
+                          "norm_checks": list(self.block_norm_checks)}}
 
 
 def call_kind(mode: str, attn, encoder_hidden_states) -> str:

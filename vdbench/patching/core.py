@@ -118,7 +118,7 @@ class AttentionPatch:
     ``fused_rope``: the family's processor (``Family.self_attention`` on one GPU, its Ulysses form under context
     parallelism) rotates Q and K with :mod:`vdbench.kernels.rope` (:meth:`rope`; the RoPE's values unchanged, bit for
     bit); ``rope_ready``: called once before the first such call (the render's compile of it ahead).
-    ``fused_block``: every transformer block runs the family's own forward (``Family.block_forward``), its
+    ``fused_block``: every transformer block runs the family's own forward (``Family.block_forward``), its norms,
     modulations and gated residuals in :mod:`vdbench.kernels.block` (:class:`~.blocks.BlockForwards`; the values
     unchanged, bit for bit), counted in ``stats.block``; ``block_ready``: as ``rope_ready``, for those kernels.
 

@@ -124,6 +124,10 @@ def finish(plan: Plan, entries: list[dict], frames, log, wall: Optional[Wall] = 
                 f"{cfg.timing_path})")
         _log_calibration(c, stack, cfg.timing_path, log)
     _log_compile(last.get("compile"), stack, log)
+    fused_block = last.get("fused_block") or {}
+    norms = fused_block.get("norms") or {}
+    if fused_block.get("used") and not norms.get("used"):
+        log(f"[{stack}] fused block: its norms ran as diffusers' ({norms.get('why_not')})")
     par = last.get("parallel")
     if par:
         log(f"[{stack}] parallel {par['label']} over {par['world_size']} ranks on the {par['engine']} engine "

@@ -348,10 +348,11 @@ class Repetition:
             "fused_rope": _fused_record(plan.cfg.fused_rope, plan.fused_rope, patch.stats.rope["fused"],
                                         "no call went through the family's processor (diffusers' own ran)",
                                         self.loaded.prewarms.rope if rep == 0 else None),
-            "fused_block": _fused_record(plan.cfg.fused_block, plan.fused_block,
-                                         sum(n for (_, form), n in patch.stats.block.items() if form == "fused"),
-                                         patch.stats.block_eager_why or "no block ran the family's forward",
-                                         self.loaded.prewarms.block if rep == 0 else None),
+            "fused_block": {**_fused_record(plan.cfg.fused_block, plan.fused_block,
+                                            sum(n for (_, form), n in patch.stats.block.items() if form == "fused"),
+                                            patch.stats.block_eager_why or "no block ran the family's forward",
+                                            self.loaded.prewarms.block if rep == 0 else None),
+                            "norms": _norms_record(plan, patch.stats)},
             # --offload expert: the units swapped since the load, those left to the incoming expert's first call
             "offload": swap.as_dict() if (swap := expert_swap(self.loaded.pipe)) is not None else None,
             "attention_share": (attn_time / sum(step_times)) if attn_time and step_times else None,
@@ -371,6 +372,16 @@ def _peak(memory: dict, key: str) -> Optional[int]:
     """A repetition's peak (the denoising's and the decode's; the load's is its own stage), None on a CPU."""
     values = [m[key] for m in memory.values() if m]
     return max(values) if values else None
+
+
+def _norms_record(plan, stats) -> dict:
+    """The fused block's norms in a render's entry: whether any ran fused, why not (the plan's reason for the whole
+    block, else the first refusal: the statistics of the bf16 hidden state not those of its fp32 copy, ...), and
+    each form's first-call check (``PatchStats.block_norm_checks``)."""
+    fused = stats.block["norm_modulate", "fused"] + stats.block["norm", "fused"]
+    why = plan.fused_block or stats.block_norm_why
+    return {"used": bool(fused), "why_not": why or (None if fused else "no norm ran the family's forward"),
+            "checks": list(stats.block_norm_checks)}
 
 
 def _fused_record(setting: Optional[bool], why: Optional[str], fused: int, none_ran: str, prewarm) -> dict:
