@@ -51,9 +51,8 @@ def test_a_backend_from_one_file_is_benched_like_any_other(tmp_path, capsys):
     _load(f)
     try:
         assert B.resolve("toy_attn").kernel == "toy.sdpa" and "toy_attn" in B.names()
-        spec = importlib.util.spec_from_file_location("bench_attention", ROOT / "bench" / "bench_attention.py")
-        ba = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(ba)
+        from vdbench import kernel_bench as ba
+
         out = tmp_path / "k.csv"
         assert ba.main(["--preset", "wan2.1-1.3b-480p", "--max_seq", "64", "--device", "cpu", "--dtype", "fp32",
                         "--kernel", "toy_attn", "-metric", "accuracy", "-o", str(out)]) == 0
@@ -133,9 +132,8 @@ def test_an_own_triton_kernel_from_one_file_is_a_backend_benched_like_any_other(
 
             with pytest.raises(RuntimeError, match="TRITON_INTERPRET"):  # its aot_specs are reached, not compiled
                 aot.specs(only=["toy_triton"])
-            spec = importlib.util.spec_from_file_location("bench_attention_t", ROOT / "bench" / "bench_attention.py")
-            ba = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(ba)
+            from vdbench import kernel_bench as ba
+
             monkeypatch.setitem(ba.PRESETS, "tiny-d64", (1, 2, 40, 40, 64))
             out = tmp_path / "k.csv"
             assert ba.main(["--preset", "tiny-d64", "--device", "cpu", "--dtype", "fp32", "--kernel", "toy_triton",

@@ -94,7 +94,11 @@ def check_command(argv: list[str], name: str, monkeypatch):
         for c in parsed.configs.split(","):
             mod.parse_config(c)
         return parsed
-    if tool in ("bench_attention.py", "vae_summary.py"):
+    if tool == "bench_attention.py":  # the command line of vdbench.kernel_bench
+        from vdbench import kernel_bench
+
+        return kernel_bench.build_parser().parse_args(args)
+    if tool == "vae_summary.py":
         return _module(tool[:-3]).build_parser().parse_args(args)
     if tool == "suite.py":  # another suite: it exists, takes the --set names it is given, and dry-runs so
         parsed = parse_with_tool(tool, args, monkeypatch)
@@ -168,7 +172,8 @@ def test_the_sparse_suite_runs_in_an_order_that_works(tmp_path, capsys):
     runs = S.expand(S.load("sparse"), {}, tmp_path, sys.executable)
     assert runs[0]["args"][1:3] == ["-m", "pytest"]  # the CUDA tests first
     assert all(r["need_s"] <= r["limit_s"] for r in runs)
-    bench_attention = _module("bench_attention")
+    from vdbench import kernel_bench as bench_attention
+
     rendered: list[tuple[str, str]] = []  # (output folder, canonical attention) of each render so far
     captured: set[str] = set()
     first_kernel_bench = first_render = None
