@@ -14,7 +14,7 @@ from tests.conftest import triton_interpreter
 from tests.test_patching import run, small_wan, wan_inputs
 from vdbench.patching import AttentionPatch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench" / "lab"))
 from rope_bench import diffusers_rope  # noqa: E402 - diffusers' expressions as written, the bench's reference
 
 

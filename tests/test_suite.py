@@ -17,10 +17,12 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _module(name):
-    """bench/NAME.py, loaded once (registered first: dataclasses resolve string annotations through sys.modules)."""
+    """bench/NAME.py or bench/lab/NAME.py, loaded once (registered first: dataclasses resolve string annotations
+    through sys.modules)."""
     key = f"_bench_{name}"
     if key not in sys.modules:
-        spec = importlib.util.spec_from_file_location(key, ROOT / "bench" / f"{name}.py")
+        path = ROOT / "bench" / f"{name}.py"
+        spec = importlib.util.spec_from_file_location(key, path if path.exists() else ROOT / "bench" / "lab" / path.name)
         mod = importlib.util.module_from_spec(spec)
         sys.modules[key] = mod
         try:
@@ -411,7 +413,7 @@ def _env_without_the_checkout():
 
 
 @pytest.mark.parametrize("argv", [["bench/suite.py", "--list"], ["bench/bench_vae.py", "--help"],
-                                  ["bench/check_fp8_error.py", "--help"]])
+                                  ["bench/lab/check_fp8_error.py", "--help"]])
 def test_bench_scripts_run_by_path_with_no_path_edits(argv):
     import subprocess
 

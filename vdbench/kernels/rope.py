@@ -4,7 +4,7 @@ diffusers' ``WanAttnProcessor`` rotates Q and K with ``out[..., 0::2] = x1 * cos
 x1 * sin + x2 * cos`` (``x1, x2``: the even and odd channels of ``x``; ``cos``/``sin``: fp32 frequencies repeated
 per pair). Eagerly that is four products and two sums, each a pass of its own over strided views, materializing
 fp32 intermediates twice the size of ``x``, then two strided casts into ``out``: on an H200 at Wan 1.3B 480p 99 ms
-of a 1.11 s step (0.82 ms a call, 120 calls; bench/rope_bench.py), for work that reads ``x`` once and writes it
+of a 1.11 s step (0.82 ms a call, 120 calls; bench/lab/rope_bench.py), for work that reads ``x`` once and writes it
 once (0.074 ms a call here).
 
 This kernel reads each row of ``x`` (one token's head) and its token's frequencies once and writes the rotated row

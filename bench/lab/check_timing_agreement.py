@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Does the attention bench's timing (bench_attention.py) agree with a plain hand-written timing of the same kernel call?
 
-    python bench/check_timing_agreement.py --preset wan2.1-1.3b-480p --kernel sdpa_cudnn,fav3,sagev1,fav3_fp8
+    python bench/lab/check_timing_agreement.py --preset wan2.1-1.3b-480p --kernel sdpa_cudnn,fav3,sagev1,fav3_fp8
 
 Hand-written = what one would write without the tool: warm up, then CUDA events around each of N calls on the
 same inputs, median. The tool times as bench_attention.py does (``vdbench.timing.sample_ms``: the first call apart,

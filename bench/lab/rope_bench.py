@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Wan's RoPE: diffusers' eager expressions against the fused kernel (``--fused_rope``), at the real models' shapes.
 
-    python3 bench/rope_bench.py -o outputs/rope.json
-    python3 bench/rope_bench.py --shapes wan13 --ranks 2     # also the Ulysses-2 form: a rank's tokens, into the
+    python3 bench/lab/rope_bench.py -o outputs/rope.json
+    python3 bench/lab/rope_bench.py --shapes wan13 --ranks 2     # also the Ulysses-2 form: a rank's tokens, into the
                                                             # exchange's send layout
 
 For each shape (Wan 2.1 1.3B 480p x81: 32760 tokens x 12 heads x 128; 14B 720p x81: 75600 x 40 x 128), Q-sized
