@@ -27,7 +27,7 @@ from ..report import load_frames
 from .budget import (attention_ms_per_step, calls_per_step, default_render_s, estimate_render_s, options_one_time,
                      plan_renders, predicted_ranking, render_order)
 from .candidates import (BASELINE, BASELINE_WHY, REFERENCE, REFERENCE_WHY, Candidate, availability,
-                         layout_candidates, plan_candidates)
+                         layout_candidates, parse_layout_backends, parse_stack, plan_candidates)
 from .ranking import (Coverage, frames_of, print_table, quality_baseline, quality_of, rank, row_of, stored_quality,
                       verdict, video_of, warm_of, write_outputs)
 
@@ -568,8 +568,6 @@ def family_of(model: str) -> str:
 
 def run(args) -> int:
     """The sweep (``args``: :func:`vdbench.sweep.build_parser`'s), stage after stage; its exit status."""
-    from .candidates import parse_layout_backends, parse_stack
-
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     budget = Budget(out, args.budget_min * 60.0, args.stop_after_min * 60.0 if args.stop_after_min else math.inf)
