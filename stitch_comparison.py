@@ -154,15 +154,25 @@ def main(argv: list[str] | None = None) -> int:
                         f"{args.pattern!r}{left_out}; need at least two to compare")
         for path, why in excluded:
             print(f"stitch_comparison: note: {os.path.basename(path)} left out ({why})", file=sys.stderr)
+    from vdbench.report import refused
+
+    bad = refused(inputs, args.input_dir)  # a file its record no longer vouches for: its figures are not its own
+    for path in bad:
+        print(f"stitch_comparison: {bad[path]}", file=sys.stderr)
+    inputs = [p for p in inputs if str(p) not in bad]
+    if bad and len(inputs) < 2:
+        return fail(f"{len(inputs)} video(s) left to stitch after refusing {len(bad)}", next(iter(bad.values())))
     if args.labels is not None:
         labels = [s.strip() for s in args.labels.split(",")]
         if len(labels) != len(inputs):
             names = ", ".join(os.path.basename(p) for p in inputs)
             return fail(f"--labels gives {len(labels)} labels for {len(inputs)} videos: {names}")
     else:
-        from vdbench.report import identities
+        from vdbench.report import identities, shown_labels
 
-        labels = [i.label for i in identities(inputs)]
+        labels, common = shown_labels(identities(inputs))
+        if common:
+            print(f"stitch_comparison: note: every video: {common}", file=sys.stderr)
     if args.reference is not None:
         from vdbench.report import figure_labels
 

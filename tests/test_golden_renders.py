@@ -64,12 +64,15 @@ CASES = {
     "wan_i2v_reference": ("run_wan.py", ["--model", "tiny", "--task", "i2v", "--img_file_path", "{image}",
                                          "--force_output_size", "--attention_type", "reference"],
                           "--benchmark_output_directory",
-                          "results/wan_result_i2v_tiny_9f_2s_attn_reference_64x96.npy",
+                          # the conditioning image is part of the render's identity (its pixels): the name's id
+                          "results/wan_result_i2v_tiny_9f_2s_attn_reference_64x96_id-11c0b076.npy",
                           ("cdd95912eb2c5502870b4393f57cf21a93b96a34da967e2dbf7c502575554697",
                  "db148064182e86a325e4d16cb437fc6a26b1b4c785091bc3e5945aea293c99d8")),
-    "wan22_a14b_sdpa": ("run_wan.py", ["--model", "tiny:wan2.2-t2v-a14b", "--attention_type", "sdpa"],
+    # the flow shift the reference commit resolved for it (its size rule); the model's own (12.0) is the default now
+    "wan22_a14b_sdpa": ("run_wan.py", ["--model", "tiny:wan2.2-t2v-a14b", "--attention_type", "sdpa",
+                                       "--flow_shift", "3"],
                         "--benchmark_output_directory",
-                        "results/wan_result_t2v_tiny-wan2.2-t2v-a14b_9f_2s_attn_sdpa_64x96.npy",
+                        "results/wan_result_t2v_tiny-wan2.2-t2v-a14b_9f_2s_attn_sdpa_64x96_id-bbba1dfd.npy",
                         ("a66a51e3525b7517e54c92596877908b9f3e01abf783a80b70b4aadb8563dca7",
                  "1e9c4477c1b41bfe4602bf0d14f669f10a12f8559dba37238a571c7eec04c510")),
     "cogvideox_fp8_emu": ("sageattn_cogvideo.py", ["--model_path", "tiny", "--attention_type", "fp8_emu"],

@@ -480,33 +480,34 @@ def _count_forwards(pipe):
 
 
 @pytest.mark.parametrize(
-    "variant,task,attn_per_block",
+    "variant,task,attn_per_block,steps",
     [
-        ("wan2.1-t2v", "t2v", 2),  # self + text cross attention
-        ("wan2.1-i2v", "i2v", 3),  # self + image cross attention (added k/v) + text cross attention
-        ("wan2.2-t2v-a14b", "t2v", 2),
-        ("wan2.2-i2v-a14b", "i2v", 2),
-        ("wan2.2-ti2v-5b", "ti2v", 2),
-        ("wan2.2-ti2v-5b", "i2v", 2),
+        ("wan2.1-t2v", "t2v", 2, 2),  # self + text cross attention
+        ("wan2.1-i2v", "i2v", 3, 2),  # self + image cross attention (added k/v) + text cross attention
+        ("wan2.2-t2v-a14b", "t2v", 2, 4),
+        ("wan2.2-i2v-a14b", "i2v", 2, 2),
+        ("wan2.2-ti2v-5b", "ti2v", 2, 2),
+        ("wan2.2-ti2v-5b", "i2v", 2, 2),
     ],
 )
-def test_wan_render(variant, task, attn_per_block, monkeypatch):
+def test_wan_render(variant, task, attn_per_block, steps, monkeypatch):
     import diffusers.models.transformers.transformer_wan as transformer_wan
 
     pipe = _pipe(variant, task)
     attn_calls = _count_calls(monkeypatch, transformer_wan, "dispatch_attention_fn")
     counts, handles = _count_forwards(pipe)
     try:
-        frames = _render(pipe)
+        frames = _render(pipe, steps=steps)
     finally:
         for h in handles:
             h.remove()
     _assert_non_degenerate(frames, 9, 64, 96)
-    # 2 steps x (cond + uncond) forwards in total; Wan 2.2 A14B runs step 1 (t=999) on the high-noise expert and
-    # step 2 (t=750) on the low-noise one, so both experts must have been called.
-    assert sum(counts.values()) == 4 and all(n > 0 for n in counts.values()), counts
+    # steps x (cond + uncond) forwards in total. Wan 2.2 A14B switches to its low-noise expert below its boundary
+    # (T2V: t < 875 at its shipped shift 12.0, from the third of 4 steps; I2V: t < 900 at shift 5.0, the second of
+    # 2), so both experts must have been called.
+    assert sum(counts.values()) == 2 * steps and all(n > 0 for n in counts.values()), counts
     layers = P.TINY_VARIANTS[variant].transformer["num_layers"]
-    assert len(attn_calls) == 4 * layers * attn_per_block
+    assert len(attn_calls) == 2 * steps * layers * attn_per_block
 
 
 @pytest.mark.parametrize("variant,height,width", [("cogvideox-t2v", 64, 96), ("cogvideox-i2v", 128, 192)])

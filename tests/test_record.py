@@ -33,7 +33,7 @@ def test_records_round_trip_through_json_lines(tmp_path):
     got = M.read(p)
     assert [r.case for r in got] == ["in/k0", "in/k1", "in/k2"]
     assert got[1] == _rec(1, command="bench x", commit="abc") and got[1].source == f"{p}:2"
-    assert got[0].verdict["speed_figure"] is True and got[0].schema == M.SCHEMA and got[0].version == M.VERSION
+    assert got[0].speed_figure is True and got[0].schema == M.SCHEMA and got[0].version == M.VERSION
 
 
 def test_concurrent_writers_interleave_whole_lines(tmp_path):
@@ -79,7 +79,7 @@ def test_older_files_read_as_records():
     att = M.read(RAW / "h200" / "2026-11-26_cold" / "e" / "attn14.json")
     fav3 = next(a for a in att if a.case == "wan2.1-14b-720p/fav3")
     assert fav3.figures["time_ms"]["n"] == 5 and fav3.figures["time_ms"]["first"] == pytest.approx(3456.668701171875)
-    assert fav3.config["shape"]["Sq"] == 75600 and fav3.timer == "CUDA events, L2 flushed" and fav3.verdict["speed_figure"]
+    assert fav3.config["shape"]["Sq"] == 75600 and fav3.timer == "CUDA events, L2 flushed" and fav3.speed_figure
     sta = next(a for a in att if a.case.endswith("/sta"))
     assert sta.verdict["why_not"].startswith("unavailable")
     cold = M.read(RAW / "h200" / "2026-11-26_cold" / "f" / "cold480.json")

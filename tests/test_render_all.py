@@ -74,8 +74,10 @@ def test_the_original_batch_commands(tmp_path):
     assert "note: not a speed figure (CPU timing" in screen
     results = out / "results"
     videos = sorted(p.name for p in results.glob("*.mp4"))
-    assert videos == ["wan_result_ti2v_tiny_9f_2s_attn_reference_64x96.mp4",
-                      "wan_result_ti2v_tiny_9f_2s_attn_sdpa_64x96.mp4"]
+    # the image and the frame rate are the renders' identity beside the backend: one id for both, in their names
+    assert [re.sub(r"_id-[0-9a-f]{8}\.mp4$", "", v) for v in videos] == [
+        "wan_result_ti2v_tiny_9f_2s_attn_reference_64x96", "wan_result_ti2v_tiny_9f_2s_attn_sdpa_64x96"]
+    assert len({v[-15:] for v in videos}) == 1
     assert all(probe_video(results / v).fps == 8 for v in videos)  # --fps reached the renderer
     entries = json.loads((results / "timing.json").read_text())
     assert {e["run"]["model"]["pipeline"] for e in entries} == {"WanImageToVideoPipeline"}  # the image was used
@@ -83,7 +85,7 @@ def test_the_original_batch_commands(tmp_path):
     grid = out / "comparison_grid.mp4"
     assert made_by(grid) == MADE_BY_GRID and probe_video(grid).fps == 8
     again = _script("render_all_WAN.sh", "--model-path", "tiny", "--types", "sdpa,reference", "--output-dir", out,
-                    "--reuse", "--stitch", "--img-file-path", img, "--", "--task", "ti2v", *SMALL)
+                    "--reuse", "--stitch", "--fps", "8", "--img-file-path", img, "--", "--task", "ti2v", *SMALL)
     assert again.returncode == 0, again.stdout + again.stderr
     assert "[sdpa] reused" in again.stdout and "[reference] reused" in again.stdout
     # the stitcher's original command: input dir and font size alone; re-run, its own grid is no cell
@@ -100,8 +102,9 @@ def test_cogvideox_batch(tmp_path):
     proc = _script("render_all_attention.sh", "--model-path", "tiny", "--types", "sdpa,fp8_emu", "--output-dir",
                    out, "--stitch", "--", *SMALL)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert sorted(p.name for p in out.glob("*.mp4")) == ["cogvideox-tiny_fp8_emu.mp4", "cogvideox-tiny_sdpa.mp4",
-                                                         "comparison_grid.mp4"]
+    # CogVideoX's names carry the model and backend; the size, frames and steps off the tiny default: the id
+    assert [re.sub(r"_id-[0-9a-f]{8}", "", p.name) for p in sorted(out.glob("*.mp4"))] == [
+        "cogvideox-tiny_fp8_emu.mp4", "cogvideox-tiny_sdpa.mp4", "comparison_grid.mp4"]
     fp8 = next(ln for ln in proc.stdout.splitlines() if ln.startswith("fp8_emu "))
     # no time, end-to-end, one-time, speed-up or break-even for an emulation
     assert fp8.split()[3:8] == ["emulated"] * 5
@@ -171,8 +174,10 @@ def test_run_wan_with_the_original_flags(tmp_path):
                           capture_output=True, text=True, env=_env(), timeout=300)
     assert ti2v.returncode == 0, ti2v.stderr
     res = tmp_path / "o" / "results"
-    assert sorted(p.name for p in res.glob("*.mp4")) == ["wan_result_t2v_tiny_9f_2s_attn_sdpa_64x96.mp4",
-                                                         "wan_result_ti2v_tiny_9f_2s_attn_sdpa_64x96.mp4"]
+    # the prompt (and for ti2v the image) is identity: the ids differ, the readable parts are the backend's
+    names = sorted(p.name for p in res.glob("*.mp4"))
+    assert [re.sub(r"_id-[0-9a-f]{8}\.mp4$", "", n) for n in names] == [
+        "wan_result_t2v_tiny_9f_2s_attn_sdpa_64x96", "wan_result_ti2v_tiny_9f_2s_attn_sdpa_64x96"]
     entries = json.loads((res / "timing.json").read_text())
     assert [e["run"]["model"]["pipeline"] for e in entries] == ["WanPipeline", "WanImageToVideoPipeline"]
     assert entries[1]["run"]["resolved"]["flow_shift"] == 5.0  # TI2V's shift

@@ -265,9 +265,14 @@ def test_i2v_output_size_follows_the_image_unless_forced(tmp_path):
             "--num_frames", "5", "--num_inference_steps", "1", "--benchmark_output_directory", str(tmp_path),
             "--attention_type", "sdpa"]
     assert run_wan.main(base) == 0
-    assert probe_video(tmp_path / "results" / "wan_result_i2v_tiny_5f_1s_attn_sdpa_32x128.mp4").n_frames == 5
+    written = Path(json.loads((tmp_path / "results" / "timing.json").read_text())[-1]["output"])
+    # the image is part of the render's identity (its bytes): the name's id-tag, after the size it was rendered at
+    assert re.fullmatch(r"wan_result_i2v_tiny_5f_1s_attn_sdpa_32x128_id-[0-9a-f]{8}\.mp4", written.name)
+    assert probe_video(written).n_frames == 5
     assert run_wan.main(base + ["--force_output_size"]) == 0
-    info = probe_video(tmp_path / "results" / "wan_result_i2v_tiny_5f_1s_attn_sdpa_64x96.mp4")
+    forced = Path(json.loads((tmp_path / "results" / "timing.json").read_text())[-1]["output"])
+    assert forced.name.startswith("wan_result_i2v_tiny_5f_1s_attn_sdpa_64x96_id-")
+    info = probe_video(forced)
     assert (info.width, info.height) == (96, 64)
 
 
@@ -360,9 +365,8 @@ def test_i2v_timing_records_the_encoders_and_the_stages_add_up(tmp_path, capsys)
     assert f["vae_encode"]["glue"].startswith("eager (Triton glue not used: the VAE is on cpu")
     import numpy as np
 
-    name = "wan_result_i2v_tiny_9f_2s_attn_sdpa_64x96.npy"
-    a, b = (np.load(tmp_path / d / "results" / n).astype(int)
-            for d, n in (("d", name), ("f", name.replace(".npy", "_encode=fast.npy"))))
+    a, b = (np.load(Path(x["output"]).with_suffix(".npy")).astype(int) for x in (e, f))
+    assert Path(f["output"]).name == Path(e["output"]).name.replace("_64x96_", "_64x96_encode=fast_")
     assert a.shape == b.shape and np.abs(a - b).max() <= 1
 
 

@@ -30,7 +30,7 @@ from pathlib import Path
 from . import backends as B
 from .helptext import DefaultsHelpFormatter
 from .report import (BREAK_EVEN_NOTE, EMULATED, FROM_FILE_NAME, NEGATIVE_ONE_TIME_NOTE, break_even_cell, identities,
-                     match_label, one_time_cell, resolved, speed, video_psnr)
+                     one_time_cell, references, refused, resolved, shown_labels, speed, video_psnr)
 
 __all__ = ["rows", "table", "failure_line", "main"]
 
@@ -73,17 +73,18 @@ def rows(results, outputs, reference: str = "reference") -> tuple[list[dict], li
     sp = speed(results)
     ids = identities(outputs, results)
     labels = [i.label for i in ids]
-    ref_label = match_label(reference, dict(zip(labels, ids)))
-    ref_video = outputs[labels.index(ref_label)] if ref_label else None
+    refs = references(reference, dict(zip(labels, ids)))  # one reference per content (prompt, seed, size)
+    bad = refused(outputs, results)
     base_label = next((i.label for i in ids if (sp.get(i.label) or {}).get("warm_step_median") and _exact(i)),
                       None)
     base_s = (sp.get(base_label) or {}) if base_label else {}
     base = base_s.get("warm_step_median")
     out, whys, broke_even, cached = [], {}, False, False
-    for ident, video in zip(ids, outputs):
+    shown, common = shown_labels(ids)
+    for ident, video, name in zip(ids, outputs, shown):
         label = ident.label
         s = sp.get(label) or {}
-        row = {"backend": label, "layout": _layout(s) if s else "?", "warm": "no timing entry", "speedup": "",
+        row = {"backend": name, "layout": _layout(s) if s else "?", "warm": "no timing entry", "speedup": "",
                "end_to_end": _s(s.get("end_to_end_s")) if s else "",
                "one_time": one_time_cell(s.get("one_time_s"), _spread(s), MISSING) if s else "",
                "break_even": "", "psnr": "",
@@ -109,12 +110,20 @@ def rows(results, outputs, reference: str = "reference") -> tuple[list[dict], li
                 whys.setdefault(s["why_not_speed"], []).append(label)
         elif s:
             row["warm"] = "no warm step (one step)"
-        if ref_video is not None:
-            q = None if label == ref_label else video_psnr(video, ref_video)
+        ref_label = refs.get(ident.content)
+        if str(video) in bad:
+            row["note"] = bad[str(video)]
+        elif ref_label is not None:
+            q = None if label == ref_label else video_psnr(video, outputs[labels.index(ref_label)])
             row["psnr"] = "ref" if label == ref_label else ("–" if q is None else
                                                              ("∞ dB" if q == float("inf") else f"{q:.1f} dB"))
+        elif refs:
+            row["psnr"] = "–"
         out.append(row)
     notes = [f"not a speed figure ({why}): {', '.join(names)}" for why, names in whys.items()]
+    if common:
+        notes.insert(0, f"every render: {common} (the settings off their defaults are in each timing entry's "
+                        "identity.settings)")
     if base_label:
         notes.insert(0, f"speed-up: against {base_label}, the batch's first exact backend")
     if broke_even:
@@ -124,7 +133,7 @@ def rows(results, outputs, reference: str = "reference") -> tuple[list[dict], li
     if cached:
         notes.append("a run with a step cache: its speed-up is the denoising time's (denoise_s, every step), not "
                      "the warm step's (a median of computed or of reused steps)")
-    if ref_video is None:
+    if not refs:
         notes.append(f"no PSNR column: the batch rendered no {reference!r} (add it to --types)")
     return out, notes
 

@@ -19,6 +19,7 @@ torchrun rank failed, 124 a watched stage (``--vae_timeout``) hung.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import traceback
@@ -30,6 +31,7 @@ from . import families
 from .cache import CACHE_HELP, parse_cache
 from .parallel import ENGINE_CHOICES, EXIT_PEER_FAILED, ParallelSpec
 from .helptext import DefaultsHelpFormatter
+from .identity import DEFAULT_SEED
 from .patching import ON_UNSUPPORTED_CHOICES
 from .patching.schedule import resolve_attention
 from .sparse import split_attention_types
@@ -105,9 +107,16 @@ def build_parser(family: str | families.Family, prog: Optional[str] = None,
     add("--num_inference_steps", type=int, default=None, help="denoising steps (default: the model's)")
     add("--guidance_scale", type=float, default=fam.cli.guidance_scale,
         help="classifier-free guidance scale (default: %(default)s)")
-    add("--seed", type=int, default=42, help="random seed: same seed, same video (default: %(default)s)")
+    add("--seed", type=int, default=DEFAULT_SEED, help="random seed: same seed, same video (default: %(default)s)")
     add("--flow_shift", type=float, default=None,
-        help="flow-matching shift, for families with a flow-matching scheduler (default: the family's rule)")
+        help="flow-matching shift, for families with a flow-matching scheduler (default: the model's own: the "
+             "shift its scheduler config ships, or the family's rule by size where the model card gives one)")
+    add("--boundary_ratio", type=float, default=None, metavar="R",
+        help="two-expert models (Wan 2.2 A14B): the low-noise expert takes over at timestep R x 1000 (default: the "
+             "model's config)")
+    add("--guidance_scale_2", type=float, default=None,
+        help="two-expert models (Wan 2.2 A14B): the guidance scale of the low-noise expert's steps (default: "
+             "--guidance_scale)")
     add("--fps", type=int, default=fam.cli.fps, help="frames per second of the written video (default: %(default)s)")
 
     add("--attention_type", default=DEFAULT_ATTENTION,
@@ -294,45 +303,45 @@ def canonical_attention(attention_type: str) -> str:
         return attention_type
 
 
-def stack_options(args) -> tuple[tuple[str, ...], str, str]:
-    """``(speed options, VAE decode mode, VAE encode mode)`` of these arguments, as a stack names them
-    (:func:`vdbench.measure.record.speed_options`); arguments built without some of the flags read as their
-    defaults."""
-    from .measure.record import speed_options
-
-    speed = speed_options(bool(getattr(args, "compile", False)), getattr(args, "compile_backend", "inductor"),
-                          getattr(args, "compile_mode", None), getattr(args, "use_fp8_gemms", None),
-                          bool(getattr(args, "use_bf16_te_gemms", False)))
-    return speed, getattr(args, "vae_decode", "default"), getattr(args, "vae_encode", "default")
-
-
 def output_path(fam: families.Family, args, model: str, attention_type: str) -> Path:
-    """The video these arguments write for one backend (an alias is named by the backend it resolves to); the
-    name ends with the stack's speed options and VAE modes (``_compile-fp8gemm-vae=fast``,
-    :func:`vdbench.measure.record.options_tag`), the step cache's tag (``_cache-fbc-threshold=0.1``,
-    :func:`vdbench.measure.record.cache_tag`) and the parallel layout (``_u2``, ``_r2``, ``_u2r2``, ``_cfg2``) of a
-    torchrun render, in that order; a render without them keeps the family's plain name."""
-    from .measure.record import cache_tag, options_tag
+    """The video these arguments write for one backend or schedule (:func:`render_path` of their config)."""
+    one = argparse.Namespace(**vars(args))
+    if not args.attention_schedule:
+        one.attention_type = attention_type
+    return config_from_args(fam, one, model).output_path
 
-    attention_type = canonical_attention(attention_type)
-    layout = ParallelSpec(args.parallel_engine, args.ulysses_degree, args.ring_degree, args.use_cfg_parallel).tag
-    name = Path(fam.output_name(task=args.task, model=model, num_frames=args.num_frames,
-                                steps=args.num_inference_steps, attention_type=attention_type,
-                                height=args.height, width=args.width, **({"layout": layout} if layout else {})))
-    cache = parse_cache(getattr(args, "cache", None))
-    tags = [options_tag(*stack_options(args)), cache_tag(cache.name) if cache is not None else ""]
+
+def render_path(fam: families.Family, cfg) -> Path:
+    """The video a render writes, decided by its identity (:mod:`vdbench.identity`): the family's name for the
+    backend (an alias named by the backend it resolves to), then the stack's speed options and VAE modes
+    (``_compile-fp8gemm-vae=fast``, :func:`vdbench.measure.record.options_tag`), the step cache's tag
+    (``_cache-fbc-threshold=0.1``, :func:`vdbench.measure.record.cache_tag`), the parallel layout (``_u2``, ``_r2``,
+    ``_u2r2``, ``_cfg2``) of a torchrun render, and the identity's tags (``_seed7``, ``_id-3fa9c1d2``) in that order;
+    a render with none of them keeps the family's plain name. Beside its ``timing.json``."""
+    from . import identity
+    from .measure.record import cache_tag, options_tag, settings_speed_options
+
+    layout = ParallelSpec(cfg.parallel_engine, cfg.ulysses_degree, cfg.ring_degree, cfg.use_cfg_parallel).tag
+    name = Path(fam.output_name(task=cfg.task, model=cfg.model, num_frames=cfg.num_frames,
+                                steps=cfg.num_inference_steps, attention_type=canonical_attention(cfg.attention_type),
+                                height=cfg.height, width=cfg.width, **({"layout": layout} if layout else {})))
+    cache = parse_cache(cfg.cache)
+    settings = dataclasses.asdict(cfg)
+    tags = [options_tag(settings_speed_options(settings), cfg.vae_decode, cfg.vae_encode),
+            cache_tag(cache.name) if cache is not None else ""]
     tags = [t for t in tags if t]
-    if tags:  # before the layout tag, which ends every name
+    if tags:  # before the layout tag
         rest, tag = families.split_layout(name.stem)
         name = name.with_name(f"{rest}_{'_'.join(tags)}{'_' + tag if tag else ''}{name.suffix}")
-    return results_dir(fam, args) / name
+    return cfg.timing_path.parent / identity.of(settings, type(cfg), fam).name(name.name)
 
 
-def config_from_args(fam: families.Family, args):
-    """The RenderConfig these arguments describe (defaults filled in, the image-conditioned size resolved)."""
+def config_from_args(fam: families.Family, args, model: Optional[str] = None):
+    """The RenderConfig these arguments describe (defaults filled in, the image-conditioned size resolved), writing
+    where its identity says (:func:`render_path`)."""
     from .render import RenderConfig
 
-    model = _model(fam, args)
+    model = model or _model(fam, args)
     out = Path(args.output_dir)
     capture_dir = Path(args.input_dir) if args.input_dir else out / "captures"
     if args.attention_schedule:
@@ -340,11 +349,12 @@ def config_from_args(fam: families.Family, args):
             raise ValueError("give --attention_type or --attention_schedule, not both (a schedule names its "
                              "backends itself, e.g. 'fav3@steps:0-9,sta')")
         args.attention_type = args.attention_schedule
-    return RenderConfig(
+    cfg = RenderConfig(
         family=fam.name, task=args.task, model=model, prompt=args.prompt, negative_prompt=args.negative_prompt,
         image=args.img_file_path, height=args.height, width=args.width, num_frames=args.num_frames,
-        num_inference_steps=args.num_inference_steps, guidance_scale=args.guidance_scale, seed=args.seed,
-        attention_type=args.attention_type, output_path=output_path(fam, args, model, args.attention_type),
+        num_inference_steps=args.num_inference_steps, guidance_scale=args.guidance_scale,
+        guidance_scale_2=args.guidance_scale_2, boundary_ratio=args.boundary_ratio, seed=args.seed,
+        attention_type=args.attention_type, output_path=Path(),
         timing_path=results_dir(fam, args) / "timing.json", num_repetitions=args.num_repetitions,
         device=args.device, dtype=args.dtype, fps=args.fps, on_unsupported=args.on_unsupported,
         time_attention=args.time_attention, capture_dir=capture_dir, save_inputs=args.save_inputs,
@@ -369,6 +379,7 @@ def config_from_args(fam: families.Family, args):
         ulysses_fp8_exchange=args.ulysses_fp8_exchange == "on",
         ulysses_v_per_rank=args.ulysses_v_per_rank == "on",
         overwrite=args.overwrite)
+    return dataclasses.replace(cfg, output_path=render_path(fam, cfg))
 
 
 def _auto_on_off(value: str) -> Optional[bool]:

@@ -16,7 +16,7 @@ Public API (used by the rest of vdbench and its CLIs):
   else is returned unchanged.
 * :func:`load_pipeline` -- a model named by strings, resolved and loaded (:meth:`Model.load`: ``from_pretrained``
   with the family's pipeline class, offline-friendly errors).
-* :func:`transformers_of`, :func:`check_video_size`, :func:`set_flow_shift`, :func:`model_summary` -- helpers over
+* :func:`transformers_of`, :func:`check_video_size`, :func:`set_schedule`, :func:`model_summary` -- helpers over
   a loaded pipeline.
 * :func:`build_vae` -- one family VAE at a tiny or the real checkpoint's config, seeded random weights (benches).
 * Re-exported from :mod:`vdbench.tiny` (where callers have always found them): :data:`TINY_VARIANTS`,
@@ -62,7 +62,8 @@ __all__ = [
     "parse_model",
     "resolve",
     "resolve_model",
-    "set_flow_shift",
+    "set_schedule",
+    "shipped_schedule",
     "tiny_model_dir",
     "transformers_of",
     "vae_names",
@@ -175,7 +176,9 @@ class Model:
     the family's ``pipeline_requirements``. Read from the files without a weight -- a tiny or random-weight model's
     variant (:attr:`ModelSpec.built_from`), a local directory's or a cached hub id's ``config.json`` --, None where
     that needs a download: ``denoisers`` (``{"transformer": (class name, config), "transformer_2": ...}``),
-    ``vae`` ((class name, config)), :attr:`head_dims` (the denoisers' attention head dims)."""
+    ``vae`` ((class name, config)), :attr:`head_dims` (the denoisers' attention head dims), ``shipped`` (what it
+    ships of its schedule, as :func:`shipped_schedule` reads it from a loaded pipeline: the scheduler config's
+    ``flow_shift``, the pipeline config's ``boundary_ratio`` and ``expand_timesteps``)."""
 
     spec: ModelSpec
     family: families.Family
@@ -185,6 +188,7 @@ class Model:
     requirements: tuple[tuple[str, str], ...] = ()
     denoisers: Optional[dict] = None
     vae: Optional[tuple[str, dict]] = None
+    shipped: Optional[dict] = None
 
     @property
     def head_dims(self) -> Optional[list[int]]:
@@ -219,7 +223,33 @@ def resolve(model: str, task: str | None = None, family: "str | families.Family"
     found = spec.components or {}
     denoisers = {n: found[n] for n in DENOISERS if n in found} or None
     vae = found["vae"] if "vae" in found and found["vae"][0] else None
-    return Model(spec, fam, task, image, pipeline_class, requirements, denoisers, vae)
+    return Model(spec, fam, task, image, pipeline_class, requirements, denoisers, vae, _shipped(spec))
+
+
+def _shipped(spec: ModelSpec) -> Optional[dict]:
+    """What ``spec``'s model ships of its schedule (:attr:`Model.shipped`), read without a weight: a tiny or
+    random-weight model's from its variant, a local directory's or a cached hub id's from its
+    ``scheduler/scheduler_config.json`` and ``model_index.json``; None where that needs a download."""
+    from diffusers import ConfigMixin
+
+    if spec.built_from is not None:
+        scheduler, pipeline = spec.built_from.scheduler, spec.built_from.pipeline_kwargs
+    elif spec.path or (spec.hub_id and not spec.hub_problem):
+        class Config(ConfigMixin):  # diffusers' config reader, any config file
+            config_name = "model_index.json"
+
+        where, cache = (spec.path, None) if spec.path else (spec.hub_id, _hf_cache_dir())
+        try:
+            pipeline = dict(Config.load_config(where, local_files_only=True, cache_dir=cache))
+            Config.config_name = "scheduler_config.json"
+            scheduler = dict(Config.load_config(where, subfolder="scheduler", local_files_only=True,
+                                                cache_dir=cache))
+        except (OSError, ValueError):
+            return None
+    else:
+        return None
+    return {"flow_shift": scheduler.get("flow_shift"), "boundary_ratio": pipeline.get("boundary_ratio"),
+            "expand_timesteps": bool(pipeline.get("expand_timesteps"))}
 
 
 #: The attribute of a pipeline loaded here that holds its :class:`Model`.
@@ -479,13 +509,40 @@ def transformers_of(pipe) -> list[tuple[str, torch.nn.Module]]:
     return out
 
 
-def set_flow_shift(pipe, shift: float) -> Optional[float]:
-    """Rebuild the pipeline's scheduler with ``flow_shift`` (flow-matching schedulers only); returns what was set
-    (None: the scheduler has no such setting)."""
-    if "flow_shift" not in pipe.scheduler.config:
-        return None
-    pipe.scheduler = type(pipe.scheduler).from_config(pipe.scheduler.config, flow_shift=shift)
-    return shift
+def shipped_schedule(pipe) -> dict:
+    """What a loaded pipeline ships of its schedule: its scheduler config's ``flow_shift`` (None: a scheduler
+    without one), the experts' ``boundary_ratio`` and ``expand_timesteps`` (Wan 2.2) from the pipeline's config."""
+    return {"flow_shift": pipe.scheduler.config.get("flow_shift"),
+            "boundary_ratio": pipe.config.get("boundary_ratio"),
+            "expand_timesteps": bool(pipe.config.get("expand_timesteps"))}
+
+
+def set_schedule(pipe, family: families.Family, task: str, height: int, width: int, *,
+                 flow_shift: Optional[float] = None, boundary_ratio: Optional[float] = None,
+                 guidance_scale: Optional[float] = None, guidance_scale_2: Optional[float] = None) -> dict:
+    """Set the loaded pipeline's schedule and say what it is: the flow shift given, else the family's default for
+    this model and size (:attr:`vdbench.families.Family.flow_shift`, from what the model ships:
+    :func:`shipped_schedule`), the scheduler rebuilt with it (flow-matching schedulers only); the experts' boundary
+    given (two experts), else the model's. Returns ``flow_shift`` / ``flow_shift_from``, ``boundary_ratio`` /
+    ``boundary_from``, ``guidance_scale`` and ``guidance_scale_2`` (the low-noise expert's: the first's where not
+    given, as diffusers takes it; None without two experts): what the render records it ran with."""
+    shipped = shipped_schedule(pipe)
+    shift, shift_from = flow_shift, "--flow_shift"
+    if shift is None and family.flow_shift is not None and shipped["flow_shift"] is not None:
+        shift, shift_from = family.flow_shift(task, height, width, shipped), "the family's default for the model"
+    if shift is not None and shipped["flow_shift"] is not None:
+        pipe.scheduler = type(pipe.scheduler).from_config(pipe.scheduler.config, flow_shift=shift)
+    else:
+        shift, shift_from = shipped["flow_shift"], "the model's scheduler config"
+    boundary, boundary_from = shipped["boundary_ratio"], "the model's config"
+    if boundary_ratio is not None:
+        pipe.register_to_config(boundary_ratio=boundary_ratio)
+        boundary, boundary_from = boundary_ratio, "--boundary_ratio"
+    two = getattr(pipe, "transformer_2", None) is not None and boundary is not None
+    return {"flow_shift": shift, "flow_shift_from": shift_from if shift is not None else None,
+            "boundary_ratio": boundary if two else None, "boundary_from": boundary_from if two else None,
+            "guidance_scale": guidance_scale,
+            "guidance_scale_2": (guidance_scale_2 if guidance_scale_2 is not None else guidance_scale) if two else None}
 
 
 def prewarm_scheduler(scheduler, steps: int, device, dtype) -> dict:

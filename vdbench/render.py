@@ -33,10 +33,10 @@ from typing import Optional, Union
 import torch
 
 from . import backends as B
-from . import families, pipelines
+from . import families, identity, pipelines
 from .patching import AttentionPatch
 from .patching.schedule import as_schedule, resolve_attention
-from .measure.record import Writer, command_line, commit, from_render_entry, speed_options, stack_name
+from .measure.record import Writer, command_line, commit, from_render_entry, settings_speed_options, stack_name
 from .power import open_trace
 from .stages import Wall, stage_reports
 from .timing import (Clock, Laps, StepProfiler, StepTimer, WallStart, append_timing, compile_seconds, describe_steps,
@@ -104,7 +104,9 @@ class RenderConfig:
     rank: int = 0
     warmup_calls: int = 0  # untimed pipeline calls before the timed repetitions (compilation, caches, plans)
     vae_dtype: str = "auto"  # "auto": the pipeline dtype
-    flow_shift: Optional[float] = None  # None = the family's default per task and size (Family.flow_shift)
+    flow_shift: Optional[float] = None  # None = the family's default for the model and size (Family.flow_shift)
+    boundary_ratio: Optional[float] = None  # two experts: where the low-noise one takes over; None: the model's
+    guidance_scale_2: Optional[float] = None  # two experts: the low-noise one's guidance; None: guidance_scale
     profile_output: Optional[str] = None  # torch profiler Chrome traces under <traces_root>/<name>/
     traces_root: Optional[Path] = None
     profile_wait: int = 0
@@ -134,7 +136,7 @@ class RenderConfig:
     scheduler_async: bool = True  # the scheduler's steps never wait for the device (pipelines.run_scheduler_ahead)
     extra_pipe_kwargs: dict = field(default_factory=dict)
     # multi-process (torchrun): see vdbench.parallel
-    parallel_engine: str = "xfuser"
+    parallel_engine: str = "auto"  # xfuser | diffusers | auto (the engine that serves the request: vdbench.parallel)
     ulysses_degree: int = 1
     ring_degree: int = 1
     use_cfg_parallel: bool = False
@@ -259,7 +261,7 @@ class Plan:
     encode: VaeMode
     dctx: object = None
     cache: object = None  # vdbench.cache.CacheSpec, or None
-    flow_shift: Optional[float] = None  # the scheduler's: --flow_shift or the family's default; None: it has none
+    flow_shift: Optional[float] = None  # --flow_shift; None: the model's default, read with the load
     fused_rope: Optional[str] = "not decided"  # why the RoPE is not fused (fused_rope_choice); None: it is
 
     @property
@@ -267,8 +269,7 @@ class Plan:
         """The render's stack name (:func:`vdbench.measure.record.stack_name`): the backend or schedule, the speed
         options, the VAE modes other than default, the step cache -- recorded with every entry (``stack``)."""
         cfg = self.cfg
-        return stack_name(self.backend.name, speed_options(cfg.compile, cfg.compile_backend, cfg.compile_mode,
-                                                           cfg.fp8_gemms, cfg.bf16_te_gemms),
+        return stack_name(self.backend.name, settings_speed_options(asdict(cfg)),
                           self.decode.mode.name, self.encode.mode.name, self.cache.name if self.cache else None,
                           self.dctx.spec.tag if self.dctx is not None else "")
 
@@ -368,10 +369,15 @@ def _checked_plan(cfg: RenderConfig, dctx) -> Plan:
             raise ValueError(f"task {cfg.task} needs the {module} package ({why})\npip install {module}")
     if cfg.image and not Path(cfg.image).is_file():
         raise ValueError(f"conditioning image {cfg.image} does not exist\ngive --img_file_path an image file")
-    if (cfg.rank == 0 and not cfg.overwrite and cfg.output_path.exists()
-            and not written_by_render(cfg.output_path, cfg.timing_path)):
-        raise ValueError(f"{cfg.output_path} exists and is not a video this tool wrote; not replacing it\n"
-                         "move it away, choose another --benchmark_output_directory, or pass --overwrite")
+    if cfg.rank == 0 and not cfg.overwrite and cfg.output_path.exists():
+        if not written_by_render(cfg.output_path, cfg.timing_path):
+            raise ValueError(f"{cfg.output_path} exists and is not a video this tool wrote; not replacing it\n"
+                             "move it away, choose another --benchmark_output_directory, or pass --overwrite")
+        other = identity.replaced_render(asdict(cfg), cfg.output_path, cfg.timing_path, RenderConfig, family)
+        if other is not None:
+            raise ValueError(f"{cfg.output_path} holds another render's video (it differs in {other}); not "
+                             "replacing it\nwrite to another path, or pass --overwrite")
+    _check_experts(cfg, model.denoisers)
     if (cfg.save_inputs or cfg.save_latents) and cfg.capture_dir is None:
         raise ValueError("capturing inputs or latents needs a capture directory")
     if cfg.save_inputs and cfg.compile:
@@ -400,16 +406,29 @@ def _checked_plan(cfg: RenderConfig, dctx) -> Plan:
     vae_dtype = dtype if cfg.vae_dtype in (None, "auto") else resolve_dtype(cfg.vae_dtype, device)
     if cfg.cpu_offload and device.type != "cuda":
         raise ValueError("--cpu_offload moves models between the CPU and a GPU: it needs a CUDA device")
-    flow_shift = None
-    if family.flow_shift is not None:
-        flow_shift = cfg.flow_shift if cfg.flow_shift is not None else family.flow_shift(cfg.task, cfg.height,
-                                                                                         cfg.width)
+    if cfg.flow_shift is not None and family.flow_shift is None:
+        raise ValueError(f"--flow_shift: the {family.name} pipelines' schedulers have no flow shift\ndrop the flag")
     steps_profiled = cfg.profile_wait + cfg.profile_warmup + cfg.profile_active
     if cfg.profile_output and steps_profiled > cfg.num_inference_steps:
         raise ValueError(f"--profile_wait + --profile_warmup + --profile_active = {steps_profiled} exceeds the "
                          f"{cfg.num_inference_steps} denoising steps of the profiled repetition")
     return Plan(cfg, model, backend, device, dtype, vae_dtype, VaeMode(decode, decode_options),
-                VaeMode(encode, encode_options), dctx, cache, flow_shift, fused_rope_choice(cfg, device, family))
+                VaeMode(encode, encode_options), dctx, cache, cfg.flow_shift, fused_rope_choice(cfg, device, family))
+
+
+def _check_experts(cfg: RenderConfig, denoisers: Optional[dict], loaded: Optional[bool] = None) -> None:
+    """``--boundary_ratio`` and ``--guidance_scale_2`` are for a pipeline of two experts (Wan 2.2 A14B): refused for
+    one, where its configs (``denoisers``, before the load) or the loaded pipeline (``loaded``: whether it has a
+    second expert) tell."""
+    asked = [f for f, v in (("--boundary_ratio", cfg.boundary_ratio), ("--guidance_scale_2", cfg.guidance_scale_2))
+             if v is not None]
+    if cfg.boundary_ratio is not None and not 0 < cfg.boundary_ratio < 1:
+        raise ValueError(f"--boundary_ratio {cfg.boundary_ratio:g} is outside (0, 1)\ngive the share of the "
+                         "timesteps the high-noise expert runs, e.g. 0.875")
+    two = loaded if loaded is not None else (None if denoisers is None else "transformer_2" in denoisers)
+    if asked and two is False:
+        raise ValueError(f"{' and '.join(asked)}: {cfg.model} has one denoiser; they apply to a model of two "
+                         "experts (Wan 2.2 A14B)\ndrop the flag(s)")
 
 
 def fused_rope_choice(cfg: RenderConfig, device: torch.device, family: families.Family) -> Optional[str]:
@@ -534,10 +553,11 @@ def _start_attention_prewarm(plan: Plan, pipe=None) -> tuple[object, Optional[di
 
 
 def _load_checked(plan: Plan, laps: Laps) -> tuple:
-    """(pipeline, its denoisers, load time, flow shift): loaded, its scheduler's shift set, its exact size rules
+    """(pipeline, its denoisers, load time, its schedule): loaded, its scheduler's shift and experts' boundary set
+    (:func:`vdbench.pipelines.set_schedule`), its exact size rules
     and the backend against its head dims checked; ``laps``: the load's parts, the loading's own
     (:meth:`vdbench.pipelines.Model.load`) among them."""
-    from .pipelines import set_flow_shift, transformers_of
+    from .pipelines import set_schedule, transformers_of
 
     cfg, model, device = plan.cfg, plan.model, plan.device
     t_load = time.perf_counter()
@@ -553,13 +573,16 @@ def _load_checked(plan: Plan, laps: Laps) -> tuple:
     laps.lap("pipeline_other")  # outside the parts the load names
     model.check_size(pipe, cfg.height, cfg.width, cfg.num_frames)
     models = transformers_of(pipe)
-    flow_shift = set_flow_shift(pipe, plan.flow_shift) if plan.flow_shift is not None else None
+    _check_experts(cfg, None, loaded=getattr(pipe, "transformer_2", None) is not None)
+    schedule = set_schedule(pipe, plan.family, cfg.task, cfg.height, cfg.width, flow_shift=plan.flow_shift,
+                            boundary_ratio=cfg.boundary_ratio, guidance_scale=cfg.guidance_scale,
+                            guidance_scale_2=cfg.guidance_scale_2)
     pipe.set_progress_bar_config(disable=not sys.stderr.isatty(), leave=False)
     laps.lap("size_checks")
     # the backend's availability here (its package imported, the device queried)
     B.require_here(plan.backend, device, plan.dtype, [m.config.attention_head_dim for _, m in models])
     laps.lap("preflight")
-    return pipe, models, load_time, flow_shift
+    return pipe, models, load_time, schedule
 
 
 def load(plan: Plan) -> Loaded:
@@ -571,7 +594,7 @@ def load(plan: Plan) -> Loaded:
 
     cfg, family, device, dctx = plan.cfg, plan.family, plan.device, plan.dctx
     t0 = time.perf_counter()
-    err = pipe = models = load_time = flow_shift = None
+    err = pipe = models = load_time = schedule = None
     laps = Laps({})  # where the load's time goes (host clock): its variation is read here, not guessed
     part = laps.lap
     prewarm = _start_prewarm(plan, encode_only=True)  # an image's encode comes before the denoising: hide it here
@@ -580,7 +603,7 @@ def load(plan: Plan) -> Loaded:
     attn_prewarm, attn_skipped = _start_attention_prewarm(plan)
     part("prewarm_start")
     try:  # what only the files or the loaded model can refuse is agreed like validate's refusals (torchrun)
-        pipe, models, load_time, flow_shift = _load_checked(plan, laps)
+        pipe, models, load_time, schedule = _load_checked(plan, laps)
     except (ModelLoadError, B.BackendUnavailable, ValueError, OSError) as e:
         err = e
     if err is not None and attn_prewarm is not None:
@@ -630,7 +653,8 @@ def load(plan: Plan) -> Loaded:
     header = {
         "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items()},
         "resolved": {"device": str(device), "dtype": str(plan.dtype).replace("torch.", ""), "head_dims": head_dims,
-                     "vae_dtype": str(pipe.vae.dtype).replace("torch.", ""), "flow_shift": flow_shift,
+                     "vae_dtype": str(pipe.vae.dtype).replace("torch.", ""), "flow_shift": schedule["flow_shift"],
+                     "schedule": schedule,
                      "speed_options": speed},
         "backend": {"name": backend.name, "kernel": backend.kernel, "emulated": backend.emulated,
                     "exact": backend.exact, "description": backend.description},
@@ -644,6 +668,8 @@ def load(plan: Plan) -> Loaded:
     kwargs = dict(prompt=cfg.prompt, negative_prompt=cfg.negative_prompt, height=cfg.height, width=cfg.width,
                   num_frames=cfg.num_frames, num_inference_steps=cfg.num_inference_steps,
                   guidance_scale=cfg.guidance_scale, output_type="latent", **cfg.extra_pipe_kwargs)
+    if cfg.guidance_scale_2 is not None:
+        kwargs["guidance_scale_2"] = cfg.guidance_scale_2
     if plan.model.image:
         kwargs["image"] = _load_image(cfg.image, cfg.width, cfg.height)
     part("header")
@@ -1103,9 +1129,15 @@ def finish(plan: Plan, entries: list[dict], frames, log, wall: Optional[Wall] = 
     if cfg.save_frames:
         save_frames(frames, cfg.output_path.with_suffix(".npy"))
     end = time.perf_counter()
+    # what the record vouches for: the render's identity and the bytes it wrote (the readers refuse a file that
+    # no longer matches its entry)
+    written = {"identity": identity.of(asdict(cfg), RenderConfig, plan.family).as_dict(),
+               "output_sha256": identity.file_sha256(cfg.output_path),
+               "frames_sha256": identity.file_sha256(cfg.output_path.with_suffix(".npy")) if cfg.save_frames else None}
     # then the entries completed: what each repetition paid once, the render's end to end on the first
     entries = one_time(merged)
     for i, e in enumerate(entries):
+        e.update(written)
         e2e = render_end_to_end(entries, wall, end - write_start, end) if (wall is not None and i == 0) else None
         e["end_to_end_s"] = (end - wall.started.t) if e2e else None
         e["end_to_end"] = e2e

@@ -39,6 +39,7 @@ import csv
 import html
 import io
 import contextlib
+import functools
 import math
 import os
 import statistics
@@ -52,7 +53,8 @@ from vdbench.helptext import DefaultsHelpFormatter
 from vdbench.measure import record as R
 from vdbench.video import identity_from_filename, iter_frames, run_of
 
-__all__ = ["resolve_results", "collect", "render_records", "identities", "match_label", "resolved", "FROM_FILE_NAME",
+__all__ = ["resolve_results", "collect", "render_records", "identities", "refused", "match_label", "references",
+           "shown_labels", "resolved", "FROM_FILE_NAME",
            "load_frames", "speed", "summarize", "write_csv", "write_html", "figure_labels", "video_psnr", "main",
            "CSV_COLUMNS", "SPEED_COLUMNS", "EMULATED", "break_even", "break_even_text", "break_even_cell",
            "BREAK_EVEN_NOTE", "one_time_shown", "one_time_cell", "NEGATIVE_ONE_TIME_NOTE"]
@@ -72,13 +74,16 @@ __all__ = ["resolve_results", "collect", "render_records", "identities", "match_
 #: which the backend's render beats default's (:func:`break_even`). ``step_energy_j``: a warm step's joules over
 #: every card (vdbench.power; median over the repetitions), ``power_capped_share`` the share of the warm steps'
 #: samples the card (rank 0's) spent power-capped: at the cap a step's time follows its energy. Empty for files
-#: written before they existed.
+#: written before they existed. ``psnr_db`` / ``ssim`` / ``lpips`` (AlexNet LPIPS, lower is closer; empty where the
+#: optional package or its weights are missing, and a note says which) are against ``reference``: the reference
+#: render of the same content (prompt, seed, size and the other settings the frames are of).
 CSV_COLUMNS = ["run", "backend", "warm_step_ms", "warm_step_n", "warm_step_p20_ms", "warm_step_p80_ms",
                "warm_step_min_ms", "warm_step_max_ms", "first_step_ms", "repetitions", "rep_warm_min_ms",
                "rep_warm_max_ms", "end_to_end_s", "one_time_s", "load_s", "compile_s", "steady_s",
                "break_even_steps_vs_default", "speedup_vs_default", "speed_figure", "why_not_speed", "emulated",
                "attention_share", "vae_decode_s", "text_encode_s", "image_encode_s", "vae_encode_s", "unaccounted_s",
-               "peak_memory_gib", "step_energy_j", "power_capped_share", "psnr_db", "ssim", "quality_source",
+               "peak_memory_gib", "step_energy_j", "power_capped_share", "psnr_db", "ssim", "lpips", "reference",
+               "quality_source",
                "kernels", "work", "fallback_calls", "note"]
 
 #: The columns that are a speed (a time of the attention's work or derived from one): "emulated" in their place
@@ -150,12 +155,10 @@ def _names_video(output, video: Path, folder: Path) -> bool:
     return out.name == video.name and video.parent.resolve() == folder.resolve()
 
 
-def identities(videos, results=None) -> list:
-    """Each video's :class:`vdbench.measure.record.Identity`, from the records of its folder (and of ``results``,
-    where given: :func:`render_records`): the latest record whose ``data["output"]`` is the video's path
-    (:func:`_names_video`), else the record of the run id the video's comment carries (a video renamed on disk:
-    :func:`vdbench.video.run_of`). A video no record names falls back to its file name
-    (:func:`vdbench.video.identity_from_filename`, ``source == "file name"``): the one place a name is parsed."""
+def _records(videos, results=None) -> list:
+    """Each video's render record, or None: the latest record of its folder (and of ``results``, where given:
+    :func:`render_records`) whose ``data["output"]`` is the video's path (:func:`_names_video`), else the record of
+    the run id the video's comment carries (a video renamed on disk: :func:`vdbench.video.run_of`)."""
     cache: dict[Path, list] = {}
 
     def recs(folder: Path):
@@ -172,19 +175,61 @@ def identities(videos, results=None) -> list:
         if found is None and any(recs(f) for f in folders):
             run = run_of(video)
             found = next((r for f in folders for r in reversed(recs(f)) if run and r.data.get("run_id") == run), None)
-        out.append(R.identity(found) if found is not None else identity_from_filename(video))
+        out.append(found)
     return out
 
 
-def _sources(results: Path) -> dict:
+def identities(videos, results=None) -> list:
+    """Each video's :class:`vdbench.measure.record.Identity`, from its record (:func:`_records`). A video no record
+    names falls back to its file name (:func:`vdbench.video.identity_from_filename`, ``source == "file name"``): the
+    one place a name is parsed."""
+    return [R.identity(r) if r is not None else identity_from_filename(v)
+            for v, r in zip(videos, _records(videos, results))]
+
+
+@functools.lru_cache(maxsize=256)
+def _sha256(path: str, size: int, mtime_ns: int) -> str:
+    from vdbench.identity import file_sha256
+
+    return file_sha256(path)
+
+
+def refused(videos, results=None) -> dict[str, str]:
+    """The videos whose bytes are not those their record vouches for (``output_sha256``, and ``frames_sha256`` for
+    the raw frames beside it): video path -> the one line that says so. Such a file was replaced after its render
+    (another render, a copy, an edit): its record's figures are not its own, so the readers leave it out."""
+    out = {}
+    for v, rec in zip(videos, _records(videos, results)):
+        data = rec.data if rec is not None else {}
+        for path, key in ((Path(v), "output_sha256"), (Path(v).with_suffix(".npy"), "frames_sha256")):
+            want = data.get(key)
+            if not want or not path.is_file():
+                continue
+            st = path.stat()
+            got = _sha256(str(path), st.st_size, st.st_mtime_ns)
+            if got != want:
+                out[str(v)] = (f"refused {path.name}: its bytes (sha256 {got[:12]}) are not the ones its render "
+                               f"recorded ({want[:12]}, run {data.get('run_id')}); re-render it or move it away")
+                break
+    return out
+
+
+def _sources(results: Path, notes: Optional[list] = None) -> dict:
     """label -> (best available frame source, the render's identity): raw .npy preferred over the mp4, both named
-    by the mp4's record. The stitched grid is not a render and is left out."""
+    by the mp4's record. The stitched grid is not a render and is left out, and so is a render whose files are not
+    those its record vouches for (:func:`refused`; its line goes to ``notes``)."""
     found: dict = {}
     paths = [p for p in sorted(Path(results).glob("*.mp4")) + sorted(Path(results).glob("*.npy"))
              if p.stem != "comparison_grid"]
-    for p, ident in zip(paths, identities([p.with_suffix(".mp4") for p in paths], results)):
+    videos = [p.with_suffix(".mp4") for p in paths]
+    bad = refused(list(dict.fromkeys(videos)), results)
+    for p, video, ident in zip(paths, videos, identities(videos, results)):
+        if str(video) in bad:
+            continue
         if p.suffix == ".npy" or ident.label not in found:
             found[ident.label] = (p, ident)
+    if notes is not None:
+        notes.extend(bad.values())
     return found
 
 
@@ -201,6 +246,30 @@ def match_label(name: str, runs) -> str | None:
     if name in runs:
         return name
     return next((label for label, ident in runs.items() if ident.attention == name), None)
+
+
+def shown_labels(idents) -> tuple[list[str], Optional[str]]:
+    """The labels to show for renders of these identities, and the identity tag they all share (None where they
+    don't): a tag common to every render (a batch's one prompt, image or frame rate) is said once, not on each."""
+    tags = {i.tag for i in idents}
+    if len(tags) == 1 and next(iter(tags)):
+        return [i.stack for i in idents], next(iter(tags))
+    return [i.label for i in idents], None
+
+
+def references(name: str, runs) -> dict:
+    """content -> the label of the reference render of that content, among ``runs`` (label ->
+    :class:`~vdbench.measure.record.Identity`): the run labelled ``name``, else the first whose attention is
+    ``name`` (so ``reference`` finds ``reference+u2``), one per content (:attr:`Identity.content`: renders of the
+    same prompt, seed and size are compared with each other; records without it share one content, None)."""
+    out: dict = {}
+    for label, ident in runs.items():
+        if label == name:
+            out[ident.content] = label
+    for label, ident in runs.items():
+        if ident.attention == name:
+            out.setdefault(ident.content, label)
+    return out
 
 
 def _median(values):
@@ -476,8 +545,9 @@ def summarize(run_dir, reference: str = "reference", device=None) -> dict:
     and settings) and ``poster`` (the video whose first frame illustrates the run, or None)."""
     results = resolve_results(run_dir)
     notes: list[str] = []
+    reference_name = reference
     lpips_note = None  # None: not tried yet; "": available; else the reason it is not computed
-    found = _sources(results)
+    found = _sources(results, notes)
     sources = {label: p for label, (p, _) in found.items()}
     sp = speed(results)
     runs = {**{label: ident for label, (_, ident) in found.items()}, **{k: v["identity"] for k, v in sp.items()}}
@@ -485,18 +555,27 @@ def summarize(run_dir, reference: str = "reference", device=None) -> dict:
         notes.append(f"no timing.json in {results}: no speed figures")
     if not sources:
         notes.append(f"no rendered video or raw frames in {results}: no quality figures")
-    ref = ref_src = None
     for lab, s in sp.items():
         if (s.get("runs_recorded") or 1) > 1:
             notes.append(f"timing.json holds {s['runs_recorded']} runs of {lab}: the latest is used"
                          + (f" (run {s['run_id']})" if s.get("run_id") else ""))
-    ref_key = match_label(reference, {k: runs[k] for k in sources})
-    if ref_key is not None:
-        reference = ref_key
-        try:
-            ref, ref_src = load_frames(sources[reference])
-        except (OSError, ValueError) as exc:
-            notes.append(f"reference render {sources[reference].name} is unreadable ({exc}): no quality figures")
+    refs = references(reference, {k: runs[k] for k in sources})
+    loaded: dict = {}  # reference label -> (frames, source) or None where unreadable
+
+    def reference_of(label):
+        """(reference label, frames, source) of the render ``label``'s content, or None."""
+        key = refs.get(runs[label].content)
+        if key is not None and key not in loaded:
+            try:
+                loaded[key] = load_frames(sources[key])
+            except (OSError, ValueError) as exc:
+                loaded[key] = None
+                notes.append(f"reference render {sources[key].name} is unreadable ({exc}): no quality figures "
+                             "against it")
+        return (key, *loaded[key]) if key is not None and loaded[key] is not None else None
+
+    if refs:
+        reference = next(iter(refs.values()))
     elif sources:
         notes.append(f"no reference render labelled {reference!r} in {results} (found: {', '.join(sources)}): "
                      "no quality figures (render one with --attention_type reference)")
@@ -535,15 +614,20 @@ def summarize(run_dir, reference: str = "reference", device=None) -> dict:
                "stages": _stages_text(s),
                "peak_memory_gib": s["peak_memory_bytes"] / 2**30 if s.get("peak_memory_bytes") else None,
                "step_energy_j": s.get("step_energy_j"), "power_capped_share": s.get("power_capped_share"),
-               "psnr_db": None, "ssim": None, "quality_source": None,
+               "psnr_db": None, "ssim": None, "lpips": None, "quality_source": None, "reference": None,
                "kernels": "; ".join(f"{k}×{n}" for k, n in s.get("calls_by_kernel", {}).items()) or None,
                "work": s.get("work"), "fallback_calls": s.get("fallback_calls"), "note": None,
                "psnr_per_frame": None, "step_times": s.get("step_times")}
+        ref_of = reference_of(label) if label in sources and runs[label].from_record else None
         if label not in sources:
             row["note"] = "no video or raw frames found (timing only)"
         elif not runs[label].from_record:
             row["note"] = FROM_FILE_NAME
-        elif ref is not None:
+        elif refs and ref_of is None:
+            row["note"] = f"no {reference_name!r} render of the same content (prompt, seed, size): no quality figures"
+        elif ref_of is not None:
+            ref_label, ref, ref_src = ref_of
+            row["reference"] = ref_label
             try:
                 frames, src = load_frames(sources[label])
             except (OSError, ValueError) as exc:
@@ -812,7 +896,9 @@ def write_html(summaries: list[dict], path) -> Path:
                      ("power-capped share", "power_capped_share", ".0%")]
         if has_q:
             cols += [(f"PSNR vs {s['reference']} (dB)", "psnr_db", ".2f"), ("SSIM", "ssim", ".4f"),
-                     ("quality from", "quality_source", "")]
+                     ("LPIPS (lower is closer)", "lpips", ".4f"), ("quality from", "quality_source", "")]
+            if len({r.get("reference") for r in s["rows"] if r.get("reference")}) > 1:
+                cols += [("against", "reference", "")]
         cols += [("kernels that ran", "kernels", ""), ("work (self-attn block pairs computed)", "work", ".2f"),
                  ("fallback calls", "fallback_calls", ""), ("note", "note", "")]
         parts.append("<table class='summary'><tr>" + "".join(f"<th>{esc(c[0])}</th>" for c in cols) + "</tr>")
@@ -890,10 +976,10 @@ def figure_labels(inputs, labels, reference: str, timing_dir=None, warnings: lis
     keys = [i.label for i in ids]
     runs = dict(zip(keys, ids))
     if reference in labels:
-        ref_idx = list(labels).index(reference)
-    elif match_label(reference, runs) is not None:
-        ref_idx = keys.index(match_label(reference, runs))
-    else:
+        ref_idx = {ids[list(labels).index(reference)].content: list(labels).index(reference)}
+    else:  # one reference per content: a cell is compared with the reference render of its own prompt and seed
+        ref_idx = {content: keys.index(key) for content, key in references(reference, runs).items()}
+    if not ref_idx:
         raise ValueError(f"--reference {reference!r} is none of the inputs ({', '.join(labels)})")
     sp = speed(Path(timing_dir)) if timing_dir is not None else {}
     step = {k: (sp.get(k) or {}).get("warm_step_median") for k in keys}
@@ -919,10 +1005,11 @@ def figure_labels(inputs, labels, reference: str, timing_dir=None, warnings: lis
                 warnings.append(f"{label}: {ms:.3g} ms/step" + (f", speedup {x:.2f}×," if x is not None else "")
                                 + f" is not a speed figure: {why}")
             parts.append(text)
-        if i == ref_idx:
+        mine = ref_idx.get(ids[i].content)
+        if i == mine:
             parts.append("ref")
-        else:
-            q = video_psnr(path, inputs[ref_idx])
+        elif mine is not None:
+            q = video_psnr(path, inputs[mine])
             if q is not None:
                 parts.append("∞ dB" if math.isinf(q) else f"{q:.1f} dB")
         out.append(" · ".join(parts))

@@ -525,13 +525,15 @@ def identity_from_filename(path):
     ``"file name"``: ``wan_result_t2v_1.3B_81f_30s_attn_sdpa_cudnn_480x832.mp4`` -> ``sdpa_cudnn``, a parallel
     render's ``..._480x832_u2.mp4`` -> ``sdpa_cudnn`` on layout ``u2``; any other name -> its stem. The fallback
     for a video no record names: the readers take a render's identity from its record."""
-    from .measure.record import Identity
+    from .measure.record import Identity, identity_tags, split_identity_tags
 
     stem = Path(os.fspath(path)).stem
+    _, seed, settings_id = split_identity_tags(stem)
     for name in families.names():
         parsed = families.get(name).parse_name(stem)
         if parsed is not None:
-            return Identity(attention=parsed[0], layout=parsed[1], source="file name", **families.stem_stack(stem))
+            return Identity(attention=parsed[0], layout=parsed[1], source="file name",
+                            tag=" ".join(identity_tags(seed, settings_id)), **families.stem_stack(stem))
     return Identity(attention=stem, source="file name")
 
 

@@ -48,7 +48,9 @@ _LAYOUT_RE = re.compile(r"^(?P<rest>.+)_(?P<tag>(?=[urc])(?:u\d+)?(?:r\d+)?(?:cf
 
 def split_layout(stem: str) -> tuple[str, str]:
     """``(stem without its layout tag, tag)``: ``"x_64x96_u2"`` -> ``("x_64x96", "u2")``; ``(stem, "")`` when it
-    ends in none."""
+    ends in none. The identity tags, which follow it (``_seed7_id-3fa9c1d2``:
+    :func:`vdbench.measure.record.identity_tags`), are split off first."""
+    stem = record.split_identity_tags(stem)[0]
     m = _LAYOUT_RE.match(stem)
     return (m["rest"], m["tag"]) if m and m["tag"] else (stem, "")
 
@@ -67,7 +69,7 @@ def split_cache(stem: str) -> tuple[str, str]:
 
 #: A stack's options tag (:func:`vdbench.measure.record.options_tag`) at the end of a stem (its layout and cache tags
 #: split off): it starts with an option's name.
-_OPTIONS_RE = re.compile(r"^(?P<rest>.+)_(?P<tag>(?:compile|fp8gemm|bf16te|vae=|encode=)[^_]*(?:_[^_]+)*)$")
+_OPTIONS_RE = re.compile(r"^(?P<rest>.+)_(?P<tag>(?:compile|fp8gemm|bf16te|fp8x|offload=|vae=|encode=)[^_]*(?:_[^_]+)*)$")
 
 
 def split_options(stem: str) -> tuple[str, str]:
@@ -151,7 +153,8 @@ class Family:
         width, layout="") -> str`` (the video's file name; ``layout`` the parallel layout's :func:`layout_tag`,
         which ends the name); ``parse_label(stem) -> str | None`` (the attention type back from a file name this
         family wrote, None if not one of its names; :meth:`parse_name` adds a name's layout tag: the fallback
-        for a video without a record);
+        for a video without a record); ``name_settings`` (the render settings ``output_name`` writes into the
+        name; the others that change the frames go into the name's identity id, :mod:`vdbench.identity`);
         ``image_size_multiple(task, model) -> int | None`` (the multiple an image-derived output size is rounded
         to; None: the family renders the requested size).
     Sizes
@@ -161,8 +164,10 @@ class Family:
         embeddings).
     Rendering
         ``image_tasks`` (tasks that take the conditioning image); ``image_refusals`` (task -> why an image is
-        refused there); ``flow_shift(task, height, width) -> float`` or None (the family's default flow-matching
-        shift; None: its scheduler has none and the pipeline's is left alone).
+        refused there); ``flow_shift(task, height, width, shipped) -> float`` or None (the family's default
+        flow-matching shift for a model that ships ``shipped``: its scheduler config's ``flow_shift``, its
+        ``boundary_ratio`` and ``expand_timesteps``, :func:`vdbench.pipelines.shipped_schedule`; the function
+        itself None: its scheduler has none and the pipeline's is left alone).
     Latents
         ``prepare_latents(vae, latents) -> z`` (pipeline latents -> what ``vae.decode`` takes, as the diffusers
         pipeline does it); ``trim_latents(pipe, latents, num_frames) -> latents`` (drop latent frames the
@@ -230,6 +235,8 @@ class Family:
     prepare_latents: Callable[[Any, Any], Any]
     call_kind: Callable[[str, Any, Any], str]
     tiny_variants: tuple[tiny.TinyVariant, ...] = ()
+    name_settings: tuple[str, ...] = ("task", "model", "num_frames", "num_inference_steps", "attention_type",
+                                      "height", "width")
     random_variants: Mapping[str, tuple[str, dict]] = dataclasses.field(default_factory=dict)
     image_size_multiple: Callable[[str, str], Optional[int]] = lambda task, model: None
     frame_multiple: int = 1
@@ -237,7 +244,7 @@ class Family:
     image_tasks: tuple[str, ...] = ("i2v",)
     image_pipeline_classes: Mapping[str, str] = dataclasses.field(default_factory=dict)
     image_refusals: Mapping[str, str] = dataclasses.field(default_factory=dict)
-    flow_shift: Optional[Callable[[str, int, int], float]] = None
+    flow_shift: Optional[Callable[[str, int, int, Optional[dict]], float]] = None
     trim_latents: Callable[[Any, Any, Optional[int]], Any] = lambda pipe, latents, num_frames: latents
     pipeline_decode: bool = False
     vae_frame_chunks: bool = False
@@ -275,6 +282,7 @@ class Family:
         """``(attention type, layout tag)`` of a video this family wrote, read back from its file name; None for a
         name that isn't this family's. The fallback for a video no record names: a render's identity is its
         record's (:func:`vdbench.measure.record.identity`)."""
+        stem = record.split_identity_tags(stem)[0]
         rest, tag = split_layout(stem)
         if tag:
             inner = self.parse_label(split_options(split_cache(rest)[0])[0])

@@ -19,7 +19,8 @@ if TYPE_CHECKING:  # torch is imported where tensors are made: the family tables
 
 
 def _cogvideox_ddim(snr_shift_scale: float) -> dict:
-    """CogVideoX's DDIM (v-prediction, zero-terminal-SNR, SNR shift) as in the real scheduler_config.json."""
+    """CogVideoX's scheduler config (v-prediction, zero-terminal-SNR, SNR shift) as in the real
+    scheduler_config.json: the 2b's DDIM with shift 3.0, the 5b's (CogVideoXDPMScheduler) with 1.0."""
     return {
         "beta_end": 0.012,
         "beta_schedule": "scaled_linear",
@@ -161,6 +162,7 @@ TINY_VARIANTS = (
             use_learned_positional_embeddings=True,
         ),
         vae=dict(COG_VAE, scaling_factor=0.7),
+        scheduler_class="CogVideoXDPMScheduler",  # the 5b checkpoints' (the 2b's is DDIM)
         scheduler=_cogvideox_ddim(1.0),
         seed=7,
     ),
@@ -171,7 +173,8 @@ TINY_VARIANTS += (tiny.with_head_dim(TINY_VARIANTS[0], 64, seed=9),)
 
 RANDOM_VARIANTS = {
     "cogvideox-2b": ("cogvideox-t2v", dict(transformer=_COG_2B, vae=COG_VAE_REAL, text_encoder=tiny.T5_XXL_WIDTH)),
-    "cogvideox-5b": ("cogvideox-t2v", dict(transformer=_COG_5B, vae=COG_VAE_REAL, text_encoder=tiny.T5_XXL_WIDTH)),
+    "cogvideox-5b": ("cogvideox-t2v", dict(transformer=_COG_5B, vae=COG_VAE_REAL, text_encoder=tiny.T5_XXL_WIDTH,
+                                           scheduler_class="CogVideoXDPMScheduler", scheduler=_cogvideox_ddim(1.0))),
 }
 
 
@@ -298,6 +301,7 @@ FAMILY = Family(
                     prompt="A panda playing a guitar in a bamboo forest, cinematic", negative_prompt="",
                     guidance_scale=6.0, fps=8, output_dir="outputs/cogvideox", results_subdir=""),
     output_name=output_name,
+    name_settings=("model", "attention_type"),
     parse_label=parse_label,
     # its VAE decodes latents two at a time and only an odd latent count comes back as 4 (L - 1) + 1 frames (an
     # even count gives 4L frames), which is why the real default is 49

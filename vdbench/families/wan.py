@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Optional
 
 from .. import tiny
 from . import CliDefaults, Family, XfuserWiring, model_tag
@@ -143,6 +143,8 @@ _WAN_5B = dict(WAN_TRANSFORMER, num_attention_heads=24, attention_head_dim=128, 
 # open-clip ViT-H/14 width (hidden 1280, MLP 5120, 16 heads, projection 1024) but 2 of its 32 layers (as the text
 # encoder keeps 2 of 24: the encoders' cost at full depth is not what the random models are for).
 _WAN_I2V_14B = dict(_WAN_14B, in_channels=36, image_dim=1280, added_kv_proj_dim=5120)
+# Wan2.2-I2V-A14B: each expert the 14B transformer with the 36 input channels, no CLIP image context.
+_WAN_I2V_A14B = dict(_WAN_14B, in_channels=36)
 _CLIP_VISION_H14_WIDTH = dict(_CLIP_VISION, hidden_size=1280, intermediate_size=5120, num_attention_heads=16,
                               projection_dim=1024)
 # The released Wan 2.1 / 2.2 VAEs have 2 residual blocks per stage (diffusers' default); the tiny ones have 1.
@@ -211,7 +213,7 @@ TINY_VARIANTS = (
         transformer=WAN_TRANSFORMER,  # high-noise expert
         transformer_2=WAN_TRANSFORMER,  # low-noise expert (own seed -> own weights)
         vae=WAN21_VAE,
-        scheduler=_unipc_flow(3.0),
+        scheduler=_unipc_flow(12.0),
         pipeline_kwargs={"boundary_ratio": 0.875},
         seed=3,
     ),
@@ -224,7 +226,7 @@ TINY_VARIANTS = (
         transformer=dict(WAN_TRANSFORMER, in_channels=36),
         transformer_2=dict(WAN_TRANSFORMER, in_channels=36),
         vae=WAN21_VAE,
-        scheduler=_unipc_flow(3.0),
+        scheduler=_unipc_flow(5.0),
         pipeline_kwargs={"boundary_ratio": 0.9},
         seed=4,
     ),
@@ -252,7 +254,9 @@ RANDOM_VARIANTS = {
     "wan2.1-i2v-14b": ("wan2.1-i2v", dict(transformer=_WAN_I2V_14B, vae=WAN21_VAE_REAL, text_encoder=tiny.UMT5_XXL_WIDTH,
                                           image_encoder=_CLIP_VISION_H14_WIDTH)),
     "wan2.2-t2v-a14b": ("wan2.2-t2v-a14b", dict(transformer=_WAN_14B, transformer_2=_WAN_14B, vae=WAN21_VAE_REAL,
-                                                text_encoder=tiny.UMT5_XXL_WIDTH, scheduler=_unipc_flow(12.0))),
+                                                text_encoder=tiny.UMT5_XXL_WIDTH)),
+    "wan2.2-i2v-a14b": ("wan2.2-i2v-a14b", dict(transformer=_WAN_I2V_A14B, transformer_2=_WAN_I2V_A14B,
+                                                vae=WAN21_VAE_REAL, text_encoder=tiny.UMT5_XXL_WIDTH)),
     "wan2.2-ti2v-5b": ("wan2.2-ti2v-5b", dict(transformer=_WAN_5B, vae=WAN22_VAE_REAL,
                                               text_encoder=tiny.UMT5_XXL_WIDTH)),
 }
@@ -286,8 +290,16 @@ def image_size_multiple(task: str, model: str) -> int:
     return 32 if task == "ti2v" or "ti2v" in model else 16
 
 
-def default_flow_shift(task: str, height: int, width: int) -> float:
-    """Wan's recommended flow-matching shift: 3.0 at 480p, 5.0 at 720p and above; TI2V-5B uses 5.0."""
+def default_flow_shift(task: str, height: int, width: int, shipped: Optional[dict] = None) -> float:
+    """The flow shift a Wan model is made for. Wan 2.2's pipelines (two experts with their ``boundary_ratio``, or
+    TI2V-5B's ``expand_timesteps``) run the shift their scheduler config ships (T2V-A14B 12.0, I2V-A14B 5.0,
+    TI2V-5B 5.0; with two experts it also moves the step where the low-noise expert takes over); Wan 2.1 takes its
+    model card's rule, 3.0 below 720p and 5.0 at 720p and up. ``shipped`` unknown (None): the rule, and 5.0 for the
+    ti2v task (TI2V-5B's)."""
+    shipped = shipped or {}
+    if (shipped.get("boundary_ratio") is not None or shipped.get("expand_timesteps")) \
+            and shipped.get("flow_shift") is not None:
+        return float(shipped["flow_shift"])
     if task == "ti2v":
         return 5.0
     return 5.0 if height * width >= 720 * 1280 else 3.0

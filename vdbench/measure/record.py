@@ -40,7 +40,8 @@ __all__ = ["SCHEMA", "VERSION", "Record", "figure", "commit", "command_line", "W
            "RecordError", "from_render_entry", "records_of", "write_beside", "Identity", "identity", "layout_tag",
            "run_label", "cache_tag", "spec_from_tag", "speed_options", "stack_name", "split_stack",
            "parse_layout", "layout_ranks",
-           "options_tag", "options_from_tag", "STACK_WORDS", "STACK_KEYS", "fp8_gemm_scope"]
+           "options_tag", "options_from_tag", "STACK_WORDS", "STACK_KEYS", "fp8_gemm_scope",
+           "settings_speed_options", "identity_tags", "split_identity_tags"]
 
 SCHEMA = "vdbench.record"
 #: Bump when a reader of the previous version would misread a record; readers refuse versions above theirs.
@@ -87,6 +88,10 @@ class Record:
         if missing:
             raise RecordError(f"{source or 'record'}: missing {', '.join(sorted(missing))}")
         return cls(**{k: d[k] for k in names if k in d}, source=source)
+
+    @property
+    def speed_figure(self) -> Optional[bool]:
+        return self.verdict.get("speed_figure")
 
 
 def figure(samples: Iterable, *, unit: str = "ms", first=None, **extra) -> dict:
@@ -231,19 +236,39 @@ def spec_from_tag(tag: str) -> str:
     return kind + (":" + re.sub(r"-(?=[a-z_]+=)", ",", rest) if rest else "")
 
 
+def identity_tags(seed: Optional[int] = None, settings_id: Optional[str] = None) -> tuple[str, ...]:
+    """The tags a render's file name ends with after its layout tag (:mod:`vdbench.identity`): ``seed7`` for a seed
+    other than the default, ``id-3fa9c1d2`` for the render's other settings off their defaults; each left out when
+    None."""
+    return tuple(([f"seed{seed}"] if seed is not None else []) + ([f"id-{settings_id}"] if settings_id else []))
+
+
+_IDENTITY_TAGS = re.compile(r"^(?P<rest>.+?)(?:_seed(?P<seed>-?\d+))?(?:_id-(?P<id>[0-9a-f]{8}))?$")
+
+
+def split_identity_tags(stem: str) -> tuple[str, Optional[int], Optional[str]]:
+    """``(stem without its identity tags, seed or None, id or None)``: ``"x_64x96_u2_seed7_id-3fa9c1d2"`` ->
+    ``("x_64x96_u2", 7, "3fa9c1d2")`` (:func:`identity_tags` read back: the fallback for a video no record names)."""
+    m = _IDENTITY_TAGS.match(stem)
+    if not m:
+        return stem, None, None
+    return m["rest"], (int(m["seed"]) if m["seed"] is not None else None), m["id"]
+
+
 # --- a render's stack: attention, speed options, VAE modes, step cache, as one name ---------------------------------
 
 #: The stack options that are one word (the speed options): ``+compile`` (``--use_torch_compile``, inductor, its
 #: default mode), ``+fp8gemm`` (``--use_fp8_gemms``: every Linear layer of the blocks), ``+bf16te``
-#: (``--use_bf16_te_gemms``).
-STACK_WORDS = ("compile", "fp8gemm", "bf16te")
+#: (``--use_bf16_te_gemms``), ``+fp8x`` (``--ulysses_fp8_exchange on``).
+STACK_WORDS = ("compile", "fp8gemm", "bf16te", "fp8x")
 #: The stack options with a value: ``compile=<backend>[:<mode>]`` (a compile other than inductor's default),
-#: ``fp8gemm=<scope>`` (``--use_fp8_gemms <scope>`` other than ``all``: ``fp8gemm=ffn``), ``vae=<mode>``
+#: ``fp8gemm=<scope>`` (``--use_fp8_gemms <scope>`` other than ``all``: ``fp8gemm=ffn``), ``offload=<where>``
+#: (``offload=model``: ``--cpu_offload``), ``vae=<mode>``
 #: (``--vae_decode``), ``encode=<mode>`` (``--vae_encode``), ``cache=<spec>`` (``--cache``; a stack name writes the
 #: spec bare: ``+fbc:threshold=0.1``).
-STACK_KEYS = ("compile", "fp8gemm", "vae", "encode", "cache")
+STACK_KEYS = ("compile", "fp8gemm", "offload", "vae", "encode", "cache")
 #: What each valued option's value is, for the refusal that lists them.
-_KEY_VALUE = {"compile": "backend[:mode]", "fp8gemm": "scope", "cache": "spec"}
+_KEY_VALUE = {"compile": "backend[:mode]", "fp8gemm": "scope", "offload": "where", "cache": "spec"}
 #: The attention spec's own ``+`` (a selector's ranges and kinds: ``0-4+45-``, ``self+cross``): a piece after a ``+``
 #: that starts so continues the spec instead of naming an option.
 _SPEC_GOES_ON = re.compile(r"^(\d|(self|cross|joint)\b)")
@@ -259,10 +284,13 @@ def fp8_gemm_scope(value: Union[bool, str, None]) -> Optional[str]:
 
 def speed_options(compile: bool = False, compile_backend: Optional[str] = "inductor",
                   compile_mode: Optional[str] = None, fp8_gemms: Union[bool, str, None] = None,
-                  bf16_te_gemms: bool = False) -> tuple[str, ...]:
+                  bf16_te_gemms: bool = False, offload: Optional[str] = None,
+                  fp8_exchange: bool = False) -> tuple[str, ...]:
     """The speed options of a render as stack options, in a stack name's order: ``("compile", "fp8gemm")``,
     ``("compile=eager",)``, ``("compile=inductor:max-autotune",)``, ``("fp8gemm=ffn",)``; ``()`` for none.
-    ``fp8_gemms``: the scope (:func:`fp8_gemm_scope`), ``all`` written as the bare word."""
+    ``fp8_gemms``: the scope (:func:`fp8_gemm_scope`), ``all`` written as the bare word. ``offload``: where the
+    weights wait off the GPU (``offload=model``: ``--cpu_offload``); ``fp8_exchange``: Ulysses' V and output cross
+    as fp8 (``fp8x``: ``--ulysses_fp8_exchange on``, lossy)."""
     out = []
     if compile:
         backend = compile_backend or "inductor"
@@ -272,7 +300,18 @@ def speed_options(compile: bool = False, compile_backend: Optional[str] = "induc
     scope = fp8_gemm_scope(fp8_gemms)
     out += [] if scope is None else ["fp8gemm" if scope == "all" else f"fp8gemm={scope}"]
     out += ["bf16te"] if bf16_te_gemms else []
+    out += [f"offload={offload}"] if offload else []
+    out += ["fp8x"] if fp8_exchange else []
     return tuple(out)
+
+
+def settings_speed_options(s: dict) -> tuple[str, ...]:
+    """:func:`speed_options` of a render's recorded settings (a timing entry's ``run.settings``, the RenderConfig's
+    fields as data)."""
+    exchange = s.get("ulysses_fp8_exchange")
+    return speed_options(bool(s.get("compile")), s.get("compile_backend"), s.get("compile_mode"), s.get("fp8_gemms"),
+                         bool(s.get("bf16_te_gemms")), "model" if s.get("cpu_offload") else None,
+                         exchange is True or exchange == "on")
 
 
 def stack_name(attention: str, speed: Iterable[str] = (), vae_decode: Optional[str] = None,
@@ -334,7 +373,7 @@ def options_tag(speed: Iterable[str] = (), vae_decode: Optional[str] = None, vae
 
 
 #: Where one option of :func:`options_tag` starts (a compile mode's own ``-`` stays in it).
-_TAG_OPTION = re.compile(r"-(?=(?:compile|fp8gemm|bf16te)(?:-|=|$)|(?:vae|encode)=)")
+_TAG_OPTION = re.compile(r"-(?=(?:compile|fp8gemm|bf16te|fp8x)(?:-|=|$)|(?:offload|vae|encode)=)")
 
 
 def options_from_tag(tag: str) -> tuple[tuple[str, ...], Optional[str], Optional[str]]:
@@ -368,7 +407,10 @@ class Identity:
     (``speed``: :func:`speed_options`), whether the backend is an emulation / exact where the record says (None: not
     recorded), the ``run_id``, and ``source``: ``"record"``, or ``"file name"`` for a video no record names (the
     documented fallback: the family's output-name parser). ``stack``: the whole configuration, layout included, as
-    one name (:func:`stack_name`); ``label``: the same."""
+    one name (:func:`stack_name`). ``tag``: the render's identity tags (:func:`identity_tags`: ``seed7 id-3fa9c1d2``;
+    ``""`` where every other setting is at its default) and ``content``: what its frames are of
+    (:attr:`vdbench.identity.RenderIdentity.content`; None where not recorded); ``label``: the stack, with the tag in brackets
+    where there is one (two renders of one stack and other settings are two runs)."""
 
     attention: str
     layout: str = ""
@@ -380,6 +422,8 @@ class Identity:
     run_id: Optional[str] = None
     source: str = "record"
     speed: tuple[str, ...] = ()
+    tag: str = ""
+    content: Optional[str] = None
 
     @property
     def stack(self) -> str:
@@ -387,7 +431,7 @@ class Identity:
 
     @property
     def label(self) -> str:
-        return self.stack
+        return f"{self.stack} [{self.tag}]" if self.tag else self.stack
 
     @property
     def from_record(self) -> bool:
@@ -414,11 +458,12 @@ def identity(rec: Record) -> Identity:
     decode = (data.get("vae_decode") or {}).get("mode") or settings.get("vae_decode")
     encode = (data["vae_encode"] or {}).get("mode") if "vae_encode" in data else settings.get("vae_encode")
     cache = (data.get("cache") or {}).get("spec") or settings.get("cache") or None
-    speed = speed_options(bool(settings.get("compile")), settings.get("compile_backend"), settings.get("compile_mode"),
-                          settings.get("fp8_gemms"), bool(settings.get("bf16_te_gemms")))
+    speed = settings_speed_options(settings)
+    ident = data.get("identity") or {}
     return Identity(attention=str(attention), layout=layout, vae_decode=decode, vae_encode=encode, cache=cache,
                     emulated=backend.get("emulated"), exact=backend.get("exact"),
-                    run_id=data.get("run_id") or rec.created, speed=speed)
+                    run_id=data.get("run_id") or rec.created, speed=speed, tag=ident.get("tag") or "",
+                    content=ident.get("content"))
 
 
 # --- the files the tools wrote before records -------------------------------------------------------------------
