@@ -204,4 +204,4 @@ def test_the_identity_reads_the_settings_as_data_and_names_what_is_not_identity(
                                        timing_path=Path("t.json"))))
     assert identity.NOT_IDENTITY <= fields and identity.IN_NAME <= fields
     assert {"prompt", "guidance_scale_2", "boundary_ratio", "flow_shift", "ulysses_fp8_exchange",
-            "cpu_offload"} <= fields - identity.NOT_IDENTITY
+            "offload"} <= fields - identity.NOT_IDENTITY

@@ -302,6 +302,12 @@ def test_each_backends_joules_per_warm_step_in_the_summary(tmp_path):
     assert float(row["sdpa"]["step_energy_j"]) == 710.0 and row["default"]["step_energy_j"] == ""
     page = report.write_html([s], tmp_path / "r.html").read_text()
     assert "J per warm step, every card" in page and "710.0" in page
+    # beside the warm step: in the CSV, on the page, in the sweep's tables
+    assert "(median after the first step)</th><th>J per warm step, every card</th>" in page
+    assert report.CSV_COLUMNS.index("step_energy_j") == report.CSV_COLUMNS.index("warm_step_ms") + 1
+    from vdbench import sweep
+
+    assert sweep.COLUMNS.index("step_energy_j") == sweep.COLUMNS.index("warm_ms") + 1
     (tmp_path / "timing.json").write_text(json.dumps([_entry("default", [3.0, 1.2, 1.2, 1.2])]))
     assert "J per warm step" not in report.write_html([report.summarize(tmp_path)], tmp_path / "r2.html").read_text()
 

@@ -14,7 +14,7 @@ from tests.conftest import triton_interpreter
 from tests.test_patching import run, small_wan, wan_inputs
 from vdbench.patching import AttentionPatch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench" / "lab"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 from rope_bench import diffusers_rope  # noqa: E402 - diffusers' expressions as written, the bench's reference
 
 
@@ -76,11 +76,13 @@ def test_a_wan_transformer_with_the_fused_rope_is_bit_identical(rope):
     assert patch.stats.rope["fused"] == 4
 
 
-def test_the_choice_auto_on_off():
+def test_the_choice_auto_on_off(monkeypatch):
     from types import SimpleNamespace as Cfg
 
     from vdbench import families
     from vdbench.render import fused_rope_choice
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # on a CPU, on runs only under Triton's interpreter
 
     wan = families.get("wan")
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
@@ -89,7 +91,7 @@ def test_the_choice_auto_on_off():
     assert fused_rope_choice(Cfg(fused_rope=None, compile=True), cuda, wan) == (
         "compiled blocks (inductor fuses the RoPE itself)")
     assert fused_rope_choice(Cfg(fused_rope=False, compile=False), cuda, wan) == "off (--fused_rope off)"
-    with pytest.raises(ValueError, match="--fused_rope on: not here: a cpu device"):
+    with pytest.raises(ValueError, match="--fused_rope on: not here: needs a CUDA/HIP GPU; on CPU only under Triton's"):
         fused_rope_choice(Cfg(fused_rope=True, compile=False), cpu, wan)
     assert fused_rope_choice(auto, cuda, families.get("cogvideox")) == (
         "the model family runs diffusers' own processor")
@@ -125,7 +127,7 @@ def test_the_rope_prewarm_thread_records_what_it_did(monkeypatch):
     monkeypatch.setattr(rope_kernel_module(), "prewarm",
                         lambda seq, heads, d, dtype, device, ulysses: seen.append((seq, heads, d, ulysses)) or 1)
     calls = [CallShape(1, 12, 32760, 12, 32760, 128)]
-    pw = R._RopePrewarm(calls, torch.device("cuda"), torch.bfloat16, 2)
+    pw = R._rope_prewarm(calls, torch.device("cuda"), torch.bfloat16, 2)
     pw.wait()
     rec = pw.as_dict()
     assert seen == [(32760, 12, 128, 2)] and rec["status"] == "done" and rec["compiled"] == 1
@@ -135,7 +137,7 @@ def test_the_rope_prewarm_thread_records_what_it_did(monkeypatch):
         raise RuntimeError("no driver\nmore")
 
     monkeypatch.setattr(rope_kernel_module(), "prewarm", broken)
-    pw = R._RopePrewarm(calls, torch.device("cuda"), torch.bfloat16, 1)
+    pw = R._rope_prewarm(calls, torch.device("cuda"), torch.bfloat16, 1)
     pw.wait()
     assert pw.as_dict()["status"] == "failed" and pw.as_dict()["error"].startswith("RuntimeError: no driver")
 
@@ -146,7 +148,7 @@ def rope_kernel_module():
     return importlib.import_module("vdbench.kernels.rope")
 
 
-def test_a_cpu_render_records_why_its_rope_is_not_fused(tmp_path):
+def test_a_cpu_render_records_why_its_rope_and_block_are_not_fused(tmp_path):
     import json
 
     from tests.test_attention_prewarm import _cfg
@@ -157,3 +159,7 @@ def test_a_cpu_render_records_why_its_rope_is_not_fused(tmp_path):
     assert first["fused_rope"] == {"setting": "auto", "used": False,
                                    "why_not": "a cpu device (the kernel runs on CUDA)"}
     assert first["attention"]["rope"] == {"fused_calls": 0, "eager_calls": 0, "eager_why": None}
+    # and its block passes (--fused_block auto): the same reason, nothing installed, nothing counted
+    assert first["fused_block"] == {"setting": "auto", "used": False,
+                                    "why_not": "a cpu device (the kernel runs on CUDA)"}
+    assert first["attention"]["block"]["modulate"] == {"fused_calls": 0, "eager_calls": 0}

@@ -74,6 +74,10 @@ def check_command(argv: list[str], name: str, monkeypatch):
     if argv[1:3] == ["-m", "pytest"]:
         assert all((ROOT / a).is_file() for a in argv[3:] if a.startswith("tests/")), name
         return None
+    if argv[1:3] == ["-m", "vdbench.report"]:
+        from vdbench import report
+
+        return report.build_parser().parse_args(argv[3:])
     if argv[1:3] == ["-m", "torch.distributed.run"]:
         script = next(i for i, a in enumerate(argv) if a.endswith(".py"))  # torchrun's own flags come before it
         argv = [argv[0], *argv[script:]]
@@ -122,7 +126,7 @@ def check_command(argv: list[str], name: str, monkeypatch):
         return _module(tool[:-3]).build_parser().parse_args(args)
     if tool in ("bench_fp8.py", "bench_sage2.py", "compare_outputs.py", "window_mass.py", "patch_overhead.py",
                 "parallel_summary.py", "bench_vae_parallel.py", "check_fp8_error.py", "ulysses_micro.py", "trace_gaps.py",
-                "gpu_monitor.py", "sync_points.py", "rope_bench.py"):
+                "gpu_monitor.py", "sync_points.py", "rope_bench.py", "block_bench.py"):
         return parse_with_tool(tool, args, monkeypatch)
     raise AssertionError(f"{name}: no parser check for {tool}: add one here")
 

@@ -28,7 +28,7 @@ __all__ = ["use_backend", "list_backends"]
 @contextmanager
 def use_backend(pipe_or_module, backend: str, on_unsupported: str = "error", *, time_attention: bool = False,
                 observers: Optional[list[Callable[[CallInfo], Any]]] = None,
-                fused_rope: bool = False) -> Iterator[AttentionPatch]:
+                fused_rope: bool = False, fused_block: bool = False) -> Iterator[AttentionPatch]:
     """Install ``backend`` into the pipeline's (or module's) attention for the ``with`` block; yields the patch.
 
     ``backend``: a name, a name with options (``"sta:window=3x3x3,tile=6x8x8"``) or a schedule
@@ -41,12 +41,16 @@ def use_backend(pipe_or_module, backend: str, on_unsupported: str = "error", *, 
     attention time is in ``patch.stats.attention_time_s`` after the block. ``observers``: callables receiving a
     ``vdbench.patching.CallInfo`` (BHSD tensors) after every call. ``fused_rope``: a Wan transformer's
     self-attention rotates Q and K with one Triton kernel (``vdbench.kernels.rope``: diffusers' values bit for bit,
-    on CUDA; the render's ``--fused_rope``), counted in ``patch.stats.rope``.
+    on CUDA; the render's ``--fused_rope``), counted in ``patch.stats.rope``. ``fused_block``: a Wan transformer's
+    blocks run the family's own forward, their modulations and gated residuals in Triton kernels
+    (``vdbench.kernels.block``: diffusers' values bit for bit, on CUDA; the render's ``--fused_block``), counted in
+    ``patch.stats.block``; a model whose family has no block forward is refused (ValueError). Under torch.compile the
+    blocks run diffusers' forward (inductor fuses it), uncounted.
 
     Raises ``BackendUnavailable`` on entry, before the model is touched, when the backend can't run here.
     """
     patch = AttentionPatch(pipe_or_module, backend, on_unsupported, observers=observers,
-                           time_attention=time_attention, fused_rope=fused_rope)
+                           time_attention=time_attention, fused_rope=fused_rope, fused_block=fused_block)
     for member in patch.schedule.members:  # a schedule ("fav3@steps:0-9,sta"): every backend it names
         problem = availability_problem(member, patch.models)
         if problem is not None:

@@ -32,6 +32,7 @@ from .cache import CACHE_HELP, parse_cache
 from .parallel import ENGINE_CHOICES, EXIT_PEER_FAILED, ParallelSpec
 from .helptext import DefaultsHelpFormatter
 from .identity import DEFAULT_SEED
+from .offload import MODES as OFFLOAD_MODES
 from .patching import ON_UNSUPPORTED_CHOICES
 from .patching.schedule import resolve_attention
 from .sparse import split_attention_types
@@ -175,6 +176,11 @@ def build_parser(family: str | families.Family, prog: Optional[str] = None,
         help="Q and K's rotary embedding in one Triton kernel, diffusers' values bit for bit (the eager form is eight "
              "strided passes, ~8%% of a Wan 1.3B step on an H200); auto: on a CUDA device with Triton, not with "
              "--use_torch_compile (inductor fuses it); Wan (default: %(default)s)")
+    add("--fused_block", choices=AUTO_ON_OFF, default="auto",
+        help="each transformer block's modulations and gated residuals in Triton kernels, diffusers' values bit for "
+             "bit (eagerly each is several fp32 passes over the hidden state); auto: on a CUDA device with Triton, "
+             "not with --use_torch_compile (inductor fuses them); on also runs on a CPU under TRITON_INTERPRET=1; "
+             "Wan (default: %(default)s)")
     add("--use_bf16_te_gemms", action="store_true",
         help="run the text encoder in bfloat16 whatever --dtype is (T5 overflows in fp16)")
     add("--use_fp8_gemms", nargs="?", const="all", default=None, choices=FP8_GEMM_SCOPES,
@@ -220,7 +226,12 @@ def build_parser(family: str | families.Family, prog: Optional[str] = None,
         help="watchdog: a VAE decode or encode running longer is reported as hung (stacks dumped, exit 124)")
     add("--vae_tiling", action="store_true", help="diffusers' tiled VAE decode (less memory, seams blended)")
     add("--vae_slicing", action="store_true", help="diffusers' sliced VAE decode (one batch element at a time)")
-    add("--cpu_offload", action="store_true", help="diffusers' enable_model_cpu_offload (needs a GPU)")
+    add("--offload", choices=OFFLOAD_MODES, default="none",
+        help="where weights wait off the GPU (needs one): model = diffusers' model offload (each component on the "
+             "GPU while it runs), group = diffusers' group offload (a block at a time, the next one prefetched on "
+             "a CUDA stream), expert = the idle one of two experts (Wan 2.2 A14B) on the host, swapped block by "
+             "block in the last step before its turn; named in the stack (offload=<mode>) (default: %(default)s)")
+    add("--cpu_offload", dest="offload", action="store_const", const="model", help="the same as --offload model")
 
     add("--parallel_engine", choices=ENGINE_CHOICES, default="auto",
         help="under torchrun: xfuser (xDiT's USP; CUDA only), diffusers (diffusers' context parallelism; CPU too) "
@@ -363,7 +374,7 @@ def config_from_args(fam: families.Family, args, model: Optional[str] = None):
         flow_shift=args.flow_shift, profile_output=args.profile_output, traces_root=out / "traces",
         profile_wait=args.profile_wait, profile_warmup=args.profile_warmup, profile_active=args.profile_active,
         power_interval_ms=args.power_interval_ms,
-        cpu_offload=args.cpu_offload, vae_tiling=args.vae_tiling, vae_slicing=args.vae_slicing,
+        offload=args.offload, vae_tiling=args.vae_tiling, vae_slicing=args.vae_slicing,
         compile=args.compile, compile_backend=args.compile_backend, compile_mode=args.compile_mode,
         bf16_te_gemms=args.use_bf16_te_gemms, fp8_gemms=args.use_fp8_gemms, cache=args.cache,
         inductor_tuning=args.inductor_tuning,
@@ -376,6 +387,7 @@ def config_from_args(fam: families.Family, args, model: Optional[str] = None):
         use_cfg_parallel=args.use_cfg_parallel, ulysses_overlap=args.ulysses_overlap,
         ulysses_async=_auto_on_off(args.ulysses_async), guidance_overlap=_auto_on_off(args.guidance_overlap),
         fused_rope=_auto_on_off(args.fused_rope),
+        fused_block=_auto_on_off(args.fused_block),
         ulysses_fp8_exchange=args.ulysses_fp8_exchange == "on",
         ulysses_v_per_rank=args.ulysses_v_per_rank == "on",
         overwrite=args.overwrite)

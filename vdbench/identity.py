@@ -48,8 +48,8 @@ NOT_IDENTITY = frozenset({
 #: the seed tag), beside the family's own (:attr:`vdbench.families.Family.name_settings`): left out of the id.
 IN_NAME = frozenset({
     "family", "attention_type", "compile", "compile_backend", "compile_mode", "bf16_te_gemms", "fp8_gemms",
-    "cpu_offload", "ulysses_fp8_exchange", "cache", "vae_decode", "vae_encode", "ulysses_degree", "ring_degree",
-    "use_cfg_parallel", "seed",
+    "offload", "ulysses_fp8_exchange", "cache", "vae_decode", "vae_encode", "ulysses_degree", "ring_degree",
+    "use_cfg_parallel", "seed", "fused_block",
 })
 
 #: What the frames are of: renders that agree on these are compared with each other.

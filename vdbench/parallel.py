@@ -1098,7 +1098,8 @@ def merge_rank_entries(ctx: Optional[DistContext], entries: list[dict]) -> Optio
     from .timing import STEP_KEYS, gpu_uuid, step_stats
 
     slim = [{k: e.get(k) for k in ("repetition", "step_times", *STEP_KEYS, "pipe_time", "vae_decode_time",
-                                   "attention", "peak_memory_bytes", "total_time", "host", "power")}
+                                   "attention", "peak_memory_bytes", "peak_reserved_bytes", "memory", "total_time",
+                                   "host", "power")}
             for e in entries]
     for sl, e in zip(slim, entries):  # a step cache's count per rank: the ranks must have decided alike
         sl["cache"] = {k: (e.get("cache") or {}).get(k) for k in _CACHE_COUNTS} if e.get("cache") else None

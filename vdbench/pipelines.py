@@ -36,7 +36,7 @@ import torch
 from . import families
 from .timing import Laps
 from .tiny import (BUILDER_VERSION, RANDOM_VARIANTS, TINY_VARIANTS, TinyVariant, build_random, build_tiny,
-                   ensure_tiny, get_variant, random_variant, tiny_model_dir)
+                   ensure_tiny, get_variant, random_variant, tiny_model_dir, to_device)
 
 __all__ = [
     "prewarm_scheduler",
@@ -196,10 +196,11 @@ class Model:
         return _head_dims(self.denoisers)
 
     def load(self, *, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
-             vae_dtype: torch.dtype | None = None, timings: dict | None = None):
+             vae_dtype: torch.dtype | None = None, timings: dict | None = None, host: tuple = ()):
         """The pipeline, loaded through ``<PipelineClass>.from_pretrained`` (:func:`load_pipeline` says how), carrying
-        this model (:func:`model_of`)."""
-        return _load(self, dtype, device, vae_dtype, timings)
+        this model (:func:`model_of`); ``host``: components left on the host (an offloaded expert), never on
+        ``device``."""
+        return _load(self, dtype, device, vae_dtype, timings, host)
 
     def check_size(self, pipe, height: int, width: int, num_frames: int) -> None:
         """:func:`check_video_size` of this model's loaded ``pipe``, by its family's rules."""
@@ -396,7 +397,8 @@ def load_pipeline(
                                                           timings=timings)
 
 
-def _load(model: Model, dtype: torch.dtype, device, vae_dtype: torch.dtype | None, timings: dict | None):
+def _load(model: Model, dtype: torch.dtype, device, vae_dtype: torch.dtype | None, timings: dict | None,
+          host: tuple = ()):
     """:meth:`Model.load`: the variant's refusals, then a random-weight build or ``from_pretrained``."""
     laps = Laps(timings, device)
     import diffusers
@@ -409,7 +411,7 @@ def _load(model: Model, dtype: torch.dtype, device, vae_dtype: torch.dtype | Non
     if spec.kind == "random":
         if v.family != fam.name:
             raise ValueError(f"{name!r} is a {v.family} model, but family {fam.name!r} was requested.")
-        pipe = build_random(spec.variant, dtype=dtype, device=device, timings=timings)
+        pipe = build_random(spec.variant, dtype=dtype, device=device, timings=timings, host=host)
         if vae_dtype is not None and vae_dtype != dtype:
             pipe.vae.to(vae_dtype)
         setattr(pipe, _MODEL_ATTR, model)
@@ -487,7 +489,7 @@ def _load(model: Model, dtype: torch.dtype, device, vae_dtype: torch.dtype | Non
                 ) from exc
     laps.lap("from_pretrained")
     setattr(pipe, _MODEL_ATTR, model)
-    return laps.lap("to_device", pipe.to(device))
+    return laps.lap("to_device", to_device(pipe, device, host))
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -28,19 +28,20 @@ import time
 import uuid
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Optional, Union
+from typing import Callable, Optional, Union
 
 import torch
 
 from . import backends as B
 from . import families, identity, pipelines
+from .offload import HOST_COMPONENTS, apply_offload, check_offload, expert_swap
 from .patching import AttentionPatch
 from .patching.schedule import as_schedule, resolve_attention
 from .measure.record import Writer, command_line, commit, from_render_entry, settings_speed_options, stack_name
 from .power import open_trace
 from .stages import Wall, stage_reports
 from .timing import (Clock, Laps, StepProfiler, StepTimer, WallStart, append_timing, compile_seconds, describe_steps,
-                     device_seconds, gpu_uuid, peak_memory, reset_peak_memory, run_step_stats, step_stats,
+                     device_seconds, gpu_uuid, memory_stage, reset_peak_memory, run_step_stats, step_stats,
                      system_info, wall_start)
 
 __all__ = ["RenderConfig", "Plan", "VaeMode", "Loaded", "render", "validate", "load", "run_repetitions", "finish",
@@ -113,7 +114,7 @@ class RenderConfig:
     profile_warmup: int = 1
     profile_active: int = 2
     power_interval_ms: float = 10.0  # the card's energy, clock and power cap sampled per step (vdbench.power); 0 off
-    cpu_offload: bool = False
+    offload: str = "none"  # where weights wait off the GPU: none | model | group | expert (vdbench.offload)
     vae_tiling: bool = False
     vae_slicing: bool = False
     compile: bool = False  # regional torch.compile of the transformer blocks (vdbench.speed)
@@ -143,6 +144,7 @@ class RenderConfig:
     ulysses_overlap: int = 1  # head chunks of the overlapped Ulysses attention (vdbench.patching.ulysses)
     ulysses_async: Optional[bool] = None  # Q, K, V sent beside the projections (Family.ulysses_self_attention); None: auto
     fused_rope: Optional[bool] = None  # Q and K's RoPE in one kernel (vdbench.kernels.rope); None: auto
+    fused_block: Optional[bool] = None  # the blocks' modulations, residuals fused (vdbench.kernels.block); None: auto
     guidance_overlap: Optional[bool] = None  # both guidance branches interleaved on every rank; None: auto
     ulysses_fp8_exchange: bool = False  # V and the output exchanged as e4m3 rows with scales (Fp8Exchange)
     ulysses_v_per_rank: bool = True  # the async exchange's V projected per destination (UlyssesExchange)
@@ -263,6 +265,7 @@ class Plan:
     cache: object = None  # vdbench.cache.CacheSpec, or None
     flow_shift: Optional[float] = None  # --flow_shift; None: the model's default, read with the load
     fused_rope: Optional[str] = "not decided"  # why the RoPE is not fused (fused_rope_choice); None: it is
+    fused_block: Optional[str] = "not decided"  # why the blocks' passes aren't fused (fused_block_choice); None: are
 
     @property
     def stack(self) -> str:
@@ -404,8 +407,8 @@ def _checked_plan(cfg: RenderConfig, dctx) -> Plan:
     if not encode.stock and cfg.vae_tiling:
         raise ValueError(f"--vae_encode {cfg.vae_encode} does not tile; drop --vae_tiling or use --vae_encode default")
     vae_dtype = dtype if cfg.vae_dtype in (None, "auto") else resolve_dtype(cfg.vae_dtype, device)
-    if cfg.cpu_offload and device.type != "cuda":
-        raise ValueError("--cpu_offload moves models between the CPU and a GPU: it needs a CUDA device")
+    check_offload(cfg.offload, device=device, parallel=dctx is not None, compiled=cfg.compile,
+                  two_experts=None if model.denoisers is None else "transformer_2" in model.denoisers)
     if cfg.flow_shift is not None and family.flow_shift is None:
         raise ValueError(f"--flow_shift: the {family.name} pipelines' schedulers have no flow shift\ndrop the flag")
     steps_profiled = cfg.profile_wait + cfg.profile_warmup + cfg.profile_active
@@ -413,7 +416,8 @@ def _checked_plan(cfg: RenderConfig, dctx) -> Plan:
         raise ValueError(f"--profile_wait + --profile_warmup + --profile_active = {steps_profiled} exceeds the "
                          f"{cfg.num_inference_steps} denoising steps of the profiled repetition")
     return Plan(cfg, model, backend, device, dtype, vae_dtype, VaeMode(decode, decode_options),
-                VaeMode(encode, encode_options), dctx, cache, cfg.flow_shift, fused_rope_choice(cfg, device, family))
+                VaeMode(encode, encode_options), dctx, cache, cfg.flow_shift, fused_rope_choice(cfg, device, family),
+                fused_block_choice(cfg, device, family))
 
 
 def _check_experts(cfg: RenderConfig, denoisers: Optional[dict], loaded: Optional[bool] = None) -> None:
@@ -431,25 +435,43 @@ def _check_experts(cfg: RenderConfig, denoisers: Optional[dict], loaded: Optiona
                          "experts (Wan 2.2 A14B)\ndrop the flag(s)")
 
 
-def fused_rope_choice(cfg: RenderConfig, device: torch.device, family: families.Family) -> Optional[str]:
-    """Why this render's RoPE is not fused (``--fused_rope``: :func:`vdbench.kernels.rope.rope_pairs`, diffusers'
-    values bit for bit), None where it is: auto fuses it on CUDA with Triton for a family with a processor of its own
-    (``Family.self_attention``), except under torch.compile, whose inductor fuses it itself. ``on`` where it can't:
-    ValueError with the reason."""
-    if cfg.fused_rope is False:
-        return "off (--fused_rope off)"
-    why = None
-    if family.self_attention is None:
-        why = "the model family runs diffusers' own processor"
-    elif device.type != "cuda":
+def _fused_choice(setting: Optional[bool], flag: str, kernel: str, device: torch.device, compiled: bool,
+                  family_lacks: Optional[str], inductor: str) -> Optional[str]:
+    """Why one of the render's fused kernels (``--fused_rope``, ``--fused_block``: diffusers' values bit for bit) does
+    not run, None where it does. ``auto`` runs it on CUDA where Triton can (:func:`vdbench.kernels.probe` of the
+    registered ``kernel``), for a family with the code that calls it (``family_lacks``: why not, else None), except
+    under torch.compile (``inductor``: what inductor fuses itself); ``on`` runs it there too, and on a CPU under
+    Triton's interpreter (tests); ``on`` where it can't: ValueError with the reason (one line, then a hint)."""
+    from .kernels import probe
+
+    if setting is False:
+        return f"off ({flag} off)"
+    why = family_lacks or (f"compiled blocks ({inductor})" if compiled else None)
+    if why is None and device.type != "cuda" and setting is None:
         why = f"a {device.type} device (the kernel runs on CUDA)"
-    elif cfg.compile:
-        why = "compiled blocks (inductor fuses the RoPE itself)"
-    elif importlib.util.find_spec("triton") is None:
-        why = "Triton is not installed (pip install triton)"
-    if why is not None and cfg.fused_rope is True:
-        raise ValueError(f"--fused_rope on: not here: {why}; hint: --fused_rope auto uses it where it can")
+    if why is None:
+        ok, reason = probe(kernel, device)
+        why = None if ok else reason
+    if why is not None and setting is True:
+        raise ValueError(f"{flag} on: not here: {why}\n{flag} auto uses it where it can")
     return why
+
+
+def fused_rope_choice(cfg: RenderConfig, device: torch.device, family: families.Family) -> Optional[str]:
+    """Why this render's RoPE is not fused (``--fused_rope``: :func:`vdbench.kernels.rope.rope_pairs`), None where
+    it is (:func:`_fused_choice`): for a family with a processor of its own (``Family.self_attention``)."""
+    return _fused_choice(cfg.fused_rope, "--fused_rope", "wan_rope", device, cfg.compile,
+                         "the model family runs diffusers' own processor" if family.self_attention is None else None,
+                         "inductor fuses the RoPE itself")
+
+
+def fused_block_choice(cfg: RenderConfig, device: torch.device, family: families.Family) -> Optional[str]:
+    """Why this render's blocks don't run their elementwise passes fused (``--fused_block``:
+    :mod:`vdbench.kernels.block`), None where they do (:func:`_fused_choice`): for a family with a block forward of its
+    own (``Family.block_forward``)."""
+    return _fused_choice(cfg.fused_block, "--fused_block", "wan_block", device, cfg.compile,
+                         "the model family runs diffusers' own block forward" if family.block_forward is None else None,
+                         "inductor fuses the block's elementwise passes itself")
 
 
 @dataclass
@@ -468,7 +490,9 @@ class Loaded:
     # has a prewarm that did not start, why (recorded as the first entry's attention_prewarm)
     attention_prewarm: object = None
     attention_prewarm_skipped: Optional[dict] = None
-    rope_prewarm: object = None  # _RopePrewarm started for this render (--fused_rope), or None
+    rope_prewarm: object = None  # _KernelPrewarm of the fused RoPE started for this render (--fused_rope), or None
+    block_prewarm: object = None  # _KernelPrewarm of the fused block's kernels (--fused_block), or None
+    memory: Optional[dict] = None  # the load stage's allocated and reserved peaks (vdbench.timing.memory_stage)
 
 
 def _start_prewarm(plan: Plan, pipe=None, *, encode_only: bool = False):
@@ -485,7 +509,7 @@ def _start_prewarm(plan: Plan, pipe=None, *, encode_only: bool = False):
     from .vae import prewarm as W
 
     cfg, device = plan.cfg, plan.device
-    if not cfg.vae_prewarm or device.type != "cuda" or cfg.cpu_offload or cfg.vae_tiling:
+    if not cfg.vae_prewarm or device.type != "cuda" or cfg.offload != "none" or cfg.vae_tiling:
         return None
     image = plan.model.image
     if encode_only and not image:
@@ -561,10 +585,9 @@ def _load_checked(plan: Plan, laps: Laps) -> tuple:
 
     cfg, model, device = plan.cfg, plan.model, plan.device
     t_load = time.perf_counter()
-    pipe = model.load(dtype=plan.dtype, device="cpu" if cfg.cpu_offload else device, vae_dtype=plan.vae_dtype,
-                      timings=laps.parts)
-    if cfg.cpu_offload:
-        pipe.enable_model_cpu_offload(device=device)
+    on_host = cfg.offload in ("model", "group")  # loaded on the host; the offload places what runs
+    pipe = model.load(dtype=plan.dtype, device="cpu" if on_host else device, vae_dtype=plan.vae_dtype,
+                      timings=laps.parts, host=HOST_COMPONENTS.get(cfg.offload, ()))
     if cfg.vae_tiling:
         pipe.vae.enable_tiling()
     if cfg.vae_slicing:
@@ -577,6 +600,7 @@ def _load_checked(plan: Plan, laps: Laps) -> tuple:
     schedule = set_schedule(pipe, plan.family, cfg.task, cfg.height, cfg.width, flow_shift=plan.flow_shift,
                             boundary_ratio=cfg.boundary_ratio, guidance_scale=cfg.guidance_scale,
                             guidance_scale_2=cfg.guidance_scale_2)
+    schedule["offload"] = apply_offload(cfg.offload, pipe, device)  # the boundary set: the expert swap reads it
     pipe.set_progress_bar_config(disable=not sys.stderr.isatty(), leave=False)
     laps.lap("size_checks")
     # the backend's availability here (its package imported, the device queried)
@@ -613,6 +637,7 @@ def load(plan: Plan) -> Loaded:
     # the fused RoPE's kernel, ready before the first step: from here the load's remaining parts (the parallel
     # engine's set-up, the collectives' warm-up, the speed options) and the text encode mostly wait on the GPU
     rope_prewarm = _start_rope_prewarm(plan, pipe)
+    block_prewarm = _start_block_prewarm(plan, pipe)
     head_dims = [m.config.attention_head_dim for _, m in models]
 
     def sped_up(pipe, models) -> tuple:
@@ -654,7 +679,8 @@ def load(plan: Plan) -> Loaded:
         "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items()},
         "resolved": {"device": str(device), "dtype": str(plan.dtype).replace("torch.", ""), "head_dims": head_dims,
                      "vae_dtype": str(pipe.vae.dtype).replace("torch.", ""), "flow_shift": schedule["flow_shift"],
-                     "schedule": schedule,
+                     "schedule": {k: v for k, v in schedule.items() if k != "offload"},
+                     "offload": schedule["offload"],
                      "speed_options": speed},
         "backend": {"name": backend.name, "kernel": backend.kernel, "emulated": backend.emulated,
                     "exact": backend.exact, "description": backend.description},
@@ -700,31 +726,28 @@ def load(plan: Plan) -> Loaded:
         attn_prewarm, attn_skipped = _start_attention_prewarm(plan, pipe)  # its configs now known
     return Loaded(pipe, models, kwargs, header, load_s=load_s, prewarm=prewarm, cache=counter,
                   attention_prewarm=attn_prewarm, attention_prewarm_skipped=attn_skipped,
-                  rope_prewarm=rope_prewarm)
+                  rope_prewarm=rope_prewarm, block_prewarm=block_prewarm, memory=memory_stage(device))
 
 
-class _RopePrewarm:
-    """The fused RoPE's kernel imported, compiled and loaded on a thread (:func:`vdbench.kernels.rope.prewarm`)
-    from the end of the weights' load to the text encode (where the main thread mostly waits on the GPU), for the
-    render's self-attention shapes at its Ulysses degree; the first fused call waits for it (:meth:`wait`). Without
-    it that call pays Triton's import, the compile on an empty cache and the module load inside the first step. A
-    failure is recorded, never raised: the first call then compiles its own."""
+class _KernelPrewarm:
+    """One of the render's fused kernels (``--fused_rope``, ``--fused_block``) imported, compiled and loaded on a
+    thread (``compile()``: its module's ``prewarm`` for the render's shapes, returning how many kernels) from the end
+    of the weights' load to the text encode (where the main thread mostly waits on the GPU); the first fused call waits
+    for it (:meth:`wait`). Without it that call pays Triton's import, the compile on an empty cache and the module load
+    inside the first step. A failure is recorded, never raised: the first call then compiles its own. ``record``: what
+    it compiles for, recorded with its outcome."""
 
-    def __init__(self, calls: list, device, dtype, ulysses: int):
-        self.record: dict = {"status": "running", "calls": [list(c) for c in calls], "ulysses": ulysses}
+    def __init__(self, name: str, record: dict, compile: Callable[[], int]):
+        self.record: dict = {"status": "running", **record}
         self._waited: Optional[float] = None
-        self._args = (calls, device, dtype, ulysses)
-        self._thread = threading.Thread(target=self._run, name="vdbench-rope-prewarm", daemon=True)
+        self._compile = compile
+        self._thread = threading.Thread(target=self._run, name=f"vdbench-{name}-prewarm", daemon=True)
         self._t0 = time.perf_counter()
         self._thread.start()
 
     def _run(self) -> None:
-        calls, device, dtype, ulysses = self._args
         try:
-            from .kernels.rope import prewarm
-
-            n = sum(prewarm(c.seq, c.heads, c.head_dim, dtype, device, ulysses) for c in calls)
-            self.record.update(status="done", compiled=n)
+            self.record.update(status="done", compiled=self._compile())
         except Exception as e:  # noqa: BLE001 - recorded; the first call compiles its own kernel instead
             self.record.update(status="failed", error=f"{type(e).__name__}: {str(e).strip()[:200]}")
         self.record["seconds"] = round(time.perf_counter() - self._t0, 4)
@@ -738,20 +761,57 @@ class _RopePrewarm:
         return {**self.record, "waited_s": None if self._waited is None else round(self._waited, 4)}
 
 
-def _start_rope_prewarm(plan: Plan, pipe) -> Optional[_RopePrewarm]:
-    """:class:`_RopePrewarm` for a render that fuses its RoPE on CUDA, for its self-attention calls (the family's
-    call shapes with as many keys as queries) at its Ulysses degree (1 under CFG alone); None otherwise."""
-    if plan.fused_rope is not None or plan.device.type != "cuda":
-        return None
+def _rope_prewarm(calls: list, device, dtype, ulysses: int) -> _KernelPrewarm:
+    """The fused RoPE's kernel for these self-attention calls at Ulysses degree ``ulysses``
+    (:func:`vdbench.kernels.rope.prewarm`), on a thread."""
+    def compile() -> int:
+        from .kernels.rope import prewarm
+
+        return sum(prewarm(c.seq, c.heads, c.head_dim, dtype, device, ulysses) for c in calls)
+
+    return _KernelPrewarm("rope", {"calls": [list(c) for c in calls], "ulysses": ulysses}, compile)
+
+
+def _block_prewarm(forms: list, device, dtype) -> _KernelPrewarm:
+    """The fused block's kernels for these (tokens, width) of a block call (:func:`vdbench.kernels.block.prewarm`),
+    on a thread."""
+    def compile() -> int:
+        from .kernels.block import prewarm
+
+        return sum(prewarm(tokens, dim, dtype, device) for tokens, dim in forms)
+
+    return _KernelPrewarm("block", {"forms": [list(f) for f in forms]}, compile)
+
+
+def _self_attention_calls(plan: Plan, pipe) -> Optional[list]:
+    """The render's self-attention call shapes (its family's call shapes with as many keys as queries), or None
+    where they can't be read."""
     try:
         calls, _ = _attention_calls(plan, pipe)
     except Exception:  # noqa: BLE001 - no shapes, no prewarm: the first call compiles its own kernel
         return None
-    spec = plan.dctx.spec if plan.dctx is not None else None
-    if not calls or (spec is not None and spec.ring_degree > 1):
+    return [c for c in calls if c.seq == c.seq_kv and c.heads == c.heads_kv] if calls else None
+
+
+def _start_rope_prewarm(plan: Plan, pipe) -> Optional[_KernelPrewarm]:
+    """The fused RoPE's prewarm for a render that fuses its RoPE on CUDA, for its self-attention calls at its Ulysses
+    degree (1 under CFG alone); None otherwise."""
+    spec = plan.parallel
+    if plan.fused_rope is not None or plan.device.type != "cuda" or (spec is not None and spec.ring_degree > 1):
         return None
-    own = [c for c in calls if c.seq == c.seq_kv and c.heads == c.heads_kv]
-    return _RopePrewarm(own, plan.device, plan.dtype, spec.ulysses_degree if spec is not None else 1)
+    own = _self_attention_calls(plan, pipe)
+    return _rope_prewarm(own, plan.device, plan.dtype, spec.ulysses_degree if spec else 1) if own else None
+
+
+def _start_block_prewarm(plan: Plan, pipe) -> Optional[_KernelPrewarm]:
+    """The fused block's prewarm for a render that fuses its blocks on CUDA: each self-attention call's tokens (a
+    rank's share of the sequence under context parallelism) by the model's width; None otherwise."""
+    if plan.fused_block is not None or plan.device.type != "cuda":
+        return None
+    own = _self_attention_calls(plan, pipe)
+    share = plan.parallel.sequence_degree if plan.parallel is not None else 1
+    forms = sorted({(c.seq // share, c.heads * c.head_dim) for c in own or ()})
+    return _block_prewarm(forms, plan.device, plan.dtype) if forms else None
 
 
 class _Watch:
@@ -799,7 +859,9 @@ class _Watch:
                                     # entry, while each Ulysses attention call holds the whole sequence again
                                     tile_order_once=not cfg.compile and plan.cache is None and plan.dctx is None,
                                     fused_rope=plan.fused_rope is None,
-                                    rope_ready=loaded.rope_prewarm.wait if loaded.rope_prewarm else None)
+                                    rope_ready=loaded.rope_prewarm.wait if loaded.rope_prewarm else None,
+                                    fused_block=plan.fused_block is None,
+                                    block_ready=loaded.block_prewarm.wait if loaded.block_prewarm else None)
         self.counter = loaded.cache
         self.encode_info: dict = {}
         self.began: Optional[_Mark] = None  # the repetition in progress's start (:meth:`begin`)
@@ -944,6 +1006,7 @@ class _Repetition:
         self.after_pipe = self.after_decode = None  # the clocks after the call and after the decode
         self.vae_info: dict = {}  # what the decode reported
         self.scheduler_ahead: Optional[dict] = None  # what the scheduler made ahead (pipelines.settle_scheduler)
+        self.memory: dict = {}  # each stage's allocated and reserved peaks (vdbench.timing.memory_stage)
 
     def denoise_and_decode(self):
         """The pipeline call to latents (the first repetition's profiled), then the decode; the frames."""
@@ -968,6 +1031,7 @@ class _Repetition:
             raise VAEHang(f"VAE encode hung (> {cfg.vae_timeout} s, --vae_timeout); all threads' stacks were dumped "
                           "to stderr") from e
         self.after_pipe = Clock(device)
+        self.memory["denoise"] = memory_stage(device)  # the text encode and the steps: the pipeline call
         try:
             frames = decode_latents(loaded.pipe, latents, plan.family, num_frames=cfg.num_frames,
                                     mode=plan.decode.mode, options=plan.decode.options, timeout_s=cfg.vae_timeout,
@@ -976,6 +1040,7 @@ class _Repetition:
             raise VAEHang(f"VAE decode hung (> {cfg.vae_timeout} s, --vae_timeout); last completed stage: "
                           f"{e.report.last_completed_stage}; all threads' stacks were dumped to stderr") from e
         self.after_decode = Clock(device)
+        self.memory["decode"] = memory_stage(device)
         if cfg.save_latents:
             from .capture import save_latents
 
@@ -1048,9 +1113,19 @@ class _Repetition:
             "power": timer.power_record(),  # each step's joules, power, SM clock, power-capped share (vdbench.power)
             "scheduler_ahead": self.scheduler_ahead,  # copies and solves made without waiting (--scheduler_async)
             "attention": patch.stats.as_dict(),  # + the RoPE's calls, fused or eager
-            "fused_rope": _fused_rope_record(plan, patch, self.loaded if rep == 0 else None),
+            "fused_rope": _fused_record(plan.cfg.fused_rope, plan.fused_rope, patch.stats.rope["fused"],
+                                        "no call went through the family's processor (diffusers' own ran)",
+                                        self.loaded.rope_prewarm if rep == 0 else None),
+            "fused_block": _fused_record(plan.cfg.fused_block, plan.fused_block,
+                                         sum(n for (_, form), n in patch.stats.block.items() if form == "fused"),
+                                         patch.stats.block_eager_why or "no block ran the family's forward",
+                                         self.loaded.block_prewarm if rep == 0 else None),
+            # --offload expert: the units swapped since the load, those left to the incoming expert's first call
+            "offload": swap.as_dict() if (swap := expert_swap(self.loaded.pipe)) is not None else None,
             "attention_share": (attn_time / sum(step_times)) if attn_time and step_times else None,
-            "peak_memory_bytes": peak_memory(device),
+            "memory": {"load": self.loaded.memory, **self.memory},  # each stage's peaks, this rank's card
+            "peak_memory_bytes": _peak(self.memory, "allocated_peak"),
+            "peak_reserved_bytes": _peak(self.memory, "reserved_peak"),
             "traces": [str(p) for p in profiler.paths] if profiler is not None else None,
             "capture": ({"saved": capture.stats.saved, "bytes": capture.stats.bytes,
                          "host_time_s": capture.stats.host_time_s} if capture else None),
@@ -1060,15 +1135,21 @@ class _Repetition:
         }
 
 
-def _fused_rope_record(plan: Plan, patch, loaded: Optional[Loaded]) -> dict:
-    """The render's RoPE: the setting, whether the kernel ran (its calls: a context-parallel render without the
-    family's processor runs diffusers' RoPE, unfused), why not, and on the first repetition its prewarm."""
-    fused = patch.stats.rope["fused"]
-    why = plan.fused_rope or (None if fused else "no call went through the family's processor (diffusers' own ran)")
-    out = {"setting": {None: "auto", True: "on", False: "off"}[plan.cfg.fused_rope], "used": bool(fused),
-           "why_not": why}
-    if loaded is not None and loaded.rope_prewarm is not None:
-        out["prewarm"] = loaded.rope_prewarm.as_dict()
+def _peak(memory: dict, key: str) -> Optional[int]:
+    """A repetition's peak (the denoising's and the decode's; the load's is its own stage), None on a CPU."""
+    values = [m[key] for m in memory.values() if m]
+    return max(values) if values else None
+
+
+def _fused_record(setting: Optional[bool], why: Optional[str], fused: int, none_ran: str, prewarm) -> dict:
+    """A fused kernel's part of a render's entry (``fused_rope``, ``fused_block``): the setting, whether the kernel ran
+    (``fused``: its calls), why not (the plan's reason, else ``none_ran`` where no call was fused: a context-parallel
+    render without the family's processor runs diffusers' RoPE; block calls the kernels can't serve run the eager
+    expressions), and, given (the first repetition), its prewarm."""
+    out = {"setting": {None: "auto", True: "on", False: "off"}[setting], "used": bool(fused),
+           "why_not": why or (None if fused else none_ran)}
+    if prewarm is not None:
+        out["prewarm"] = prewarm.as_dict()
     return out
 
 

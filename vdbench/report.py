@@ -71,20 +71,22 @@ __all__ = ["resolve_results", "collect", "render_records", "identities", "refuse
 #: to the video on disk; ``one_time_s``: the render's one-time costs beyond its steady work (timing.json's
 #: ``one_time.total_s``; the load apart, ``load_s``; ``compile_s`` torch.compile's share, inside them);
 #: ``steady_s`` a repetition's time less its one-time costs; ``break_even_steps_vs_default`` the denoising steps from
-#: which the backend's render beats default's (:func:`break_even`). ``step_energy_j``: a warm step's joules over
-#: every card (vdbench.power; median over the repetitions), ``power_capped_share`` the share of the warm steps'
-#: samples the card (rank 0's) spent power-capped: at the cap a step's time follows its energy. Empty for files
-#: written before they existed. ``psnr_db`` / ``ssim`` / ``lpips`` (AlexNet LPIPS, lower is closer; empty where the
-#: optional package or its weights are missing, and a note says which) are against ``reference``: the reference
-#: render of the same content (prompt, seed, size and the other settings the frames are of).
-CSV_COLUMNS = ["run", "backend", "warm_step_ms", "warm_step_n", "warm_step_p20_ms", "warm_step_p80_ms",
-               "warm_step_min_ms", "warm_step_max_ms", "first_step_ms", "repetitions", "rep_warm_min_ms",
-               "rep_warm_max_ms", "end_to_end_s", "one_time_s", "load_s", "compile_s", "steady_s",
+#: which the backend's render beats default's (:func:`break_even`). ``step_energy_j`` (beside the warm step): a warm
+#: step's joules over every card (vdbench.power; median over the repetitions), ``power_capped_share`` the share of
+#: the warm steps' samples the card (rank 0's) spent power-capped: at the cap a step's time follows its energy.
+#: Empty for files written before they existed. ``peak_memory_gib`` / ``peak_reserved_gib``: a repetition's
+#: allocated and reserved peaks (the denoising's and the decode's; the largest over the cards of a parallel render),
+#: ``memory_stages_gib`` each stage's (load, denoise, decode) as allocated/reserved GiB on rank 0's card.
+#: ``psnr_db`` / ``ssim`` / ``lpips`` (AlexNet LPIPS, lower is closer; empty where the optional package or its
+#: weights are missing, and a note says which) are against ``reference``: the reference render of the same content
+#: (prompt, seed, size and the other settings the frames are of).
+CSV_COLUMNS = ["run", "backend", "warm_step_ms", "step_energy_j", "warm_step_n", "warm_step_p20_ms",
+               "warm_step_p80_ms", "warm_step_min_ms", "warm_step_max_ms", "first_step_ms", "repetitions",
+               "rep_warm_min_ms", "rep_warm_max_ms", "end_to_end_s", "one_time_s", "load_s", "compile_s", "steady_s",
                "break_even_steps_vs_default", "speedup_vs_default", "speed_figure", "why_not_speed", "emulated",
                "attention_share", "vae_decode_s", "text_encode_s", "image_encode_s", "vae_encode_s", "unaccounted_s",
-               "peak_memory_gib", "step_energy_j", "power_capped_share", "psnr_db", "ssim", "lpips", "reference",
-               "quality_source",
-               "kernels", "work", "fallback_calls", "note"]
+               "peak_memory_gib", "peak_reserved_gib", "memory_stages_gib", "power_capped_share", "psnr_db", "ssim",
+               "lpips", "reference", "quality_source", "kernels", "work", "fallback_calls", "note"]
 
 #: The columns that are a speed (a time of the attention's work or derived from one): "emulated" in their place
 #: for an emulated backend, whose numerics are emulated in pure torch and whose time means nothing.
@@ -395,7 +397,9 @@ def speed(results: Path) -> dict[str, dict]:
                       "calls_by_kernel": att.get("calls_by_kernel") or {},
                       "work": _work(att),
                       "fallback_calls": att.get("fallback_calls"),
-                      "peak_memory_bytes": last_run[-1].get("peak_memory_bytes"),
+                      "peak_memory_bytes": _rank_max(last_run[-1], "peak_memory_bytes"),
+                      "peak_reserved_bytes": _rank_max(last_run[-1], "peak_reserved_bytes"),
+                      "memory": last_run[-1].get("memory"),
                       "step_energy_j": _median(_step_energy(e) for e in last_run),
                       "power_capped_share": _median((e.get("power") or {}).get("warm_capped_share")
                                                     for e in last_run),
@@ -412,6 +416,22 @@ def speed(results: Path) -> dict[str, dict]:
                               one_time_s=None, steady_s=None,
                               stages={k: v for k, v in out[label]["stages"].items() if k != "denoise"})
     return out
+
+
+def _rank_max(entry: dict, key: str):
+    """The largest of a figure over the ranks of a parallel render (what each card must hold), the entry's own on
+    one process; None where it was not recorded."""
+    values = [r.get(key) for r in entry.get("ranks") or []] + [entry.get(key)]
+    values = [v for v in values if v is not None]
+    return max(values) if values else None
+
+
+def _memory_text(s: dict) -> Optional[str]:
+    """``load 28.1/30.2, denoise 40.3/42.0, decode 12.0/13.5`` GiB (allocated/reserved peaks of each stage, rank 0's
+    card), None where not recorded."""
+    mem = s.get("memory") or {}
+    parts = [f"{k} {v['allocated_peak'] / 2**30:.1f}/{v['reserved_peak'] / 2**30:.1f}" for k, v in mem.items() if v]
+    return ", ".join(parts) or None
 
 
 def _step_energy(entry: dict):
@@ -613,6 +633,8 @@ def summarize(run_dir, reference: str = "reference", device=None) -> dict:
                "vae_encode_s": s.get("vae_encode_time"), "unaccounted_s": s.get("unaccounted"),
                "stages": _stages_text(s),
                "peak_memory_gib": s["peak_memory_bytes"] / 2**30 if s.get("peak_memory_bytes") else None,
+               "peak_reserved_gib": s["peak_reserved_bytes"] / 2**30 if s.get("peak_reserved_bytes") else None,
+               "memory_stages_gib": _memory_text(s),
                "step_energy_j": s.get("step_energy_j"), "power_capped_share": s.get("power_capped_share"),
                "psnr_db": None, "ssim": None, "lpips": None, "quality_source": None, "reference": None,
                "kernels": "; ".join(f"{k}×{n}" for k, n in s.get("calls_by_kernel", {}).items()) or None,
@@ -878,8 +900,10 @@ def write_html(summaries: list[dict], path) -> Path:
             parts.append(f"<div class='note'>{esc(n)}</div>")
         has_q = any(r["psnr_db"] is not None for r in s["rows"])
         multi = any((r.get("repetitions") or 0) > 1 for r in s["rows"])
-        cols = [("backend", "backend", ""), ("warm step ms (median after the first step)", "warm_step_ms", ".1f"),
-                ("n", "warm_step_n", ""), ("p20–p80 ms", ("warm_step_p20_ms", "warm_step_p80_ms"), ".1f"),
+        energy = any(r.get("step_energy_j") is not None for r in s["rows"])
+        cols = [("backend", "backend", ""), ("warm step ms (median after the first step)", "warm_step_ms", ".1f")]
+        cols += [("J per warm step, every card", "step_energy_j", ".1f")] if energy else []
+        cols += [("n", "warm_step_n", ""), ("p20–p80 ms", ("warm_step_p20_ms", "warm_step_p80_ms"), ".1f"),
                 ("min–max ms", ("warm_step_min_ms", "warm_step_max_ms"), ".1f"),
                 ("first step ms", "first_step_ms", ".1f"),
                 ("end-to-end (s)", "end_to_end_s", ".2f"), ("one-time (s)", "one_time_s", ".2f"),
@@ -890,10 +914,13 @@ def write_html(summaries: list[dict], path) -> Path:
         cols += [("speedup vs default", "speedup_vs_default", ".2f"), ("speed figure", "speed_figure", ""),
                  ("attention share", "attention_share", ".1%"),
                  ("VAE decode (s)", "vae_decode_s", ".2f"), ("VAE encode (s)", "vae_encode_s", ".2f"),
-                 ("stages (s), what no stage covers", "stages", ""), ("peak mem (GiB)", "peak_memory_gib", ".2f")]
-        if any(r.get("step_energy_j") is not None for r in s["rows"]):
-            cols += [("J per warm step, every card", "step_energy_j", ".1f"),
-                     ("power-capped share", "power_capped_share", ".0%")]
+                 ("stages (s), what no stage covers", "stages", ""),
+                 ("peak GiB allocated / reserved (every card's largest)", ("peak_memory_gib", "peak_reserved_gib"),
+                  ".2f")]
+        if any(r.get("memory_stages_gib") for r in s["rows"]):
+            cols += [("GiB per stage, allocated/reserved", "memory_stages_gib", "")]
+        if energy:
+            cols += [("power-capped share", "power_capped_share", ".0%")]
         if has_q:
             cols += [(f"PSNR vs {s['reference']} (dB)", "psnr_db", ".2f"), ("SSIM", "ssim", ".4f"),
                      ("LPIPS (lower is closer)", "lpips", ".4f"), ("quality from", "quality_source", "")]
@@ -1021,7 +1048,7 @@ def figure_labels(inputs, labels, reference: str, timing_dir=None, warnings: lis
 # --------------------------------------------------------------------------------------------------------
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m vdbench.report", description=__doc__,
                                 formatter_class=DefaultsHelpFormatter)
     p.add_argument("run_dirs", nargs="+", type=Path, metavar="RUN_DIR",
@@ -1030,7 +1057,11 @@ def main(argv=None) -> int:
     p.add_argument("-o", "--output_dir", type=Path, default=None,
                    help="where report.html and summary.csv go (default: the first RUN_DIR)")
     p.add_argument("--device", default=None, help="run the SSIM windows here (e.g. cuda): much faster on 480p")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
     try:
         summaries = [summarize(d, args.reference, device=args.device) for d in args.run_dirs]
     except (FileNotFoundError, ValueError) as exc:

@@ -620,6 +620,18 @@ def reset_peak_memory(device) -> None:
         torch.cuda.reset_peak_memory_stats(device)
 
 
+def memory_stage(device) -> Optional[dict]:
+    """One stage's memory: the allocated and the reserved peak (bytes, torch's caching allocator on a CUDA device)
+    since the last call or reset, then the peaks reset for the next stage; None on a CPU (not tracked). The reserved
+    peak is what the card had to hold: the allocated one plus the allocator's cached, fragmented blocks."""
+    if torch.device(device).type != "cuda":
+        return None
+    out = {"allocated_peak": int(torch.cuda.max_memory_allocated(device)),
+           "reserved_peak": int(torch.cuda.max_memory_reserved(device))}
+    torch.cuda.reset_peak_memory_stats(device)
+    return out
+
+
 def peak_memory(device) -> Optional[int]:
     """Peak bytes allocated by torch on a CUDA device since the last reset; None on CPU (not tracked)."""
     if torch.device(device).type == "cuda":

@@ -370,7 +370,7 @@ def _saved_float64_to_float32(module: torch.nn.Module) -> None:
                 sub._buffers[name] = buf.float()
 
 
-def build_pipeline(variant: TinyVariant, module_device=None, timings: Optional[dict] = None):
+def build_pipeline(variant: TinyVariant, module_device=None, timings: Optional[dict] = None, host: tuple = ()):
     """Instantiate the pipeline in memory (eval mode). Models are created on ``module_device`` when given
     (random-weight real shapes are initialised directly on the GPU, or on "meta" to check shapes for free);
     tokenizer and scheduler always live on the CPU, as from_pretrained creates them.
@@ -379,6 +379,8 @@ def build_pipeline(variant: TinyVariant, module_device=None, timings: Optional[d
     filled from the variant's configs, or passed as None when it has none, as the real checkpoints record them.
     ``timings``: filled with the seconds of each part (the imports of the classes, each component's build), host
     clock -- where a load's time goes, so a slow or variable load can be told apart from the work it measures.
+    ``host``: denoisers (``transformer_2``) built first and sent to the host at once, so the device never holds
+    them beside the others (an offloaded expert: :mod:`vdbench.offload`).
     """
     import torch
 
@@ -399,6 +401,12 @@ def build_pipeline(variant: TinyVariant, module_device=None, timings: Optional[d
     slots = inspect.signature(cls.__init__).parameters
     on = (lambda: torch.device(module_device)) if module_device is not None else contextlib.nullcontext
     part("imports", None)
+    early = {}
+    for name in host:
+        if getattr(variant, name, None) is not None:
+            with on():
+                early[name] = part(name, _make_transformer(variant, name))
+            early[name].to("cpu")
     tokenizer = part("tokenizer", _build_tokenizer(variant.tokenizer_max_length))
     with on():
         components: dict[str, Any] = {
@@ -408,7 +416,7 @@ def build_pipeline(variant: TinyVariant, module_device=None, timings: Optional[d
             "transformer": part("transformer", _make_transformer(variant, "transformer")),
         }
         if "transformer_2" in slots:
-            components["transformer_2"] = part("transformer_2", (
+            components["transformer_2"] = early.get("transformer_2") or part("transformer_2", (
                 _make_transformer(variant, "transformer_2") if variant.transformer_2 is not None else None
             ))
         if "image_encoder" in slots:
@@ -621,10 +629,11 @@ def ensure_tiny(variant: str) -> pathlib.Path:
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def build_random(name: str, *, dtype: Optional[torch.dtype] = None, device="cuda", timings: Optional[dict] = None):
+def build_random(name: str, *, dtype: Optional[torch.dtype] = None, device="cuda", timings: Optional[dict] = None,
+                 host: tuple = ()):
     """A pipeline of the real architecture and shapes with random weights, built directly on ``device``, in
     ``dtype`` (None: bfloat16); ``timings``: filled with the seconds of each part (:func:`build_pipeline`'s, then
-    ``cast`` and ``to_device``).
+    ``cast`` and ``to_device``); ``host``: components kept on the host (:func:`build_pipeline`).
 
     For performance work where checkpoints can't be downloaded: speed depends on shapes, not on weight values.
     Not saved or loaded (the loading path is what the tiny models test); the same adaLN rescale as the tiny
@@ -637,7 +646,7 @@ def build_random(name: str, *, dtype: Optional[torch.dtype] = None, device="cuda
     previous = torch.get_default_dtype()
     try:
         torch.set_default_dtype(dtype if dtype.is_floating_point else torch.float32)
-        pipe = build_pipeline(variant, module_device=device, timings=timings)
+        pipe = build_pipeline(variant, module_device=device, timings=timings, host=host)
     finally:
         torch.set_default_dtype(previous)
     from .timing import Laps
@@ -647,7 +656,19 @@ def build_random(name: str, *, dtype: Optional[torch.dtype] = None, device="cuda
         if isinstance(component, torch.nn.Module):
             _cast_like_from_pretrained(component, dtype)
     laps.lap("cast")
-    return laps.lap("to_device", pipe.to(device))
+    return laps.lap("to_device", to_device(pipe, device, host))
+
+
+def to_device(pipe, device, host: tuple = ()):
+    """``pipe.to(device)``, but for the components named in ``host``, which stay where they are."""
+    import torch
+
+    if not host:
+        return pipe.to(device)
+    for name, component in pipe.components.items():
+        if isinstance(component, torch.nn.Module) and name not in host:
+            component.to(device)
+    return pipe
 
 
 def _cast_like_from_pretrained(model: torch.nn.Module, dtype: torch.dtype) -> None:

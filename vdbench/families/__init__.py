@@ -69,7 +69,8 @@ def split_cache(stem: str) -> tuple[str, str]:
 
 #: A stack's options tag (:func:`vdbench.measure.record.options_tag`) at the end of a stem (its layout and cache tags
 #: split off): it starts with an option's name.
-_OPTIONS_RE = re.compile(r"^(?P<rest>.+)_(?P<tag>(?:compile|fp8gemm|bf16te|fp8x|offload=|vae=|encode=)[^_]*(?:_[^_]+)*)$")
+_OPTIONS_RE = re.compile(r"^(?P<rest>.+)_(?P<tag>(?:compile|fp8gemm|bf16te|fp8x|eagerblock|offload=|vae=|encode=)[^_]*"
+                         r"(?:_[^_]+)*)$")
 
 
 def split_options(stem: str) -> tuple[str, str]:
@@ -205,6 +206,11 @@ class Family:
         attend) -> out`` (the same call on one GPU, op for op diffusers' processor) take ``rope=`` (``rope(x, cos,
         sin, dst, eager)``: the rotary embedding of ``x`` into ``dst``, the patch's fused kernel or ``eager``, the
         family's expressions: ``--fused_rope``). None: diffusers' processor runs, with its own RoPE.
+        ``block_forward(block, hidden_states, encoder_hidden_states, temb, rotary_emb, *, ops) -> hidden_states``: the
+        family's transformer block forward, op for op diffusers', with its elementwise passes (modulations, gated
+        residuals) handed to ``ops`` (the patch's: :mod:`vdbench.kernels.block` where it can, the family's eager
+        expressions where it can't: ``--fused_block``), installed on the modules whose class is one of
+        ``block_classes``. None: diffusers' block forward runs.
     Benchmarks
         ``attention_presets`` (name -> (B, H, Sq, Sk, D) of a real model's attention, bench/bench_attention.py);
         ``attention_grids`` (preset name -> its token grid, ``FxHxW[+T]``: what the sparse patterns need);
@@ -261,6 +267,8 @@ class Family:
     attention_calls: Optional[Callable[..., tuple[tuple[int, int, int, int, int, int], ...]]] = None
     ulysses_self_attention: Optional[Callable[..., Any]] = None
     self_attention: Optional[Callable[..., Any]] = None
+    block_forward: Optional[Callable[..., Any]] = None
+    block_classes: tuple[str, ...] = ()
     guidance_in_one_batch: bool = False
     latent_format: str = "BCFHW"
     step_context_pipelines: tuple[str, ...] = ()

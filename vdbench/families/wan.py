@@ -454,6 +454,64 @@ def _rope_into(x, freqs_cos, freqs_sin, dst) -> None:
     torch.add(x1 * sin, x2 * cos, out=pairs[..., 1])
 
 
+# ----- the block, its modulations and gated residuals handed to the patch -----
+
+def _chunk(table, temb, k):
+    """Chunk ``k`` of diffusers' ``scale_shift_table + temb.float()`` as the block broadcasts it over (B, S, D):
+    (B, S, D) for a per-token ``temb`` (B, S, 6, D: Wan 2.2 TI2V), else (B, 1, D) (``temb`` (B, 6, D)) or (1, D)."""
+    p = table[k] + temb[..., k, :].float()
+    return p if temb.ndim == 4 else p.unsqueeze(-2)
+
+
+def modulation(norm, table, temb, shift: int, scale: int, like):
+    """diffusers' ``(norm * (1 + scale) + shift).type_as(like)``, ``shift`` and ``scale`` chunks of the table plus
+    ``temb`` (:func:`_chunk`): each operator a pass of its own, rounded as eager PyTorch rounds it."""
+    return (norm * (1 + _chunk(table, temb, scale)) + _chunk(table, temb, shift)).type_as(like)
+
+
+def attention_residual(x, y, table, temb, gate: int):
+    """diffusers' self-attention residual ``(x.float() + y * gate).type_as(x)``, ``gate`` a chunk of the table plus
+    ``temb``."""
+    return (x.float() + y * _chunk(table, temb, gate)).type_as(x)
+
+
+def ffn_residual(x, y, table, temb, gate: int):
+    """diffusers' feed-forward residual ``(x.float() + y.float() * gate).type_as(x)`` (the same values as
+    :func:`attention_residual` but for a ``y`` wider than fp32)."""
+    return (x.float() + y.float() * _chunk(table, temb, gate)).type_as(x)
+
+
+class EagerBlockOps:
+    """The passes of :func:`block_forward` as diffusers runs them (the family's expressions, unfused)."""
+
+    @staticmethod
+    def modulate(norm, table, temb, shift, scale, like, eager):
+        return eager(norm, table, temb, shift, scale, like)
+
+    @staticmethod
+    def residual(x, y, table, temb, gate, eager):
+        return eager(x, y, table, temb, gate)
+
+
+def block_forward(block, hidden_states, encoder_hidden_states, temb, rotary_emb, *, ops=EagerBlockOps):
+    """diffusers 0.42's ``WanTransformerBlock.forward`` op for op, with its two modulations and two gated residuals
+    handed to ``ops`` -- ``ops.modulate(norm, table, temb, shift, scale, like, eager)`` and ``ops.residual(x, y,
+    table, temb, gate, eager)``, the patch's, which run :mod:`vdbench.kernels.block` (the same values bit for bit)
+    where it can and ``eager`` (:func:`modulation`, :func:`attention_residual`, :func:`ffn_residual`) where it
+    can't. ``table``: the block's ``scale_shift_table`` (1, 6, D) as (6, D); ``temb``: the blocks' timestep rows,
+    (B, 6, D) or per token (B, S, 6, D); the chunks are diffusers' (shift, scale, gate of the self-attention, then of
+    the feed-forward). The norms, the cross-attention's residual and the attention calls are diffusers' own
+    expressions."""
+    table = block.scale_shift_table[0]
+    x = ops.modulate(block.norm1(hidden_states.float()), table, temb, 0, 1, hidden_states, modulation)
+    attn_output = block.attn1(x, None, None, rotary_emb)
+    hidden_states = ops.residual(hidden_states, attn_output, table, temb, 2, attention_residual)
+    norm_hidden_states = block.norm2(hidden_states.float()).type_as(hidden_states)
+    hidden_states = hidden_states + block.attn2(norm_hidden_states, encoder_hidden_states, None, None)
+    x = ops.modulate(block.norm3(hidden_states.float()), table, temb, 3, 4, hidden_states, modulation)
+    return ops.residual(hidden_states, block.ffn(x), table, temb, 5, ffn_residual)
+
+
 # ----- sparse attention: the token grid and the tile order once per forward -----
 #
 # Hook points, read from diffusers 0.42's ``WanTransformer3DModel.forward``: ``rotary_emb = self.rope(hidden_states)``
@@ -586,6 +644,8 @@ FAMILY = Family(
     grid_hooks=grid_hooks,
     ulysses_self_attention=ulysses_self_attention,
     self_attention=self_attention,
+    block_forward=block_forward,
+    block_classes=("WanTransformerBlock",),
     attention_calls=attention_calls,
     tiny_variants=TINY_VARIANTS,
     random_variants=RANDOM_VARIANTS,

@@ -75,7 +75,8 @@ _PREPASS_NOTE = "quantization pre-pass (Triton) inside the call"
 
 #: name -> Kernel, in registration order. ``vae_glue``: the VAE fast path's norm -> SiLU glue; ``fa3_prepass``:
 #: fav3_fp8's quantization pre-pass; ``zero_channels``: the sagev2 fp8 backends' zero-V-channel guard; ``wan_rope``:
-#: Wan's rotary embedding in one pass (--fused_rope) -- helpers, not attention backends themselves.
+#: Wan's rotary embedding in one pass (--fused_rope); ``wan_block``: a Wan block's modulations and gated residuals
+#: (--fused_block) -- helpers, not attention backends themselves.
 KERNELS: dict[str, Kernel] = {}
 #: (module, name) of the ``added`` callable -> (added, removed): a module executed again replaces its listener
 _LISTENERS: dict[tuple[str, str], tuple[Callable, Callable | None]] = {}
@@ -131,6 +132,7 @@ for _kernel in (
     Kernel("fa3_prepass", "vdbench.kernels.fa3_prepass", (8, 9)),
     Kernel("zero_channels", "vdbench.kernels.channels"),
     Kernel("wan_rope", "vdbench.kernels.rope"),
+    Kernel("wan_block", "vdbench.kernels.block"),
 ):
     register(_kernel)
 del _kernel

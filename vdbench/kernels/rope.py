@@ -4,7 +4,7 @@ diffusers' ``WanAttnProcessor`` rotates Q and K with ``out[..., 0::2] = x1 * cos
 x1 * sin + x2 * cos`` (``x1, x2``: the even and odd channels of ``x``; ``cos``/``sin``: fp32 frequencies repeated
 per pair). Eagerly that is four products and two sums, each a pass of its own over strided views, materializing
 fp32 intermediates twice the size of ``x``, then two strided casts into ``out``: on an H200 at Wan 1.3B 480p 99 ms
-of a 1.11 s step (0.82 ms a call, 120 calls; bench/lab/rope_bench.py), for work that reads ``x`` once and writes it
+of a 1.11 s step (0.82 ms a call, 120 calls; bench/rope_bench.py), for work that reads ``x`` once and writes it
 once (0.074 ms a call here).
 
 This kernel reads each row of ``x`` (one token's head) and its token's frequencies once and writes the rotated row
@@ -27,6 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
+from . import bits
 from .ahead import compile_only, compiling_for, launch, load_compiled
 
 __all__ = ["rope_pairs", "why_not_fused", "prewarm", "aot_specs", "INTERPRETED"]
@@ -35,16 +36,7 @@ __all__ = ["rope_pairs", "why_not_fused", "prewarm", "aot_specs", "INTERPRETED"]
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
 
 
-@triton.jit
-def _round(v, OUT_BF16: tl.constexpr, dtype):
-    """fp32 -> the output dtype, to nearest, ties to even. For bf16 by the bits (what PyTorch's conversion does),
-    so Triton's interpreter, whose bf16 cast truncates, computes what the GPU does."""
-    if OUT_BF16:
-        bits = v.to(tl.uint32, bitcast=True)
-        rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
-        rounded = tl.where(v != v, 0x7FC0, rounded)  # NaN stays a quiet NaN
-        return rounded.to(tl.uint16).to(tl.bfloat16, bitcast=True)
-    return v.to(dtype)
+_round = triton.jit(bits.round_rne)  # fp32 -> out's dtype, to nearest even (bf16 by the bits)
 
 
 @triton.jit

@@ -259,11 +259,12 @@ def split_identity_tags(stem: str) -> tuple[str, Optional[int], Optional[str]]:
 
 #: The stack options that are one word (the speed options): ``+compile`` (``--use_torch_compile``, inductor, its
 #: default mode), ``+fp8gemm`` (``--use_fp8_gemms``: every Linear layer of the blocks), ``+bf16te``
-#: (``--use_bf16_te_gemms``), ``+fp8x`` (``--ulysses_fp8_exchange on``).
-STACK_WORDS = ("compile", "fp8gemm", "bf16te", "fp8x")
+#: (``--use_bf16_te_gemms``), ``+fp8x`` (``--ulysses_fp8_exchange on``), ``+eagerblock`` (``--fused_block off``:
+#: the blocks' modulations and residuals in diffusers' eager passes; slower, the same frames).
+STACK_WORDS = ("compile", "fp8gemm", "bf16te", "fp8x", "eagerblock")
 #: The stack options with a value: ``compile=<backend>[:<mode>]`` (a compile other than inductor's default),
 #: ``fp8gemm=<scope>`` (``--use_fp8_gemms <scope>`` other than ``all``: ``fp8gemm=ffn``), ``offload=<where>``
-#: (``offload=model``: ``--cpu_offload``), ``vae=<mode>``
+#: (``--offload <where>``, :mod:`vdbench.offload`), ``vae=<mode>``
 #: (``--vae_decode``), ``encode=<mode>`` (``--vae_encode``), ``cache=<spec>`` (``--cache``; a stack name writes the
 #: spec bare: ``+fbc:threshold=0.1``).
 STACK_KEYS = ("compile", "fp8gemm", "offload", "vae", "encode", "cache")
@@ -285,12 +286,13 @@ def fp8_gemm_scope(value: Union[bool, str, None]) -> Optional[str]:
 def speed_options(compile: bool = False, compile_backend: Optional[str] = "inductor",
                   compile_mode: Optional[str] = None, fp8_gemms: Union[bool, str, None] = None,
                   bf16_te_gemms: bool = False, offload: Optional[str] = None,
-                  fp8_exchange: bool = False) -> tuple[str, ...]:
+                  fp8_exchange: bool = False, fused_block: Optional[bool] = None) -> tuple[str, ...]:
     """The speed options of a render as stack options, in a stack name's order: ``("compile", "fp8gemm")``,
     ``("compile=eager",)``, ``("compile=inductor:max-autotune",)``, ``("fp8gemm=ffn",)``; ``()`` for none.
     ``fp8_gemms``: the scope (:func:`fp8_gemm_scope`), ``all`` written as the bare word. ``offload``: where the
-    weights wait off the GPU (``offload=model``: ``--cpu_offload``); ``fp8_exchange``: Ulysses' V and output cross
-    as fp8 (``fp8x``: ``--ulysses_fp8_exchange on``, lossy)."""
+    weights wait off the GPU (``--offload``: ``model``, ``group``, ``expert``); ``fp8_exchange``: Ulysses' V and
+    output cross as fp8 (``fp8x``: ``--ulysses_fp8_exchange on``, lossy); ``fused_block`` False (``--fused_block
+    off``): ``eagerblock`` (auto and on, the default where it runs, name nothing)."""
     out = []
     if compile:
         backend = compile_backend or "inductor"
@@ -302,6 +304,7 @@ def speed_options(compile: bool = False, compile_backend: Optional[str] = "induc
     out += ["bf16te"] if bf16_te_gemms else []
     out += [f"offload={offload}"] if offload else []
     out += ["fp8x"] if fp8_exchange else []
+    out += ["eagerblock"] if fused_block is False else []
     return tuple(out)
 
 
@@ -309,9 +312,10 @@ def settings_speed_options(s: dict) -> tuple[str, ...]:
     """:func:`speed_options` of a render's recorded settings (a timing entry's ``run.settings``, the RenderConfig's
     fields as data)."""
     exchange = s.get("ulysses_fp8_exchange")
+    offload = s.get("offload") if s.get("offload") not in (None, "none") else ("model" if s.get("cpu_offload") else None)
     return speed_options(bool(s.get("compile")), s.get("compile_backend"), s.get("compile_mode"), s.get("fp8_gemms"),
-                         bool(s.get("bf16_te_gemms")), "model" if s.get("cpu_offload") else None,
-                         exchange is True or exchange == "on")
+                         bool(s.get("bf16_te_gemms")), offload, exchange is True or exchange == "on",
+                         s.get("fused_block"))
 
 
 def stack_name(attention: str, speed: Iterable[str] = (), vae_decode: Optional[str] = None,
@@ -373,7 +377,7 @@ def options_tag(speed: Iterable[str] = (), vae_decode: Optional[str] = None, vae
 
 
 #: Where one option of :func:`options_tag` starts (a compile mode's own ``-`` stays in it).
-_TAG_OPTION = re.compile(r"-(?=(?:compile|fp8gemm|bf16te|fp8x)(?:-|=|$)|(?:offload|vae|encode)=)")
+_TAG_OPTION = re.compile(r"-(?=(?:compile|fp8gemm|bf16te|fp8x|eagerblock)(?:-|=|$)|(?:offload|vae|encode)=)")
 
 
 def options_from_tag(tag: str) -> tuple[tuple[str, ...], Optional[str], Optional[str]]:

@@ -49,6 +49,11 @@ class PatchStats:
     # the eager expressions, and why the first eager one could not be fused
     rope: Counter = field(default_factory=Counter)
     rope_eager_why: Optional[str] = None
+    # the block passes the family's block forward ran (--fused_block), by kernel (modulate, residual) and form
+    # ("modulate", "fused") / ("modulate", "eager") (vdbench.kernels.block, or the eager expressions), and why the
+    # first eager one could not be fused
+    block: Counter = field(default_factory=Counter)
+    block_eager_why: Optional[str] = None
 
     def tally(self, label: str, kind: str, blocks) -> None:
         """Add one call's ``vdbench.sparse.BlockStats``."""
@@ -75,7 +80,9 @@ class PatchStats:
                 "fraction_computed": self.fraction_computed(),
                 "fallback_calls": self.fallbacks, "attention_time_s": self.attention_time_s,
                 "rope": {"fused_calls": self.rope["fused"], "eager_calls": self.rope["eager"],
-                         "eager_why": self.rope_eager_why}}
+                         "eager_why": self.rope_eager_why},
+                "block": {**{k: {"fused_calls": self.block[k, "fused"], "eager_calls": self.block[k, "eager"]}
+                             for k in ("modulate", "residual")}, "eager_why": self.block_eager_why}}
 
 
 def call_kind(mode: str, attn, encoder_hidden_states) -> str:

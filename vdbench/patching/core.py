@@ -34,6 +34,7 @@ from .. import families
 from ..backends import Backend, BackendUnavailable, LSEForm, UnsupportedCall
 from ..sparse import BlockStats
 from .adapter import Adapter
+from .blocks import BlockForwards
 from .calls import CallInfo, PatchStats, call_args, torch_sdpa
 from .calls import call_kind as default_call_kind
 from .dispatcher import DispatcherAdapter
@@ -117,6 +118,9 @@ class AttentionPatch:
     ``fused_rope``: the family's processor (``Family.self_attention`` on one GPU, its Ulysses form under context
     parallelism) rotates Q and K with :mod:`vdbench.kernels.rope` (:meth:`rope`; the RoPE's values unchanged, bit for
     bit); ``rope_ready``: called once before the first such call (the render's compile of it ahead).
+    ``fused_block``: every transformer block runs the family's own forward (``Family.block_forward``), its
+    modulations and gated residuals in :mod:`vdbench.kernels.block` (:class:`~.blocks.BlockForwards`; the values
+    unchanged, bit for bit), counted in ``stats.block``; ``block_ready``: as ``rope_ready``, for those kernels.
 
     What the adapters use: ``serve`` (run one call on the backend), ``timed``, ``record``, ``compiled_call``,
     ``passthrough`` / ``backend`` (of the call in progress) and ``context`` (model, layer, kind of the processor
@@ -128,7 +132,8 @@ class AttentionPatch:
                  call_kind: Optional[Callable[[str, Any, Any], str]] = None,
                  grid_hooks: Optional[Callable[..., Any]] = None, tile_order_once: bool = True,
                  before_first_call: Optional[Callable[[], Any]] = None, family: Optional[families.Family] = None,
-                 fused_rope: bool = False, rope_ready: Optional[Callable[[], Any]] = None):
+                 fused_rope: bool = False, rope_ready: Optional[Callable[[], Any]] = None,
+                 fused_block: bool = False, block_ready: Optional[Callable[[], Any]] = None):
         if on_unsupported not in ON_UNSUPPORTED_CHOICES:
             raise ValueError(f"on_unsupported must be one of {ON_UNSUPPORTED_CHOICES}, got {on_unsupported!r}")
         self.schedule = as_schedule(backend)
@@ -141,6 +146,10 @@ class AttentionPatch:
         self._self_attention = family.self_attention if family and fused_rope else None
         self.fused_rope = fused_rope
         self._rope_ready = rope_ready  # called once before the first fused RoPE (the render's kernel prewarm)
+        if fused_block and (family is None or family.block_forward is None):
+            raise ValueError(f"fused_block: {'model family ' + repr(family.name) if family else 'this model'} has no "
+                             "block forward of its own (Family.block_forward); diffusers' blocks run as they are")
+        self.blocks = BlockForwards(self, family, block_ready) if fused_block else None
         self.call_kind = call_kind or (family.call_kind if family else default_call_kind)
         self.grid_hooks = grid_hooks or (family.grid_hooks if family and family.grid_hooks else no_grid_hooks)
         self.tile_order_once = tile_order_once
@@ -219,6 +228,8 @@ class AttentionPatch:
                 raise RuntimeError("no attention processors found in " + ", ".join(m for m, _ in self.models))
             for adapter in self.adapters.values():
                 adapter.install()
+            if self.blocks is not None:
+                self.blocks.install(self.models)
         except BaseException:
             self.remove()
             raise
@@ -228,6 +239,8 @@ class AttentionPatch:
         self.n_modules = n
 
     def remove(self):
+        if self.blocks is not None:
+            self.blocks.remove()
         for module, proc in reversed(self._saved):
             module.processor = proc
         self._saved.clear()

@@ -30,16 +30,18 @@ What it does, in order, everything under ``--out`` (default ``outputs/sweep``):
    renders already done (their records are read back) and spends what is left of the same budget
    (``progress.json``); ``--stop_after_min`` bounds one run alone (a machine lent for ten minutes at a time).
 4. **The ranking** (``sweep.csv``, ``sweep.json``, ``report.html``, ``records.jsonl``): warm ms/step with p20-p80
-   and n, speed-up against ``default``, end-to-end seconds, one-time seconds, PSNR / SSIM against the quality
-   baseline (``quality_vs``), peak memory, the kernels that ran; the Pareto set on (warm step, PSNR); and the
-   verdict line: the fastest within ``--psnr_tolerance_db`` of exact, and the fastest overall. Where fewer
-   candidates were rendered than planned, it says how many of how many, speaks of those, and ends with the kernel
-   bench's predicted ranking, marked provisional.
+   and n and beside it the joules per warm step (every card; a GPU's NVML counter), speed-up against ``default``,
+   end-to-end seconds, one-time seconds, PSNR / SSIM against the quality baseline (``quality_vs``), peak memory,
+   the kernels that ran; the Pareto set on (warm step, PSNR); and the verdict line: the fastest within
+   ``--psnr_tolerance_db`` of exact, and the fastest overall. Where fewer candidates were rendered than planned, it
+   says how many of how many, speaks of those, and ends with the kernel bench's predicted ranking, marked
+   provisional.
 
 A stack is ``<attention type>[+option...]`` (:func:`vdbench.measure.record.split_stack`): ``compile``
 (``--use_torch_compile``), ``compile=<backend>[:<mode>]`` (with ``--compile_backend`` / ``--compile_mode``),
 ``fp8gemm`` (``--use_fp8_gemms``), ``fp8gemm=<scope>`` (``--use_fp8_gemms <scope>``: ``fp8gemm=ffn``, the
-feed-forward layers only), ``bf16te`` (``--use_bf16_te_gemms``), ``vae=<mode>`` (``--vae_decode``),
+feed-forward layers only), ``bf16te`` (``--use_bf16_te_gemms``), ``eagerblock`` (``--fused_block off``: the blocks'
+elementwise passes unfused, the baseline of the fused default), ``vae=<mode>`` (``--vae_decode``),
 ``encode=<mode>`` (``--vae_encode``), a step cache's spec (``--cache``: ``fbc:threshold=0.05``, or
 ``cache=fbc:threshold=0.05``). Its row is named by the stack's one spelling, the ``stack`` its render records
 (``sagev2_fp8:gran=per_warp+compile+fp8gemm+vae=fast``). CPU figures are not

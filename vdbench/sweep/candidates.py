@@ -18,7 +18,8 @@ BASELINE, REFERENCE = "default", "reference"
 BASELINE_WHY, REFERENCE_WHY = "baseline: the pipeline's own attention", "quality reference: exact attention"
 
 #: Stack options -> the render flags they add (the grammar: :func:`vdbench.measure.record.split_stack`).
-STACK_OPTIONS = {"compile": ["--use_torch_compile"], "fp8gemm": ["--use_fp8_gemms"], "bf16te": ["--use_bf16_te_gemms"]}
+STACK_OPTIONS = {"compile": ["--use_torch_compile"], "fp8gemm": ["--use_fp8_gemms"], "bf16te": ["--use_bf16_te_gemms"],
+                 "eagerblock": ["--fused_block", "off"]}
 STACK_VALUES = {"fp8gemm": "--use_fp8_gemms", "vae": "--vae_decode", "encode": "--vae_encode", "cache": "--cache"}
 
 
@@ -87,7 +88,7 @@ def parse_stack(text: str) -> Candidate:
     name = stack_name(canonical_attention(head),
                       speed_options("compile" in given, compile_backend, compile_mode or None,
                                     (given["fp8gemm"] or "all") if "fp8gemm" in given else None,
-                                    "bf16te" in given),
+                                    "bf16te" in given, fused_block=False if "eagerblock" in given else None),
                       given.get("vae"), given.get("encode"), cache.name if cache else None, given.get("layout", ""))
     return Candidate(name, head, flags, "asked for (--stacks)", nproc=layout_ranks(given.get("layout", "")))
 

@@ -37,7 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--psnr_tolerance_db", type=float, default=0.5, help="'within N dB of exact' in the verdict")
     p.add_argument("--stacks", nargs="*", default=[], metavar="STACK",
                    help="extra renders: <attention type>[+compile|+compile=<backend>[:<mode>]][+fp8gemm|+fp8gemm=ffn]"
-                        "[+bf16te]"
+                        "[+bf16te][+eagerblock]"
                         "[+vae=<mode>][+encode=<mode>][+<cache spec>|+cache=<spec>], the name a render records "
                         "as its stack")
     p.add_argument("--nproc", type=int, nargs="+", default=[1], metavar="N",

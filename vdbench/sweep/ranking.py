@@ -275,9 +275,9 @@ def _db(r) -> str:
     return f"{r['psnr_db']:.1f} dB vs {'the reference' if vs == REFERENCE else vs}{codec}"
 
 
-COLUMNS = ["stack", "gpus", "warm_ms", "warm_is", "p20_ms", "p80_ms", "n", "speedup", "first_step_ms", "end_to_end_s",
-           "one_time_s", "break_even", "psnr_db", "ssim", "quality_from", "quality_vs", "peak_gib", "pareto",
-           "speed_figure", "why_not_speed", "emulated", "kernels", "why", "attention", "video"]
+COLUMNS = ["stack", "gpus", "warm_ms", "step_energy_j", "warm_is", "p20_ms", "p80_ms", "n", "speedup",
+           "first_step_ms", "end_to_end_s", "one_time_s", "break_even", "psnr_db", "ssim", "quality_from", "quality_vs",
+           "peak_gib", "pareto", "speed_figure", "why_not_speed", "emulated", "kernels", "why", "attention", "video"]
 #: The report's table: the CSV's columns up to the kernels that ran.
 HTML_COLUMNS = COLUMNS[:COLUMNS.index("kernels") + 1]
 
@@ -337,7 +337,8 @@ def write_outputs(out: Path, rows: list[dict], meta: dict) -> None:
 
 
 def print_table(rows, quality_vs: str = REFERENCE):
-    cols = ["stack", "gpus", "warm_ms", "n", "speedup", "one_time_s", "break_even", "psnr_db", "pareto"]
+    cols = ["stack", "gpus", "warm_ms", "step_energy_j", "n", "speedup", "one_time_s", "break_even", "psnr_db",
+            "pareto"]
     print("  ".join(f"{_header(c, quality_vs):>12s}" for c in cols))
     for r in rows:
         print("  ".join(f"{_shown(r, c):>12s}" for c in cols))

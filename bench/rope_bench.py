@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Wan's RoPE: diffusers' eager expressions against the fused kernel (``--fused_rope``), at the real models' shapes.
 
-    python3 bench/lab/rope_bench.py -o outputs/rope.json
-    python3 bench/lab/rope_bench.py --shapes wan13 --ranks 2     # also the Ulysses-2 form: a rank's tokens, into the
+    python3 bench/rope_bench.py -o outputs/rope.json
+    python3 bench/rope_bench.py --shapes wan13 --ranks 2     # also the Ulysses-2 form: a rank's tokens, into the
                                                             # exchange's send layout
 
 For each shape (Wan 2.1 1.3B 480p x81: 32760 tokens x 12 heads x 128; 14B 720p x81: 75600 x 40 x 128), Q-sized
@@ -23,13 +23,17 @@ CPU: not a speed figure (``speed_figure`` false), and the kernel runs under Trit
 from __future__ import annotations
 
 import argparse
-import json
-from pathlib import Path
 
 import torch
 
 from vdbench.helptext import DefaultsHelpFormatter
-from vdbench.timing import sample_ms, speed_verdict, system_info
+
+try:  # imported with the checkout on the path (the tests, a suite's PYTHONPATH)
+    from bench.kernel_rows import add_options, finish, print_rows, timed_row
+except ModuleNotFoundError as e:
+    if e.name != "bench":
+        raise
+    from kernel_rows import add_options, finish, print_rows, timed_row  # run by path: bench/ is first on sys.path
 
 #: name -> (frames, height, width of the token grid (latent / patch), heads, head dim, layers): one self-attention call
 SHAPES = {"wan13": (21, 30, 52, 12, 128, 30), "wan14": (21, 45, 80, 40, 128, 40), "tiny": (3, 4, 4, 2, 16, 2)}
@@ -66,16 +70,11 @@ def bench(name: str, ranks: int, device, budget_s: float) -> list[dict]:
     rows = []
 
     def row(form, tokens, fn, ref, out):
-        t = sample_ms(fn, device, budget_s=budget_s)
-        st = t.stats()
-        fn()
         moved = tokens * heads * d * 2 * 2 + tokens * d * 4 * 2  # x in, out written (bf16); cos, sin (fp32) once
         calls = 2 * 2 * layers  # Q and K, both guidance branches, every layer (a rank: its share of each)
-        rows.append({"shape": name, "form": form, "tokens": tokens, "heads": heads, "head_dim": d,
-                     "ms": st["median"], "p20_ms": st["p20"], "p80_ms": st["p80"], "n": t.n, "first_ms": st["first_ms"],
-                     "gbps": moved / (st["median"] * 1e-3) / 1e9 if st["median"] else None,
-                     "calls_per_step": calls, "per_step_ms": st["median"] * calls if st["median"] else None,
-                     "bit_identical": None if ref is None else bool(torch.equal(out(), ref))})
+        rows.append(timed_row(fn, device, budget_s, moved=moved, calls=calls,
+                              check=None if ref is None else lambda _: torch.equal(out(), ref),
+                              shape=name, form=form, tokens=tokens, heads=heads, head_dim=d)[0])
 
     want = diffusers_rope(x, cos, sin)
     fused = torch.empty_like(x)
@@ -96,32 +95,16 @@ def bench(name: str, ranks: int, device, budget_s: float) -> list[dict]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=DefaultsHelpFormatter)
-    p.add_argument("--shapes", nargs="+", default=["wan13", "wan14"], choices=sorted(SHAPES),
-                   help="model shapes (default: %(default)s)")
-    p.add_argument("--ranks", type=int, default=2, help="also a rank's share at this Ulysses degree; 1: not "
-                   "(default: %(default)s)")
-    p.add_argument("--budget_s", type=float, default=5.0, help="timed seconds per row at most (default: %(default)s)")
-    p.add_argument("-o", "--output", default=None, help="JSON output (default: print only)")
-    return p
+    return add_options(argparse.ArgumentParser(description=__doc__, formatter_class=DefaultsHelpFormatter),
+                       SHAPES, ranks=2)
 
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     rows = [r for name in args.shapes for r in bench(name, args.ranks, device, args.budget_s)]
-    ok, why = speed_verdict(device, n=min(r["n"] for r in rows))
-    for r in rows:
-        print(f"{r['shape']:6s} {r['form']:16s} {r['tokens']:6d} tok  {r['ms']:8.3f} ms [{r['p20_ms']:.3f}-"
-              f"{r['p80_ms']:.3f}] n={r['n']}  {r['gbps'] or 0:7.0f} GB/s  x{r['calls_per_step']}/step = "
-              f"{r['per_step_ms']:.1f} ms  identical={r['bit_identical']}")
-    if not ok:
-        print(f"warning: not a speed figure ({why})")
-    out = {"device": system_info(device), "speed_figure": ok, "why_not_speed": why, "rows": rows}
-    if args.output:
-        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.output).write_text(json.dumps(out, indent=1))
-    return 0 if all(r["bit_identical"] in (None, True) for r in rows) else 1
+    print_rows(rows, lambda r: f"{r['shape']:6s} {r['form']:16s}")
+    return finish(rows, device, args.output)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,258 @@
+"""Where the weights wait when one GPU can't hold them all: the offload modes, a stack option (``offload=<mode>``).
+
+:data:`MODES` (``--offload``):
+
+* ``model`` -- diffusers' ``enable_model_cpu_offload``: each component on the GPU while it runs (the text encoder,
+  each denoiser, the VAE), moved whole and synchronously when the next one starts.
+* ``group`` -- diffusers' ``enable_group_offload`` (block level, a CUDA stream onloading the next block while the
+  current one runs, pinned host copies) on every component but the VAE: the GPU holds a few blocks of a denoiser.
+* ``expert`` -- for a pipeline of two experts (Wan 2.2 A14B): the expert that is not denoising waits on the host
+  (pinned). In the last step of one expert (and in the call's last step, for the next call's first), each of its
+  blocks, once it has run its last call of the step, is swapped for the other expert's block: its GPU memory
+  freed, the other's weights sent on a side stream into it. The GPU holds one expert and a block in flight; the
+  copies travel behind the step's remaining blocks, and the other expert's first call waits for the last one (on
+  the device, never the host). The weights are the same bytes: the frames are the resident render's, bit for bit.
+
+Each mode refuses with its reason where it can't apply (no CUDA device, no second expert, a parallel layout or a
+compile for ``expert``), and :func:`apply_offload` returns what it did for the render's record. On a CPU the expert
+swap runs with its host copies standing in for the device's (it saves nothing there): what the tests render.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Optional
+
+import torch
+
+__all__ = ["MODES", "OffloadError", "check_offload", "apply_offload", "expert_swap", "ExpertSwap", "HOST_COMPONENTS"]
+
+#: ``--offload``'s modes (``none``: every weight resident).
+MODES = ("none", "model", "group", "expert")
+
+#: The components a mode keeps on the host from the load on (built or loaded there, never on the GPU).
+HOST_COMPONENTS = {"expert": ("transformer_2",)}
+
+
+class OffloadError(ValueError):
+    """An offload mode that can't apply to this render (its reason on the first line, what to do on the next)."""
+
+
+def check_offload(mode: str, *, device: torch.device, two_experts: Optional[bool], parallel: bool = False,
+                  compiled: bool = False) -> None:
+    """Refuse before the load what an offload mode can't do here; ``two_experts``: whether the model has a second
+    expert (None: not known before the load; :func:`apply_offload` checks the loaded pipeline)."""
+    if mode not in MODES:
+        raise OffloadError(f"unknown --offload {mode!r}; valid: {', '.join(MODES)}")
+    if mode == "none":
+        return
+    if device.type != "cuda" and mode != "expert":  # the expert swap runs on a CPU too: what its tests render
+        raise OffloadError(f"--offload {mode} moves weights between the host and a GPU: it needs a CUDA device")
+    if mode == "expert":
+        if two_experts is False:
+            raise OffloadError("--offload expert keeps the idle one of two experts on the host; this model has one "
+                               "denoiser\nuse --offload group or model")
+        if parallel:
+            raise OffloadError("--offload expert runs on one process: under torchrun each rank's blocks are hooked "
+                               "by the parallel engine\nuse --offload group, or a layout whose cards hold both experts")
+        if compiled:
+            raise OffloadError("--offload expert swaps the blocks' weights between calls, which a compiled graph "
+                               "would have to guard on\ndrop the compile, or use --offload model")
+
+
+def apply_offload(mode: str, pipe, device: torch.device) -> Optional[dict]:
+    """Apply ``mode`` to the loaded ``pipe`` (its denoisers' weights where :data:`HOST_COMPONENTS` left them);
+    returns the record's section (None for ``none``)."""
+    if mode == "none":
+        return None
+    if mode == "model":
+        pipe.enable_model_cpu_offload(device=device)
+        return {"mode": mode, "how": "diffusers enable_model_cpu_offload"}
+    if mode == "group":
+        pipe.enable_group_offload(onload_device=device, offload_device=torch.device("cpu"),
+                                  offload_type="block_level", num_blocks_per_group=1, use_stream=True,
+                                  exclude_modules=["vae"])
+        return {"mode": mode, "how": "diffusers enable_group_offload (block level, 1 block a group, a CUDA stream; "
+                                     "the VAE resident)"}
+    if getattr(pipe, "transformer_2", None) is None:
+        check_offload(mode, device=device, two_experts=False)
+    swap = ExpertSwap(pipe, device)
+    setattr(pipe, _SWAP_ATTR, swap)
+    return {"mode": mode, "how": "the idle expert pinned on the host, swapped block by block in its neighbour's "
+                                 "last step on a side stream", "host_bytes": swap.host_bytes}
+
+
+#: The attribute of a pipeline that holds its :class:`ExpertSwap`.
+_SWAP_ATTR = "vdbench_expert_swap"
+
+
+def expert_swap(pipe) -> Optional["ExpertSwap"]:
+    """The :class:`ExpertSwap` :func:`apply_offload` installed on ``pipe``, or None."""
+    return getattr(pipe, _SWAP_ATTR, None)
+
+
+def _blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
+    return list(getattr(model, "blocks", None) or getattr(model, "transformer_blocks", None) or [])
+
+
+def _tensors(module: torch.nn.Module, recurse: bool = True) -> list[torch.Tensor]:
+    """A module's parameters and persistent buffers (what its weights are)."""
+    out = list(module.parameters(recurse=recurse))
+    out += [b for n, b in module.named_buffers(recurse=recurse)]
+    return out
+
+
+class _Unit:
+    """One swappable part of an expert: a block, or what is left outside its blocks (embeddings, output head)."""
+
+    def __init__(self, tensors: list[torch.Tensor]):
+        self.tensors = tensors
+
+
+class ExpertSwap:
+    """The two experts of ``pipe`` sharing one expert's GPU memory (see the module's doc).
+
+    Each expert is a list of units (its blocks, then the rest) with a pinned host copy of every weight. A unit is
+    *on* the GPU (its tensors' data on the device) or *off* (their data the host copy). The pipeline's schedule
+    decides which expert a step uses (``boundary_ratio`` x the scheduler's training steps against the step's
+    timestep); a step whose next step (or the next call's first) uses the other expert is a swap step: there each
+    block of the outgoing expert is swapped with the incoming one's after its last call of the step (the number of
+    expert's calls per step, counted in the first step either expert finished), the rest after the expert's last
+    call, and
+    whatever was not swapped so (a block a step cache skipped; an expert's first step being its last) before the
+    incoming expert's first call. On a CPU (the tests) the host copies stand
+    in for the device's and an offloaded tensor holds NaN, so a call reading a weight that was not brought back
+    shows in the frames."""
+
+    def __init__(self, pipe, device: torch.device):
+        self.pipe, self.device = pipe, torch.device(device)
+        self.cuda = self.device.type == "cuda"
+        self.experts = [pipe.transformer, pipe.transformer_2]
+        self.units = [[_Unit(_tensors(b)) for b in _blocks(m)] + [_Unit(self._rest(m))] for m in self.experts]
+        self.host = {}
+        for units in self.units:
+            for u in units:
+                for t in u.tensors:
+                    copy = torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=self.cuda)
+                    self.host[id(t)] = copy.copy_(t.detach())
+        self.host_bytes = sum(t.numel() * t.element_size() for t in self.host.values())
+        self.stream = torch.cuda.Stream(self.device) if self.cuda else None
+        self.on = [[True] * len(self.units[0]), [False] * len(self.units[1])]
+        self.done_event = None  # the side stream's last copy
+        self.lock = threading.Lock()  # the guidance-overlap threads call the blocks from two host threads
+        self.swaps = 0
+        self.late = 0  # swaps left to the incoming expert's first call (not hidden behind a step)
+        self.waits = 0
+        for u in self.units[1]:
+            self._off(u)
+        for e, model in enumerate(self.experts):
+            model.register_forward_pre_hook(lambda mod, args, e=e: self._before_expert(e))
+            model.register_forward_hook(lambda mod, args, out, e=e: self._after_expert(e))
+            for j, block in enumerate(_blocks(model)):
+                block.register_forward_pre_hook(lambda mod, args, e=e, j=j: self._count(e, j))
+                block.register_forward_hook(lambda mod, args, out, e=e, j=j: self._after_block(e, j))
+        self._step_key = None
+        self.calls = [0, 0]  # the expert's calls in the current step
+        self.per_step = [None, None]  # an expert's calls per step, once counted
+        self.block_calls: dict = {}
+
+    @staticmethod
+    def _rest(model: torch.nn.Module) -> list[torch.Tensor]:
+        inside = {id(t) for b in _blocks(model) for t in _tensors(b)}
+        return [t for t in _tensors(model) if id(t) not in inside]
+
+    # -- the schedule ------------------------------------------------------------------------------------------------
+
+    def _expert_of(self, t) -> int:
+        boundary = self.pipe.config.get("boundary_ratio")
+        if boundary is None:
+            return 0
+        return 0 if float(t) >= boundary * self.pipe.scheduler.config.num_train_timesteps else 1
+
+    def _swap_step(self) -> Optional[int]:
+        """The expert this step hands over to (the next step's, or for the call's last step the first step's), or
+        None where the next step keeps this one's."""
+        steps = [float(t) for t in self.pipe.scheduler.timesteps]
+        t = float(self.pipe._current_timestep)
+        i = min(range(len(steps)), key=lambda k: abs(steps[k] - t))
+        here = self._expert_of(steps[i])
+        nxt = self._expert_of(steps[i + 1] if i + 1 < len(steps) else steps[0])
+        return nxt if nxt != here else None
+
+    # -- the hooks ---------------------------------------------------------------------------------------------------
+
+    def _before_expert(self, e: int) -> None:
+        with self.lock:
+            key = float(self.pipe._current_timestep)
+            if key != self._step_key:  # a new step
+                if self._step_key is not None:
+                    for k in (0, 1):
+                        if self.calls[k] and self.per_step[k] is None:
+                            self.per_step[k] = self.calls[k]
+                self._step_key, self.calls, self.block_calls = key, [0, 0], {}
+            self.calls[e] += 1
+            for j, u in enumerate(self.units[e]):  # whatever the other expert's last step left: swapped now
+                if not self.on[e][j]:
+                    self._swap(1 - e, j)
+                    self.late += 1
+        if self.cuda and self.done_event is not None:
+            torch.cuda.current_stream(self.device).wait_event(self.done_event)
+            self.waits += 1
+
+    def _per_step(self, e: int) -> Optional[int]:
+        """An expert's calls per step: counted in its first step, else the other's (both take the pipeline's
+        guidance branches), None before either has finished a step."""
+        return self.per_step[e] if self.per_step[e] is not None else self.per_step[1 - e]
+
+    def _after_expert(self, e: int) -> None:
+        with self.lock:
+            n = self._per_step(e)
+            if n is not None and self.calls[e] == n and self._swap_step() == 1 - e:
+                self._swap(e, len(self.units[e]) - 1)  # the rest, after the expert's last call of its last step
+
+    def _count(self, e: int, j: int) -> None:
+        with self.lock:
+            self.block_calls[e, j] = self.block_calls.get((e, j), 0) + 1
+
+    def _after_block(self, e: int, j: int) -> None:
+        with self.lock:
+            n = self._per_step(e)
+            if n is None or self.block_calls.get((e, j)) != n or self._swap_step() != 1 - e:
+                return
+            self._swap(e, j)  # this block's last call of the expert's last step
+
+    # -- moving weights ----------------------------------------------------------------------------------------------
+
+    def _off(self, unit: _Unit) -> None:
+        for t in unit.tensors:
+            host = self.host[id(t)]
+            t.data = host if self.cuda else torch.full_like(host, float("nan")) if host.is_floating_point() else host
+
+    def _swap(self, e: int, j: int) -> None:
+        """Unit ``j`` of expert ``e`` off the GPU, the other expert's unit ``j`` onto it."""
+        out, into = self.units[e][j], self.units[1 - e][j]
+        if not self.on[e][j]:
+            return
+        if self.cuda:
+            main = torch.cuda.current_stream(self.device)
+            ready = main.record_event()  # after the outgoing unit's queued kernels
+            self._off(out)  # its memory back to the main stream's pool, reusable in the main stream's order
+            fresh = [torch.empty_like(self.host[id(t)], device=self.device) for t in into.tensors]
+            self.stream.wait_event(ready)
+            with torch.cuda.stream(self.stream):
+                for dst, t in zip(fresh, into.tensors):
+                    dst.copy_(self.host[id(t)], non_blocking=True)
+            self.done_event = self.stream.record_event()
+            for dst, t in zip(fresh, into.tensors):
+                t.data = dst
+        else:
+            self._off(out)
+            for t in into.tensors:
+                t.data = self.host[id(t)].clone()
+        self.on[e][j], self.on[1 - e][j] = False, True
+        self.swaps += 1
+
+    def as_dict(self) -> dict:
+        """What the swap did (the render's record): units swapped, the incoming expert's waits on the copies."""
+        return {"units_swapped": self.swaps, "swapped_late": self.late, "expert_waits": self.waits,
+                "calls_per_step": self.per_step}
