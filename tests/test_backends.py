@@ -323,7 +323,7 @@ def test_no_caller_keys_on_a_backend_name():
     pats = [re.compile(r"\.name\s*[!=]=\s*['\"](%s)['\"]" % names), re.compile(r"attention_type\s*[!=]=\s*['\"]"),
             re.compile(r"\bin\s*[(\[{]\s*['\"](%s)['\"]" % "|".join(n for n in every if n != "default"))]
     files = [p for p in (ROOT / "vdbench").rglob("*.py") if "backends" not in p.parts] + \
-        list((ROOT / "bench").glob("*.py"))
+        list((ROOT / "bench").rglob("*.py"))
     hits = [f"{p.relative_to(ROOT)}:{i}: {line.strip()}" for p in files
             for i, line in enumerate(p.read_text().splitlines(), 1) if any(r.search(line) for r in pats)]
     assert not hits, "\n".join(hits)

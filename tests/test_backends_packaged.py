@@ -288,14 +288,10 @@ def test_natten_is_counted_per_kernel_through_the_grid_hooks(natten):
 
 
 def test_the_attention_bench_runs_natten_on_its_grid_in_the_models_order(natten):
-    """bench/bench_attention.py's grid path: a grid backend with no tile order of ours is called (and timed) on the
-    inputs as they are, with the grid given by --grid."""
-    from pathlib import Path
+    """The attention bench's grid path (vdbench.kernel_bench): a grid backend with no tile order of ours is called
+    (and timed) on the inputs as they are, with the grid given by --grid."""
+    from vdbench import kernel_bench as bench
 
-    path = Path(__file__).resolve().parents[1] / "bench" / "bench_attention.py"
-    spec = importlib.util.spec_from_file_location("bench_attention_packaged", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
     grid = TokenGrid(3, 4, 5)
     q, k, v = qkv(b=1, h=2, s=grid.seq_len, d=32, dtype=torch.bfloat16, seed=7)
     row = {}

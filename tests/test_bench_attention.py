@@ -1,7 +1,7 @@
-"""bench/bench_attention.py on CPU: accuracy figures, the poison check, loading rules, CSV schema."""
+"""The attention kernel bench (vdbench.kernel_bench; bench/bench_attention.py its command line) on CPU: accuracy
+figures, the poison check, loading rules, CSV schema."""
 
 import csv
-import importlib.util
 import json
 import pickle
 from pathlib import Path
@@ -11,10 +11,9 @@ import torch
 
 from vdbench import backends as B
 
+from vdbench import kernel_bench as ba
+
 ROOT = Path(__file__).resolve().parents[1]
-spec = importlib.util.spec_from_file_location("bench_attention", ROOT / "bench" / "bench_attention.py")
-ba = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(ba)
 
 
 def test_accuracy_figures_against_hand_computed_values():
@@ -256,11 +255,11 @@ def test_no_captures_is_a_clear_error(tmp_path):
         ba.main(["--input_dir", str(tmp_path), "--device", "cpu"])
 
 
-def test_old_name_bench_cogvideo_still_works(tmp_path, checkout_env):
+def test_the_bench_script_is_its_command_line(tmp_path, checkout_env):
     import subprocess
     import sys
 
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_cogvideo.py"), "--preset", "cogvideox-2b",
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_attention.py"), "--preset", "cogvideox-2b",
                            "--max_seq", "32", "--device", "cpu", "--kernel", "sdpa", "-metric", "accuracy",
                            "-o", str(tmp_path / "c.csv")], capture_output=True, text=True, timeout=300,
                           env=checkout_env)

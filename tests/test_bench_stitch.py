@@ -1,4 +1,4 @@
-"""bench/bench_stitch.py runs both sides on tiny clips and reports the schema docs/PERFORMANCE.md quotes."""
+"""bench/lab/bench_stitch.py runs both sides on tiny clips and reports the schema docs/PERFORMANCE.md quotes."""
 
 import importlib.util
 import json
@@ -8,7 +8,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_bench_stitch_tiny(tmp_path):
-    spec = importlib.util.spec_from_file_location("bench_stitch", ROOT / "bench" / "bench_stitch.py")
+    spec = importlib.util.spec_from_file_location("bench_stitch", ROOT / "bench" / "lab" / "bench_stitch.py")
     bs = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bs)
     assert bs.main(["--frames", "5", "--size", "96x64", "--repeats", "1", "-o", str(tmp_path / "s.json")]) == 0

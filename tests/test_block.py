@@ -418,7 +418,7 @@ def test_the_unfused_block_names_its_stack_and_the_fused_default_names_nothing(c
     from vdbench.video import identity_from_filename
 
     assert M.speed_options(fused_block=False) == ("eagerblock",) and M.speed_options(fused_block=True) == ()
-    assert M.stack_of({"attention_type": "fav3", "fused_block": False, "ulysses_degree": 2}) == "fav3+eagerblock+u2"
+    assert M.stack_name("fav3", M.settings_speed_options({"fused_block": False}), layout="u2") == "fav3+eagerblock+u2"
     cand = S.parse_stack("fav3+eagerblock")
     assert cand.name == "fav3+eagerblock" and cand.flags == ["--fused_block", "off"]
     small = ["--model", "tiny", "--height", "64", "--width", "96", "--num_frames", "9", "--num_inference_steps", "2",

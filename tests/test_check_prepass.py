@@ -1,4 +1,4 @@
-"""bench/check_prepass.py on CPU (Triton's interpreter): the row it writes and its bit-equality verdict.
+"""bench/lab/check_prepass.py on CPU (Triton's interpreter): the row it writes and its bit-equality verdict.
 
 Why: the check runs on a rented GPU; a bug in it found there costs a call.
 """
@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton not installed")
 def test_the_check_writes_each_form_and_finds_them_equal(tmp_path):
-    res = subprocess.run([sys.executable, str(ROOT / "bench" / "check_prepass.py"), "--out", str(tmp_path),
+    res = subprocess.run([sys.executable, str(ROOT / "bench" / "lab" / "check_prepass.py"), "--out", str(tmp_path),
                           "--shapes", "tiny", "--reps", "2", "--burst", "2", "--device", "cpu"],
                          capture_output=True, text=True, cwd=ROOT, timeout=600,
                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})

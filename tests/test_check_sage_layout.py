@@ -1,4 +1,4 @@
-"""bench/check_sage_layout.py on CPU with a stand-in sageattention: the row it writes, and that it tells a good
+"""bench/lab/check_sage_layout.py on CPU with a stand-in sageattention: the row it writes, and that it tells a good
 build (both layouts equal, close to exact attention) from one whose NHD path is wrong.
 
 Why: the check exists to run right after a 3-minute build on a rented GPU; a bug in it found there costs a call.
@@ -12,7 +12,7 @@ from pathlib import Path
 from tests import fake_packages as F
 
 ROOT = Path(__file__).resolve().parents[1]
-spec = importlib.util.spec_from_file_location("check_sage_layout", ROOT / "bench" / "check_sage_layout.py")
+spec = importlib.util.spec_from_file_location("check_sage_layout", ROOT / "bench" / "lab" / "check_sage_layout.py")
 cs = importlib.util.module_from_spec(spec)
 sys.modules["check_sage_layout"] = cs
 spec.loader.exec_module(cs)

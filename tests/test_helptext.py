@@ -15,10 +15,13 @@ import pytest
 from vdbench.helptext import DefaultsHelpFormatter
 
 ROOT = Path(__file__).resolve().parents[1]
-BENCH = sorted(p.name for p in (ROOT / "bench").glob("*.py") if "argparse" in p.read_text())
+# the benches and the lab's tools with a command line (their own parser, or the package's one they run)
+BENCH = sorted(str(p.relative_to(ROOT)) for p in [*(ROOT / "bench").glob("*.py"), *(ROOT / "bench").glob("lab/*.py")]
+               if "argparse" in p.read_text() or "import main" in p.read_text())
 COMMANDS = [["run_wan.py"], ["sageattn_cogvideo.py"], ["sweep.py"], ["stitch_comparison.py"], ["-m", "vdbench.report"],
-            ["-m", "vdbench.batch"], ["render_all_WAN.sh"], ["render_all_attention.sh"]]
-COMMANDS += [[f"bench/{b}"] for b in BENCH]
+            ["-m", "vdbench.batch"], ["-m", "vdbench.sweep"], ["-m", "vdbench.kernel_bench"], ["render_all_WAN.sh"],
+            ["render_all_attention.sh"]]
+COMMANDS += [[b] for b in BENCH]
 
 
 def _options(text: str) -> list[tuple[str, str]]:

@@ -278,9 +278,8 @@ def test_bench_attention_runs_them_by_name(K, tmp_path, monkeypatch):
     A, _, R, dev = K
     if dev.type != "cpu":
         pytest.skip("CPU-interpreter check")
-    spec = importlib.util.spec_from_file_location("bench_attention_k", ROOT / "bench" / "bench_attention.py")
-    ba = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(ba)
+    from vdbench import kernel_bench as ba
+
     monkeypatch.setitem(ba.PRESETS, "tiny-d64", (1, 2, 40, 40, 64))  # the interpreter is slow: 2 heads
     rc = ba.main(["--preset", "tiny-d64", "--device", "cpu", "--metric", "accuracy",
                   "--kernel", ",".join(NAMES), "-o", str(tmp_path / "k.csv")])

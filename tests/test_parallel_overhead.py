@@ -1,4 +1,4 @@
-"""bench/parallel_overhead.py on a CPU: 2 gloo ranks under torchrun, the diffusers pair (bare context parallelism
+"""bench/lab/parallel_overhead.py on a CPU: 2 gloo ranks under torchrun, the diffusers pair (bare context parallelism
 and vdbench's render of it) side by side in one process group, on the tiny Wan model.
 
 What is checked is the table and the plumbing, not the timing (CPU timings are not speed figures): every side has
@@ -34,7 +34,7 @@ def result(tmp_path_factory, fork_python):
         env.pop(k, None)
     # torchrun and its workers forked from this process (tests/launch.py PythonServer)
     cmd = [fork_python, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           str(ROOT / "bench" / "parallel_overhead.py"), "--model", "tiny", "--height", "64", "--width", "96",
+           str(ROOT / "bench" / "lab" / "parallel_overhead.py"), "--model", "tiny", "--height", "64", "--width", "96",
            "--num_frames", "9", "--steps", str(STEPS), "--rounds", str(ROUNDS), "--backend", "sdpa",
            "--engines", "diffusers,xfuser", "--device", "cpu", "-o", str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300, cwd=str(out))
@@ -105,6 +105,6 @@ def test_the_suite_dry_run_lists_its_bench_runs(tmp_path, only, runs):
     assert listed == list(runs)
     for name, engines in runs.items():
         line = next(ln for ln in proc.stdout.splitlines() if f"] {name} (limit " in ln)
-        assert "torch.distributed.run --standalone --nproc_per_node=2" in line and "bench/parallel_overhead.py" in line
+        assert "torch.distributed.run --standalone --nproc_per_node=2" in line and "bench/lab/parallel_overhead.py" in line
         assert "--height 480 --width 832 --num_frames 81" in line and f"--engines {engines} " in line
         assert int(line.split("(limit ")[1].split(" s")[0]) <= 330

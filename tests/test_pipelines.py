@@ -596,27 +596,33 @@ def test_a_name_that_cannot_be_a_hub_id_is_refused_without_a_lookup(monkeypatch)
 def test_head_dims_read_from_configs_without_weights(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     monkeypatch.delenv("HF_HUB_CACHE", raising=False)
-    assert P.config_head_dims("tiny", "t2v", "wan") == [32]
-    assert P.config_head_dims("tiny:wan2.2-t2v-a14b", "t2v", "wan") == [32, 32]  # both experts
-    assert P.config_head_dims("tiny", "t2v", "cogvideox") == [P.TINY_VARIANTS["cogvideox-t2v"].transformer[
+
+    def head_dims(model, task="t2v", family="wan"):
+        return P.resolve(model, task, family).head_dims
+
+    assert head_dims("tiny", "t2v", "wan") == [32]
+    assert head_dims("tiny:wan2.2-t2v-a14b", "t2v", "wan") == [32, 32]  # both experts
+    assert head_dims("tiny", "t2v", "cogvideox") == [P.TINY_VARIANTS["cogvideox-t2v"].transformer[
         "attention_head_dim"]]
-    assert P.config_head_dims("random:wan2.1-t2v-14b") == [128]
-    assert P.config_head_dims(str(P.resolve_model("tiny", "t2v"))) == [32]  # a local directory's config.json
-    assert P.config_head_dims("Wan-AI/Wan2.1-T2V-1.3B-Diffusers") is None  # not cached: unknown, nothing fetched
-    assert P.config_head_dims(str(tmp_path / "missing")) is None and P.config_head_dims("tiny:nope") is None
+    assert head_dims("random:wan2.1-t2v-14b") == [128]
+    assert head_dims(str(P.resolve_model("tiny", "t2v"))) == [32]  # a local directory's config.json
+    assert head_dims("Wan-AI/Wan2.1-T2V-1.3B-Diffusers") is None  # not cached: unknown, nothing fetched
+    assert head_dims(str(tmp_path / "missing")) is None and head_dims("tiny:nope") is None
 
 
-def test_config_vae_reads_the_vae_without_loading_a_weight(tmp_path):
-    """What the render's prewarm builds its scratch VAE from before the pipeline loads."""
-    from vdbench.pipelines import config_vae
+def test_the_vae_config_is_read_without_loading_a_weight(tmp_path):
+    """What the render's prewarm builds its scratch VAE from before the pipeline loads (:attr:`Model.vae`)."""
 
-    cls, cfg = config_vae("random:wan2.1-t2v-1.3b")
+    def vae(model):
+        return P.resolve(model).vae
+
+    cls, cfg = vae("random:wan2.1-t2v-1.3b")
     assert cls == "AutoencoderKLWan" and cfg["base_dim"] == 96  # the real checkpoint's architecture
-    assert config_vae("tiny")[0] == "AutoencoderKLWan"
-    assert config_vae("random:cogvideox-2b")[0] == "AutoencoderKLCogVideoX"
+    assert vae("tiny")[0] == "AutoencoderKLWan"
+    assert P.resolve("random:cogvideox-2b", family="cogvideox").vae[0] == "AutoencoderKLCogVideoX"
     d = tmp_path / "model"
     (d / "vae").mkdir(parents=True)
     (d / "vae" / "config.json").write_text('{"_class_name": "AutoencoderKLWan", "z_dim": 16}')
-    assert config_vae(str(d)) == ("AutoencoderKLWan", {"_class_name": "AutoencoderKLWan", "z_dim": 16})
-    assert config_vae(str(tmp_path / "missing")) is None  # nothing to read: the render starts it after the load
-    assert config_vae("random:no-such-variant") is None
+    assert vae(str(d)) == ("AutoencoderKLWan", {"_class_name": "AutoencoderKLWan", "z_dim": 16})
+    assert vae(str(tmp_path / "missing")) is None  # nothing to read: the render starts it after the load
+    assert vae("random:no-such-variant") is None

@@ -179,8 +179,7 @@ def test_a_render_knows_its_model_once(tmp_path, monkeypatch):
 
     for name in ("get", "for_pipeline", "for_transformer", "for_vae"):
         counted(families, name)
-    for name in ("parse_model", "config_head_dims", "config_denoisers", "config_vae", "get_variant",
-                 "random_variant"):
+    for name in ("parse_model", "get_variant", "random_variant"):
         counted(P, name)
     real_resolve = P.resolve
 

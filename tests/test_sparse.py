@@ -6,11 +6,42 @@ import pytest
 import torch
 
 from vdbench.sparse import (SparseSpec, SparseSpecError, TokenGrid, block_mask, clear_block_mask_cache, from_layout,
-                            kernel_view_mask, layout_for, parse_spec, radial_band, reference_mask,
-                            split_attention_types, tile_layout, to_layout, token_allows)
+                            layout_for, parse_spec, radial_band, reference_mask, split_attention_types, tile_layout,
+                            to_layout, token_allows)
 from vdbench.sparse.attention import flex_attention_dense, sparse_attention
 
 pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+
+
+def kernel_view_mask(bm) -> torch.Tensor:
+    """The (Q_LEN, KV_LEN) boolean mask a fused FlexAttention kernel applies for BlockMask ``bm``.
+
+    Full blocks are unmasked, partial blocks go through ``mask_mod``, other blocks are skipped. (Unfused, eager
+    FlexAttention -- the CPU path -- evaluates ``mask_mod`` everywhere and ignores the block lists, so checking the
+    block lists needs this view.)
+    """
+    q_len, kv_len = bm.seq_lengths
+    bq, bk = bm.BLOCK_SIZE
+    nbq, nbk = -(-q_len // bq), -(-kv_len // bk)
+
+    def blocks(num, idx) -> torch.Tensor:
+        out = torch.zeros(nbq, nbk, dtype=torch.bool, device=idx.device)
+        rows = torch.arange(idx.shape[-1], device=idx.device)[None, :] < num[0, 0][:, None].long()
+        r, c = rows.nonzero(as_tuple=True)
+        out[r, idx[0, 0][r, c].long()] = True
+        return out
+
+    def expand(m: torch.Tensor) -> torch.Tensor:
+        return m.repeat_interleave(bq, 0)[:q_len].repeat_interleave(bk, 1)[:, :kv_len]
+
+    part = blocks(bm.kv_num_blocks, bm.kv_indices)
+    qi = torch.arange(q_len, device=part.device)[:, None]
+    ki = torch.arange(kv_len, device=part.device)[None, :]
+    zero = torch.zeros((), dtype=torch.long, device=part.device)
+    dense = expand(part) & bm.mask_mod(zero, zero, qi, ki).to(torch.bool)
+    if bm.full_kv_num_blocks is not None:
+        dense |= expand(blocks(bm.full_kv_num_blocks, bm.full_kv_indices))
+    return dense
 
 
 def exact(q, k, v, mask=None, scale=None):

@@ -28,16 +28,15 @@ def test_the_stack_name_orders_the_options_and_a_plain_stack_is_its_attention():
     assert M.speed_options(True, "aot_eager", "max-autotune") == ("compile=aot_eager",)  # only inductor takes a mode
     assert M.speed_options(True, "inductor", "max-autotune", bf16_te_gemms=True) == \
         ("compile=inductor:max-autotune", "bf16te")
-    settings = {"attention_type": "sdpa", "compile": True, "compile_backend": "inductor", "fp8_gemms": False,
-                "bf16_te_gemms": True, "vae_decode": "fast", "vae_encode": "default", "cache": "fbc"}
-    assert M.stack_of(settings) == "sdpa+compile+bf16te+vae=fast+fbc"
+    assert M.stack_name("sdpa", M.speed_options(True, "inductor", None, False, True), "fast", "default", "fbc") == \
+        "sdpa+compile+bf16te+vae=fast+fbc"
     # the fp8 GEMMs' scope: every block Linear is the bare word, the feed-forward ones a value; a record written
     # before the scope existed (True) reads as all of them
     assert M.speed_options(fp8_gemms="all") == M.speed_options(fp8_gemms=True) == ("fp8gemm",)
     assert M.speed_options(compile=True, fp8_gemms="ffn") == ("compile", "fp8gemm=ffn")
     assert M.speed_options(fp8_gemms=None) == M.speed_options(fp8_gemms=False) == ()
-    assert M.stack_of({**settings, "fp8_gemms": True}) == "sdpa+compile+fp8gemm+bf16te+vae=fast+fbc"
-    assert M.stack_of({**settings, "fp8_gemms": "ffn"}) == "sdpa+compile+fp8gemm=ffn+bf16te+vae=fast+fbc"
+    assert M.stack_name("sdpa", M.speed_options(True, "inductor", None, "ffn", True), "fast", None, "fbc") == \
+        "sdpa+compile+fp8gemm=ffn+bf16te+vae=fast+fbc"
 
 
 @pytest.mark.parametrize("text,name", [

@@ -373,7 +373,13 @@ def test_cli_never_replaces_a_file_it_did_not_make(four, tmp_path, capsys):
 def test_labels_wrap_at_one_size_for_every_cell(tmp_path):
     """Labels carrying figures wrap onto up to three lines at one font size shared by the grid's cells, rather than
     being cut: every cell's band is as tall, and the text is all there."""
-    from vdbench.video import LABEL_MAX_LINES, fit_labels
+    from vdbench import video
+    from vdbench.video import LABEL_MAX_LINES
+
+    def fit_labels(labels, width, font_size):
+        """(size, lines of each label): how a grid of cells ``width`` pixels wide draws ``labels``."""
+        size = video._label_size(labels, width, font_size)
+        return size, [video._LabelBand._fit(t, width, size)[1] if t else [] for t in labels]
 
     labels = ["sdpa · 705 ms/step 1.00× (n=3: not a speed figure) · 58.4 dB", "sagev1_emu · emulated · 37.7 dB"]
     size, lines = fit_labels(labels, 192, 24)

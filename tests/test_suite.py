@@ -17,10 +17,12 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _module(name):
-    """bench/NAME.py, loaded once (registered first: dataclasses resolve string annotations through sys.modules)."""
+    """bench/NAME.py or bench/lab/NAME.py, loaded once (registered first: dataclasses resolve string annotations
+    through sys.modules)."""
     key = f"_bench_{name}"
     if key not in sys.modules:
-        spec = importlib.util.spec_from_file_location(key, ROOT / "bench" / f"{name}.py")
+        path = ROOT / "bench" / f"{name}.py"
+        spec = importlib.util.spec_from_file_location(key, path if path.exists() else ROOT / "bench" / "lab" / path.name)
         mod = importlib.util.module_from_spec(spec)
         sys.modules[key] = mod
         try:
@@ -98,7 +100,11 @@ def check_command(argv: list[str], name: str, monkeypatch):
         for c in parsed.configs.split(","):
             mod.parse_config(c)
         return parsed
-    if tool in ("bench_attention.py", "vae_summary.py"):
+    if tool == "bench_attention.py":  # the command line of vdbench.kernel_bench
+        from vdbench import kernel_bench
+
+        return kernel_bench.build_parser().parse_args(args)
+    if tool == "vae_summary.py":
         return _module(tool[:-3]).build_parser().parse_args(args)
     if tool == "suite.py":  # another suite: it exists, takes the --set names it is given, and dry-runs so
         parsed = parse_with_tool(tool, args, monkeypatch)
@@ -172,7 +178,8 @@ def test_the_sparse_suite_runs_in_an_order_that_works(tmp_path, capsys):
     runs = S.expand(S.load("sparse"), {}, tmp_path, sys.executable)
     assert runs[0]["args"][1:3] == ["-m", "pytest"]  # the CUDA tests first
     assert all(r["need_s"] <= r["limit_s"] for r in runs)
-    bench_attention = _module("bench_attention")
+    from vdbench import kernel_bench as bench_attention
+
     rendered: list[tuple[str, str]] = []  # (output folder, canonical attention) of each render so far
     captured: set[str] = set()
     first_kernel_bench = first_render = None
@@ -410,7 +417,7 @@ def _env_without_the_checkout():
 
 
 @pytest.mark.parametrize("argv", [["bench/suite.py", "--list"], ["bench/bench_vae.py", "--help"],
-                                  ["bench/check_fp8_error.py", "--help"]])
+                                  ["bench/lab/check_fp8_error.py", "--help"]])
 def test_bench_scripts_run_by_path_with_no_path_edits(argv):
     import subprocess
 

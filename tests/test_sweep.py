@@ -357,7 +357,7 @@ def test_layouts_of_each_gpu_count_cheapest_exchange_first():
     c = S.parse_stack("fav3+fbc:threshold=0.2+u2cfg2")
     assert c.name == "fav3+fbc:threshold=0.2+u2cfg2" and c.nproc == 4 and not c.exact
     assert c.flags[-3:] == ["--ulysses_degree", "2", "--use_cfg_parallel"]
-    cmd = S._render_cmd("wan", argparse.Namespace(model="tiny", height=64, width=96, num_frames=9, steps=2, seed=1,
+    cmd = S.render_cmd("wan", argparse.Namespace(model="tiny", height=64, width=96, num_frames=9, steps=2, seed=1,
                                                   device="cpu"), c, Path("o"), [])
     assert cmd[1:6] == ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=4", "-m"]
     assert cmd[6:8] == ["vdbench.cli", "wan"] and "--use_cfg_parallel" in cmd

@@ -1,10 +1,12 @@
 """The sweep's stage before the renders kept short: the capture render and the kernel bench beside the 1-GPU
 renders (``--bench_beside``), bounded by a share of the budget, or skipped where the backends are named
-(``--layout_backends fav3``) -- what is rendered, said and counted stays what it was."""
+(``--layout_backends fav3``) -- what is rendered, said and counted stays what it was; and the stage needs nothing
+of the checkout but the package."""
 
 import json
 import os
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -97,3 +99,69 @@ def test_the_capture_and_kernel_bench_run_beside_default_and_the_run_resumes(tmp
     assert log.count("done earlier (records read back)") == 3 and "kernel bench" not in log.split("rendering")[0]
     again = json.loads((out / "sweep.json").read_text())
     assert again["runs"] == 2 and again["elapsed_s"] > meta["elapsed_s"] and "capture_s" not in again["pre_render"]
+
+
+# What runs in a Python process that sees only a copy of the package (no checkout on its path, another folder as
+# its working directory): the sweep's capture-and-bench stage, its capture render's captures already there, the
+# kernel bench run for real by the stage's own runner.
+_INSTALLED = r"""
+import argparse, json, sys
+from pathlib import Path
+
+import vdbench
+from vdbench import families
+from vdbench.sweep import stages as S
+
+out, site = Path(sys.argv[1]), Path(sys.argv[2])
+assert Path(vdbench.__file__).resolve().is_relative_to(site.resolve()), vdbench.__file__
+args = argparse.Namespace(model="tiny", height=64, width=96, num_frames=9, steps=4, seed=42, device="cpu",
+                          max_captures=8, kernel_budget_s=0.05)
+ran = []
+
+
+def runner(cmd, log, left_s, env=None):
+    ran.append(cmd)
+    if "vdbench.cli" in " ".join(cmd):  # the capture render: its captures are in place already
+        return 0
+    return S.run_job(cmd, log, left_s, env)
+
+
+got = S.capture_and_bench(S.Context(args, out, families.get("wan"), "CPU"),
+                          [{"backend": "sdpa", "runs": True, "emulated": False}], device="cpu", env=None,
+                          kernel_max_s=0, left=lambda: 240.0, runner=runner)
+print(json.dumps({"got": got, "ran": ran, "path": sys.path}))
+"""
+
+
+def test_the_kernel_bench_stage_runs_from_the_package_alone(tmp_path):
+    """The sweep needs no file of the checkout (bench/ included): a copy of vdbench/ alone on the path, as
+    ``pip install .`` leaves it, runs the stage that captures and benches the kernels."""
+    import shutil
+    import subprocess
+
+    import torch
+
+    root = Path(__file__).resolve().parents[1]
+    site = tmp_path / "site"
+    shutil.copytree(root / "vdbench", site / "vdbench", ignore=shutil.ignore_patterns("__pycache__"))
+    out = tmp_path / "sweep"
+    g = torch.Generator().manual_seed(0)
+    for i in range(2):
+        q, k, v = (torch.randn(1, 2, 16, 8, generator=g) for _ in range(3))
+        (out / "captures").mkdir(parents=True, exist_ok=True)
+        torch.save({"q": q, "k": k, "v": v, "meta": {"layout": "BHSD"}}, out / "captures" / f"attn_s_rank0_{i:06d}.pt")
+    work = tmp_path / "elsewhere"
+    work.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"PYTHONPATH": str(site)}
+    proc = subprocess.run([sys.executable, "-c", _INSTALLED, str(out), str(site)], cwd=work, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads(proc.stdout.splitlines()[-1])
+    assert str(root) not in res["path"] and res["got"]["kernel_bench_s"] > 0, res
+    assert "error" not in res["got"] and "warning" not in res["got"], (out / "logs" / "kernels.log").read_text()
+    assert [c[1:3] for c in res["ran"]] == [["-c", "import sys; from vdbench.cli import main; "
+                                                   "sys.exit(main(sys.argv[1], sys.argv[2:]))"],
+                                            ["-m", "vdbench.kernel_bench"]]
+    assert not any("bench/" in a or a.endswith(".py") for cmd in res["ran"] for a in cmd), res["ran"]
+    rows = json.loads((out / "kernels" / "attention.json").read_text())["rows"]
+    assert {(r["input"], r["kernel"], r["status"]) for r in rows} >= {("attn_s_rank0_000000.pt", "sdpa", "ok")}

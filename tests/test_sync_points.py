@@ -1,4 +1,4 @@
-"""bench/sync_points.py: each synchronizing call counted under the call site that made it; a CPU run refused."""
+"""bench/lab/sync_points.py: each synchronizing call counted under the call site that made it; a CPU run refused."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _tool():
-    spec = importlib.util.spec_from_file_location("sync_points", ROOT / "bench" / "sync_points.py")
+    spec = importlib.util.spec_from_file_location("sync_points", ROOT / "bench" / "lab" / "sync_points.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod

@@ -82,12 +82,12 @@ def test_append_timing_keeps_the_new_keys(tmp_path):
 
 
 def test_warm_steps_script_recomputes_recorded_runs(tmp_path, capsys):
-    """bench/warm_steps.py: the numbers docs/PERFORMANCE.md was corrected with, from both raw formats."""
+    """bench/lab/warm_steps.py: the numbers docs/PERFORMANCE.md was corrected with, from both raw formats."""
     import importlib.util
     from pathlib import Path
 
     spec = importlib.util.spec_from_file_location("warm_steps", Path(__file__).resolve().parents[1] / "bench" /
-                                                  "warm_steps.py")
+                                                  "lab" / "warm_steps.py")
     ws = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(ws)
     (tmp_path / "timing.json").write_text(json.dumps([{"attention_type": "fav3", "step_times": [1.5519, 1.0889, 1.1167]}]))

@@ -1,4 +1,4 @@
-"""bench/ulysses_micro.py's copy-engine exchange (PeerPool): its routing on CPU, the device primitives stood in for.
+"""bench/lab/ulysses_micro.py's copy-engine exchange (PeerPool): its routing on CPU, the device primitives stood in for.
 On GPUs the micro-bench checks it against NCCL's all-to-all bit for bit (``transport_equal``) before timing it."""
 
 import contextlib
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 spec = importlib.util.spec_from_file_location("ulysses_micro",
-                                              Path(__file__).resolve().parents[1] / "bench/ulysses_micro.py")
+                                              Path(__file__).resolve().parents[1] / "bench/lab/ulysses_micro.py")
 um = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(um)
 

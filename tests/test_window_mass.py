@@ -1,4 +1,4 @@
-"""bench/window_mass.py on CPU: the in-window softmax mass against hand-checkable cases (uniform attention puts
+"""bench/lab/window_mass.py on CPU: the in-window softmax mass against hand-checkable cases (uniform attention puts
 exactly the key share inside, a window covering the grid everything), and end to end on tiny Wan captures."""
 
 import importlib.util
@@ -11,7 +11,7 @@ import torch
 from vdbench.sparse import TokenGrid
 
 ROOT = Path(__file__).resolve().parents[1]
-spec = importlib.util.spec_from_file_location("window_mass", ROOT / "bench" / "window_mass.py")
+spec = importlib.util.spec_from_file_location("window_mass", ROOT / "bench" / "lab" / "window_mass.py")
 wm = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(wm)
 

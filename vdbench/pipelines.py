@@ -11,14 +11,11 @@ Public API (used by the rest of vdbench and its CLIs):
   its string parsed (:class:`ModelSpec`), its pipeline class, its components' configs read without a weight.
   :meth:`Model.load` loads it; the pipeline it loads carries it (:func:`model_of`).
 * :func:`parse_model` -- a model string parsed into a :class:`ModelSpec` (kind, variant, path or hub id, family,
-  task, the components' configs) without refusing anything, what the config readers below also accept in place of
-  the string.
+  task, the components' configs) without refusing anything.
 * :func:`resolve_model` -- ``"tiny"`` / ``"tiny:<variant>"`` -> a local directory (built on demand); anything
   else is returned unchanged.
 * :func:`load_pipeline` -- a model named by strings, resolved and loaded (:meth:`Model.load`: ``from_pretrained``
   with the family's pipeline class, offline-friendly errors).
-* :func:`config_head_dims`, :func:`config_denoisers`, :func:`config_vae` -- a model string's component configs,
-  read without a weight.
 * :func:`transformers_of`, :func:`check_video_size`, :func:`set_schedule`, :func:`model_summary` -- helpers over
   a loaded pipeline.
 * :func:`build_vae` -- one family VAE at a tiny or the real checkpoint's config, seeded random weights (benches).
@@ -58,9 +55,6 @@ __all__ = [
     "build_tiny",
     "build_vae",
     "check_video_size",
-    "config_denoisers",
-    "config_head_dims",
-    "config_vae",
     "hub_id_problem",
     "load_pipeline",
     "model_of",
@@ -358,33 +352,6 @@ def _head_dims(denoisers: Optional[dict]) -> list[int] | None:
         return None
     dims = [cfg.get("attention_head_dim") for _, cfg in denoisers.values()]
     return [int(d) for d in dims] if all(isinstance(d, int) for d in dims) else None
-
-
-def config_head_dims(model: "str | ModelSpec", task: str | None = None,
-                     family: "str | families.Family" = "wan") -> list[int] | None:
-    """The attention head dims of ``model``'s denoiser(s) (a string, or a :class:`ModelSpec` that carries its task
-    and family), read from their configs without loading a weight (:attr:`ModelSpec.components`); None when that
-    can't be known without a download (the loaded model is checked instead). Lets a backend that can't serve the
-    model's head dim be refused before any weight loads (:attr:`Model.head_dims`)."""
-    return _head_dims(config_denoisers(model, task, family))
-
-
-def config_denoisers(model: "str | ModelSpec", task: str | None = None,
-                     family: "str | families.Family" = "wan") -> dict | None:
-    """``{"transformer": (class name, config), "transformer_2": ...}`` of ``model``'s denoiser(s), read without
-    loading a weight (:attr:`ModelSpec.components`), or None where that needs a download: what the step cache's
-    check builds on the meta device before the load (:func:`vdbench.cache.check_cache`; :attr:`Model.denoisers`)."""
-    found = _as_spec(model, task, family).components or {}
-    return {n: found[n] for n in DENOISERS if n in found} or None
-
-
-def config_vae(model: "str | ModelSpec", task: str | None = None,
-               family: "str | families.Family" = "wan") -> tuple[str, dict] | None:
-    """(class name, config) of ``model``'s VAE (a string, or a :class:`ModelSpec`), read without loading a weight
-    (:attr:`ModelSpec.components`), or None where that needs a download: what a scratch VAE of the same architecture
-    is built from before the pipeline loads (:mod:`vdbench.vae.prewarm`; :attr:`Model.vae`)."""
-    found = _as_spec(model, task, family).components or {}
-    return found["vae"] if "vae" in found and found["vae"][0] else None
 
 
 def _offline_help(model: str, reason: str) -> str:

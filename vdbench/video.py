@@ -55,7 +55,6 @@ __all__ = [
     "MADE_BY_RENDER",
     "MADE_BY_GRID",
     "find_font",
-    "fit_labels",
     "grid_shape",
     "stitch_grid",
 ]
@@ -631,13 +630,6 @@ class _LabelBand:
         band *= self.keep[:h]
         band += self.add[:h]
         canvas[:h] = band.astype(np.uint8)
-
-
-def fit_labels(labels, width: int, font_size: int) -> tuple[int, list[list[str]]]:
-    """``(size, lines of each label)``: how a grid of cells ``width`` pixels wide draws ``labels`` -- one font size
-    for all (:func:`_label_size`), each label on one line or wrapped at spaces onto up to LABEL_MAX_LINES."""
-    size = _label_size(labels, width, font_size)
-    return size, [_LabelBand._fit(t, width, size)[1] if t else [] for t in labels]
 
 
 def _label_size(labels, width: int, font_size: int) -> int:

@@ -38,7 +38,7 @@ from vdbench.sparse.attention import flex_attention_dense, sparse_attention
 
 from .registry import (ANY_FLOAT, Backend, SparseUse, UnsupportedCall, cuda, probe, register, requires_package)
 
-__all__ = ["DENSE_LABEL", "pattern_label", "entry_name", "grid_label", "STA_KERNEL_GRIDS"]
+__all__ = ["DENSE_LABEL", "pattern_label", "entry_name", "STA_KERNEL_GRIDS"]
 
 ORDER = 35
 
@@ -87,12 +87,6 @@ def entry_name(spec: SparseSpec) -> str:
     defaults = PATTERNS[spec.pattern]
     parts = [f"{k}={_text(v)}" for k, v in spec.options().items() if v != defaults[k]]
     return f"{spec.pattern}:{'+'.join(parts)}" if parts else spec.pattern
-
-
-def grid_label(entry: Backend) -> str:
-    """What ``--list_backends`` and the bench show for a grid backend's options (a grid backend on the dense spec,
-    natten, has no pattern of ours: its kernel label says its window)."""
-    return pattern_label(entry.sparse.spec) if entry.sparse is not None and not entry.sparse.spec.dense else entry.kernel
 
 
 def _needs_grid(name: str):

@@ -1,7 +1,6 @@
 """How far an output is from its reference: the one definition of every quality figure the tools report.
 
-Three kinds of (output, reference) pairs, one function each returning the standard dict, and :func:`compare`
-choosing by kind:
+Three kinds of (output, reference) pairs, one function each returning the standard dict:
 
 * video frames -- :func:`frame_quality`: PSNR over all frames and per frame (min, mean), SSIM per frame (min,
   mean), max / mean absolute difference, on the [0, 1] scale;
@@ -27,7 +26,7 @@ import torch
 
 __all__ = ["rel_l2", "cosine", "max_abs", "mean_abs", "nan_inf", "frac_beyond_tol", "psnr", "psnr_from_mse",
            "ssim", "ssim_per_frame", "mean_psnr", "frame_quality", "stream_psnr", "tensor_quality",
-           "attention_quality", "compare", "KINDS", "lpips_distance"]
+           "attention_quality", "lpips_distance"]
 
 
 def _as_f64(x, keep_device: bool = False) -> torch.Tensor:
@@ -314,21 +313,6 @@ def attention_quality(out, ref, atol: float, rtol: float) -> dict:
     return {"rel_l2": rel_l2(o_f, r), "cosine": cosine(o_f, r),
             "max_abs": diff[finite].max().item() if finite.any() else math.inf,
             "frac_beyond_tol": _beyond(o, r, finite, atol, rtol), "nan_inf": nan_inf(o)}
-
-
-#: kind of (output, reference) pair -> the function giving its standard quality dict
-KINDS = {"frames": frame_quality, "latents": tensor_quality, "tensor": tensor_quality,
-         "attention": attention_quality}
-
-
-def compare(out, ref, kind: str, **options) -> dict:
-    """The standard quality dict of ``out`` against ``ref`` for a pair of ``kind`` (a key of :data:`KINDS`);
-    ``options`` go to that kind's function (``atol``/``rtol`` for attention, ``device`` for frames, ...)."""
-    try:
-        fn = KINDS[kind]
-    except KeyError:
-        raise ValueError(f"unknown kind {kind!r}: one of {', '.join(KINDS)}") from None
-    return fn(out, ref, **options)
 
 
 def lpips_distance(frames, ref_frames, max_frames: int = 16):

@@ -36,9 +36,9 @@ from typing import Any, Iterable, Iterator, Optional, Union
 
 from ..timing import spread
 
-__all__ = ["SCHEMA", "VERSION", "Record", "figure", "commit", "command_line", "Writer", "read", "read_many",
+__all__ = ["SCHEMA", "VERSION", "Record", "figure", "commit", "command_line", "Writer", "read",
            "RecordError", "from_render_entry", "records_of", "write_beside", "Identity", "identity", "layout_tag",
-           "run_label", "cache_tag", "spec_from_tag", "speed_options", "stack_name", "stack_of", "split_stack",
+           "run_label", "cache_tag", "spec_from_tag", "speed_options", "stack_name", "split_stack",
            "parse_layout", "layout_ranks",
            "options_tag", "options_from_tag", "STACK_WORDS", "STACK_KEYS", "fp8_gemm_scope",
            "settings_speed_options", "identity_tags", "split_identity_tags"]
@@ -193,11 +193,6 @@ def write_beside(path, doc, *, command: Optional[str] = None) -> Path:
     return Writer(Path(path).with_name("records.jsonl")).write(*records_of(doc, command=command))
 
 
-def read_many(paths: Iterable) -> Iterator[Record]:
-    for p in paths:
-        yield from read(p)
-
-
 # --- a render's identity ---------------------------------------------------------------------------------------
 
 def layout_tag(ulysses: int = 1, ring: int = 1, cfg: bool = False) -> str:
@@ -337,16 +332,6 @@ def stack_name(attention: str, speed: Iterable[str] = (), vae_decode: Optional[s
     parts += [cache] if cache else []
     parts += [layout] if layout else []
     return "+".join(parts)
-
-
-def stack_of(settings: dict, attention: Optional[str] = None) -> str:
-    """:func:`stack_name` of a render's recorded settings (a timing entry's ``run.settings``: the RenderConfig);
-    ``attention``: the recorded backend spec, where the settings' may be an alias."""
-    s = settings or {}
-    return stack_name(attention or str(s.get("attention_type")), settings_speed_options(s),
-                      s.get("vae_decode"), s.get("vae_encode"), s.get("cache"),
-                      layout_tag(int(s.get("ulysses_degree") or 1), int(s.get("ring_degree") or 1),
-                                 bool(s.get("use_cfg_parallel"))))
 
 
 def split_stack(text: str, cache_kinds: Iterable[str] = ()) -> tuple[str, list[tuple[str, Optional[str]]]]:

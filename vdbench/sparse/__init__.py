@@ -9,7 +9,7 @@ backend registry can import the package):
   :func:`to_layout` / :func:`from_layout` (and why a pattern needs tile order to pay off).
 * :mod:`~vdbench.sparse.patterns` -- the pattern definitions (STA, radial) per token pair, per cell and per block.
 * :mod:`~vdbench.sparse.masks` -- the FlexAttention ``BlockMask`` of a (spec, grid, device) and its cache,
-  :class:`BlockStats` / :class:`SparsityTally` (what every patched attention call reports), :func:`kernel_view_mask`.
+  :class:`BlockStats` / :class:`SparsityTally` (what every patched attention call reports).
 * :mod:`~vdbench.sparse.attention` -- the FlexAttention callables: ``flex`` (dense) and a pattern's attention.
 * :mod:`~vdbench.sparse.hooks` -- the transformer hooks that give each forward its grid (per call) or put its
   tokens in tile order (once per forward), from a grid rule and hook points a model family hands them.

@@ -8,8 +8,8 @@ Where it runs: on CUDA through ``torch.compile(flex_attention)`` (the fused Trit
 process, recompiled per new shape or mask by torch's own guards). On a CPU, eagerly: torch 2.13's eager
 ``flex_attention`` runs on CPU tensors (it warns once that it is unfused) by materializing the scores and
 evaluating ``mask_mod`` on every (query, key) pair -- it ignores the BlockMask's block lists, so the CPU result
-follows the token mask exactly (the block lists are checked separately with
-:func:`vdbench.sparse.masks.kernel_view_mask`). That path is for correctness tests only: it is O(L**2) in memory.
+follows the token mask exactly (the tests check the block lists separately, through the mask a fused kernel
+applies). That path is for correctness tests only: it is O(L**2) in memory.
 
 Layout convention: q, k, v, out are (batch, heads, seq, head_dim), as every backend of the registry; the output
 has q's dtype. ``sparse_attention`` takes the tokens in the model's order and permutes them into the pattern's

@@ -4,8 +4,6 @@
   and cached, with its :class:`BlockStats` (block pairs computed out of all; the sparsity figure).
 * :class:`BlockStats` / :class:`SparsityTally` -- one call's block pairs and a run's totals: every patched
   attention call reports one, sparse or dense.
-* :func:`kernel_view_mask` -- the dense boolean mask a fused FlexAttention kernel applies for a BlockMask (full
-  blocks unmasked, partial blocks through ``mask_mod``, the rest skipped), to check a BlockMask exactly on a CPU.
 """
 
 from __future__ import annotations
@@ -21,7 +19,7 @@ from .layout import layout_for
 from .patterns import block_structure, pattern_cells
 from .spec import DEFAULT_BLOCK, SparseSpec, TokenGrid, parse_spec
 
-__all__ = ["BlockStats", "SparsityTally", "block_mask", "clear_block_mask_cache", "kernel_view_mask"]
+__all__ = ["BlockStats", "SparsityTally", "block_mask", "clear_block_mask_cache"]
 
 
 @dataclass(frozen=True)
@@ -172,34 +170,3 @@ def block_mask(spec: Union[str, SparseSpec], grid: TokenGrid, device="cpu"):
         while len(_BLOCK_MASKS) > _CACHE_SIZE:
             _BLOCK_MASKS.popitem(last=False)
     return value
-
-
-def kernel_view_mask(bm) -> torch.Tensor:
-    """The (Q_LEN, KV_LEN) boolean mask a fused FlexAttention kernel applies for BlockMask ``bm``.
-
-    Full blocks are unmasked, partial blocks go through ``mask_mod``, other blocks are skipped. (Unfused, eager
-    FlexAttention -- the CPU path -- evaluates ``mask_mod`` everywhere and ignores the block lists, so checking the
-    block lists needs this view.)
-    """
-    q_len, kv_len = bm.seq_lengths
-    bq, bk = bm.BLOCK_SIZE
-    nbq, nbk = -(-q_len // bq), -(-kv_len // bk)
-
-    def blocks(num, idx) -> torch.Tensor:
-        out = torch.zeros(nbq, nbk, dtype=torch.bool, device=idx.device)
-        rows = torch.arange(idx.shape[-1], device=idx.device)[None, :] < num[0, 0][:, None].long()
-        r, c = rows.nonzero(as_tuple=True)
-        out[r, idx[0, 0][r, c].long()] = True
-        return out
-
-    def expand(m: torch.Tensor) -> torch.Tensor:
-        return m.repeat_interleave(bq, 0)[:q_len].repeat_interleave(bk, 1)[:, :kv_len]
-
-    part = blocks(bm.kv_num_blocks, bm.kv_indices)
-    qi = torch.arange(q_len, device=part.device)[:, None]
-    ki = torch.arange(kv_len, device=part.device)[None, :]
-    zero = torch.zeros((), dtype=torch.long, device=part.device)
-    dense = expand(part) & bm.mask_mod(zero, zero, qi, ki).to(torch.bool)
-    if bm.full_kv_num_blocks is not None:
-        dense |= expand(blocks(bm.full_kv_num_blocks, bm.full_kv_indices))
-    return dense

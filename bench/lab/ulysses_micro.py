@@ -2,7 +2,7 @@
 """What one Ulysses self-attention layer's pieces cost, apart, on the real shapes: the kernel, the exchanges, the
 layout copies, the projections, and the ways to hide the exchanges behind the kernel.
 
-    torchrun --nproc_per_node=2 bench/ulysses_micro.py -o outputs/ulysses_micro.json       # Wan 1.3B 480p×81
+    torchrun --nproc_per_node=2 bench/lab/ulysses_micro.py -o outputs/ulysses_micro.json       # Wan 1.3B 480p×81
 
 Each rank holds its sequence shard (S / P tokens, all H heads) as under Ulysses; random bf16 inputs (never zeros),
 CUDA events around each piece after warm-up, the ranks lined up by a barrier before each sample, median of ``--reps``

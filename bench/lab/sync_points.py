@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Where a render makes the host wait for the GPU: every synchronizing CUDA call of one run, by call site.
 
-    python3 bench/sync_points.py -o outputs/sync -- run_wan.py --model random:wan2.1-t2v-1.3b ...
-    torchrun --nproc_per_node=2 bench/sync_points.py -o outputs/sync -- run_wan.py ... --ulysses_degree 2
+    python3 bench/lab/sync_points.py -o outputs/sync -- run_wan.py --model random:wan2.1-t2v-1.3b ...
+    torchrun --nproc_per_node=2 bench/lab/sync_points.py -o outputs/sync -- run_wan.py ... --ulysses_degree 2
 
 A denoising step that synchronizes (a ``.item()``, ``torch.equal``, a blocking copy to the host) leaves the GPU idle
 while the host issues the next step's first kernels, and on several GPUs that idle is paid by every rank at once.

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Does bench_attention.py's timing agree with a plain hand-written timing of the same kernel call?
+"""Does the attention bench's timing (bench_attention.py) agree with a plain hand-written timing of the same kernel call?
 
-    python bench/check_timing_agreement.py --preset wan2.1-1.3b-480p --kernel sdpa_cudnn,fav3,sagev1,fav3_fp8
+    python bench/lab/check_timing_agreement.py --preset wan2.1-1.3b-480p --kernel sdpa_cudnn,fav3,sagev1,fav3_fp8
 
 Hand-written = what one would write without the tool: warm up, then CUDA events around each of N calls on the
 same inputs, median. The tool times as bench_attention.py does (``vdbench.timing.sample_ms``: the first call apart,
@@ -12,20 +12,24 @@ their p20–p80 and n (``vdbench.timing.spread``) and the ratio of the medians.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 from pathlib import Path
 
 import torch
 
 from vdbench import backends as B
-from vdbench.timing import spread
+from vdbench import kernel_bench as ba
 from vdbench.helptext import DefaultsHelpFormatter
+from vdbench.timing import call_ms, spread
 
-# the attention bench beside this script, loaded from its file (bench/ is a folder of scripts, not a package)
-spec = importlib.util.spec_from_file_location("bench_attention", Path(__file__).with_name("bench_attention.py"))
-ba = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(ba)
+
+def events_samples_ms(fn, n=30, warmup=5) -> list[float]:
+    """The hand-written timing: CUDA-event times (ms) around each of ``n`` calls after ``warmup`` calls (no L2
+    flush)."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    return [call_ms(fn, "cuda") for _ in range(n)]
 
 
 def main(argv=None):
@@ -46,7 +50,7 @@ def main(argv=None):
         fn = be.fn
         call = lambda fn=fn: fn(q, k, v)  # noqa: E731
         got, timer = ba.time_samples(call, "cuda", first_call=True)
-        tool_s, hand_s = spread(got.samples), spread(ba.events_samples_ms(call))
+        tool_s, hand_s = spread(got.samples), spread(events_samples_ms(call))
         tool, hand = tool_s["median"], hand_s["median"]
         rows.append({"kernel": name, "tool_ms": tool, "tool_p20_ms": tool_s["p20"], "tool_p80_ms": tool_s["p80"],
                      "tool_n": tool_s["n"], "tool_timer": timer, "hand_ms": hand, "hand_p20_ms": hand_s["p20"],

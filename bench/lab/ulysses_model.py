@@ -2,8 +2,8 @@
 """Sequence-parallel Wan on 2 GPUs against one (the ``parallel`` suite): the all-to-all at the Ulysses-2 shard and the
 summary table with a 4- and 8-GPU model.
 
-    python -m torch.distributed.run --nproc_per_node=2 bench/ulysses_model.py a2a OUT/a2a.json
-    python bench/ulysses_model.py summary RES OUT     # -> OUT/parallel_summary.json, OUT/summary.txt
+    python -m torch.distributed.run --nproc_per_node=2 bench/lab/ulysses_model.py a2a OUT/a2a.json
+    python bench/lab/ulysses_model.py summary RES OUT     # -> OUT/parallel_summary.json, OUT/summary.txt
 
 ``a2a``: one Q/K/V/O tensor per rank at Wan 1.3B's Ulysses-2 shape, (1, 12 heads, 32760 / N tokens, 128) bf16,
 all_to_all_single timed 20 times after 5 warm-ups (CUDA events); rank 0 writes the median.

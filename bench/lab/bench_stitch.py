@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Stitching speed, side by side in one run: vdbench's labelled grid vs ffmpeg's own xstack filter.
 
-    python bench/bench_stitch.py                       # six 81-frame 832x480 H.264 clips -> 3x2 grid, 3 repeats
-    python bench/bench_stitch.py --frames 5 --size 96x64 --repeats 1 -o stitch.json   # quick
+    python bench/lab/bench_stitch.py                       # six 81-frame 832x480 H.264 clips -> 3x2 grid, 3 repeats
+    python bench/lab/bench_stitch.py --frames 5 --size 96x64 --repeats 1 -o stitch.json   # quick
 
 Both sides read the same H.264 inputs and write H.264 (libx264, veryfast, crf 18, yuv420p) with the ffmpeg that
 imageio-ffmpeg ships; xstack draws no labels, so it is the floor for "decode six, encode one". Repeats are

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Does vdbench's parallel render cost anything over the parallel engine called bare? One process group, side by side.
 
-    torchrun --nproc_per_node=2 bench/parallel_overhead.py --model random:wan2.1-t2v-1.3b --height 480 \\
+    torchrun --nproc_per_node=2 bench/lab/parallel_overhead.py --model random:wan2.1-t2v-1.3b --height 480 \\
         --width 832 --num_frames 81 --backend sdpa_cudnn --engines diffusers,xfuser -o outputs/overhead
 
 Under torchrun (Ulysses degree = the number of ranks unless ``--ring_degree`` says otherwise), for each engine, the

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """How local is the captured attention? The share of each query's softmax mass inside a sparse pattern's window.
 
-    python bench/window_mass.py outputs/x/captures --grid 21x30x52 --pattern sta --pattern radial -o mass.json
-    python bench/window_mass.py CAPTURES --grid 21x45x80 --pattern sta:window=3x5x5 --device cuda --max_queries 2048
+    python bench/lab/window_mass.py outputs/x/captures --grid 21x30x52 --pattern sta --pattern radial -o mass.json
+    python bench/lab/window_mass.py CAPTURES --grid 21x45x80 --pattern sta:window=3x5x5 --device cuda --max_queries 2048
 
 Why: a sparse pattern is only as good as the attention it keeps. For every self-attention capture on the grid
 (``run_wan.py --save_inputs --max_captures N``; joint attention for CogVideoX with ``--grid FxHxW+T``) and every

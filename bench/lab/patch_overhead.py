@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Does installing a backend through vdbench.patching cost anything? Same kernel, patched by hand vs by vdbench.
 
-    python bench/patch_overhead.py --model random:wan2.1-t2v-1.3b --backend fav3 --height 480 --width 832 --num_frames 81
+    python bench/lab/patch_overhead.py --model random:wan2.1-t2v-1.3b --backend fav3 --height 480 --width 832 --num_frames 81
 
 Times the Wan transformer's forward (one denoising step's worth: the cond and uncond passes) at the real token
 count with CUDA events after warm-up, median of repeats, three ways interleaved:

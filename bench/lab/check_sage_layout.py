@@ -6,7 +6,7 @@ the output is BSHD already. This check says, per real shape, whether both calls 
 each is from exact attention on sampled heads and rows), what each costs (CUDA events, median of REPS after a
 warm-up, the copy back to BSHD included for "HND"), and what ``vdbench.backends.sage2.tensor_layout`` picks.
 
-    python3 bench/check_sage_layout.py --out DIR [--shapes wan2.1-1.3b-480p,wan2.1-14b-720p,cogvideox-2b]
+    python3 bench/lab/check_sage_layout.py --out DIR [--shapes wan2.1-1.3b-480p,wan2.1-14b-720p,cogvideox-2b]
 
 A broken build shows here as rel L2 far above the kernels' ~4e-2 and both layouts uncorrelated (nhd_vs_hnd ~1.41):
 the 2.2.0 tag did exactly that on an H200 (docs/gpu_results/h200/2026-11-23_sage_tag_build/).

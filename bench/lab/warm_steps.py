@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Recompute the warm step (``vdbench.timing``'s one definition) from the raw per-step times of recorded runs.
 
-    python bench/warm_steps.py docs/gpu_results/4xh200/2026-11-22_x4b/parallel_summary.json docs/gpu_results/h200/2026-11-22_verify/wan_timing.json ...
+    python bench/lab/warm_steps.py docs/gpu_results/4xh200/2026-11-22_x4b/parallel_summary.json docs/gpu_results/h200/2026-11-22_verify/wan_timing.json ...
 
 Older tables (docs/PERFORMANCE.md) quoted ``step_time_median``, the median of *all* steps, the first one
 included; with 2–3 steps per render that is a different number from the warm step (median of the steps after

@@ -19,7 +19,7 @@ Also checks that the forms give the same bits (values and scales). Random bf16 i
 zeros, in two memory layouts (``--layouts``): ``bshd`` (diffusers' memory, BHSD views: what the pipelines pass)
 and ``bhsd`` (contiguous BHSD: what ``bench_fp8.py`` passes).
 
-    python3 bench/check_prepass.py --out DIR [--shapes wan2.1-1.3b-480p,wan2.1-14b-720p,cogvideox-2b]
+    python3 bench/lab/check_prepass.py --out DIR [--shapes wan2.1-1.3b-480p,wan2.1-14b-720p,cogvideox-2b]
 """
 
 import argparse

@@ -1,6 +1,6 @@
 """Where FA3 fp8's error on a pipeline's inputs comes from: one input, many ways of handing it to the kernel.
 
-    python bench/check_fp8_error.py --out DIR [--captures CAPDIR] [--shape wan2.1-1.3b-480p]
+    python bench/lab/check_fp8_error.py --out DIR [--captures CAPDIR] [--shape wan2.1-1.3b-480p]
 
 For each input (random with a K channel bias, random plain, and every self-attention capture in CAPDIR), in each
 memory layout a caller can hand FA3 (contiguous BHSD, and BSHD memory seen as BHSD views: what diffusers' processors
@@ -41,7 +41,8 @@ try:  # imported with the checkout on the path (the tests, a suite's PYTHONPATH)
 except ModuleNotFoundError as e:
     if e.name != "bench":
         raise
-    from bench_fp8 import make_inputs, sample  # run by path: its own folder, bench/, is first on sys.path
+    sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # run by path: bench/, the folder above lab/
+    from bench_fp8 import make_inputs, sample
 
 E4M3_MIN_SUBNORMAL = 2.0 ** -9
 
