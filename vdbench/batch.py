@@ -138,16 +138,17 @@ def rows(results, outputs, reference: str = "reference") -> tuple[list[dict], li
     return out, notes
 
 
-def failure_line(name: str, code: str, log: Path | None = None) -> str:
+def failure_line(name: str, code: str, log: Path | None = None, backend_name: str | None = None) -> str:
     """``name: FAILED (exit 2): <first error line of its log>``, then, for a backend that can't run here, what
-    installs it and the emulation that runs anywhere (the registry's ``install_hint`` and ``twin``)."""
+    installs it and the emulation that runs anywhere (the registry's ``install_hint`` and ``twin``);
+    ``backend_name``: the backend asked for where ``name`` is more (a render of a prompt set)."""
     first = ""
     if log is not None and Path(log).is_file():
         lines = Path(log).read_text(errors="replace").splitlines()
         first = next((ln[len("error: "):] for ln in lines if ln.startswith("error: ")), "")
     text = f"{name}: FAILED (exit {code})" + (f": {first}" if first else "")
     try:  # the name the batch asked for (a --types entry), not a label read back from a file
-        backend = B.resolve(name)
+        backend = B.resolve(backend_name or name)
     except B.BackendUnavailable:
         backend = None
     if backend is not None and not backend.availability()[0]:
@@ -158,8 +159,10 @@ def failure_line(name: str, code: str, log: Path | None = None) -> str:
     return text
 
 
-def table(results, outputs, failed=(), logs=None, reference: str = "reference") -> str:
-    """The whole comparison as text: the table of the renders, the failed backends, the notes."""
+def table(results, outputs, failed=(), logs=None, reference: str = "reference", gpus: int = 0) -> str:
+    """The whole comparison as text: the table of the renders, the failed ones, the notes. ``failed``: (name,
+    code) pairs, the log found in ``logs`` by name, or (name, code, log, backend) tuples; ``gpus``: the GPUs the
+    batch had (the throughput note's N)."""
     found, notes = rows(results, outputs, reference) if outputs else ([], [])
     cols = [("stack", "backend"), ("layout", "layout"), ("warm ms/step (p20–p80, n)", "warm"),
             ("end-to-end (s)", "end_to_end"), ("one-time (s)", "one_time"), ("speed-up", "speedup"),
@@ -173,8 +176,9 @@ def table(results, outputs, failed=(), logs=None, reference: str = "reference") 
         lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in grid]
     else:
         lines.append("nothing rendered")
-    for name, code in failed:
-        lines.append(failure_line(name, code, Path(logs) / f"{name}.log" if logs else None))
+    for name, code, *more in failed:
+        log = more[0] if more else (Path(logs) / f"{name}.log" if logs else None)
+        lines.append(failure_line(name, code, log, more[1] if len(more) > 1 else None))
     lines += [f"note: {n}" for n in notes]
     return "\n".join(lines)
 

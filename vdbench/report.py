@@ -53,8 +53,8 @@ from vdbench.helptext import DefaultsHelpFormatter
 from vdbench.measure import record as R
 from vdbench.video import identity_from_filename, iter_frames, run_of
 
-__all__ = ["resolve_results", "collect", "render_records", "identities", "refused", "match_label", "references",
-           "shown_labels", "resolved", "FROM_FILE_NAME",
+__all__ = ["resolve_results", "collect", "render_records", "records_of", "identities", "refused", "match_label",
+           "references", "shown_labels", "resolved", "FROM_FILE_NAME",
            "load_frames", "speed", "summarize", "write_csv", "write_html", "figure_labels", "video_psnr", "main",
            "CSV_COLUMNS", "SPEED_COLUMNS", "EMULATED", "break_even", "break_even_text", "break_even_cell",
            "BREAK_EVEN_NOTE", "one_time_shown", "one_time_cell", "NEGATIVE_ONE_TIME_NOTE"]
@@ -157,7 +157,7 @@ def _names_video(output, video: Path, folder: Path) -> bool:
     return out.name == video.name and video.parent.resolve() == folder.resolve()
 
 
-def _records(videos, results=None) -> list:
+def records_of(videos, results=None) -> list:
     """Each video's render record, or None: the latest record of its folder (and of ``results``, where given:
     :func:`render_records`) whose ``data["output"]`` is the video's path (:func:`_names_video`), else the record of
     the run id the video's comment carries (a video renamed on disk: :func:`vdbench.video.run_of`)."""
@@ -182,11 +182,11 @@ def _records(videos, results=None) -> list:
 
 
 def identities(videos, results=None) -> list:
-    """Each video's :class:`vdbench.measure.record.Identity`, from its record (:func:`_records`). A video no record
+    """Each video's :class:`vdbench.measure.record.Identity`, from its record (:func:`records_of`). A video no record
     names falls back to its file name (:func:`vdbench.video.identity_from_filename`, ``source == "file name"``): the
     one place a name is parsed."""
     return [R.identity(r) if r is not None else identity_from_filename(v)
-            for v, r in zip(videos, _records(videos, results))]
+            for v, r in zip(videos, records_of(videos, results))]
 
 
 @functools.lru_cache(maxsize=256)
@@ -201,7 +201,7 @@ def refused(videos, results=None) -> dict[str, str]:
     the raw frames beside it): video path -> the one line that says so. Such a file was replaced after its render
     (another render, a copy, an edit): its record's figures are not its own, so the readers leave it out."""
     out = {}
-    for v, rec in zip(videos, _records(videos, results)):
+    for v, rec in zip(videos, records_of(videos, results)):
         data = rec.data if rec is not None else {}
         for path, key in ((Path(v), "output_sha256"), (Path(v).with_suffix(".npy"), "frames_sha256")):
             want = data.get(key)
