@@ -53,7 +53,7 @@ from vdbench.helptext import DefaultsHelpFormatter
 from vdbench.measure import record as R
 from vdbench.video import identity_from_filename, iter_frames, run_of
 
-__all__ = ["resolve_results", "collect", "render_records", "records_of", "identities", "refused", "match_label",
+__all__ = ["resolve_results", "is_grid_name", "collect", "render_records", "records_of", "identities", "refused", "match_label",
            "references", "shown_labels", "resolved", "FROM_FILE_NAME",
            "load_frames", "speed", "summarize", "write_csv", "write_html", "figure_labels", "video_psnr", "main",
            "CSV_COLUMNS", "SPEED_COLUMNS", "EMULATED", "break_even", "break_even_text", "break_even_cell",
@@ -79,14 +79,16 @@ __all__ = ["resolve_results", "collect", "render_records", "records_of", "identi
 #: ``memory_stages_gib`` each stage's (load, denoise, decode) as allocated/reserved GiB on rank 0's card.
 #: ``psnr_db`` / ``ssim`` / ``lpips`` (AlexNet LPIPS, lower is closer; empty where the optional package or its
 #: weights are missing, and a note says which) are against ``reference``: the reference render of the same content
-#: (prompt, seed, size and the other settings the frames are of).
+#: (prompt, seed, size and the other settings the frames are of). ``stack`` / ``content``: the render's stack (its label
+#: without the identity tag) and the key of what its frames are of: a prompt and seed set's renders of one stack share
+#: the first, those compared with each other the second.
 CSV_COLUMNS = ["run", "backend", "warm_step_ms", "step_energy_j", "warm_step_n", "warm_step_p20_ms",
                "warm_step_p80_ms", "warm_step_min_ms", "warm_step_max_ms", "first_step_ms", "repetitions",
                "rep_warm_min_ms", "rep_warm_max_ms", "end_to_end_s", "one_time_s", "load_s", "compile_s", "steady_s",
                "break_even_steps_vs_default", "speedup_vs_default", "speed_figure", "why_not_speed", "emulated",
                "attention_share", "vae_decode_s", "text_encode_s", "image_encode_s", "vae_encode_s", "unaccounted_s",
                "peak_memory_gib", "peak_reserved_gib", "memory_stages_gib", "power_capped_share", "psnr_db", "ssim",
-               "lpips", "reference", "quality_source", "kernels", "work", "fallback_calls", "note"]
+               "lpips", "reference", "quality_source", "kernels", "work", "fallback_calls", "stack", "content", "note"]
 
 #: The columns that are a speed (a time of the attention's work or derived from one): "emulated" in their place
 #: for an emulated backend, whose numerics are emulated in pure torch and whose time means nothing.
@@ -101,13 +103,21 @@ EMULATED = "emulated"
 # --------------------------------------------------------------------------------------------------------
 
 
+def is_grid_name(path) -> bool:
+    """Whether a file is named as a comparison grid (``comparison_grid.mp4``, ``comparison_grid_<k>.mp4``: one per
+    content of a set): not a render."""
+    stem = Path(path).stem
+    return stem == "comparison_grid" or stem.startswith("comparison_grid_")
+
+
 def resolve_results(path) -> Path:
     """The results directory for ``path``: itself when it holds videos or timing.json, else its ``results/``
     (what ``--benchmark_output_directory`` gets), so both the run dir and its results dir are accepted."""
     path = Path(path)
     if not path.is_dir():
         raise FileNotFoundError(f"{path}: not a directory")
-    has_own = (path / "timing.json").exists() or any(path.glob("*.mp4")) or any(path.glob("*.npy"))
+    has_own = (path / "timing.json").exists() or any(not is_grid_name(p) for p in path.glob("*.mp4")) \
+        or any(path.glob("*.npy"))
     if not has_own and (path / "results").is_dir():
         return path / "results"
     return path
@@ -222,7 +232,7 @@ def _sources(results: Path, notes: Optional[list] = None) -> dict:
     those its record vouches for (:func:`refused`; its line goes to ``notes``)."""
     found: dict = {}
     paths = [p for p in sorted(Path(results).glob("*.mp4")) + sorted(Path(results).glob("*.npy"))
-             if p.stem != "comparison_grid"]
+             if not is_grid_name(p)]
     videos = [p.with_suffix(".mp4") for p in paths]
     bad = refused(list(dict.fromkeys(videos)), results)
     for p, video, ident in zip(paths, videos, identities(videos, results)):
@@ -559,10 +569,12 @@ BREAK_EVEN_NOTE = ("break-even steps against {base}: the denoising steps a rende
                    "counted); 'always' / 'never': ahead / behind at every length")
 
 
-def summarize(run_dir, reference: str = "reference", device=None) -> dict:
+def summarize(run_dir, reference: str = "reference", device=None, content: Optional[int] = None) -> dict:
     """Everything the report shows for one run dir: ``rows`` (one per backend, CSV_COLUMNS keys plus
     ``psnr_per_frame`` and ``step_times``), ``notes`` (what is missing and why), ``header`` (the run's system
-    and settings) and ``poster`` (the video whose first frame illustrates the run, or None)."""
+    and settings), ``poster`` (the video whose first frame illustrates the run, or None) and ``sets`` (renders of
+    several contents, a prompt and seed set: one row per stack over the set, :func:`set_summary`; [] otherwise).
+    ``content``: the N-th content's renders alone (1-based, in the rows' order)."""
     results = resolve_results(run_dir)
     notes: list[str] = []
     reference_name = reference
@@ -669,7 +681,17 @@ def summarize(run_dir, reference: str = "reference", device=None) -> dict:
                         lpips_note = lpips_note or ""
                     elif not lpips_note:
                         row["lpips"] = lpips_distance(frames, ref)[0]
+        row["stack"], row["content"] = (runs[label].stack, runs[label].content) if label in runs else (label, None)
+        row["_settings"] = ((s.get("run") or {}).get("settings") or {})
         rows.append(row)
+    order = list(dict.fromkeys(r["content"] for r in rows))
+    if content is not None:
+        if not 1 <= content <= len(order):
+            raise ValueError(f"--content {content}: {results} holds renders of {len(order)} content(s)")
+        rows = [r for r in rows if r["content"] == order[content - 1]]
+        from vdbench.sets import describe
+
+        notes.insert(0, f"content {content} of {len(order)}: {describe(rows[0]['_settings'])}")
     if lpips_note:
         notes.append(lpips_note)
     notes.extend(_speed_notes(rows))
@@ -680,10 +702,29 @@ def summarize(run_dir, reference: str = "reference", device=None) -> dict:
                 None)
     videos = {label: p.with_suffix(".mp4") for label, (p, _) in found.items() if p.with_suffix(".mp4").is_file()}
     poster = grid or videos.get(reference) or next(iter(videos.values()), None)
-    return {"run": str(run_dir), "results": str(results), "reference": reference, "rows": rows, "notes": notes,
-            "header": header, "poster": str(poster) if poster else None,
+    return {"run": str(run_dir), "results": str(results), "reference": reference, "reference_name": reference_name,
+            "rows": rows, "notes": notes,
+            "sets": set_summary(rows) if content is None and len(order) > 1 else [], "header": header, "poster": str(poster) if poster else None,
             "poster_kind": "comparison grid" if grid else (f"{reference} render" if poster and poster == videos.get(reference)
                                                             else "first render")}
+
+
+def set_summary(rows: list[dict]) -> list[dict]:
+    """One row per stack over a prompt and seed set's renders (:func:`summarize`'s rows): how many, the median of
+    their warm steps, and their PSNR / SSIM against the reference render of each one's own content as the mean with
+    min-max and n (:func:`vdbench.sets.spread`; the reference's own renders left out)."""
+    from vdbench.sets import spread
+
+    by: dict[str, list[dict]] = {}
+    for r in rows:
+        by.setdefault(r["stack"], []).append(r)
+    out = []
+    for stack, rs in by.items():
+        compared = [r for r in rs if r.get("reference") and r["reference"] != r["backend"]]
+        out.append({"stack": stack, "renders": len(rs), "warm_step_ms": _median(r["warm_step_ms"] for r in rs),
+                    "emulated": any(r.get("emulated") for r in rs),
+                    "psnr": spread(r["psnr_db"] for r in compared), "ssim": spread(r["ssim"] for r in compared)})
+    return out
 
 
 def _speed_notes(rows: list[dict]) -> list[str]:
@@ -885,6 +926,26 @@ def _header_line(h: dict) -> str:
     return " · ".join(bits)
 
 
+def _sets_html(s: dict) -> str:
+    """The table of a prompt and seed set: one row per stack, its quality over the set."""
+    from vdbench.sets import spread_text
+
+    esc = html.escape
+    contents = len({r["content"] for r in s["rows"]})
+    head = ["stack", "renders", "warm step ms (median of the renders)",
+            f"PSNR vs {s.get('reference_name', 'reference')} over the set: mean (min–max, n)",
+            "SSIM: mean (min–max, n)"]
+    body = []
+    for r in s["sets"]:
+        warm = EMULATED if r["emulated"] else ("–" if r["warm_step_ms"] is None else f"{r['warm_step_ms']:.1f}")
+        cells = [r["stack"], str(r["renders"]), warm, spread_text(r["psnr"]),
+                 "–" if r["ssim"] is None else spread_text(r["ssim"], "", ".4f")]
+        body.append("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in cells) + "</tr>")
+    return (f"<h3>Over the prompt and seed set ({contents} contents; each render against the reference render of its "
+            f"own content)</h3><table class='summary'><tr>" + "".join(f"<th>{esc(h)}</th>" for h in head)
+            + "</tr>" + "".join(body) + "</table><h3>Each render</h3>")
+
+
 def write_html(summaries: list[dict], path) -> Path:
     """The report page: per run, its header, notes, the summary table, the plots and the poster frame."""
     esc = html.escape
@@ -898,6 +959,8 @@ def write_html(summaries: list[dict], path) -> Path:
             parts.append(f"<p>{esc(_header_line(s['header']))}</p>")
         for n in s["notes"]:
             parts.append(f"<div class='note'>{esc(n)}</div>")
+        if s.get("sets"):
+            parts.append(_sets_html(s))
         has_q = any(r["psnr_db"] is not None for r in s["rows"])
         multi = any((r.get("repetitions") or 0) > 1 for r in s["rows"])
         energy = any(r.get("step_energy_j") is not None for r in s["rows"])
@@ -1057,13 +1120,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output_dir", type=Path, default=None,
                    help="where report.html and summary.csv go (default: the first RUN_DIR)")
     p.add_argument("--device", default=None, help="run the SSIM windows here (e.g. cuda): much faster on 480p")
+    p.add_argument("--content", type=int, default=None, metavar="N",
+                   help="of renders of several contents (a prompt and seed set), report the N-th content's alone "
+                        "(default: every render, and each stack's quality over the set)")
     return p
 
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        summaries = [summarize(d, args.reference, device=args.device) for d in args.run_dirs]
+        summaries = [summarize(d, args.reference, device=args.device, content=args.content) for d in args.run_dirs]
     except (FileNotFoundError, ValueError) as exc:
         print(f"vdbench.report: error: {exc}", file=sys.stderr)
         return 2

@@ -103,19 +103,19 @@ def spread(values: Iterable[Optional[float]]) -> Optional[dict]:
     return {"mean": mean, "min": min(vals), "max": max(vals), "n": len(vals)}
 
 
-def _db(v: float) -> str:
-    return "∞" if math.isinf(v) else f"{v:.1f}"
-
-
-def spread_text(s: Optional[dict], unit: str = " dB") -> str:
+def spread_text(s: Optional[dict], unit: str = " dB", spec: str = ".1f") -> str:
     """``31.2 dB (29.8–33.0, n=4)``; ``∞ dB (n=4)`` where every render is identical to its reference."""
     if s is None:
         return "–"
+
+    def f(v: float) -> str:
+        return "∞" if math.isinf(v) else format(v, spec)
+
     if s["n"] == 1:
-        return f"{_db(s['mean'])}{unit}"
+        return f"{f(s['mean'])}{unit}"
     if math.isinf(s["min"]):
         return f"∞{unit} (n={s['n']})"
-    return f"{_db(s['mean'])}{unit} ({_db(s['min'])}–{_db(s['max'])}, n={s['n']})"
+    return f"{f(s['mean'])}{unit} ({f(s['min'])}–{f(s['max'])}, n={s['n']})"
 
 
 def describe(settings: dict, width: int = 60) -> str:
