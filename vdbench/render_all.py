@@ -115,8 +115,9 @@ def build_parser(prog: str = "render_all_WAN.sh", fam: Optional[families.Family]
     g.add_argument("--seeds", default=None, metavar="S1,S2,...",
                    help="render each backend on each seed (default: the renderer's --seed)")
     g.add_argument("--shard", default=None, metavar="I/N",
-                   help="this machine's share of the batch: every N-th render from the I-th (I from 0), e.g. a "
-                        "Slurm array task's (default: the whole batch)")
+                   help="this machine's share of the batch (I from 0 to N-1, e.g. a Slurm array task's): the "
+                        "render of content c by backend b is shard (c + b) mod N's, so each shard has its share of "
+                        "every backend (default: the whole batch)")
     g.add_argument("--collect", action="store_true",
                    help="render nothing: the table (and --stitch, --report) of the whole batch from what its "
                         "shards wrote to DIR")
@@ -218,7 +219,7 @@ def _jobs(args, types: list[str], sets: list[Content], render_args: list[str], l
     """Every render of the batch, in its order (each content's backends together), each with its output path
     (computed by the renderer itself: ``--print_output_path``); {job index: output path}."""
     jobs, outputs = [], {}
-    for content in sets:
+    for ci, content in enumerate(sets):
         argv = [*render_args, *content.args(), "--attention_type", ",".join(types), "--print_output_path"]
         code, paths = _captured(args.family, argv, logs / ".paths.err")
         if code != 0 or len(paths) != len(types):
@@ -226,13 +227,13 @@ def _jobs(args, types: list[str], sets: list[Content], render_args: list[str], l
             first = next((ln for ln in text if ln.startswith("error:")), "error: ")
             hint = next((ln for ln in text if ln.startswith("hint:")), "")
             raise _Bad(f"could not compute the output paths: {first[7:]}" + (f"\n{hint}" if hint else ""))
-        for t, path in zip(types, paths):
+        for ti, (t, path) in enumerate(zip(types, paths)):
             k = len(jobs)
             name = f"{t} {content.tag}" if content.tag else t
             log = logs / (re.sub(r"[^A-Za-z0-9_.+=:@-]+", "_", name) + (f".{node}" if node else "") + ".log")
             program = ["-m", "vdbench.cli", args.family, *render_args, *content.args(), "--attention_type", t]
             jobs.append(Job(name, program, log, args.nproc, content.tag, index=k,
-                            data={"type": t, "content": content}))
+                            data={"type": t, "content": content, "at": (ci, ti)}))
             outputs[k] = Path(path)
     return jobs, outputs
 
@@ -392,7 +393,7 @@ def _run(args, fam: families.Family, extra: list[str]) -> int:
     jobs, outputs = _jobs(args, types, sets, render_args, logs, node)
     if args.collect:
         return _collect(args, out_dir, results_dir, jobs, outputs)
-    mine = [j for j in jobs if in_shard(j.index, shard)]
+    mine = [j for j in jobs if in_shard(*j.data["at"], shard)]
     under = ""
     if world > 1:
         nodes = f"{args.nnodes} machines x " if (args.nnodes or 1) > 1 else ""

@@ -4,8 +4,7 @@
 prompts outermost; each backend renders each content, and each render keeps its own files through its identity
 (the prompt goes into its ``_id-``, the seed into ``_seed<N>``: :mod:`vdbench.identity`). A render is compared with
 the reference render of its own content; over the set a backend's quality is the mean of its renders' PSNR with the
-min-max and n (:func:`spread`). ``--shard I/N`` takes one machine's share of a batch: job ``k`` (in the batch's
-order) goes to shard ``k mod N``.
+min-max and n (:func:`spread`). ``--shard I/N`` takes one machine's share of a batch (:func:`in_shard`).
 """
 
 from __future__ import annotations
@@ -87,10 +86,11 @@ def parse_shard(text: Optional[str]) -> tuple[int, int]:
     return i, n
 
 
-def in_shard(k: int, shard: tuple[int, int]) -> bool:
-    """Whether job ``k`` of a batch (its place in the batch's order) is this shard's: every N-th from the I-th, so
-    each shard gets a share of every backend and every content."""
-    return k % shard[1] == shard[0]
+def in_shard(content: int, backend: int, shard: tuple[int, int]) -> bool:
+    """Whether the render of the ``content``-th content by the ``backend``-th backend (0-based, in the batch's
+    order) is shard (I, N)'s: the one of ``(content + backend) mod N``, so that each shard gets its share of every
+    backend (a slow exact reference is not one machine's alone) and of every content."""
+    return (content + backend) % shard[1] == shard[0]
 
 
 def spread(values: Iterable[Optional[float]]) -> Optional[dict]:
