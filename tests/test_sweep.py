@@ -359,8 +359,10 @@ def test_layouts_of_each_gpu_count_cheapest_exchange_first():
     assert c.flags[-3:] == ["--ulysses_degree", "2", "--use_cfg_parallel"]
     cmd = S.render_cmd("wan", argparse.Namespace(model="tiny", height=64, width=96, num_frames=9, steps=2, seed=1,
                                                   device="cpu"), c, Path("o"), [])
-    assert cmd[1:6] == ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=4", "-m"]
-    assert cmd[6:8] == ["vdbench.cli", "wan"] and "--use_cfg_parallel" in cmd
+    # its own rendezvous port, chosen by the pool and given to no other render of the sweep
+    assert cmd[1:9] == ["-m", "torch.distributed.run", "--nproc_per_node=4", "--nnodes", "1", "--rdzv-backend", "c10d",
+                        "--rdzv-endpoint"] and cmd[9].startswith("localhost:")
+    assert cmd[12:15] == ["-m", "vdbench.cli", "wan"] and "--use_cfg_parallel" in cmd
     assert S.parse_stack("sdpa").nproc == 1
 
 

@@ -292,12 +292,15 @@ OPTIONS: tuple[Option, ...] = (
 )
 
 
-def add_options(parser: argparse.ArgumentParser, fam: families.Family, names=None, **defaults) -> None:
-    """``parser`` given the options of ``names`` (every option without), as the render CLIs take them, with
-    ``defaults`` in place of the render's (by option name)."""
+def add_options(parser, fam: families.Family, names=None, helps: Optional[dict] = None, **defaults) -> None:
+    """``parser`` (or an argument group) given the options of ``names`` (every option without), as the render CLIs
+    take them, with ``defaults`` in place of the render's (by option name) and ``helps`` in place of their help (a
+    command whose default is of another kind: the model's task, say)."""
     for option in OPTIONS:
         if names is None or option.name in names:
             kw = option.arguments(fam)
             if option.name in defaults:
                 kw["default"] = defaults[option.name]
+            if helps and option.name in helps:
+                kw["help"] = helps[option.name]
             parser.add_argument(*option.spellings(), **{"dest": option.name, **kw})

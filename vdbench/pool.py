@@ -266,6 +266,10 @@ class Pool:
             self._free = [p for p in self._free if p not in got]
         return got
 
+    def available(self) -> int:
+        """The places not held (:meth:`hold`): how many one-GPU jobs can run at once now at most."""
+        return min(self.limit, self.places - len(self._held))
+
     def hold(self, gpu: str) -> None:
         """Keep ``gpu`` from the jobs (a job beside them runs there) until :meth:`release`."""
         self._held.add(self.gpus.index(gpu))

@@ -53,7 +53,7 @@ from vdbench.helptext import DefaultsHelpFormatter
 from vdbench.measure import record as R
 from vdbench.video import identity_from_filename, iter_frames, run_of
 
-__all__ = ["resolve_results", "is_grid_name", "collect", "render_records", "records_of", "identities", "refused", "match_label",
+__all__ = ["resolve_results", "is_grid_name", "collect", "rank_max", "memory_text", "render_records", "records_of", "identities", "refused", "match_label",
            "references", "shown_labels", "resolved", "FROM_FILE_NAME",
            "load_frames", "speed", "summarize", "write_csv", "write_html", "figure_labels", "video_psnr", "main",
            "CSV_COLUMNS", "SPEED_COLUMNS", "EMULATED", "break_even", "break_even_text", "break_even_cell",
@@ -407,8 +407,8 @@ def speed(results: Path) -> dict[str, dict]:
                       "calls_by_kernel": att.get("calls_by_kernel") or {},
                       "work": _work(att),
                       "fallback_calls": att.get("fallback_calls"),
-                      "peak_memory_bytes": _rank_max(last_run[-1], "peak_memory_bytes"),
-                      "peak_reserved_bytes": _rank_max(last_run[-1], "peak_reserved_bytes"),
+                      "peak_memory_bytes": rank_max(last_run[-1], "peak_memory_bytes"),
+                      "peak_reserved_bytes": rank_max(last_run[-1], "peak_reserved_bytes"),
                       "memory": last_run[-1].get("memory"),
                       "step_energy_j": _median(_step_energy(e) for e in last_run),
                       "power_capped_share": _median((e.get("power") or {}).get("warm_capped_share")
@@ -428,7 +428,7 @@ def speed(results: Path) -> dict[str, dict]:
     return out
 
 
-def _rank_max(entry: dict, key: str):
+def rank_max(entry: dict, key: str):
     """The largest of a figure over the ranks of a parallel render (what each card must hold), the entry's own on
     one process; None where it was not recorded."""
     values = [r.get(key) for r in entry.get("ranks") or []] + [entry.get(key)]
@@ -436,7 +436,7 @@ def _rank_max(entry: dict, key: str):
     return max(values) if values else None
 
 
-def _memory_text(s: dict) -> Optional[str]:
+def memory_text(s: dict) -> Optional[str]:
     """``load 28.1/30.2, denoise 40.3/42.0, decode 12.0/13.5`` GiB (allocated/reserved peaks of each stage, rank 0's
     card), None where not recorded."""
     mem = s.get("memory") or {}
@@ -646,7 +646,7 @@ def summarize(run_dir, reference: str = "reference", device=None, content: Optio
                "stages": _stages_text(s),
                "peak_memory_gib": s["peak_memory_bytes"] / 2**30 if s.get("peak_memory_bytes") else None,
                "peak_reserved_gib": s["peak_reserved_bytes"] / 2**30 if s.get("peak_reserved_bytes") else None,
-               "memory_stages_gib": _memory_text(s),
+               "memory_stages_gib": memory_text(s),
                "step_energy_j": s.get("step_energy_j"), "power_capped_share": s.get("power_capped_share"),
                "psnr_db": None, "ssim": None, "lpips": None, "quality_source": None, "reference": None,
                "kernels": "; ".join(f"{k}×{n}" for k, n in s.get("calls_by_kernel", {}).items()) or None,

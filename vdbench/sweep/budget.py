@@ -129,31 +129,37 @@ def estimate_render_s(cand: Candidate, *, default_s: Optional[float], steps: int
     return est, basis
 
 
-def render_order(cands: list[Candidate], baseline: str = BASELINE) -> list[Candidate]:
+def render_order(cands: list[Candidate], baseline: str = BASELINE, slots: int = 1) -> list[Candidate]:
     """The order the budget is spent in: ``default`` first (the speed baseline every speed-up reads on), then the
     candidates as planned (fastest on the kernel bench first, then the stacks), the exact ``reference`` last: with a
     short budget the renders that answer "which is faster" come before the one that only sharpens the quality
-    column (:func:`quality_baseline` stands in for it)."""
+    column (:func:`quality_baseline` stands in for it). On several places side by side (``slots``) the reference
+    goes after the one-GPU candidates and before the multi-GPU layouts, which need the places it would free."""
+    if slots > 1:
+        return sorted(cands, key=lambda c: 0 if c.name == baseline else 3 if c.nproc > 1 else 2 if c.is_reference
+                      else 1)
     return sorted(cands, key=lambda c: 0 if c.name == baseline else 2 if c.is_reference else 1)
 
 
-def plan_renders(pending: list[tuple[Candidate, float, str]], left_s: float, *,
-                 quality_s: float = 0.0) -> list[dict]:
+def plan_renders(pending: list[tuple[Candidate, float, str]], left_s: float, *, quality_s: float = 0.0,
+                 slots: int = 1) -> list[dict]:
     """Which of the ``pending`` renders (in :func:`render_order`, each with its estimate and basis) fit in
-    ``left_s``: walked in order, a render is taken when its estimate x :data:`MARGIN` plus the quality comparison
-    it adds (``quality_s``) fits in what those taken before it leave; one that doesn't is passed over and the next
-    (cheaper) one still tried. [{"name", "estimate_s", "basis", "render", "why"}] -- the run re-plans after each
-    render with what it measured."""
-    plan, left = [], left_s
+    ``left_s`` on ``slots`` places side by side: walked in order, each goes to the place that frees first and is
+    taken when it ends there, its estimate x :data:`MARGIN` later, with the quality comparison it adds
+    (``quality_s``), within ``left_s``; one that doesn't is passed over and the next (cheaper) one still tried.
+    [{"name", "estimate_s", "basis", "render", "why"}] -- the run re-plans after each render with what it
+    measured. A layout of N GPUs is counted on one place (its GPUs run it together)."""
+    plan, ends = [], [0.0] * max(1, slots)
     for cand, est, basis in pending:
         need = est * MARGIN + quality_s
-        take = need <= left
+        k = min(range(len(ends)), key=ends.__getitem__)
+        take = ends[k] + need <= left_s
+        left = left_s - ends[k]
         plan.append({"name": cand.name, "estimate_s": est, "basis": basis, "render": take,
                      "why": None if take else f"budget: {left:.0f} s left, its render ~{est:.0f} s ({basis})"})
         if take:
-            left -= need
+            ends[k] += need
     return plan
-
 
 
 def predicted_ranking(cands: list[Candidate], attn_ms: dict[str, float], default_step_ms: Optional[float],

@@ -19,8 +19,9 @@ BASELINE_WHY, REFERENCE_WHY = "baseline: the pipeline's own attention", "quality
 
 #: Stack options -> the render flags they add (the grammar: :func:`vdbench.measure.record.split_stack`).
 STACK_OPTIONS = {"compile": ["--use_torch_compile"], "fp8gemm": ["--use_fp8_gemms"], "bf16te": ["--use_bf16_te_gemms"],
-                 "eagerblock": ["--fused_block", "off"]}
-STACK_VALUES = {"fp8gemm": "--use_fp8_gemms", "vae": "--vae_decode", "encode": "--vae_encode", "cache": "--cache"}
+                 "fp8x": ["--ulysses_fp8_exchange", "on"], "eagerblock": ["--fused_block", "off"]}
+STACK_VALUES = {"fp8gemm": "--use_fp8_gemms", "offload": "--offload", "vae": "--vae_decode", "encode": "--vae_encode",
+                "cache": "--cache"}
 
 
 @dataclass
@@ -64,6 +65,7 @@ def parse_stack(text: str) -> Candidate:
     from ..cache import KINDS, parse_cache
     from ..cli import canonical_attention
     from ..measure.record import speed_options, stack_name, split_stack
+    from ..offload import MODES as OFFLOAD_MODES
     from ..speed import FP8_GEMM_SCOPES
 
     head, opts = split_stack(text, cache_kinds=KINDS)
@@ -82,13 +84,16 @@ def parse_stack(text: str) -> Candidate:
             if key == "fp8gemm" and value not in FP8_GEMM_SCOPES:  # refused here, not after the renders before it
                 raise ValueError(f"stack {text!r}: unknown fp8gemm scope {value!r}; valid: "
                                  f"{', '.join(FP8_GEMM_SCOPES)}")
+            if key == "offload" and value not in OFFLOAD_MODES[1:]:
+                raise ValueError(f"stack {text!r}: unknown offload {value!r}; valid: {', '.join(OFFLOAD_MODES[1:])}")
             flags += [STACK_VALUES[key], value]
     compile_backend, _, compile_mode = (given.get("compile") or "inductor").partition(":")
     cache = parse_cache(given["cache"]) if "cache" in given else None
     name = stack_name(canonical_attention(head),
                       speed_options("compile" in given, compile_backend, compile_mode or None,
                                     (given["fp8gemm"] or "all") if "fp8gemm" in given else None,
-                                    "bf16te" in given, fused_block=False if "eagerblock" in given else None),
+                                    "bf16te" in given, given.get("offload"), "fp8x" in given,
+                                    fused_block=False if "eagerblock" in given else None),
                       given.get("vae"), given.get("encode"), cache.name if cache else None, given.get("layout", ""))
     return Candidate(name, head, flags, "asked for (--stacks)", nproc=layout_ranks(given.get("layout", "")))
 

@@ -139,8 +139,16 @@ def row_of(cand: Candidate, rec: Record, ref, stored: Optional[dict] = None, dev
     (as kept beside it when it was compared), else from its frames and the baseline's (``ref``: (frames, path),
     :func:`quality_of`; SSIM on ``device``); the baseline's own row is exact by definition (``ref`` holds its
     frames: not read twice)."""
+    from ..batch import throughput
+    from ..report import memory_text, rank_max
+
     step = rec.figures.get("step_ms") or {}
-    peak = rec.figures.get("peak_memory_bytes")
+    peak = rank_max(rec.data, "peak_memory_bytes") or rec.figures.get("peak_memory_bytes")
+    reserved = rank_max(rec.data, "peak_reserved_bytes")
+    emulated = bool((rec.config.get("backend") or {}).get("emulated"))
+    rate, joules = throughput({"end_to_end_s": rec.figures.get("end_to_end_s"), "emulated": emulated,
+                               "step_energy_j": rec.figures.get("step_energy_j"),
+                               "step_times": rec.data.get("step_times"), "parallel": rec.data.get("parallel")})
     warm, warm_is = warm_of(rec)
     video = video_of(rec)
     row = {"stack": cand.name, "attention": cand.attention, "gpus": cand.nproc, "why": cand.why,
@@ -150,6 +158,8 @@ def row_of(cand: Candidate, rec: Record, ref, stored: Optional[dict] = None, dev
            "n": step.get("n"), "first_step_ms": step.get("first"),
            "end_to_end_s": rec.figures.get("end_to_end_s"), "one_time_s": rec.figures.get("one_time_s"),
            "peak_gib": None if peak is None else peak / 2**30,
+           "peak_reserved_gib": None if reserved is None else reserved / 2**30, "memory": memory_text(rec.data),
+           "videos_per_gpu_h": rate, "j_per_video": joules,
            "speed_figure": rec.verdict.get("speed_figure"), "why_not_speed": rec.verdict.get("why_not"),
            "emulated": bool((rec.config.get("backend") or {}).get("emulated")),
            # a warm step's joules over every card (vdbench.power), as a speed: none for an emulation
@@ -157,7 +167,8 @@ def row_of(cand: Candidate, rec: Record, ref, stored: Optional[dict] = None, dev
                              else rec.figures.get("step_energy_j")),
            "kernels": ", ".join(f"{k}×{v}" for k, v in
                                 ((rec.data.get("attention") or {}).get("calls_by_kernel") or {}).items()),
-           "psnr_db": None, "ssim": None, "quality_from": None, "quality_vs": quality_vs, "video": str(video or "")}
+           "psnr_db": None, "psnr_min": None, "psnr_max": None, "psnr_n": None, "ssim": None, "quality_from": None,
+           "quality_vs": quality_vs, "video": str(video or "")}
     if cand.name == quality_vs:
         q = {"psnr": math.inf, "ssim": 1.0, "from": RAW if ref is not None and ref[1].suffix == ".npy" else CODEC} \
             if video is not None and ref is not None else None
@@ -166,6 +177,8 @@ def row_of(cand: Candidate, rec: Record, ref, stored: Optional[dict] = None, dev
     if q is not None:
         # a quality kept before the raw frames were read says nothing of its source: the videos'
         row["psnr_db"], row["ssim"], row["quality_from"] = q["psnr"], q["ssim"], q.get("from", CODEC)
+        # over a prompt and seed set: the mean above, its spread here (one content: n 1)
+        row["psnr_min"], row["psnr_max"], row["psnr_n"] = q.get("min", q["psnr"]), q.get("max", q["psnr"]), q.get("n", 1)
     return row
 
 
@@ -239,6 +252,35 @@ def verdict(rows: list[dict], *, device: str, model: str, tolerance_db: float, q
     return text + _not_speed(timed)
 
 
+def throughput_text(rows: list[dict], gpus: int, *, tolerance_db: float, quality_vs: str = REFERENCE) -> str:
+    """For ``gpus`` GPUs, finishing more videos against finishing one sooner: the one-GPU render with the most
+    videos per GPU-hour, run ``gpus`` times side by side, and the ``gpus``-GPU layout with the most, each within
+    ``tolerance_db`` of exact quality where that is known, with its joules per video -- computed from the renders'
+    records (:func:`vdbench.batch.throughput`: end to end, warm-step energy x steps); "" where none has a figure."""
+    exact_db = _exact_db(rows, quality_vs=quality_vs)
+
+    def ok(r):
+        return (r.get("videos_per_gpu_h") and not r["emulated"] and not r.get("is_reference")
+                and (exact_db is None or r["psnr_db"] is None or r["psnr_db"] >= exact_db - tolerance_db))
+
+    def said(r, what):
+        rate, e2e, j = r["videos_per_gpu_h"], r.get("end_to_end_s"), r.get("j_per_video")
+        return (f"{what} {r['stack']}: {rate:.3g} videos/GPU-h, {gpus * rate:.3g} an hour on {gpus}"
+                + (f", a video every {e2e:.0f} s" + (" on each GPU" if r.get("gpus", 1) == 1 and gpus > 1 else "")
+                   if e2e else "") + (f", {j:.3g} J/video" if j else ""))
+
+    rate = lambda r: r["videos_per_gpu_h"]  # noqa: E731
+    one = max((r for r in rows if r.get("gpus", 1) == 1 and ok(r)), key=rate, default=None)
+    lay = max((r for r in rows if r.get("gpus", 1) == gpus > 1 and ok(r)), key=rate, default=None)
+    parts = ([said(one, f"{gpus} one-GPU renders side by side," if gpus > 1 else "one render,")] if one else []) + (
+        [said(lay, f"the best {gpus}-GPU layout,")] if lay else [])
+    if not parts:
+        return ""
+    return (f"throughput on {gpus} GPU{'s' if gpus > 1 else ''}: " + "; ".join(parts)
+            + " (computed from each render's record: 3600 / (end-to-end s x its GPUs); J = a warm step's energy x "
+              "its steps)" + _not_speed([r for r in (one, lay) if r is not None]))
+
+
 def _not_speed(timed: list[dict]) -> str:
     if all(r["speed_figure"] for r in timed):
         return ""
@@ -276,8 +318,9 @@ def _db(r) -> str:
 
 
 COLUMNS = ["stack", "gpus", "warm_ms", "step_energy_j", "warm_is", "p20_ms", "p80_ms", "n", "speedup",
-           "first_step_ms", "end_to_end_s", "one_time_s", "break_even", "psnr_db", "ssim", "quality_from", "quality_vs",
-           "peak_gib", "pareto", "speed_figure", "why_not_speed", "emulated", "kernels", "why", "attention", "video"]
+           "first_step_ms", "end_to_end_s", "one_time_s", "break_even", "psnr_db", "psnr_min", "psnr_max", "psnr_n",
+           "ssim", "quality_from", "quality_vs", "peak_gib", "peak_reserved_gib", "memory", "videos_per_gpu_h",
+           "j_per_video", "pareto", "speed_figure", "why_not_speed", "emulated", "kernels", "why", "attention", "video"]
 #: The report's table: the CSV's columns up to the kernels that ran.
 HTML_COLUMNS = COLUMNS[:COLUMNS.index("kernels") + 1]
 
@@ -313,6 +356,8 @@ def _header(col: str, quality_vs: str) -> str:
 
 
 def write_outputs(out: Path, rows: list[dict], meta: dict) -> None:
+    """sweep.csv, sweep.json and report.html of the ranked rows and the run's ``meta`` (its verdict, what was left
+    out and why, the throughput and memory lines)."""
     with open(out / "sweep.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
         w.writeheader()
@@ -327,6 +372,7 @@ def write_outputs(out: Path, rows: list[dict], meta: dict) -> None:
         "<!doctype html><meta charset=utf-8><title>vdbench sweep</title><style>body{font:14px sans-serif}"
         "td,th{border:1px solid #ccc;padding:2px 6px}table{border-collapse:collapse}.pareto{background:#e8f5e9}"
         f"</style><h1>Which backend: {html.escape(meta['model'])}</h1><p><b>{html.escape(meta['verdict'])}</b></p>"
+        + "".join(f"<p>{html.escape(meta[k])}</p>" for k in ("throughput", "memory") if meta.get(k)) +
         f"<p>{html.escape(meta['device'])}; {meta['height']}x{meta['width']}, {meta['num_frames']} frames, "
         f"{meta['steps']} steps; warm = median of the steps after the first (p20-p80, n), their mean for a stack with a "
         f"step cache (its steps are of two kinds: warm_is says which); green rows: the Pareto "
@@ -339,6 +385,8 @@ def write_outputs(out: Path, rows: list[dict], meta: dict) -> None:
 def print_table(rows, quality_vs: str = REFERENCE):
     cols = ["stack", "gpus", "warm_ms", "step_energy_j", "n", "speedup", "one_time_s", "break_even", "psnr_db",
             "pareto"]
+    if any((r.get("psnr_n") or 1) > 1 for r in rows):  # a prompt and seed set: the PSNR's spread over it
+        cols[cols.index("psnr_db") + 1:cols.index("psnr_db") + 1] = ["psnr_min", "psnr_max", "psnr_n"]
     print("  ".join(f"{_header(c, quality_vs):>12s}" for c in cols))
     for r in rows:
         print("  ".join(f"{_shown(r, c):>12s}" for c in cols))

@@ -23,21 +23,24 @@ from typing import Callable, Optional
 from .. import families
 from ..kernel_bench import child_env
 from ..measure.record import Record, Writer, command_line, commit, now, read
+from ..pool import Done, Job, Pool, Rendezvous, launcher
+from ..pool import TIMED_OUT as POOL_TIMED_OUT
 from ..report import load_frames
+from ..sets import Content, spread
 from .budget import (attention_ms_per_step, calls_per_step, default_render_s, estimate_render_s, options_one_time,
                      plan_renders, predicted_ranking, render_order)
 from .candidates import (BASELINE, BASELINE_WHY, REFERENCE, REFERENCE_WHY, Candidate, availability,
                          layout_candidates, parse_layout_backends, parse_stack, plan_candidates)
 from .ranking import (Coverage, frames_of, print_table, quality_baseline, quality_of, rank, row_of, stored_quality,
-                      verdict, video_of, warm_of, write_outputs)
+                      throughput_text, verdict, video_of, warm_of, write_outputs)
 
 #: The kernel bench's share of the budget (``--kernel_max_s``'s default): past it, it starts no further input of a
 #: shape already benched. On 4 H200s at Wan 1.3B 480p the unbounded bench (8 captures + a random input, 17 kernels)
 #: and the capture took 363 s of a 420 s budget: the renders are what the budget is for.
 KERNEL_SHARE = 0.15
 
-#: :func:`run_job`'s status for a command stopped at the end of the budget.
-TIMED_OUT = 124
+#: :func:`run_job`'s status for a command stopped at the end of the budget (the pool's).
+TIMED_OUT = POOL_TIMED_OUT
 
 
 @dataclass
@@ -49,10 +52,26 @@ class Context:
     out: Path
     fam: families.Family
     dev_name: str
+    sets: list = field(default_factory=lambda: [Content()])  # the prompt and seed set: each candidate renders each
+    render_device: Optional[str] = None  # what a render is told (cuda: the pool gives each its own GPU)
+    max_mem: Optional[float] = None  # --max_gpu_mem, bytes
+    weights: Optional[dict] = None  # the denoisers' parameters (vdbench.sweep.memory.weights), for --max_gpu_mem
+    gpu_ids: list = field(default_factory=list)  # the GPUs the renders share (the pool's; [] on a CPU)
+    gpus: int = 1  # how many
 
     @property
     def device(self) -> str:
         return self.args.device
+
+    def content_of(self, rec: Record) -> Optional[int]:
+        """Which content of the set a render's record is of (by its recorded prompt and seed), None: none."""
+        settings = rec.config.get("settings") or {}
+        for i, c in enumerate(self.sets):
+            prompt = c.prompt if c.prompt is not None else (getattr(self.args, "prompt", None) or self.fam.cli.prompt)
+            seed = c.seed if c.seed is not None else self.args.seed
+            if settings.get("seed", seed) == seed and settings.get("prompt", prompt) == prompt:
+                return i
+        return None
 
     @property
     def quality_device(self) -> Optional[str]:
@@ -90,8 +109,9 @@ class Budget:
 class Ledger:
     """What the renders measured and decided, read and written by the render stage: the slowest render, each
     render's seconds and one quality comparison's (kept across the runs in ``progress.json``), each candidate's
-    record, those skipped for the budget or failed and every left-out one with why, the attention's milliseconds per
-    step by backend (what predicts a render's time) and the renders this run started or passed over."""
+    record (its first content's; ``sets``: every content's), those skipped for the budget or failed and every
+    left-out one with why, the attention's milliseconds per step by backend (what predicts a render's time) and the
+    renders this run started or passed over."""
 
     slowest: float = 0.0
     render_s: dict = field(default_factory=dict)
@@ -102,6 +122,9 @@ class Ledger:
     left_out: list = field(default_factory=list)
     attn: dict = field(default_factory=dict)
     tried: set = field(default_factory=set)
+    sets: dict = field(default_factory=dict)  # name -> {content index: record} (records: the first content's)
+    given_up: set = field(default_factory=set)  # skipped or failed: its other contents are not started
+    mem: dict = field(default_factory=dict)  # name -> (estimated peak bytes or None, what it rests on)
 
     @classmethod
     def resume(cls, progress: dict) -> "Ledger":
@@ -120,6 +143,7 @@ class PreRender:
     early: list = field(default_factory=list)
     got: dict = field(default_factory=dict)
     thread: Optional[threading.Thread] = None
+    held: Optional[str] = None  # the pool's GPU the bench ran on, held from the renders until it ends
 
 
 def _log(msg: str) -> None:
@@ -140,16 +164,39 @@ def run_job(cmd: list[str], log: Path, left_s: float, env: Optional[dict] = None
             return TIMED_OUT
 
 
-def render_cmd(family: str, args, cand: Candidate, out: Path, extra: list[str]) -> list[str]:
-    """The command that renders ``cand`` into ``out``: under torchrun for a layout (one process per GPU; a free
-    rendezvous port), one process otherwise."""
-    launch = ([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={cand.nproc}", "-m",
-               "vdbench.cli"] if cand.nproc > 1 else
-              [sys.executable, "-c", "import sys; from vdbench.cli import main; sys.exit(main(sys.argv[1], sys.argv[2:]))"])
-    return [*launch, family, "--model", args.model, "--height", str(args.height), "--width", str(args.width),
-            "--num_frames", str(args.num_frames), "--num_inference_steps", str(args.steps), "--seed",
-            str(args.seed), "--device", args.device, "--attention_type", cand.attention,
+#: How a one-process render runs its CLI (``python -c``: the family's CLI without ``-m``'s second import).
+ONE_PROCESS = "import sys; from vdbench.cli import main; sys.exit(main(sys.argv[1], sys.argv[2:]))"
+
+
+def render_args(args, cand: Candidate, out: Path, extra: list[str], content: Optional[Content] = None,
+                device: Optional[str] = None) -> list[str]:
+    """The render CLI's arguments that render ``cand`` (of ``content``, the set's prompt and seed) into ``out``."""
+    content = content or Content()
+    task, prompt, image = (getattr(args, k, None) for k in ("task", "prompt", "img_file_path"))
+    seed = content.seed if content.seed is not None else args.seed
+    prompt = content.prompt if content.prompt is not None else prompt
+    return ["--model", args.model, "--height", str(args.height), "--width", str(args.width),
+            "--num_frames", str(args.num_frames), "--num_inference_steps", str(args.steps), "--seed", str(seed),
+            "--device", device or args.device, "--attention_type", cand.attention,
+            *(["--task", task] if task else []), *(["--prompt", prompt] if prompt is not None else []),
+            *(["--img_file_path", str(image)] if image else []),
             "--benchmark_output_directory", str(out), "--save_frames", *cand.flags, *extra]
+
+
+def render_program(family: str, args, cand: Candidate, out: Path, extra: list[str],
+                   content: Optional[Content] = None, device: Optional[str] = None) -> list[str]:
+    """Python's arguments for the render (the pool puts torchrun before a layout's)."""
+    head = ["-m", "vdbench.cli"] if cand.nproc > 1 else ["-c", ONE_PROCESS]
+    return [*head, family, *render_args(args, cand, out, extra, content, device)]
+
+
+def render_cmd(family: str, args, cand: Candidate, out: Path, extra: list[str]) -> list[str]:
+    """The whole command that renders ``cand`` into ``out``: under torchrun for a layout (one process per GPU, a
+    rendezvous port of its own), one process otherwise."""
+    from ..pool import free_port
+
+    return [*launcher(sys.executable, cand.nproc, Rendezvous(), 0, free_port() if cand.nproc > 1 else None),
+            *render_program(family, args, cand, out, extra)]
 
 
 def records_in(folder: Path) -> list[Record]:
@@ -189,14 +236,11 @@ def side_device(mode: str, device: str, visible: list[str]) -> Optional[tuple[st
 
 
 def visible_gpus(device: str) -> list[str]:
-    """The GPUs this process sees, by the ids ``CUDA_VISIBLE_DEVICES`` gives them (indices where it is unset)."""
-    if not device.startswith("cuda"):
-        return []
-    import torch
+    """The GPUs this process sees, by the ids ``CUDA_VISIBLE_DEVICES`` gives them (:func:`vdbench.pool.visible_gpus`);
+    [] off CUDA."""
+    from ..pool import visible_gpus as visible
 
-    n = torch.cuda.device_count()
-    ids = [x.strip() for x in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if x.strip()]
-    return ids[:n] if ids else [str(i) for i in range(n)]
+    return visible() if device.startswith("cuda") else []
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -265,10 +309,11 @@ def _beside(got: dict, ctx: Context, avail: list[dict], where: tuple[str, dict],
 
 
 def start_kernel_bench(ctx: Context, avail: list[dict], named: list[Candidate], budget: Budget, *,
-                       kernel_max_s: float, probe_s: float) -> PreRender:
+                       kernel_max_s: float, probe_s: float, pool: Optional[Pool] = None) -> PreRender:
     """The capture render and the kernel bench started: none where the backends are named (``--layout_backends``)
-    or an earlier run benched them; on a GPU the renders don't use where there is one (:func:`side_device`: then
-    ``default``'s render, which needs no kernel-bench figure, goes on meanwhile: ``early``), else run here, now."""
+    or an earlier run benched them; on a GPU the renders don't use where there is one (:func:`side_device`: held
+    from the pool until it ends; then ``default``'s render, which needs no kernel-bench figure, goes on meanwhile,
+    and the exact ``reference`` too where the pool has a second place: ``early``), else run here, now."""
     pre = PreRender({"probe_s": probe_s}, kernel_max_s)
     if named:
         names = " ".join(c.name for c in named)
@@ -283,7 +328,11 @@ def start_kernel_bench(ctx: Context, avail: list[dict], named: list[Candidate], 
         pre.got = capture_and_bench(ctx, avail, device=ctx.device, env=None, kernel_max_s=kernel_max_s,
                                     left=budget.left)
         return pre
-    where = f"GPU {beside[1]['CUDA_VISIBLE_DEVICES']}" if beside[1] else beside[0]
+    gpu = beside[1].get("CUDA_VISIBLE_DEVICES")
+    if pool is not None and gpu in pool.gpus:
+        pool.hold(gpu)
+        pre.held = gpu
+    where = f"GPU {gpu}" if beside[1] else beside[0]
     pre.pre["beside"] = where
     _log(f"[sweep] capture render and kernel bench (no new input of a benched shape after {kernel_max_s:.0f} s) on "
          f"{where}, beside the 1-GPU renders; the candidates and every multi-GPU render wait for them")
@@ -291,14 +340,19 @@ def start_kernel_bench(ctx: Context, avail: list[dict], named: list[Candidate], 
                                   name="sweep-kernel-bench", daemon=True)
     pre.thread.start()
     pre.early = [Candidate(BASELINE, BASELINE, [], BASELINE_WHY)]
+    if pool is not None and pool.available() > 1:
+        pre.early.append(Candidate(REFERENCE, REFERENCE, [], REFERENCE_WHY, is_reference=True))
     return pre
 
 
-def finish_kernel_bench(ctx: Context, pre: PreRender, ledger: Ledger, budget: Budget) -> Optional[list[dict]]:
+def finish_kernel_bench(ctx: Context, pre: PreRender, ledger: Ledger, budget: Budget,
+                        pool: Optional[Pool] = None) -> Optional[list[dict]]:
     """The kernel bench's rows once it ended ([] where there was none), or None where the capture failed (said);
-    what it cost goes into ``pre.pre`` and progress.json."""
+    what it cost goes into ``pre.pre`` and progress.json; the GPU it held goes back to the pool."""
     if pre.thread is not None:
         pre.thread.join()
+    if pool is not None and pre.held is not None:
+        pool.release(pre.held)
     got = pre.got
     for key in ("capture_s", "kernel_bench_s"):
         if key in got:
@@ -356,16 +410,23 @@ def plan(ctx: Context, avail: list[dict], bench_rows: list[dict], *, named: list
 # 4. the renders: each started only when its estimate fits in what is left, none again that an earlier run finished
 # ----------------------------------------------------------------------------------------------------------------
 
-def read_back(out: Path, cands: list[Candidate], records: dict) -> dict:
-    """{name: record} of the candidates an earlier run rendered (not already in ``records``): a record with its
-    video, or one whose quality was kept beside it (the reference needs its frames)."""
-    found = {}
+def read_back(ctx: Context, cands: list[Candidate], ledger: Ledger) -> None:
+    """The candidates an earlier run rendered (not already in the ledger) into ``ledger.records`` / ``ledger.sets``:
+    each content's latest record with its video, or one whose quality was kept beside it (the reference needs its
+    frames)."""
     for c in cands:
-        folder = out / "runs" / c.slug
-        done = records_in(folder) if folder.exists() and c.name not in records else []
-        if done and (video_of(done[-1]) is not None or (not c.is_reference and stored_quality(folder))):
-            found[c.name] = done[-1]
-    return found
+        folder = ctx.out / "runs" / c.slug
+        if c.name in ledger.records or not folder.exists():
+            continue
+        kept = not c.is_reference and stored_quality(folder)
+        got = {}
+        for r in records_in(folder):
+            i = ctx.content_of(r)
+            if i is not None and (video_of(r) is not None or kept):
+                got[i] = r
+        if got:
+            ledger.sets[c.name] = got
+            ledger.records[c.name] = got[min(got)]
 
 
 def estimate(ctx: Context, c: Candidate, ledger: Ledger) -> tuple[float, str]:
@@ -375,67 +436,88 @@ def estimate(ctx: Context, c: Candidate, ledger: Ledger) -> tuple[float, str]:
                              one_time_s=options_one_time(ledger.records))
 
 
-def log_plan(ctx: Context, after: list[Candidate], ledger: Ledger, left_s: float) -> None:
-    """What the renders still to come are estimated at, and which of them fit in ``left_s``."""
-    plan_ = plan_renders([(x, *estimate(ctx, x, ledger)) for x in after if x.name not in ledger.records], left_s,
-                         quality_s=float(ledger.quality_s or 0.0))
+def log_plan(ctx: Context, after: list[Candidate], ledger: Ledger, left_s: float, slots: int = 1) -> None:
+    """What the renders still to come are estimated at, and which of them fit in ``left_s`` on ``slots`` places."""
+    todo = [x for x in after if x.name not in ledger.records and x.name not in ledger.given_up]
+    plan_ = plan_renders([(x, *estimate(ctx, x, ledger)) for x in todo for _ in ctx.sets], left_s,
+                         quality_s=float(ledger.quality_s or 0.0), slots=slots)
     if not plan_:
         return
-    est = ", ".join(f"{p['name']} ~{p['estimate_s']:.0f} s" for p in plan_)
-    out = [p["name"] for p in plan_ if not p["render"]]
-    _log(f"[sweep] plan for the {left_s:.0f} s left: {est}" + (
+    est = ", ".join(dict.fromkeys(f"{p['name']} ~{p['estimate_s']:.0f} s" for p in plan_))
+    out = list(dict.fromkeys(p["name"] for p in plan_ if not p["render"]))
+    each = f" x {len(ctx.sets)} prompt/seed pairs" if len(ctx.sets) > 1 else ""
+    on = f" with {slots} renders at once" if slots > 1 else ""
+    _log(f"[sweep] plan for the {left_s:.0f} s left{on}: {est}{each}" + (
         f"; beyond the budget as estimated: {', '.join(out)}" if out else "; all fit"))
 
 
-def _first_error(out: Path, c: Candidate) -> str:
+def _first_error(log: Path) -> str:
     try:
-        lines = (out / "logs" / f"{c.slug}.log").read_text().splitlines()
+        lines = log.read_text().splitlines()
     except OSError:
         return "no log"
     return next((ln for ln in lines if ln.startswith("error")), lines[-1] if lines else "empty log")[:200]
 
 
 def _skip(ledger: Ledger, c: Candidate, why: str, failed: bool = False) -> None:
+    ledger.given_up.add(c.name)
+    if c.name in ledger.records:  # some of its contents were rendered: it ranks on those
+        return
     (ledger.failed if failed else ledger.skipped).append(c.name)
     ledger.left_out.append({"backend": c.name, "why": why})
 
 
-def render_one(ctx: Context, c: Candidate, ledger: Ledger, budget: Budget, runner=run_job) -> None:
-    """Render ``c`` (once a run) where its estimate fits in what is left, into ``runs/<slug>/``; its record, its
-    seconds and the slowest render so far go into the ledger, or why it was skipped or failed. Default's frames also
-    time one quality comparison (what each render's quality figure will cost at the end)."""
-    if c.name in ledger.tried:
-        return
-    ledger.tried.add(c.name)
-    if c.name in ledger.records:
-        _log(f"[sweep] {c.name}: done earlier (records read back)")
-        return
-    folder = ctx.out / "runs" / c.slug
-    est, basis = estimate(ctx, c, ledger)
-    take = plan_renders([(c, est, basis)], budget.left(), quality_s=float(ledger.quality_s or 0.0))[0]
-    if not take["render"]:
-        _skip(ledger, c, take["why"])
-        _log(f"[sweep] {c.name}: skipped, {take['why']}")
-        return
-    t = time.monotonic()
-    rc = runner(render_cmd(ctx.fam.name, ctx.args, c, folder, ["--overwrite"]), ctx.out / "logs" / f"{c.slug}.log",
-                budget.left())
-    recs = records_in(folder)
-    took = time.monotonic() - t
+def _fits_memory(ctx: Context, c: Candidate, ledger: Ledger) -> Optional[str]:
+    """Why ``c`` would not fit in ``--max_gpu_mem`` as estimated (:func:`vdbench.sweep.memory.estimate_peak`),
+    None where it fits or nothing predicts it."""
+    from .memory import GIB, estimate_peak, measured
+
+    if ctx.max_mem is None:
+        return None
+    base = measured(ledger.records[BASELINE]) if BASELINE in ledger.records else None
+    est, basis = estimate_peak(c, base, ctx.weights)
+    ledger.mem[c.name] = (est, basis)
+    if est is None or est <= ctx.max_mem:
+        return None
+    return f"memory: estimated peak {est / GIB:.1f} GiB > --max_gpu_mem {ctx.max_mem / GIB:g} ({basis})"
+
+
+def _job(ctx: Context, c: Candidate, i: int, timeout_s: float, device: Optional[str]) -> Job:
+    content = ctx.sets[i]
+    tag = f"_{content.tag.replace(' ', '_')}" if content.tag else ""
+    return Job(c.name, render_program(ctx.fam.name, ctx.args, c, ctx.out / "runs" / c.slug, ["--overwrite"], content,
+                                      device), ctx.out / "logs" / f"{c.slug}{tag}.log", c.nproc, content.tag,
+               timeout_s=max(1.0, timeout_s), data=(c, i))
+
+
+def _ended(ctx: Context, d: Done, ledger: Ledger, budget: Budget, est: float) -> None:
+    """A render's end into the ledger: its record (by its content), its seconds and the slowest render so far, or
+    why its candidate is given up. Default's frames also time one quality comparison (what each render's quality
+    figure will cost at the end)."""
+    c, i = d.job.data
+    took = d.seconds
     ledger.slowest = max(ledger.slowest, took)
-    if rc == TIMED_OUT:  # stopped by the budget's end (its estimate fell short): skipped for the budget
+    recs = [r for r in records_in(ctx.out / "runs" / c.slug) if ctx.content_of(r) == i]
+    label = f"{c.name}{' ' + d.job.tag if d.job.tag else ''}"
+    if d.timed_out:  # stopped by the budget's end (its estimate fell short): skipped for the budget
+        with open(d.job.log, "a") as f:
+            f.write("\n[sweep] stopped: out of budget\n")
         budget.save(slowest_s=ledger.slowest)
         why = f"budget: stopped when the budget ran out, {took:.0f} s into its render (estimated {est:.0f} s)"
         _skip(ledger, c, why)
-        _log(f"[sweep] {c.name}: {why}")
+        _log(f"[sweep] {label}: {why}")
         return
-    if rc != 0 or not recs:
+    if d.code != 0 or not recs:
         budget.save(slowest_s=ledger.slowest)
-        _skip(ledger, c, f"render failed (rc {rc}): {_first_error(ctx.out, c)}", failed=True)
-        _log(f"[sweep] {c.name}: failed (rc {rc}); see {ctx.out / 'logs' / (c.slug + '.log')}")
+        _skip(ledger, c, f"render failed (rc {d.code}): {_first_error(d.job.log)}", failed=True)
+        _log(f"[sweep] {label}: failed (rc {d.code}); see {d.job.log}")
         return
-    ledger.records[c.name], ledger.render_s[c.name] = recs[-1], took
-    _log(f"[sweep] {c.name}: rendered in {took:.0f} s (estimated {est:.0f} s)")
+    ledger.sets.setdefault(c.name, {})[i] = recs[-1]
+    if c.name not in ledger.records or i < min(ledger.sets[c.name]):
+        ledger.records[c.name] = recs[-1]
+    ledger.render_s.setdefault(c.name, took)
+    on = f" on GPU {','.join(d.gpus)}" if d.gpus else ""
+    _log(f"[sweep] {label}: rendered in {took:.0f} s{on} (estimated {est:.0f} s)")
     if c.name == BASELINE and ledger.quality_s is None and frames_of(recs[-1]) is not None:
         t = time.monotonic()
         path = frames_of(recs[-1])
@@ -444,14 +526,48 @@ def render_one(ctx: Context, c: Candidate, ledger: Ledger, budget: Budget, runne
     budget.save(slowest_s=ledger.slowest, render_s=ledger.render_s, quality_s=ledger.quality_s)
 
 
-def render_all(ctx: Context, jobs: list[Candidate], ledger: Ledger, budget: Budget, runner=run_job) -> None:
-    """The renders of ``jobs`` in their order (:func:`render_one` each); once ``default`` is freshly rendered, what
-    its time says of the rest is logged (:func:`log_plan`)."""
-    for i, c in enumerate(jobs):
-        fresh = c.name not in ledger.records
-        render_one(ctx, c, ledger, budget, runner)
-        if c.name == BASELINE and fresh and c.name in ledger.records:
-            log_plan(ctx, jobs[i + 1:], ledger, budget.left())
+def render_all(ctx: Context, jobs: list[Candidate], ledger: Ledger, budget: Budget, pool: Pool) -> None:
+    """The renders of ``jobs`` (each candidate once per content of the set), in their order, side by side on the
+    pool's places: each started only when a place is free and its estimate (x1.2, plus its quality comparison)
+    fits in what is left of the budget -- a render started now on a free place ends when its own time says,
+    whatever runs beside it -- and ``--max_gpu_mem`` holds its estimated peak; stopped at the budget's end. Once
+    ``default`` is freshly rendered, what its time says of the rest is logged (:func:`log_plan`)."""
+    queue: list[tuple[Candidate, int]] = []
+    for c in jobs:
+        if c.name in ledger.tried:
+            continue
+        ledger.tried.add(c.name)
+        done = ledger.sets.get(c.name, {})
+        if c.name in ledger.records and len(done) == len(ctx.sets):
+            _log(f"[sweep] {c.name}: done earlier (records read back)")
+            continue
+        queue += [(c, i) for i in range(len(ctx.sets)) if i not in done]
+    ests: dict = {}
+    device = "cuda" if pool.gpus else None
+    with pool.signals():
+        while queue or pool.running:
+            while queue and pool.can_start(queue[0][0].nproc):
+                c, i = queue.pop(0)
+                if c.name in ledger.given_up:
+                    continue
+                est, basis = estimate(ctx, c, ledger)
+                why = _fits_memory(ctx, c, ledger)
+                take = plan_renders([(c, est, basis)], budget.left(), quality_s=float(ledger.quality_s or 0.0))[0]
+                why = why or take["why"]
+                if why:
+                    _skip(ledger, c, why)
+                    _log(f"[sweep] {c.name}: skipped, {why}")
+                    continue
+                pool.start(_job(ctx, c, i, budget.left(), device))
+                ests[(c.name, i)] = est
+            d = pool.wait()
+            if d is None:
+                continue
+            c, i = d.job.data
+            fresh = c.name == BASELINE and c.name not in ledger.records
+            _ended(ctx, d, ledger, budget, ests.get((c.name, i), 0.0))
+            if fresh and c.name in ledger.records:
+                log_plan(ctx, list({x.name: x for x, _ in queue}.values()), ledger, budget.left(), pool.available())
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -460,14 +576,17 @@ def render_all(ctx: Context, jobs: list[Candidate], ledger: Ledger, budget: Budg
 
 def quality_rows(ctx: Context, cands: list[Candidate], ledger: Ledger) -> tuple[list[dict], Optional[str]]:
     """(a row per rendered candidate, the quality baseline's name or None): each row's quality read from its frames
-    against the baseline's, or kept from an earlier run against the same baseline (``quality.json`` beside the
-    render, written here: it ranks the render on a resume that has only the baseline's frames)."""
+    against the baseline's -- over a prompt and seed set, each content's render against the baseline's render of
+    that content, the mean with its min-max and n (:func:`vdbench.sets.spread`) -- or kept from an earlier run
+    against the same baseline (``quality.json`` beside the render, written here: it ranks the render on a resume
+    that has only the baseline's frames)."""
     records = ledger.records
     warm = {n: warm_of(r)[0] for n, r in records.items()}
     base = quality_baseline(cands, warm)
-    base_frames = None
-    if base is not None and frames_of(records[base]) is not None:
-        base_frames = (load_frames(frames_of(records[base]))[0], frames_of(records[base]))
+    base_frames: dict = {}  # content -> (frames, path) of the baseline's render of it
+    for i, r in (ledger.sets.get(base) or ({0: records[base]} if base in records else {})).items():
+        if frames_of(r) is not None:
+            base_frames[i] = (load_frames(frames_of(r))[0], frames_of(r))
     if base is not None and base != REFERENCE:
         _log(f"[sweep] quality read against {base}, the fastest exact-kernel render: the exact {REFERENCE} was "
              f"not rendered")
@@ -476,13 +595,26 @@ def quality_rows(ctx: Context, cands: list[Candidate], ledger: Ledger) -> tuple[
         if c.name not in records:
             continue
         folder = ctx.out / "runs" / c.slug
+        mine = ledger.sets.get(c.name) or {0: records[c.name]}
+        common = sorted(i for i in mine if i in base_frames)
         stored = stored_quality(folder)
-        if stored is not None and stored.get("vs", REFERENCE) != base:
-            stored = None  # against another baseline (the reference was rendered since): read again from the frames
-        row = row_of(c, records[c.name], base_frames, stored, ctx.quality_device, quality_vs=base or REFERENCE)
+        if stored is not None and (stored.get("vs", REFERENCE) != base or stored.get("n", 1) < len(common)):
+            stored = None  # against another baseline, or fewer contents: read again from the frames
+        if stored is None and len(ctx.sets) > 1 and c.name != base:
+            got = [quality_of(frames_of(mine[i]), base_frames[i], ctx.quality_device) for i in common]
+            got = [q for q in got if q is not None]
+            psnr = spread(q["psnr"] for q in got)
+            if psnr is not None:
+                stored = {"psnr": psnr["mean"], "ssim": sum(q["ssim"] for q in got) / len(got),
+                          "from": got[0]["from"], "n": psnr["n"], "min": psnr["min"], "max": psnr["max"]}
+        ref = base_frames.get(min(common)) if common else next(iter(base_frames.values()), None)
+        row = row_of(c, records[c.name], ref, stored, ctx.quality_device, quality_vs=base or REFERENCE)
+        if c.name == base:
+            row["psnr_n"] = len(mine)
         if stored is None and c.name != base and row["psnr_db"] is not None:
-            (folder / "quality.json").write_text(json.dumps({"psnr": row["psnr_db"], "ssim": row["ssim"],
-                                                             "from": row["quality_from"], "vs": base}))
+            stored = {"psnr": row["psnr_db"], "ssim": row["ssim"], "from": row["quality_from"]}
+        if stored is not None and c.name != base and not stored_quality(folder) == {**stored, "vs": base}:
+            (folder / "quality.json").write_text(json.dumps({**stored, "vs": base}))
         rows.append(row)
     return rows, base
 
@@ -524,8 +656,12 @@ def conclude(ctx: Context, cands: list[Candidate], rows: list[dict], base: Optio
     warm_default = warm_of(ledger.records[BASELINE])[0] if BASELINE in ledger.records else None
     coverage = coverage_of(cands, ledger, warm_default, no_bench)
     text = verdict_text(ctx, cands, rows, vs, coverage)
+    gpus = max([c.nproc for c in cands] + [ctx.gpus])
+    through = throughput_text(rows, gpus, tolerance_db=args.psnr_tolerance_db, quality_vs=vs)
+    memory = memory_line(ctx, cands, ledger)
     meta = {"model": args.model, "family": ctx.fam.name, "device": ctx.dev_name, "height": args.height,
             "width": args.width, "num_frames": args.num_frames, "steps": args.steps, "verdict": text,
+            "throughput": through, "memory": memory, "contents": [dataclasses.asdict(c) for c in ctx.sets],
             "left_out": ledger.left_out, "command": command_line(), "commit": commit(), "budget_min": args.budget_min,
             "elapsed_s": budget.spent(), "runs": budget.runs, "quality_vs": vs,
             "coverage": dataclasses.asdict(coverage), "pre_render": pre}
@@ -536,15 +672,38 @@ def conclude(ctx: Context, cands: list[Candidate], rows: list[dict], base: Optio
                                                 "num_frames": args.num_frames, "steps": args.steps,
                                                 "attention": r["attention"], "stack": r["stack"]},
         figures={k: r[k] for k in ("warm_ms", "p20_ms", "p80_ms", "n", "speedup", "end_to_end_s", "one_time_s",
-                                   "psnr_db", "ssim", "peak_gib")},
+                                   "psnr_db", "psnr_n", "ssim", "peak_gib", "peak_reserved_gib", "videos_per_gpu_h",
+                                   "j_per_video")},
         verdict={"speed_figure": r["speed_figure"], "why_not": r["why_not_speed"]}, command=meta["command"],
         commit=meta["commit"], created=now(), data=r) for r in rows))
     print_table(rows, vs)
     _log(f"[sweep] {text}")
+    for line in (through, memory):
+        if line:
+            _log(f"[sweep] {line}")
     runs = f" over {meta['runs']} runs" if meta["runs"] > 1 else ""
     _log(f"[sweep] {out / 'report.html'}, {out / 'sweep.csv'} ({meta['elapsed_s']:.0f} s of "
          f"{budget.budget_s:.0f} s budget{runs})")
     return 0 if rows else 1
+
+
+def memory_line(ctx: Context, cands: list[Candidate], ledger: Ledger) -> str:
+    """Under ``--max_gpu_mem``: how many were left out for it and, where no one-GPU render fit, the offload stack
+    to try (:func:`vdbench.sweep.memory.offload_advice`); "" otherwise."""
+    from .memory import GIB, measured, offload_advice
+
+    if ctx.max_mem is None:
+        return ""
+    if not ctx.args.device.startswith("cuda"):
+        return "--max_gpu_mem not applied: no GPU memory is measured here"
+    out = [x["backend"] for x in ledger.left_out if x["why"].startswith("memory:")]
+    text = (f"--max_gpu_mem {ctx.max_mem / GIB:g}: " + (f"left out for memory: {', '.join(out)}" if out else
+                                                         "every render estimated to fit"))
+    one_gpu = [c for c in cands if c.nproc == 1]
+    if one_gpu and not any(c.name in ledger.records for c in one_gpu):
+        base = measured(ledger.records[BASELINE]) if BASELINE in ledger.records else None
+        text += "; " + offload_advice(Candidate(BASELINE, BASELINE), base, ctx.weights, ctx.max_mem)
+    return text
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -552,14 +711,39 @@ def conclude(ctx: Context, cands: list[Candidate], rows: list[dict], base: Optio
 # ----------------------------------------------------------------------------------------------------------------
 
 def context(args, out: Path) -> Context:
-    """The run's :class:`Context`: the family (``--family``, else from the model's name) and the device resolved
-    (``auto``: CUDA where there is one) into ``args.device``, which the renders are given."""
+    """The run's :class:`Context`: the family (``--family``, else from the model's name), the device resolved
+    (``auto``: CUDA where there is one) into ``args.device``, the task (``--task``, else the model's first), the
+    prompt and seed set, the GPUs the renders share and the memory bound."""
+    from ..pipelines import parse_model
+    from ..pool import parse_gpus
+    from ..sets import contents, parse_seeds, read_prompts
+
     fam = families.get(args.family or family_of(args.model))
     import torch
 
     args.device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
     dev_name = torch.cuda.get_device_name(0) if args.device.startswith("cuda") else "CPU"
-    return Context(args, out, fam, dev_name)
+    if getattr(args, "task", None) is None:
+        built = parse_model(args.model, None, fam).built_from
+        args.task = next((t for t in (built.tasks if built else ()) if t in fam.tasks), None)
+    if args.task in fam.image_tasks and not getattr(args, "img_file_path", None):
+        raise ValueError(f"{args.model} renders {args.task}: give the image to animate (--image FILE)")
+    prompts = read_prompts(args.prompts) if getattr(args, "prompts", None) else None
+    seeds = parse_seeds(args.seeds) if getattr(args, "seeds", None) else None
+    visible = visible_gpus(args.device)
+    if args.device.startswith("cuda:") and getattr(args, "gpus", "all") in (None, "all"):
+        gpus = [visible[int(args.device.partition(":")[2])]]  # one GPU named: the renders' alone
+    else:
+        gpus = parse_gpus(getattr(args, "gpus", "all"), visible)
+    ctx = Context(args, out, fam, dev_name, contents(prompts, seeds), "cuda" if gpus else None)
+    ctx.gpus = len(gpus) or 1
+    ctx.gpu_ids = gpus
+    if getattr(args, "max_gpu_mem", None):
+        from .memory import GIB, weights
+
+        ctx.max_mem = float(args.max_gpu_mem) * GIB
+        ctx.weights = weights(args.model, args.task, fam)
+    return ctx
 
 
 def family_of(model: str) -> str:
@@ -567,7 +751,10 @@ def family_of(model: str) -> str:
 
 
 def run(args) -> int:
-    """The sweep (``args``: :func:`vdbench.sweep.build_parser`'s), stage after stage; its exit status."""
+    """The sweep (``args``: :func:`vdbench.sweep.build_parser`'s), stage after stage; its exit status (128 + the
+    signal where SIGINT or SIGTERM stopped it: every running render stopped, what was measured kept)."""
+    from ..pool import Stopped
+
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     budget = Budget(out, args.budget_min * 60.0, args.stop_after_min * 60.0 if args.stop_after_min else math.inf)
@@ -577,21 +764,39 @@ def run(args) -> int:
     per_layout, named = parse_layout_backends(args.layout_backends, avail)
     kernel_max_s = args.kernel_max_s if args.kernel_max_s is not None else KERNEL_SHARE * budget.budget_s
     ledger = Ledger.resume(budget.progress)
-    pre = start_kernel_bench(ctx, avail, named, budget, kernel_max_s=kernel_max_s, probe_s=probe_s)
-    ledger.records.update(read_back(out, pre.early, ledger.records))
-    render_all(ctx, pre.early, ledger, budget)  # beside the capture and the kernel bench, on the renders' own GPU
-    bench_rows = finish_kernel_bench(ctx, pre, ledger, budget)
-    if bench_rows is None:
-        return 1
-    cands, left_out, attn = plan(ctx, avail, bench_rows, named=named, per_layout=per_layout, stacks=stacks)
-    ledger.left_out += left_out
-    ledger.attn.update(attn)
-    order = render_order(cands)
-    _log(f"[sweep] rendering {len(order)}: {', '.join(c.name for c in order)} ({budget.left():.0f} s of budget left)")
-    ledger.records.update(read_back(out, order, ledger.records))
-    if any(c.name == BASELINE and c.name in ledger.render_s for c in pre.early):
-        log_plan(ctx, order, ledger, budget.left())  # default rendered beside the kernel bench: what its time says
-    render_all(ctx, order, ledger, budget)
+    pool = Pool(ctx.gpu_ids, getattr(args, "jobs", None), rdzv=rendezvous_of(args), env=child_env())
+    if pool.limit > 1 or len(ctx.sets) > 1:
+        each = f", each candidate on {len(ctx.sets)} prompt/seed pairs" if len(ctx.sets) > 1 else ""
+        _log(f"[sweep] renders {pool.describe()}{each}")
+    try:
+        pre = start_kernel_bench(ctx, avail, named, budget, kernel_max_s=kernel_max_s, probe_s=probe_s, pool=pool)
+        read_back(ctx, pre.early, ledger)
+        render_all(ctx, pre.early, ledger, budget, pool)  # beside the capture and the kernel bench
+        bench_rows = finish_kernel_bench(ctx, pre, ledger, budget, pool)
+        if bench_rows is None:
+            return 1
+        cands, left_out, attn = plan(ctx, avail, bench_rows, named=named, per_layout=per_layout, stacks=stacks)
+        ledger.left_out += left_out
+        ledger.attn.update(attn)
+        order = render_order(cands, slots=pool.available())
+        _log(f"[sweep] rendering {len(order)}: {', '.join(c.name for c in order)} ({budget.left():.0f} s of budget "
+             f"left)")
+        read_back(ctx, order, ledger)
+        if any(c.name == BASELINE and c.name in ledger.render_s for c in pre.early):
+            log_plan(ctx, order, ledger, budget.left(), pool.available())  # default rendered beside the bench
+        render_all(ctx, order, ledger, budget, pool)
+    except Stopped as e:
+        pool.stop_all(e.signum)
+        budget.save(slowest_s=ledger.slowest, render_s=ledger.render_s, quality_s=ledger.quality_s)
+        _log(f"[sweep] stopped by {e}: every running render ended; a re-run resumes ({out / 'progress.json'})")
+        return 128 + e.signum
     rows, base = quality_rows(ctx, cands, ledger)
     return conclude(ctx, cands, rows, base, ledger, budget, pre.pre,
                     "" if bench_rows else pre.pre.get("kernel_bench", ""))
+
+
+def rendezvous_of(args) -> Rendezvous:
+    """torchrun's rendezvous options given to the sweep (none: each layout render on a port of its own here)."""
+    return Rendezvous(getattr(args, "nnodes", None), getattr(args, "node_rank", None), getattr(args, "endpoint", None),
+                      getattr(args, "rdzv_id", None), getattr(args, "rdzv_backend", None),
+                      getattr(args, "master_addr", None), getattr(args, "master_port", None))
