@@ -157,6 +157,10 @@ MEASURES = {
     "vae_first_s": Measure(lambda r, s: (r.figures[_vae_key(r)]["first"], 1, None, None), "cold",
                            "cold, {caches}", 3),
     "e2e_s": Measure(_plain("end_to_end_s"), "cold", "cold, {caches}"),
+    # videos per GPU-hour of a render run alone, end to end (its process start to its video, the load included)
+    "per_gpu_h": Measure(lambda r, s: (3600.0 / (_figure(r, "end_to_end_s")
+                                                 * ((r.data.get("parallel") or {}).get("world_size") or 1)), 1, None,
+                                       None), "cold", "one render end to end, cold, {caches}", 0),
     "cold_s": Measure(lambda r, s: (_figure(r, s["key"]), 1, None, None), "cold", "cold, {caches}", 2),
     "one_time_s": Measure(_plain("one_time_s"), "cold", "cold, {caches}"),
     "psnr_db": Measure(_plain("psnr_db"), "value", "", 2),

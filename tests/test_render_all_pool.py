@@ -69,6 +69,13 @@ def test_a_prompt_and_seed_set_split_over_two_shards_side_by_side_then_collected
     assert "Over the prompt and seed set (4 contents" in html
     one = subprocess.run([PY["python"], "-m", "vdbench.batch", str(results), "--content", "2"], capture_output=True,
                          text=True, env=_env(), timeout=300)
+    grid = subprocess.run([PY["python"], str(ROOT / "stitch_comparison.py"), "--input_dir", str(results), "--content",
+                           "3", "--output", str(tmp_path / "c3.mp4")], capture_output=True, text=True, env=_env(),
+                          timeout=300)
+    assert grid.returncode == 0 and "note: content 3 of 4: seed " in grid.stderr and len(grid.stdout.splitlines()) == 3
+    rep = subprocess.run([PY["python"], "-m", "vdbench.report", str(results), "--content", "1", "-o",
+                          str(tmp_path / "rep1")], capture_output=True, text=True, env=_env(), timeout=300)
+    assert rep.returncode == 0 and len((tmp_path / "rep1" / "summary.csv").read_text().splitlines()) == 3
     # the folder's videos in name order: one content's two renders, one row each
     assert one.returncode == 0 and re.match(r'content 2 of 4: seed [12], "A (cat|red)', one.stdout), one.stdout
     assert [ln.split()[0] for ln in one.stdout.splitlines()[2:4]] in (["sdpa", "reference"], ["reference", "sdpa"])

@@ -205,10 +205,16 @@ def _types(args, extra: list[str], logs: Path) -> list[str]:
             raise _Bad("could not list backends: " + next(
                 (ln for ln in (logs / ".types.err").read_text().splitlines() if ln.startswith("error:")), "")[7:])
         return found
-    types = [t for t in args.types.split(",") if t]
-    for t in types:
-        if t not in valid:
+    from .sparse.spec import split_attention_types
+
+    types = split_attention_types(args.types)
+    for t in types:  # a name, an alias, or either with options (fav3_fp8:smooth_v=1, sta:window=3x5x5+pad=none)
+        if t.partition(":")[0] not in valid:
             raise _Bad(f"unknown attention type '{t}'; valid: {' '.join(valid)}")
+        try:
+            B.resolve(t)
+        except (B.BackendUnavailable, ValueError) as e:
+            raise _Bad(f"--types {t}: {str(e).splitlines()[0]}") from None
     if not types:
         raise _Bad("no backend to render (--types is empty)")
     return types
