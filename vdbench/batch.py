@@ -240,7 +240,8 @@ def _grid(cols: list[tuple[str, str]], found: list[dict]) -> list[str]:
 
 
 def contents_of(results, outputs) -> list[tuple[object, str, list]]:
-    """The outputs grouped by what their frames are of, in order: [(content, its description, its outputs)]."""
+    """The outputs grouped by what their frames are of (their records' content; the videos without a record, one
+    group), in order: [(content, its description -- seed and prompt from the record --, its outputs)]."""
     from .report import records_of
     from .sets import describe
 

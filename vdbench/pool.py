@@ -400,14 +400,21 @@ class Pool:
         threading.Thread(target=kill_later, daemon=True, name="pool-kill").start()
 
     def stop_all(self, sig: int = signal.SIGTERM) -> list[Done]:
-        """Stop every running job and wait for each to end (at most the grace period, then killed)."""
-        self._stop([r for r in self._running.values() if not r.stopped], sig)
-        done = []
-        while self._running:
-            d = self.wait()
-            if d is not None:
-                done.append(d)
-        return done
+        """Stop every running job and wait for each to end (at most the grace period, then killed); a further
+        SIGINT or SIGTERM meanwhile changes nothing (the jobs are being stopped)."""
+        main = threading.current_thread() is threading.main_thread()
+        old = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)} if main else {}
+        try:
+            self._stop([r for r in self._running.values() if not r.stopped], sig)
+            done = []
+            while self._running:
+                d = self.wait()
+                if d is not None:
+                    done.append(d)
+            return done
+        finally:
+            for s, handler in old.items():
+                signal.signal(s, handler)
 
     def run(self, jobs: list[Job], on_start: Optional[Callable[[Job, tuple], None]] = None,
             on_done: Optional[Callable[[Done], None]] = None) -> list[Done]:

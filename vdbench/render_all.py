@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import glob
 import io
 import re
 import signal
@@ -252,9 +253,12 @@ def _code_text(d: Done, nproc: int) -> str:
     """``2``, ``1; ranks exited -9 4`` (torchrun's summary in the log), ``stopped``, ``signal SIGKILL``."""
     if d.timed_out:
         return "timed out"
-    code = d.code
-    text = f"signal {signal.Signals(-code).name}" if code < 0 and -code in signal.Signals._value2member_map_ \
-        else str(code)
+    text = str(d.code)
+    if d.code < 0:
+        try:
+            text = f"signal {signal.Signals(-d.code).name}"
+        except ValueError:
+            pass
     try:
         log = d.job.log.read_text(errors="replace")
     except OSError:
@@ -273,7 +277,7 @@ def _lines(log: Path, prefix: str) -> str:
 def _remove_leftovers(output: Path) -> None:
     """What a stopped render may have left beside its output: its temporary files (dot names, renamed on
     success)."""
-    for p in output.parent.glob(f".{output.stem}.*"):
+    for p in output.parent.glob(f".{glob.escape(output.stem)}.*"):
         p.unlink(missing_ok=True)
 
 
@@ -286,10 +290,27 @@ def _names(done: list[str]) -> str:
     return " ".join(f"{t}×{c}" for t, c in counts.items())
 
 
+def _logged(main, argv: list[str], log: Path) -> tuple[int, str]:
+    """A command line's ``main(argv)`` run here, its output (a crash's traceback too) into ``log``: (its code, the
+    output)."""
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(buf):
+        try:
+            code = main(argv)
+        except Exception:  # noqa: BLE001 - said in one line by the caller, the traceback in the log
+            import traceback
+
+            traceback.print_exc()
+            code = 1
+    log.write_text(buf.getvalue())
+    return code, buf.getvalue()
+
+
 def _stitch(args, out_dir: Path, ok_outputs: list[Path], reference_ok: bool) -> int:
     from . import stitch
+    from .batch import contents_of
 
-    groups = stitch.by_content([str(p) for p in ok_outputs], None)
+    groups = contents_of(None, [str(p) for p in ok_outputs])
     rc = 0
     if sum(len(paths) >= 2 for _, _, paths in groups) == 0:
         _say("not stitching: fewer than two renders succeeded" + (" of any one content" if len(groups) > 1 else ""))
@@ -301,10 +322,7 @@ def _stitch(args, out_dir: Path, ok_outputs: list[Path], reference_ok: bool) -> 
         argv = ["--output", str(grid), "--font_size", str(args.font_size),
                 *(["--reference", "reference"] if reference_ok else []), *paths]
         log = out_dir / "logs" / ("stitch.log" if len(groups) == 1 else f"stitch_{k}.log")
-        buf = io.StringIO()
-        with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(buf):
-            code = stitch.main(argv)
-        log.write_text(buf.getvalue())
+        code, _ = _logged(stitch.main, argv, log)
         if code == 0:
             _say(f"grid: {grid}" + (f" ({desc})" if len(groups) > 1 else ""))
         else:
@@ -317,20 +335,11 @@ def _report(results_dir: Path, out_dir: Path) -> int:
     from . import report
 
     log = out_dir / "logs" / "report.log"
-    buf = io.StringIO()
-    with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(buf):
-        try:
-            code = report.main([str(results_dir), "-o", str(out_dir)])
-        except Exception:  # noqa: BLE001 - said in one line, the traceback in the log
-            import traceback
-
-            traceback.print_exc()
-            code = 1
-    log.write_text(buf.getvalue())
+    code, text = _logged(report.main, [str(results_dir), "-o", str(out_dir)], log)
     if code == 0:
         _say(f"report: {out_dir / 'report.html'}")
         return 0
-    first = next((ln for ln in buf.getvalue().splitlines() if "error" in ln.lower()), "see " + str(log))
+    first = next((ln for ln in text.splitlines() if "error" in ln.lower()), "see " + str(log))
     print(f"report failed: {first}", file=sys.stderr)
     return 1
 

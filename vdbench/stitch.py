@@ -102,19 +102,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def by_content(inputs: list[str], results) -> list[tuple[object, str, list[str]]]:
-    """The inputs grouped by what their frames are of, in order: [(content key, its description -- seed and prompt
-    from the render's record --, its inputs)]; videos without a record form one group."""
-    from vdbench.report import identities, records_of
-    from vdbench.sets import describe
-
-    groups: dict = {}
-    for path, ident, rec in zip(inputs, identities(inputs, results), records_of(inputs, results)):
-        settings = ((rec.config or {}).get("settings") or {}) if rec is not None else {}
-        groups.setdefault(ident.content, (describe(settings) or "no record", []))[1].append(path)
-    return [(key, desc, paths) for key, (desc, paths) in groups.items()]
-
-
 def find_inputs(input_dir: str, pattern: str, output: str) -> tuple[list[str], list[tuple[str, str]]]:
     """``(inputs, excluded)``: the matching files in name order, and the matching files left out with why -- the
     output itself and every grid this tool made (its tag), so re-running into the same directory never stitches a
@@ -181,7 +168,9 @@ def main(argv: list[str] | None = None) -> int:
     inputs = [p for p in inputs if str(p) not in bad]
     if bad and len(inputs) < 2:
         return fail(f"{len(inputs)} video(s) left to stitch after refusing {len(bad)}", next(iter(bad.values())))
-    groups = by_content(inputs, args.input_dir)
+    from vdbench.batch import contents_of
+
+    groups = contents_of(args.input_dir, inputs)
     if args.content is not None:
         if args.content > len(groups):
             return fail(f"--content {args.content}: the videos are of {len(groups)} content(s)")
