@@ -118,6 +118,9 @@ def test_a_candidates_peak_is_estimated_from_defaults_and_an_offload_stack_recom
         "nothing fits in 60 GiB resident: try --stacks default+offload=expert (estimated 52.")
     assert "default+offload=group" in M.offload_advice(S.Candidate("default", "default"), base, w, 40 * gib)
     assert M.measured(Record(suite="render", case="x", data={"memory": {"load": None}})) is None  # a CPU's
+    # nothing measured (default did not fit): the offload stacks' lower bounds still say what to try
+    assert M.offload_advice(S.Candidate("default", "default"), None, w, 40 * gib).startswith(
+        "nothing fits in 40 GiB resident: try --stacks default+offload=expert (estimated at least 27.3 GiB)")
 
 
 @pytest.mark.slow

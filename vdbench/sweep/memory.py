@@ -17,7 +17,8 @@ meta device, x its recorded dtype's bytes):
 
 A layout is estimated at the one-GPU peak (each card holds every weight; its activations, split over the ranks,
 are not scaled down: an upper bound). Before ``default`` is rendered nothing was measured: the denoisers' weights
-alone are the lower bound, and a render they already exceed is left out.
+the card must hold (all of them; one expert and a block; two blocks; the largest denoiser) are the lower bound, and a
+render they already exceed is left out.
 """
 
 from __future__ import annotations
@@ -83,9 +84,15 @@ def estimate_peak(cand: Candidate, base: Optional[dict], w: Optional[dict]) -> t
     bpp = (base or {}).get("bytes_per_param", 2)
     experts = [p * bpp for p in (w or {}).get("denoisers", [])]
     block = [e / b for e, b in zip(experts, (w or {}).get("blocks", []))]
-    if base is None:
-        if not experts or offload:
+    if base is None:  # nothing measured: what the card must hold of the denoisers' weights, a lower bound
+        if not experts:
             return None, "nothing measured yet (default not rendered)"
+        if offload == "expert" and len(experts) > 1:
+            return experts[-1] + block[-1], "lower bound: one expert's weights and a block (default not rendered yet)"
+        if offload == "group":
+            return 2 * max(block), "lower bound: two blocks' weights (default not rendered yet)"
+        if offload == "model":
+            return float(max(experts)), "lower bound: the largest denoiser's weights (default not rendered yet)"
         return float(sum(experts)), "lower bound: its denoisers' weights alone (default not rendered yet)"
     load, den, dec = base["load"], base["denoise"], base["decode"]
     peak = float(max(den, dec))
@@ -117,10 +124,11 @@ def offload_advice(cand: Candidate, base: Optional[dict], w: Optional[dict], lim
         if est is not None:
             tried.append((c.name, est))
             if est <= limit:
-                return (f"nothing fits in {limit / GIB:.0f} GiB resident: try --stacks {c.name} (estimated "
+                bound = " at least" if base is None else ""
+                return (f"nothing fits in {limit / GIB:.0f} GiB resident: try --stacks {c.name} (estimated{bound} "
                         f"{est / GIB:.1f} GiB)")
     if tried:
         return f"nothing fits in {limit / GIB:.0f} GiB, offloaded either: " + ", ".join(
             f"{n} ~{e / GIB:.1f} GiB" for n, e in tried)
     return (f"nothing fits in {limit / GIB:.0f} GiB resident: try --stacks {cand.name}+offload=group (no "
-            f"estimate: render default once for its measured peaks)")
+            f"estimate: the model's configs are not at hand)")

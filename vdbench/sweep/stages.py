@@ -397,7 +397,7 @@ def plan(ctx: Context, avail: list[dict], bench_rows: list[dict], *, named: list
                                           max_rel_l2=args.max_rel_l2, stacks=stacks)
     if any(n > 1 for n in args.nproc):
         multi, multi_left = layout_candidates(cands, args.nproc, fam=ctx.fam, device=ctx.device,
-                                              per_layout=per_layout)
+                                              per_layout=per_layout, task=getattr(args, "task", None) or "t2v")
         cands, left_out = cands + multi, left_out + multi_left
     try:
         calls = calls_per_step(json.loads((ctx.out / "captures" / "metadata_default_rank0.json").read_text()))
