@@ -384,6 +384,8 @@ def _setup(args) -> tuple:
         seeds = parse_seeds(args.seeds) if args.seeds else None
         shard = parse_shard(args.shard)
         visible = visible_gpus()
+        if not visible and args.gpus not in (None, "", "all"):
+            raise ValueError(f"--gpus {args.gpus}: no GPU visible here (on a CPU --jobs N runs N renders at once)")
         gpus = parse_gpus(args.gpus, visible) if visible else []
     except ValueError as e:
         raise _Bad(str(e)) from None

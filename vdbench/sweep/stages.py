@@ -57,6 +57,7 @@ class Context:
     max_mem: Optional[float] = None  # --max_gpu_mem, bytes
     weights: Optional[dict] = None  # the denoisers' parameters (vdbench.sweep.memory.weights), for --max_gpu_mem
     gpu_ids: list = field(default_factory=list)  # the GPUs the renders share (the pool's; [] on a CPU)
+    visible: list = field(default_factory=list)  # the GPUs this process sees, in its own cuda:N order
     gpus: int = 1  # how many
 
     @property
@@ -519,9 +520,13 @@ def _ended(ctx: Context, d: Done, ledger: Ledger, budget: Budget, est: float) ->
     on = f" on GPU {','.join(d.gpus)}" if d.gpus else ""
     _log(f"[sweep] {label}: rendered in {took:.0f} s{on} (estimated {est:.0f} s)")
     if c.name == BASELINE and ledger.quality_s is None and frames_of(recs[-1]) is not None:
+        # timed on the GPU default's render just freed (no render is started before this returns), not on one
+        # where another render is timing its steps
+        device = f"cuda:{ctx.visible.index(d.gpus[0])}" if d.gpus and d.gpus[0] in ctx.visible else \
+            ctx.quality_device
         t = time.monotonic()
         path = frames_of(recs[-1])
-        quality_of(path, (load_frames(path)[0], path), ctx.quality_device)
+        quality_of(path, (load_frames(path)[0], path), device)
         ledger.quality_s = time.monotonic() - t
     budget.save(slowest_s=ledger.slowest, render_s=ledger.render_s, quality_s=ledger.quality_s)
 
@@ -544,6 +549,10 @@ def render_all(ctx: Context, jobs: list[Candidate], ledger: Ledger, budget: Budg
         queue += [(c, i) for i in range(len(ctx.sets)) if i not in done]
     ests: dict = {}
     device = "cuda" if pool.gpus else None
+    for c in {c.name: c for c, _ in queue if not pool.fits(c.nproc)}.values():
+        _skip(ledger, c, f"needs {c.nproc} GPUs, the renders have {len(pool.gpus)}")
+        _log(f"[sweep] {c.name}: skipped, needs {c.nproc} GPUs, the renders have {len(pool.gpus)}")
+    queue = [(c, i) for c, i in queue if pool.fits(c.nproc)]
     with pool.signals():
         while queue or pool.running:
             while queue and pool.can_start(queue[0][0].nproc):
@@ -736,8 +745,7 @@ def context(args, out: Path) -> Context:
     else:
         gpus = parse_gpus(getattr(args, "gpus", "all"), visible)
     ctx = Context(args, out, fam, dev_name, contents(prompts, seeds), "cuda" if gpus else None)
-    ctx.gpus = len(gpus) or 1
-    ctx.gpu_ids = gpus
+    ctx.gpus, ctx.gpu_ids, ctx.visible = len(gpus) or 1, gpus, visible
     if getattr(args, "max_gpu_mem", None):
         from .memory import GIB, weights
 
