@@ -85,7 +85,7 @@ def test_the_capture_and_kernel_bench_run_beside_default_and_the_run_resumes(tmp
     # beside: default's render ended while the capture + bench still ran (one after the other, it would start
     # only after the bench's log was closed)
     logs = out / "logs"
-    assert os.path.getmtime(logs / "default.log") < os.path.getmtime(logs / "kernels.log")
+    assert os.path.getmtime(logs / "default.log") < os.path.getmtime(logs / "kernels.log"), log
     assert log.index("[sweep] default: rendered") < log.index("[sweep] rendering 3: default, ")
     meta = json.loads((out / "sweep.json").read_text())
     # one candidate (--max_candidates 1): the kernel bench's first, whichever kernel that is (CPU timings are noise)

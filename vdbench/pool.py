@@ -24,6 +24,7 @@ from __future__ import annotations
 import os
 import queue
 import re
+import select
 import signal
 import socket
 import subprocess
@@ -111,6 +112,14 @@ class Rendezvous:
     backend: Optional[str] = None
     master_addr: Optional[str] = None
     master_port: Optional[int] = None
+
+    @classmethod
+    def of(cls, args) -> "Rendezvous":
+        """The options as a command line parsed them (``nnodes``, ``node_rank``, ``endpoint``, ``rdzv_id``,
+        ``rdzv_backend``, ``master_addr``, ``master_port``; one it lacks is not given)."""
+        get = lambda k: getattr(args, k, None)  # noqa: E731
+        return cls(get("nnodes"), get("node_rank"), get("endpoint"), get("rdzv_id"), get("rdzv_backend"),
+                   get("master_addr"), get("master_port"))
 
     @property
     def multi_node(self) -> bool:
@@ -222,9 +231,9 @@ class Pool:
     """Jobs side by side on ``gpus`` (ids as ``CUDA_VISIBLE_DEVICES`` names them), or on ``jobs`` places with no
     GPU (a CPU: ``gpus`` empty). ``python``: the interpreter the jobs start with; ``rdzv``: torchrun's rendezvous
     options; ``env``: the environment the jobs start from (default: this process's); ``show``: where the step
-    lines go (None: nowhere), ``STEP_LINE`` selecting them."""
+    lines go (None: nowhere), ``STEP_LINE`` selecting them. ``python`` None: ``sys.executable`` when a job starts."""
 
-    def __init__(self, gpus: list[str], jobs: Optional[int] = None, *, python: str = sys.executable,
+    def __init__(self, gpus: list[str], jobs: Optional[int] = None, *, python: Optional[str] = None,
                  rdzv: Optional[Rendezvous] = None, env: Optional[dict] = None,
                  show: Optional[Callable[[str], None]] = None, grace_s: float = GRACE_S):
         self.gpus = list(gpus)
@@ -309,7 +318,7 @@ class Pool:
         elif self.places > 1 and "OMP_NUM_THREADS" not in env:
             env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // self.places))
         port = self._port() if job.nproc > 1 and not self.rdzv.multi_node else None
-        cmd = launcher(self.python, job.nproc, self.rdzv, job.index, port) + list(job.program)
+        cmd = launcher(self.python or sys.executable, job.nproc, self.rdzv, job.index, port) + list(job.program)
         job.log.parent.mkdir(parents=True, exist_ok=True)
         log = open(job.log, "wb")
         try:
@@ -327,22 +336,41 @@ class Pool:
         return gpus
 
     def _read(self, key: int, proc: subprocess.Popen, log, job: Job) -> None:
+        """The job's output into its log, its step lines to the screen, until its process has ended and its output
+        is drained: not until every copy of the pipe is closed -- a process it forked may hold one on."""
+        fd = proc.stdout.fileno()
+        rest = b""
         try:
-            for raw in proc.stdout:
-                log.write(raw)
-                log.flush()
-                if self.show is not None:
-                    line = raw.decode(errors="replace").rstrip("\r\n")
-                    m = STEP_LINE.match(line)
-                    if m:
-                        if job.tag:
-                            line = f"[{m.group(1)} {job.tag}]" + line[m.end(1) + 1:]
-                        with self._print:
-                            self.show(line[:SHOWN_CHARS])
+            while True:
+                if select.select([fd], [], [], 0.2)[0]:
+                    chunk = os.read(fd, 1 << 16)
+                    if not chunk:
+                        break
+                    log.write(chunk)
+                    log.flush()
+                    *lines, rest = (rest + chunk).split(b"\n")
+                    for raw in lines:
+                        self._show(raw, job)
+                elif proc.poll() is not None:
+                    break
+            if rest:
+                self._show(rest, job)
         finally:
             proc.wait()
+            proc.stdout.close()
             log.close()
             self._ended.put(key)
+
+    def _show(self, raw: bytes, job: Job) -> None:
+        if self.show is None:
+            return
+        line = raw.decode(errors="replace").rstrip("\r")
+        m = STEP_LINE.match(line)
+        if m:
+            if job.tag:
+                line = f"[{m.group(1)} {job.tag}]" + line[m.end(1) + 1:]
+            with self._print:
+                self.show(line[:SHOWN_CHARS])
 
     def wait(self, timeout: Optional[float] = None) -> Optional[Done]:
         """The next job to end (None: none ended within ``timeout``; none running). Jobs past their deadline are

@@ -180,8 +180,7 @@ def _captured(family: str, argv: list[str], err_path: Path) -> tuple[int, list[s
 def _check(args, extra: list[str]) -> None:
     if args.image and not Path(args.image).is_file():
         raise _Bad(f"--img-file-path {args.image}: no such file")
-    multi = Rendezvous(args.nnodes, args.node_rank, args.endpoint, args.rdzv_id, args.rdzv_backend,
-                       args.master_addr, args.master_port)
+    multi = Rendezvous.of(args)
     try:
         multi.check()
     except ValueError as e:
@@ -377,8 +376,7 @@ def main(argv=None) -> int:
 
 def _setup(args) -> tuple:
     """(prompts, seeds, shard, gpus, rendezvous) of the arguments, each checked (:class:`_Bad` in one line)."""
-    rdzv = Rendezvous(args.nnodes, args.node_rank, args.endpoint, args.rdzv_id, args.rdzv_backend,
-                      args.master_addr, args.master_port)
+    rdzv = Rendezvous.of(args)
     try:
         prompts = read_prompts(args.prompts) if args.prompts else None
         seeds = parse_seeds(args.seeds) if args.seeds else None

@@ -112,9 +112,9 @@ def main(argv=None) -> int:
             if torch.cuda.is_available() and have < need:
                 raise ValueError(f"renders on {need} GPUs asked for (--nproc / a stack's layout), {have} given "
                                  f"(--gpus {args.gpus})")
-        from .stages import rendezvous_of
+        from ..pool import Rendezvous
 
-        rendezvous_of(args).check()
+        Rendezvous.of(args).check()
         return run(args)
     except (ValueError, B.BackendUnavailable) as e:
         print(f"error: {str(e).splitlines()[0]}", file=sys.stderr)

@@ -772,7 +772,7 @@ def run(args) -> int:
     per_layout, named = parse_layout_backends(args.layout_backends, avail)
     kernel_max_s = args.kernel_max_s if args.kernel_max_s is not None else KERNEL_SHARE * budget.budget_s
     ledger = Ledger.resume(budget.progress)
-    pool = Pool(ctx.gpu_ids, getattr(args, "jobs", None), rdzv=rendezvous_of(args), env=child_env())
+    pool = Pool(ctx.gpu_ids, getattr(args, "jobs", None), rdzv=Rendezvous.of(args), env=child_env())
     if pool.limit > 1 or len(ctx.sets) > 1:
         each = f", each candidate on {len(ctx.sets)} prompt/seed pairs" if len(ctx.sets) > 1 else ""
         _log(f"[sweep] renders {pool.describe()}{each}")
@@ -801,10 +801,3 @@ def run(args) -> int:
     rows, base = quality_rows(ctx, cands, ledger)
     return conclude(ctx, cands, rows, base, ledger, budget, pre.pre,
                     "" if bench_rows else pre.pre.get("kernel_bench", ""))
-
-
-def rendezvous_of(args) -> Rendezvous:
-    """torchrun's rendezvous options given to the sweep (none: each layout render on a port of its own here)."""
-    return Rendezvous(getattr(args, "nnodes", None), getattr(args, "node_rank", None), getattr(args, "endpoint", None),
-                      getattr(args, "rdzv_id", None), getattr(args, "rdzv_backend", None),
-                      getattr(args, "master_addr", None), getattr(args, "master_port", None))
