@@ -13,6 +13,7 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 py=${PYTHON:-python3}
 [ -x "$here/.venv/bin/python" ] && [ -z "${PYTHON:-}" ] && py="$here/.venv/bin/python"
 export PYTHONPATH="$here${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-"$py" -c 'import vdbench' 2>/dev/null || { echo "error: cannot import vdbench with $py" >&2; exit 2; }
+"$py" -c 'import importlib.util as u, sys; sys.exit(not (u.find_spec("vdbench") and u.find_spec("torch")))' 2>/dev/null \
+  || { echo "error: cannot import vdbench and torch with $py (set PYTHON, or make setup creates .venv)" >&2; exit 2; }
 # render_all_attention.sh runs this one for CogVideoX (RENDER_ALL_FAMILY=cogvideox)
 exec "$py" -m vdbench.render_all --family "${RENDER_ALL_FAMILY:-wan}" --prog "${RENDER_ALL_PROG:-render_all_WAN.sh}" "$@"

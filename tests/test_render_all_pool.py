@@ -81,7 +81,6 @@ def test_a_prompt_and_seed_set_split_over_two_shards_side_by_side_then_collected
     assert [ln.split()[0] for ln in one.stdout.splitlines()[2:4]] in (["sdpa", "reference"], ["reference", "sdpa"])
 
 
-@pytest.mark.slow
 @pytest.mark.skipif(not TORCHRUN_OK, reason="torchrun not found beside the interpreter")
 def test_a_render_killed_mid_batch_loses_only_itself(tmp_path):
     """Two torchrun renders side by side (--nproc 2 --jobs 2: each its own rendezvous port), rank 1 of sagev1_emu's
