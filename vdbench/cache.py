@@ -18,13 +18,17 @@ before ``enable_cache``, so diffusers' hook, which calls it only when it compute
 output comes from the cache; a pre-hook counts every call of the unit. Per denoising step: computed = inner
 calls, reused = outer - inner, and the denoiser calls this process computed (``forwards_per_step``: Wan's two guidance
 passes on one process; under a CFG split one per rank, the other branch's call answered by the split's gather, which
-the summary's ``guidance_split`` says).
+the summary's ``guidance_split`` says), and which denoiser ran the step (``denoiser_per_step``: Wan 2.2's expert).
+
+Two experts (Wan 2.2 A14B): each denoiser gets a config of its own (:func:`apply_cache`), and diffusers' hooks keep
+each one's state apart, so the low-noise expert's first step starts from an empty cache.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import json
 import logging
@@ -35,6 +39,8 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 import torch
+
+from .pipelines import DENOISERS, step_denoisers
 
 __all__ = ["CacheKind", "CacheSpec", "CacheCounter", "KINDS", "parse_cache", "check_cache", "apply_cache",
            "share_decisions", "CACHE_HELP"]
@@ -55,7 +61,11 @@ class CacheKind:
     render fills in), ``hidden`` (fields a user does not set: filled in, or not spellable), ``refusal(family,
     params, pipeline_class) -> reason | None`` (before the load), ``files`` (parameter -> reader of a file's path
     -> the value: the parameters a user may give as ``@PATH``), ``inside_blocks`` (its hooks sit on modules inside
-    the blocks -- the attention modules -- where a regionally compiled block would trace them)."""
+    the blocks -- the attention modules -- where a regionally compiled block would trace them), ``per_expert``
+    (parameters the second of two experts -- Wan 2.2's ``transformer_2`` -- takes a value of its own for, spelled
+    ``<name>_2`` as diffusers spells ``guidance_scale_2``), ``first_call_refusal(params, denoiser, timestep) ->
+    reason | None`` (after the load, for each denoiser's first step: each denoiser's hooks start empty there, the
+    low-noise expert's at the experts' switch)."""
 
     name: str
     config: str
@@ -67,6 +77,8 @@ class CacheKind:
     refusal: Callable[..., Optional[str]] = lambda family, params, pipeline_class: None
     files: dict = dataclasses.field(default_factory=dict)
     inside_blocks: bool = False
+    per_expert: tuple[str, ...] = ()
+    first_call_refusal: Callable[..., Optional[str]] = lambda params, denoiser, timestep: None
 
     def config_class(self):
         import diffusers.hooks
@@ -75,7 +87,8 @@ class CacheKind:
 
     def parameters(self) -> dict[str, tuple[Callable[[str], Any], Any]]:
         """Settable parameter -> (parser of its command-line text, default): the config dataclass's fields whose
-        type the command line can spell, minus the hidden ones; the default vdbench's where it sets one."""
+        type the command line can spell, minus the hidden ones; the default vdbench's where it sets one; then the
+        second expert's own values of the :attr:`per_expert` ones (``<name>_2``, default None: unset)."""
         cls = self.config_class()
         hints = typing.get_type_hints(cls)
         out = {}
@@ -87,6 +100,8 @@ class CacheKind:
                 continue
             default = f.default if f.default is not dataclasses.MISSING else None
             out[f.name] = (parse, self.defaults.get(f.name, default))
+        for name in self.per_expert:
+            out[f"{name}_2"] = (out[name][0], None)
         return out
 
 
@@ -94,8 +109,11 @@ def _timestep(pipe, steps, family) -> dict:
     return {"current_timestep_callback": lambda: pipe.current_timestep}
 
 
+_FASTER_RANGES = ("spatial_attention_timestep_skip_range", "temporal_attention_timestep_skip_range")
+
+
 def _faster_refusal(family, params, pipeline_class) -> Optional[str]:
-    for key in ("spatial_attention_timestep_skip_range", "temporal_attention_timestep_skip_range"):
+    for key in _FASTER_RANGES:
         # a range holding the first step's timestep (1000 flow-matching, 999 DDPM-style) skips the first call,
         # before anything is cached: diffusers fails there (indexes an empty cache)
         if params.get(key) is not None and params[key][1] >= 999:
@@ -106,6 +124,33 @@ def _faster_refusal(family, params, pipeline_class) -> Optional[str]:
                 "pipeline runs the conditional and unconditional passes as two calls\nuse "
                 "faster:is_guidance_distilled=true (the attention cache alone), or another kind")
     return None
+
+
+def _faster_first_call(params, denoiser: str, timestep: float) -> Optional[str]:
+    """FasterCache's attention hooks skip a call inside a timestep range from their second call on, and their first
+    call is skipped too where its timestep is inside (the hook's counter starts at 0, its cache empty): diffusers
+    fails there. Each denoiser's hooks are their own, so Wan 2.2's low-noise expert starts empty at the switch, at a
+    timestep a range reaching past the first step's may well hold."""
+    for key in _FASTER_RANGES:
+        lo, hi = params.get(key) or (None, None)
+        if lo is not None and lo < timestep < hi:
+            return (f"{key} {lo}..{hi} holds {denoiser}'s first timestep ({timestep:g}): FasterCache would skip that "
+                    f"denoiser's first call, before anything is cached (diffusers fails there)\nend it at or below "
+                    f"{math.floor(timestep)}, e.g. {key}={lo}{ITEM_SEP}{math.floor(timestep)}")
+    return None
+
+
+def _taylor_refusal(family, params, pipeline_class) -> Optional[str]:
+    # TaylorSeer counts each module's calls from its first (per cache context, each denoiser's modules their own):
+    # a first call that is neither warm-up (disable_cache_before_step), a compute interval nor cool-down predicts
+    # from nothing, and diffusers fails there ("Cannot predict without prior initialization")
+    before, every, after = (params.get(k) for k in ("disable_cache_before_step", "cache_interval",
+                                                   "disable_cache_after_step"))
+    if before > 0 or (after is not None and after <= 0) or (every and (-before - 1) % every == 0):
+        return None
+    return (f"disable_cache_before_step={before} with cache_interval={every}: TaylorSeer would predict each "
+            "denoiser's first call (each of Wan 2.2's experts its own), before anything is computed (diffusers "
+            "fails there)\ngive disable_cache_before_step=1 or more")
 
 
 def _sea_refusal(family, params, pipeline_class) -> Optional[str]:
@@ -119,7 +164,8 @@ def _sea_refusal(family, params, pipeline_class) -> Optional[str]:
 def _mag_refusal(family, params, pipeline_class) -> Optional[str]:
     if params.get("mag_ratios") is None and not params.get("calibrate"):
         return ("MagCache needs the model's magnitude ratios (model-dependent)\ngive mag:mag_ratios=R0+R1+... "
-                "(interpolated to the step count), or mag:calibrate=true to measure them (nothing reused)")
+                "(interpolated to the step count; two experts: mag_ratios_2 too), or mag:calibrate=true to measure "
+                "them (nothing reused)")
     return None
 
 
@@ -173,13 +219,15 @@ def _ratios_of_message(message: str) -> list[float]:
     return _ratios(_strict_json(message[start:end + 1]))
 
 
-def _calibrated_ratios(path_text: str) -> list[float]:
-    """``mag_ratios=@PATH``: the ratios a calibrating render (``mag:calibrate=true``) recorded in its timing.json --
-    the last entry with a calibration (the file appends every render's repetitions), its
-    ``cache.calibration.ratios[0]`` (the first cache context's: see :meth:`CacheCounter.summary`). ValueError (one
-    line, then a hint) for a missing or unreadable file, one without a calibration, or ratios that are not
-    numbers."""
-    hint = "give the timing.json of a render with --cache mag:calibrate=true, or the ratios (mag_ratios=R0+R1+...)"
+def _calibrated_ratios(path_text: str, denoiser: str = DENOISERS[0]) -> list[float]:
+    """``mag_ratios=@PATH`` (``mag_ratios_2=@PATH``: ``denoiser`` the second expert): the ratios a calibrating render
+    (``mag:calibrate=true``) recorded in its timing.json for ``denoiser`` -- the last entry with a calibration (the
+    file appends every render's repetitions), its ``cache.calibration.by_denoiser[denoiser][0]`` (that denoiser's
+    first cache context's: see :meth:`CacheCounter.summary`; a record without ``by_denoiser``: ``ratios[0]``, the
+    first denoiser's). ValueError (one line, then a hint) for a missing or unreadable file, one without a
+    calibration of ``denoiser``, or ratios that are not numbers."""
+    hint = ("give the timing.json of a render with --cache mag:calibrate=true, or the ratios "
+            f"({'mag_ratios' if denoiser == DENOISERS[0] else 'mag_ratios_2'}=R0+R1+...)")
     path = Path(path_text).expanduser()
     try:
         text = path.read_text()
@@ -197,16 +245,21 @@ def _calibrated_ratios(path_text: str) -> list[float]:
         cal = cal.get("calibration") if isinstance(cal, dict) else None
         if not isinstance(cal, dict) or "ratios" not in cal:
             continue
-        lists = cal["ratios"]
+        by = cal.get("by_denoiser")
+        where, lists = (f"by_denoiser.{denoiser}", by.get(denoiser)) if isinstance(by, dict) else ("ratios", (
+            cal["ratios"] if denoiser == DENOISERS[0] else None))
+        if lists is None:
+            raise ValueError(f"its calibration holds no ratios of {denoiser}\ngive the timing.json of a calibrating "
+                             f"render of a model with two experts")
         if not isinstance(lists, list):
-            raise ValueError(f"its cache.calibration.ratios is not a list (a {type(lists).__name__})\n{hint}")
+            raise ValueError(f"its cache.calibration.{where} is not a list (a {type(lists).__name__})\n{hint}")
         if not lists:
             raise ValueError("its calibration holds no ratios (diffusers logged none)\ndiffusers logs them when "
-                             "a denoiser has run every step (Wan 2.2's two experts each run part of them)")
+                             "a denoiser has run all its steps")
         try:
             return _ratios(lists[0])
         except ValueError as e:
-            raise ValueError(f"its cache.calibration.ratios[0] is {e}\n{hint}") from None
+            raise ValueError(f"its cache.calibration.{where}[0] is {e}\n{hint}") from None
     raise ValueError(f"no entry with a MagCache calibration (cache.calibration.ratios)\n{hint}")
 
 
@@ -216,15 +269,21 @@ KINDS: dict[str, CacheKind] = {k.name: k for k in (
               "their last residual", needs="a transformer with a list of blocks"),
     CacheKind("mag", "MagCacheConfig",
               "MagCache: blocks skipped while the accumulated residual-magnitude error stays under threshold; "
-              "calibrate=true measures mag_ratios, mag_ratios=@FILE reads them from that render's timing.json",
-              needs="the model's magnitude ratios (mag_ratios) or calibrate=true; the step count (filled in)",
+              "calibrate=true measures mag_ratios, mag_ratios=@FILE reads them from that render's timing.json; "
+              "two experts (Wan 2.2 A14B) each run their own steps with their own ratios (mag_ratios_2: the "
+              "low-noise expert's)",
+              needs="the model's magnitude ratios (mag_ratios; two experts: mag_ratios_2 too) or calibrate=true; "
+                    "the step count of each denoiser (filled in)",
               provided=lambda pipe, steps, family: {"num_inference_steps": steps}, hidden=("num_inference_steps",),
-              refusal=_mag_refusal, files={"mag_ratios": _calibrated_ratios}),
+              refusal=_mag_refusal, per_expert=("mag_ratios",),
+              files={"mag_ratios": _calibrated_ratios,
+                     "mag_ratios_2": functools.partial(_calibrated_ratios, denoiser=DENOISERS[1])}),
     CacheKind("taylor", "TaylorSeerCacheConfig",
               "TaylorSeer: the attention outputs computed every cache_interval steps, predicted by a Taylor series "
               "in between", needs="attention modules under the block list (matched by vdbench's patterns)",
               defaults={"cache_identifiers": _TAYLOR_ATTENTION},
-              hidden=("cache_identifiers", "skip_predict_identifiers", "taylor_factors_dtype"), inside_blocks=True),
+              hidden=("cache_identifiers", "skip_predict_identifiers", "taylor_factors_dtype"), inside_blocks=True,
+              refusal=_taylor_refusal),
     CacheKind("pab", "PyramidAttentionBroadcastConfig",
               "Pyramid Attention Broadcast: self-attention outputs reused for block_skip_range-1 of every "
               "block_skip_range calls inside the timestep range", needs="the pipeline's current timestep "
@@ -239,7 +298,8 @@ KINDS: dict[str, CacheKind] = {k.name: k for k in (
               provided=lambda pipe, steps, family: {**_timestep(pipe, steps, family),
                                                     "tensor_format": family.latent_format,
                                                     "attention_weight_callback": lambda _: 0.5},
-              hidden=("tensor_format",), refusal=_faster_refusal, inside_blocks=True),
+              hidden=("tensor_format",), refusal=_faster_refusal, inside_blocks=True,
+              first_call_refusal=_faster_first_call),
     CacheKind("sea", "SeaCacheConfig",
               "SeaCache: blocks skipped while the spectrum-weighted input change stays under threshold",
               needs="the step index, sigma and step count passed to cache_context (the family's "
@@ -336,13 +396,23 @@ class CacheSpec:
         return {"kind": self.kind.name, "spec": self.name, "config": self.kind.config,
                 "params": {k: _show(v) if isinstance(v, (list, tuple)) else v for k, v in self.params.items()}}
 
-    def build(self, pipe=None, steps: int = 1, family=None):
-        """diffusers' config object, with what the render fills in (``pipe``: the loaded pipeline; None for the
-        check before the load, which fills in stand-ins)."""
+    def for_denoiser(self, denoiser: str = DENOISERS[0]) -> dict:
+        """The parameters ``denoiser`` runs with: the second expert (``transformer_2``) its own values of the
+        kind's :attr:`~CacheKind.per_expert` parameters (``<name>_2``) where given, every denoiser the others."""
+        own = {f"{n}_2" for n in self.kind.per_expert}
+        out = {k: v for k, v in self.params.items() if k not in own}
+        if denoiser == DENOISERS[1]:
+            out.update({n: self.params[f"{n}_2"] for n in self.kind.per_expert if self.params.get(f"{n}_2") is not None})
+        return out
+
+    def build(self, pipe=None, steps: int = 1, family=None, denoiser: str = DENOISERS[0]):
+        """diffusers' config object for ``denoiser``, with what the render fills in (``pipe``: the loaded pipeline;
+        None for the check before the load, which fills in stand-ins; ``steps``: the steps this denoiser runs)."""
         provided = self.kind.provided(pipe, steps, family) if family is not None else {}
         cls = self.kind.config_class()
         fields = {f.name for f in dataclasses.fields(cls)}
-        kw = {k: v for k, v in {**self.kind.defaults, **self.params, **provided}.items() if k in fields}
+        kw = {k: v for k, v in {**self.kind.defaults, **self.for_denoiser(denoiser), **provided}.items()
+              if k in fields}
         return cls(**kw)
 
 
@@ -400,8 +470,10 @@ def check_cache(spec: Optional[CacheSpec], family, denoisers: Optional[dict] = N
     the whole-block kinds wrap the compiled blocks from outside), FasterCache's skip of
     the unconditional half of a guidance batch whose halves are on two ranks (``cfg_split``: ``--use_cfg_parallel``),
     and, where the denoisers' configs are known without weights (``denoisers``: name -> (class name, config)), a
-    cache diffusers can't apply to them or that would hook no module (built on the meta device). Under torchrun
-    otherwise every kind runs: :func:`apply_cache` makes the ranks' decisions one (``group``)."""
+    second expert's own value (``<name>_2``) given to a model of one denoiser or a value of one expert alone given to
+    a model of two (:func:`_expert_refusal`), a cache diffusers can't apply to them or that would hook no module
+    (built on the meta device). Under torchrun otherwise every kind runs: :func:`apply_cache` makes the ranks'
+    decisions one (``group``)."""
     if spec is None:
         return
     why = spec.kind.refusal(family, spec.params, pipeline_class)
@@ -421,6 +493,8 @@ def check_cache(spec: Optional[CacheSpec], family, denoisers: Optional[dict] = N
         lines = str(e).strip().splitlines()
         raise ValueError(f"--cache {spec.name}: diffusers refuses it: {lines[0]}\n"
                          + " ".join(ln.strip() for ln in lines[1:])) from None
+    if denoisers:
+        _expert_refusal(spec, list(denoisers))
     for name, (cls_name, config) in (denoisers or {}).items():
         import diffusers
 
@@ -442,12 +516,30 @@ def _hooked(model: torch.nn.Module) -> list[str]:
     return [n for n, m in model.named_modules() if n and getattr(getattr(m, "_diffusers_hook", None), "hooks", None)]
 
 
+def _expert_refusal(spec: CacheSpec, names: list[str]) -> None:
+    """A kind's per-expert parameter (:attr:`CacheKind.per_expert`): its second expert's value (``<name>_2``) is
+    refused for a model of one denoiser, and on a model of two experts a value given for one alone -- the other
+    would run with a value fitted to nothing of its own (MagCache's ratios are each expert's)."""
+    two = DENOISERS[1] in names
+    for name in spec.kind.per_expert:
+        first, second = (spec.given.get(k) is not None for k in (name, f"{name}_2"))
+        if second and not two:
+            raise ValueError(f"--cache {spec.name}: {name}_2 is the second expert's (Wan 2.2's {DENOISERS[1]}); this "
+                             f"model has one denoiser\ndrop {name}_2")
+        if two and first != second:
+            given, missing = (name, f"{name}_2") if first else (f"{name}_2", name)
+            raise ValueError(f"--cache {spec.name}: this model has two experts, each with its own {name}; {given} "
+                             f"is given, {missing} not\ngive {name} ({DENOISERS[0]}'s, the high-noise expert) and "
+                             f"{name}_2 ({DENOISERS[1]}'s), e.g. both from a calibrating render's timing.json "
+                             f"({name}=@FILE,{name}_2=@FILE)")
+
+
 def _hooked_or_refuse(spec, model, name, family, steps, pipe=None) -> list[str]:
     if not hasattr(model, "enable_cache"):
         raise ValueError(f"--cache {spec.name}: {name} ({type(model).__name__}) has no diffusers cache support "
                          "(CacheMixin)\nrender without --cache")
     try:
-        model.enable_cache(spec.build(pipe if pipe is not None else _Stand(), steps, family))
+        model.enable_cache(spec.build(pipe if pipe is not None else _Stand(), steps, family, denoiser=name))
     except (ValueError, TypeError, AttributeError) as e:
         raise ValueError(f"--cache {spec.name}: diffusers can't apply it to {name} ({type(model).__name__}): "
                          f"{str(e).strip().splitlines()[0]}\nrender without --cache or with another kind") from None
@@ -464,16 +556,31 @@ def apply_cache(spec: CacheSpec, pipe, models, *, steps: int, family,
     """``enable_cache`` on every denoiser (Wan 2.2's ``transformer_2`` too), its units' forwards counted; returns
     the counter (its :meth:`CacheCounter.summary` is timing.json's ``cache``).
 
+    Each denoiser's config is its own: the steps it runs (of Wan 2.2's ``steps``, the high-noise expert's first
+    share and the low-noise expert's rest: :func:`vdbench.pipelines.step_denoisers`) and its own values of the
+    kind's per-expert parameters; diffusers' hooks keep each denoiser's state apart (no residual crosses the
+    experts' switch), and a MagCache counts each expert's steps from its first, reads its own ratios and logs its
+    own calibration at its last step. A kind's refusal of a denoiser's first call (:attr:`CacheKind.first_call_refusal`,
+    at that denoiser's first timestep) comes before any hook goes on.
+
     ``group`` (torchrun, where each rank computes a shard of the denoiser's calls): the process group of the ranks
     sharing a call (:func:`vdbench.parallel.shard_group`), asked when a decision is reduced; a decision read from the
     data would be each rank's own, :func:`share_decisions` makes it one for them. The hooks must see the shard:
     under diffusers' context parallelism the cache goes on before ``enable_parallelism``, whose split and gather
     hooks then wrap it (the render's order)."""
+    names = [name for name, _ in models]
+    _expert_refusal(spec, names)
+    by_step = step_denoisers(pipe, steps)
+    own = {name: [t for d, t in by_step if d == name] for name in names}
+    for name in names:
+        why = own[name] and spec.kind.first_call_refusal(spec.for_denoiser(name), name, own[name][0])
+        if why:
+            raise ValueError(f"--cache {spec.name}: {why}")
     counter = CacheCounter(spec)
     for name, model in models:
-        counter.wrap_candidates(model)
-        try:
-            hooked = _hooked_or_refuse(spec, model, name, family, steps, pipe)
+        counter.wrap_candidates(model, name)
+        try:  # an expert that runs no step (a boundary past every timestep) is configured for one: never called
+            hooked = _hooked_or_refuse(spec, model, name, family, max(1, len(own[name])), pipe)
         except ValueError:
             counter.remove()
             raise
@@ -588,13 +695,16 @@ def _voted_gate(resolve_gate, group):
 
 class _CalibrationLog(logging.Handler):
     """The ratios of diffusers' MagCache calibration messages, one list per message in the order they come (each
-    cache context's state logs its own when it has run every step); a message that names itself a calibration but
-    holds no list of numbers is kept in ``ignored`` (why, and its start), never evaluated."""
+    cache context's state logs its own when its denoiser has run all its steps), with the denoiser whose call logged
+    it (``denoiser``: set by the counter as each denoiser call begins); a message that names itself a calibration
+    but holds no list of numbers is kept in ``ignored`` (why, and its start), never evaluated."""
 
     def __init__(self):
         super().__init__(logging.INFO)
         self.ratios: list[list[float]] = []
+        self.denoisers: list[str] = []
         self.ignored: list[str] = []
+        self.denoiser = DENOISERS[0]
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
@@ -606,11 +716,12 @@ class _CalibrationLog(logging.Handler):
             return
         try:
             self.ratios.append(_ratios_of_message(message))
+            self.denoisers.append(self.denoiser)
         except ValueError as e:
             self.ignored.append(f"{e}: {message[:80]!r}")
 
     def clear(self) -> None:
-        self.ratios, self.ignored = [], []
+        self.ratios, self.denoisers, self.ignored = [], [], []
 
 
 class CacheCounter:
@@ -629,14 +740,17 @@ class CacheCounter:
         self.computed: list[int] = []
         self.reused: list[int] = []
         self.forwards_per_step: list[int] = []
+        self.denoiser_per_step: list[Optional[str]] = []
+        self._ran: set = set()  # the denoisers called in the step in progress
         self.shared: Optional[dict] = None  # under torchrun: the decisions made one for the ranks (share_decisions)
         self.guidance: Optional[dict] = None  # under a CFG split: what this rank computes (split_guidance)
         self._served: Callable[[], int] = lambda: 0
         self._served_at = 0
 
-    def wrap_candidates(self, model: torch.nn.Module) -> None:
+    def wrap_candidates(self, model: torch.nn.Module, name: str = DENOISERS[0]) -> None:
         """Wrap the forward of every module a cache may hook (the blocks of a block list and their children), as
-        an instance attribute that diffusers' hook then takes as the original forward."""
+        an instance attribute that diffusers' hook then takes as the original forward; each call of the denoiser
+        (``name``) counted, and named as the one running."""
         for n, m in model.named_modules():
             parts = n.split(".")
             if len(parts) in (2, 3) and parts[1].isdigit() and isinstance(getattr(model, parts[0], None),
@@ -650,7 +764,7 @@ class CacheCounter:
 
                 m.forward = counted
                 self._wrapped[id(m)] = (m, own)
-        self._handles.append(model.register_forward_pre_hook(self._forward))
+        self._handles.append(model.register_forward_pre_hook(functools.partial(self._forward, name)))
 
     def keep(self, model: torch.nn.Module, name: str, hooked: list[str]) -> None:
         """Keep the counters of the modules the cache hooked, unwrap the rest."""
@@ -677,8 +791,11 @@ class CacheCounter:
     def _outer(self, module, args):
         self.outer += 1
 
-    def _forward(self, module, args):
+    def _forward(self, name, module, args):
         self.forwards += 1
+        self._ran.add(name)
+        if self.calibration is not None:
+            self.calibration.denoiser = name
 
     def reset(self) -> None:
         """A new pipeline call: the counts zeroed and the hooks' state too -- diffusers' pipelines don't reset it
@@ -689,7 +806,8 @@ class CacheCounter:
             HookRegistry.check_if_exists_or_initialize(m).reset_stateful_hooks(recurse=True)
         self.inner = self.outer = self.forwards = 0
         self._served_at = self._served()
-        self.computed, self.reused, self.forwards_per_step = [], [], []
+        self.computed, self.reused, self.forwards_per_step, self.denoiser_per_step = [], [], [], []
+        self._ran = set()
         if self.calibration is not None:
             self.calibration.clear()
 
@@ -721,8 +839,10 @@ class CacheCounter:
         self.reused.append(self.outer - self.inner)
         served = self._served()
         self.forwards_per_step.append(self.forwards - (served - self._served_at))
+        self.denoiser_per_step.append("+".join(sorted(self._ran)) or None)
         self._served_at = served
         self.inner = self.outer = self.forwards = 0
+        self._ran = set()
 
     def summary(self) -> dict:
         total = sum(self.computed) + sum(self.reused)
@@ -732,26 +852,34 @@ class CacheCounter:
         return {**self.spec.as_dict(), "units": len(self.units), "units_per_denoiser": per,
                 "unit": "block" if all(u.split(".")[-1].isdigit() for u in self.units) else "attention module",
                 "computed_blocks_per_step": list(self.computed), "reused_blocks_per_step": list(self.reused),
-                "forwards_per_step": list(self.forwards_per_step),
+                "forwards_per_step": list(self.forwards_per_step), "denoiser_per_step": list(self.denoiser_per_step),
                 "skipped_share": (sum(self.reused) / total) if total else None,
                 "calibration": self._calibration(), "shared_decisions": self.shared, "guidance_split": self.guidance}
 
     def _calibration(self) -> Optional[dict]:
         """A calibrating MagCache's ratios, one list per cache context in the order they came (Wan's "cond", then
-        "uncond"; CogVideoX's one batch), rounded to 4 decimals, and ``use``: the spec to give next time (the
-        other parameters given kept, ``calibrate`` dropped) -- with the first list. diffusers' config takes one
-        list for every context, and the first is the conditional pass's (the pipeline calls it first each step, so
-        its state finishes first): the prompt's prediction, which guidance scales up. None for another cache."""
+        "uncond"; CogVideoX's one batch; Wan 2.2's high-noise expert's, then the low-noise one's), rounded to 4
+        decimals; ``by_denoiser``: the same lists under the denoiser that logged them (each expert's over its own
+        steps); and ``use``: the spec to give next time (the other parameters given kept, ``calibrate`` dropped) --
+        with each denoiser's first list (``mag_ratios``, the second expert's ``mag_ratios_2``). diffusers' config
+        takes one list for every context of a denoiser, and the first is the conditional pass's (the pipeline calls
+        it first each step, so its state finishes first): the prompt's prediction, which guidance scales up. None
+        for another cache."""
         if self.calibration is None:
             return None
         ratios = [[round(r, 4) for r in rs] for rs in self.calibration.ratios]
+        by: dict[str, list] = {}
+        for name, rs in zip(self.calibration.denoisers, ratios):
+            by.setdefault(name, []).append(rs)
         use = None
-        if ratios:
+        if DENOISERS[0] in by:
             given = {k: v for k, v in self.spec.given.items() if k != "calibrate"}
-            given["mag_ratios"] = ratios[0]
+            given["mag_ratios"] = by[DENOISERS[0]][0]
+            if DENOISERS[1] in by:
+                given["mag_ratios_2"] = by[DENOISERS[1]][0]
             order = list(self.spec.kind.parameters())
             use = CacheSpec(self.spec.kind, {k: given[k] for k in order if k in given}, {}).name
-        return {"ratios": ratios, "use": use, "ignored": list(self.calibration.ignored)}
+        return {"ratios": ratios, "by_denoiser": by, "use": use, "ignored": list(self.calibration.ignored)}
 
     def remove(self) -> None:
         for h in self._handles:

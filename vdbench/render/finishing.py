@@ -46,14 +46,22 @@ def _log_calibration(c: dict, stack: str, timing_path: Path, log) -> None:
         return
     for why in cal.get("ignored") or []:
         log(f"warning: [{stack}] cache {c['spec']}: a MagCache calibration message ignored: {why}")
-    if cal.get("use"):
+    by = cal.get("by_denoiser") or {}
+    if cal.get("use") and len(by) > 1:  # two experts, each calibrated over its own steps
+        n = len(next(iter(by.values())))
+        steps = ", ".join(f"{name} {len(lists[0])} step{'s' if len(lists[0]) != 1 else ''}" for name, lists in by.items())
+        log(f"[{stack}] cache calibrated per expert ({steps}; {n} cache context{'s' if n != 1 else ''} each; the "
+            f"first, the conditional pass's, kept): next time --cache {cal['use']}")
+        log(f"hint: or --cache mag:mag_ratios=@{timing_path},mag_ratios_2=@{timing_path} (the same ratios, read from "
+            "this render's timing.json)")
+    elif cal.get("use"):
         n = len(cal["ratios"])
         log(f"[{stack}] cache calibrated ({len(cal['ratios'][0])} steps, {n} cache context{'s' if n != 1 else ''}; "
             f"the first, the conditional pass's, kept): next time --cache {cal['use']}")
         log(f"hint: or --cache mag:mag_ratios=@{timing_path} (the same ratios, read from this render's timing.json)")
     else:
         log(f"warning: [{stack}] cache {c['spec']}: diffusers logged no calibration ratios")
-        log("hint: it logs them when a denoiser has run every step; Wan 2.2's two experts each run part of them")
+        log("hint: it logs them when a denoiser has run all its steps")
 
 
 def finish(plan: Plan, entries: list[dict], frames, log, wall: Optional[Wall] = None) -> dict:
