@@ -24,14 +24,19 @@ from .plan import Plan
 __all__ = ["finish"]
 
 
-def _log_compile(comp: Optional[dict], stack: str, log) -> None:
+def _log_compile(comp: Optional[dict], stack: str, log, by_step: Optional[list] = None) -> None:
     """A compiled render's graphs per step; a warning where a step after the first compiled (a recompile: the step
-    waits for the compiler again) or where dynamo broke a graph."""
+    waits for the compiler again) or where dynamo broke a graph. ``by_step``: the denoiser of each step (two
+    experts: ``run.resolved.schedule.denoiser_by_step``), whose first step compiles that denoiser's own blocks --
+    said, not warned of."""
     if not comp:
         return
     per = comp["graphs_per_step"]
-    log(f"[{stack}] torch.compile: graphs made per step {per}, graph breaks {comp['graph_breaks']}")
-    later = [i + 1 for i, n in enumerate(per) if i and n]
+    firsts = {i: d for i, d in enumerate(by_step or []) if d not in by_step[:i]}
+    own = "".join(f"; step {i + 1}: {d}'s first, its own blocks' graphs" for i, d in firsts.items() if i and per[i:i + 1]
+                  and per[i])
+    log(f"[{stack}] torch.compile: graphs made per step {per}, graph breaks {comp['graph_breaks']}{own}")
+    later = [i + 1 for i, n in enumerate(per) if i and n and i not in firsts]
     if later:
         log(f"warning: [{stack}] torch.compile compiled again in step(s) {later}: a guard failed and the blocks "
             "recompiled")
@@ -131,7 +136,8 @@ def finish(plan: Plan, entries: list[dict], frames, log, wall: Optional[Wall] = 
             log(f"warning: [{stack}] cache {c['spec']}: the ranks computed different blocks (ranks[].cache in "
                 f"{cfg.timing_path})")
         _log_calibration(c, stack, cfg.timing_path, log)
-    _log_compile(last.get("compile"), stack, log)
+    _log_compile(last.get("compile"), stack, log,
+                 ((last.get("run") or {}).get("resolved") or {}).get("schedule", {}).get("denoiser_by_step"))
     fused_block = last.get("fused_block") or {}
     norms = fused_block.get("norms") or {}
     if fused_block.get("used") and not norms.get("used"):
