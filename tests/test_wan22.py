@@ -94,8 +94,9 @@ def test_each_backend_and_option_renders_both_experts_and_counts_each_ones_calls
     ctx = triton_interpreter("vdbench.kernels.quant", "vdbench.kernels.attention") if name in TRITON_KERNELS \
         else contextlib.nullcontext()
     cfg = _cfg(tmp_path, **{**kw, **settings})
+    lines = []
     with ctx:
-        R.render(cfg, log=lambda *a, **k: None)
+        R.render(cfg, log=lambda *a, **k: lines.append(" ".join(map(str, a))))
     (entry,) = json.loads(cfg.timing_path.read_text())
     assert entry["run"]["resolved"]["schedule"]["denoiser_by_step"] == by_step
     att = entry["attention"]
@@ -110,6 +111,8 @@ def test_each_backend_and_option_renders_both_experts_and_counts_each_ones_calls
     if name == "compile":  # each expert's blocks compiled; the low-noise expert's first step made its own graphs
         assert set(entry["run"]["resolved"]["speed_options"]["compile"]["models"]) == {"transformer", "transformer_2"}
         assert entry["compile"]["graphs_per_step"][BY_STEP.index("transformer_2")] > 0
+        said = [ln for ln in lines if "torch.compile" in ln]  # said as the expert's first graphs, no recompile
+        assert "step 4: transformer_2's first, its own blocks' graphs" in said[0] and len(said) == 1, said
     if name == "cache":
         assert entry["cache"]["denoiser_per_step"] == by_step and sum(entry["cache"]["reused_blocks_per_step"]) > 0
 

@@ -33,8 +33,8 @@ def _log_compile(comp: Optional[dict], stack: str, log, by_step: Optional[list] 
         return
     per = comp["graphs_per_step"]
     firsts = {i: d for i, d in enumerate(by_step or []) if d not in by_step[:i]}
-    own = "".join(f"; step {i + 1}: {d}'s first, its own blocks' graphs" for i, d in firsts.items() if i and per[i:i + 1]
-                  and per[i])
+    own = "".join(f"; step {i + 1}: {d}'s first, its own blocks' graphs" for i, d in firsts.items()
+                  if 0 < i < len(per) and per[i])
     log(f"[{stack}] torch.compile: graphs made per step {per}, graph breaks {comp['graph_breaks']}{own}")
     later = [i + 1 for i, n in enumerate(per) if i and n and i not in firsts]
     if later:
