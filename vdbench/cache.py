@@ -65,7 +65,9 @@ class CacheKind:
     (parameters the second of two experts -- Wan 2.2's ``transformer_2`` -- takes a value of its own for, spelled
     ``<name>_2`` as diffusers spells ``guidance_scale_2``), ``first_call_refusal(params, denoiser, timestep) ->
     reason | None`` (after the load, for each denoiser's first step: each denoiser's hooks start empty there, the
-    low-noise expert's at the experts' switch)."""
+    low-noise expert's at the experts' switch), ``across_calls`` (its hooks keep one state per module for every
+    call of the denoiser, no cache context: where guidance is two calls a step -- Wan -- the unconditional call
+    reuses what the conditional call of the same step left, which a CFG split's rank, holding one branch, can't)."""
 
     name: str
     config: str
@@ -78,6 +80,7 @@ class CacheKind:
     files: dict = dataclasses.field(default_factory=dict)
     inside_blocks: bool = False
     per_expert: tuple[str, ...] = ()
+    across_calls: bool = False
     first_call_refusal: Callable[..., Optional[str]] = lambda params, denoiser, timestep: None
 
     def config_class(self):
@@ -288,7 +291,7 @@ KINDS: dict[str, CacheKind] = {k.name: k for k in (
               "Pyramid Attention Broadcast: self-attention outputs reused for block_skip_range-1 of every "
               "block_skip_range calls inside the timestep range", needs="the pipeline's current timestep "
               "(filled in)", defaults={"spatial_attention_block_skip_range": 2}, provided=_timestep,
-              inside_blocks=True),
+              inside_blocks=True, across_calls=True),
     CacheKind("faster", "FasterCacheConfig",
               "FasterCache: attention outputs reused with a frequency-weighted correction, the unconditional "
               "batch's skipped", needs="the pipeline's current timestep (filled in); guidance as one batch (or "
@@ -298,7 +301,7 @@ KINDS: dict[str, CacheKind] = {k.name: k for k in (
               provided=lambda pipe, steps, family: {**_timestep(pipe, steps, family),
                                                     "tensor_format": family.latent_format,
                                                     "attention_weight_callback": lambda _: 0.5},
-              hidden=("tensor_format",), refusal=_faster_refusal, inside_blocks=True,
+              hidden=("tensor_format",), refusal=_faster_refusal, inside_blocks=True, across_calls=True,
               first_call_refusal=_faster_first_call),
     CacheKind("sea", "SeaCacheConfig",
               "SeaCache: blocks skipped while the spectrum-weighted input change stays under threshold",
@@ -483,6 +486,13 @@ def check_cache(spec: Optional[CacheSpec], family, denoisers: Optional[dict] = N
         raise ValueError(f"--cache {spec.name} with --use_cfg_parallel: FasterCache skips the unconditional half of "
                          "each guidance batch, and the CFG split puts the two halves on two ranks\nuse "
                          "faster:is_guidance_distilled=true (the attention cache alone), or drop --use_cfg_parallel")
+    if cfg_split and spec.kind.across_calls and family is not None and not family.guidance_in_one_batch:
+        raise ValueError(f"--cache {spec.name} with --use_cfg_parallel: diffusers' {spec.kind.config} keeps one state "
+                         f"per attention module for every denoiser call, so on one process the {family.name} "
+                         "pipeline's unconditional call of a step reuses its conditional call's output; a CFG split's "
+                         "rank holds one branch and would reuse its previous step's instead (another render than one "
+                         "process's)\nuse a cache whose state is per guidance branch (fbc, mag, taylor, sea), or "
+                         "drop --use_cfg_parallel")
     if compiled and spec.kind.inside_blocks:
         raise ValueError(f"--cache {spec.name} with --use_torch_compile: its hooks sit on the attention modules "
                          "inside the compiled blocks and decide per call in Python (a graph break the regional "
