@@ -27,6 +27,7 @@ row is refused where it shows a timed figure without the words of its ``how``.
 from __future__ import annotations
 
 import argparse
+import csv
 import functools
 import json
 import os
@@ -165,6 +166,7 @@ MEASURES = {
     "rel_l2": Measure(_plain("rel_l2"), "value", "", 2),
     "skipped_pct": Measure(lambda r, s: (100 * r.data["cache"]["skipped_share"], None, None, None), "value", "", 0),
     "field": Measure(lambda r, s: (_figure(r, s["key"]), None, None, None), "value", "", 1),
+    "gib": Measure(lambda r, s: (_figure(r, s["key"]) / 2**30, None, None, None), "value", "", 1),
     "text": Measure(lambda r, s: (str(_figure(r, s["key"])), None, None, None), "value", ""),
     "json": Measure(None, "value", ""),  # a plain JSON file's value at ``key`` (no record reader knows the file)
 }
@@ -198,18 +200,31 @@ class Records:
         return self._cache[rel]
 
     def plain(self, rel: str):
-        """A JSON file as it is (a sweep's ``sweep.json``, a summary), for ``m = "json"``."""
+        """A JSON file as it is (a sweep's ``sweep.json``, a summary), or a CSV table as its rows (the report's
+        ``summary.csv``: numbers as numbers), for ``m = "json"``."""
         key = ("json", rel)
         if key not in self._cache:
             path = self.root / RESULTS / rel
             if not path.is_file():
                 raise DocsError(f"no record {RESULTS / rel}")
-            self._cache[key] = json.loads(path.read_text())
+            if path.suffix == ".csv":
+                with open(path, newline="") as f:
+                    self._cache[key] = [{k: _number(v) for k, v in row.items()} for row in csv.DictReader(f)]
+            else:
+                self._cache[key] = json.loads(path.read_text())
         return self._cache[key]
 
     def glob(self, pattern: str) -> list[str]:
         base = self.root / RESULTS
         return sorted(p.relative_to(base).as_posix() for p in base.glob(pattern) if p.is_file())
+
+
+def _number(text: str):
+    """A CSV cell: a float where it reads as one (``inf`` too), else the text."""
+    try:
+        return float(text)
+    except ValueError:
+        return text
 
 
 def _fields(rec, key: str) -> tuple:

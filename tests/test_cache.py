@@ -159,7 +159,6 @@ def test_a_tiny_render_with_each_cache_counts_what_it_computed_and_reused(tmp_pa
     # the record carries the cache as part of the run's stack, and the label shows it
     (rec,) = M.read(cfg.timing_path.with_name("records.jsonl"))
     assert rec.config["cache"] == name and rec.figures["cache_skipped_share"] == c["skipped_share"]
-    # (the label adds the identity tags in brackets: _cfg's seed and prompt are off the defaults)
     assert M.identity(rec).stack == entry["stack"] == f"sdpa+{name}"
 
 
@@ -304,8 +303,9 @@ def test_a_tiny_calibrating_render_records_the_ratios_of_both_passes_and_the_nex
     assert spec.name.startswith("mag:threshold=0.1,mag_ratios=@") and len(spec.name.rsplit("@")[1]) == 8
     assert spec.name == C.parse_cache(f"mag:mag_ratios=@{cfg.timing_path},threshold=0.1").name
     assert C.parse_cache(f"mag:mag_ratios=@{cfg.timing_path},mag_ratios=1.0").name == "mag:mag_ratios=1.0"
-    plan = R.validate(_cfg(tmp_path, cache=f"mag:mag_ratios=@{cfg.timing_path}",  # (another render: its own file)
-                           output_path=tmp_path / "next" / cfg.output_path.name))
+    # another render (its own file: the calibrating render's is not replaced by it)
+    plan = R.validate(_cfg(tmp_path, cache=f"mag:mag_ratios=@{cfg.timing_path}",
+                           output_path=cfg.output_path.with_name("calibrated.mp4")))
     assert plan.cache.params["mag_ratios"] == cond and plan.cfg.cache == plan.cache.name
 
 

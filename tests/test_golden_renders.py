@@ -76,7 +76,9 @@ CASES = {
                         ("a66a51e3525b7517e54c92596877908b9f3e01abf783a80b70b4aadb8563dca7",
                  "1e9c4477c1b41bfe4602bf0d14f669f10a12f8559dba37238a571c7eec04c510")),
     "cogvideox_fp8_emu": ("sageattn_cogvideo.py", ["--model_path", "tiny", "--attention_type", "fp8_emu"],
-                          "--output_dir", "cogvideox-tiny_fp8_emu.npy",
+                          # CogVideoX's names carry the model and backend; this size, frame and step count (the
+                          # tiny model's are 128x192, 17, 4) go into the name's identity id
+                          "--output_dir", "cogvideox-tiny_fp8_emu_id-3a7e2335.npy",
                           ("4bbc1723962bba1031d17bf1f23316dcef49d964899b0ae1a502bb987f4ac83b",
                  "03f2c74bcef129858190e54d9441120abeb0e75b72edf27e4cf6e2c54dc7d805")),
 }

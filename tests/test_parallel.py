@@ -14,6 +14,7 @@ Tolerances, float32 latents before the VAE, rank 0's vs the single process's:
 """
 
 import json
+import re
 import os
 import shutil
 import subprocess
@@ -531,6 +532,12 @@ def renders(tmp_path_factory):
     return out
 
 
+def _frames(render_dir: Path) -> Path:
+    """The raw frames a render in ``render_dir`` wrote (named by its identity: its timing entry says where)."""
+    entry = json.loads((render_dir / "results" / "timing.json").read_text())[-1]
+    return Path(entry["output"]).with_suffix(".npy")
+
+
 def test_ulysses2_over_gloo_is_bit_identical(renders):
     a, b = _latents(renders["single"]), _latents(renders["ulysses"])
     assert a.shape == b.shape and torch.equal(a, b)
@@ -548,7 +555,7 @@ def test_ulysses_async_is_bit_identical_and_says_which_path_ran(renders):
     fa = np.load(renders["single"] / "results" / f"{VIDEO}.npy")
     for name, path, settled in (("ulysses", "@ulysses2/async", True), ("utemplate", "@ulysses2", False)):
         assert torch.equal(one, _latents(renders[name])), name
-        assert np.array_equal(fa, np.load(renders[name] / "results" / f"{VIDEO}_u2.npy")), name
+        assert np.array_equal(fa, np.load(_frames(renders[name]))), name
         e = json.loads((renders[name] / "results" / "timing.json").read_text())[-1]
         assert e["parallel"]["async_exchange"] is settled and e["parallel"]["engine"] == "diffusers"
         assert e["parallel"]["v_per_rank"] is True  # the default; V made per destination where async runs
@@ -588,7 +595,7 @@ def test_cfg_split_over_gloo_is_bit_identical_to_one_process(renders, name, rank
     for r in range(ranks):
         assert torch.equal(a, _latents(renders[name], rank=r)), r
     fa = np.load(renders["single"] / "results" / f"{VIDEO}.npy")
-    assert np.array_equal(fa, np.load(renders[name] / "results" / f"{VIDEO}{LAYOUT[name]}.npy"))
+    assert np.array_equal(fa, np.load(_frames(renders[name])))
     e = json.loads((renders[name] / "results" / "timing.json").read_text())[-1]
     assert e["parallel"]["label"] == ("cfg2" if name == "cfg" else "ulysses2+cfg2")
     assert e["parallel"]["world_size"] == ranks and e["parallel"]["engine"] == "diffusers"
@@ -636,7 +643,7 @@ def test_ring2_and_hybrid_over_gloo_match_within_tolerance(renders, name):
     rel = ((a - b).norm() / a.norm()).item()
     assert 0 <= rel <= 1e-5, rel
     fa = np.load(renders["single"] / "results" / f"{VIDEO}.npy").astype(int)
-    fb = np.load(renders[name] / "results" / f"{VIDEO}{LAYOUT[name]}.npy").astype(int)
+    fb = np.load(_frames(renders[name])).astype(int)
     assert np.abs(fa - fb).max() <= 2
 
 
@@ -647,7 +654,10 @@ def test_ring2_and_hybrid_over_gloo_match_within_tolerance(renders, name):
 ])
 def test_rank0_writes_merged_timing_with_per_rank_counts(renders, name, tag, per_rank, ranks):
     res = renders[name] / "results"
-    assert sorted(p.name for p in res.glob("*.mp4")) == [f"{VIDEO}{LAYOUT[name]}.mp4"]  # the layout in the name
+    # the layout in the name; a named engine (not auto) is the render's identity too: its id
+    (video,) = [p.name for p in res.glob("*.mp4")]
+    assert re.fullmatch(re.escape(f"{VIDEO}{LAYOUT[name]}") + ("" if name == "ulysses" else r"_id-[0-9a-f]{8}")
+                        + r"\.mp4", video), video
     entries = json.loads((res / "timing.json").read_text())
     assert len(entries) == 1, "only rank 0 appends (once per repetition)"
     e = entries[0]

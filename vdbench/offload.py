@@ -20,6 +20,7 @@ swap runs with its host copies standing in for the device's (it saves nothing th
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from typing import Optional
@@ -137,24 +138,30 @@ class ExpertSwap:
         self.cuda = self.device.type == "cuda"
         self.experts = [pipe.transformer, pipe.transformer_2]
         self.units = [[_Unit(_tensors(b)) for b in _blocks(m)] + [_Unit(self._rest(m))] for m in self.experts]
-        start = time.perf_counter()
-        self.host = {}
-        for units in self.units:
-            for u in units:
-                for t in u.tensors:
-                    copy = torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=self.cuda)
-                    self.host[id(t)] = copy.copy_(t.detach())
-        self.host_bytes = sum(t.numel() * t.element_size() for t in self.host.values())
-        self.setup_s = time.perf_counter() - start  # the pinned copies: a one-time cost, in the load
+        self.host: dict = {}
+        self.host_bytes = sum(t.numel() * t.element_size() for units in self.units for u in units for t in u.tensors)
         self.stream = torch.cuda.Stream(self.device) if self.cuda else None
+        # the host copies: a weight already pinned on the host (the idle expert, built or loaded there) is its own;
+        # the others are copied into pinned memory by a thread while the first steps run (none is needed before the
+        # first swap); on a CPU, at once
+        ready = [t for units in self.units for u in units for t in u.tensors if t.device.type == "cpu" and t.is_pinned()]
+        self.host.update((id(t), t.data) for t in ready)
+        todo = [t for units in self.units for u in units for t in u.tensors if id(t) not in self.host]
+        self.setup_s: Optional[float] = None  # the copies' time, off the render's path
+        self.copied = threading.Event()
+        self._copier = threading.Thread(target=self._copy_to_host, args=(todo,), daemon=True,
+                                        name="vdbench-expert-host-copy")
+        if self.cuda:
+            self._copier.start()
+        else:
+            self._copy_to_host(todo)
         self.on = [[True] * len(self.units[0]), [False] * len(self.units[1])]
         self.done_event = None  # the side stream's last copy
         self.lock = threading.Lock()  # the guidance-overlap threads call the blocks from two host threads
         self.swaps = 0
         self.late = 0  # swaps left to the incoming expert's first call (not hidden behind a step)
+        self.copy_waits = 0  # swaps that waited for the host copies
         self.waits = 0
-        for u in self.units[1]:
-            self._off(u)
         for e, model in enumerate(self.experts):
             model.register_forward_pre_hook(lambda mod, args, e=e: self._before_expert(e))
             model.register_forward_hook(lambda mod, args, out, e=e: self._after_expert(e))
@@ -167,6 +174,24 @@ class ExpertSwap:
         self.calls = [0, 0]  # the expert's calls in the current step
         self.per_step = [None, None]  # an expert's calls per step, once counted
         self.block_calls: dict = {}
+
+    def _copy_to_host(self, tensors: list) -> None:
+        """The host copies of ``tensors`` (pinned on a GPU machine), each offloaded one (on the host already) then
+        pointed at its copy; on a CUDA device the device-to-host copies run on a stream of their own."""
+        start = time.perf_counter()
+        offloaded = {id(t) for u in self.units[1] for t in u.tensors}
+        stream = torch.cuda.Stream(self.device) if self.cuda else None
+        with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+            for t in tensors:
+                copy = torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=self.cuda)
+                self.host[id(t)] = copy.copy_(t.detach(), non_blocking=self.cuda)
+        if stream is not None:
+            stream.synchronize()
+        for u in self.units[1]:  # the idle expert: its weights now the copies (on a CPU: poisoned)
+            if all(id(t) in offloaded for t in u.tensors):
+                self._off(u)
+        self.setup_s = time.perf_counter() - start
+        self.copied.set()
 
     @staticmethod
     def _rest(model: torch.nn.Module) -> list[torch.Tensor]:
@@ -254,6 +279,9 @@ class ExpertSwap:
         out, into = self.units[e][j], self.units[1 - e][j]
         if not self.on[e][j]:
             return
+        if not self.copied.is_set():  # the host copies still on their way (a render whose first switch came early)
+            self.copied.wait()
+            self.copy_waits += 1
         if self.cuda:
             main = torch.cuda.current_stream(self.device)
             ready = main.record_event()  # after the outgoing unit's queued kernels
@@ -276,4 +304,5 @@ class ExpertSwap:
     def as_dict(self) -> dict:
         """What the swap did (the render's record): units swapped, the incoming expert's waits on the copies."""
         return {"units_swapped": self.swaps, "swapped_late": self.late, "expert_waits": self.waits,
-                "calls_per_step": self.per_step, "setup_s": self.setup_s, "host_bytes": self.host_bytes}
+                "calls_per_step": self.per_step, "host_copies_s": self.setup_s, "waited_for_host_copies": self.copy_waits,
+                "host_bytes": self.host_bytes}

@@ -408,7 +408,7 @@ def build_pipeline(variant: TinyVariant, module_device=None, timings: Optional[d
         if getattr(variant, name, None) is not None:
             with on():
                 early[name] = part(name, _make_transformer(variant, name))
-            early[name].to("cpu")
+            _to_host(early[name])
     tokenizer = part("tokenizer", _build_tokenizer(variant.tokenizer_max_length))
     with on():
         components: dict[str, Any] = {
@@ -431,6 +431,17 @@ def build_pipeline(variant: TinyVariant, module_device=None, timings: Optional[d
         if isinstance(component, torch.nn.Module):
             _saved_float64_to_float32(component)
     return part("assemble", cls(**components, **variant.pipeline_kwargs))
+
+
+def _to_host(module) -> None:
+    """A module's weights moved to the host, into pinned memory where a GPU is there (what an offloaded expert's
+    copies to the device come from: :mod:`vdbench.offload` takes them as they are, no second copy)."""
+    import torch
+
+    pin = torch.cuda.is_available()
+    for t in [*module.parameters(), *module.buffers()]:
+        if t.device.type != "cpu":
+            t.data = torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=pin).copy_(t.detach())
 
 
 def get_variant(variant: str) -> TinyVariant:
