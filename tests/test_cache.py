@@ -245,7 +245,7 @@ def test_text_kv_cache_is_listed_and_refused_before_the_load_with_the_reason(tmp
 @pytest.fixture
 def mag_logger():
     """diffusers' MagCache logger, its level and handlers checked unchanged after the test."""
-    logger = logging.getLogger(C._MAG_LOGGER)
+    logger = logging.getLogger(C.MAG_LOGGER)
     level, handlers = logger.level, list(logger.handlers)
     yield logger
     assert logger.level == level and logger.handlers == handlers

@@ -25,7 +25,7 @@ each one's state apart, so the low-noise expert's first step starts from an empt
 """
 
 from .apply import apply_cache, check_cache, share_decisions
-from .counter import _MAG_LOGGER, CacheCounter
+from .counter import MAG_LOGGER, CacheCounter
 from .spec import CACHE_HELP, KINDS, CacheKind, CacheSpec, parse_cache
 
 __all__ = ["CacheKind", "CacheSpec", "CacheCounter", "KINDS", "parse_cache", "check_cache", "apply_cache",

@@ -11,12 +11,12 @@ from typing import Any, Callable, Optional
 import torch
 
 from ..pipelines import DENOISERS
-from .spec import CacheSpec, _ratios, _strict_json
+from .spec import CacheSpec, ratios_of, strict_json
 
 __all__ = ["CacheCounter"]
 
 #: the logger diffusers' MagCache calibration reports its ratios on, and the message's start (``_advance_step``)
-_MAG_LOGGER = "diffusers.hooks.mag_cache"
+MAG_LOGGER = "diffusers.hooks.mag_cache"
 _CALIBRATION_PREFIX = "MagCache Calibration Results:"
 
 
@@ -26,7 +26,7 @@ def _ratios_of_message(message: str) -> list[float]:
     start, end = message.find("["), message.rfind("]")
     if start < 0 or end < start:
         raise ValueError("no bracketed list")
-    return _ratios(_strict_json(message[start:end + 1]))
+    return ratios_of(strict_json(message[start:end + 1]))
 
 
 class _CalibrationLog(logging.Handler):
@@ -156,7 +156,7 @@ class CacheCounter:
         if self.calibration is None:
             yield
             return
-        logger = logging.getLogger(_MAG_LOGGER)
+        logger = logging.getLogger(MAG_LOGGER)
         level = logger.level
         raise_level = logger.getEffectiveLevel() > logging.INFO
         logger.addHandler(self.calibration)

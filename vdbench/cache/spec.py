@@ -163,7 +163,7 @@ def _no_constant(name):
     raise ValueError(f"{name} is not a finite number")
 
 
-def _strict_json(text: str):
+def strict_json(text: str):
     """``text`` read as JSON, NaN and Infinity refused (JSON has neither); ValueError("not JSON (why)")."""
     try:
         return json.loads(text, parse_constant=_no_constant)
@@ -171,7 +171,7 @@ def _strict_json(text: str):
         raise ValueError(f"not JSON ({getattr(e, 'msg', e)})") from None
 
 
-def _ratios(value) -> list[float]:
+def ratios_of(value) -> list[float]:
     """``value`` as magnitude ratios: a non-empty list of finite numbers (booleans are not numbers here);
     ValueError otherwise."""
     if not isinstance(value, list) or not value:
@@ -201,7 +201,7 @@ def _calibrated_ratios(path_text: str, denoiser: str = DENOISERS[0]) -> list[flo
     except (OSError, UnicodeDecodeError) as e:
         raise ValueError(f"can't read it ({type(e).__name__}: {e})\n{hint}") from None
     try:
-        data = _strict_json(text)
+        data = strict_json(text)
     except ValueError as e:
         raise ValueError(f"{e}\n{hint}") from None
     entries = data if isinstance(data, list) else [data]  # a timing.json is a list; one entry taken as it is
@@ -222,7 +222,7 @@ def _calibrated_ratios(path_text: str, denoiser: str = DENOISERS[0]) -> list[flo
             raise ValueError("its calibration holds no ratios (diffusers logged none)\ndiffusers logs them when "
                              "a denoiser has run all its steps")
         try:
-            return _ratios(lists[0])
+            return ratios_of(lists[0])
         except ValueError as e:
             raise ValueError(f"its cache.calibration.{where}[0] is {e}\n{hint}") from None
     raise ValueError(f"no entry with a MagCache calibration (cache.calibration.ratios)\n{hint}")
