@@ -41,8 +41,6 @@ from pathlib import Path
 from typing import Callable, Optional
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # run by path: read with this checkout's package, the one the pages describe
-    sys.path.insert(0, str(ROOT))
 
 DECLARATIONS = ROOT / "bench" / "docs_tables.toml"
 RESULTS = Path("docs") / "gpu_results"  # under the root: where every ``rec`` is

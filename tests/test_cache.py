@@ -68,9 +68,20 @@ def test_refusals_come_before_the_load(tmp_path, no_load, monkeypatch):  # noqa:
         R.validate(_cfg(tmp_path, family="cogvideox", cache="sea", height=128, width=192,
                         output_path=tmp_path / "cogvideox-tiny_sdpa.mp4"))
     # under torchrun every kind runs (one decision for all ranks), but FasterCache's skip of the unconditional half
-    # of a guidance batch can't where --use_cfg_parallel puts the halves on two ranks
-    C.check_cache(C.parse_cache("pab"), families.get("wan"), cfg_split=True)
+    # of a guidance batch can't where --use_cfg_parallel puts the halves on two ranks, and neither can PAB's or
+    # FasterCache's reuse of a step's conditional call by its unconditional call (Wan's two calls: their state is
+    # one per attention module, no cache context). Measured on tiny Wan 2.1 (64x64, 5 frames, 4 steps, PAB over
+    # every step): CFG-2's latents 2.1e-2 (relative L2) from one process's, frames up to 27 levels apart
+    wan = families.get("wan")
+    for kind in ("fbc", "taylor"):
+        C.check_cache(C.parse_cache(kind), wan, cfg_split=True)
+    for spec in ("pab", "faster:is_guidance_distilled=true"):
+        with pytest.raises(ValueError, match="with --use_cfg_parallel: diffusers' .* keeps one state per attention "
+                                             "module for every denoiser call, so on one process the wan pipeline's "
+                                             "unconditional call of a step reuses its conditional call's output"):
+            C.check_cache(C.parse_cache(spec), wan, cfg_split=True)
     cog = families.get("cogvideox")
+    C.check_cache(C.parse_cache("pab"), cog, cfg_split=True)  # guidance as one batch: each half its own state
     C.check_cache(C.parse_cache("faster"), cog)
     with pytest.raises(ValueError, match="the CFG split puts the two halves on two ranks\nuse "
                                          "faster:is_guidance_distilled=true"):
@@ -234,7 +245,7 @@ def test_text_kv_cache_is_listed_and_refused_before_the_load_with_the_reason(tmp
 @pytest.fixture
 def mag_logger():
     """diffusers' MagCache logger, its level and handlers checked unchanged after the test."""
-    logger = logging.getLogger(C._MAG_LOGGER)
+    logger = logging.getLogger(C.MAG_LOGGER)
     level, handlers = logger.level, list(logger.handlers)
     yield logger
     assert logger.level == level and logger.handlers == handlers
@@ -252,13 +263,14 @@ def test_a_calibration_is_read_from_diffusers_log_messages_and_a_malformed_one_i
         mag_logger.info("MagCache Calibration Results: [1.0, NaN]")
     cal = counter.summary()["calibration"]
     assert cal["ratios"] == [[1.0, 0.9877, 1.01], [1.0, 0.5]]
+    assert cal["by_denoiser"] == {"transformer": cal["ratios"]}  # no denoiser called: the first's
     # the first list (the conditional pass), the other parameters given kept, calibrate dropped
     assert cal["use"] == "mag:max_skip_steps=2,mag_ratios=1.0+0.9877+1.01"
     assert C.parse_cache(cal["use"]).params["mag_ratios"] == [1.0, 0.9877, 1.01]
     assert [why.split(":")[0] for why in cal["ignored"]] == ["not JSON (Expecting value)", "no bracketed list",
                                                               "not JSON (NaN is not a finite number)"]
     counter.reset()  # a new pipeline call: its own calibration
-    assert counter.summary()["calibration"] == {"ratios": [], "use": None, "ignored": []}
+    assert counter.summary()["calibration"] == {"ratios": [], "by_denoiser": {}, "use": None, "ignored": []}
     # the handler leaves and the level comes back when the render fails too (mag_logger checks)
     with pytest.raises(RuntimeError), counter.listening():
         raise RuntimeError("the render failed")
@@ -332,3 +344,130 @@ def test_ratios_from_a_file_take_the_last_calibration_and_are_refused_before_the
     with pytest.raises(ValueError, match="mag_ratios=@.*missing.json: no such file\ngive the timing.json of a "
                                          "render with --cache mag:calibrate=true"):
         R.validate(_cfg(tmp_path, cache=f"mag:mag_ratios=@{tmp_path / 'missing.json'}"))
+
+
+# ----- Wan 2.2's two experts: each denoiser's hooks hold their own state, and each expert starts afresh -----
+
+A14B = dict(model="tiny:wan2.2-t2v-a14b", height=32, width=32, num_frames=5, num_inference_steps=6)
+# 6 steps at the model's shift 12: timesteps 999, 983, 960, 923 (high-noise expert), 857, 707 (low-noise)
+SWITCH = 4
+# each permissive enough to reuse in the step before the switch; the FasterCache range holds the high-noise
+# expert's later steps and not the low-noise expert's first (one that does is refused: the test below)
+EXPERT_CACHES = ["fbc:threshold=0.5", "mag:threshold=0.5,mag_ratios=1.0,mag_ratios_2=1.0",
+                 "taylor:cache_interval=2,disable_cache_before_step=1",
+                 "pab:spatial_attention_timestep_skip_range=-1+1000",
+                 "faster:spatial_attention_timestep_skip_range=900+990,is_guidance_distilled=true",
+                 "sea:threshold=10,max_consecutive_cached=0"]
+
+
+@pytest.mark.parametrize("spec", EXPERT_CACHES)
+def test_each_expert_computes_its_first_step_whole_after_the_other_reused(tmp_path, spec):
+    """diffusers' hooks keep each denoiser's state apart (per cache context for fbc, mag, taylor, sea; per attention
+    module for pab, faster), so no residual or output of the high-noise expert reaches a step of the low-noise one:
+    the step right before the switch reuses, the switch's step computes every unit of the expert that takes over.
+    PAB keeps one state per attention module across the cache contexts: Wan's unconditional call of a step reuses
+    the conditional call's output of that step (what diffusers' PAB does with a pipeline of two calls a step), its
+    first call of each expert computed."""
+    cfg = _cfg(tmp_path, cache=spec, **A14B)
+    R.render(cfg, log=lambda *a, **k: None)
+    (entry,) = json.loads(cfg.timing_path.read_text())
+    c, schedule = entry["cache"], entry["run"]["resolved"]["schedule"]
+    by_step = ["transformer"] * SWITCH + ["transformer_2"] * 2
+    assert schedule["denoiser_by_step"] == c["denoiser_per_step"] == by_step, (schedule, c)
+    assert schedule["timesteps"] == [999.0, 983.0, 960.0, 923.0, 857.0, 707.0]
+    computed, reused, forwards = c["computed_blocks_per_step"], c["reused_blocks_per_step"], c["forwards_per_step"]
+    assert forwards == [2] * 6
+    units = c["units_per_denoiser"]
+    assert units["transformer"] == units["transformer_2"] > 0
+    assert reused[SWITCH - 1] > 0, c  # the high-noise expert reused in its last step
+    for first, name in ((0, "transformer"), (SWITCH, "transformer_2")):
+        if spec.startswith("pab"):  # the conditional call computed whole, the unconditional one reused its output
+            assert computed[first] == reused[first] == units[name], (name, c)
+        else:
+            assert computed[first] == units[name] * forwards[first] and reused[first] == 0, (name, c)
+    # every call of the running expert's units counted once, computed or reused
+    assert all(a + b == units[d] * f for a, b, f, d in zip(computed, reused, forwards, by_step))
+    # the attention calls of each expert, by kernel: 2 blocks x (self + cross) x 2 calls a step (pab and faster
+    # skip some calls of the attention modules they hook)
+    calls = entry["attention"]["calls_by_denoiser"]
+    assert set(calls) == {"transformer", "transformer_2"} and all(sum(v.values()) > 0 for v in calls.values())
+    if not spec.startswith(("pab", "faster", "taylor")):
+        full = {d: 8 * sum(1 for s in range(6) if by_step[s] == d and reused[s] == 0) for d in calls}
+        assert all(sum(calls[d].values()) >= full[d] for d in calls), (calls, c)
+
+
+def test_a_cache_that_would_skip_an_experts_first_call_is_refused(tmp_path, no_load):  # noqa: F811
+    """FasterCache skips a first call inside its timestep range (its cache empty: diffusers fails): refused after
+    the load, before any step, where the range holds the low-noise expert's first timestep; TaylorSeer predicting a
+    denoiser's first call (no warm-up, no compute interval there) is refused before the load."""
+    with pytest.raises(ValueError, match="disable_cache_before_step=0 with cache_interval=5: TaylorSeer would "
+                                         "predict each denoiser's first call.*\ngive disable_cache_before_step=1"):
+        R.validate(_cfg(tmp_path, cache="taylor:disable_cache_before_step=0"))
+    R.validate(_cfg(tmp_path, cache="taylor:disable_cache_before_step=0,cache_interval=1"))  # computes every call
+
+
+def test_a_faster_cache_range_holding_the_low_noise_experts_first_timestep_is_refused(tmp_path, capsys):
+    spec = "faster:spatial_attention_timestep_skip_range=-1+990,is_guidance_distilled=true"
+    argv = ["--model", A14B["model"], "--height", "32", "--width", "32", "--num_frames", "5",
+            "--num_inference_steps", "6", "--attention_type", "sdpa", "--cache", spec,
+            "--benchmark_output_directory", str(tmp_path)]
+    assert run_wan.main(argv) == 2
+    first, hint = capsys.readouterr().err.strip().splitlines()[-2:]
+    assert first == (f"error: --cache {spec}: spatial_attention_timestep_skip_range -1..990 holds transformer_2's "
+                     "first timestep (857): FasterCache would skip that denoiser's first call, before anything is "
+                     "cached (diffusers fails there)")
+    assert hint == "hint: end it at or below 857, e.g. spatial_attention_timestep_skip_range=-1+857"
+    assert not list(tmp_path.rglob("*.mp4"))
+
+
+def test_magcache_calibrates_each_expert_over_its_own_steps_and_each_runs_with_its_own_ratios(
+        tmp_path, capsys, mag_logger):
+    """Each expert's MagCache counts its own steps (the high-noise expert 4 of the 6, the low-noise one 2), so each
+    logs its calibration at its own last step: per expert, per cache context. The next render's spec names each
+    expert's conditional list, and each denoiser's config gets its own ratios and step count."""
+    cfg = _cfg(tmp_path, cache="mag:calibrate=true", **A14B)
+    R.render(cfg)
+    (entry,) = json.loads(cfg.timing_path.read_text())
+    cal = entry["cache"]["calibration"]
+    high, low = cal["by_denoiser"]["transformer"], cal["by_denoiser"]["transformer_2"]
+    assert [len(r) for r in high] == [SWITCH, SWITCH] and [len(r) for r in low] == [2, 2]  # cond, uncond each
+    assert cal["ratios"] == high + low and high[0][0] == low[0][0] == 1.0  # each expert's first step: no before
+    assert high[0] != high[1] and high[0][1:] != low[0][1:]
+    assert cal["use"] == ("mag:mag_ratios=" + "+".join(map(str, high[0])) + ",mag_ratios_2="
+                          + "+".join(map(str, low[0])))
+    out = capsys.readouterr().out
+    assert (f"cache calibrated per expert (transformer 4 steps, transformer_2 2 steps; 2 cache contexts each; the "
+            f"first, the conditional pass's, kept): next time --cache {cal['use']}\nhint: or --cache "
+            f"mag:mag_ratios=@{cfg.timing_path},mag_ratios_2=@{cfg.timing_path}") in out
+    spec = C.parse_cache(f"mag:mag_ratios=@{cfg.timing_path},mag_ratios_2=@{cfg.timing_path}")
+    assert spec.params["mag_ratios"] == high[0] and spec.params["mag_ratios_2"] == low[0]
+    assert spec.for_denoiser("transformer_2")["mag_ratios"] == low[0]
+    # each denoiser's config: its own ratios and step count (diffusers' hook on its first block holds it)
+    import torch
+    from diffusers.hooks.mag_cache import _MAG_CACHE_LEADER_BLOCK_HOOK
+
+    from vdbench.pipelines import load_pipeline, transformers_of
+
+    pipe = load_pipeline(A14B["model"], "t2v", "wan", dtype=torch.float32, device="cpu")
+    counter = C.apply_cache(spec, pipe, transformers_of(pipe), steps=6, family=families.get("wan"))
+    for model, ratios, steps in ((pipe.transformer, high[0], SWITCH), (pipe.transformer_2, low[0], 2)):
+        config = model.blocks[0]._diffusers_hook.get_hook(_MAG_CACHE_LEADER_BLOCK_HOOK).config
+        assert config.num_inference_steps == steps and config.mag_ratios.tolist() == pytest.approx(ratios)
+    counter.remove()
+
+
+def test_each_experts_own_value_is_refused_where_it_cant_apply(tmp_path, no_load):  # noqa: F811
+    with pytest.raises(ValueError, match="this model has two experts, each with its own mag_ratios; mag_ratios is "
+                                         "given, mag_ratios_2 not\ngive mag_ratios \\(transformer's, the high-noise"):
+        R.validate(_cfg(tmp_path, cache="mag:mag_ratios=1.0", model=A14B["model"]))
+    with pytest.raises(ValueError, match="mag_ratios_2 is the second expert's .*; this model has one denoiser\n"
+                                         "drop mag_ratios_2"):
+        R.validate(_cfg(tmp_path, cache="mag:mag_ratios=1.0,mag_ratios_2=1.0"))
+    # a calibration of one denoiser holds no second expert's ratios
+    path = tmp_path / "timing.json"
+    path.write_text(json.dumps([{"cache": {"calibration": {"ratios": [[1.0, 0.9]]}}}]))
+    with pytest.raises(ValueError, match="mag_ratios_2=@.*: its calibration holds no ratios of transformer_2"):
+        C.parse_cache(f"mag:mag_ratios=@{path},mag_ratios_2=@{path}")
+    plan = R.validate(_cfg(tmp_path, cache="mag:mag_ratios=1.0+0.9,mag_ratios_2=0.8", model=A14B["model"],
+                           output_path=tmp_path / "a14b" / "x.mp4"))
+    assert plan.cache.name == "mag:mag_ratios=1.0+0.9,mag_ratios_2=0.8"

@@ -179,8 +179,10 @@ def test_a_two_expert_render_records_its_schedule_and_takes_the_experts_settings
     plain, given = (e["run"]["resolved"]["schedule"] for e in _entries(tmp_path / "results"))
     assert plain == {"flow_shift": 12.0, "flow_shift_from": "the family's default for the model",
                      "boundary_ratio": 0.875, "boundary_from": "the model's config", "guidance_scale": 5.0,
-                     "guidance_scale_2": 5.0}
+                     "guidance_scale_2": 5.0, "timesteps": [999.0, 923.0],
+                     "denoiser_by_step": ["transformer", "transformer"]}  # 2 steps: both above 875
     assert given["boundary_ratio"] == 0.99 and given["boundary_from"] == "--boundary_ratio"
+    assert given["denoiser_by_step"] == ["transformer", "transformer_2"]  # 923 < 990: the low-noise expert
     assert given["guidance_scale_2"] == 2.5
     # one denoiser: the experts' flags refused before the load, with the reason
     rc = run_wan.main(SMALL + ["--boundary_ratio", "0.5", "--benchmark_output_directory", str(tmp_path / "x")])
@@ -193,6 +195,7 @@ def test_a_wan21_render_records_the_size_rules_shift(tmp_path):
     assert run_wan.main(SMALL + ["--attention_type", "sdpa", "--benchmark_output_directory", str(tmp_path)]) == 0
     schedule = _entries(tmp_path / "results")[-1]["run"]["resolved"]["schedule"]
     assert schedule["flow_shift"] == 3.0 and schedule["boundary_ratio"] is None
+    assert len(schedule["timesteps"]) == 2 and schedule["denoiser_by_step"] is None  # one denoiser
     assert schedule["guidance_scale_2"] is None
 
 

@@ -433,6 +433,19 @@ _XFUSER_CASES = {  # name: (script, args, parallel flags, expected label)
     # Wan T2V: xfuser runs diffusers' WanPipeline, split by vdbench's GuidanceSplit over xfuser's CFG group
     "wan_t2v_cfg2": ("run_wan.py", ["--model", "tiny", "--height", "64", "--width", "96", "--num_frames", "9"],
                      ["--use_cfg_parallel"], "cfg2"),
+    # Wan 2.2 on xfuser: both A14B experts wrapped (the boundary at 950: of 2 steps, one each), I2V-A14B through
+    # xfuser's own CFG pipeline, TI2V-5B's per-token timesteps under xfuser's Ulysses (the diffusers engine's
+    # layouts: tests/test_wan22.py, on a CPU)
+    **{f"wan22_a14b_{tag}": ("run_wan.py", ["--model", "tiny:wan2.2-t2v-a14b", "--height", "64", "--width", "96",
+                                           "--num_frames", "9", "--boundary_ratio", "0.95"], flags, tag)
+       for tag, flags in (("ulysses2", ["--ulysses_degree", "2"]), ("ring2", ["--ring_degree", "2"]),
+                          ("cfg2", ["--use_cfg_parallel"]))},
+    "wan22_i2v_a14b_cfg2": ("run_wan.py", ["--model", "tiny:wan2.2-i2v-a14b", "--task", "i2v", "--height", "64",
+                                           "--width", "96", "--num_frames", "9", "--boundary_ratio", "0.95"],
+                            ["--use_cfg_parallel"], "cfg2"),
+    "wan22_ti2v_ulysses2": ("run_wan.py", ["--model", "tiny:wan2.2-ti2v-5b", "--task", "ti2v", "--height", "64",
+                                           "--width", "96", "--num_frames", "9"], ["--ulysses_degree", "2"],
+                            "ulysses2"),
 }
 
 
@@ -473,6 +486,8 @@ def test_xfuser_pipelines_match_one_gpu(tmp_path, case):
     assert timing["parallel"]["label"] == label
     for r in timing["ranks"]:
         assert sum(r["attention"]["calls_by_kernel"].values()) > 0 and r["attention"]["fallback_calls"] == 0
+        if "a14b" in case:  # each expert's calls on every rank
+            assert set(r["attention"]["calls_by_denoiser"]) == {"transformer", "transformer_2"}, r["attention"]
 
 
 # ----- end to end over gloo -----

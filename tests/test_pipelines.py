@@ -123,11 +123,13 @@ def _assert_same_state(a: dict, b: dict):
 
 
 # head dim 64: the project's Triton kernels run in these (tests/test_kernels_in_pipelines.py renders them)
-D64_VARIANTS = {"wan2.1-t2v-d64": "wan2.1-t2v", "cogvideox-t2v-d64": "cogvideox-t2v"}
+D64_VARIANTS = {"wan2.1-t2v-d64": "wan2.1-t2v", "wan2.2-t2v-a14b-d64": "wan2.2-t2v-a14b",
+                "cogvideox-t2v-d64": "cogvideox-t2v"}
 
 
 def test_variant_table():
-    assert list(P.TINY_VARIANTS) == ALL_VARIANTS[:5] + ["wan2.1-t2v-d64"] + ALL_VARIANTS[5:] + ["cogvideox-t2v-d64"]
+    assert list(P.TINY_VARIANTS) == (ALL_VARIANTS[:5] + ["wan2.1-t2v-d64", "wan2.2-t2v-a14b-d64"] + ALL_VARIANTS[5:]
+                                     + ["cogvideox-t2v-d64"])
     for name, v in P.TINY_VARIANTS.items():
         assert v.name == name
         json.dumps(v.spec())  # plain JSON
@@ -144,6 +146,7 @@ def test_variant_table():
         v, b = P.TINY_VARIANTS[name], P.TINY_VARIANTS[base]
         assert (v.transformer["attention_head_dim"], v.transformer["num_attention_heads"]) == (64, 2)
         assert dict(v.transformer, attention_head_dim=32) == b.transformer
+        assert v.transformer_2 is b.transformer_2 is None or dict(v.transformer_2, attention_head_dim=32) == b.transformer_2
         assert (v.pipeline, v.vae, v.scheduler, v.tasks, v.mirrors) == (b.pipeline, b.vae, b.scheduler, b.tasks,
                                                                           b.mirrors)
         assert v.seed != b.seed

@@ -519,6 +519,22 @@ def shipped_schedule(pipe) -> dict:
             "expand_timesteps": bool(pipe.config.get("expand_timesteps"))}
 
 
+def step_denoisers(pipe, steps: int) -> list[tuple[str, float]]:
+    """Each denoising step's (denoiser, timestep) in a call of ``steps`` steps: the timesteps of a copy of the
+    pipeline's scheduler set to ``steps`` (the pipeline's own untouched: its call sets them again), and diffusers'
+    Wan 2.2 rule for the denoiser -- ``transformer`` (the high-noise expert) while the timestep is at or above
+    ``boundary_ratio`` x the scheduler's training steps, ``transformer_2`` below; with one denoiser, every step
+    ``transformer``. What a step cache fills in per denoiser (its own step count, its first timestep) and what the
+    render records (``run.resolved.schedule``)."""
+    import copy
+
+    sch = copy.deepcopy(pipe.scheduler)
+    sch.set_timesteps(steps, device="cpu")
+    boundary = pipe.config.get("boundary_ratio") if getattr(pipe, "transformer_2", None) is not None else None
+    edge = None if boundary is None else boundary * sch.config.num_train_timesteps
+    return [("transformer" if edge is None or t >= edge else "transformer_2", float(t)) for t in sch.timesteps]
+
+
 def set_schedule(pipe, family: families.Family, task: str, height: int, width: int, *,
                  flow_shift: Optional[float] = None, boundary_ratio: Optional[float] = None,
                  guidance_scale: Optional[float] = None, guidance_scale_2: Optional[float] = None) -> dict:

@@ -128,11 +128,13 @@ class TinyVariant:
 
 
 def with_head_dim(variant: TinyVariant, head_dim: int, seed: int) -> TinyVariant:
-    """``variant`` with its transformer's attention head dim set to ``head_dim`` (head count, depth, wiring, VAE,
-    scheduler unchanged), named ``<name>-d<head_dim>``, with weights of its own ``seed``. Why: the project's Triton
-    kernels take head dims 64 and 128 only, and the tiny models are built at 32 to stay cheap."""
+    """``variant`` with its transformer's (and second expert's) attention head dim set to ``head_dim`` (head count,
+    depth, wiring, VAE, scheduler unchanged), named ``<name>-d<head_dim>``, with weights of its own ``seed``. Why:
+    the project's Triton kernels take head dims 64 and 128 only, and the tiny models are built at 32 to stay
+    cheap."""
+    second = None if variant.transformer_2 is None else dict(variant.transformer_2, attention_head_dim=head_dim)
     return dataclasses.replace(variant, name=f"{variant.name}-d{head_dim}", seed=seed,
-                               transformer=dict(variant.transformer, attention_head_dim=head_dim))
+                               transformer=dict(variant.transformer, attention_head_dim=head_dim), transformer_2=second)
 
 
 #: The registered tiny variants, by name (``--model tiny:<name>``), in registration order.

@@ -38,11 +38,15 @@ from vdbench.timing import system_info
 
 try:  # imported with the checkout on the path (the tests, a suite's PYTHONPATH)
     from bench.bench_fp8 import make_inputs, sample
-except ModuleNotFoundError as e:
+except ModuleNotFoundError as e:  # run by path: the bench beside lab/ loaded from its file
     if e.name != "bench":
         raise
-    sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # run by path: bench/, the folder above lab/
-    from bench_fp8 import make_inputs, sample
+    import importlib.util
+
+    _spec = importlib.util.spec_from_file_location("bench_fp8", Path(__file__).resolve().parents[1] / "bench_fp8.py")
+    _bench_fp8 = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(_bench_fp8)
+    make_inputs, sample = _bench_fp8.make_inputs, _bench_fp8.sample
 
 E4M3_MIN_SUBNORMAL = 2.0 ** -9
 

@@ -246,6 +246,8 @@ TINY_VARIANTS = (
 # runs them (on a CPU under Triton's interpreter); 2 heads x 64 (inner dim 128), so the kernels' per-head scales and
 # strides meet the pipeline's own BSHD views. Rope splits 64 into t/h/w = 24/20/20.
 TINY_VARIANTS += (tiny.with_head_dim(TINY_VARIANTS[0], 64, seed=8),)
+# wan2.2-t2v-a14b-d64: the two experts at head dim 64, so the Triton kernels run on both sides of the switch
+TINY_VARIANTS += (tiny.with_head_dim(TINY_VARIANTS[2], 64, seed=10),)
 
 RANDOM_VARIANTS = {
     "wan2.1-t2v-1.3b": ("wan2.1-t2v", dict(transformer=_WAN_13B, vae=WAN21_VAE_REAL, text_encoder=tiny.UMT5_XXL_WIDTH)),

@@ -34,7 +34,8 @@ class CallInfo:
 @dataclass
 class PatchStats:
     """The calls of one run: by the kernel that actually ran (its label), by kind (self/cross/joint), by denoising
-    step (a dense-step schedule shows which kernel ran where), and the (query, key) block pairs each kernel
+    step (a dense-step schedule shows which kernel ran where), by denoiser and kernel (Wan 2.2's two experts each
+    their own: ``transformer``, ``transformer_2``), and the (query, key) block pairs each kernel
     computed per call kind (``block_pairs``: a sparse pattern's own count, dense calls all their pairs), from
     which the work figure -- the fraction of block pairs computed -- is read per kind."""
 
@@ -42,6 +43,7 @@ class PatchStats:
     calls: Counter = field(default_factory=Counter)  # by kernel label
     calls_by_kind: Counter = field(default_factory=Counter)
     calls_by_step: defaultdict = field(default_factory=lambda: defaultdict(Counter))  # step -> Counter by label
+    calls_by_denoiser: defaultdict = field(default_factory=lambda: defaultdict(Counter))  # model -> by label
     block_pairs: defaultdict = field(default_factory=lambda: defaultdict(dict))  # label -> kind -> SparsityTally
     fallbacks: int = 0
     attention_time_s: Optional[float] = None  # filled by ``finish_timing`` when timing was asked
@@ -79,6 +81,7 @@ class PatchStats:
         return {"backend": self.backend, "calls_by_kernel": dict(self.calls),
                 "calls_by_kind": dict(self.calls_by_kind), "total_calls": sum(self.calls.values()),
                 "calls_by_step": {str(s): dict(c) for s, c in sorted(self.calls_by_step.items())},
+                "calls_by_denoiser": {m: dict(c) for m, c in self.calls_by_denoiser.items()},
                 "block_pairs": {label: {kind: t.as_dict() for kind, t in kinds.items()}
                                 for label, kinds in self.block_pairs.items()},
                 "fraction_computed": self.fraction_computed(),

@@ -461,6 +461,7 @@ class AttentionPatch:
         self.stats.calls[label] += 1
         self.stats.calls_by_kind[kind] += 1
         self.stats.calls_by_step[self.step][label] += 1
+        self.stats.calls_by_denoiser[model][label] += 1
         seq = 1 if bshd else 2
         self.stats.tally(label, kind, blocks or BlockStats.dense_call(q.shape[seq], k.shape[seq]))
         if self.observers:

@@ -24,14 +24,19 @@ from .plan import Plan
 __all__ = ["finish"]
 
 
-def _log_compile(comp: Optional[dict], stack: str, log) -> None:
+def _log_compile(comp: Optional[dict], stack: str, log, by_step: Optional[list] = None) -> None:
     """A compiled render's graphs per step; a warning where a step after the first compiled (a recompile: the step
-    waits for the compiler again) or where dynamo broke a graph."""
+    waits for the compiler again) or where dynamo broke a graph. ``by_step``: the denoiser of each step (two
+    experts: ``run.resolved.schedule.denoiser_by_step``), whose first step compiles that denoiser's own blocks --
+    said, not warned of."""
     if not comp:
         return
     per = comp["graphs_per_step"]
-    log(f"[{stack}] torch.compile: graphs made per step {per}, graph breaks {comp['graph_breaks']}")
-    later = [i + 1 for i, n in enumerate(per) if i and n]
+    firsts = {i: d for i, d in enumerate(by_step or []) if d not in by_step[:i]}
+    own = "".join(f"; step {i + 1}: {d}'s first, its own blocks' graphs" for i, d in firsts.items()
+                  if 0 < i < len(per) and per[i])
+    log(f"[{stack}] torch.compile: graphs made per step {per}, graph breaks {comp['graph_breaks']}{own}")
+    later = [i + 1 for i, n in enumerate(per) if i and n and i not in firsts]
     if later:
         log(f"warning: [{stack}] torch.compile compiled again in step(s) {later}: a guard failed and the blocks "
             "recompiled")
@@ -46,14 +51,22 @@ def _log_calibration(c: dict, stack: str, timing_path: Path, log) -> None:
         return
     for why in cal.get("ignored") or []:
         log(f"warning: [{stack}] cache {c['spec']}: a MagCache calibration message ignored: {why}")
-    if cal.get("use"):
+    by = cal.get("by_denoiser") or {}
+    if cal.get("use") and len(by) > 1:  # two experts, each calibrated over its own steps
+        n = len(next(iter(by.values())))
+        steps = ", ".join(f"{name} {len(lists[0])} step{'s' if len(lists[0]) != 1 else ''}" for name, lists in by.items())
+        log(f"[{stack}] cache calibrated per expert ({steps}; {n} cache context{'s' if n != 1 else ''} each; the "
+            f"first, the conditional pass's, kept): next time --cache {cal['use']}")
+        log(f"hint: or --cache mag:mag_ratios=@{timing_path},mag_ratios_2=@{timing_path} (the same ratios, read from "
+            "this render's timing.json)")
+    elif cal.get("use"):
         n = len(cal["ratios"])
         log(f"[{stack}] cache calibrated ({len(cal['ratios'][0])} steps, {n} cache context{'s' if n != 1 else ''}; "
             f"the first, the conditional pass's, kept): next time --cache {cal['use']}")
         log(f"hint: or --cache mag:mag_ratios=@{timing_path} (the same ratios, read from this render's timing.json)")
     else:
         log(f"warning: [{stack}] cache {c['spec']}: diffusers logged no calibration ratios")
-        log("hint: it logs them when a denoiser has run every step; Wan 2.2's two experts each run part of them")
+        log("hint: it logs them when a denoiser has run all its steps")
 
 
 def finish(plan: Plan, entries: list[dict], frames, log, wall: Optional[Wall] = None) -> dict:
@@ -123,7 +136,8 @@ def finish(plan: Plan, entries: list[dict], frames, log, wall: Optional[Wall] = 
             log(f"warning: [{stack}] cache {c['spec']}: the ranks computed different blocks (ranks[].cache in "
                 f"{cfg.timing_path})")
         _log_calibration(c, stack, cfg.timing_path, log)
-    _log_compile(last.get("compile"), stack, log)
+    _log_compile(last.get("compile"), stack, log,
+                 ((last.get("run") or {}).get("resolved") or {}).get("schedule", {}).get("denoiser_by_step"))
     fused_block = last.get("fused_block") or {}
     norms = fused_block.get("norms") or {}
     if fused_block.get("used") and not norms.get("used"):

@@ -19,7 +19,7 @@ from .. import parallel as P
 from ..cache import apply_cache
 from ..measure.record import command_line, commit
 from ..offload import HOST_COMPONENTS, apply_offload
-from ..pipelines import ModelLoadError, model_summary, set_schedule, transformers_of
+from ..pipelines import ModelLoadError, model_summary, set_schedule, step_denoisers, transformers_of
 from ..speed import apply_speed_options
 from ..timing import Laps, memory_stage, system_info
 from .plan import Plan, check_experts
@@ -103,6 +103,9 @@ def load_checked(plan: Plan, laps: Laps) -> tuple:
     schedule = set_schedule(pipe, plan.family, cfg.task, cfg.height, cfg.width, flow_shift=plan.flow_shift,
                             boundary_ratio=cfg.boundary_ratio, guidance_scale=cfg.guidance_scale,
                             guidance_scale_2=cfg.guidance_scale_2)
+    steps = step_denoisers(pipe, cfg.num_inference_steps)  # which expert runs each step: recorded with the timesteps
+    schedule["timesteps"] = [round(t, 4) for _, t in steps]
+    schedule["denoiser_by_step"] = [d for d, _ in steps] if schedule["boundary_ratio"] is not None else None
     schedule["offload"] = apply_offload(cfg.offload, pipe, device)  # the boundary set: the expert swap reads it
     pipe.set_progress_bar_config(disable=not sys.stderr.isatty(), leave=False)
     laps.lap("size_checks")

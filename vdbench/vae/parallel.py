@@ -57,10 +57,15 @@ import torch.nn.functional as F
 
 from .. import families
 
-__all__ = ["decode_video_parallel", "band_sizes", "BandComm", "VAES"]
+__all__ = ["decode_video_parallel", "band_sizes", "BandComm", "BandDecodeUnsupported", "VAES"]
 
 #: The VAE classes whose decoder layers the band decode knows how to split (every H-coupled layer hooked).
 VAES = ("AutoencoderKLWan", "AutoencoderKLCogVideoX")
+
+
+class BandDecodeUnsupported(NotImplementedError):
+    """A VAE, or a layer of it, the band decode has no exact split for (the message names it): refused, never decoded
+    another way."""
 
 
 def band_sizes(rows: int, world: int) -> list[int]:
@@ -253,7 +258,7 @@ def _group_norm_forward(comm: BandComm):
 
 def _check_same_padding(name: str, kernel: int, pad: int, stride: int, dilation: int) -> None:
     if kernel != 2 * pad + 1 or stride != 1 or dilation != 1:
-        raise NotImplementedError(f"{name}: band decode handles 'same' convs along H (kernel 2p+1, stride 1, "
+        raise BandDecodeUnsupported(f"{name}: band decode handles 'same' convs along H (kernel 2p+1, stride 1, "
                                   f"dilation 1); got kernel {kernel}, padding {pad}, stride {stride}, "
                                   f"dilation {dilation}")
 
@@ -271,7 +276,7 @@ def _band_hooks(vae, comm: BandComm):
                 if m.kernel_size[1] == 1 and m.padding[1] == 0:
                     continue
                 if m.padding_mode != "zeros":
-                    raise NotImplementedError(f"{name}: padding_mode {m.padding_mode!r}")
+                    raise BandDecodeUnsupported(f"{name}: padding_mode {m.padding_mode!r}")
                 _check_same_padding(name, m.kernel_size[1], m.padding[1], m.stride[1], m.dilation[1])
                 paddings.append((m, m.padding))
                 m._vdbench_halo = m.padding[1]
@@ -289,14 +294,14 @@ def _band_hooks(vae, comm: BandComm):
                 if m.kernel_size[0] == 1 and m.padding[0] == 0:
                     continue  # 1x1 (attention's to_qkv / proj): local
                 if m.padding_mode != "zeros":
-                    raise NotImplementedError(f"{name}: padding_mode {m.padding_mode!r}")
+                    raise BandDecodeUnsupported(f"{name}: padding_mode {m.padding_mode!r}")
                 _check_same_padding(name, m.kernel_size[0], m.padding[0], m.stride[0], m.dilation[0])
                 m.forward = _conv2d_forward(comm).__get__(m)
             elif isinstance(m, W.WanAttentionBlock):
                 m.forward = _attention_forward(comm).__get__(m)
             elif isinstance(m, (torch.nn.Conv3d, torch.nn.Conv1d, torch.nn.BatchNorm2d, torch.nn.LayerNorm,
                                 torch.nn.MultiheadAttention)):
-                raise NotImplementedError(f"{name}: {type(m).__name__} is not handled by the band decode")
+                raise BandDecodeUnsupported(f"{name}: {type(m).__name__} is not handled by the band decode")
             else:
                 continue
             patched.append(m)
@@ -345,7 +350,7 @@ def decode_video_parallel(vae, z: torch.Tensor, *, group=None, chunk_frames: Opt
 
     name = type(vae).__name__
     if name not in VAES:
-        raise NotImplementedError(f"parallel VAE decode is implemented for AutoencoderKLWan (Wan 2.1/2.2) and "
+        raise BandDecodeUnsupported(f"parallel VAE decode is implemented for AutoencoderKLWan (Wan 2.1/2.2) and "
                                   f"AutoencoderKLCogVideoX only, not {name}; use --vae_decode default")
     # how the decoder is driven on a band is the family's: a few latent frames per call, or the VAE's own decode
     family = family if family is not None else families.for_vae(vae)
