@@ -6,7 +6,7 @@ import pytest
 import torch
 from diffusers import UniPCMultistepScheduler
 
-from vdbench.pipelines import (_ahead_copy_target, prewarm_scheduler, run_scheduler_ahead, run_scheduler_blocking,
+from vdbench.scheduler import (_ahead_copy_target, prewarm_scheduler, run_scheduler_ahead, run_scheduler_blocking,
                                settle_scheduler)
 
 

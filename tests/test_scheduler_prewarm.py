@@ -1,10 +1,10 @@
-"""pipelines.prewarm_scheduler: the dry run a render makes of its scheduler during the load (on a GPU it moves
+"""scheduler.prewarm_scheduler: the dry run a render makes of its scheduler during the load (on a GPU it moves
 cuSOLVER's first-call load out of Wan's third step). Run here on the CPU: what it drives, and what it leaves alone."""
 
 import torch
 from diffusers import UniPCMultistepScheduler
 
-from vdbench.pipelines import prewarm_scheduler
+from vdbench.scheduler import prewarm_scheduler
 
 
 def _wan_scheduler():
