@@ -21,6 +21,7 @@ environment sets ``OMP_NUM_THREADS``.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import re
@@ -406,24 +407,18 @@ class Pool:
             pids = _descendants(r.proc.pid)
             targets.append((r, pids))
             for send in (lambda: os.killpg(r.proc.pid, sig), *(lambda p=p: os.kill(p, sig) for p in pids)):
-                try:
+                with contextlib.suppress(OSError):  # it has ended already
                     send()
-                except OSError:
-                    pass
 
         def kill_later():
             deadline = time.monotonic() + self.grace_s
             for r, pids in targets:
-                try:
+                with contextlib.suppress(subprocess.TimeoutExpired):  # past the grace: killed below
                     r.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-                except subprocess.TimeoutExpired:
-                    pass
                 for send in (lambda: os.killpg(r.proc.pid, signal.SIGKILL),
                              *(lambda p=p: os.kill(p, signal.SIGKILL) for p in pids)):
-                    try:
+                    with contextlib.suppress(OSError):  # it has ended already
                         send()
-                    except OSError:
-                        pass
 
         threading.Thread(target=kill_later, daemon=True, name="pool-kill").start()
 

@@ -60,7 +60,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 class _Bad(Exception):
-    pass
+    """A batch's arguments refused: its message is the one line the batch prints before it exits 2."""
 
 
 def _positive(flag: str):
@@ -254,10 +254,8 @@ def _code_text(d: Done, nproc: int) -> str:
         return "timed out"
     text = str(d.code)
     if d.code < 0:
-        try:
+        with contextlib.suppress(ValueError):  # a number no signal has: the code as it is
             text = f"signal {signal.Signals(-d.code).name}"
-        except ValueError:
-            pass
     try:
         log = d.job.log.read_text(errors="replace")
     except OSError:
