@@ -243,3 +243,31 @@ def test_a_failing_worker_is_recorded_in_one_line_and_nothing_runs_after_it(monk
                                                          "driver too old"
     assert ran == [()]  # beside the worker, the entry's imports alone; nothing in-process after its failure
     assert rec["waited_s"] >= 0 and rec["seconds"] >= 0
+
+
+def test_a_worker_that_succeeded_leaves_a_marker_and_the_next_prewarm_skips_its_worker(monkeypatch, tmp_path):
+    """Kernels compiled into the on-disk cache before: the next prewarm of the same key runs in-process at once."""
+    marker = tmp_path / "vdbench-prewarm" / "key"
+    monkeypatch.setattr(AP, "_marker", lambda prewarm: marker)
+    monkeypatch.setattr(AP.Prewarm, "worker_command",
+                        lambda self: [sys.executable, "-c", "print('{\"results\": {}, \"seconds\": 0.0}')"])
+    ran = []
+    with registered(_toy("toy_pw_m", lambda calls, device, dtype: ran.append(calls) or {"compiled": len(calls)})) \
+            as entry:
+        first = AP.start([entry], [CallShape(1, 2, 8, 2, 8, 64)], "cpu", torch.float32, worker=True).wait()
+        assert first["status"] == "done" and first["worker"] is True and "worker_skipped" not in first
+        assert marker.is_file() and json.loads(marker.read_text())["backends"] == ["toy_pw_m"]
+        ran.clear()
+        second = AP.start([entry], [CallShape(1, 2, 8, 2, 8, 64)], "cpu", torch.float32, worker=True).wait()
+    assert second["status"] == "done" and second["worker"] is False and "worker_result" not in second
+    assert str(marker) in second["worker_skipped"] and second["compiled"] == 1
+    assert ran == [(CallShape(1, 2, 8, 2, 8, 64),)]  # the in-process part alone, no import-only pass
+
+
+def test_a_failed_worker_leaves_no_marker(monkeypatch, tmp_path):
+    marker = tmp_path / "m"
+    monkeypatch.setattr(AP, "_marker", lambda prewarm: marker)
+    monkeypatch.setattr(AP.Prewarm, "worker_command", lambda self: [sys.executable, "-c", "import sys; sys.exit(3)"])
+    with registered(_toy("toy_pw_f", lambda calls, device, dtype: {})) as entry:
+        rec = AP.start([entry], [CallShape(1, 2, 8, 2, 8, 64)], "cpu", torch.float32, worker=True).wait()
+    assert rec["status"] == "failed" and not marker.exists()

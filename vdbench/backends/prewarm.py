@@ -17,11 +17,20 @@ put in the JIT's in-memory cache under the key its first call computes, its modu
 the first real call launches at once. On a CPU (Triton's interpreter: no compile, no cache) only the thread runs.
 A failure is recorded (``status`` "failed" with the one-line error) and never raised: the first calls then compile
 their own kernels, as without a prewarm, and the render says so.
+
+Every render after a machine's first finds its kernels in Triton's on-disk cache already, where the worker would
+only pay its own start (a Python with torch and a CUDA context: about 3 s on an H200 host, all of it in the first
+step of a render whose load is shorter). So a worker that succeeded leaves a marker in that cache, keyed by what
+its kernels depend on (the entries, the calls, the dtype, the device, torch's and Triton's versions, the source of
+vdbench's backends and kernels); a later prewarm that finds its marker skips the worker and runs the in-process
+part at once (``worker_skipped`` says why). The marker only chooses where the kernels are looked up: a kernel
+missing from the cache after all is compiled by that in-process part, correct either way.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import logging
 import os
@@ -66,8 +75,12 @@ class Prewarm:
         self.device, self.dtype = torch.device(device), dtype
         self.worker = self.device.type == "cuda" if worker is None else worker
         self.record: dict = {"status": "running", "backends": [e.name for e in self.entries],
-                             "calls": [list(c) for c in self.calls], "dtype": _dtype_name(dtype),
-                             "worker": self.worker, "jobs": {}}
+                             "calls": [list(c) for c in self.calls], "dtype": _dtype_name(dtype), "jobs": {}}
+        self.marker = _marker(self) if self.worker else None
+        if self.marker is not None and self.marker.is_file():
+            self.worker = False
+            self.record["worker_skipped"] = f"these kernels were compiled into this Triton cache before ({self.marker})"
+        self.record["worker"] = self.worker
         self._proc: Optional[subprocess.Popen] = None
         self._t0 = time.perf_counter()
         self._thread = threading.Thread(target=self._run, name="vdbench-attention-prewarm", daemon=True)
@@ -103,6 +116,8 @@ class Prewarm:
                 rec["error"] = "; ".join(f"{k}: {v}" for k, v in errors.items())
             else:
                 rec["status"] = "done"
+                if self.worker and self.marker is not None:
+                    _write_marker(self.marker, rec)
         except Exception as e:  # recorded, never raised: the first calls compile their own kernels instead
             self.close()
             rec["status"], rec["error"] = "failed", _one_line(e)
@@ -158,6 +173,48 @@ class Prewarm:
         proc = self._proc
         if proc is not None and proc.poll() is None:
             proc.kill()
+
+
+def _triton_cache_dir() -> Optional[Path]:
+    """Triton's on-disk cache (its knob, its environment variable, its default), None where Triton is absent."""
+    try:
+        import triton
+    except ImportError:
+        return None
+    knobs = getattr(triton, "knobs", None)
+    found = getattr(getattr(knobs, "cache", None), "dir", None) or os.environ.get("TRITON_CACHE_DIR")
+    return Path(found) if found else Path.home() / ".triton" / "cache"
+
+
+def _marker(prewarm: "Prewarm") -> Optional[Path]:
+    """The marker a successful worker leaves for ``prewarm``'s kernels (see the module's doc), None where it can't
+    be keyed (no Triton, no CUDA device to name)."""
+    cache = _triton_cache_dir()
+    if cache is None or not torch.cuda.is_available():
+        return None
+    import triton
+
+    sources = hashlib.sha256()
+    root = Path(__file__).resolve().parents[1]
+    for f in sorted([*root.joinpath("backends").glob("*.py"), *root.joinpath("kernels").glob("*.py")]):
+        sources.update(f.name.encode() + f.read_bytes())
+    index = prewarm.device.index if prewarm.device.index is not None else torch.cuda.current_device()
+    key = json.dumps([sorted(e.name for e in prewarm.entries), [list(c) for c in prewarm.calls],
+                      _dtype_name(prewarm.dtype), torch.cuda.get_device_name(index),
+                      list(torch.cuda.get_device_capability(index)), torch.__version__, triton.__version__,
+                      sources.hexdigest()])
+    return cache / "vdbench-prewarm" / hashlib.sha256(key.encode()).hexdigest()[:32]
+
+
+def _write_marker(path: Path, record: dict) -> None:
+    """The marker written whole or not at all (a concurrent render reads either none or a complete one)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}")
+        tmp.write_text(json.dumps({k: record[k] for k in ("backends", "calls", "dtype")}))
+        os.replace(tmp, path)
+    except OSError as e:  # a read-only cache: every render then starts its worker, as without markers
+        log.warning("the attention prewarm could not leave its marker in %s: %s", path.parent, e)
 
 
 def start(entries: Sequence[Backend], calls: Sequence[CallShape], device, dtype: torch.dtype, *,
