@@ -200,3 +200,44 @@ def test_fused_decode_runs_convs_without_bias(monkeypatch):
     with torch.no_grad():
         D.decode_video(vae, z, mode="fast", fused_glue=True)
     assert seen["without"] > 10 and seen["with_bias"] == 0, seen
+
+
+@pytest.mark.parametrize("contiguous", [False, True], ids=["channels_last", "contiguous"])
+def test_the_upsamplers_2d_stage_as_one_conv_of_2x2_kernels_equals_upsample_then_conv(contiguous):
+    """Nearest 2x then a 3x3 conv, computed without the upsampled tensor: the same values (fp64), odd sizes, both
+    input layouts; the output channels_last; the stage recognized only where it is that exact form."""
+    from diffusers.models.autoencoders.autoencoder_kl_wan import WanUpsample
+
+    g = torch.Generator().manual_seed(3)
+    conv = torch.nn.Conv2d(6, 5, 3, padding=1).double()
+    seq = torch.nn.Sequential(WanUpsample(scale_factor=(2.0, 2.0), mode="nearest-exact"), conv)
+    x = torch.randn(3, 6, 5, 7, generator=g, dtype=torch.float64)
+    if not contiguous:
+        x = x.contiguous(memory_format=torch.channels_last)
+    out = V.upsample_conv(x, conv)
+    assert out.shape == (3, 5, 10, 14) and out.is_contiguous(memory_format=torch.channels_last)
+    with torch.no_grad():  # WanUpsample rounds through fp32: the reference is its interpolation in fp64
+        ref = conv(torch.nn.functional.interpolate(x, scale_factor=(2.0, 2.0), mode="nearest-exact"))
+    torch.testing.assert_close(out, ref, atol=1e-12, rtol=0)
+    assert V._subpixel_ok(seq)
+    assert not V._subpixel_ok(torch.nn.Sequential(WanUpsample(scale_factor=(2.0, 2.0), mode="bilinear"), conv))
+    assert not V._subpixel_ok(torch.nn.Sequential(seq[0], torch.nn.Conv2d(6, 5, 3, padding=1, bias=False)))
+    assert not V._subpixel_ok(torch.nn.Sequential(seq[0], torch.nn.Conv2d(6, 5, 3, padding=1, stride=2)))
+    w4 = V.subpixel_weight(conv.weight)
+    assert w4.shape == (20, 6, 2, 2)  # 4 parities x C_out, 2x2 taps: 16 multiply-adds per input pixel, not 36
+
+
+@pytest.mark.parametrize("cin,cout,ft,fs,view", [(16, 16, 2, 2, True), (16, 8, 1, 2, True), (8, 8, 1, 2, True),
+                                                 (6, 12, 2, 1, False)])
+def test_dup_up_as_a_view_equals_diffusers_dup_up(cin, cout, ft, fs, view):
+    """Wan 2.2's DupUp3D shortcut read through a strided view of its input: the same values as diffusers' module
+    (which repeats and copies), a view where the repeats are a suffix of the factors; channels_last input too."""
+    from diffusers.models.autoencoders.autoencoder_kl_wan import DupUp3D
+
+    up = DupUp3D(cin, cout, ft, fs)
+    x = torch.randn(2, cin, 3, 4, 5, generator=torch.Generator().manual_seed(cin + cout))
+    for inp in (x, x.contiguous(memory_format=torch.channels_last_3d)):
+        v = V.dup_up_view(inp, up)
+        b, co, t, ft_, h, fs_, w, _ = v.shape
+        torch.testing.assert_close(v.reshape(b, co, t * ft_, h * fs_, w * fs_), up(inp), atol=0, rtol=0)
+        assert (v.untyped_storage().data_ptr() == inp.untyped_storage().data_ptr()) == view
