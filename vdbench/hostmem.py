@@ -1,0 +1,174 @@
+"""Host memory for weights that travel between the host and a GPU: one flat buffer per set of weights, its pages
+faulted in by several threads at once, then pinned (page-locked) in place where a CUDA device is there, and each
+weight an aligned view of it.
+
+Why not one ``torch.empty(..., pin_memory=True)`` per weight: torch's caching host allocator rounds each allocation
+up to a power of two (up to twice the weights' bytes) and maps each one's pages in on one thread; a fresh page costs
+a fault, and one thread faults a few GB/s at most. Here the buffer is pageable first (``torch.empty``), its pages
+touched by a pool of threads (one byte a page each, in numpy, which lets go of the GIL), then registered with the
+CUDA driver (``cudaHostRegister``), which pins what is already mapped. :class:`HostBuffer` records each part's
+seconds, so a render's record shows where the host's time went. On a machine without CUDA the buffer is not pinned:
+it is the host copy as is.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+import weakref
+from typing import Optional
+
+import torch
+
+__all__ = ["ALIGN", "HOST_BUFFER", "HostBuffer", "layout", "nbytes", "fault", "pin", "unpin"]
+
+#: Each weight's offset in a buffer is a multiple of this (what a copy engine and every dtype's view want).
+ALIGN = 256
+
+#: The attribute of a module whose weights are views of a :class:`HostBuffer` (that buffer).
+HOST_BUFFER = "vdbench_host_buffer"
+
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def layout(tensors) -> tuple[list[int], int]:
+    """(each tensor's offset in a flat buffer, the buffer's bytes): packed in order, each offset aligned."""
+    offsets, end = [], 0
+    for t in tensors:
+        start = -(-end // ALIGN) * ALIGN
+        offsets.append(start)
+        end = start + nbytes(t)
+    return offsets, end
+
+
+def fault(buf: torch.Tensor, threads: Optional[int] = None) -> int:
+    """Map ``buf``'s pages in (one byte written a page), ``threads`` slices at once (None: one per core, at most
+    16); returns the threads used."""
+    n = buf.numel()
+    threads = max(1, min(threads or min(os.cpu_count() or 1, 16), -(-n // _PAGE)))
+    if n == 0:
+        return threads
+    a = buf.numpy()
+    step = -(-n // threads // _PAGE) * _PAGE
+    spans = [(i, min(i + step, n)) for i in range(0, n, step)]
+
+    def touch(span):
+        a[span[0]:span[1]:_PAGE] = 0
+
+    if len(spans) == 1:
+        touch(spans[0])
+    else:
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(len(spans), thread_name_prefix="vdbench-fault") as pool:
+            list(pool.map(touch, spans))
+    return len(spans)
+
+
+def pin(buf: torch.Tensor) -> None:
+    """Page-lock ``buf`` in place (``cudaHostRegister``, default flags); RuntimeError with the CUDA error otherwise."""
+    err = int(torch.cuda.cudart().cudaHostRegister(buf.data_ptr(), nbytes(buf), 0))
+    if err != 0:
+        raise RuntimeError(f"cudaHostRegister of {nbytes(buf)} bytes failed with cudaError {err}")
+
+
+def unpin(buf: torch.Tensor) -> None:
+    """Undo :func:`pin` (``buf`` stays valid, pageable)."""
+    torch.cuda.cudart().cudaHostUnregister(buf.data_ptr())
+
+
+class HostBuffer:
+    """``size`` bytes of host memory, made (allocated, faulted in, pinned where ``pinned``) on a thread of its own
+    when ``background`` (what a load starts before it builds what fills it), else at once.
+
+    :meth:`fill` copies tensors in (a GPU's on a side stream, in one pass) and returns their views; the pinning is
+    undone by :meth:`close`, or when the buffer is collected (the registration holds the memory until then)."""
+
+    def __init__(self, size: int, *, pinned: bool, background: bool = False, threads: Optional[int] = None):
+        self.size, self.pinned = int(size), bool(pinned and size)
+        self.parts: dict = {"bytes": self.size, "pinned": self.pinned, "fault_threads": None,
+                            "allocate_fault_s": None, "register_s": None, "waited_s": 0.0, "copy_s": None}
+        self.buf: Optional[torch.Tensor] = None
+        self._threads, self._error = threads, None
+        self._unpin = None
+        self._thread = threading.Thread(target=self._make, daemon=True, name="vdbench-host-buffer")
+        if background:
+            self._thread.start()
+        else:
+            self._make()
+
+    def _make(self) -> None:
+        try:
+            start = time.perf_counter()
+            buf = torch.empty(self.size, dtype=torch.uint8)
+            self.parts["fault_threads"] = fault(buf, self._threads)
+            self.parts["allocate_fault_s"] = round(time.perf_counter() - start, 4)
+            if self.pinned:
+                start = time.perf_counter()
+                pin(buf)
+                self._unpin = weakref.finalize(self, unpin, buf)
+                self.parts["register_s"] = round(time.perf_counter() - start, 4)
+            self.buf = buf
+        except BaseException as exc:  # re-raised where the buffer is waited for
+            self._error = exc
+
+    @property
+    def ready(self) -> bool:
+        return self.buf is not None or self._error is not None
+
+    def wait(self) -> torch.Tensor:
+        """The buffer, once made (the seconds waited for it added to ``waited_s``); its making's error otherwise."""
+        if self._thread.is_alive():
+            start = time.perf_counter()
+            self._thread.join()
+            self.parts["waited_s"] = round(self.parts["waited_s"] + time.perf_counter() - start, 4)
+        if self._error is not None:
+            raise self._error
+        return self.buf
+
+    def views(self, tensors) -> list[torch.Tensor]:
+        """Views of the buffer shaped and typed like ``tensors``, laid out by :func:`layout`."""
+        offsets, end = layout(tensors)
+        buf = self.wait()
+        if end > self.size:
+            raise ValueError(f"{end} bytes of tensors don't fit a host buffer of {self.size}")
+        return [buf[o:o + nbytes(t)].view(t.dtype).view(t.shape) for o, t in zip(offsets, tensors)]
+
+    def fill(self, tensors, device: Optional[torch.device] = None, after=None) -> list[torch.Tensor]:
+        """``tensors`` copied into :meth:`views` of the buffer (those on ``device``, a GPU, on a stream of their own
+        behind ``after``, an event, or else the current stream's queued work, waited for once at the end); returns
+        the views."""
+        views = self.views(tensors)
+        start = time.perf_counter()
+        stream = None
+        if device is not None and torch.device(device).type == "cuda":
+            stream = torch.cuda.Stream(device)
+            if after is not None:
+                stream.wait_event(after)
+            else:
+                stream.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+            for v, t in zip(views, tensors):
+                v.copy_(t.detach(), non_blocking=stream is not None and t.device.type == "cuda")
+        if stream is not None:
+            stream.synchronize()
+        self.parts["copy_s"] = round(time.perf_counter() - start, 4)
+        return views
+
+    def holds(self, t: torch.Tensor) -> bool:
+        """Whether ``t``'s data lies in this buffer."""
+        if self.buf is None or t.device.type != "cpu":
+            return False
+        base = self.buf.data_ptr()
+        return base <= t.data_ptr() and t.data_ptr() + nbytes(t) <= base + self.size
+
+    def close(self) -> None:
+        """Unpin the buffer (its views stay valid, pageable); the caller has waited for any copy from it."""
+        if self._unpin is not None:
+            self._unpin()
