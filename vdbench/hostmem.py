@@ -162,11 +162,9 @@ class HostBuffer:
         return views
 
     def holds(self, t: torch.Tensor) -> bool:
-        """Whether ``t``'s data lies in this buffer."""
-        if self.buf is None or t.device.type != "cpu":
-            return False
-        base = self.buf.data_ptr()
-        return base <= t.data_ptr() and t.data_ptr() + nbytes(t) <= base + self.size
+        """Whether ``t`` is a view of this buffer (its storage's)."""
+        return (self.buf is not None and t.device.type == "cpu"
+                and t.untyped_storage().data_ptr() == self.buf.untyped_storage().data_ptr())
 
     def close(self) -> None:
         """Unpin the buffer (its views stay valid, pageable); the caller has waited for any copy from it."""
