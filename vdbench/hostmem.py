@@ -22,7 +22,7 @@ from typing import Optional
 
 import torch
 
-__all__ = ["ALIGN", "HOST_BUFFER", "HostBuffer", "layout", "nbytes", "fault", "pin", "unpin"]
+__all__ = ["ALIGN", "HOST_BUFFER", "HostBuffer", "layout", "nbytes", "cores", "fault", "pin", "unpin"]
 
 #: Each weight's offset in a buffer is a multiple of this (what a copy engine and every dtype's view want).
 ALIGN = 256
@@ -47,11 +47,16 @@ def layout(tensors) -> tuple[list[int], int]:
     return offsets, end
 
 
+def cores() -> int:
+    """The cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def fault(buf: torch.Tensor, threads: Optional[int] = None) -> int:
-    """Map ``buf``'s pages in (one byte written a page), ``threads`` slices at once (None: one per core, at most
-    16); returns the threads used."""
+    """Map ``buf``'s pages in (one byte written a page), ``threads`` slices at once (None: a core each but one, left
+    to the thread that launches the GPU's work, at most 16); returns the threads used."""
     n = buf.numel()
-    threads = max(1, min(threads or min(os.cpu_count() or 1, 16), -(-n // _PAGE)))
+    threads = max(1, min(threads or min(cores() - 1, 16), -(-n // _PAGE)))
     if n == 0:
         return threads
     a = buf.numpy()

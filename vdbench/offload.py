@@ -26,7 +26,7 @@ from typing import Optional
 
 import torch
 
-from .hostmem import HOST_BUFFER, HostBuffer, layout
+from .hostmem import HOST_BUFFER, HostBuffer, cores, layout
 
 __all__ = ["MODES", "EXECUTION_DEVICE", "OffloadError", "check_offload", "apply_offload", "expert_swap", "ExpertSwap", "HOST_COMPONENTS"]
 
@@ -191,7 +191,9 @@ class ExpertSwap:
                 if buffer is not None and all(buffer.holds(t) for t in tensors):
                     views, self.made[e] = [t.data for t in tensors], "load"
                 else:
-                    buffer, self.made[e] = HostBuffer(layout(tensors)[1], pinned=self.cuda), "render"
+                    # half the cores: the render's own threads (the launches, a prewarm's compiles) keep theirs
+                    buffer = HostBuffer(layout(tensors)[1], pinned=self.cuda, threads=max(1, cores() // 2))
+                    self.made[e] = "render"
                     views = buffer.fill(tensors, self.device if self.cuda else None, after=after)
                 self.buffers[e] = buffer
                 self.host.update((id(t), v) for t, v in zip(tensors, views))
