@@ -22,7 +22,8 @@ from typing import Optional
 
 import torch
 
-__all__ = ["ALIGN", "HOST_BUFFER", "HostBuffer", "layout", "nbytes", "cores", "fault", "pin", "unpin"]
+__all__ = ["ALIGN", "HOST_BUFFER", "HUGE_PAGES", "HostBuffer", "layout", "nbytes", "cores", "fault", "advise_huge_pages",
+           "pin", "unpin"]
 
 #: Each weight's offset in a buffer is a multiple of this (what a copy engine and every dtype's view want).
 ALIGN = 256
@@ -31,6 +32,12 @@ ALIGN = 256
 HOST_BUFFER = "vdbench_host_buffer"
 
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+_HUGE, _MADV_HUGEPAGE = 2 << 20, 14
+
+#: Whether a buffer asks for huge pages before its fault: a fault a 2 MiB page (several times fewer, faster where
+#: the kernel has them free), but a kernel short of them compacts memory first, which can cost more than it saves:
+#: ``bench/lab/host_memory.py`` measures both on a machine.
+HUGE_PAGES = False
 
 
 def nbytes(t: torch.Tensor) -> int:
@@ -76,6 +83,21 @@ def fault(buf: torch.Tensor, threads: Optional[int] = None) -> int:
     return len(spans)
 
 
+def advise_huge_pages(buf: torch.Tensor) -> bool:
+    """Ask the kernel for transparent huge pages (2 MiB) over ``buf``'s whole 2 MiB spans, before they are faulted in
+    (``madvise(MADV_HUGEPAGE)``: what the kernel's ``madvise`` setting needs); whether it took the advice."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    except (OSError, AttributeError):
+        return False
+    start = -(-buf.data_ptr() // _HUGE) * _HUGE
+    size = (buf.data_ptr() + nbytes(buf) - start) // _HUGE * _HUGE
+    return size > 0 and libc.madvise(start, size, _MADV_HUGEPAGE) == 0
+
+
 def pin(buf: torch.Tensor) -> None:
     """Page-lock ``buf`` in place (``cudaHostRegister``, default flags); RuntimeError with the CUDA error otherwise."""
     err = int(torch.cuda.cudart().cudaHostRegister(buf.data_ptr(), nbytes(buf), 0))
@@ -95,9 +117,10 @@ class HostBuffer:
     :meth:`fill` copies tensors in (a GPU's on a side stream, in one pass) and returns their views; the pinning is
     undone by :meth:`close`, or when the buffer is collected (the registration holds the memory until then)."""
 
-    def __init__(self, size: int, *, pinned: bool, background: bool = False, threads: Optional[int] = None):
-        self.size, self.pinned = int(size), bool(pinned and size)
-        self.parts: dict = {"bytes": self.size, "pinned": self.pinned, "fault_threads": None,
+    def __init__(self, size: int, *, pinned: bool, background: bool = False, threads: Optional[int] = None,
+                 huge_pages: bool = HUGE_PAGES):
+        self.size, self.pinned, self.huge_pages = int(size), bool(pinned and size), huge_pages
+        self.parts: dict = {"bytes": self.size, "pinned": self.pinned, "huge_pages": None, "fault_threads": None,
                             "allocate_fault_s": None, "register_s": None, "waited_s": 0.0, "copy_s": None}
         self.buf: Optional[torch.Tensor] = None
         self._threads, self._error = threads, None
@@ -112,6 +135,7 @@ class HostBuffer:
         try:
             start = time.perf_counter()
             buf = torch.empty(self.size, dtype=torch.uint8)
+            self.parts["huge_pages"] = self.huge_pages and advise_huge_pages(buf)
             self.parts["fault_threads"] = fault(buf, self._threads)
             self.parts["allocate_fault_s"] = round(time.perf_counter() - start, 4)
             if self.pinned:

@@ -411,11 +411,12 @@ def build_pipeline(variant: TinyVariant, module_device=None, timings: Optional[d
     on = (lambda: torch.device(module_device)) if module_device is not None else contextlib.nullcontext
     part("imports", None)
     early = {}
-    for name, buffer in buffers.items():
+    for name in buffers:
         with on():
             early[name] = part(name, _make_transformer(variant, name))
+    tokenizer = part("tokenizer", _build_tokenizer(variant.tokenizer_max_length))  # the host's, while buffers finish
+    for name, buffer in buffers.items():
         part(f"{name}_to_host", _to_host(early[name], buffer))
-    tokenizer = part("tokenizer", _build_tokenizer(variant.tokenizer_max_length))
     with on():
         components: dict[str, Any] = {
             "tokenizer": tokenizer,

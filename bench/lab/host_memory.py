@@ -25,7 +25,6 @@ Needs CUDA for the register and copy parts (on a CPU: the fault parts only, and 
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import sys
 import threading
@@ -38,18 +37,6 @@ import torch  # noqa: E402
 
 from vdbench import hostmem  # noqa: E402
 from vdbench.timing import system_info  # noqa: E402
-
-_MADV_HUGEPAGE = 14
-_HUGE = 2 << 20
-
-
-def _huge_pages(buf: torch.Tensor) -> int:
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    start = -(-buf.data_ptr() // _HUGE) * _HUGE
-    size = (buf.data_ptr() + buf.numel() - start) // _HUGE * _HUGE
-    return 0 if libc.madvise(start, size, _MADV_HUGEPAGE) == 0 else ctypes.get_errno()
-
 
 def _timed(fn) -> float:
     start = time.perf_counter()
@@ -136,7 +123,7 @@ def main(argv=None) -> int:
         add("fault_threads", time.perf_counter() - start)
         del buf
         buf = _fresh(size)
-        advice = _huge_pages(buf)
+        advice = hostmem.advise_huge_pages(buf)
         add("fault_threads_hugepages", _timed(lambda: hostmem.fault(buf, args.threads)))
         del buf
         buf = _fresh(size)
@@ -156,7 +143,7 @@ def main(argv=None) -> int:
         add("pin_memory_empty", _timed(lambda: torch.empty(size, dtype=torch.uint8, pin_memory=True)))
         torch._C._host_emptyCache()  # each repetition's pinned allocation a fresh one
     result = {"tool": "host_memory", "bytes": size, "fault_threads": threads_used, "transparent_hugepage": thp,
-              "madvise_hugepage_errno": advice,
+              "madvise_hugepage_taken": advice,
               "measures": {k: {"seconds": v, "GB_s": round(size / min(v) / 1e9, 2)} for k, v in times.items()}}
     if cuda:
         buf = _fresh(size)
