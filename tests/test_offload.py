@@ -121,9 +121,11 @@ def test_a_host_buffer_holds_each_weight_as_an_aligned_view_of_one_storage_with_
     assert size == offsets[-1] + hostmem.nbytes(weights[-1])
     buffer = hostmem.HostBuffer(size, pinned=False, threads=3)
     views = buffer.fill(weights)
-    base = buffer.buf.data_ptr()
+    storage, start = buffer.buf.untyped_storage().data_ptr(), buffer.buf.storage_offset()
+    assert buffer.buf.data_ptr() % (2 << 20) == 0  # the buffer on a 2 MiB boundary (its chunks' pages its own)
     for o, v, t in zip(offsets, views, weights):
-        assert v.untyped_storage().data_ptr() == base and v.storage_offset() * v.element_size() == o and buffer.holds(v)
+        assert v.untyped_storage().data_ptr() == storage and buffer.holds(v)
+        assert v.storage_offset() * v.element_size() - start == o
         assert v.dtype == t.dtype and v.shape == t.shape
         assert bytes(v.contiguous().view(-1).view(torch.uint8).numpy()) == bytes(
             t.detach().contiguous().view(-1).view(torch.uint8).numpy())
@@ -133,6 +135,18 @@ def test_a_host_buffer_holds_each_weight_as_an_aligned_view_of_one_storage_with_
     assert parts["allocate_fault_s"] >= 0 and parts["copy_s"] >= 0 and parts["fault_threads"] >= 1
     with pytest.raises(ValueError, match="don't fit"):
         hostmem.HostBuffer(size - 1, pinned=False).views(weights)
+
+
+def test_a_buffer_made_in_chunks_on_a_thread_takes_each_copy_once_its_chunk_is_made():
+    from vdbench import hostmem
+
+    weights = [torch.randn(300_000), torch.randn(700_000).to(torch.bfloat16), torch.arange(200_000)]  # ~4.2 MB
+    size = hostmem.layout(weights)[1]
+    buffer = hostmem.HostBuffer(size, pinned=False, background=True, chunk=2 << 20, threads=2)
+    views = buffer.fill(weights)
+    assert buffer.ready and buffer.parts["chunks"] == 3 == -(-size // (2 << 20))
+    assert all(torch.equal(v, t) for v, t in zip(views, weights))
+    assert buffer.parts["made_s"] >= buffer.parts["allocate_fault_s"] >= 0 and buffer.parts["waited_s"] >= 0
 
 
 def test_fault_touches_every_page_from_several_threads():

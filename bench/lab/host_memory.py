@@ -15,6 +15,8 @@ For ``--gib`` GiB, each on fresh pages (a new ``torch.empty``), host clock unles
 * ``register_gil_free``: the share of a register's time (on a thread) the main thread ran Python in (its loop's
   turns against its rate alone): near 1, the register lets go of the GIL; near 0, a load's imports stall behind it;
 * ``pin_memory_empty``: ``torch.empty(pin_memory=True)`` of the same size (torch's caching host allocator);
+* ``host_buffer`` / ``host_buffer_hugepages``: ``vdbench.hostmem.HostBuffer`` made as a render makes it (1 GiB
+  chunks, each faulted in by the pool then registered), its parts' seconds;
 * ``h2d`` / ``d2h``: copy rate between the registered buffer and the GPU (CUDA events): one copy of it all, and the
   same in 256 MiB copies.
 
@@ -145,6 +147,11 @@ def main(argv=None) -> int:
     result = {"tool": "host_memory", "bytes": size, "fault_threads": threads_used, "transparent_hugepage": thp,
               "madvise_hugepage_taken": advice,
               "measures": {k: {"seconds": v, "GB_s": round(size / min(v) / 1e9, 2)} for k, v in times.items()}}
+    for huge in (False, True):  # the path a render takes: vdbench.hostmem.HostBuffer, chunk by chunk
+        made = hostmem.HostBuffer(size, pinned=cuda, threads=args.threads, huge_pages=huge)
+        result[f"host_buffer{'_hugepages' if huge else ''}"] = made.parts
+        made.close()
+        del made
     if cuda:
         buf = _fresh(size)
         result["register_gil_free"] = _gil_free(buf)
