@@ -162,16 +162,18 @@ class HostBuffer:
                         pin(piece)
                         self._unpins.append(weakref.finalize(self, unpin, piece))
                     faulted, registered = faulted + t1 - t0, registered + time.perf_counter() - t1
-                    with self._cond:
+                    with self._cond:  # the parts so far, then the chunk made: final once the last one is
+                        self.parts["allocate_fault_s"] = round(faulted, 4)
+                        self.parts["register_s"] = round(registered, 4) if self.pinned else None
+                        self.parts["made_s"] = round(time.perf_counter() - start, 4)
                         self._made = lo + piece.numel()
                         self._cond.notify_all()
-            self.parts["allocate_fault_s"] = round(faulted, 4)
-            self.parts["register_s"] = round(registered, 4) if self.pinned else None
+            if not self.size:
+                self.parts.update(allocate_fault_s=round(faulted, 4), made_s=round(time.perf_counter() - start, 4))
         except BaseException as exc:  # re-raised where the buffer is waited for
             with self._cond:
                 self._error = exc
                 self._cond.notify_all()
-        self.parts["made_s"] = round(time.perf_counter() - start, 4)
 
     @property
     def ready(self) -> bool:
@@ -231,7 +233,8 @@ class HostBuffer:
 
     def close(self) -> None:
         """Unpin the buffer (its views stay valid, pageable); the caller has waited for any copy from it."""
-        self.wait()
+        if self._thread.is_alive():
+            self._thread.join()
         for unpin_chunk in self._unpins:
             unpin_chunk()
 

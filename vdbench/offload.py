@@ -191,8 +191,10 @@ class ExpertSwap:
                 if buffer is not None and all(buffer.holds(t) for t in tensors):
                     views, self.made[e] = [t.data for t in tensors], "load"
                 else:
-                    # half the cores: the render's own threads (the launches, a prewarm's compiles) keep theirs
-                    buffer = HostBuffer(layout(tensors)[1], pinned=self.cuda, threads=max(1, cores() // 2))
+                    # made on a thread of its own, the copies behind it chunk by chunk; half the cores fault its
+                    # pages in: the render's own threads (the launches, a prewarm's compiles) keep theirs
+                    buffer = HostBuffer(layout(tensors)[1], pinned=self.cuda, background=True,
+                                        threads=max(1, cores() // 2))
                     self.made[e] = "render"
                     views = buffer.fill(tensors, self.device if self.cuda else None, after=after)
                 self.buffers[e] = buffer
