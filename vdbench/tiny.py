@@ -398,8 +398,11 @@ def build_pipeline(variant: TinyVariant, module_device=None, timings: Optional[d
     import diffusers
 
     # each host component's buffer made (allocated, faulted in, pinned) on a thread from here on, beside the rest of
-    # the imports and its own build: its size needs only the denoiser's class, built on the meta device
-    buffers = {name: _host_buffer(variant, name, pinned=on_gpu) for name in host if getattr(variant, name, None)}
+    # the imports and its own build: its size needs only the denoiser's class, built on the meta device (a build on
+    # the meta device itself has no weights to keep anywhere)
+    shapes_only = module_device is not None and torch.device(module_device).type == "meta"
+    buffers = {name: _host_buffer(variant, name, pinned=on_gpu) for name in host
+               if getattr(variant, name, None) and not shapes_only}
     if buffers:
         part("host_buffers_started", None)
     import transformers  # noqa: F401 - the text encoders' package, imported in the "imports" part
