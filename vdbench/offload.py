@@ -122,8 +122,8 @@ class _Unit:
 class ExpertSwap:
     """The two experts of ``pipe`` sharing one expert's GPU memory (see the module's doc).
 
-    Each expert is a list of units (its blocks, then the rest) with a pinned host copy of every weight. A unit is
-    *on* the GPU (its tensors' data on the device) or *off* (their data the host copy). The pipeline's schedule
+    Each expert is a list of units (its blocks, then the rest) with a host copy of every weight, a view of the
+    expert's flat host buffer (pinned on a GPU machine: :class:`vdbench.hostmem.HostBuffer`). A unit is *on* the GPU (its tensors' data on the device) or *off* (their data the host copy). The pipeline's schedule
     decides which expert a step uses (``boundary_ratio`` x the scheduler's training steps against the step's
     timestep); a step whose next step (or the next call's first) uses the other expert is a swap step: there each
     block of the outgoing expert is swapped with the incoming one's after its last call of the step (the number of
