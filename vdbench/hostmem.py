@@ -22,8 +22,8 @@ from typing import Optional
 
 import torch
 
-__all__ = ["ALIGN", "CHUNK", "HOST_BUFFER", "HUGE_PAGES", "HostBuffer", "layout", "nbytes", "cores", "fault", "advise_huge_pages",
-           "pin", "unpin"]
+__all__ = ["ALIGN", "CHUNK", "HOST_BUFFER", "HUGE_PAGES", "HostBuffer", "layout", "nbytes", "cores", "fault",
+           "advise_huge_pages", "pin", "unpin"]
 
 #: Each weight's offset in a buffer is a multiple of this (what a copy engine and every dtype's view want).
 ALIGN = 256

@@ -7,11 +7,12 @@
 * ``group`` -- diffusers' ``enable_group_offload`` (block level, a CUDA stream onloading the next block while the
   current one runs, pinned host copies) on every component but the VAE: the GPU holds a few blocks of a denoiser.
 * ``expert`` -- for a pipeline of two experts (Wan 2.2 A14B): the expert that is not denoising waits on the host
-  (pinned, one flat buffer an expert: :mod:`vdbench.hostmem`). In the last step of one expert (and in the call's last step, for the next call's first), each of its
-  blocks, once it has run its last call of the step, is swapped for the other expert's block: its GPU memory
-  freed, the other's weights sent on a side stream into it. The GPU holds one expert and a block in flight; the
-  copies travel behind the step's remaining blocks, and the other expert's first call waits for the last one (on
-  the device, never the host). The weights are the same bytes: the frames are the resident render's, bit for bit.
+  (pinned, one flat buffer an expert: :mod:`vdbench.hostmem`). In the last step of one expert (and in the call's
+  last step, for the next call's first), each of its blocks, once it has run its last call of the step, is swapped
+  for the other expert's block: its GPU memory freed, the other's weights sent on a side stream into it. The GPU
+  holds one expert and a block in flight; the copies travel behind the step's remaining blocks, and the other
+  expert's first call waits for the last one (on the device, never the host). The weights are the same bytes: the
+  frames are the resident render's, bit for bit.
 
 Each mode refuses with its reason where it can't apply (no CUDA device, no second expert, a parallel layout or a
 compile for ``expert``), and :func:`apply_offload` returns what it did for the render's record. On a CPU the expert
@@ -123,16 +124,15 @@ class ExpertSwap:
     """The two experts of ``pipe`` sharing one expert's GPU memory (see the module's doc).
 
     Each expert is a list of units (its blocks, then the rest) with a host copy of every weight, a view of the
-    expert's flat host buffer (pinned on a GPU machine: :class:`vdbench.hostmem.HostBuffer`). A unit is *on* the GPU (its tensors' data on the device) or *off* (their data the host copy). The pipeline's schedule
-    decides which expert a step uses (``boundary_ratio`` x the scheduler's training steps against the step's
-    timestep); a step whose next step (or the next call's first) uses the other expert is a swap step: there each
-    block of the outgoing expert is swapped with the incoming one's after its last call of the step (the number of
-    expert's calls per step, counted in the first step either expert finished), the rest after the expert's last
-    call, and
-    whatever was not swapped so (a block a step cache skipped; an expert's first step being its last) before the
-    incoming expert's first call. On a CPU (the tests) the host copies stand
-    in for the device's and an offloaded tensor holds NaN, so a call reading a weight that was not brought back
-    shows in the frames."""
+    expert's flat host buffer (pinned on a GPU machine: :class:`vdbench.hostmem.HostBuffer`). A unit is *on* the GPU
+    (its tensors' data on the device) or *off* (their data the host copy). The pipeline's schedule decides which
+    expert a step uses (``boundary_ratio`` x the scheduler's training steps against the step's timestep); a step
+    whose next step (or the next call's first) uses the other expert is a swap step: there each block of the
+    outgoing expert is swapped with the incoming one's after its last call of the step (the number of expert's calls
+    per step, counted in the first step either expert finished), the rest after the expert's last call, and whatever
+    was not swapped so (a block a step cache skipped; an expert's first step being its last) before the incoming
+    expert's first call. On a CPU (the tests) the host copies stand in for the device's and an offloaded tensor
+    holds NaN, so a call reading a weight that was not brought back shows in the frames."""
 
     def __init__(self, pipe, device: torch.device):
         self.pipe, self.device = pipe, torch.device(device)
@@ -324,8 +324,9 @@ class ExpertSwap:
         expert's host buffer (its bytes, where it was made, its parts' seconds: allocate and fault in, pin, copy)."""
         names = ("transformer", "transformer_2")
         return {"units_swapped": self.swaps, "swapped_late": self.late, "expert_waits": self.waits,
-                "calls_per_step": self.per_step, "host_copies_s": self.setup_s, "waited_for_host_copies": self.copy_waits,
-                "waited_for_host_copies_s": round(self.copy_wait_s, 4), "host_bytes": self.host_bytes,
+                "calls_per_step": self.per_step, "host_copies_s": self.setup_s,
+                "waited_for_host_copies": self.copy_waits, "waited_for_host_copies_s": round(self.copy_wait_s, 4),
+                "host_bytes": self.host_bytes,
                 "host_buffers": [{"expert": n, "made": m, **b.parts} for n, m, b in zip(names, self.made, self.buffers)
                                  if b is not None]}
 

@@ -459,7 +459,7 @@ def _final_dtypes(module) -> None:
 
 def _host_buffer(variant: TinyVariant, name: str, pinned: bool):
     """A :class:`vdbench.hostmem.HostBuffer` for component ``name``'s weights, made on a thread: their bytes counted
-    on a build on the meta device (no memory, no random draws)."""
+    on a build on the meta device (no memory, no weights drawn)."""
     import torch
 
     from .hostmem import HostBuffer, layout
