@@ -6,8 +6,9 @@ Why not one ``torch.empty(..., pin_memory=True)`` per weight: torch's caching ho
 up to a power of two (up to twice the weights' bytes) and maps each one's pages in on one thread; a fresh page costs
 a fault, and one thread faults a few GB/s at most. Here the buffer is pageable first (``torch.empty``), its pages
 touched by a pool of threads (one byte a page each, in numpy, which lets go of the GIL), then registered with the
-CUDA driver (``cudaHostRegister``), which pins what is already mapped. :class:`HostBuffer` records each part's
-seconds, so a render's record shows where the host's time went. On a machine without CUDA the buffer is not pinned:
+CUDA driver (``cudaHostRegister``), which pins what is already mapped; a chunk at a time, so that copies into the
+buffer run behind its making. :class:`HostBuffer` records each part's seconds, so a render's record shows where the
+host's time went. On a machine without CUDA the buffer is not pinned:
 it is the host copy as is.
 """
 
