@@ -84,6 +84,11 @@ def test_an_expert_offloaded_render_equals_the_resident_one_and_records_its_swap
     assert np.array_equal(a, b)
     assert swapped["run"]["resolved"]["offload"]["mode"] == "expert"
     assert swapped["offload"]["swapped_late"] == 0 and swapped["offload"]["units_swapped"] > 0
+    buffers = swapped["offload"]["host_buffers"]  # each expert's host buffer and its parts' seconds, recorded
+    assert [b["expert"] for b in buffers] == ["transformer", "transformer_2"]
+    assert not any(b["pinned"] for b in buffers)
+    assert all(b["bytes"] > 0 and b["allocate_fault_s"] >= 0 and b["copy_s"] >= 0 for b in buffers)
+    assert sum(b["bytes"] for b in buffers) >= swapped["offload"]["host_bytes"]
 
 
 def test_an_offloaded_expert_is_checked_against_the_device_it_runs_on():
@@ -94,3 +99,136 @@ def test_an_offloaded_expert_is_checked_against_the_device_it_runs_on():
     assert target_of("transformer_2", model).device == CPU
     setattr(model, offload.EXECUTION_DEVICE, CUDA)
     assert target_of("transformer_2", model).device == CUDA
+
+
+def _mixed_module():
+    """Weights of several dtypes and odd sizes (none a multiple of the alignment), a 0-d one and an empty one."""
+    m = torch.nn.Module()
+    m.a = torch.nn.Parameter(torch.randn(3, 5))
+    m.b = torch.nn.Parameter(torch.randn(7, dtype=torch.float64).to(torch.bfloat16))
+    m.c = torch.nn.Parameter(torch.tensor(2.5))
+    m.register_buffer("d", torch.arange(11, dtype=torch.int64))
+    m.register_buffer("e", torch.empty(0))
+    m.register_buffer("f", torch.tensor([True, False, True]))
+    return m
+
+
+def test_a_host_buffer_holds_each_weight_as_an_aligned_view_of_one_storage_with_its_bytes():
+    from vdbench import hostmem
+
+    weights = [*_mixed_module().parameters(), *_mixed_module().buffers()]
+    offsets, size = hostmem.layout(weights)
+    assert all(o % hostmem.ALIGN == 0 for o in offsets) and offsets == sorted(offsets)
+    assert size == offsets[-1] + hostmem.nbytes(weights[-1])
+    buffer = hostmem.HostBuffer(size, pinned=False, threads=3)
+    views = buffer.fill(weights)
+    storage, start = buffer.buf.untyped_storage().data_ptr(), buffer.buf.storage_offset()
+    assert buffer.buf.data_ptr() % (2 << 20) == 0  # the buffer on a 2 MiB boundary (its chunks' pages its own)
+    for o, v, t in zip(offsets, views, weights):
+        assert v.untyped_storage().data_ptr() == storage and buffer.holds(v)
+        assert v.storage_offset() * v.element_size() - start == o
+        assert v.dtype == t.dtype and v.shape == t.shape
+        assert bytes(v.contiguous().view(-1).view(torch.uint8).numpy()) == bytes(
+            t.detach().contiguous().view(-1).view(torch.uint8).numpy())
+    assert not buffer.holds(torch.zeros(3))  # another allocation
+    parts = buffer.parts
+    assert parts["bytes"] == size and parts["pinned"] is False and parts["register_s"] is None  # no CUDA: pageable
+    assert parts["allocate_fault_s"] >= 0 and parts["copy_s"] >= 0 and parts["fault_threads"] >= 1
+    with pytest.raises(ValueError, match="don't fit"):
+        hostmem.HostBuffer(size - 1, pinned=False).views(weights)
+
+
+def test_a_buffer_made_in_chunks_on_a_thread_takes_each_copy_once_its_chunk_is_made():
+    from vdbench import hostmem
+
+    weights = [torch.randn(300_000), torch.randn(700_000).to(torch.bfloat16), torch.arange(200_000)]  # ~4.2 MB
+    size = hostmem.layout(weights)[1]
+    buffer = hostmem.HostBuffer(size, pinned=False, background=True, chunk=2 << 20, threads=2)
+    views = buffer.fill(weights)
+    assert buffer.ready and buffer.parts["chunks"] == 3 == -(-size // (2 << 20))
+    assert all(torch.equal(v, t) for v, t in zip(views, weights))
+    assert buffer.parts["made_s"] >= buffer.parts["allocate_fault_s"] >= 0 and buffer.parts["waited_s"] >= 0
+
+
+def test_a_pinned_buffer_registers_each_chunk_apart_and_unregisters_each_once(monkeypatch):
+    """The registration's bookkeeping, on a CPU with the driver's calls recorded: chunks on 2 MiB boundaries, apart
+    and covering the buffer; each unregistered once, by close (or the buffer's collection)."""
+    from vdbench import hostmem
+
+    pinned, unpinned = [], []
+    monkeypatch.setattr(hostmem, "pin", lambda b: pinned.append((b.data_ptr(), b.numel())))
+    monkeypatch.setattr(hostmem, "unpin", lambda b: unpinned.append(b.data_ptr()))
+    size = 5 * (2 << 20) + 12345
+    buffer = hostmem.HostBuffer(size, pinned=True, chunk=2 * (2 << 20), threads=2)
+    base = buffer.buf.data_ptr()
+    assert [p - base for p, _ in pinned] == [0, 4 << 20, 8 << 20] and all(p % (2 << 20) == 0 for p, _ in pinned)
+    assert sum(n for _, n in pinned) == size and buffer.parts["register_s"] >= 0 and buffer.parts["chunks"] == 3
+    buffer.close()
+    buffer.close()
+    assert sorted(unpinned) == [p for p, _ in pinned]
+    del buffer  # collected after close: nothing unregistered twice
+    assert len(unpinned) == 3
+
+
+def test_fault_touches_every_page_from_several_threads():
+    from vdbench import hostmem
+
+    page = hostmem._PAGE
+    buf = torch.full((5 * page + 3,), 7, dtype=torch.uint8)
+    assert hostmem.fault(buf, threads=3) == 3
+    assert (buf[::page] == 0).all() and (buf[1::page] == 7).all()
+
+
+def test_a_buffer_made_on_a_thread_is_waited_for_and_its_wait_recorded():
+    from vdbench import hostmem
+
+    buffer = hostmem.HostBuffer(1 << 20, pinned=False, background=True)
+    assert buffer.wait().numel() == 1 << 20 and buffer.ready and buffer.parts["waited_s"] >= 0
+
+
+def test_the_load_moves_an_offloaded_expert_into_one_buffer_and_the_swap_takes_it_as_it_is():
+    """``build_pipeline(host=...)``: the idle expert built, then moved into a host buffer made on a thread (sized on
+    the meta device); its weights are the same bytes as a resident build's, and the expert swap renders its frames
+    bit for bit from that buffer, recording each expert's buffer and its parts' seconds."""
+    from vdbench import hostmem
+    from vdbench.tiny import build_pipeline, get_variant
+
+    variant = get_variant("wan2.2-t2v-a14b")
+    resident = build_pipeline(variant)
+    timings = {}
+    pipe = build_pipeline(variant, timings=timings, host=("transformer_2",))
+    assert {"host_buffers_started", "transformer_2_to_host"} <= set(timings)
+    buffer = getattr(pipe.transformer_2, hostmem.HOST_BUFFER)
+    weights = [*pipe.transformer_2.parameters(), *pipe.transformer_2.buffers()]
+    assert buffer.size == hostmem.layout(weights)[1] and all(buffer.holds(t) for t in weights)
+    for t, r in zip(weights, [*resident.transformer_2.parameters(), *resident.transformer_2.buffers()]):
+        assert t.dtype == r.dtype and torch.equal(t, r)
+    frames = _frames(resident)
+    swap = offload.ExpertSwap(pipe, CPU)
+    assert np.array_equal(_frames(pipe), frames)
+    record = swap.as_dict()
+    made = {b["expert"]: b for b in record["host_buffers"]}
+    assert made["transformer_2"]["made"] == "load" and made["transformer"]["made"] == "render"
+    assert made["transformer_2"]["bytes"] == buffer.size and swap.buffers[1] is buffer
+    for b in made.values():
+        assert b["allocate_fault_s"] >= 0 and b["copy_s"] >= 0 and b["register_s"] is None
+    assert record["waited_for_host_copies"] == 0 and record["waited_for_host_copies_s"] == 0
+    swap.close()
+
+
+def test_a_swap_that_waits_for_the_host_copies_counts_the_wait_and_its_seconds():
+    import threading
+    import time
+
+    class Late(threading.Event):  # the thread's copies still on their way at the first switch, done 0.3 s later
+        def wait(self, timeout=None):
+            time.sleep(0.3)
+            self.set()
+            return super().wait(timeout)
+
+    pipe = load_pipeline("tiny:wan2.2-t2v-a14b", "t2v", "wan")
+    swap = offload.ExpertSwap(pipe, CPU)
+    swap.copied = Late()
+    _frames(pipe)
+    record = swap.as_dict()
+    assert record["waited_for_host_copies"] == 1 and record["waited_for_host_copies_s"] >= 0.3

@@ -7,11 +7,12 @@
 * ``group`` -- diffusers' ``enable_group_offload`` (block level, a CUDA stream onloading the next block while the
   current one runs, pinned host copies) on every component but the VAE: the GPU holds a few blocks of a denoiser.
 * ``expert`` -- for a pipeline of two experts (Wan 2.2 A14B): the expert that is not denoising waits on the host
-  (pinned). In the last step of one expert (and in the call's last step, for the next call's first), each of its
-  blocks, once it has run its last call of the step, is swapped for the other expert's block: its GPU memory
-  freed, the other's weights sent on a side stream into it. The GPU holds one expert and a block in flight; the
-  copies travel behind the step's remaining blocks, and the other expert's first call waits for the last one (on
-  the device, never the host). The weights are the same bytes: the frames are the resident render's, bit for bit.
+  (pinned, one flat buffer an expert: :mod:`vdbench.hostmem`). In the last step of one expert (and in the call's
+  last step, for the next call's first), each of its blocks, once it has run its last call of the step, is swapped
+  for the other expert's block: its GPU memory freed, the other's weights sent on a side stream into it. The GPU
+  holds one expert and a block in flight; the copies travel behind the step's remaining blocks, and the other
+  expert's first call waits for the last one (on the device, never the host). The weights are the same bytes: the
+  frames are the resident render's, bit for bit.
 
 Each mode refuses with its reason where it can't apply (no CUDA device, no second expert, a parallel layout or a
 compile for ``expert``), and :func:`apply_offload` returns what it did for the render's record. On a CPU the expert
@@ -20,12 +21,13 @@ swap runs with its host copies standing in for the device's (it saves nothing th
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
 from typing import Optional
 
 import torch
+
+from .hostmem import HOST_BUFFER, HostBuffer, cores, layout
 
 __all__ = ["MODES", "EXECUTION_DEVICE", "OffloadError", "check_offload", "apply_offload", "expert_swap", "ExpertSwap", "HOST_COMPONENTS"]
 
@@ -121,17 +123,16 @@ class _Unit:
 class ExpertSwap:
     """The two experts of ``pipe`` sharing one expert's GPU memory (see the module's doc).
 
-    Each expert is a list of units (its blocks, then the rest) with a pinned host copy of every weight. A unit is
-    *on* the GPU (its tensors' data on the device) or *off* (their data the host copy). The pipeline's schedule
-    decides which expert a step uses (``boundary_ratio`` x the scheduler's training steps against the step's
-    timestep); a step whose next step (or the next call's first) uses the other expert is a swap step: there each
-    block of the outgoing expert is swapped with the incoming one's after its last call of the step (the number of
-    expert's calls per step, counted in the first step either expert finished), the rest after the expert's last
-    call, and
-    whatever was not swapped so (a block a step cache skipped; an expert's first step being its last) before the
-    incoming expert's first call. On a CPU (the tests) the host copies stand
-    in for the device's and an offloaded tensor holds NaN, so a call reading a weight that was not brought back
-    shows in the frames."""
+    Each expert is a list of units (its blocks, then the rest) with a host copy of every weight, a view of the
+    expert's flat host buffer (pinned on a GPU machine: :class:`vdbench.hostmem.HostBuffer`). A unit is *on* the GPU
+    (its tensors' data on the device) or *off* (their data the host copy). The pipeline's schedule decides which
+    expert a step uses (``boundary_ratio`` x the scheduler's training steps against the step's timestep); a step
+    whose next step (or the next call's first) uses the other expert is a swap step: there each block of the
+    outgoing expert is swapped with the incoming one's after its last call of the step (the number of expert's calls
+    per step, counted in the first step either expert finished), the rest after the expert's last call, and whatever
+    was not swapped so (a block a step cache skipped; an expert's first step being its last) before the incoming
+    expert's first call. On a CPU (the tests) the host copies stand in for the device's and an offloaded tensor
+    holds NaN, so a call reading a weight that was not brought back shows in the frames."""
 
     def __init__(self, pipe, device: torch.device):
         self.pipe, self.device = pipe, torch.device(device)
@@ -141,20 +142,23 @@ class ExpertSwap:
         self.host: dict = {}
         self.host_bytes = sum(t.numel() * t.element_size() for units in self.units for u in units for t in u.tensors)
         self.stream = torch.cuda.Stream(self.device) if self.cuda else None
-        # the host copies: a weight already pinned on the host (the idle expert, built or loaded there) is its own;
-        # the others are copied into pinned memory by a thread while the first steps run (none is needed before the
-        # first swap); on a CPU, at once
-        ready = [t for units in self.units for u in units for t in u.tensors if t.device.type == "cpu" and t.is_pinned()]
-        self.host.update((id(t), t.data) for t in ready)
-        todo = [t for units in self.units for u in units for t in u.tensors if id(t) not in self.host]
-        self.setup_s: Optional[float] = None  # the copies' time, off the render's path
+        # the host copies, one flat buffer an expert (:mod:`vdbench.hostmem`): one the load filled (the idle expert,
+        # built there) is taken as it is; the others are made and filled by a thread while the first steps run (none
+        # is needed before the first swap), behind what the current stream has queued (the load's last kernels); on a
+        # CPU, at once
+        self.buffers: list = [None, None]
+        self.made: list = [None, None]  # where each buffer was made: "load" or "render" (the thread)
+        self.setup_s: Optional[float] = None  # the thread's time, off the render's path
+        self.copy_wait_s = 0.0  # the swaps' time waiting for it
+        self._error: Optional[BaseException] = None
         self.copied = threading.Event()
-        self._copier = threading.Thread(target=self._copy_to_host, args=(todo,), daemon=True,
+        after = torch.cuda.current_stream(self.device).record_event() if self.cuda else None
+        self._copier = threading.Thread(target=self._copy_to_host, args=(after,), daemon=True,
                                         name="vdbench-expert-host-copy")
         if self.cuda:
             self._copier.start()
         else:
-            self._copy_to_host(todo)
+            self._copy_to_host(after)
         self.on = [[True] * len(self.units[0]), [False] * len(self.units[1])]
         self.done_event = None  # the side stream's last copy
         self.lock = threading.Lock()  # the guidance-overlap threads call the blocks from two host threads
@@ -175,23 +179,33 @@ class ExpertSwap:
         self.per_step = [None, None]  # an expert's calls per step, once counted
         self.block_calls: dict = {}
 
-    def _copy_to_host(self, tensors: list) -> None:
-        """The host copies of ``tensors`` (pinned on a GPU machine), each offloaded one (on the host already) then
-        pointed at its copy; on a CUDA device the device-to-host copies run on a stream of their own."""
+    def _copy_to_host(self, after) -> None:
+        """Each expert's host buffer (pinned on a GPU machine): taken from the load where it left one holding every
+        weight of the expert, else made here and filled (from the GPU on a stream of its own, behind ``after``); the
+        idle expert's weights then pointed at their copies (on a CPU: poisoned)."""
         start = time.perf_counter()
-        offloaded = {id(t) for u in self.units[1] for t in u.tensors}
-        stream = torch.cuda.Stream(self.device) if self.cuda else None
-        with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
-            for t in tensors:
-                copy = torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=self.cuda)
-                self.host[id(t)] = copy.copy_(t.detach(), non_blocking=self.cuda)
-        if stream is not None:
-            stream.synchronize()
-        for u in self.units[1]:  # the idle expert: its weights now the copies (on a CPU: poisoned)
-            if all(id(t) in offloaded for t in u.tensors):
+        try:
+            for e, model in enumerate(self.experts):
+                tensors = [t for u in self.units[e] for t in u.tensors]
+                buffer = getattr(model, HOST_BUFFER, None)
+                if buffer is not None and all(buffer.holds(t) for t in tensors):
+                    views, self.made[e] = [t.data for t in tensors], "load"
+                else:
+                    # made on a thread of its own, the copies behind it chunk by chunk; half the cores fault its
+                    # pages in: the render's own threads (the launches, a prewarm's compiles) keep theirs
+                    buffer = HostBuffer(layout(tensors)[1], pinned=self.cuda, background=True,
+                                        threads=max(1, cores() // 2))
+                    self.made[e] = "render"
+                    views = buffer.fill(tensors, self.device if self.cuda else None, after=after)
+                self.buffers[e] = buffer
+                self.host.update((id(t), v) for t, v in zip(tensors, views))
+            for u in self.units[1]:
                 self._off(u)
-        self.setup_s = time.perf_counter() - start
-        self.copied.set()
+        except BaseException as exc:  # raised by the first swap, which needs the copies
+            self._error = exc
+        finally:
+            self.setup_s = round(time.perf_counter() - start, 4)
+            self.copied.set()
 
     @staticmethod
     def _rest(model: torch.nn.Module) -> list[torch.Tensor]:
@@ -280,8 +294,12 @@ class ExpertSwap:
         if not self.on[e][j]:
             return
         if not self.copied.is_set():  # the host copies still on their way (a render whose first switch came early)
+            start = time.perf_counter()
             self.copied.wait()
+            self.copy_wait_s += time.perf_counter() - start
             self.copy_waits += 1
+        if self._error is not None:
+            raise RuntimeError(f"the expert swap's host copies failed: {self._error}") from self._error
         if self.cuda:
             main = torch.cuda.current_stream(self.device)
             ready = main.record_event()  # after the outgoing unit's queued kernels
@@ -302,7 +320,21 @@ class ExpertSwap:
         self.swaps += 1
 
     def as_dict(self) -> dict:
-        """What the swap did (the render's record): units swapped, the incoming expert's waits on the copies."""
+        """What the swap did (the render's record): units swapped, the incoming expert's waits on the copies, each
+        expert's host buffer (its bytes, where it was made, its parts' seconds: allocate and fault in, pin, copy)."""
+        names = ("transformer", "transformer_2")
         return {"units_swapped": self.swaps, "swapped_late": self.late, "expert_waits": self.waits,
-                "calls_per_step": self.per_step, "host_copies_s": self.setup_s, "waited_for_host_copies": self.copy_waits,
-                "host_bytes": self.host_bytes}
+                "calls_per_step": self.per_step, "host_copies_s": self.setup_s,
+                "waited_for_host_copies": self.copy_waits, "waited_for_host_copies_s": round(self.copy_wait_s, 4),
+                "host_bytes": self.host_bytes,
+                "host_buffers": [{"expert": n, "made": m, **b.parts} for n, m, b in zip(names, self.made, self.buffers)
+                                 if b is not None]}
+
+    def close(self) -> None:
+        """Unpin the host buffers, once the copies from them are done (the weights stay valid, pageable)."""
+        self.copied.wait()
+        if self.stream is not None:
+            self.stream.synchronize()
+        for b in self.buffers:
+            if b is not None:
+                b.close()

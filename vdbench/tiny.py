@@ -381,8 +381,9 @@ def build_pipeline(variant: TinyVariant, module_device=None, timings: Optional[d
     filled from the variant's configs, or passed as None when it has none, as the real checkpoints record them.
     ``timings``: filled with the seconds of each part (the imports of the classes, each component's build), host
     clock -- where a load's time goes, so a slow or variable load can be told apart from the work it measures.
-    ``host``: denoisers (``transformer_2``) built first and sent to the host at once, so the device never holds
-    them beside the others (an offloaded expert: :mod:`vdbench.offload`).
+    ``host``: denoisers (``transformer_2``) built first and moved at once into a flat host buffer made on a thread
+    from just after the denoiser's class is imported, so the device never holds them beside the others (an
+    offloaded expert: :mod:`vdbench.offload`).
     """
     import torch
 
@@ -395,6 +396,15 @@ def build_pipeline(variant: TinyVariant, module_device=None, timings: Optional[d
         torch.empty(0, device=module_device)
         part("cuda_init", None)
     import diffusers
+
+    # each host component's buffer made (allocated, faulted in, pinned) on a thread from here on, beside the rest of
+    # the imports and its own build: its size needs only the denoiser's class, built on the meta device (a build on
+    # the meta device itself has no weights to keep anywhere)
+    shapes_only = module_device is not None and torch.device(module_device).type == "meta"
+    buffers = {name: _host_buffer(variant, name, pinned=on_gpu) for name in host
+               if getattr(variant, name, None) and not shapes_only}
+    if buffers:
+        part("host_buffers_started", None)
     import transformers  # noqa: F401 - the text encoders' package, imported in the "imports" part
 
     cls = getattr(diffusers, variant.pipeline)
@@ -404,12 +414,12 @@ def build_pipeline(variant: TinyVariant, module_device=None, timings: Optional[d
     on = (lambda: torch.device(module_device)) if module_device is not None else contextlib.nullcontext
     part("imports", None)
     early = {}
-    for name in host:
-        if getattr(variant, name, None) is not None:
-            with on():
-                early[name] = part(name, _make_transformer(variant, name))
-            _to_host(early[name])
-    tokenizer = part("tokenizer", _build_tokenizer(variant.tokenizer_max_length))
+    for name in buffers:
+        with on():
+            early[name] = part(name, _make_transformer(variant, name))
+    tokenizer = part("tokenizer", _build_tokenizer(variant.tokenizer_max_length))  # the host's, while buffers finish
+    for name, buffer in buffers.items():
+        part(f"{name}_to_host", _to_host(early[name], buffer))
     with on():
         components: dict[str, Any] = {
             "tokenizer": tokenizer,
@@ -433,15 +443,46 @@ def build_pipeline(variant: TinyVariant, module_device=None, timings: Optional[d
     return part("assemble", cls(**components, **variant.pipeline_kwargs))
 
 
-def _to_host(module) -> None:
-    """A module's weights moved to the host, into pinned memory where a GPU is there (what an offloaded expert's
-    copies to the device come from: :mod:`vdbench.offload` takes them as they are, no second copy)."""
+def _weights(module) -> list:
+    """A module's parameters and buffers, in the order a host buffer lays them out."""
+    return [*module.parameters(), *module.buffers()]
+
+
+def _final_dtypes(module) -> None:
+    """The dtypes a build ends with (:func:`build_pipeline`'s float64 rule, :func:`build_random`'s cast to the default
+    dtype), applied now: the host copy holds the weights the render uses, and the later passes find nothing to do."""
     import torch
 
-    pin = torch.cuda.is_available()
-    for t in [*module.parameters(), *module.buffers()]:
-        if t.device.type != "cpu":
-            t.data = torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=pin).copy_(t.detach())
+    _saved_float64_to_float32(module)
+    _cast_like_from_pretrained(module, torch.get_default_dtype())
+
+
+def _host_buffer(variant: TinyVariant, name: str, pinned: bool):
+    """A :class:`vdbench.hostmem.HostBuffer` for component ``name``'s weights, made on a thread: their bytes counted
+    on a build on the meta device (no memory, no weights drawn)."""
+    import torch
+
+    from .hostmem import HostBuffer, layout
+
+    with torch.device("meta"):
+        model = _make_transformer(variant, name)
+    _final_dtypes(model)
+    return HostBuffer(layout(_weights(model))[1], pinned=pinned, background=True)
+
+
+def _to_host(module, buffer) -> None:
+    """A module's weights moved into ``buffer`` (a :class:`vdbench.hostmem.HostBuffer`, pinned where a GPU is there;
+    from a GPU on a side stream, then the GPU's copies freed), each weight a view of it, in its final dtype; the
+    module carries the buffer: what an offloaded expert's copies to the device come from (:mod:`vdbench.offload`
+    takes it as it is, no second copy)."""
+    from .hostmem import HOST_BUFFER
+
+    _final_dtypes(module)
+    weights = _weights(module)
+    device = next((t.device for t in weights if t.device.type != "cpu"), None)
+    for t, view in zip(weights, buffer.fill(weights, device)):
+        t.data = view
+    setattr(module, HOST_BUFFER, buffer)
 
 
 def get_variant(variant: str) -> TinyVariant:
