@@ -90,9 +90,14 @@ def test_fast_decode_with_fused_glue_equals_stock_fp32(cfg, cl, exact_fp32):
     z = torch.randn(1, vae.config.z_dim, 4, 3, 5, generator=torch.Generator().manual_seed(1)).to(DEV)
     ref = vae.decode(z, return_dict=False)[0]
     info = {}
-    out = D.decode_video(vae, z, mode="fast", fused_glue=True, info=info, channels_last=cl)
+    stages = []
+    with pytest.MonkeyPatch.context() as mp:  # the upsamplers' 2-D stages all take the sub-pixel form
+        mp.setattr(V, "upsample_conv", lambda frames, conv, f=V.upsample_conv: stages.append(conv) or f(frames, conv))
+        out = D.decode_video(vae, z, mode="fast", fused_glue=True, info=info, channels_last=cl)
     torch.testing.assert_close(out, ref, atol=5e-5, rtol=0)
     assert info["glue"] == V.GLUE_TRITON and V._GLUE.get() is None and V._ROWS.get() is None
+    upsamplers = [m for m in vae.decoder.modules() if type(m).__name__ == "WanResample" and "up" in m.mode]
+    assert upsamplers and {id(c) for c in stages} == {id(m.resample[1]) for m in upsamplers}
 
 
 @pytest.mark.parametrize("cl", [True, False], ids=["channels_last", "contiguous"])

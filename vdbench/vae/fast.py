@@ -532,7 +532,8 @@ def _lean_resample(self, x, feat_cache=None, feat_idx=[0]):  # noqa: B006
 
 def _subpixel_ok(seq) -> bool:
     """Whether ``seq`` is the Wan upsampler's 2-D stage :func:`upsample_conv` computes: a nearest 2x upsample, then
-    a 3x3 conv (stride 1, padding 1 with zeros, no dilation, no groups) with a bias, neither hooked."""
+    a 3x3 conv (stride 1, padding 1 with zeros, no dilation, no groups) with a bias, neither hooked (the upsample's
+    own dtype-native forward, :func:`_native_dtype_upsample`, is the same upsample)."""
     if len(seq) != 2 or type(seq[0]).__name__ != "WanUpsample" or type(seq[1]) is not torch.nn.Conv2d:
         return False
     up, conv = seq
@@ -540,7 +541,8 @@ def _subpixel_ok(seq) -> bool:
             and tuple(float(s) for s in up.scale_factor) == (2.0, 2.0) and tuple(conv.kernel_size) == (3, 3)
             and tuple(conv.stride) == (1, 1) and tuple(conv.padding) == (1, 1) and tuple(conv.dilation) == (1, 1)
             and conv.groups == 1 and conv.padding_mode == "zeros" and conv.bias is not None
-            and "forward" not in up.__dict__ and "forward" not in conv.__dict__)
+            and getattr(up.__dict__.get("forward"), "__func__", _nearest_native) is _nearest_native
+            and "forward" not in conv.__dict__)
 
 
 def subpixel_weight(weight: torch.Tensor) -> torch.Tensor:
