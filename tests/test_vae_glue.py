@@ -246,3 +246,48 @@ def test_dup_up_as_a_view_equals_diffusers_dup_up(cin, cout, ft, fs, view):
         b, co, t, ft_, h, fs_, w, _ = v.shape
         torch.testing.assert_close(v.reshape(b, co, t * ft_, h * fs_, w * fs_), up(inp), atol=0, rtol=0)
         assert (v.untyped_storage().data_ptr() == inp.untyped_storage().data_ptr()) == view
+
+
+@pytest.mark.parametrize("c,dtype", [(5, torch.float32), (40, torch.bfloat16)])
+def test_subpixel_bias_kernel_equals_the_four_strided_adds(c, dtype):
+    """The Triton interleave of the sub-pixel conv's output (bias added, one rounding) equals the eager form."""
+    from vdbench.kernels.glue import subpixel_bias
+
+    g = torch.Generator().manual_seed(c)
+    n, h, w = 2, 3, 5
+    y4 = torch.randn(n, 4 * c, h + 1, w + 1, generator=g).to(DEV, dtype).contiguous(memory_format=torch.channels_last)
+    bias = torch.randn(c, generator=g).to(DEV, dtype)
+    out = torch.empty(n, c, 2 * h, 2 * w, device=DEV, dtype=dtype).contiguous(memory_format=torch.channels_last)
+    subpixel_bias(y4, bias, out)
+    ref = torch.empty_like(out)
+    for a in (0, 1):
+        for b in (0, 1):
+            k = 2 * a + b
+            ref[:, :, a::2, b::2] = y4[:, k * c:(k + 1) * c, a:a + h, b:b + w] + bias.view(1, -1, 1, 1)
+    if DEV == "cpu" and dtype == torch.bfloat16:  # the interpreter's cast to bf16 truncates: one unit in the last place
+        torch.testing.assert_close(out, ref, atol=0, rtol=2 ** -7)
+    else:
+        assert torch.equal(out, ref)
+    with pytest.raises(ValueError, match="subpixel_bias: y4"):
+        subpixel_bias(y4[:, :, :-1], bias, out)
+
+
+@pytest.mark.parametrize("cin,cout,ft,fs,first", [(16, 16, 2, 2, False), (16, 16, 2, 2, True), (16, 8, 1, 2, False)])
+def test_add_dup_up_kernel_equals_the_eager_add(cin, cout, ft, fs, first):
+    """The Triton add of Wan 2.2's DupUp3D shortcut (read through its strided view) equals diffusers' module added
+    eagerly, also for the first chunk (its last duplicated frame only)."""
+    from diffusers.models.autoencoders.autoencoder_kl_wan import DupUp3D
+
+    from vdbench.kernels.glue import add_dup_up_
+
+    up = DupUp3D(cin, cout, ft, fs)
+    g = torch.Generator().manual_seed(cin + cout + first)
+    t = 1 if first else 3
+    x_in = torch.randn(2, cin, t, 3, 4, generator=g).to(DEV).contiguous(memory_format=torch.channels_last_3d)
+    t2 = 1 if first else t * ft
+    x = torch.randn(2, cout, t2, 3 * fs, 4 * fs, generator=g).to(DEV).contiguous(memory_format=torch.channels_last_3d)
+    src = V.dup_up_view(x_in, up)
+    if first:
+        src = src[:, :, :, ft - 1:]
+    ref = x + up(x_in, first_chunk=first)
+    torch.testing.assert_close(add_dup_up_(x, src), ref, atol=0, rtol=0)

@@ -31,7 +31,7 @@ import triton.language as tl
 
 from .ahead import compile_only, compiling_for, launch, load_compiled
 
-__all__ = ["rms_silu_rows", "norm_silu_cat", "add_rows_", "compile_only", "compiling_for", "load_compiled",
+__all__ = ["rms_silu_rows", "norm_silu_cat", "add_rows_", "subpixel_bias", "add_dup_up_", "compile_only", "compiling_for", "load_compiled",
            "INTERPRETED"]
 
 #: Whether this module's kernel was decorated under Triton's interpreter (read once, at import).
@@ -68,6 +68,50 @@ def _add_rows_kernel(y_ptr, b_ptr, r_ptr, n_rows, C, ys_r, ys_c, rs_r, rs_c,
     if HAS_RES:
         y += tl.load(r_ptr + rows[:, None] * rs_r + cols[None, :] * rs_c, mask=mask, other=0.0).to(tl.float32)
     tl.store(ptr, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _subpixel_bias_kernel(y_ptr, b_ptr, out_ptr, n_pix, H, W, C, ys_n, ys_h, ys_w, ys_c, os_n, os_h, os_w, os_c,
+                          BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    # out[n, 2i + a, 2j + b, c] = y[n, i + a, j + b, (2a + b) C + c] + bias[c], a row of C per output pixel
+    pid = tl.program_id(0)
+    p = (pid * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
+    ox = p % (2 * W)
+    q = p // (2 * W)
+    oy = q % (2 * H)
+    n = q // (2 * H)
+    a = oy % 2
+    b = ox % 2
+    src = y_ptr + n * ys_n + (oy // 2 + a) * ys_h + (ox // 2 + b) * ys_w + (2 * a + b) * C * ys_c
+    dst = out_ptr + n * os_n + oy * os_h + ox * os_w
+    cols = tl.arange(0, BLOCK_C)
+    mask = (p < n_pix)[:, None] & (cols < C)[None, :]
+    v = tl.load(src[:, None] + cols[None, :] * ys_c, mask=mask, other=0.0).to(tl.float32)
+    v += tl.load(b_ptr + cols, mask=cols < C, other=0.0).to(tl.float32)[None, :]
+    tl.store(dst[:, None] + cols[None, :] * os_c, v.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _add_dup_up_kernel(x_ptr, s_ptr, n_rows, T2, H2, W2, C, FT, FH, FW, xs_b, xs_t, xs_h, xs_w, xs_c,
+                       ss_b, ss_c, ss_t, ss_ft, ss_h, ss_fh, ss_w, ss_fw, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    # x[b, c, t', h', w'] += s[b, c, t' // FT, t' % FT, h' // FH, h' % FH, w' // FW, w' % FW], a row of C per voxel
+    pid = tl.program_id(0)
+    r = (pid * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
+    w2 = r % W2
+    q = r // W2
+    h2 = q % H2
+    q = q // H2
+    t2 = q % T2
+    b = q // T2
+    dst = x_ptr + b * xs_b + t2 * xs_t + h2 * xs_h + w2 * xs_w
+    src = (s_ptr + b * ss_b + (t2 // FT) * ss_t + (t2 % FT) * ss_ft + (h2 // FH) * ss_h + (h2 % FH) * ss_fh
+           + (w2 // FW) * ss_w + (w2 % FW) * ss_fw)
+    cols = tl.arange(0, BLOCK_C)
+    mask = (r < n_rows)[:, None] & (cols < C)[None, :]
+    ptr = dst[:, None] + cols[None, :] * xs_c
+    v = tl.load(ptr, mask=mask, other=0.0).to(tl.float32)
+    v += tl.load(src[:, None] + cols[None, :] * ss_c, mask=mask, other=0.0).to(tl.float32)
+    tl.store(ptr, v.to(x_ptr.dtype.element_ty), mask=mask)
 
 
 # The compile-only mode (compile_only, compiling_for, load_compiled) and the launch that honours it are shared with
@@ -148,6 +192,42 @@ def add_rows_(y: torch.Tensor, bias: torch.Tensor, residual: torch.Tensor | None
             yv, b, r, n, c, yv.stride(0), yv.stride(1), r.stride(0), r.stride(1),
             HAS_RES=rv is not None, BLOCK_R=block_r, BLOCK_C=block_c, num_warps=warps)
     return y
+
+
+def subpixel_bias(y4: torch.Tensor, bias: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """The sub-pixel upsample conv's interleave (``vdbench.vae.fast.upsample_conv``) in one pass: ``y4`` (N, 4C,
+    H + 1, W + 1), the conv of the 2x2 kernels of the four output parities ``(a, b)`` (block ``2a + b``), written
+    into ``out`` (N, C, 2H, 2W) as ``out[:, :, 2i + a, 2j + b] = y4[:, (2a + b) C : (2a + b + 1) C, i + a, j + b] +
+    bias``: fp32 math, one rounding (what ``torch.add`` of the two does); any strides, a contiguous row of C per
+    pixel in channels_last (the GPU path). Four strided adds eagerly, each on the non-vectorized elementwise path."""
+    n, c, h2, w2 = out.shape
+    if y4.shape != (n, 4 * c, h2 // 2 + 1, w2 // 2 + 1) or h2 % 2 or w2 % 2:
+        raise ValueError(f"subpixel_bias: y4 {tuple(y4.shape)} for output {tuple(out.shape)}")
+    b = _vec(bias, c, "subpixel_bias: bias", out.device)
+    block_c, block_r, warps = _blocks(c)
+    n_pix = n * h2 * w2
+    _launch(_subpixel_bias_kernel, (triton.cdiv(n_pix, block_r),),
+        y4, b, out, n_pix, h2 // 2, w2 // 2, c, y4.stride(0), y4.stride(2), y4.stride(3), y4.stride(1),
+        out.stride(0), out.stride(2), out.stride(3), out.stride(1), BLOCK_R=block_r, BLOCK_C=block_c, num_warps=warps)
+    return out
+
+
+def add_dup_up_(x: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
+    """In place ``x += src`` for Wan 2.2's ``DupUp3D`` shortcut: ``x`` (B, C, T', H', W') and ``src`` its 8-D
+    (B, C, T, ft, H, fh, W, fw) form with ``T' = T ft`` and so on (``vdbench.vae.fast.dup_up_view``: a strided view
+    of the block's input, strides 0 where a channel repeats) in one pass, fp32 math, one rounding. Eagerly: the add
+    through 8-D views of both, on the non-vectorized elementwise path."""
+    b, c, t2, h2, w2 = x.shape
+    sb, sc, st, ft, sh, fh, sw, fw = src.shape
+    if (sb, sc, st * ft, sh * fh, sw * fw) != (b, c, t2, h2, w2):
+        raise ValueError(f"add_dup_up_: src {tuple(src.shape)} for x {tuple(x.shape)}")
+    block_c, block_r, warps = _blocks(c)
+    n_rows = b * t2 * h2 * w2
+    _launch(_add_dup_up_kernel, (triton.cdiv(n_rows, block_r),),
+        x, src, n_rows, t2, h2, w2, c, ft, fh, fw, x.stride(0), x.stride(2), x.stride(3), x.stride(4), x.stride(1),
+        src.stride(0), src.stride(1), src.stride(2), src.stride(3), src.stride(4), src.stride(5), src.stride(6),
+        src.stride(7), BLOCK_R=block_r, BLOCK_C=block_c, num_warps=warps)
+    return x
 
 
 def norm_silu_cat(x: torch.Tensor, ctx: torch.Tensor, g: torch.Tensor,

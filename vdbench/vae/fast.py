@@ -568,16 +568,20 @@ def upsample_conv(frames: torch.Tensor, conv: torch.nn.Conv2d) -> torch.Tensor:
     """``conv(nearest_2x(frames))`` (the Wan upsampler's 2-D stage, :func:`_subpixel_ok`) without the upsampled
     tensor: one conv of :func:`subpixel_weight`'s kernels over ``frames`` (padding 1: ``(H + 1) x (W + 1)``
     positions), each output parity read from its block at its offset and written, bias added, into the
-    interleaved channels_last output. The same sums as the upsample's conv in another order (fp32 accumulation
-    either way); on an H200 the 2-D stages are 14% of the Wan 2.2 decoder's multiply-adds."""
+    interleaved channels_last output (with the Triton glue in one pass: ``vdbench.kernels.glue.subpixel_bias``).
+    The same sums as the upsample's conv in another order (fp32 accumulation either way); the 2-D stages are 14% of
+    the Wan 2.2 decoder's multiply-adds."""
     w4 = getattr(conv, "_vdbench_subpixel", None)
     if w4 is None or w4.device != conv.weight.device or w4.dtype != conv.weight.dtype:
         w4 = conv._vdbench_subpixel = subpixel_weight(conv.weight.detach())
     n, _, h, w = frames.shape
     co = conv.out_channels
     y4 = F.conv2d(frames, w4, None, 1, 1)
-    parts = y4.permute(0, 2, 3, 1).unflatten(3, (2, 2, co))  # (N, H+1, W+1, a, b, C_out): views
     out = torch.empty((n, co, 2 * h, 2 * w), dtype=y4.dtype, device=y4.device, memory_format=torch.channels_last)
+    rows = _ROWS.get()
+    if rows is not None and hasattr(rows, "subpixel_bias"):  # the Triton glue: one pass
+        return rows.subpixel_bias(y4, conv.bias.detach(), out)
+    parts = y4.permute(0, 2, 3, 1).unflatten(3, (2, 2, co))  # (N, H+1, W+1, a, b, C_out): views
     grid = out.permute(0, 2, 3, 1).view(n, h, 2, w, 2, co)
     for a in (0, 1):
         for b in (0, 1):
@@ -631,6 +635,9 @@ def _lean_residual_up_block(self, x, feat_cache=None, feat_idx=[0], first_chunk=
     src = dup_up_view(x_in, up)
     if first_chunk:  # t == 1: the last of the ft duplicated frames (diffusers' x[:, :, ft - 1:])
         src, ft = src[:, :, :, ft - 1:], 1
+    rows = _ROWS.get()
+    if rows is not None and hasattr(rows, "add_dup_up_"):  # the Triton glue: one pass
+        return rows.add_dup_up_(x, src)
     x8 = x.unflatten(4, (w, fs)).unflatten(3, (h, fs)).unflatten(2, (t, ft))
     x8.add_(src)
     return x
