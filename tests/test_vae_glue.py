@@ -9,6 +9,7 @@ pytest.importorskip("triton")
 from vdbench import kernels as K  # noqa: E402
 from vdbench.vae import decode as D  # noqa: E402
 from vdbench.vae import fast as V  # noqa: E402
+from vdbench.vae import lean as L  # noqa: E402
 from vdbench.families.wan import WAN21_VAE as _WAN21_VAE, WAN22_VAE as _WAN22_VAE  # noqa: E402
 
 from tests.conftest import triton_interpreter  # noqa: E402
@@ -92,7 +93,7 @@ def test_fast_decode_with_fused_glue_equals_stock_fp32(cfg, cl, exact_fp32):
     info = {}
     out = D.decode_video(vae, z, mode="fast", fused_glue=True, info=info, channels_last=cl)
     torch.testing.assert_close(out, ref, atol=5e-5, rtol=0)
-    assert info["glue"] == V.GLUE_TRITON and V._GLUE.get() is None and V._ROWS.get() is None
+    assert info["glue"] == V.GLUE_TRITON and L._GLUE.get() is None and L._ROWS.get() is None
 
 
 @pytest.mark.parametrize("cl", [True, False], ids=["channels_last", "contiguous"])
@@ -112,7 +113,7 @@ def test_fast_encode_with_fused_glue_equals_stock_fp32(cfg, cl, exact_fp32):
     info = {}
     out = E.wan_encode_fast(vae, x, chunk_frames=1, channels_last=cl, fused_glue=True, info=info)
     torch.testing.assert_close(out, ref, atol=5e-5, rtol=0)
-    assert info["glue"] == V.GLUE_TRITON and V._GLUE.get() is None and V._ROWS.get() is None
+    assert info["glue"] == V.GLUE_TRITON and L._GLUE.get() is None and L._ROWS.get() is None
 
 
 def test_fused_glue_refusals():

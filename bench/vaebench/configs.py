@@ -122,7 +122,7 @@ def prepare_config(name: str, value, vae, family: str, args, device: str, ops=("
         desc["compile_backend"] = args.compile_backend
         # fast paths: the norm/SiLU glue of the lean layers compiled (convs stay cuDNN's); others: the decoder and
         # the encoder (each compiled where its op is run)
-        desc["compiled"] = ("fast-path glue (vdbench.vae.fast._norm_silu_cat)" if fast else
+        desc["compiled"] = ("fast-path glue (vdbench.vae.lean._norm_silu_cat)" if fast else
                             " and ".join(f"vae.{m}" for op, m in (("decode", "decoder"), ("encode", "encoder"))
                                          if op in ops))
         if not fast:

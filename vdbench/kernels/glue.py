@@ -152,7 +152,7 @@ def add_rows_(y: torch.Tensor, bias: torch.Tensor, residual: torch.Tensor | None
 
 def norm_silu_cat(x: torch.Tensor, ctx: torch.Tensor, g: torch.Tensor,
                   bias: torch.Tensor | None = None) -> torch.Tensor:
-    """The fast path's glue contract (``vdbench.vae.fast._norm_silu_cat``): a new conv-input buffer
+    """The fast path's glue contract (``vdbench.vae.lean._norm_silu_cat``): a new conv-input buffer
     ``cat([ctx, silu(rms_norm(x (+ bias)) * g)], dim=2)`` in ``x``'s memory format, the norm over channels
     (dim 1); ``bias``: the bias of the conv that produced ``x``, when that conv ran without it.
 
