@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1] / "vdbench"
 LAYERS = {
     "numerics": 0, "measure": 0, "kernels": 0, "watchdog": 0, "sparse": 0,
     "capture": 0,
-    "tiny": 0, "timing": 0, "power": 0, "stages": 0, "helptext": 0,
+    "tiny": 0, "timing": 0, "profiling": 0, "power": 0, "stages": 0, "helptext": 0,
     "backends": 1,
     "families": 2,
     "pipelines": 3, "scheduler": 3, "video": 3, "grid": 3, "vae": 3, "identity": 3, "kernel_bench": 3, "sets": 3,
