@@ -95,7 +95,8 @@ def check_command(argv: list[str], name: str, monkeypatch):
         assert set(variants) <= set(mod.VARIANTS), name
         return None
     if tool == "bench_vae.py":
-        mod = _module("bench_vae")
+        from vdbench.vae_bench import cli as mod
+
         parsed = mod.build_parser().parse_args(args)
         for c in parsed.configs.split(","):
             mod.parse_config(c)

@@ -26,7 +26,7 @@ class NotApplicable(Exception):
 
 def encode_refusal(base: str, family: str, vae, glue, comp: bool, value, args) -> tuple[str | None, object]:
     """(why the config's encode does not apply or None, the fast encode's options or None)."""
-    from vdbench.vae import encode as E
+    from ..vae import encode as E
 
     if base == "memory":
         return ("memory@GiB bounds the decode's activations; the encode has no memory-bounded mode (its chunk is "
@@ -55,9 +55,9 @@ def prepare_config(name: str, value, vae, family: str, args, device: str, ops=("
 
     import torch
 
-    from vdbench.vae import decode as D
-    from vdbench.vae import encode as E
-    from vdbench.vae import fast as V
+    from ..vae import decode as D
+    from ..vae import encode as E
+    from ..vae import fast as V
 
     base, mods = split_config(name)
     bench, comp = uses(name, "cudnn_benchmark"), uses(name, "compile")
