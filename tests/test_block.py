@@ -8,7 +8,6 @@ hidden state equal to those of its fp32 copy; and a tiny render with --fused_blo
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -20,8 +19,6 @@ from tests.test_patching import run, small_cogvideox, small_wan, wan_inputs
 from vdbench import families
 from vdbench.families import wan as W
 from vdbench.patching import AttentionPatch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 
 WAN = families.get("wan")
 
@@ -390,7 +387,7 @@ def test_the_block_prewarm_compiles_the_render_shapes_on_a_thread(monkeypatch):
 
 
 def test_the_bench_compares_each_kernel_with_its_eager_form(kernels, tmp_path):
-    import block_bench
+    from vdbench.fused_bench import block as block_bench
 
     out = tmp_path / "block.json"
     assert block_bench.main(["--shapes", "tiny", "--budget_s", "0.05", "-o", str(out)]) == 0

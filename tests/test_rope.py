@@ -4,18 +4,13 @@ unpatched transformer's output bit for bit, its RoPE calls counted."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
 from tests.conftest import triton_interpreter
 from tests.test_patching import run, small_wan, wan_inputs
+from vdbench.fused_bench.rope import diffusers_rope  # diffusers' expressions as written, the bench's reference
 from vdbench.patching import AttentionPatch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-from rope_bench import diffusers_rope  # noqa: E402 - diffusers' expressions as written, the bench's reference
 
 
 def _freqs(s, d, seed=0):
@@ -100,7 +95,7 @@ def test_the_choice_auto_on_off(monkeypatch):
 def test_the_bench_compares_both_forms_and_checks_the_bits(rope, tmp_path):
     import json
 
-    import rope_bench
+    from vdbench.fused_bench import rope as rope_bench
 
     out = tmp_path / "rope.json"
     assert rope_bench.main(["--shapes", "tiny", "--budget_s", "0.05", "-o", str(out)]) == 0
