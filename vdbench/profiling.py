@@ -1,16 +1,10 @@
-"""Profiles, beside the clocks of :mod:`vdbench.timing`: :class:`StepProfiler` runs ``torch.profiler`` over
-scheduled denoising steps (the render's ``--profile_*`` flags) and :func:`kernel_summary` is the one aggregation of
-profiler events (device time by kernel and by :data:`KERNEL_CATEGORIES`) that the render and the VAE bench both
-write."""
+"""The one aggregation of profiler events (:func:`kernel_summary`: device time by kernel and by
+:data:`KERNEL_CATEGORIES`) that the render's step profiler (:class:`vdbench.timing.StepProfiler`) and the VAE bench
+both write."""
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
-import torch
-
-__all__ = ["KERNEL_CATEGORIES", "kernel_category", "kernel_summary", "StepProfiler"]
+__all__ = ["KERNEL_CATEGORIES", "kernel_category", "kernel_summary"]
 
 
 #: Kernel-name patterns per category, first match wins (lower-case substrings). What a step's GPU time goes to
@@ -65,36 +59,3 @@ def kernel_summary(events, top: int = 40) -> dict:
             "categories_ms": dict(sorted(cats.items(), key=lambda kv: -kv[1])),
             "top": [{"name": n, "calls": c, "ms": t, "share": t / total if total else 0.0, "category": kernel_category(n)}
                     for n, (t, c) in rows]}
-
-
-class StepProfiler:
-    """torch.profiler over denoising steps (scheduled wait/warmup/active), one Chrome trace per rank and cycle,
-    and beside it the :func:`kernel_summary` of the same steps (where a step's GPU time went, by category)."""
-
-    def __init__(self, out_dir: Path, rank: int, wait: int, warmup: int, active: int, device):
-        from torch.profiler import ProfilerActivity, profile, schedule
-
-        out_dir.mkdir(parents=True, exist_ok=True)
-        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.device(device).type == "cuda" else [])
-        self.paths: list[Path] = []
-
-        def ready(prof):
-            path = out_dir / f"rank{rank}_step{prof.step_num}.json"
-            prof.export_chrome_trace(str(path))
-            self.paths.append(path)
-            summary = kernel_summary(prof.events())
-            summary["active_steps"] = active
-            (out_dir / f"kernels_rank{rank}_step{prof.step_num}.json").write_text(json.dumps(summary, indent=1))
-
-        self.prof = profile(activities=acts, schedule=schedule(wait=wait, warmup=warmup, active=active, repeat=1),
-                            on_trace_ready=ready, record_shapes=True)
-
-    def __enter__(self):
-        self.prof.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        return self.prof.__exit__(*exc)
-
-    def step(self):
-        self.prof.step()

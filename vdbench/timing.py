@@ -27,7 +27,8 @@ for short calls (``rep_ms`` of them), within a per-row budget that says why when
 is a first call in a fresh process whose Triton and inductor caches point at new empty directories
 (:func:`fresh_cache_env`, :func:`cache_state`: the benches' ``--cold``).
 
-Profiles (the step profiler, the one aggregation of profiler events) are :mod:`vdbench.profiling`'s.
+Profiles live here too, beside the clocks: :class:`StepProfiler` runs ``torch.profiler`` over scheduled denoising
+steps (the render's ``--profile_*`` flags), each profile's kernels summed by :func:`vdbench.profiling.kernel_summary`.
 """
 
 from __future__ import annotations
@@ -49,12 +50,13 @@ from typing import Callable, Optional
 import torch
 
 from .power import PowerTrace
+from .profiling import kernel_summary
 
 __all__ = ["Clock", "Laps", "StepTimer", "MIN_SAMPLES", "STEP_KEYS", "spread", "speed_verdict", "step_stats",
            "run_step_stats", "call_ms", "first_call_ms", "TARGET_SAMPLES", "Sampled", "sample_ms", "CACHE_VARS",
            "cache_state", "fresh_cache_env", "describe_steps", "system_info", "append_timing", "load_timing",
            "peak_memory", "reset_peak_memory", "process_start", "WallStart", "wall_start", "compile_seconds",
-           "compile_counts", "device_seconds"]
+           "compile_counts", "device_seconds", "StepProfiler"]
 
 
 class Clock:
@@ -726,3 +728,36 @@ def _json_default(o):
     if isinstance(o, float):
         return o
     raise TypeError(f"not JSON serializable: {type(o).__name__}")
+
+
+class StepProfiler:
+    """torch.profiler over denoising steps (scheduled wait/warmup/active), one Chrome trace per rank and cycle,
+    and beside it the :func:`kernel_summary` of the same steps (where a step's GPU time went, by category)."""
+
+    def __init__(self, out_dir: Path, rank: int, wait: int, warmup: int, active: int, device):
+        from torch.profiler import ProfilerActivity, profile, schedule
+
+        out_dir.mkdir(parents=True, exist_ok=True)
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.device(device).type == "cuda" else [])
+        self.paths: list[Path] = []
+
+        def ready(prof):
+            path = out_dir / f"rank{rank}_step{prof.step_num}.json"
+            prof.export_chrome_trace(str(path))
+            self.paths.append(path)
+            summary = kernel_summary(prof.events())
+            summary["active_steps"] = active
+            (out_dir / f"kernels_rank{rank}_step{prof.step_num}.json").write_text(json.dumps(summary, indent=1))
+
+        self.prof = profile(activities=acts, schedule=schedule(wait=wait, warmup=warmup, active=active, repeat=1),
+                            on_trace_ready=ready, record_shapes=True)
+
+    def __enter__(self):
+        self.prof.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self.prof.__exit__(*exc)
+
+    def step(self):
+        self.prof.step()

@@ -28,7 +28,7 @@ Both are timed by the same clock (``vdbench.timing.StepTimer``: CUDA events at e
 done when the slowest rank is, as ``merge_rank_entries`` does), and reported by one definition (``run_step_stats``:
 the warm step is the median of the steps after the first, pooled over repetitions, with n and spread). Each round
 runs every side once, the order rotated from round to round, so a drift of the machine does not land on one side. ``--profile`` adds one
-profiled repetition per side (steps 2-3: ``vdbench.profiling.StepProfiler``'s kernel summary per rank) to tell a
+profiled repetition per side (steps 2-3: ``vdbench.timing.StepProfiler``'s kernel summary per rank) to tell a
 kernel-level difference (the engine's) from host time between kernels.
 
 Writes ``OUTPUT/parallel_overhead.json`` and prints the table (rank 0): per engine and side the warm step with its
@@ -57,8 +57,7 @@ from vdbench import cli, families
 from vdbench import parallel as P
 from vdbench.pipelines import load_pipeline
 from vdbench.render import render, resolve_dtype
-from vdbench.profiling import StepProfiler
-from vdbench.timing import StepTimer, describe_steps, load_timing, run_step_stats
+from vdbench.timing import StepProfiler, StepTimer, describe_steps, load_timing, run_step_stats
 from vdbench.helptext import DefaultsHelpFormatter
 
 #: xfuser's ``AttentionBackendType`` name of the kernel each vdbench backend runs (xfuser/core/distributed/

@@ -25,9 +25,8 @@ from ..offload import expert_swap
 from ..patching import AttentionPatch
 from ..pipelines import settle_scheduler
 from ..power import open_trace
-from ..profiling import StepProfiler
 from ..stages import StageTimers, stage_reports
-from ..timing import (Clock, StepTimer, compile_seconds, device_seconds, gpu_uuid, memory_stage,
+from ..timing import (Clock, StepProfiler, StepTimer, compile_seconds, device_seconds, gpu_uuid, memory_stage,
                       reset_peak_memory, step_stats)
 from ..vae.decode import decode_latents
 from ..vae.encode import use_encode

@@ -8,8 +8,8 @@ given: a figure from fewer than 3 is no speed figure, ``speed_figure`` / ``why_n
     torchrun --nproc_per_node=2 bench/bench_vae_parallel.py --case tiny --case tiny:wan2.2 --json out.json
     torchrun --nproc_per_node=3 bench/bench_vae_parallel.py --case tiny:cogvideox:5x7x6 --ablation  # on CPU: gloo
 
-(with vdbench importable: installed, or ``PYTHONPATH=$PWD`` from the repo root; ``python3 bench/suite.py vae_parallel`` runs it on
-GPUs). Cases ``NAME[:TxHxW[:DTYPE[:K,K..]]]``: random-weight VAEs of the tiny or the real widths, latent frames x
+(``torchrun -m vdbench.vae_bench.parallel`` where vdbench is installed; ``python3 bench/suite.py vae_parallel`` runs
+it on GPUs). Cases ``NAME[:TxHxW[:DTYPE[:K,K..]]]``: random-weight VAEs of the tiny or the real widths, latent frames x
 rows x cols, chunk sizes. Per run: ``vs_single`` (PSNR of the [0, 1] video and max |difference| against the
 single-device decode), with ``--stock`` ``vs_stock`` (against diffusers' untouched ``vae.decode``), with
 ``--ablation`` the decode without halo exchange (must differ), with ``--subgroup N`` the decode on a sub-group of
@@ -146,7 +146,22 @@ def default_counts(gpu: bool, warmup: Optional[int], repeats: Optional[int]) -> 
             (TARGET_SAMPLES if gpu else 1) if repeats is None else repeats)
 
 
-def main(argv=None) -> int:
+def _run_line(tag: str, run: dict, single_s: float, subgroup: int, first_k: int) -> str:
+    """One run's printed line: the times, the parallel decode's distance to the single one (and to diffusers' own,
+    the no-halo ablation's, the sub-group's, the first chunk size's single decode, where they ran)."""
+    q, k = run["vs_single"], run["chunk_frames"]
+    return (f"[{tag} K={k}] single {single_s:.3f}s  parallel {run['parallel_s']:.3f}s  ratio "
+            f"{run['ratio']:.3f}  PSNR vs single {'inf' if q['identical'] else q['psnr_db']} dB  "
+            f"max|d| {q['max_abs']:.2e}"
+            + (f"  PSNR vs stock {run['vs_stock']['psnr_db'] or 'inf'} dB" if "vs_stock" in run else "")
+            + (f"  no-halo ablation {run['ablation_no_halo_vs_single']['psnr_db']} dB"
+               if "ablation_no_halo_vs_single" in run else "")
+            + (f"  subgroup({subgroup}) PSNR {run['subgroup']['psnr_db'] or 'inf'} dB" if "subgroup" in run else "")
+            + (f"  (single K={k} vs single K={first_k}: {run['single_vs_first_chunk_single']['psnr_db'] or 'inf'} dB)"
+               if "single_vs_first_chunk_single" in run else ""))
+
+
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description="Band-parallel Wan VAE decode: self-check and benchmark "
                                              "(run under torchrun). Every rank also decodes the whole latent alone "
                                              "(the single-device reference and time).",
@@ -174,7 +189,11 @@ def main(argv=None) -> int:
                                                               "has passed (0: no limit)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the weights and latents")
     ap.add_argument("--json", default=None, help="rank 0 writes the results here (after every case)")
-    a = ap.parse_args(argv)
+    return ap
+
+
+def main(argv=None) -> int:
+    a = build_parser().parse_args(argv)
 
     t_start = time.perf_counter()
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
@@ -281,18 +300,7 @@ def main(argv=None) -> int:
             entry["runs"].append(run)
             del single
             if rank == 0:
-                q = run["vs_single"]
-                print(f"[{tag} K={k}] single {ts:.3f}s  parallel {run['parallel_s']:.3f}s  ratio "
-                      f"{run['ratio']:.3f}  PSNR vs single {'inf' if q['identical'] else q['psnr_db']} dB  "
-                      f"max|d| {q['max_abs']:.2e}"
-                      + (f"  PSNR vs stock {run['vs_stock']['psnr_db'] or 'inf'} dB" if stock is not None else "")
-                      + (f"  no-halo ablation {run['ablation_no_halo_vs_single']['psnr_db']} dB"
-                         if "ablation_no_halo_vs_single" in run else "")
-                      + (f"  subgroup({a.subgroup}) PSNR {run['subgroup']['psnr_db'] or 'inf'} dB"
-                         if "subgroup" in run else "")
-                      + (f"  (single K={k} vs single K={case_chunks[0] or t - 1}: "
-                         f"{run['single_vs_first_chunk_single']['psnr_db'] or 'inf'} dB)"
-                         if "single_vs_first_chunk_single" in run else ""), flush=True)
+                print(_run_line(tag, run, ts, a.subgroup, case_chunks[0] or t - 1), flush=True)
         del vae, stock, z, first_single
         if device.type == "cuda":
             torch.cuda.empty_cache()
