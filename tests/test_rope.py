@@ -72,24 +72,19 @@ def test_a_wan_transformer_with_the_fused_rope_is_bit_identical(rope):
 
 
 def test_the_choice_auto_on_off(monkeypatch):
-    from types import SimpleNamespace as Cfg
-
     from vdbench import families
-    from vdbench.render import fused_rope_choice
+    from vdbench.kernels import fused_rope_choice
 
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # on a CPU, on runs only under Triton's interpreter
 
     wan = families.get("wan")
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    auto = Cfg(fused_rope=None, compile=False)
-    assert fused_rope_choice(auto, cpu, wan) == "a cpu device (the kernel runs on CUDA)"
-    assert fused_rope_choice(Cfg(fused_rope=None, compile=True), cuda, wan) == (
-        "compiled blocks (inductor fuses the RoPE itself)")
-    assert fused_rope_choice(Cfg(fused_rope=False, compile=False), cuda, wan) == "off (--fused_rope off)"
+    assert fused_rope_choice(None, cpu, wan) == "a cpu device (the kernel runs on CUDA)"
+    assert fused_rope_choice(None, cuda, wan, compiled=True) == "compiled blocks (inductor fuses the RoPE itself)"
+    assert fused_rope_choice(False, cuda, wan) == "off (--fused_rope off)"
     with pytest.raises(ValueError, match="--fused_rope on: not here: needs a CUDA/HIP GPU; on CPU only under Triton's"):
-        fused_rope_choice(Cfg(fused_rope=True, compile=False), cpu, wan)
-    assert fused_rope_choice(auto, cuda, families.get("cogvideox")) == (
-        "the model family runs diffusers' own processor")
+        fused_rope_choice(True, cpu, wan)
+    assert fused_rope_choice(None, cuda, families.get("cogvideox")) == "the model family runs diffusers' own processor"
 
 
 def test_the_bench_compares_both_forms_and_checks_the_bits(rope, tmp_path):
