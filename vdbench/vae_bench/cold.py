@@ -49,15 +49,54 @@ def _launch_spec(kernel, args, kw) -> str:
     return f"{name}({', '.join(one(a) for a in args)}; {', '.join(f'{k}={v}' for k, v in sorted(kw.items()))})"
 
 
+def _prewarm_variant(args, variant: str, vae, z, row: dict, sync) -> None:
+    """A ``prewarm*`` variant's work before the timed calls, its seconds into ``row``: vdbench.vae.prewarm's thread run
+    to its end, then (by the variant) two latent frames decoded on the calling thread, the decode's peak reserved, or a
+    small decode on a side thread."""
+    import torch
+
+    from ..vae import decode as D
+    from ..vae import prewarm as W
+    from ..vae.decode import DecodeOptions
+
+    dev = z.device
+    width, height = (int(x) for x in args.size.split("*"))
+    t0 = time.perf_counter()
+    p = W.plan(vae_class=type(vae).__name__, device=dev, decode_mode=D.check_decode("fast"),
+               decode_options=DecodeOptions(), pixel_hw=(height, width))
+    row["prewarm"] = None if p is None else W.start_thread(
+        lambda: W.meta_vae(type(vae), dict(vae.config)).to(vae.dtype), p).wait()
+    row["prewarm_wall_s"] = time.perf_counter() - t0
+    if variant == "prewarm+main":
+        t0 = time.perf_counter()
+        D.decode_video(vae, z[:, :, :2].clone(), mode="fast")
+        sync()
+        row["main_thread_warm_s"] = time.perf_counter() - t0
+    elif variant == "prewarm+reserve" and dev.type == "cuda":
+        t0 = time.perf_counter()
+        peak = {"832*480": 3.4, "1280*720": 7.6}.get(args.size, 8.0)  # GiB: the warm fast decode's peak
+        block = torch.empty(int(peak * 2**30), dtype=torch.uint8, device=dev)
+        del block
+        sync()
+        row["reserve_s"] = time.perf_counter() - t0
+    elif variant in ("prewarm+tiny", "prewarm+side"):
+        import threading
+
+        small = (z[:, :, :2, :8, :8] if variant == "prewarm+tiny" else z[:, :, :2]).clone()
+        t0 = time.perf_counter()
+        th = threading.Thread(target=lambda: (D.decode_video(vae, small, mode="fast"), sync()))
+        th.start()
+        th.join()
+        row["side_thread_warm_s"] = time.perf_counter() - t0
+
+
 def _child(args) -> dict:
     import torch
     import torch.nn.functional as F
 
-    from ..vae import decode as D
     from .. import kernels as K
-    from ..vae import prewarm as W
-    from ..vae.decode import DecodeOptions
     from ..pipelines import build_vae
+    from ..vae import decode as D
     from ..timing import cache_state, speed_verdict
 
     t_proc = time.perf_counter()
@@ -96,33 +135,7 @@ def _child(args) -> dict:
         _g._launch = traced
 
     if variant.startswith("prewarm"):
-        t0 = time.perf_counter()
-        p = W.plan(vae_class=type(vae).__name__, device=dev, decode_mode=D.check_decode("fast"),
-                   decode_options=DecodeOptions(), pixel_hw=(height, width))
-        row["prewarm"] = None if p is None else W.start_thread(lambda: W.meta_vae(type(vae), dict(vae.config)).to(vae.dtype),
-                                                        p).wait()
-        row["prewarm_wall_s"] = time.perf_counter() - t0
-        if variant == "prewarm+main":
-            t0 = time.perf_counter()
-            D.decode_video(vae, z[:, :, :2].clone(), mode="fast")
-            sync()
-            row["main_thread_warm_s"] = time.perf_counter() - t0
-        elif variant == "prewarm+reserve" and dev.type == "cuda":
-            t0 = time.perf_counter()
-            peak = {"832*480": 3.4, "1280*720": 7.6}.get(args.size, 8.0)  # GiB: the warm fast decode's peak
-            block = torch.empty(int(peak * 2**30), dtype=torch.uint8, device=dev)
-            del block
-            sync()
-            row["reserve_s"] = time.perf_counter() - t0
-        elif variant in ("prewarm+tiny", "prewarm+side"):
-            import threading
-
-            small = (z[:, :, :2, :8, :8] if variant == "prewarm+tiny" else z[:, :, :2]).clone()
-            t0 = time.perf_counter()
-            th = threading.Thread(target=lambda: (D.decode_video(vae, small, mode="fast"), sync()))
-            th.start()
-            th.join()
-            row["side_thread_warm_s"] = time.perf_counter() - t0
+        _prewarm_variant(args, variant, vae, z, row, sync)
 
     host = {"conv": 0.0, "glue": 0.0}  # host seconds inside the calls (launch, plan building, JIT compiles)
 
@@ -177,15 +190,18 @@ def _child(args) -> dict:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="wan2.1", help="a Wan VAE name the VAE bench knows (wan2.1, wan2.2; default: wan2.1)")
+    p.add_argument("--model", default="wan2.1",
+                   help="a Wan VAE name the VAE bench knows (wan2.1, wan2.2; default: wan2.1)")
     p.add_argument("--size", default="832*480", help="WIDTH*HEIGHT in pixels (default: 832*480)")
     p.add_argument("--frames", type=int, default=81, help="video frames (default: 81)")
-    p.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated, of {', '.join(VARIANTS)} (default: all)")
+    p.add_argument("--variants", default=",".join(VARIANTS),
+                   help=f"comma-separated, of {', '.join(VARIANTS)} (default: all)")
     p.add_argument("--repeats", type=int, default=1, help="fresh processes per variant (default: 1)")
     p.add_argument("--warm", type=int, default=2, help="warm calls after the first, per process (default: 2)")
     p.add_argument("--tiny", action="store_true", help="the tiny VAE (a CPU check of the plumbing; default: off)")
     p.add_argument("--keep_caches", action="store_true",
-                   help="don't empty the Triton / inductor caches (the user's own caches, whatever they hold; default: off)")
+                   help="don't empty the Triton / inductor caches (the user's own caches, whatever they hold; "
+                        "default: off)")
     p.add_argument("--timeout", type=float, default=300, help="seconds per process (default: 300)")
     p.add_argument("-o", "--output", default=None, help="JSON file of every row (default: none)")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
