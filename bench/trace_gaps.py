@@ -11,7 +11,7 @@ Reads torch.profiler Chrome traces (a render's ``--profile_output NAME`` writes 
   span -- the GPU waiting for the host or for another rank;
 * ``comm_ms``: the union of the communication kernels (NCCL), ``comm_exposed_ms`` the part of it no compute kernel
   runs beside -- what an overlap could still win;
-* ``categories_ms``: kernel time by :func:`vdbench.timing.kernel_category` (summed, not unioned);
+* ``categories_ms``: kernel time by :func:`vdbench.profiling.kernel_category` (summed, not unioned);
 * ``gaps``: the idle intervals over ``--min_gap_us``, their count and sum, and the largest ones with the kernels on
   either side (what the GPU waited between); where the trace has the host side (torch.profiler's ``cuda_runtime``
   launch events, matched to the kernels by ``correlation``), which gaps the host caused: ``host_bound_ms`` sums the
@@ -38,7 +38,7 @@ import sys
 from pathlib import Path
 
 from vdbench.helptext import DefaultsHelpFormatter
-from vdbench.timing import kernel_category
+from vdbench.profiling import kernel_category
 
 KERNEL_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 

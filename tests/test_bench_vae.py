@@ -1,4 +1,4 @@
-"""bench/bench_vae.py: every config path on a tiny VAE on CPU -- decode and encode, their quality figures against
+"""vdbench.vae_bench (bench/bench_vae.py): every config path on a tiny VAE on CPU -- decode and encode, their quality figures against
 fp32 --, quality figures on known cases, environment presets composed for a child process, isolation, and a hung
 config (a stalled decode or encode) reported while the run goes on."""
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench import bench_vae as B
+from vdbench.vae_bench import cli as B
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -8,7 +8,6 @@ hidden state equal to those of its fp32 copy; and a tiny render with --fused_blo
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -20,8 +19,6 @@ from tests.test_patching import run, small_cogvideox, small_wan, wan_inputs
 from vdbench import families
 from vdbench.families import wan as W
 from vdbench.patching import AttentionPatch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 
 WAN = families.get("wan")
 
@@ -353,25 +350,22 @@ def test_a_call_the_kernels_cannot_serve_runs_the_eager_expressions_counted(kern
 
 
 def test_the_choice_auto_on_off(kernels, monkeypatch):
-    from types import SimpleNamespace as Cfg
-
-    from vdbench.render import fused_block_choice
+    from vdbench.kernels import fused_block_choice
 
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    auto = Cfg(fused_block=None, compile=False)
-    assert fused_block_choice(auto, cpu, WAN) == "a cpu device (the kernel runs on CUDA)"
-    assert fused_block_choice(Cfg(fused_block=None, compile=True), cuda, WAN) == (
+    assert fused_block_choice(None, cpu, WAN) == "a cpu device (the kernel runs on CUDA)"
+    assert fused_block_choice(None, cuda, WAN, compiled=True) == (
         "compiled blocks (inductor fuses the block's elementwise passes itself)")
-    assert fused_block_choice(Cfg(fused_block=False, compile=False), cuda, WAN) == "off (--fused_block off)"
-    assert fused_block_choice(Cfg(fused_block=None, compile=False), cuda, families.get("cogvideox")) == (
+    assert fused_block_choice(False, cuda, WAN) == "off (--fused_block off)"
+    assert fused_block_choice(None, cuda, families.get("cogvideox")) == (
         "the model family runs diffusers' own block forward")
     with pytest.raises(ValueError, match="--fused_block on: not here: needs a CUDA/HIP GPU; on CPU only under "
                                          "Triton's interpreter"):
-        fused_block_choice(Cfg(fused_block=True, compile=False), cpu, WAN)
+        fused_block_choice(True, cpu, WAN)
 
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # a CPU test (the module imported interpreted): on runs the kernels
-    assert fused_block_choice(Cfg(fused_block=True, compile=False), cpu, WAN) is None
+    assert fused_block_choice(True, cpu, WAN) is None
 
 
 def test_the_block_prewarm_compiles_the_render_shapes_on_a_thread(monkeypatch):
@@ -390,7 +384,7 @@ def test_the_block_prewarm_compiles_the_render_shapes_on_a_thread(monkeypatch):
 
 
 def test_the_bench_compares_each_kernel_with_its_eager_form(kernels, tmp_path):
-    import block_bench
+    from vdbench.fused_bench import block as block_bench
 
     out = tmp_path / "block.json"
     assert block_bench.main(["--shapes", "tiny", "--budget_s", "0.05", "-o", str(out)]) == 0

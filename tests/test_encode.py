@@ -9,6 +9,7 @@ from diffusers import AutoencoderKLCogVideoX, AutoencoderKLWan
 
 from vdbench.vae import encode as E
 from vdbench.vae import fast as V
+from vdbench.vae import lean as L
 from vdbench.families.cogvideox import COG_VAE
 from vdbench.families.wan import WAN21_VAE, WAN21_VAE_REAL, WAN22_VAE
 from vdbench.watchdog import Watchdog
@@ -55,9 +56,9 @@ def test_fast_encode_runs_the_lean_layers(monkeypatch):
             return fn(*a, **k)
         return run
 
-    monkeypatch.setattr(V, "_lean_encoder", spy("encoder", V._lean_encoder))
-    monkeypatch.setattr(V, "_lean_downsample", spy("downsample", V._lean_downsample))
-    monkeypatch.setattr(V, "_lean_residual_block", spy("block", V._lean_residual_block))
+    monkeypatch.setattr(L, "_lean_encoder", spy("encoder", L._lean_encoder))
+    monkeypatch.setattr(L, "_lean_downsample", spy("downsample", L._lean_downsample))
+    monkeypatch.setattr(L, "_lean_residual_block", spy("block", L._lean_residual_block))
     vae = _wan(WAN21_VAE)
     E.wan_encode_fast(vae, _video(t=9), chunk_frames=1)
     assert calls == {"encoder": 3, "downsample": 3 * 3, "block": 3 * 6}  # 3 chunks, 3 stages, 6 blocks

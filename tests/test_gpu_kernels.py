@@ -1,5 +1,5 @@
-"""bench/gpu_kernels.py (the check and sweep runs of the kernels suite) on a CPU: its arguments, the warm
-workers' shares, the sweep's variant order and its choice of defaults, the files it writes, and both stages run
+"""vdbench.kernel_tune (bench/gpu_kernels.py: the check and sweep runs of the kernels suite) on a CPU: its arguments,
+the warm workers' shares, the sweep's variant order and its choice of defaults, the files it writes, and both stages run
 end to end over stand-in kernels (torch attention with injected faults, a fake timer), so everything but the
 Triton kernels' own numbers is checked here (tests/test_kernels.py checks those under the interpreter)."""
 
@@ -18,7 +18,7 @@ import torch
 from vdbench import numerics
 import torch.nn.functional as F
 
-from bench import gpu_kernels as gk
+from vdbench import kernel_tune as gk
 
 ROOT = Path(__file__).resolve().parents[1]
 

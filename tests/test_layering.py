@@ -16,10 +16,10 @@ ROOT = Path(__file__).resolve().parents[1] / "vdbench"
 LAYERS = {
     "numerics": 0, "measure": 0, "kernels": 0, "watchdog": 0, "sparse": 0,
     "capture": 0,
-    "tiny": 0, "hostmem": 0, "timing": 0, "power": 0, "stages": 0, "helptext": 0,
+    "tiny": 0, "hostmem": 0, "timing": 0, "profiling": 0, "power": 0, "stages": 0, "helptext": 0,
     "backends": 1,
     "families": 2,
-    "pipelines": 3, "scheduler": 3, "video": 3, "vae": 3, "identity": 3, "kernel_bench": 3, "sets": 3,
+    "pipelines": 3, "scheduler": 3, "video": 3, "grid": 3, "vae": 3, "identity": 3, "kernel_bench": 3, "kernel_tune": 3, "vae_bench": 3, "fused_bench": 3, "sets": 3,
     "patching": 4, "parallel": 4, "speed": 4, "cache": 4, "offload": 4,
     "render": 5, "report": 5, "api": 5, "batch": 5, "pool": 5, "stitch": 5,
     "cli": 6, "sweep": 6, "options": 6, "render_all": 6,

@@ -14,6 +14,7 @@ from vdbench.vae import decode as D  # noqa: E402
 from vdbench.vae import encode as E  # noqa: E402
 from vdbench.vae import prewarm as W  # noqa: E402
 from vdbench.vae import fast as V  # noqa: E402
+from vdbench.vae import lean as L  # noqa: E402
 from vdbench.vae.decode import DecodeOptions  # noqa: E402
 from vdbench.vae.encode import EncodeOptions  # noqa: E402
 from vdbench.families.wan import WAN21_VAE, WAN22_VAE  # noqa: E402
@@ -168,10 +169,10 @@ def test_a_contiguous_attention_output_changes_no_variant(monkeypatch):
     x = torch.randn(1, 4, 2, 3, 5).contiguous(memory_format=torch.channels_last_3d)
     conv = torch.nn.Conv3d(4, 4, 3)
     conv.weight.data = conv.weight.data.contiguous(memory_format=torch.channels_last_3d)
-    assert V._match_weight_layout(x, conv) is x
-    c = V._match_weight_layout(x.contiguous(), conv)
+    assert L._match_weight_layout(x, conv) is x
+    c = L._match_weight_layout(x.contiguous(), conv)
     assert c.is_contiguous(memory_format=torch.channels_last_3d) and torch.equal(c, x)
-    assert V._match_weight_layout(x.contiguous(), torch.nn.Conv3d(4, 4, 3)).is_contiguous()  # weights contiguous
+    assert L._match_weight_layout(x.contiguous(), torch.nn.Conv3d(4, 4, 3)).is_contiguous()  # weights contiguous
 
 
 def test_the_prewarm_leaves_the_pipeline_vae_untouched_and_covers_the_encode(monkeypatch):

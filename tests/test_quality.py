@@ -213,20 +213,6 @@ def test_stream_psnr_is_frame_quality_psnr_and_rejects_mismatches():
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def _bench(name):
-    import importlib.util
-    import sys
-    from pathlib import Path
-
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parents[1] / "bench" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def _clips():
     g = torch.Generator().manual_seed(1)
     ref = torch.rand(3, 16, 20, 3, generator=g)
@@ -234,7 +220,8 @@ def _clips():
 
 
 def test_bench_vae_quality_is_the_shared_frame_quality():
-    bv = _bench("bench_vae")
+    from vdbench.vae_bench import cli as bv
+
     out, ref = _clips()
     got, q = bv.quality(out, ref), frame_quality(out, ref)
     assert list(got) == ["psnr_min", "psnr_mean", "psnr_all", "ssim_min", "ssim_mean", "psnr_per_frame",
@@ -259,7 +246,9 @@ def test_bench_attention_accuracy_is_the_shared_attention_quality():
 
 
 def test_vae_parallel_and_gpu_kernels_figures_are_the_shared_ones():
-    bvp, gk = _bench("bench_vae_parallel"), _bench("gpu_kernels")
+    from vdbench import kernel_tune as gk
+    from vdbench.vae_bench import parallel as bvp
+
     out, ref = _clips()
     q = bvp.quality(out * 2 - 1, ref * 2 - 1)  # [-1, 1] video: the same dB as the frames on [0, 1]
     assert q["psnr_db"] == round(psnr(out, ref), 2) and q["max_abs"] == pytest.approx(2 * max_abs(out, ref))

@@ -201,20 +201,21 @@ def test_the_vae_prewarm_starts_after_the_load_and_only_an_image_encode_part_bef
     """The prewarm's compile holds the GIL in long stretches: beside the load's Python it slows the load, beside
     the denoising (a thread waiting on the GPU) it costs nothing; only an image's encode, which comes before the
     denoising, has the load alone to hide under."""
-    from vdbench.render import loading, prewarm
+    from vdbench import pipelines
+    from vdbench.render import prewarm
 
     events = []
-    real_load = loading.load_checked
+    real_load = pipelines.Model.load
 
-    def load_checked(plan, parts):
+    def load(model, **kw):  # the weights' load
         events.append("load")
-        return real_load(plan, parts)
+        return real_load(model, **kw)
 
     def start(plan, pipe=None, *, encode_only=False):
         events.append(("prewarm", "encode_only" if encode_only else "all", pipe is not None))
         return None
 
-    monkeypatch.setattr(loading, "load_checked", load_checked)
+    monkeypatch.setattr(pipelines.Model, "load", load)
     monkeypatch.setattr(prewarm, "start_vae", start)
     loaded = R.load(R.validate(_cfg(tmp_path)))
     assert events == [("prewarm", "encode_only", False), "load", ("prewarm", "all", True)]

@@ -4,18 +4,13 @@ unpatched transformer's output bit for bit, its RoPE calls counted."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
 from tests.conftest import triton_interpreter
 from tests.test_patching import run, small_wan, wan_inputs
+from vdbench.fused_bench.rope import diffusers_rope  # diffusers' expressions as written, the bench's reference
 from vdbench.patching import AttentionPatch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-from rope_bench import diffusers_rope  # noqa: E402 - diffusers' expressions as written, the bench's reference
 
 
 def _freqs(s, d, seed=0):
@@ -77,30 +72,25 @@ def test_a_wan_transformer_with_the_fused_rope_is_bit_identical(rope):
 
 
 def test_the_choice_auto_on_off(monkeypatch):
-    from types import SimpleNamespace as Cfg
-
     from vdbench import families
-    from vdbench.render import fused_rope_choice
+    from vdbench.kernels import fused_rope_choice
 
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # on a CPU, on runs only under Triton's interpreter
 
     wan = families.get("wan")
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    auto = Cfg(fused_rope=None, compile=False)
-    assert fused_rope_choice(auto, cpu, wan) == "a cpu device (the kernel runs on CUDA)"
-    assert fused_rope_choice(Cfg(fused_rope=None, compile=True), cuda, wan) == (
-        "compiled blocks (inductor fuses the RoPE itself)")
-    assert fused_rope_choice(Cfg(fused_rope=False, compile=False), cuda, wan) == "off (--fused_rope off)"
+    assert fused_rope_choice(None, cpu, wan) == "a cpu device (the kernel runs on CUDA)"
+    assert fused_rope_choice(None, cuda, wan, compiled=True) == "compiled blocks (inductor fuses the RoPE itself)"
+    assert fused_rope_choice(False, cuda, wan) == "off (--fused_rope off)"
     with pytest.raises(ValueError, match="--fused_rope on: not here: needs a CUDA/HIP GPU; on CPU only under Triton's"):
-        fused_rope_choice(Cfg(fused_rope=True, compile=False), cpu, wan)
-    assert fused_rope_choice(auto, cuda, families.get("cogvideox")) == (
-        "the model family runs diffusers' own processor")
+        fused_rope_choice(True, cpu, wan)
+    assert fused_rope_choice(None, cuda, families.get("cogvideox")) == "the model family runs diffusers' own processor"
 
 
 def test_the_bench_compares_both_forms_and_checks_the_bits(rope, tmp_path):
     import json
 
-    import rope_bench
+    from vdbench.fused_bench import rope as rope_bench
 
     out = tmp_path / "rope.json"
     assert rope_bench.main(["--shapes", "tiny", "--budget_s", "0.05", "-o", str(out)]) == 0

@@ -234,7 +234,7 @@ def test_profiler_warmup_vae_dtype_and_flow_shift(tmp_path):
 
 
 def test_kernel_categories():
-    from vdbench.timing import kernel_category
+    from vdbench.profiling import kernel_category
 
     assert kernel_category("ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)") == "communication"
     assert kernel_category("void flash::FlashAttnFwdSm90<...>") == "attention"

@@ -1,4 +1,4 @@
-"""vdbench.video.stitch_grid and the stitch_comparison.py command line."""
+"""vdbench.grid.stitch_grid and the stitch_comparison.py command line."""
 
 from __future__ import annotations
 
@@ -17,7 +17,8 @@ if str(REPO) not in sys.path:  # stitch_comparison.py is a top-level script, not
     sys.path.insert(0, str(REPO))
 
 import stitch_comparison  # noqa: E402
-from vdbench.video import VideoError, iter_frames, probe_video, stitch_grid, write_video  # noqa: E402
+from vdbench.grid import stitch_grid  # noqa: E402
+from vdbench.video import VideoError, iter_frames, probe_video, write_video  # noqa: E402
 
 WAN = "wan_result_t2v_1.3B_8f_2s_attn_{}_48x64.mp4"
 
@@ -373,13 +374,13 @@ def test_cli_never_replaces_a_file_it_did_not_make(four, tmp_path, capsys):
 def test_labels_wrap_at_one_size_for_every_cell(tmp_path):
     """Labels carrying figures wrap onto up to three lines at one font size shared by the grid's cells, rather than
     being cut: every cell's band is as tall, and the text is all there."""
-    from vdbench import video
-    from vdbench.video import LABEL_MAX_LINES
+    from vdbench import grid
+    from vdbench.grid import LABEL_MAX_LINES
 
     def fit_labels(labels, width, font_size):
         """(size, lines of each label): how a grid of cells ``width`` pixels wide draws ``labels``."""
-        size = video._label_size(labels, width, font_size)
-        return size, [video._LabelBand._fit(t, width, size)[1] if t else [] for t in labels]
+        size = grid._label_size(labels, width, font_size)
+        return size, [grid._LabelBand._fit(t, width, size)[1] if t else [] for t in labels]
 
     labels = ["sdpa · 705 ms/step 1.00× (n=3: not a speed figure) · 58.4 dB", "sagev1_emu · emulated · 37.7 dB"]
     size, lines = fit_labels(labels, 192, 24)

@@ -90,12 +90,14 @@ def check_command(argv: list[str], name: str, monkeypatch):
         assert cli.main(family, [*args, "--print_output_path"]) == 0, name
         return None
     if tool == "cold_decode.py":
-        mod = _module("cold_decode")
+        from vdbench.vae_bench import cold as mod
+
         variants = args[args.index("--variants") + 1].split(",")
         assert set(variants) <= set(mod.VARIANTS), name
         return None
     if tool == "bench_vae.py":
-        mod = _module("bench_vae")
+        from vdbench.vae_bench import cli as mod
+
         parsed = mod.build_parser().parse_args(args)
         for c in parsed.configs.split(","):
             mod.parse_config(c)
@@ -122,8 +124,12 @@ def check_command(argv: list[str], name: str, monkeypatch):
         return parsed
     if tool == "parallel_overhead.py":
         return _module("parallel_overhead").parse(args)
-    if tool in ("ulysses_model.py", "gpu_kernels.py"):
+    if tool == "ulysses_model.py":
         return _module(tool[:-3]).build_parser().parse_args(args)
+    if tool == "gpu_kernels.py":  # the command line of vdbench.kernel_tune
+        from vdbench import kernel_tune
+
+        return kernel_tune.build_parser().parse_args(args)
     if tool in ("bench_fp8.py", "bench_sage2.py", "compare_outputs.py", "window_mass.py", "patch_overhead.py",
                 "parallel_summary.py", "bench_vae_parallel.py", "check_fp8_error.py", "ulysses_micro.py", "trace_gaps.py",
                 "gpu_monitor.py", "sync_points.py", "rope_bench.py", "block_bench.py"):

@@ -15,6 +15,7 @@ from diffusers.video_processor import VideoProcessor
 from vdbench import families
 from vdbench.vae import decode as D
 from vdbench.vae import fast as V
+from vdbench.vae import lean as L
 from vdbench.families.cogvideox import COG_VAE as _COG_VAE
 from vdbench.families.wan import WAN21_VAE as _WAN21_VAE, WAN22_VAE as _WAN22_VAE
 from vdbench.watchdog import WatchdogTimeout
@@ -273,7 +274,7 @@ def test_fast_layers_swap_and_restore_even_on_error(wan21):
     # the class is never touched; another VAE is never touched
     other = _wan(_WAN21_VAE)
     with V.fast_layers(vae):
-        assert W.WanCausalConv3d.forward is not V._lean_causal_conv3d and _instance_forwards(other) == []
+        assert W.WanCausalConv3d.forward is not L._lean_causal_conv3d and _instance_forwards(other) == []
 
 
 def test_fast_layers_leave_foreign_hooks_alone(wan21):
@@ -329,7 +330,7 @@ def test_fast_path_compiled_glue_equals_stock_fp32():
     out = D.decode_video(vae, z, mode="fast", compile_backend="eager", info=info)
     torch.testing.assert_close(out, ref, atol=5e-5, rtol=0)
     assert info["compile_backend"] == "eager" and sum(counters["graph_break"].values()) == breaks
-    assert V._GLUE.get() is None and _instance_forwards(vae) == []
+    assert L._GLUE.get() is None and _instance_forwards(vae) == []
     with pytest.raises(ValueError, match="compile_backend"):
         D.decode_video(vae, z, mode="default", compile_backend="eager")
 
@@ -339,15 +340,16 @@ def test_a_pointwise_conv_runs_as_one_gemm_and_keeps_channels_last():
     bias in its epilogue, the output channels_last_3d whatever the device's conv would choose; the conv's result
     to rounding; not taken where the layout or the conv's shape doesn't allow a rows view."""
     from vdbench.vae import fast as V
+    from vdbench.vae import lean as L
 
     torch.manual_seed(0)
     conv = torch.nn.Conv3d(8, 12, 1)
     x = torch.randn(2, 8, 3, 5, 7).contiguous(memory_format=torch.channels_last_3d)
-    y = V._pointwise_gemm(conv, x)
+    y = L._pointwise_gemm(conv, x)
     ref = torch.nn.functional.conv3d(x, conv.weight, conv.bias)
     assert y.is_contiguous(memory_format=torch.channels_last_3d) and not y.is_contiguous()
     torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-5)
-    assert V._pointwise_gemm(torch.nn.Conv3d(8, 12, 1, bias=False), x).shape == ref.shape
-    assert V._pointwise_gemm(conv, x.contiguous()) is None  # contiguous input: the conv as it is
-    assert V._pointwise_gemm(torch.nn.Conv3d(8, 12, 3), x) is None
-    assert V._pointwise_gemm(torch.nn.Conv3d(8, 12, 1, stride=2), x) is None
+    assert L._pointwise_gemm(torch.nn.Conv3d(8, 12, 1, bias=False), x).shape == ref.shape
+    assert L._pointwise_gemm(conv, x.contiguous()) is None  # contiguous input: the conv as it is
+    assert L._pointwise_gemm(torch.nn.Conv3d(8, 12, 3), x) is None
+    assert L._pointwise_gemm(torch.nn.Conv3d(8, 12, 1, stride=2), x) is None

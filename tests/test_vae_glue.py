@@ -9,6 +9,7 @@ pytest.importorskip("triton")
 from vdbench import kernels as K  # noqa: E402
 from vdbench.vae import decode as D  # noqa: E402
 from vdbench.vae import fast as V  # noqa: E402
+from vdbench.vae import lean as L  # noqa: E402
 from vdbench.families.wan import WAN21_VAE as _WAN21_VAE, WAN22_VAE as _WAN22_VAE  # noqa: E402
 
 from tests.conftest import triton_interpreter  # noqa: E402
@@ -92,10 +93,10 @@ def test_fast_decode_with_fused_glue_equals_stock_fp32(cfg, cl, exact_fp32):
     info = {}
     stages = []
     with pytest.MonkeyPatch.context() as mp:  # the upsamplers' 2-D stages all take the sub-pixel form
-        mp.setattr(V, "upsample_conv", lambda frames, conv, f=V.upsample_conv: stages.append(conv) or f(frames, conv))
+        mp.setattr(V, "upsample_conv", lambda frames, conv, f=L.upsample_conv: stages.append(conv) or f(frames, conv))
         out = D.decode_video(vae, z, mode="fast", fused_glue=True, info=info, channels_last=cl)
     torch.testing.assert_close(out, ref, atol=5e-5, rtol=0)
-    assert info["glue"] == V.GLUE_TRITON and V._GLUE.get() is None and V._ROWS.get() is None
+    assert info["glue"] == V.GLUE_TRITON and L._GLUE.get() is None and L._ROWS.get() is None
     upsamplers = [m for m in vae.decoder.modules() if type(m).__name__ == "WanResample" and "up" in m.mode]
     assert upsamplers and {id(c) for c in stages} == {id(m.resample[1]) for m in upsamplers}
 
@@ -117,7 +118,7 @@ def test_fast_encode_with_fused_glue_equals_stock_fp32(cfg, cl, exact_fp32):
     info = {}
     out = E.wan_encode_fast(vae, x, chunk_frames=1, channels_last=cl, fused_glue=True, info=info)
     torch.testing.assert_close(out, ref, atol=5e-5, rtol=0)
-    assert info["glue"] == V.GLUE_TRITON and V._GLUE.get() is None and V._ROWS.get() is None
+    assert info["glue"] == V.GLUE_TRITON and L._GLUE.get() is None and L._ROWS.get() is None
 
 
 def test_fused_glue_refusals():
@@ -219,16 +220,16 @@ def test_the_upsamplers_2d_stage_as_one_conv_of_2x2_kernels_equals_upsample_then
     x = torch.randn(3, 6, 5, 7, generator=g, dtype=torch.float64)
     if not contiguous:
         x = x.contiguous(memory_format=torch.channels_last)
-    out = V.upsample_conv(x, conv)
+    out = L.upsample_conv(x, conv)
     assert out.shape == (3, 5, 10, 14) and out.is_contiguous(memory_format=torch.channels_last)
     with torch.no_grad():  # WanUpsample rounds through fp32: the reference is its interpolation in fp64
         ref = conv(torch.nn.functional.interpolate(x, scale_factor=(2.0, 2.0), mode="nearest-exact"))
     torch.testing.assert_close(out, ref, atol=1e-12, rtol=0)
-    assert V._subpixel_ok(seq)
-    assert not V._subpixel_ok(torch.nn.Sequential(WanUpsample(scale_factor=(2.0, 2.0), mode="bilinear"), conv))
-    assert not V._subpixel_ok(torch.nn.Sequential(seq[0], torch.nn.Conv2d(6, 5, 3, padding=1, bias=False)))
-    assert not V._subpixel_ok(torch.nn.Sequential(seq[0], torch.nn.Conv2d(6, 5, 3, padding=1, stride=2)))
-    w4 = V.subpixel_weight(conv.weight)
+    assert L._subpixel_ok(seq)
+    assert not L._subpixel_ok(torch.nn.Sequential(WanUpsample(scale_factor=(2.0, 2.0), mode="bilinear"), conv))
+    assert not L._subpixel_ok(torch.nn.Sequential(seq[0], torch.nn.Conv2d(6, 5, 3, padding=1, bias=False)))
+    assert not L._subpixel_ok(torch.nn.Sequential(seq[0], torch.nn.Conv2d(6, 5, 3, padding=1, stride=2)))
+    w4 = L.subpixel_weight(conv.weight)
     assert w4.shape == (20, 6, 2, 2)  # 4 parities x C_out, 2x2 taps: 16 multiply-adds per input pixel, not 36
 
 
@@ -242,7 +243,7 @@ def test_dup_up_as_a_view_equals_diffusers_dup_up(cin, cout, ft, fs, view):
     up = DupUp3D(cin, cout, ft, fs)
     x = torch.randn(2, cin, 3, 4, 5, generator=torch.Generator().manual_seed(cin + cout))
     for inp in (x, x.contiguous(memory_format=torch.channels_last_3d)):
-        v = V.dup_up_view(inp, up)
+        v = L.dup_up_view(inp, up)
         b, co, t, ft_, h, fs_, w, _ = v.shape
         torch.testing.assert_close(v.reshape(b, co, t * ft_, h * fs_, w * fs_), up(inp), atol=0, rtol=0)
         assert (v.untyped_storage().data_ptr() == inp.untyped_storage().data_ptr()) == view
@@ -286,7 +287,7 @@ def test_add_dup_up_kernel_equals_the_eager_add(cin, cout, ft, fs, first):
     x_in = torch.randn(2, cin, t, 3, 4, generator=g).to(DEV).contiguous(memory_format=torch.channels_last_3d)
     t2 = 1 if first else t * ft
     x = torch.randn(2, cout, t2, 3 * fs, 4 * fs, generator=g).to(DEV).contiguous(memory_format=torch.channels_last_3d)
-    src = V.dup_up_view(x_in, up)
+    src = L.dup_up_view(x_in, up)
     if first:
         src = src[:, :, :, ft - 1:]
     ref = x + up(x_in, first_chunk=first)

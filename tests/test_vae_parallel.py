@@ -110,7 +110,7 @@ def test_harness_reference_decodes_record_no_autograd_graph():
     alive with its output. Now the harness's VAE requires no grad and every timed call runs in inference mode."""
     from diffusers import AutoencoderKLCogVideoX
 
-    from bench.bench_vae_parallel import timed
+    from vdbench.vae_bench.parallel import timed
     from vdbench.families.cogvideox import COG_VAE
     from vdbench.pipelines import build_vae
 
@@ -132,7 +132,7 @@ def test_harness_reference_decodes_record_no_autograd_graph():
 
 
 def test_default_counts_give_five_timed_decodes_on_a_gpu():
-    from bench.bench_vae_parallel import default_counts
+    from vdbench.vae_bench.parallel import default_counts
 
     assert default_counts(True, None, None) == (1, 5)  # a median with a spread on a GPU
     assert default_counts(False, None, None) == (0, 1)  # the CPU run checks exactness, its times are no figures
@@ -140,7 +140,7 @@ def test_default_counts_give_five_timed_decodes_on_a_gpu():
 
 
 def test_case_names_take_the_tiny_spelling_of_every_tool():
-    from bench.bench_vae_parallel import parse_case
+    from vdbench.vae_bench.parallel import parse_case
 
     assert parse_case("tiny", "3x7x6", "fp32", [1, 0]) == ("tiny-wan2.1", (3, 7, 6), "fp32", [1, 0])
     assert parse_case("tiny:cogvideox:5x7x6", "3x7x6", "fp32", [1]) == ("tiny-cogvideox", (5, 7, 6), "fp32", [1])

@@ -12,8 +12,9 @@ import pytest
 from PIL import Image
 
 import vdbench.video as vv
-from vdbench.video import (VideoError, VideoInfo, find_font, frame_to_rgb_uint8, iter_frames, label_from_filename,
-                           probe_video, write_video)
+from vdbench.grid import find_font
+from vdbench.video import (VideoError, VideoInfo, frame_to_rgb_uint8, iter_frames, label_from_filename, probe_video,
+                           write_video)
 
 
 def moving_frames(n=8, h=48, w=64, seed=0) -> np.ndarray:

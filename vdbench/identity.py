@@ -31,7 +31,7 @@ from . import families
 from .measure.record import identity_tags
 
 __all__ = ["DEFAULT_SEED", "NOT_IDENTITY", "IN_NAME", "CONTENT", "RenderIdentity", "of", "replaced_render",
-           "file_sha256"]
+           "check_output", "file_sha256"]
 
 #: ``--seed`` when not given; a render of another seed says it in its file name.
 DEFAULT_SEED = 42
@@ -200,3 +200,20 @@ def replaced_render(settings: dict, output, timing_path, config_class,
     if not differ:
         return None
     return ", ".join(differ[:4]) + (" ..." if len(differ) > 4 else "")
+
+
+def check_output(settings: dict, output, timing_path, config_class, family: families.Family, *,
+                 overwrite: bool = False) -> None:
+    """Never a file this tool did not write replaced (:func:`vdbench.video.written_by_render`), nor another render's
+    video (:func:`replaced_render`: its identity differs) -- unless ``overwrite``."""
+    from .video import written_by_render
+
+    if overwrite or not Path(output).exists():
+        return
+    if not written_by_render(output, timing_path):
+        raise ValueError(f"{output} exists and is not a video this tool wrote; not replacing it\n"
+                         "move it away, choose another --benchmark_output_directory, or pass --overwrite")
+    other = replaced_render(settings, output, timing_path, config_class, family)
+    if other is not None:
+        raise ValueError(f"{output} holds another render's video (it differs in {other}); not "
+                         "replacing it\nwrite to another path, or pass --overwrite")

@@ -29,6 +29,7 @@ Public API (used by the rest of vdbench and its CLIs):
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from typing import Any, Optional
 
@@ -190,7 +191,11 @@ class Model:
     requirements: tuple[tuple[str, str], ...] = ()
     denoisers: Optional[dict] = None
     vae: Optional[tuple[str, dict]] = None
-    shipped: Optional[dict] = None
+
+    @functools.cached_property
+    def shipped(self) -> Optional[dict]:
+        """What the model ships of its schedule (:func:`_shipped`), read -- without a weight -- when first asked."""
+        return _shipped(self.spec)
 
     @property
     def head_dims(self) -> Optional[list[int]]:
@@ -207,6 +212,38 @@ class Model:
     def check_size(self, pipe, height: int, width: int, num_frames: int) -> None:
         """:func:`check_video_size` of this model's loaded ``pipe``, by its family's rules."""
         _check_video_size(pipe, self.family, height, width, num_frames)
+
+    def check_inputs(self, task: Optional[str], image: Optional[str]) -> None:
+        """The conditioning image ``image`` (a path, or None) where ``task`` needs one (and none where the family
+        refuses it), the packages the pipeline calls without checking them."""
+        import importlib.util
+        from pathlib import Path
+
+        family = self.family
+        if image and task in family.image_refusals:
+            raise ValueError(family.image_refusals[task])
+        if task in family.image_tasks and not image:
+            raise ValueError(f"task {task} needs --img_file_path (the image to animate)")
+        for module, why in self.requirements:
+            if importlib.util.find_spec(module) is None:
+                raise ValueError(f"task {task} needs the {module} package ({why})\npip install {module}")
+        if image and not Path(image).is_file():
+            raise ValueError(f"conditioning image {image} does not exist\ngive --img_file_path an image file")
+
+    def check_experts(self, boundary_ratio: Optional[float], guidance_scale_2: Optional[float],
+                      loaded: Optional[bool] = None) -> None:
+        """``--boundary_ratio`` and ``--guidance_scale_2`` are for a pipeline of two experts (Wan 2.2 A14B): refused
+        for one, where its configs (:attr:`denoisers`, before the load) or the loaded pipeline (``loaded``: whether it
+        has a second expert) tell."""
+        asked = [f for f, v in (("--boundary_ratio", boundary_ratio), ("--guidance_scale_2", guidance_scale_2))
+                 if v is not None]
+        if boundary_ratio is not None and not 0 < boundary_ratio < 1:
+            raise ValueError(f"--boundary_ratio {boundary_ratio:g} is outside (0, 1)\ngive the share of the "
+                             "timesteps the high-noise expert runs, e.g. 0.875")
+        two = loaded if loaded is not None else (None if self.denoisers is None else "transformer_2" in self.denoisers)
+        if asked and two is False:
+            raise ValueError(f"{' and '.join(asked)}: {self.spec.model} has one denoiser; they apply to a model of "
+                             "two experts (Wan 2.2 A14B)\ndrop the flag(s)")
 
 
 def resolve(model: str, task: str | None = None, family: "str | families.Family" = "wan", *,
@@ -226,7 +263,7 @@ def resolve(model: str, task: str | None = None, family: "str | families.Family"
     found = spec.components or {}
     denoisers = {n: found[n] for n in DENOISERS if n in found} or None
     vae = found["vae"] if "vae" in found and found["vae"][0] else None
-    return Model(spec, fam, task, image, pipeline_class, requirements, denoisers, vae, _shipped(spec))
+    return Model(spec, fam, task, image, pipeline_class, requirements, denoisers, vae)
 
 
 def _shipped(spec: ModelSpec) -> Optional[dict]:

@@ -112,11 +112,12 @@ def _fp8_support_reason(device: torch.device) -> Optional[str]:
 
 def check_speed_options(device: torch.device, *, compile: bool = False, compile_backend: str = "inductor",
                         compile_mode: Optional[str] = None, fp8_gemms: Union[bool, str, None] = None,
-                        inductor_tuning: str = "auto") -> None:
+                        inductor_tuning: str = "auto") -> Optional[str]:
     """Refuse (SpeedOptionError: the fact, then the hint) a combination of speed options that can't take effect,
     from the device and the options alone: before any weight loads. A compile option without the compile, or a mode
     the backend ignores, would otherwise be recorded in the run's settings while changing nothing. ``fp8_gemms``:
-    the scope (:data:`FP8_GEMM_SCOPES`; True: ``all``), None or False: off."""
+    the scope (:data:`FP8_GEMM_SCOPES`; True: ``all``), None or False: off. Returns the fp8 GEMMs' scope the setting
+    resolves to (None: off), what :func:`apply_speed_options` takes."""
     if not compile and (compile_mode or compile_backend not in (None, "inductor")):
         given = f"--compile_mode {compile_mode}" if compile_mode else f"--compile_backend {compile_backend}"
         raise SpeedOptionError(f"{given} without --use_torch_compile: nothing is compiled\nadd --use_torch_compile "
@@ -136,6 +137,7 @@ def check_speed_options(device: torch.device, *, compile: bool = False, compile_
     if reason:
         raise SpeedOptionError(f"--use_fp8_gemms can't run here: {reason}\nrender without --use_fp8_gemms, or on a "
                                "GPU with fp8 and torchao installed")
+    return scope
 
 
 def _known_scope(layers: str) -> None:
@@ -199,11 +201,12 @@ def quantize_fp8_gemms(models, device: torch.device, granularity: str = "row", l
 
 def apply_speed_options(pipe, models, *, device: torch.device, compile: bool = False,
                         compile_backend: str = "inductor", compile_mode: Optional[str] = None,
-                        bf16_te_gemms: bool = False, fp8_gemms: Union[bool, str, None] = None,
+                        bf16_te_gemms: bool = False, fp8_gemms: Optional[str] = None,
                         inductor_tuning: str = "auto") -> dict:
     """Apply the requested options in the order that works (quantize, then compile); return what was done, with
     inductor's coordinate-descent tuning as it stands for the compile (``inductor_tuning``: :data:`INDUCTOR_TUNING`),
-    since it changes every compiled kernel and its first call, whoever set it."""
+    since it changes every compiled kernel and its first call, whoever set it. ``fp8_gemms``: the fp8 GEMMs' scope
+    as :func:`check_speed_options` resolved it (None: off)."""
     done: dict = {}
     if bf16_te_gemms:
         te = getattr(pipe, "text_encoder", None)
@@ -211,11 +214,10 @@ def apply_speed_options(pipe, models, *, device: torch.device, compile: bool = F
             raise SpeedOptionError("--use_bf16_te_gemms: this pipeline has no text encoder")
         done["text_encoder_dtype"] = {"from": str(te.dtype).replace("torch.", ""), "to": "bfloat16"}
         te.to(torch.bfloat16)
-    scope = fp8_gemm_scope(fp8_gemms)
-    if scope:
+    if fp8_gemms:
         # torchao's recommended inductor settings (coordinate-descent tuning for the whole process among them) only
         # with ``on``: measured on an H200, they cost the fp8 stack's first call 119 s for no warm-step gain
-        done["fp8_gemms"] = quantize_fp8_gemms(models, device, layers=scope,
+        done["fp8_gemms"] = quantize_fp8_gemms(models, device, layers=fp8_gemms,
                                                inductor_settings=inductor_tuning == "on")
     if compile:
         done["compile"] = compile_blocks(models, compile_backend, compile_mode)

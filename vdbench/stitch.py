@@ -7,7 +7,7 @@
     python stitch_comparison.py --output grid.mp4 --labels sdpa,sagev1 a.mp4 b.mp4   # explicit files, in order
     python stitch_comparison.py --input_dir outputs/set/results --content 2      # one prompt and seed of a set
 
-A thin command line over :func:`vdbench.video.stitch_grid`. With ``--input_dir`` the matching files are taken
+A thin command line over :func:`vdbench.grid.stitch_grid`. With ``--input_dir`` the matching files are taken
 in name order; files named on the command line (what ``render_all_WAN.sh --stitch`` passes) are taken in the
 order given. The grid goes to ``--output``, by default ``comparison_grid.mp4`` in the input directory (beside the
 first video when files are named). Grids this tool made (recognised by the tag every grid carries) and the output
@@ -32,7 +32,8 @@ import sys
 import textwrap
 
 from vdbench.helptext import DefaultsHelpFormatter
-from vdbench.video import MADE_BY_GRID, VideoError, grid_shape, made_by, stitch_grid
+from vdbench.grid import grid_shape, stitch_grid
+from vdbench.video import MADE_BY_GRID, VideoError, made_by
 
 DEFAULT_OUTPUT = "comparison_grid.mp4"
 

@@ -25,7 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
-from vdbench.video import stitch_grid, write_video
+from vdbench.grid import stitch_grid
+from vdbench.video import write_video
 from vdbench.helptext import DefaultsHelpFormatter
 
 

@@ -323,7 +323,7 @@ def profile_dirs(engine: str, sides: list[str], out: Path) -> dict[str, Path]:
 
 
 def read_profiles(engine: str, sides: list[str], out: Path) -> dict:
-    """side -> rank -> the profiled step's GPU time by category (``vdbench.timing.kernel_summary``) and its top
+    """side -> rank -> the profiled step's GPU time by category (``vdbench.profiling.kernel_summary``) and its top
     kernels: equal kernel time and a longer step is host time between kernels (the harness's); a category that grew
     is a kernel-level difference (whose: the top kernels name it)."""
     found: dict = {}

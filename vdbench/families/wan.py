@@ -385,8 +385,8 @@ def self_attention(attn, hidden_states, rotary_emb, attend, rope=_eager_rope):
     value = value.unflatten(2, (attn.heads, -1))
     if rotary_emb is not None:
         q_rot, k_rot = torch.empty_like(query), torch.empty_like(key)
-        rope(query, *rotary_emb, q_rot, _rope_into)
-        rope(key, *rotary_emb, k_rot, _rope_into)
+        rope(query, *rotary_emb, q_rot, rope_into)
+        rope(key, *rotary_emb, k_rot, rope_into)
         query, key = q_rot, k_rot
     out = attend(query, key, value).flatten(2, 3).type_as(query)
     return attn.to_out[1](attn.to_out[0](out))
@@ -423,7 +423,7 @@ def ulysses_self_attention(attn, hidden_states, rotary_emb, exchange, attend, ro
         if rotary_emb is None:
             dst.copy_(x)
         else:  # the frequencies (1, S_loc, 1, D) broadcast over both head dims
-            rope(x, *(f.unsqueeze(2) for f in rotary_emb), dst, _rope_into)
+            rope(x, *(f.unsqueeze(2) for f in rotary_emb), dst, rope_into)
         return exchange.start(buf)
 
     # exchange.turn(): a phase's end, where an interleaved guidance branch takes over (--guidance_overlap); its
@@ -443,7 +443,7 @@ def ulysses_self_attention(attn, hidden_states, rotary_emb, exchange, attend, ro
     return attn.to_out[1](attn.to_out[0](out))
 
 
-def _rope_into(x, freqs_cos, freqs_sin, dst) -> None:
+def rope_into(x, freqs_cos, freqs_sin, dst) -> None:
     """diffusers' Wan RoPE of ``x`` written into ``dst`` (a view of ``x``'s shape; the pairs in the last dim, the
     frequencies broadcast over the rest): the same expressions, each computed in the frequencies' dtype and cast once
     on the write, as diffusers' slice assignment does."""

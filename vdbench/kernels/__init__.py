@@ -177,6 +177,45 @@ def probe(kernel: str, device) -> tuple[bool, str]:
     return False, f"needs a CUDA/HIP GPU or the Triton interpreter on CPU (device is {dev.type})"
 
 
+def _fused_choice(setting: bool | None, flag: str, kernel: str, device, compiled: bool, family_lacks: str | None,
+                  inductor: str) -> str | None:
+    """Why one of the render's fused kernels (``--fused_rope``, ``--fused_block``: diffusers' values bit for bit) does
+    not run, None where it does. ``auto`` (``setting`` None) runs it on CUDA where Triton can (:func:`probe` of the
+    registered ``kernel``), for a family with the code that calls it (``family_lacks``: why not, else None), except
+    under torch.compile (``inductor``: what inductor fuses itself); ``on`` runs it there too, and on a CPU under
+    Triton's interpreter (tests); ``on`` where it can't: ValueError with the reason (one line, then a hint)."""
+    if setting is False:
+        return f"off ({flag} off)"
+    why = family_lacks or (f"compiled blocks ({inductor})" if compiled else None)
+    device = torch.device(device)
+    if why is None and device.type != "cuda" and setting is None:
+        why = f"a {device.type} device (the kernel runs on CUDA)"
+    if why is None:
+        ok, reason = probe(kernel, device)
+        why = None if ok else reason
+    if why is not None and setting is True:
+        raise ValueError(f"{flag} on: not here: {why}\n{flag} auto uses it where it can")
+    return why
+
+
+def fused_rope_choice(setting: bool | None, device, family, compiled: bool = False) -> str | None:
+    """Why a render's RoPE is not fused (``--fused_rope`` = ``setting``: :func:`vdbench.kernels.rope.rope_pairs`),
+    None where it is (:func:`_fused_choice`): for a model family with a processor of its own
+    (``Family.self_attention``)."""
+    return _fused_choice(setting, "--fused_rope", "wan_rope", device, compiled,
+                         "the model family runs diffusers' own processor" if family.self_attention is None else None,
+                         "inductor fuses the RoPE itself")
+
+
+def fused_block_choice(setting: bool | None, device, family, compiled: bool = False) -> str | None:
+    """Why a render's blocks don't run their elementwise passes fused (``--fused_block`` = ``setting``:
+    :mod:`vdbench.kernels.block`), None where they do (:func:`_fused_choice`): for a model family with a block forward
+    of its own (``Family.block_forward``)."""
+    return _fused_choice(setting, "--fused_block", "wan_block", device, compiled,
+                         "the model family runs diffusers' own block forward" if family.block_forward is None else None,
+                         "inductor fuses the block's elementwise passes itself")
+
+
 def compiled_variants(kernel: str):
     """How many compiled variants (specializations x devices) the JIT functions of ``kernel``'s module hold in
     this process -- what a first call pays to compile -- (0 before the module is imported: nothing compiled yet)

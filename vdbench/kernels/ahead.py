@@ -19,7 +19,7 @@ import contextvars
 
 import torch
 
-__all__ = ["compile_only", "compiling_for", "load_compiled", "launch"]
+__all__ = ["compile_only", "compiling_for", "load_compiled", "launch", "compile_ahead"]
 
 # (the CUDA device, the kernels compiled so far) inside compile_only() (per thread: a context variable), else None.
 _COMPILE_FOR: contextvars.ContextVar = contextvars.ContextVar("vdbench_compile_for", default=None)
@@ -37,6 +37,15 @@ def compile_only(device):
         yield compiled
     finally:
         _COMPILE_FOR.reset(token)
+
+
+def compile_ahead(device, calls) -> int:
+    """The kernels that ``calls()`` launches (on meta tensors, for their shapes alone) compiled for the CUDA
+    ``device`` (:func:`compile_only`) and loaded (:func:`load_compiled`); returns how many it compiled or found."""
+    with compile_only(device) as compiled:
+        calls()
+    load_compiled(compiled, device)
+    return len(compiled)
 
 
 def compiling_for():

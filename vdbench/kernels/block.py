@@ -59,7 +59,7 @@ import triton
 import triton.language as tl
 
 from . import bits
-from .ahead import compile_only, compiling_for, launch, load_compiled
+from .ahead import compile_ahead, compiling_for, launch
 
 __all__ = ["modulate", "gated_residual", "norm_modulate", "norm_affine", "layer_norm_stats", "layer_norm_paths",
            "why_not_fused", "why_not_normed", "prewarm", "aot_specs", "INTERPRETED"]
@@ -376,13 +376,13 @@ def prewarm(tokens: int, dim: int, dtype: torch.dtype, device, temb_dtype: Optio
     temb = torch.empty(1, *((tokens,) if per_token else ()), 6, dim, dtype=temb_dtype or dtype, **meta)
     stats = torch.empty(tokens, dtype=torch.float32, **meta)
     norm_params = torch.empty(dim, dtype=torch.float32, **meta)  # diffusers keeps the norms in fp32
-    with compile_only(device) as compiled:
+    def calls():
         modulate(torch.empty(1, tokens, dim, dtype=torch.float32, **meta), table, temb, 0, 1, dtype)
         gated_residual(x, torch.empty_like(x), table, temb, 2)
         norm_modulate(x, stats, stats, table, temb, 0, 1)
         norm_affine(x, stats, stats, norm_params, norm_params)
-    load_compiled(compiled, device)
-    return len(compiled)
+
+    return compile_ahead(device, calls)
 
 
 def aot_specs(d: int = 128, causal: bool = False, config: dict | None = None) -> dict:

@@ -195,7 +195,7 @@ def add_rows_(y: torch.Tensor, bias: torch.Tensor, residual: torch.Tensor | None
 
 
 def subpixel_bias(y4: torch.Tensor, bias: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    """The sub-pixel upsample conv's interleave (``vdbench.vae.fast.upsample_conv``) in one pass: ``y4`` (N, 4C,
+    """The sub-pixel upsample conv's interleave (``vdbench.vae.lean.upsample_conv``) in one pass: ``y4`` (N, 4C,
     H + 1, W + 1), the conv of the 2x2 kernels of the four output parities ``(a, b)`` (block ``2a + b``), written
     into ``out`` (N, C, 2H, 2W) as ``out[:, :, 2i + a, 2j + b] = y4[:, (2a + b) C : (2a + b + 1) C, i + a, j + b] +
     bias``: fp32 math, one rounding (what ``torch.add`` of the two does); any strides, a contiguous row of C per
@@ -214,7 +214,7 @@ def subpixel_bias(y4: torch.Tensor, bias: torch.Tensor, out: torch.Tensor) -> to
 
 def add_dup_up_(x: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
     """In place ``x += src`` for Wan 2.2's ``DupUp3D`` shortcut: ``x`` (B, C, T', H', W') and ``src`` its 8-D
-    (B, C, T, ft, H, fh, W, fw) form with ``T' = T ft`` and so on (``vdbench.vae.fast.dup_up_view``: a strided view
+    (B, C, T, ft, H, fh, W, fw) form with ``T' = T ft`` and so on (``vdbench.vae.lean.dup_up_view``: a strided view
     of the block's input, strides 0 where a channel repeats) in one pass, fp32 math, one rounding. Eagerly: the add
     through 8-D views of both, on the non-vectorized elementwise path."""
     b, c, t2, h2, w2 = x.shape
@@ -232,7 +232,7 @@ def add_dup_up_(x: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
 
 def norm_silu_cat(x: torch.Tensor, ctx: torch.Tensor, g: torch.Tensor,
                   bias: torch.Tensor | None = None) -> torch.Tensor:
-    """The fast path's glue contract (``vdbench.vae.fast._norm_silu_cat``): a new conv-input buffer
+    """The fast path's glue contract (``vdbench.vae.lean._norm_silu_cat``): a new conv-input buffer
     ``cat([ctx, silu(rms_norm(x (+ bias)) * g)], dim=2)`` in ``x``'s memory format, the norm over channels
     (dim 1); ``bias``: the bias of the conv that produced ``x``, when that conv ran without it.
 

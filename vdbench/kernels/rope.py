@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 
 from . import bits
-from .ahead import compile_only, compiling_for, launch, load_compiled
+from .ahead import compile_ahead, compiling_for, launch
 
 __all__ = ["rope_pairs", "why_not_fused", "prewarm", "aot_specs", "INTERPRETED"]
 
@@ -149,10 +149,7 @@ def prewarm(seq: int, heads: int, head_dim: int, dtype: torch.dtype, device, uly
     else:
         dst = torch.empty(ulysses, 1, s, h, head_dim, **meta).permute(1, 2, 0, 3, 4)
         form = (x.unflatten(2, (ulysses, h)), freqs.unsqueeze(2), freqs.unsqueeze(2), dst)
-    with compile_only(device) as compiled:
-        rope_pairs(form[0], form[1], form[2], out=form[3])
-    load_compiled(compiled, device)
-    return len(compiled)
+    return compile_ahead(device, lambda: rope_pairs(form[0], form[1], form[2], out=form[3]))
 
 
 def aot_specs(d: int = 128, causal: bool = False, config: dict | None = None) -> dict:

@@ -16,10 +16,10 @@ from .group import (DistContext, OneProcess, agree, init_distributed, merge_rank
 from .guidance import GuidanceSplit, guidance_split, interleaved, split_guidance, turn
 from .spec import (ENGINE_CHOICES, ENGINES, GUIDANCE_OVERLAP_AUTO, ParallelSpec, check_backend_for_path,
                    compile_refusal, engine_check, fp8_exchange_refusal, guidance_overlap_refusal, hooks_in_place,
-                   refusal_of, resolve_engine, sequence_layout, settle_engine, settle_guidance_overlap)
+                   refusal_of, resolve_engine, sequence_layout, settle, settle_engine, settle_guidance_overlap)
 
 __all__ = ["ParallelSpec", "DistContext", "OneProcess", "ENGINES", "ENGINE_CHOICES", "resolve_engine", "engine_check",
-           "refusal_of", "settle_engine", "init_distributed", "check_backend_for_path", "agree", "apply_engine",
+           "refusal_of", "settle", "settle_engine", "init_distributed", "check_backend_for_path", "agree", "apply_engine",
            "share_output", "sequence_layout", "merge_rank_entries", "FailureWatch", "set_outcome", "finish",
            "one_device_presented", "shares_calls", "shard_group", "hooks_in_place", "compile_refusal",
            "guidance_split", "split_guidance", "guidance_overlap_refusal", "settle_guidance_overlap",

@@ -23,7 +23,7 @@ from .. import families
 from ..kernels import interpret_requested
 
 __all__ = ["ENGINES", "ENGINE_CHOICES", "GUIDANCE_OVERLAP_AUTO", "sequence_layout", "ParallelSpec", "resolve_engine",
-           "engine_check", "refusal_of", "settle_engine", "check_backend_for_path", "compile_refusal",
+           "engine_check", "refusal_of", "settle", "settle_engine", "check_backend_for_path", "compile_refusal",
            "fp8_exchange_refusal", "guidance_overlap_refusal", "settle_guidance_overlap", "hooks_in_place",
            "unwired"]
 
@@ -337,3 +337,25 @@ def unwired(pipeline_class: str) -> str:
     wired = families.xfuser_wired()
     return (f"--parallel_engine xfuser: {pipeline_class} is not wired to xfuser in vdbench ({', '.join(wired)} are); "
             "use --parallel_engine diffusers")
+
+
+def settle(ctx, device: torch.device, schedule, family: families.Family, task: str, pipeline_class: Optional[str], *,
+           compiled: bool, num_steps: int, guidance_scale: float, cache: bool) -> None:
+    """A render's parallel layout settled before the load: ``--parallel_engine auto`` becomes the engine that serves
+    it (every rank decides alike); the attention ``schedule``'s rules (a :class:`vdbench.patching.schedule.Schedule`)
+    and under torchrun the chosen engine's (the backend on its path, the compile) checked; ``--guidance_overlap``
+    settled like it; a CFG split refused where guidance runs one branch (``guidance_scale`` <= 1)."""
+    grid_family = family.name if family.grid_hooks is not None else None
+
+    def check_schedule(spec):  # the schedule's own rules on the engine spec names (a sparse pattern under xfuser)
+        schedule.check_plan(num_steps=num_steps, compiled=compiled, parallel=spec, grid_family=grid_family)
+
+    settle_engine(ctx, device, engine_check(device, schedule.members, family, task, pipeline_class, compiled=compiled,
+                                            check_schedule=check_schedule), family)
+    settle_guidance_overlap(ctx, guidance_overlap_refusal(
+        ctx.spec, family, guidance_scale=guidance_scale, cache=cache, compiled=compiled,
+        sparse=any(b.sparse is not None for b in schedule.members)))
+    if ctx.spec.use_cfg_parallel and guidance_scale <= 1:
+        raise ValueError(f"--use_cfg_parallel splits classifier-free guidance's two branches, and "
+                         f"--guidance_scale {guidance_scale:g} runs none\ndrop --use_cfg_parallel, or "
+                         "use a guidance scale above 1")

@@ -15,10 +15,9 @@ Four stages, one module each, so a refusal can never come after work it could ha
 from .config import RenderConfig, VAEHang
 from .finishing import finish
 from .loading import Loaded, load
-from .plan import (DTYPES, Plan, VaeMode, fused_block_choice, fused_rope_choice, resolve_device, resolve_dtype,
-                   validate)
+from .plan import DTYPES, Plan, VaeMode, resolve_device, resolve_dtype, validate
 from .repetitions import run_repetitions
 from .run import render
 
 __all__ = ["RenderConfig", "Plan", "VaeMode", "Loaded", "render", "validate", "load", "run_repetitions", "finish",
-           "resolve_device", "resolve_dtype", "VAEHang", "DTYPES", "fused_rope_choice", "fused_block_choice"]
+           "resolve_device", "resolve_dtype", "VAEHang", "DTYPES"]

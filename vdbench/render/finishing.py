@@ -24,49 +24,52 @@ from .plan import Plan
 __all__ = ["finish"]
 
 
-def _log_compile(comp: Optional[dict], stack: str, log, by_step: Optional[list] = None) -> None:
-    """A compiled render's graphs per step; a warning where a step after the first compiled (a recompile: the step
-    waits for the compiler again) or where dynamo broke a graph. ``by_step``: the denoiser of each step (two
-    experts: ``run.resolved.schedule.denoiser_by_step``), whose first step compiles that denoiser's own blocks --
-    said, not warned of."""
+def _compile_lines(comp: Optional[dict], stack: str, by_step: Optional[list] = None) -> list[str]:
+    """What a compiled render says of its graphs per step; a warning where a step after the first compiled (a
+    recompile: the step waits for the compiler again) or where dynamo broke a graph. ``by_step``: the denoiser of each
+    step (two experts: ``run.resolved.schedule.denoiser_by_step``), whose first step compiles that denoiser's own
+    blocks -- said, not warned of."""
     if not comp:
-        return
+        return []
     per = comp["graphs_per_step"]
     firsts = {i: d for i, d in enumerate(by_step or []) if d not in by_step[:i]}
     own = "".join(f"; step {i + 1}: {d}'s first, its own blocks' graphs" for i, d in firsts.items()
                   if 0 < i < len(per) and per[i])
-    log(f"[{stack}] torch.compile: graphs made per step {per}, graph breaks {comp['graph_breaks']}{own}")
+    lines = [f"[{stack}] torch.compile: graphs made per step {per}, graph breaks {comp['graph_breaks']}{own}"]
     later = [i + 1 for i, n in enumerate(per) if i and n and i not in firsts]
     if later:
-        log(f"warning: [{stack}] torch.compile compiled again in step(s) {later}: a guard failed and the blocks "
-            "recompiled")
-        log("hint: TORCH_LOGS=recompiles names the guard")
+        lines += [f"warning: [{stack}] torch.compile compiled again in step(s) {later}: a guard failed and the blocks "
+                  "recompiled", "hint: TORCH_LOGS=recompiles names the guard"]
+    return lines
 
 
-def _log_calibration(c: dict, stack: str, timing_path: Path, log) -> None:
-    """A calibrating MagCache's outcome, one line and a hint: the spec to render with next time, or why there is
-    none; a calibration message that held no list of numbers said too."""
-    cal = c.get("calibration")
+def _calibration_lines(c: Optional[dict], stack: str, timing_path: Path) -> list[str]:
+    """What a calibrating MagCache says of its outcome, one line and a hint: the spec to render with next time, or why
+    there is none; a calibration message that held no list of numbers said too."""
+    cal = (c or {}).get("calibration")
     if not cal:
-        return
-    for why in cal.get("ignored") or []:
-        log(f"warning: [{stack}] cache {c['spec']}: a MagCache calibration message ignored: {why}")
+        return []
+    lines = [f"warning: [{stack}] cache {c['spec']}: a MagCache calibration message ignored: {why}"
+             for why in cal.get("ignored") or []]
     by = cal.get("by_denoiser") or {}
     if cal.get("use") and len(by) > 1:  # two experts, each calibrated over its own steps
         n = len(next(iter(by.values())))
         steps = ", ".join(f"{name} {len(lists[0])} step{'s' if len(lists[0]) != 1 else ''}" for name, lists in by.items())
-        log(f"[{stack}] cache calibrated per expert ({steps}; {n} cache context{'s' if n != 1 else ''} each; the "
-            f"first, the conditional pass's, kept): next time --cache {cal['use']}")
-        log(f"hint: or --cache mag:mag_ratios=@{timing_path},mag_ratios_2=@{timing_path} (the same ratios, read from "
-            "this render's timing.json)")
+        lines += [f"[{stack}] cache calibrated per expert ({steps}; {n} cache context{'s' if n != 1 else ''} each; the "
+                  f"first, the conditional pass's, kept): next time --cache {cal['use']}",
+                  f"hint: or --cache mag:mag_ratios=@{timing_path},mag_ratios_2=@{timing_path} (the same ratios, read "
+                  "from this render's timing.json)"]
     elif cal.get("use"):
         n = len(cal["ratios"])
-        log(f"[{stack}] cache calibrated ({len(cal['ratios'][0])} steps, {n} cache context{'s' if n != 1 else ''}; "
-            f"the first, the conditional pass's, kept): next time --cache {cal['use']}")
-        log(f"hint: or --cache mag:mag_ratios=@{timing_path} (the same ratios, read from this render's timing.json)")
+        lines += [f"[{stack}] cache calibrated ({len(cal['ratios'][0])} steps, {n} cache "
+                  f"context{'s' if n != 1 else ''}; the first, the conditional pass's, kept): next time --cache "
+                  f"{cal['use']}",
+                  f"hint: or --cache mag:mag_ratios=@{timing_path} (the same ratios, read from this render's "
+                  "timing.json)"]
     else:
-        log(f"warning: [{stack}] cache {c['spec']}: diffusers logged no calibration ratios")
-        log("hint: it logs them when a denoiser has run all its steps")
+        lines += [f"warning: [{stack}] cache {c['spec']}: diffusers logged no calibration ratios",
+                  "hint: it logs them when a denoiser has run all its steps"]
+    return lines
 
 
 def finish(plan: Plan, entries: list[dict], frames, log, wall: Optional[Wall] = None) -> dict:
@@ -82,6 +85,11 @@ def finish(plan: Plan, entries: list[dict], frames, log, wall: Optional[Wall] = 
     if merged is None:
         return {"attention_type": cfg.attention_type, "rank": cfg.rank, "output": None,
                 "calls_by_kernel": entries[-1]["attention"]["calls_by_kernel"]}
+    stack, ran = plan.stack, merged[-1]
+    # what the run's compile and cache calibration have to say (logged with the figures below)
+    compile_lines = _compile_lines(ran.get("compile"), stack, ((ran.get("run") or {}).get("resolved") or {})
+                                   .get("schedule", {}).get("denoiser_by_step"))
+    calibration_lines = _calibration_lines(ran.get("cache"), stack, cfg.timing_path)
     # the files first: what the render's end-to-end time counts to
     write_start = time.perf_counter()
     run_id = merged[-1].get("run_id")
@@ -109,7 +117,6 @@ def finish(plan: Plan, entries: list[dict], frames, log, wall: Optional[Wall] = 
     steps = run_step_stats([e["step_times"] for e in entries], device, backend.emulated)
     timing_text = ("emulated backend: no speed figure" if backend.emulated
                    else describe_steps(steps, cached=plan.cache is not None))
-    stack = plan.stack
     summary = {
         "attention_type": cfg.attention_type, "stack": stack, "output": str(cfg.output_path),
         "timing": str(cfg.timing_path),
@@ -135,9 +142,8 @@ def finish(plan: Plan, entries: list[dict], frames, log, wall: Optional[Wall] = 
         if c.get("ranks_agree") is False:  # made one by vdbench.cache.share_decisions: a difference is a fault
             log(f"warning: [{stack}] cache {c['spec']}: the ranks computed different blocks (ranks[].cache in "
                 f"{cfg.timing_path})")
-        _log_calibration(c, stack, cfg.timing_path, log)
-    _log_compile(last.get("compile"), stack, log,
-                 ((last.get("run") or {}).get("resolved") or {}).get("schedule", {}).get("denoiser_by_step"))
+    for line in calibration_lines + compile_lines:
+        log(line)
     fused_block = last.get("fused_block") or {}
     norms = fused_block.get("norms") or {}
     if fused_block.get("used") and not norms.get("used"):

@@ -22,7 +22,7 @@ from ..offload import HOST_COMPONENTS, apply_offload
 from ..pipelines import ModelLoadError, model_summary, set_schedule, step_denoisers, transformers_of
 from ..speed import apply_speed_options
 from ..timing import Laps, memory_stage, system_info
-from .plan import Plan, check_experts
+from .plan import Plan
 from .prewarm import Prewarms
 
 __all__ = ["Loaded", "load", "load_checked"]
@@ -50,10 +50,9 @@ def load(plan: Plan) -> Loaded:
     err = pipe = models = load_time = schedule = None
     laps = Laps({})  # where the load's time goes (host clock): its variation is read here, not guessed
     part = laps.lap
-    prewarms = Prewarms.at_load_start(plan)
-    part("prewarm_start")
+    prewarms = Prewarms()
     try:  # what only the files or the loaded model can refuse is agreed like validate's refusals (torchrun)
-        pipe, models, load_time, schedule = load_checked(plan, laps)
+        pipe, models, load_time, schedule = load_checked(plan, laps, prewarms)
     except (ModelLoadError, B.BackendUnavailable, ValueError, OSError) as e:
         err = e
     if err is not None:
@@ -63,15 +62,15 @@ def load(plan: Plan) -> Loaded:
     prewarms.after_weights(plan, pipe)
     head_dims = [m.config.attention_head_dim for _, m in models]
     pipe, models, speed, counter = _made_parallel_and_fast(plan, pipe, models, part)
-    scheduler = prewarms.ready_scheduler(plan, pipe)
-    part("scheduler_prewarm")
     summary = model_summary(pipe)
     header = _header(plan, pipe, summary, head_dims,
                      {"flow_shift": schedule["flow_shift"],
                       "schedule": {k: v for k, v in schedule.items() if k != "offload"},
-                      "offload": schedule["offload"], "speed_options": speed, **scheduler}, load_time)
+                      "offload": schedule["offload"], "speed_options": speed}, load_time)
     kwargs = _call_kwargs(plan)
     part("header")
+    header["resolved"].update(prewarms.ready_scheduler(plan, pipe))
+    part("scheduler_prewarm")
     if device.type == "cuda":  # the load's last copies and quantization kernels are the load's time
         torch.cuda.synchronize(device)
     part("sync")
@@ -82,10 +81,13 @@ def load(plan: Plan) -> Loaded:
                   memory=memory_stage(device))
 
 
-def load_checked(plan: Plan, laps: Laps) -> tuple:
-    """(pipeline, its denoisers, load time, its schedule): loaded, its scheduler's shift and experts' boundary set
-    (:func:`vdbench.pipelines.set_schedule`), its exact size rules and the backend against its head dims checked;
-    ``laps``: the load's parts, the loading's own (:meth:`vdbench.pipelines.Model.load`) among them."""
+def load_checked(plan: Plan, laps: Laps, prewarms: Prewarms) -> tuple:
+    """(pipeline, its denoisers, load time, its schedule): the ``prewarms`` that go beside the load started
+    (:meth:`~vdbench.render.prewarm.Prewarms.at_load_start`), the pipeline loaded, its scheduler's shift and experts'
+    boundary set (:func:`vdbench.pipelines.set_schedule`), its exact size rules and the backend against its head dims
+    checked; ``laps``: the load's parts, the loading's own (:meth:`vdbench.pipelines.Model.load`) among them."""
+    prewarms.at_load_start(plan)
+    laps.lap("prewarm_start")
     cfg, model, device = plan.cfg, plan.model, plan.device
     t_load = time.perf_counter()
     on_host = cfg.offload in ("model", "group")  # loaded on the host; the offload places what runs
@@ -97,7 +99,8 @@ def load_checked(plan: Plan, laps: Laps) -> tuple:
         pipe.vae.enable_slicing()
     load_time = time.perf_counter() - t_load
     laps.lap("pipeline_other")  # outside the parts the load names
-    check_experts(cfg, None, loaded=getattr(pipe, "transformer_2", None) is not None)
+    model.check_experts(cfg.boundary_ratio, cfg.guidance_scale_2,
+                        loaded=getattr(pipe, "transformer_2", None) is not None)
     model.check_size(pipe, cfg.height, cfg.width, cfg.num_frames)
     models = transformers_of(pipe)
     schedule = set_schedule(pipe, plan.family, cfg.task, cfg.height, cfg.width, flow_shift=plan.flow_shift,
@@ -128,7 +131,7 @@ def _made_parallel_and_fast(plan: Plan, pipe, models: list, part) -> tuple:
         part("engine")
     speed = apply_speed_options(pipe, models, device=plan.device, compile=cfg.compile,
                                 compile_backend=cfg.compile_backend, compile_mode=cfg.compile_mode,
-                                bf16_te_gemms=cfg.bf16_te_gemms, fp8_gemms=cfg.fp8_gemms,
+                                bf16_te_gemms=cfg.bf16_te_gemms, fp8_gemms=plan.fp8_gemms,
                                 inductor_tuning=cfg.inductor_tuning)
     part("speed_options")
     counter = None

@@ -18,10 +18,11 @@ for the load.
 
 from __future__ import annotations
 
+import importlib
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Optional
 
 from .. import backends as B
 from ..backends import prewarm as AP
@@ -47,17 +48,18 @@ class Prewarms:
     block: Optional["KernelPrewarm"] = None
     scheduler: Optional[dict] = None  # the scheduler's prewarm record (run.resolved.scheduler_prewarm)
 
-    @classmethod
-    def at_load_start(cls, plan: Plan) -> "Prewarms":
+    def at_load_start(self, plan: Plan) -> None:
         """An image's VAE encode part (it comes before the denoising) and the attention backend's kernels."""
-        return cls(vae=start_vae(plan, encode_only=True), attention=start_attention(plan))
+        self.vae, self.attention = start_vae(plan, encode_only=True), start_attention(plan)
 
     def after_weights(self, plan: Plan, pipe) -> None:
         """The fused RoPE's and block's kernels, ready before the first step: from here the load's remaining parts
         (the parallel engine's set-up, the collectives' warm-up, the speed options) and the text encode mostly wait
         on the GPU."""
-        self.rope = start_rope(plan, pipe)
-        self.block = start_block(plan, pipe)
+        fused = plan.device.type == "cuda" and (plan.fused_rope is None or plan.fused_block is None)
+        own = _self_attention_calls(plan, pipe) if fused else None  # the call shapes read once, for both
+        self.rope = start_rope(plan, own)
+        self.block = start_block(plan, own)
 
     def ready_scheduler(self, plan: Plan, pipe) -> dict:
         """The scheduler readied for the steps, its records (``run.resolved``): its first-call costs (cuSOLVER's load
@@ -190,23 +192,25 @@ def start_attention(plan: Plan, pipe=None) -> AttentionStart:
 
 class KernelPrewarm:
     """One of the render's fused kernels (``--fused_rope``, ``--fused_block``) imported, compiled and loaded on a
-    thread (``compile()``: its module's ``prewarm`` for the render's shapes, returning how many kernels) from the end
-    of the weights' load to the text encode (where the main thread mostly waits on the GPU); the first fused call waits
-    for it (:meth:`wait`). Without it that call pays Triton's import, the compile on an empty cache and the module load
-    inside the first step. A failure is recorded, never raised: the first call then compiles its own. ``record``: what
-    it compiles for, recorded with its outcome."""
+    thread -- its module's ``prewarm`` (``vdbench.kernels.<kernel>.prewarm``) over each of ``forms``, the render's
+    shapes, counting the kernels -- from the end of the weights' load to the text encode (where the main thread mostly
+    waits on the GPU); the first fused call waits for it (:meth:`wait`). Without it that call pays Triton's import,
+    the compile on an empty cache and the module load inside the first step: the module is imported on the thread,
+    its Triton import being part of what the thread takes off the first step. A failure is recorded, never raised:
+    the first call then compiles its own. ``record``: what it compiles for, recorded with its outcome."""
 
-    def __init__(self, name: str, record: dict, compile: Callable[[], int]):
+    def __init__(self, kernel: str, record: dict, forms: list[tuple]):
         self.record: dict = {"status": "running", **record}
         self._waited: Optional[float] = None
-        self._compile = compile
-        self._thread = threading.Thread(target=self._run, name=f"vdbench-{name}-prewarm", daemon=True)
+        self._kernel, self._forms = kernel, forms
+        self._thread = threading.Thread(target=self._run, name=f"vdbench-{kernel}-prewarm", daemon=True)
         self._t0 = time.perf_counter()
         self._thread.start()
 
     def _run(self) -> None:
         try:
-            self.record.update(status="done", compiled=self._compile())
+            module = importlib.import_module(f"..kernels.{self._kernel}", __package__)
+            self.record.update(status="done", compiled=sum(module.prewarm(*form) for form in self._forms))
         except Exception as e:  # noqa: BLE001 - recorded; the first call compiles its own kernel instead
             self.record.update(status="failed", error=f"{type(e).__name__}: {str(e).strip()[:200]}")
         self.record["seconds"] = round(time.perf_counter() - self._t0, 4)
@@ -223,25 +227,15 @@ class KernelPrewarm:
 def rope_prewarm(calls: list, device, dtype, ulysses: int) -> KernelPrewarm:
     """The fused RoPE's kernel for these self-attention calls at Ulysses degree ``ulysses``
     (:func:`vdbench.kernels.rope.prewarm`), on a thread."""
-    def compile() -> int:
-        # imported here, on the thread: the kernel's module imports Triton, whose import is part of what this
-        # thread takes off the first step
-        from ..kernels.rope import prewarm
-
-        return sum(prewarm(c.seq, c.heads, c.head_dim, dtype, device, ulysses) for c in calls)
-
-    return KernelPrewarm("rope", {"calls": [list(c) for c in calls], "ulysses": ulysses}, compile)
+    return KernelPrewarm("rope", {"calls": [list(c) for c in calls], "ulysses": ulysses},
+                         [(c.seq, c.heads, c.head_dim, dtype, device, ulysses) for c in calls])
 
 
 def block_prewarm(forms: list, device, dtype) -> KernelPrewarm:
     """The fused block's kernels for these (tokens, width) of a block call (:func:`vdbench.kernels.block.prewarm`),
     on a thread."""
-    def compile() -> int:
-        from ..kernels.block import prewarm  # on the thread, as the RoPE's: it imports Triton
-
-        return sum(prewarm(tokens, dim, dtype, device) for tokens, dim in forms)
-
-    return KernelPrewarm("block", {"forms": [list(f) for f in forms]}, compile)
+    return KernelPrewarm("block", {"forms": [list(f) for f in forms]},
+                         [(tokens, dim, dtype, device) for tokens, dim in forms])
 
 
 def _self_attention_calls(plan: Plan, pipe) -> Optional[list]:
@@ -254,22 +248,20 @@ def _self_attention_calls(plan: Plan, pipe) -> Optional[list]:
     return [c for c in calls if c.seq == c.seq_kv and c.heads == c.heads_kv] if calls else None
 
 
-def start_rope(plan: Plan, pipe) -> Optional[KernelPrewarm]:
-    """The fused RoPE's prewarm for a render that fuses its RoPE on CUDA, for its self-attention calls at its Ulysses
-    degree (1 under CFG alone or in one process); None otherwise."""
+def start_rope(plan: Plan, own: Optional[list]) -> Optional[KernelPrewarm]:
+    """The fused RoPE's prewarm for a render that fuses its RoPE on CUDA, for its self-attention calls ``own`` at its
+    Ulysses degree (1 under CFG alone or in one process); None otherwise."""
     spec = plan.dctx.spec  # one process: every degree 1
     if plan.fused_rope is not None or plan.device.type != "cuda" or spec.ring_degree > 1:
         return None
-    own = _self_attention_calls(plan, pipe)
     return rope_prewarm(own, plan.device, plan.dtype, spec.ulysses_degree) if own else None
 
 
-def start_block(plan: Plan, pipe) -> Optional[KernelPrewarm]:
-    """The fused block's prewarm for a render that fuses its blocks on CUDA: each self-attention call's tokens (a
-    rank's share of the sequence under context parallelism) by the model's width; None otherwise."""
+def start_block(plan: Plan, own: Optional[list]) -> Optional[KernelPrewarm]:
+    """The fused block's prewarm for a render that fuses its blocks on CUDA: each self-attention call's (``own``)
+    tokens (a rank's share of the sequence under context parallelism) by the model's width; None otherwise."""
     if plan.fused_block is not None or plan.device.type != "cuda":
         return None
-    own = _self_attention_calls(plan, pipe)
     share = plan.dctx.spec.sequence_degree
     forms = sorted({(c.seq // share, c.heads * c.head_dim) for c in own or ()})
     return block_prewarm(forms, plan.device, plan.dtype) if forms else None

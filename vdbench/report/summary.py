@@ -23,6 +23,70 @@ def _stages_text(s: dict):
     return " · ".join(parts + ([f"other {rest:.2f}"] if rest is not None else []))
 
 
+def _speed_row(run_dir, label: str, s: dict, base_key: str, base_s: dict) -> dict:
+    """A render's row with its speed, cost and memory cells from its timing figures ``s`` (``{}``: none), the
+    speedup against the ``default`` render's (``base_s``); its quality cells left empty."""
+    base = base_s.get("warm_step_median")
+    st = s.get("warm_step_median")
+    ms = lambda key: s[key] * 1e3 if s.get(key) is not None else None  # noqa: E731
+    why = s.get("why_not_speed")
+    if st and base and label != base_key and not base_s.get("speed_figure", True):
+        why = "; ".join(filter(None, [why, "the 'default' baseline is not a speed figure"]))
+    return {"run": str(run_dir), "backend": label,
+            "warm_step_ms": ms("warm_step_median"), "warm_step_n": s.get("warm_step_n"),
+            "warm_step_p20_ms": ms("warm_step_p20"), "warm_step_p80_ms": ms("warm_step_p80"),
+            "warm_step_min_ms": ms("warm_step_min"), "warm_step_max_ms": ms("warm_step_max"),
+            "first_step_ms": ms("first_step"), "repetitions": s.get("repetitions"),
+            "rep_warm_min_ms": ms("rep_warm_min"), "rep_warm_max_ms": ms("rep_warm_max"),
+            "rep_warm_medians_ms": [m * 1e3 for m in s.get("rep_warm_medians") or []],
+            "end_to_end_s": s.get("end_to_end_s"), "one_time_s": s.get("one_time_s"), "load_s": s.get("load_s"),
+            "compile_s": s.get("compile_s"), "steady_s": s.get("steady_s"),
+            "break_even_steps_vs_default": (("baseline" if label == base_key else break_even_cell(s, base_s))
+                                            if s else None),
+            "speedup_vs_default": (base / st) if (base and st) else None,
+            "speed_figure": (not why) if s else None, "why_not_speed": why,
+            "emulated": s.get("emulated"),
+            "attention_share": s.get("attention_share"), "vae_decode_s": s.get("vae_decode_time"),
+            "text_encode_s": s.get("text_encode_time"), "image_encode_s": s.get("image_encode_time"),
+            "vae_encode_s": s.get("vae_encode_time"), "unaccounted_s": s.get("unaccounted"),
+            "stages": _stages_text(s),
+            "peak_memory_gib": s["peak_memory_bytes"] / 2**30 if s.get("peak_memory_bytes") else None,
+            "peak_reserved_gib": s["peak_reserved_bytes"] / 2**30 if s.get("peak_reserved_bytes") else None,
+            "memory_stages_gib": memory_text(s),
+            "step_energy_j": s.get("step_energy_j"), "power_capped_share": s.get("power_capped_share"),
+            "psnr_db": None, "ssim": None, "lpips": None, "quality_source": None, "reference": None,
+            "kernels": "; ".join(f"{k}×{n}" for k, n in s.get("calls_by_kernel", {}).items()) or None,
+            "work": s.get("work"), "fallback_calls": s.get("fallback_calls"), "note": None,
+            "psnr_per_frame": None, "step_times": s.get("step_times")}
+
+
+def _add_quality(row: dict, source, ref_of: tuple, device, lpips: list) -> None:
+    """The quality cells of ``row`` (its frames at ``source``) against the reference ``ref_of`` (label, frames,
+    source), or a note on why there are none; ``lpips``: [None] until LPIPS was tried, then [""] where it runs, else
+    [why not] (tried once per summary)."""
+    ref_label, ref, ref_src = ref_of
+    row["reference"] = ref_label
+    try:
+        frames, src = load_frames(source)
+    except (OSError, ValueError) as exc:
+        row["note"] = "; ".join(filter(None, [row["note"], f"unreadable: {exc}"]))
+    else:
+        if frames.shape != ref.shape:
+            row["note"] = "; ".join(filter(None, [row["note"], f"shape {frames.shape} differs from the "
+                                                               f"reference {ref.shape}"]))
+        else:
+            from vdbench.measure.quality import frame_quality, lpips_distance
+
+            q = frame_quality(frames, ref, device=device)
+            row.update(psnr_db=q["psnr"], ssim=q["ssim"], psnr_per_frame=q["psnr_per_frame"],
+                       quality_source=src if src == ref_src else f"{src} vs {ref_src}")
+            if lpips[0] is None:
+                row["lpips"], why = lpips_distance(frames, ref)
+                lpips[0] = why or ""
+            elif not lpips[0]:
+                row["lpips"] = lpips_distance(frames, ref)[0]
+
+
 def summarize(run_dir, reference: str = "reference", device=None, content: Optional[int] = None) -> dict:
     """Everything the report shows for one run dir: ``rows`` (one per backend, CSV_COLUMNS keys plus
     ``psnr_per_frame`` and ``step_times``), ``notes`` (what is missing and why), ``header`` (the run's system
@@ -32,7 +96,7 @@ def summarize(run_dir, reference: str = "reference", device=None, content: Optio
     results = resolve_results(run_dir)
     notes: list[str] = []
     reference_name = reference
-    lpips_note = None  # None: not tried yet; "": available; else the reason it is not computed
+    lpips: list = [None]  # None: not tried yet; "": available; else the reason it is not computed
     found = render_sources(results, notes)
     sources = {label: p for label, (p, _) in found.items()}
     sp = speed(results)
@@ -75,37 +139,7 @@ def summarize(run_dir, reference: str = "reference", device=None, content: Optio
     rows = []
     for label in list(dict.fromkeys(list(sp) + list(sources))):
         s = sp.get(label, {})
-        st = s.get("warm_step_median")
-        ms = lambda key: s[key] * 1e3 if s.get(key) is not None else None  # noqa: E731
-        why = s.get("why_not_speed")
-        if st and base and label != base_key and not base_s.get("speed_figure", True):
-            why = "; ".join(filter(None, [why, "the 'default' baseline is not a speed figure"]))
-        row = {"run": str(run_dir), "backend": label,
-               "warm_step_ms": ms("warm_step_median"), "warm_step_n": s.get("warm_step_n"),
-               "warm_step_p20_ms": ms("warm_step_p20"), "warm_step_p80_ms": ms("warm_step_p80"),
-               "warm_step_min_ms": ms("warm_step_min"), "warm_step_max_ms": ms("warm_step_max"),
-               "first_step_ms": ms("first_step"), "repetitions": s.get("repetitions"),
-               "rep_warm_min_ms": ms("rep_warm_min"), "rep_warm_max_ms": ms("rep_warm_max"),
-               "rep_warm_medians_ms": [m * 1e3 for m in s.get("rep_warm_medians") or []],
-               "end_to_end_s": s.get("end_to_end_s"), "one_time_s": s.get("one_time_s"), "load_s": s.get("load_s"),
-               "compile_s": s.get("compile_s"), "steady_s": s.get("steady_s"),
-               "break_even_steps_vs_default": (("baseline" if label == base_key else break_even_cell(s, base_s))
-                                               if s else None),
-               "speedup_vs_default": (base / st) if (base and st) else None,
-               "speed_figure": (not why) if s else None, "why_not_speed": why,
-               "emulated": s.get("emulated"),
-               "attention_share": s.get("attention_share"), "vae_decode_s": s.get("vae_decode_time"),
-               "text_encode_s": s.get("text_encode_time"), "image_encode_s": s.get("image_encode_time"),
-               "vae_encode_s": s.get("vae_encode_time"), "unaccounted_s": s.get("unaccounted"),
-               "stages": _stages_text(s),
-               "peak_memory_gib": s["peak_memory_bytes"] / 2**30 if s.get("peak_memory_bytes") else None,
-               "peak_reserved_gib": s["peak_reserved_bytes"] / 2**30 if s.get("peak_reserved_bytes") else None,
-               "memory_stages_gib": memory_text(s),
-               "step_energy_j": s.get("step_energy_j"), "power_capped_share": s.get("power_capped_share"),
-               "psnr_db": None, "ssim": None, "lpips": None, "quality_source": None, "reference": None,
-               "kernels": "; ".join(f"{k}×{n}" for k, n in s.get("calls_by_kernel", {}).items()) or None,
-               "work": s.get("work"), "fallback_calls": s.get("fallback_calls"), "note": None,
-               "psnr_per_frame": None, "step_times": s.get("step_times")}
+        row = _speed_row(run_dir, label, s, base_key, base_s)
         ref_of = reference_of(label) if label in sources and runs[label].from_record else None
         if label not in sources:
             row["note"] = "no video or raw frames found (timing only)"
@@ -114,27 +148,7 @@ def summarize(run_dir, reference: str = "reference", device=None, content: Optio
         elif refs and ref_of is None:
             row["note"] = f"no {reference_name!r} render of the same content (prompt, seed, size): no quality figures"
         elif ref_of is not None:
-            ref_label, ref, ref_src = ref_of
-            row["reference"] = ref_label
-            try:
-                frames, src = load_frames(sources[label])
-            except (OSError, ValueError) as exc:
-                row["note"] = "; ".join(filter(None, [row["note"], f"unreadable: {exc}"]))
-            else:
-                if frames.shape != ref.shape:
-                    row["note"] = "; ".join(filter(None, [row["note"], f"shape {frames.shape} differs from the "
-                                                                       f"reference {ref.shape}"]))
-                else:
-                    from vdbench.measure.quality import frame_quality, lpips_distance
-
-                    q = frame_quality(frames, ref, device=device)
-                    row.update(psnr_db=q["psnr"], ssim=q["ssim"], psnr_per_frame=q["psnr_per_frame"],
-                               quality_source=src if src == ref_src else f"{src} vs {ref_src}")
-                    if lpips_note is None:
-                        row["lpips"], lpips_note = lpips_distance(frames, ref)
-                        lpips_note = lpips_note or ""
-                    elif not lpips_note:
-                        row["lpips"] = lpips_distance(frames, ref)[0]
+            _add_quality(row, sources[label], ref_of, device, lpips)
         row["stack"], row["content"] = (runs[label].stack, runs[label].content) if label in runs else (label, None)
         row["_settings"] = ((s.get("run") or {}).get("settings") or {})
         rows.append(row)
@@ -146,8 +160,8 @@ def summarize(run_dir, reference: str = "reference", device=None, content: Optio
         from vdbench.sets import describe
 
         notes.insert(0, f"content {content} of {len(order)}: {describe(rows[0]['_settings'])}")
-    if lpips_note:
-        notes.append(lpips_note)
+    if lpips[0]:
+        notes.append(lpips[0])
     notes.extend(_speed_notes(rows))
     if any((one_time_shown(r["one_time_s"], warm_spread_s(r)) or 0.0) < 0 for r in rows if not r.get("emulated")):
         notes.append(NEGATIVE_ONE_TIME_NOTE)

@@ -1,9 +1,9 @@
 """The sweep's stages, each a function of what the ones before it gave, chained by :func:`run`: the probe of what
 runs here, the capture render and the kernel bench (beside the first renders where a second GPU is free), the plan,
-the renders (a list of candidates and a runner that starts each one's command), the quality figures, and the
-verdict with the files it writes. What the stages share is passed as objects: the run's :class:`Context` (fixed),
-its :class:`Budget` (seconds, across the runs that resume it) and the renders' :class:`Ledger` (what they
-measured)."""
+the renders (a list of candidates and a runner that starts each one's command), then :mod:`vdbench.sweep.verdict`'s
+quality figures and verdict with the files it writes. What the stages share is passed as objects
+(:mod:`vdbench.sweep.state`): the run's ``Context`` (fixed), its ``Budget`` (seconds, across the runs that resume it)
+and the renders' ``Ledger`` (what they measured)."""
 
 from __future__ import annotations
 
@@ -11,28 +11,28 @@ import argparse
 import dataclasses
 import json
 import math
-import os
 import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
 from .. import families
 from ..kernel_bench import child_env
-from ..measure.record import Record, Writer, command_line, commit, now, read
+from ..measure.record import Record, read
 from ..pool import Done, Job, Pool, Rendezvous, launcher
 from ..pool import TIMED_OUT as POOL_TIMED_OUT
 from ..report import load_frames
-from ..sets import Content, spread
+from ..sets import Content
 from .budget import (attention_ms_per_step, calls_per_step, default_render_s, estimate_render_s, options_one_time,
-                     plan_renders, predicted_ranking, render_order)
+                     plan_renders, render_order)
 from .candidates import (BASELINE, BASELINE_WHY, REFERENCE, REFERENCE_WHY, Candidate, availability,
                          layout_candidates, parse_layout_backends, parse_stack, plan_candidates)
-from .ranking import (Coverage, frames_of, print_table, quality_baseline, quality_of, rank, row_of, stored_quality,
-                      throughput_text, verdict, video_of, warm_of, write_outputs)
+from .ranking import frames_of, quality_of, stored_quality, video_of
+from .state import Budget, Context, Ledger, PreRender
+from .state import log as _log
+from .verdict import conclude, quality_rows
 
 #: The kernel bench's share of the budget (``--kernel_max_s``'s default): past it, it starts no further input of a
 #: shape already benched. On 4 H200s at Wan 1.3B 480p the unbounded bench (8 captures + a random input, 17 kernels)
@@ -41,114 +41,6 @@ KERNEL_SHARE = 0.15
 
 #: :func:`run_job`'s status for a command stopped at the end of the budget (the pool's).
 TIMED_OUT = POOL_TIMED_OUT
-
-
-@dataclass
-class Context:
-    """What every stage reads and none changes: the arguments (``args.device`` resolved), the sweep's folder, the
-    model's family and the device's name."""
-
-    args: argparse.Namespace
-    out: Path
-    fam: families.Family
-    dev_name: str
-    sets: list = field(default_factory=lambda: [Content()])  # the prompt and seed set: each candidate renders each
-    render_device: Optional[str] = None  # what a render is told (cuda: the pool gives each its own GPU)
-    max_mem: Optional[float] = None  # --max_gpu_mem, bytes
-    weights: Optional[dict] = None  # the denoisers' parameters (vdbench.sweep.memory.weights), for --max_gpu_mem
-    gpu_ids: list = field(default_factory=list)  # the GPUs the renders share (the pool's; [] on a CPU)
-    visible: list = field(default_factory=list)  # the GPUs this process sees, in its own cuda:N order
-    gpus: int = 1  # how many
-
-    @property
-    def device(self) -> str:
-        return self.args.device
-
-    def content_of(self, rec: Record) -> Optional[int]:
-        """Which content of the set a render's record is of (by its recorded prompt and seed), None: none."""
-        settings = rec.config.get("settings") or {}
-        for i, c in enumerate(self.sets):
-            prompt = c.prompt if c.prompt is not None else (getattr(self.args, "prompt", None) or self.fam.cli.prompt)
-            seed = c.seed if c.seed is not None else self.args.seed
-            if settings.get("seed", seed) == seed and settings.get("prompt", prompt) == prompt:
-                return i
-        return None
-
-    @property
-    def quality_device(self) -> Optional[str]:
-        """Where the SSIM windows run: the GPU where there is one (on the host they cost half a render)."""
-        return self.device if self.device.startswith("cuda") else None
-
-
-class Budget:
-    """The sweep's seconds: ``--budget_min`` over every run that resumes the sweep (what earlier runs spent is kept
-    in ``progress.json``, with what they measured: :attr:`progress`), ``--stop_after_min`` for this run alone."""
-
-    def __init__(self, out: Path, budget_s: float, stop_after_s: float = math.inf):
-        self.t0 = time.monotonic()
-        self.path, self.budget_s, self.stop_after_s = out / "progress.json", budget_s, stop_after_s
-        try:
-            self.progress = json.loads(self.path.read_text())
-        except (OSError, ValueError):
-            self.progress = {}
-        self.spent_before = float(self.progress.get("spent_s", 0.0))
-        self.runs = int(self.progress.get("runs", 0)) + 1  # this run's number
-
-    def left(self) -> float:
-        now_s = time.monotonic() - self.t0
-        return min(self.budget_s - self.spent_before - now_s, self.stop_after_s - now_s)
-
-    def spent(self) -> float:
-        return self.spent_before + time.monotonic() - self.t0
-
-    def save(self, **extra) -> None:
-        self.progress.update(spent_s=self.spent(), runs=self.runs, **extra)
-        self.path.write_text(json.dumps(self.progress))
-
-
-@dataclass
-class Ledger:
-    """What the renders measured and decided, read and written by the render stage: the slowest render, each
-    render's seconds and one quality comparison's (kept across the runs in ``progress.json``), each candidate's
-    record (its first content's; ``sets``: every content's), those skipped for the budget or failed and every
-    left-out one with why, the attention's milliseconds per step by backend (what predicts a render's time) and the
-    renders this run started or passed over."""
-
-    slowest: float = 0.0
-    render_s: dict = field(default_factory=dict)
-    quality_s: Optional[float] = None
-    records: dict = field(default_factory=dict)
-    skipped: list = field(default_factory=list)
-    failed: list = field(default_factory=list)
-    left_out: list = field(default_factory=list)
-    attn: dict = field(default_factory=dict)
-    tried: set = field(default_factory=set)
-    sets: dict = field(default_factory=dict)  # name -> {content index: record} (records: the first content's)
-    given_up: set = field(default_factory=set)  # skipped or failed: its other contents are not started
-    mem: dict = field(default_factory=dict)  # name -> (estimated peak bytes or None, what it rests on)
-
-    @classmethod
-    def resume(cls, progress: dict) -> "Ledger":
-        return cls(float(progress.get("slowest_s", 0.0)), dict(progress.get("render_s") or {}),
-                   progress.get("quality_s"))
-
-
-@dataclass
-class PreRender:
-    """The stage before the renders: what it cost and where it ran (``pre``: the probe's, the capture render's and
-    the kernel bench's seconds, or why there was no bench), the bench's bound, the 1-GPU renders that go on beside it (``early``), and
-    what its job reported (``got``) once :func:`finish_kernel_bench` joined it."""
-
-    pre: dict
-    kernel_max_s: float = 0.0
-    early: list = field(default_factory=list)
-    got: dict = field(default_factory=dict)
-    thread: Optional[threading.Thread] = None
-    held: Optional[str] = None  # the pool's GPU the bench ran on, held from the renders until it ends
-
-
-def _log(msg: str) -> None:
-    print(msg, flush=True)
 
 
 def run_job(cmd: list[str], log: Path, left_s: float, env: Optional[dict] = None) -> int:
@@ -577,142 +469,6 @@ def render_all(ctx: Context, jobs: list[Candidate], ledger: Ledger, budget: Budg
             _ended(ctx, d, ledger, budget, ests.get((c.name, i), 0.0))
             if fresh and c.name in ledger.records:
                 log_plan(ctx, list({x.name: x for x, _ in queue}.values()), ledger, budget.left(), pool.available())
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# 5. the quality of each render against the exact reference, or the exact-kernel render standing in for it
-# ----------------------------------------------------------------------------------------------------------------
-
-def quality_rows(ctx: Context, cands: list[Candidate], ledger: Ledger) -> tuple[list[dict], Optional[str]]:
-    """(a row per rendered candidate, the quality baseline's name or None): each row's quality read from its frames
-    against the baseline's -- over a prompt and seed set, each content's render against the baseline's render of
-    that content, the mean with its min-max and n (:func:`vdbench.sets.spread`) -- or kept from an earlier run
-    against the same baseline (``quality.json`` beside the render, written here: it ranks the render on a resume
-    that has only the baseline's frames)."""
-    records = ledger.records
-    warm = {n: warm_of(r)[0] for n, r in records.items()}
-    base = quality_baseline(cands, warm)
-    base_frames: dict = {}  # content -> (frames, path) of the baseline's render of it
-    for i, r in (ledger.sets.get(base) or ({0: records[base]} if base in records else {})).items():
-        if frames_of(r) is not None:
-            base_frames[i] = (load_frames(frames_of(r))[0], frames_of(r))
-    if base is not None and base != REFERENCE:
-        _log(f"[sweep] quality read against {base}, the fastest exact-kernel render: the exact {REFERENCE} was "
-             f"not rendered")
-    rows = []
-    for c in cands:
-        if c.name not in records:
-            continue
-        folder = ctx.out / "runs" / c.slug
-        mine = ledger.sets.get(c.name) or {0: records[c.name]}
-        common = sorted(i for i in mine if i in base_frames)
-        stored = stored_quality(folder)
-        if stored is not None and (stored.get("vs", REFERENCE) != base or stored.get("n", 1) < len(common)):
-            stored = None  # against another baseline, or fewer contents: read again from the frames
-        if stored is None and len(ctx.sets) > 1 and c.name != base:
-            got = [quality_of(frames_of(mine[i]), base_frames[i], ctx.quality_device) for i in common]
-            got = [q for q in got if q is not None]
-            psnr = spread(q["psnr"] for q in got)
-            if psnr is not None:
-                stored = {"psnr": psnr["mean"], "ssim": sum(q["ssim"] for q in got) / len(got),
-                          "from": got[0]["from"], "n": psnr["n"], "min": psnr["min"], "max": psnr["max"]}
-        ref = base_frames.get(min(common)) if common else next(iter(base_frames.values()), None)
-        row = row_of(c, records[c.name], ref, stored, ctx.quality_device, quality_vs=base or REFERENCE)
-        if c.name == base:
-            row["psnr_n"] = len(mine)
-        if stored is None and c.name != base and row["psnr_db"] is not None:
-            stored = {"psnr": row["psnr_db"], "ssim": row["ssim"], "from": row["quality_from"]}
-        if stored is not None and c.name != base and not stored_quality(folder) == {**stored, "vs": base}:
-            (folder / "quality.json").write_text(json.dumps({**stored, "vs": base}))
-        rows.append(row)
-    return rows, base
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# 6. the ranking, the verdict and the files
-# ----------------------------------------------------------------------------------------------------------------
-
-def coverage_of(cands: list[Candidate], ledger: Ledger, warm_default: Optional[float], no_bench: str) -> Coverage:
-    """What the verdict rests on: the candidates planned, rendered, skipped and failed, and the kernel bench's
-    ranking of them (``no_bench``: why there was none, "" where there was)."""
-    planned = [c.name for c in cands if c.name != BASELINE and not c.is_reference]
-    predicted, predicted_is = predicted_ranking(cands, ledger.attn, warm_default)
-    return Coverage(planned, [n for n in planned if n in ledger.records], [n for n in ledger.skipped if n in planned],
-                    [n for n in ledger.failed if n in planned], predicted, predicted_is, no_bench)
-
-
-def verdict_text(ctx: Context, cands: list[Candidate], rows: list[dict], quality_vs: str, coverage: Coverage) -> str:
-    """The verdict line; with renders on several GPU counts, one per count (each over that count's renders, quality
-    against the same baseline), joined by `` | ``."""
-    args = ctx.args
-    counts = sorted({c.nproc for c in cands})
-    if counts == [1]:
-        return verdict(rows, device=ctx.dev_name, model=args.model, tolerance_db=args.psnr_tolerance_db,
-                       quality_vs=quality_vs, coverage=coverage)
-    gpus_of = {c.name: c.nproc for c in cands}
-    return " | ".join(verdict(rows, device=f"{ctx.dev_name} x{n}" if n > 1 else ctx.dev_name, model=args.model,
-                              tolerance_db=args.psnr_tolerance_db, quality_vs=quality_vs,
-                              coverage=coverage.of(lambda name, n=n: gpus_of.get(name, 1) == n), gpus=n)
-                      for n in counts)
-
-
-def conclude(ctx: Context, cands: list[Candidate], rows: list[dict], base: Optional[str], ledger: Ledger,
-             budget: Budget, pre: dict, no_bench: str) -> int:
-    """Rank the rows, say the verdict, write sweep.csv / sweep.json / report.html / records.jsonl and the table;
-    0 where a render gave a row, 1 otherwise."""
-    args, out, vs = ctx.args, ctx.out, base or REFERENCE
-    rows = rank(rows)
-    warm_default = warm_of(ledger.records[BASELINE])[0] if BASELINE in ledger.records else None
-    coverage = coverage_of(cands, ledger, warm_default, no_bench)
-    text = verdict_text(ctx, cands, rows, vs, coverage)
-    gpus = max([c.nproc for c in cands] + [ctx.gpus])
-    through = throughput_text(rows, gpus, tolerance_db=args.psnr_tolerance_db, quality_vs=vs)
-    memory = memory_line(ctx, cands, ledger)
-    meta = {"model": args.model, "family": ctx.fam.name, "device": ctx.dev_name, "height": args.height,
-            "width": args.width, "num_frames": args.num_frames, "steps": args.steps, "verdict": text,
-            "throughput": through, "memory": memory, "contents": [dataclasses.asdict(c) for c in ctx.sets],
-            "left_out": ledger.left_out, "command": command_line(), "commit": commit(), "budget_min": args.budget_min,
-            "elapsed_s": budget.spent(), "runs": budget.runs, "quality_vs": vs,
-            "coverage": dataclasses.asdict(coverage), "pre_render": pre}
-    budget.save()
-    write_outputs(out, rows, meta)
-    Writer(out / "records.jsonl").write(*(Record(
-        suite="sweep", case=r["stack"], config={"model": args.model, "size": [args.height, args.width],
-                                                "num_frames": args.num_frames, "steps": args.steps,
-                                                "attention": r["attention"], "stack": r["stack"]},
-        figures={k: r[k] for k in ("warm_ms", "p20_ms", "p80_ms", "n", "speedup", "end_to_end_s", "one_time_s",
-                                   "psnr_db", "psnr_n", "ssim", "peak_gib", "peak_reserved_gib", "videos_per_gpu_h",
-                                   "j_per_video")},
-        verdict={"speed_figure": r["speed_figure"], "why_not": r["why_not_speed"]}, command=meta["command"],
-        commit=meta["commit"], created=now(), data=r) for r in rows))
-    print_table(rows, vs)
-    _log(f"[sweep] {text}")
-    for line in (through, memory):
-        if line:
-            _log(f"[sweep] {line}")
-    runs = f" over {meta['runs']} runs" if meta["runs"] > 1 else ""
-    _log(f"[sweep] {out / 'report.html'}, {out / 'sweep.csv'} ({meta['elapsed_s']:.0f} s of "
-         f"{budget.budget_s:.0f} s budget{runs})")
-    return 0 if rows else 1
-
-
-def memory_line(ctx: Context, cands: list[Candidate], ledger: Ledger) -> str:
-    """Under ``--max_gpu_mem``: how many were left out for it and, where no one-GPU render fit, the offload stack
-    to try (:func:`vdbench.sweep.memory.offload_advice`); "" otherwise."""
-    from .memory import GIB, measured, offload_advice
-
-    if ctx.max_mem is None:
-        return ""
-    if not ctx.args.device.startswith("cuda"):
-        return "--max_gpu_mem not applied: no GPU memory is measured here"
-    out = [x["backend"] for x in ledger.left_out if x["why"].startswith("memory:")]
-    text = (f"--max_gpu_mem {ctx.max_mem / GIB:g}: " + (f"left out for memory: {', '.join(out)}" if out else
-                                                         "every render estimated to fit"))
-    one_gpu = [c for c in cands if c.nproc == 1]
-    if one_gpu and not any(c.name in ledger.records for c in one_gpu):
-        base = measured(ledger.records[BASELINE]) if BASELINE in ledger.records else None
-        text += "; " + offload_advice(Candidate(BASELINE, BASELINE), base, ctx.weights, ctx.max_mem)
-    return text
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -25,9 +25,9 @@ def profile_op(fn, inp, device: str, top: int) -> dict:
         if cuda:
             torch.cuda.synchronize()
     del out
-    # one aggregation for every profile the project writes (vdbench.timing.kernel_summary: device kernels without
+    # one aggregation for every profile the project writes (vdbench.profiling.kernel_summary: device kernels without
     # the GPU-side annotations, or aten ops' self CPU time on a CPU)
-    from vdbench.timing import kernel_summary
+    from ..profiling import kernel_summary
 
     summary = kernel_summary(prof.events(), top=top)
     return {"time_kind": "self device time" if summary["source"] == "device kernels" else "self CPU time",

@@ -26,7 +26,7 @@ class NotApplicable(Exception):
 
 def encode_refusal(base: str, family: str, vae, glue, comp: bool, value, args) -> tuple[str | None, object]:
     """(why the config's encode does not apply or None, the fast encode's options or None)."""
-    from vdbench.vae import encode as E
+    from ..vae import encode as E
 
     if base == "memory":
         return ("memory@GiB bounds the decode's activations; the encode has no memory-bounded mode (its chunk is "
@@ -55,9 +55,9 @@ def prepare_config(name: str, value, vae, family: str, args, device: str, ops=("
 
     import torch
 
-    from vdbench.vae import decode as D
-    from vdbench.vae import encode as E
-    from vdbench.vae import fast as V
+    from ..vae import decode as D
+    from ..vae import encode as E
+    from ..vae import fast as V
 
     base, mods = split_config(name)
     bench, comp = uses(name, "cudnn_benchmark"), uses(name, "compile")
@@ -122,7 +122,7 @@ def prepare_config(name: str, value, vae, family: str, args, device: str, ops=("
         desc["compile_backend"] = args.compile_backend
         # fast paths: the norm/SiLU glue of the lean layers compiled (convs stay cuDNN's); others: the decoder and
         # the encoder (each compiled where its op is run)
-        desc["compiled"] = ("fast-path glue (vdbench.vae.fast._norm_silu_cat)" if fast else
+        desc["compiled"] = ("fast-path glue (vdbench.vae.lean._norm_silu_cat)" if fast else
                             " and ".join(f"vae.{m}" for op, m in (("decode", "decoder"), ("encode", "encoder"))
                                          if op in ops))
         if not fast:

@@ -1,7 +1,7 @@
-"""What the fused-kernel benches (bench/rope_bench.py, bench/block_bench.py) share: their common options, one timed
-row -- a form of a pass timed with :func:`vdbench.timing.sample_ms`, its bandwidth, its per-step total and its output
-checked against the eager one --, its printed line, and the end of a run: the speed verdict, the JSON, the exit code
-(1 where a fused output differs)."""
+"""What the fused-kernel benches (:mod:`~vdbench.fused_bench.rope`, :mod:`~vdbench.fused_bench.block`) share: their
+common options, one timed row -- a form of a pass timed with :func:`vdbench.timing.sample_ms`, its bandwidth, its
+per-step total and its output checked against the eager one --, its printed line, and the end of a run: the speed
+verdict, the JSON, the exit code (1 where a fused output differs)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 from typing import Callable, Optional
 
-from vdbench.timing import sample_ms, speed_verdict, system_info
+from ..timing import sample_ms, speed_verdict, system_info
 
 
 def add_options(p, shapes, ranks: int):

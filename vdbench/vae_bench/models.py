@@ -61,7 +61,7 @@ def vae_spec(model: str):
 
 def family_of(vae) -> str:
     """The latent handling ``vae`` needs: its render family's name, or ``hunyuanvideo``."""
-    from vdbench import families
+    from .. import families
 
     return "hunyuanvideo" if type(vae).__name__ == "AutoencoderKLHunyuanVideo" else families.for_vae(vae).name
 
@@ -71,7 +71,7 @@ def build_vae(model: str, device: str, seed: int = 0):
     import diffusers
     import torch
 
-    from vdbench import pipelines as P
+    from .. import pipelines as P
 
     tiny, name = tiny_name(model)
     if name in P.vae_names():
@@ -141,10 +141,10 @@ def make_latents(vae, family: str, frames: int, width: int, height: int, seed: i
     space (what a denoiser produces) mapped through the pipeline's un-normalization — never zeros."""
     import torch
 
-    from vdbench.vae.fast import prepare_latents
+    from ..vae.fast import prepare_latents
 
     if latents_file:
-        from vdbench.capture import load_latents
+        from ..capture import load_latents
 
         lat, _meta = load_latents(latents_file)
         lat = lat.float()

@@ -12,7 +12,7 @@ def quality(frames, ref) -> dict:
     """This bench's columns of ``frames`` vs ``ref`` ((F, H, W, 3) tensors in [0, 1]): the shared frame-quality
     dict (``vdbench.measure.quality.frame_quality``, float64 on the frames' device) under the names its CSV and
     JSON have always used."""
-    from vdbench.measure.quality import frame_quality
+    from ..measure.quality import frame_quality
 
     q = frame_quality(frames, ref)
     return {"psnr_min": q["psnr_min"], "psnr_mean": q["psnr_mean"], "psnr_all": q["psnr"],
@@ -27,7 +27,7 @@ def timed(fn, inp, args, device: str, stage, op: str):
     what is paid once (cuDNN plans, Triton JIT, compiles, allocator growth)."""
     import torch
 
-    from vdbench.timing import Clock
+    from ..timing import Clock
 
     cuda = device.startswith("cuda")
     times, peak, out = [], 0, None
@@ -66,7 +66,7 @@ def timed(fn, inp, args, device: str, stage, op: str):
 def time_fields(times, first: float, peak, device: str, prefix: str = "") -> dict:
     """An op's time keys: the warm calls' median with n, p20–p80 and min/max (``vdbench.timing.spread``), the first
     call and its excess over the warm median, the speed verdict, the peak memory."""
-    from vdbench.timing import speed_verdict, spread
+    from ..timing import speed_verdict, spread
 
     st = spread(times)
     ok, why = speed_verdict(device, st["n"])

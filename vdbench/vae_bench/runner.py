@@ -1,5 +1,6 @@
 """Running the VAE bench's configs: one config in this process (``run_config``), under the watchdog, or isolated in
-a child process of bench/bench_vae.py (``--isolate``, ``--cold``, the MIOpen presets), the fp32 reference first."""
+a child process (``python -m vdbench.vae_bench``: ``--isolate``, ``--cold``, the MIOpen presets), the fp32 reference
+first."""
 
 from __future__ import annotations
 
@@ -19,8 +20,6 @@ from .models import build_vae, family_of, make_latents, make_video
 from .profiler import profile_op, profile_wanted
 from .writer import print_row
 
-ROOT = Path(__file__).resolve().parents[2]  # the working directory of --isolate's children
-SCRIPT = ROOT / "bench" / "bench_vae.py"  # what a child runs
 
 #: ``caches`` of a config run in-process after another: it finds what the earlier configs compiled and planned.
 SHARED_CACHES = "shared with earlier configs in this process"
@@ -32,7 +31,7 @@ def run_config(spec: str, args, device: str, ref: dict | None = None, wd=None) -
     ``frames`` of the decode, ``latents`` and ``roundtrip`` frames of the encode, on the CPU)."""
     import torch
 
-    from vdbench.measure.quality import rel_l2
+    from ..measure.quality import rel_l2
 
     name, value = parse_config(spec)
     ops = parse_ops(args.ops)
@@ -119,7 +118,7 @@ def run_config(spec: str, args, device: str, ref: dict | None = None, wd=None) -
 
 def run_guarded(spec, args, device, ref):
     """``run_config`` under the watchdog; errors and hangs become result rows, never exceptions."""
-    from vdbench.watchdog import Watchdog, WatchdogTimeout
+    from ..watchdog import Watchdog, WatchdogTimeout
 
     try:
         with Watchdog(args.timeout, label=f"config {spec}") as wd:
@@ -162,7 +161,7 @@ def child_main(args) -> int:
                                                   "current_stage": report.current_stage,
                                                   "timeout_s": report.timeout_s}))
 
-    from vdbench.watchdog import Watchdog, WatchdogTimeout
+    from ..watchdog import Watchdog, WatchdogTimeout
 
     try:
         with Watchdog(args.timeout, label=f"config {args._child}", on_hang=on_hang, grace_s=5) as wd:
@@ -195,7 +194,7 @@ def how_it_ran(args, first: bool) -> dict:
 
 
 def child_cmd(spec, args, result, ref=None, save_ref=None):
-    cmd = [sys.executable, str(SCRIPT), "--_child", spec, "--_result", str(result),
+    cmd = [sys.executable, "-m", "vdbench.vae_bench", "--_child", spec, "--_result", str(result),
            "--model", args.model, "--frames", str(args.frames), "--size", args.size, "--tile_px", str(args.tile_px),
            "--warmup", str(args.warmup), "--repeats", str(args.repeats), "--min_psnr", str(args.min_psnr),
            "--device", args.device, "--seed", str(args.seed), "--vae_max_memory", str(args.vae_max_memory),
@@ -224,17 +223,19 @@ def run_child(spec, args, tmp: Path, ref=None, save_ref=None) -> dict:
     child that is stuck beyond it is killed here)."""
     import contextlib
 
-    from vdbench.timing import fresh_cache_env
+    from ..kernel_bench import child_env as this_vdbench
+    from ..timing import fresh_cache_env
 
     result = tmp / f"{spec.replace('@', '_')}.json"
     result.unlink(missing_ok=True)
     cmd = child_cmd(spec, args, result, ref, save_ref)
     limit = (args.timeout + 30) if args.timeout else None
     t0 = time.monotonic()
-    caches = fresh_cache_env(child_env(spec)) if args.cold else contextlib.nullcontext(child_env(spec))
+    env = child_env(spec, this_vdbench())  # the child runs this same vdbench, with the config's presets
+    caches = fresh_cache_env(env) if args.cold else contextlib.nullcontext(env)
     with caches as env:
         try:
-            proc = subprocess.run(cmd, env=env, timeout=limit, cwd=str(ROOT))
+            proc = subprocess.run(cmd, env=env, timeout=limit)
             rc = proc.returncode
         except subprocess.TimeoutExpired:
             rc = None
