@@ -95,10 +95,10 @@ def _copy_rates(buf: torch.Tensor, device, chunk: int) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--gib", type=float, default=8.0, help="buffer size, GiB")
-    ap.add_argument("--repeat", type=int, default=2, help="repetitions of each host measure")
+    ap.add_argument("--gib", type=float, default=8.0, help="buffer size, GiB (default: %(default)s)")
+    ap.add_argument("--repeat", type=int, default=2, help="repetitions of each host measure (default: %(default)s)")
     ap.add_argument("--threads", type=int, default=None, help="fault threads (default: hostmem's, a core each, <=16)")
-    ap.add_argument("--chunk_mib", type=int, default=256, help="the chunked copies' size, MiB")
+    ap.add_argument("--chunk_mib", type=int, default=256, help="the chunked copies' size, MiB (default: %(default)s)")
     args = ap.parse_args(argv)
     size = int(args.gib * (1 << 30))
     cuda = torch.cuda.is_available()
