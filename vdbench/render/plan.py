@@ -155,7 +155,8 @@ def checked_plan(cfg: RenderConfig, dctx) -> Plan:
     if cfg.flow_shift is not None and family.flow_shift is None:
         raise ValueError(f"--flow_shift: the {family.name} pipelines' schedulers have no flow shift\ndrop the flag")
     check_offload(cfg.offload, device=device, parallel=dctx.distributed, compiled=cfg.compile,
-                  two_experts=None if model.denoisers is None else "transformer_2" in model.denoisers)
+                  two_experts=None if model.denoisers is None else "transformer_2" in model.denoisers,
+                  fp8_gemms=bool(cfg.fp8_gemms), cache=bool(cfg.cache), cfg_split=dctx.spec.use_cfg_parallel)
     _check_inputs(cfg, model)
     check_experts(cfg, model.denoisers)
     fused = fused_rope_choice(cfg, device, family), fused_block_choice(cfg, device, family)
@@ -208,7 +209,7 @@ def _settle_parallel(cfg: RenderConfig, dctx, device: torch.device, model: pipel
                                                  compiled=cfg.compile, check_schedule=check_schedule), family)
     P.settle_guidance_overlap(dctx, P.guidance_overlap_refusal(
         dctx.spec, family, guidance_scale=cfg.guidance_scale, cache=cache is not None, compiled=cfg.compile,
-        sparse=any(b.sparse is not None for b in schedule.members)))
+        sparse=any(b.sparse is not None for b in schedule.members), sharded=cfg.offload == "shard"))
     if dctx.spec.use_cfg_parallel and cfg.guidance_scale <= 1:
         raise ValueError(f"--use_cfg_parallel splits classifier-free guidance's two branches, and "
                          f"--guidance_scale {cfg.guidance_scale:g} runs none\ndrop --use_cfg_parallel, or "
