@@ -3,8 +3,9 @@
 * The refusals before the load (one process, a compile, fp8 GEMMs, a step cache under a CFG split) and the sweep's
   estimate of a sharded stack's peak.
 * :func:`vdbench.offload.shard_weights` on two forked gloo ranks, each calling the whole pipeline (sharding alone,
-  no layout): Wan 2.1's and CogVideoX's tiny denoisers give the unsharded latents bit for bit, each block's weights
-  whole inside its forward and a shard again after it, and the record's bytes a rank.
+  no layout): Wan 2.1's (fp32, and bf16 with its fp32 norms) and CogVideoX's tiny denoisers give the unsharded
+  latents bit for bit, each block's weights whole inside its forward and a shard again after it, and the record's
+  bytes a rank.
 * The render under torchrun (slow): tiny Wan 2.1 and the tiny two-expert A14B under Ulysses-2 and CFG-2 with the
   weights sharded, frames against the one-process render bit for bit, the entry's offload section, guidance overlap
   off with its reason, the stack named ``offload=shard``.
@@ -67,7 +68,7 @@ def _latents(pipe) -> torch.Tensor:
     return out.frames
 
 
-def _shard_worker(rank: int, port: int, family: str) -> None:
+def _shard_worker(rank: int, port: int, family: str, dtype: str) -> None:
     import os
 
     import torch.distributed as dist
@@ -79,7 +80,7 @@ def _shard_worker(rank: int, port: int, family: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=2)
     try:
-        pipe = load_pipeline("tiny", "t2v", family, dtype=torch.float32, device="cpu")
+        pipe = load_pipeline("tiny", "t2v", family, dtype=getattr(torch, dtype), device="cpu")
         whole = _latents(pipe)
         models = transformers_of(pipe)
         record = offload.shard_weights(models, CPU)
@@ -103,9 +104,10 @@ def _shard_worker(rank: int, port: int, family: str) -> None:
         dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("family", ["wan", "cogvideox"])
-def test_sharded_denoisers_compute_the_unsharded_latents_on_gathered_weights(family):
-    launch.group(_shard_worker, 2, family)
+# bf16: Wan keeps its norms and modulation tables in fp32, so a block's weights are of two dtypes
+@pytest.mark.parametrize("family,dtype", [("wan", "float32"), ("wan", "bfloat16"), ("cogvideox", "float32")])
+def test_sharded_denoisers_compute_the_unsharded_latents_on_gathered_weights(family, dtype):
+    launch.group(_shard_worker, 2, family, dtype)
 
 
 # ----- the render under torchrun -----
@@ -134,7 +136,8 @@ def test_sharded_renders_under_ulysses_and_cfg_match_one_process(tmp_path):
     render's bit for bit, and the entry records the mesh and each rank's bytes of each denoiser."""
     common = ["--num_inference_steps", "4", "--attention_type", "sdpa", "--save_frames", "--height", "64", "--width",
               "64", "--num_frames", "5"]
-    models = {"wan21": ["--model", "tiny"], "a14b": ["--model", "tiny:wan2.2-t2v-a14b"]}
+    # the A14B in bf16, as it runs on a GPU: its fp32 norms and modulation tables beside the bf16 weights
+    models = {"wan21": ["--model", "tiny"], "a14b": ["--model", "tiny:wan2.2-t2v-a14b", "--dtype", "bfloat16"]}
     layouts = {"u2": ["--ulysses_degree", "2"], "cfg2": ["--use_cfg_parallel"]}
     for model, flags in models.items():
         one = tmp_path / model / "one"

@@ -51,7 +51,8 @@ class OffloadError(ValueError):
 
 
 def check_offload(mode: str, *, device: torch.device, two_experts: Optional[bool], parallel: bool = False,
-                  compiled: bool = False, fp8_gemms: bool = False, cache: bool = False, cfg_split: bool = False) -> None:
+                  compiled: bool = False, fp8_gemms: bool = False, cache: bool = False,
+                  cfg_split: bool = False) -> None:
     """Refuse before the load what an offload mode can't do here; ``two_experts``: whether the model has a second
     expert (None: not known before the load; :func:`apply_offload` checks the loaded pipeline); ``parallel``: a
     torchrun render; ``cache``: a step cache asked; ``cfg_split``: ``--use_cfg_parallel``."""
@@ -146,6 +147,9 @@ def shard_weights(models: list, device: torch.device) -> dict:
             raise OffloadError(f"--offload shard makes each of a denoiser's blocks a unit; {name} "
                                f"({type(model).__name__}) has no list of blocks\nrender without --offload shard")
         before = _local_bytes(model)
+        # no parameter trains: FSDP then takes a unit's mixed dtypes (Wan keeps its norms and modulation tables in
+        # fp32 beside the bf16 weights) as they are, gathered as bytes, where a trainable unit must hold one dtype
+        model.requires_grad_(False)
         for block in blocks:
             fully_shard(block, mesh=mesh, reshard_after_forward=True)
         fully_shard(model, mesh=mesh, reshard_after_forward=True)
