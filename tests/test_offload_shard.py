@@ -74,7 +74,6 @@ def _shard_worker(rank: int, port: int, family: str, dtype: str) -> None:
     import torch.distributed as dist
     from torch.distributed.tensor import DTensor
 
-    from vdbench.offload import _blocks
     from vdbench.pipelines import load_pipeline, transformers_of
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -85,7 +84,7 @@ def _shard_worker(rank: int, port: int, family: str, dtype: str) -> None:
         models = transformers_of(pipe)
         record = offload.shard_weights(models, CPU)
         (name, model), = models
-        blocks = _blocks(model)
+        blocks = list(getattr(model, "blocks", None) or model.transformer_blocks)  # Wan's, CogVideoX's
         seen = []
         for b in blocks:  # registered after FSDP's own pre-forward hook: sees what the block computes with
             b.register_forward_pre_hook(lambda m, a: seen.append(all(type(p) is not DTensor for p in m.parameters())))
