@@ -8,7 +8,7 @@
   bytes a rank.
 * The render under torchrun (slow): tiny Wan 2.1 and the tiny two-expert A14B under Ulysses-2 and CFG-2 with the
   weights sharded, frames against the one-process render bit for bit, the entry's offload section, guidance overlap
-  off with its reason, the stack named ``offload=shard``.
+  off with its reason, the stack named ``offload=shard``; CogVideoX's CFG split against the unsharded one.
 
 What only a GPU shows: the memory a rank saves and the gathers' time (bench/suites/shard.toml).
 """
@@ -165,3 +165,18 @@ def test_sharded_renders_under_ulysses_and_cfg_match_one_process(tmp_path):
             assert par["guidance_overlap"] is False
             if name == "u2":  # it would be on by default here
                 assert "--offload shard" in par["guidance_overlap_reason"]
+    # CogVideoX's CFG split of one batch (each rank half of it: against the unsharded split, whose half-batch GEMMs
+    # are its own), its transformer_blocks sharded
+    cog = ["--model_path", "tiny", "--height", "64", "--width", "96", "--num_frames", "9", "--num_inference_steps",
+           "3", "--attention_type", "sdpa", "--save_frames", "--parallel_engine", "diffusers", "--use_cfg_parallel"]
+    frames = []
+    for name, flags in (("cfg2", []), ("cfg2_shard", ["--offload", "shard"])):
+        out = tmp_path / "cog" / name
+        proc = launch.render("cogvideox", cog + flags + ["--benchmark_output_directory", str(out)],
+                             out.parent / f"{name}.logs", nproc=2, timeout=300)
+        assert proc.returncode == 0, (name, proc.stderr[-3000:])
+        (path,) = out.glob("*.npy")
+        frames.append(np.load(path))
+    assert np.array_equal(*frames) and frames[0].std() > 1.0
+    rec = json.loads((out / "timing.json").read_text())[-1]["offload"]
+    assert rec["mesh_ranks"] == 2 and rec["denoisers"]["transformer"]["units"] == 3  # its 2 blocks, the rest
