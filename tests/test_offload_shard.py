@@ -8,7 +8,8 @@
   bytes a rank.
 * The render under torchrun (slow): tiny Wan 2.1 and the tiny two-expert A14B under Ulysses-2 and CFG-2 with the
   weights sharded, frames against the one-process render bit for bit, the entry's offload section, guidance overlap
-  off with its reason, the stack named ``offload=shard``; CogVideoX's CFG split against the unsharded one.
+  off with its reason, the stack named ``offload=shard``; the A14B with a First Block Cache that reuses blocks under
+  Ulysses-2; CogVideoX's CFG split against the unsharded one.
 
 What only a GPU shows: the memory a rank saves and the gathers' time (bench/suites/shard.toml).
 """
@@ -128,6 +129,9 @@ def test_sharding_in_one_process_is_refused_in_one_line_with_a_hint(tmp_path, ca
         "...)"]
 
 
+DIFFUSERS_U2 = ["--parallel_engine", "diffusers", "--ulysses_degree", "2"]
+
+
 @pytest.mark.slow
 def test_sharded_renders_under_ulysses_and_cfg_match_one_process(tmp_path):
     """Tiny Wan 2.1 and the tiny A14B (4 steps at its shift 12: three high-noise steps, one low-noise) with every
@@ -165,6 +169,17 @@ def test_sharded_renders_under_ulysses_and_cfg_match_one_process(tmp_path):
             assert par["guidance_overlap"] is False
             if name == "u2":  # it would be on by default here
                 assert "--offload shard" in par["guidance_overlap_reason"]
+    # a step cache that reuses blocks (the ranks of the call decide together; a reused block's gather still runs)
+    fbc = models["a14b"] + common + ["--cache", "fbc:threshold=0.5", "--num_inference_steps", "6"]
+    frames = []
+    for name, n, flags in (("fbc_one", 1, []), ("fbc_u2", 2, DIFFUSERS_U2 + ["--offload", "shard"])):
+        out = tmp_path / "fbc" / name
+        proc = launch.render("wan", fbc + flags + ["--benchmark_output_directory", str(out)],
+                             out.parent / f"{name}.logs", nproc=n, timeout=300)
+        assert proc.returncode == 0, (name, proc.stderr[-3000:])
+        frames.append(_frames(out))
+    assert np.array_equal(*frames)
+    assert sum(_entry(out)["cache"]["reused_blocks_per_step"]) > 0
     # CogVideoX's CFG split of one batch (each rank half of it: against the unsharded split, whose half-batch GEMMs
     # are its own), its transformer_blocks sharded
     cog = ["--model_path", "tiny", "--height", "64", "--width", "96", "--num_frames", "9", "--num_inference_steps",
