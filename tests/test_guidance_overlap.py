@@ -84,7 +84,8 @@ def test_guidance_overlap_applies_only_where_its_turns_and_two_calls_are():
         assert "interleaves Ulysses exchanges" in P.guidance_overlap_refusal(spec, WAN, **ok), spec
     assert "one batch" in P.guidance_overlap_refusal(u2, COG, **ok)
     assert "one branch per step" in P.guidance_overlap_refusal(u2, WAN, **{**ok, "guidance_scale": 1.0})
-    for key, word in (("cache", "step cache"), ("compiled", "compile"), ("sparse", "sparse")):
+    for key, word in (("cache", "step cache"), ("compiled", "compile"), ("sparse", "sparse"),
+                      ("sharded", "--offload shard")):
         assert word in P.guidance_overlap_refusal(u2, WAN, **{**ok, key: True})
     with pytest.raises(ValueError, match="--guidance_overlap on interleaves"):
         P.ParallelSpec("diffusers", 2, 1, use_cfg_parallel=True, guidance_overlap=True).validate()

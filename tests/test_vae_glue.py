@@ -93,7 +93,7 @@ def test_fast_decode_with_fused_glue_equals_stock_fp32(cfg, cl, exact_fp32):
     info = {}
     stages = []
     with pytest.MonkeyPatch.context() as mp:  # the upsamplers' 2-D stages all take the sub-pixel form
-        mp.setattr(V, "upsample_conv", lambda frames, conv, f=L.upsample_conv: stages.append(conv) or f(frames, conv))
+        mp.setattr(L, "upsample_conv", lambda frames, conv, f=L.upsample_conv: stages.append(conv) or f(frames, conv))
         out = D.decode_video(vae, z, mode="fast", fused_glue=True, info=info, channels_last=cl)
     torch.testing.assert_close(out, ref, atol=5e-5, rtol=0)
     assert info["glue"] == V.GLUE_TRITON and L._GLUE.get() is None and L._ROWS.get() is None

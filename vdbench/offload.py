@@ -13,9 +13,16 @@
   holds one expert and a block in flight; the copies travel behind the step's remaining blocks, and the other
   expert's first call waits for the last one (on the device, never the host). The weights are the same bytes: the
   frames are the resident render's, bit for bit.
+* ``shard`` -- under torchrun: each denoiser's weights sharded over the ranks by PyTorch's FSDP2
+  (``torch.distributed.fsdp.fully_shard`` on every block and on the denoiser itself, ``reshard_after_forward``):
+  a rank holds about 1/N of each denoiser and all-gathers a block's weights just before the block runs, freeing
+  them after it (:func:`shard_weights`, applied after the parallel engine). The denoisers are loaded on the host;
+  the sharding moves each rank's part to its device a block at a time, so no card ever holds a whole expert. The
+  gathered weights are the loaded bytes: the frames are the unsharded layout's, bit for bit.
 
 Each mode refuses with its reason where it can't apply (no CUDA device, no second expert, a parallel layout or a
-compile for ``expert``), and :func:`apply_offload` returns what it did for the render's record. On a CPU the expert
+compile for ``expert``; one process, a compile, fp8 GEMMs or a step cache under a CFG split for ``shard``), and
+:func:`apply_offload` returns what it did for the render's record. On a CPU the expert
 swap runs with its host copies standing in for the device's (it saves nothing there): what the tests render.
 """
 
@@ -29,13 +36,14 @@ import torch
 
 from .hostmem import HOST_BUFFER, HostBuffer, cores, layout
 
-__all__ = ["MODES", "EXECUTION_DEVICE", "OffloadError", "check_offload", "apply_offload", "expert_swap", "ExpertSwap", "HOST_COMPONENTS"]
+__all__ = ["MODES", "EXECUTION_DEVICE", "OffloadError", "check_offload", "apply_offload", "expert_swap", "ExpertSwap",
+           "HOST_COMPONENTS", "shard_weights"]
 
 #: ``--offload``'s modes (``none``: every weight resident).
-MODES = ("none", "model", "group", "expert")
+MODES = ("none", "model", "group", "expert", "shard")
 
-#: The components a mode keeps on the host from the load on (built or loaded there, never on the GPU).
-HOST_COMPONENTS = {"expert": ("transformer_2",)}
+#: The components a mode keeps on the host from the load on (built or loaded there, never on the GPU whole).
+HOST_COMPONENTS = {"expert": ("transformer_2",), "shard": ("transformer", "transformer_2")}
 
 
 class OffloadError(ValueError):
@@ -43,12 +51,17 @@ class OffloadError(ValueError):
 
 
 def check_offload(mode: str, *, device: torch.device, two_experts: Optional[bool], parallel: bool = False,
-                  compiled: bool = False) -> None:
+                  compiled: bool = False, fp8_gemms: bool = False, cache: bool = False,
+                  cfg_split: bool = False) -> None:
     """Refuse before the load what an offload mode can't do here; ``two_experts``: whether the model has a second
-    expert (None: not known before the load; :func:`apply_offload` checks the loaded pipeline)."""
+    expert (None: not known before the load; :func:`apply_offload` checks the loaded pipeline); ``parallel``: a
+    torchrun render; ``cache``: a step cache asked; ``cfg_split``: ``--use_cfg_parallel``."""
     if mode not in MODES:
         raise OffloadError(f"unknown --offload {mode!r}; valid: {', '.join(MODES)}")
     if mode == "none":
+        return
+    if mode == "shard":
+        _check_shard(parallel=parallel, compiled=compiled, fp8_gemms=fp8_gemms, cache=cache, cfg_split=cfg_split)
         return
     if device.type != "cuda" and mode != "expert":  # the expert swap runs on a CPU too: what its tests render
         raise OffloadError(f"--offload {mode} moves weights between the host and a GPU: it needs a CUDA device")
@@ -64,14 +77,34 @@ def check_offload(mode: str, *, device: torch.device, two_experts: Optional[bool
                                "would have to guard on\ndrop the compile, or use --offload model")
 
 
+def _check_shard(*, parallel: bool, compiled: bool, fp8_gemms: bool, cache: bool, cfg_split: bool) -> None:
+    if not parallel:
+        raise OffloadError("--offload shard splits each denoiser's weights over the ranks of a torchrun render; one "
+                           "process has no other rank\nlaunch under torchrun with a parallel layout (--ulysses_degree "
+                           "2, --use_cfg_parallel, ...)")
+    if compiled:
+        raise OffloadError("--offload shard gathers each block's weights in hooks around its forward, which the "
+                           "compiled blocks are not measured with\ndrop the compile")
+    if fp8_gemms:
+        raise OffloadError("--offload shard splits plain weight tensors; the fp8 GEMMs' quantized weights are "
+                           "torchao tensor subclasses FSDP would have to shard\ndrop --use_fp8_gemms")
+    if cache and cfg_split:
+        raise OffloadError("--offload shard gathers each block over every rank, and under --use_cfg_parallel each "
+                           "guidance half decides its step cache alone: a call one half skips would leave the "
+                           "other's gathers waiting\ndrop --cache or --use_cfg_parallel")
+
+
 def apply_offload(mode: str, pipe, device: torch.device) -> Optional[dict]:
     """Apply ``mode`` to the loaded ``pipe`` (its denoisers' weights where :data:`HOST_COMPONENTS` left them);
-    returns the record's section (None for ``none``)."""
+    returns the record's section (None for ``none``, and for ``shard``, which :func:`shard_weights` applies and
+    records after the parallel engine)."""
     if mode == "none":
         return None
     for name in ("transformer", "transformer_2"):
         if getattr(pipe, name, None) is not None:
             setattr(getattr(pipe, name), EXECUTION_DEVICE, torch.device(device))
+    if mode == "shard":
+        return None
     if mode == "model":
         pipe.enable_model_cpu_offload(device=device)
         return {"mode": mode, "how": "diffusers enable_model_cpu_offload"}
@@ -87,6 +120,58 @@ def apply_offload(mode: str, pipe, device: torch.device) -> Optional[dict]:
     setattr(pipe, _SWAP_ATTR, swap)
     return {"mode": mode, "how": "the idle expert pinned on the host, swapped block by block in its neighbour's "
                                  "last step on a side stream", "host_bytes": swap.host_bytes}
+
+
+def shard_weights(models: list, device: torch.device) -> dict:
+    """``--offload shard``: every denoiser of ``models`` (``(name, module)`` pairs, the parallel engine applied)
+    sharded by FSDP2 over the whole world, each block a unit and the denoiser itself the unit of what is left
+    (embeddings, the output head), each gathered before its forward and freed after it; returns the record's section.
+
+    The mesh is the world, not the ranks of one call: under a CFG split both guidance halves hold the same weights,
+    and FSDP's gathers pair the ranks' calls of a block in order, which are the same on every rank -- each rank runs
+    the same steps, the same expert each step (the schedule is the pipeline's, not the rank's), one denoiser call a
+    step (its guidance branch, or its sequence shard of the call) and every block of it once a call (a step cache
+    skips in step with the other ranks of its call; under a CFG split :func:`check_offload` refuses it). A world
+    mesh leaves each rank 1/N of the weights where sharding within each guidance half would leave 2/N."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    world = dist.get_world_size()
+    mesh = init_device_mesh(device.type, (world,))
+    out = {"mode": "shard", "how": "torch FSDP2 fully_shard on each block and the denoiser, reshard after forward, "
+                                   "the world as its mesh", "mesh_ranks": world, "denoisers": {}}
+    for name, model in models:
+        blocks = _blocks(model)
+        if not blocks:
+            raise OffloadError(f"--offload shard makes each of a denoiser's blocks a unit; {name} "
+                               f"({type(model).__name__}) has no list of blocks\nrender without --offload shard")
+        before = _local_bytes(model)
+        # no parameter trains: FSDP then takes a unit's mixed dtypes (Wan keeps its norms and modulation tables in
+        # fp32 beside the bf16 weights) as they are, gathered as bytes, where a trainable unit must hold one dtype
+        model.requires_grad_(False)
+        for block in blocks:
+            fully_shard(block, mesh=mesh, reshard_after_forward=True)
+        fully_shard(model, mesh=mesh, reshard_after_forward=True)
+        buffer = getattr(model, HOST_BUFFER, None)
+        if buffer is not None and device.type == "cuda":  # the load's host copy, the weights now on the device
+            buffer.close()
+            delattr(model, HOST_BUFFER)
+        after: list = [None] * world  # each rank's share: a dimension N does not divide leaves the last ones less
+        dist.all_gather_object(after, _local_bytes(model))
+        out["denoisers"][name] = {"units": len(blocks) + 1, "bytes_per_rank_before": before,
+                                  "bytes_per_rank_after": after,
+                                  "buffer_bytes": sum(b.numel() * b.element_size() for b in model.buffers())}
+    return out
+
+
+def _local_bytes(module: torch.nn.Module) -> int:
+    """The bytes of a module's weights this rank holds (a sharded parameter: its local shard; buffers, which FSDP
+    leaves whole on every rank, counted whole: ``buffer_bytes`` in the record)."""
+    from torch.distributed.tensor import DTensor
+
+    local = [t.to_local() if isinstance(t, DTensor) else t for t in _tensors(module)]
+    return sum(t.numel() * t.element_size() for t in local)
 
 
 #: The attribute an offloaded denoiser carries: the device it runs on while its weights wait on the host (what an

@@ -237,7 +237,9 @@ OPTIONS: tuple[Option, ...] = (
            help="where weights wait off the GPU (needs one): model = diffusers' model offload (each component on the "
                 "GPU while it runs), group = diffusers' group offload (a block at a time, the next one prefetched on "
                 "a CUDA stream), expert = the idle one of two experts (Wan 2.2 A14B) on the host, swapped block by "
-                "block in the last step before its turn; named in the stack (offload=<mode>) (default: %(default)s)"),
+                "block in the last step before its turn, shard = under torchrun each denoiser's weights split over "
+                "the ranks by PyTorch's FSDP2, a block's gathered just before it runs (about 1/N of them a rank); "
+                "named in the stack (offload=<mode>) (default: %(default)s)"),
     Option("--cpu_offload", fills=None, dest="offload", action="store_const", const="model",
            help="the same as --offload model"),
 

@@ -381,9 +381,9 @@ def build_pipeline(variant: TinyVariant, module_device=None, timings: Optional[d
     filled from the variant's configs, or passed as None when it has none, as the real checkpoints record them.
     ``timings``: filled with the seconds of each part (the imports of the classes, each component's build), host
     clock -- where a load's time goes, so a slow or variable load can be told apart from the work it measures.
-    ``host``: denoisers (``transformer_2``) built first and moved at once into a flat host buffer made on a thread
-    from just after the denoiser's class is imported, so the device never holds them beside the others (an
-    offloaded expert: :mod:`vdbench.offload`).
+    ``host``: denoisers (``transformer_2``; under ``--offload shard`` both) built first, each moved at once into a
+    flat host buffer made on a thread from just after the denoiser's class is imported, so the device never holds
+    them beside the others (an offloaded expert, a sharded denoiser: :mod:`vdbench.offload`).
     """
     import torch
 
@@ -413,19 +413,21 @@ def build_pipeline(variant: TinyVariant, module_device=None, timings: Optional[d
     slots = inspect.signature(cls.__init__).parameters
     on = (lambda: torch.device(module_device)) if module_device is not None else contextlib.nullcontext
     part("imports", None)
-    early = {}
-    for name in buffers:
+    early, tokenizer = {}, None
+    for name, buffer in buffers.items():  # each on the host before the next is built: the device holds one at most
         with on():
             early[name] = part(name, _make_transformer(variant, name))
-    tokenizer = part("tokenizer", _build_tokenizer(variant.tokenizer_max_length))  # the host's, while buffers finish
-    for name, buffer in buffers.items():
+        if tokenizer is None:  # the host's, while the first buffer finishes
+            tokenizer = part("tokenizer", _build_tokenizer(variant.tokenizer_max_length))
         part(f"{name}_to_host", _to_host(early[name], buffer))
+    if tokenizer is None:
+        tokenizer = part("tokenizer", _build_tokenizer(variant.tokenizer_max_length))
     with on():
         components: dict[str, Any] = {
             "tokenizer": tokenizer,
             "text_encoder": part("text_encoder", _make_text_encoder(variant, vocab_size=len(tokenizer))),
             "vae": part("vae", _make_vae(variant)),
-            "transformer": part("transformer", _make_transformer(variant, "transformer")),
+            "transformer": early.get("transformer") or part("transformer", _make_transformer(variant, "transformer")),
         }
         if "transformer_2" in slots:
             components["transformer_2"] = early.get("transformer_2") or part("transformer_2", (

@@ -290,8 +290,8 @@ def speed_options(compile: bool = False, compile_backend: Optional[str] = "induc
     """The speed options of a render as stack options, in a stack name's order: ``("compile", "fp8gemm")``,
     ``("compile=eager",)``, ``("compile=inductor:max-autotune",)``, ``("fp8gemm=ffn",)``; ``()`` for none.
     ``fp8_gemms``: the scope (:func:`fp8_gemm_scope`), ``all`` written as the bare word. ``offload``: where the
-    weights wait off the GPU (``--offload``: ``model``, ``group``, ``expert``); ``fp8_exchange``: Ulysses' V and
-    output cross as fp8 (``fp8x``: ``--ulysses_fp8_exchange on``, lossy); ``fused_block`` False (``--fused_block
+    weights wait off the GPU (``--offload``: ``model``, ``group``, ``expert``, ``shard``); ``fp8_exchange``:
+    Ulysses' V and output cross as fp8 (``fp8x``: ``--ulysses_fp8_exchange on``, lossy); ``fused_block`` False (``--fused_block
     off``): ``eagerblock`` (auto and on, the default where it runs, name nothing)."""
     out = []
     if compile:

@@ -218,11 +218,12 @@ GUIDANCE_OVERLAP_AUTO = True
 
 
 def guidance_overlap_refusal(spec: ParallelSpec, family: families.Family, *, guidance_scale: float,
-                             cache: bool, compiled: bool, sparse: bool) -> Optional[str]:
+                             cache: bool, compiled: bool, sparse: bool, sharded: bool = False) -> Optional[str]:
     """Why the two guidance branches can't be interleaved in this render (one line), or None. They can where
     vdbench's Ulysses self-attention runs (its phase ends are the turns), the family's pipelines make two denoiser
     calls per step that differ only in the text, and nothing keeps state across one forward: a step cache (diffusers'
-    hooks hold one context at a time), the compiled blocks, a sparse pattern's per-forward token order."""
+    hooks hold one context at a time), the compiled blocks, a sparse pattern's per-forward token order, FSDP's
+    per-block state (``sharded``: ``--offload shard``)."""
     if not (spec.async_applies and spec.async_exchange is not False and not spec.use_cfg_parallel):
         return ("it interleaves Ulysses exchanges: needs --ulysses_degree >= 2 without ring, --ulysses_overlap or "
                 "--use_cfg_parallel, with --ulysses_async on diffusers' engine")
@@ -232,7 +233,8 @@ def guidance_overlap_refusal(spec: ParallelSpec, family: families.Family, *, gui
         return f"--guidance_scale {guidance_scale:g} runs one branch per step"
     for on, what in ((cache, "a step cache (its hooks keep one guidance context at a time)"),
                      (compiled, "--use_torch_compile (not measured interleaved)"),
-                     (sparse, "a sparse pattern (its token order is kept per forward)")):
+                     (sparse, "a sparse pattern (its token order is kept per forward)"),
+                     (sharded, "--offload shard (each block's gather and free run in one order: one host thread)")):
         if on:
             return f"not with {what}"
     return None
@@ -340,11 +342,12 @@ def unwired(pipeline_class: str) -> str:
 
 
 def settle(ctx, device: torch.device, schedule, family: families.Family, task: str, pipeline_class: Optional[str], *,
-           compiled: bool, num_steps: int, guidance_scale: float, cache: bool) -> None:
+           compiled: bool, num_steps: int, guidance_scale: float, cache: bool, sharded: bool = False) -> None:
     """A render's parallel layout settled before the load: ``--parallel_engine auto`` becomes the engine that serves
     it (every rank decides alike); the attention ``schedule``'s rules (a :class:`vdbench.patching.schedule.Schedule`)
     and under torchrun the chosen engine's (the backend on its path, the compile) checked; ``--guidance_overlap``
-    settled like it; a CFG split refused where guidance runs one branch (``guidance_scale`` <= 1)."""
+    settled like it (``sharded``: ``--offload shard``); a CFG split refused where guidance runs one branch
+    (``guidance_scale`` <= 1)."""
     grid_family = family.name if family.grid_hooks is not None else None
 
     def check_schedule(spec):  # the schedule's own rules on the engine spec names (a sparse pattern under xfuser)
@@ -354,7 +357,7 @@ def settle(ctx, device: torch.device, schedule, family: families.Family, task: s
                                             check_schedule=check_schedule), family)
     settle_guidance_overlap(ctx, guidance_overlap_refusal(
         ctx.spec, family, guidance_scale=guidance_scale, cache=cache, compiled=compiled,
-        sparse=any(b.sparse is not None for b in schedule.members)))
+        sparse=any(b.sparse is not None for b in schedule.members), sharded=sharded))
     if ctx.spec.use_cfg_parallel and guidance_scale <= 1:
         raise ValueError(f"--use_cfg_parallel splits classifier-free guidance's two branches, and "
                          f"--guidance_scale {guidance_scale:g} runs none\ndrop --use_cfg_parallel, or "

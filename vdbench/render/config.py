@@ -54,7 +54,7 @@ class RenderConfig:
     profile_warmup: int = 1
     profile_active: int = 2
     power_interval_ms: float = 10.0  # the card's energy, clock and power cap sampled per step (vdbench.power); 0 off
-    offload: str = "none"  # where weights wait off the GPU: none | model | group | expert (vdbench.offload)
+    offload: str = "none"  # where weights wait off the GPU: none | model | group | expert | shard (vdbench.offload)
     vae_tiling: bool = False
     vae_slicing: bool = False
     compile: bool = False  # regional torch.compile of the transformer blocks (vdbench.speed)

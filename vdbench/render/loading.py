@@ -18,7 +18,7 @@ from .. import backends as B
 from .. import parallel as P
 from ..cache import apply_cache
 from ..measure.record import command_line, commit
-from ..offload import HOST_COMPONENTS, apply_offload
+from ..offload import HOST_COMPONENTS, apply_offload, shard_weights
 from ..pipelines import ModelLoadError, model_summary, set_schedule, step_denoisers, transformers_of
 from ..speed import apply_speed_options
 from ..timing import Laps, memory_stage, system_info
@@ -62,6 +62,9 @@ def load(plan: Plan) -> Loaded:
     prewarms.after_weights(plan, pipe)
     head_dims = [m.config.attention_head_dim for _, m in models]
     pipe, models, speed, counter = _made_parallel_and_fast(plan, pipe, models, part)
+    if plan.cfg.offload == "shard":  # after the engine, on the denoisers it made: FSDP's units are their blocks
+        schedule["offload"] = shard_weights(models, device)
+        part("shard")
     summary = model_summary(pipe)
     header = _header(plan, pipe, summary, head_dims,
                      {"flow_shift": schedule["flow_shift"],

@@ -155,7 +155,8 @@ def checked_plan(cfg: RenderConfig, dctx) -> Plan:
     if cfg.flow_shift is not None and family.flow_shift is None:
         raise ValueError(f"--flow_shift: the {family.name} pipelines' schedulers have no flow shift\ndrop the flag")
     check_offload(cfg.offload, device=device, parallel=dctx.distributed, compiled=cfg.compile,
-                  two_experts=None if model.denoisers is None else "transformer_2" in model.denoisers)
+                  two_experts=None if model.denoisers is None else "transformer_2" in model.denoisers,
+                  fp8_gemms=bool(cfg.fp8_gemms), cache=bool(cfg.cache), cfg_split=dctx.spec.use_cfg_parallel)
     fused = (fused_rope_choice(cfg.fused_rope, device, family, cfg.compile),
              fused_block_choice(cfg.fused_block, device, family, cfg.compile))
     # the VAE modes: the names become the modes' entries here, checked once with their options, refused before the
@@ -186,7 +187,8 @@ def checked_plan(cfg: RenderConfig, dctx) -> Plan:
         check_cache(cache, family, model.denoisers, compiled=cfg.compile, cfg_split=dctx.spec.use_cfg_parallel,
                     steps=cfg.num_inference_steps, pipeline_class=model.pipeline_class)
     P.settle(dctx, device, schedule, family, cfg.task, model.pipeline_class, compiled=cfg.compile,
-             num_steps=cfg.num_inference_steps, guidance_scale=cfg.guidance_scale, cache=cache is not None)
+             num_steps=cfg.num_inference_steps, guidance_scale=cfg.guidance_scale, cache=cache is not None,
+             sharded=cfg.offload == "shard")
     # the head dims from the model's config (no weights; the loaded model is checked again): a backend that can't
     # serve them, or can't run on this device at all (sagev1 on a CPU), is refused here
     B.require_here(backend, device, dtype, model.head_dims or [])

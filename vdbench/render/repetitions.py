@@ -353,8 +353,10 @@ class Repetition:
                                             patch.stats.block_eager_why or "no block ran the family's forward",
                                             self.loaded.prewarms.block if rep == 0 else None),
                             "norms": _norms_record(plan, patch.stats)},
-            # --offload expert: the units swapped since the load, those left to the incoming expert's first call
-            "offload": swap.as_dict() if (swap := expert_swap(self.loaded.pipe)) is not None else None,
+            # --offload expert: the units swapped since the load, those left to the incoming expert's first call;
+            # --offload shard: what the load sharded (the mesh's ranks, each denoiser's bytes a rank before and after)
+            "offload": (swap.as_dict() if (swap := expert_swap(self.loaded.pipe)) is not None
+                        else self.loaded.header["resolved"]["offload"] if plan.cfg.offload == "shard" else None),
             "attention_share": (attn_time / sum(step_times)) if attn_time and step_times else None,
             "memory": {"load": self.loaded.memory, **self.memory},  # each stage's peaks, this rank's card
             "peak_memory_bytes": _peak(self.memory, "allocated_peak"),

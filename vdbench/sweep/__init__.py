@@ -57,8 +57,8 @@ A stack is ``<attention type>[+option...]`` (:func:`vdbench.measure.record.split
 ``fp8gemm`` (``--use_fp8_gemms``), ``fp8gemm=<scope>`` (``--use_fp8_gemms <scope>``: ``fp8gemm=ffn``, the
 feed-forward layers only), ``bf16te`` (``--use_bf16_te_gemms``), ``eagerblock`` (``--fused_block off``: the blocks'
 elementwise passes unfused, the baseline of the fused default), ``vae=<mode>`` (``--vae_decode``),
-``encode=<mode>`` (``--vae_encode``), ``offload=<mode>`` (``--offload``: ``expert``, ``group``, ``model``), ``fp8x``
-(``--ulysses_fp8_exchange on``), a step cache's spec (``--cache``: ``fbc:threshold=0.05``, or
+``encode=<mode>`` (``--vae_encode``), ``offload=<mode>`` (``--offload``: ``expert``, ``group``, ``model``,
+``shard``), ``fp8x`` (``--ulysses_fp8_exchange on``), a step cache's spec (``--cache``: ``fbc:threshold=0.05``, or
 ``cache=fbc:threshold=0.05``). Its row is named by the stack's one spelling, the ``stack`` its render records
 (``sagev2_fp8:gran=per_warp+compile+fp8gemm+vae=fast``). CPU figures are not
 speed figures (said in the verdict and per row); emulations are never ranked on speed.

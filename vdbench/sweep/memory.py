@@ -12,12 +12,15 @@ meta device, x its recorded dtype's bytes):
   one expert's weights, plus one block;
 * ``offload=group``: every component but the VAE onloaded a block at a time (the next one prefetched) -- the
   denoising's peak less every weight of the load, plus two blocks; the decode's less the same but the VAE's;
+* ``offload=shard`` (a layout of N ranks): each rank holds 1/N of every denoiser and the block it runs -- the peak
+  less the rest of the denoisers' weights, plus a block;
 * ``offload=model``: each component on the card while it runs -- the denoising's peak less every weight of the load,
   plus the largest denoiser.
 
 A layout is estimated at the one-GPU peak (each card holds every weight; its activations, split over the ranks,
 are not scaled down: an upper bound). Before ``default`` is rendered nothing was measured: the denoisers' weights
-the card must hold (all of them; one expert and a block; two blocks; the largest denoiser) are the lower bound, and a
+the card must hold (all of them; one expert and a block; two blocks; 1/N of them and a block; the largest
+denoiser) are the lower bound, and a
 render they already exceed is left out.
 """
 
@@ -93,6 +96,10 @@ def estimate_peak(cand: Candidate, base: Optional[dict], w: Optional[dict]) -> t
             return 2 * max(block), "lower bound: two blocks' weights (default not rendered yet)"
         if offload == "model":
             return float(max(experts)), "lower bound: the largest denoiser's weights (default not rendered yet)"
+        if offload == "shard":
+            return (sum(experts) / cand.nproc + max(block),
+                    f"lower bound: 1/{cand.nproc} of its denoisers' weights and a gathered block (default not "
+                    "rendered yet)")
         return float(sum(experts)), "lower bound: its denoisers' weights alone (default not rendered yet)"
     load, den, dec = base["load"], base["denoise"], base["decode"]
     peak = float(max(den, dec))
@@ -106,6 +113,10 @@ def estimate_peak(cand: Candidate, base: Optional[dict], w: Optional[dict]) -> t
         if len(experts) < 2:
             return None, "offload=expert: one denoiser"
         return peak - experts[-1] + block[-1], "default's peak less one expert's weights, plus a block in flight"
+    if offload == "shard":  # each rank holds 1/N of every denoiser, and the block being run gathered whole
+        return (peak - sum(experts) * (1 - 1 / cand.nproc) + max(block),
+                f"default's peak less all but 1/{cand.nproc} of the denoisers' weights, plus a gathered block "
+                "(activations not scaled down)")
     if offload == "group":
         return (max(den - load + 2 * max(block), dec - load + max(0.0, load - sum(experts))),
                 "default's peaks less every weight of the load, plus two blocks (the VAE stays for the decode)")
