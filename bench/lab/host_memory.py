@@ -33,11 +33,9 @@ import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this checkout's vdbench
+import torch
 
-import torch  # noqa: E402
-
-from vdbench import hostmem  # noqa: E402
+from vdbench import hostmem
 from vdbench.timing import system_info  # noqa: E402
 
 def _timed(fn) -> float:
