@@ -8,9 +8,8 @@ a fault, and one thread faults a few GB/s at most. Here the buffer is pageable f
 touched by a pool of threads (one byte a page each, in numpy, which lets go of the GIL), then registered with the
 CUDA driver (``cudaHostRegister``), which pins what is already mapped (H200 host: threads fault about 20 GB/s
 against 1.7 on one; registering faulted pages about 16 GB/s; bench/lab/host_memory.py), the whole buffer in one
-registration: a copy may not span two. :class:`HostBuffer` records each part's seconds, so a render's record shows where the
-host's time went. On a machine without CUDA the buffer is not pinned:
-it is the host copy as is.
+registration: a copy may not span two. :class:`HostBuffer` records each part's seconds, so a render's record
+shows where the host's time went. On a machine without CUDA the buffer is not pinned: it is the host copy as is.
 """
 
 from __future__ import annotations
@@ -24,8 +23,8 @@ from typing import Optional
 
 import torch
 
-__all__ = ["ALIGN", "CHUNK", "HOST_BUFFER", "HUGE_PAGES", "HostBuffer", "layout", "nbytes", "cores", "fault",
-           "advise_huge_pages", "pin", "unpin"]
+__all__ = ["ALIGN", "CHUNK", "HOST_BUFFER", "HUGE_PAGES", "HostBuffer", "layout", "nbytes", "weights", "cores",
+           "fault", "advise_huge_pages", "pin", "unpin"]
 
 #: Each weight's offset in a buffer is a multiple of this (what a copy engine and every dtype's view want).
 ALIGN = 256
@@ -47,6 +46,11 @@ CHUNK = 1 << 30
 
 def nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
+
+
+def weights(module: torch.nn.Module) -> list[torch.Tensor]:
+    """A module's parameters and buffers (what its weights are), in the order a host buffer lays them out."""
+    return [*module.parameters(), *module.buffers()]
 
 
 def layout(tensors) -> tuple[list[int], int]:

@@ -34,7 +34,7 @@ from typing import Optional
 
 import torch
 
-from .hostmem import HOST_BUFFER, HostBuffer, cores, layout
+from .hostmem import HOST_BUFFER, HostBuffer, cores, layout, nbytes, weights
 
 __all__ = ["MODES", "EXECUTION_DEVICE", "OffloadError", "check_offload", "apply_offload", "expert_swap", "ExpertSwap",
            "HOST_COMPONENTS", "shard_weights"]
@@ -161,7 +161,7 @@ def shard_weights(models: list, device: torch.device) -> dict:
         dist.all_gather_object(after, _local_bytes(model))
         out["denoisers"][name] = {"units": len(blocks) + 1, "bytes_per_rank_before": before,
                                   "bytes_per_rank_after": after,
-                                  "buffer_bytes": sum(b.numel() * b.element_size() for b in model.buffers())}
+                                  "buffer_bytes": sum(nbytes(b) for b in model.buffers())}
     return out
 
 
@@ -170,8 +170,8 @@ def _local_bytes(module: torch.nn.Module) -> int:
     leaves whole on every rank, counted whole: ``buffer_bytes`` in the record)."""
     from torch.distributed.tensor import DTensor
 
-    local = [t.to_local() if isinstance(t, DTensor) else t for t in _tensors(module)]
-    return sum(t.numel() * t.element_size() for t in local)
+    local = [t.to_local() if isinstance(t, DTensor) else t for t in weights(module)]
+    return sum(nbytes(t) for t in local)
 
 
 #: The attribute an offloaded denoiser carries: the device it runs on while its weights wait on the host (what an
@@ -189,13 +189,6 @@ def expert_swap(pipe) -> Optional["ExpertSwap"]:
 
 def _blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
     return list(getattr(model, "blocks", None) or getattr(model, "transformer_blocks", None) or [])
-
-
-def _tensors(module: torch.nn.Module, recurse: bool = True) -> list[torch.Tensor]:
-    """A module's parameters and persistent buffers (what its weights are)."""
-    out = list(module.parameters(recurse=recurse))
-    out += [b for n, b in module.named_buffers(recurse=recurse)]
-    return out
 
 
 class _Unit:
@@ -223,9 +216,9 @@ class ExpertSwap:
         self.pipe, self.device = pipe, torch.device(device)
         self.cuda = self.device.type == "cuda"
         self.experts = [pipe.transformer, pipe.transformer_2]
-        self.units = [[_Unit(_tensors(b)) for b in _blocks(m)] + [_Unit(self._rest(m))] for m in self.experts]
+        self.units = [[_Unit(weights(b)) for b in _blocks(m)] + [_Unit(self._rest(m))] for m in self.experts]
         self.host: dict = {}
-        self.host_bytes = sum(t.numel() * t.element_size() for units in self.units for u in units for t in u.tensors)
+        self.host_bytes = sum(nbytes(t) for units in self.units for u in units for t in u.tensors)
         self.stream = torch.cuda.Stream(self.device) if self.cuda else None
         # the host copies, one flat buffer an expert (:mod:`vdbench.hostmem`): one the load filled (the idle expert,
         # built there) is taken as it is; the others are made and filled by a thread while the first steps run (none
@@ -294,8 +287,8 @@ class ExpertSwap:
 
     @staticmethod
     def _rest(model: torch.nn.Module) -> list[torch.Tensor]:
-        inside = {id(t) for b in _blocks(model) for t in _tensors(b)}
-        return [t for t in _tensors(model) if id(t) not in inside]
+        inside = {id(t) for b in _blocks(model) for t in weights(b)}
+        return [t for t in weights(model) if id(t) not in inside]
 
     # -- the schedule ------------------------------------------------------------------------------------------------
 

@@ -445,11 +445,6 @@ def build_pipeline(variant: TinyVariant, module_device=None, timings: Optional[d
     return part("assemble", cls(**components, **variant.pipeline_kwargs))
 
 
-def _weights(module) -> list:
-    """A module's parameters and buffers, in the order a host buffer lays them out."""
-    return [*module.parameters(), *module.buffers()]
-
-
 def _final_dtypes(module) -> None:
     """The dtypes a build ends with (:func:`build_pipeline`'s float64 rule, :func:`build_random`'s cast to the default
     dtype), applied now: the host copy holds the weights the render uses, and the later passes find nothing to do."""
@@ -464,12 +459,12 @@ def _host_buffer(variant: TinyVariant, name: str, pinned: bool):
     on a build on the meta device (no memory, no weights drawn)."""
     import torch
 
-    from .hostmem import HostBuffer, layout
+    from .hostmem import HostBuffer, layout, weights
 
     with torch.device("meta"):
         model = _make_transformer(variant, name)
     _final_dtypes(model)
-    return HostBuffer(layout(_weights(model))[1], pinned=pinned, background=True)
+    return HostBuffer(layout(weights(model))[1], pinned=pinned, background=True)
 
 
 def _to_host(module, buffer) -> None:
@@ -477,12 +472,12 @@ def _to_host(module, buffer) -> None:
     from a GPU on a side stream, then the GPU's copies freed), each weight a view of it, in its final dtype; the
     module carries the buffer: what an offloaded expert's copies to the device come from (:mod:`vdbench.offload`
     takes it as it is, no second copy)."""
-    from .hostmem import HOST_BUFFER
+    from .hostmem import HOST_BUFFER, weights
 
     _final_dtypes(module)
-    weights = _weights(module)
-    device = next((t.device for t in weights if t.device.type != "cpu"), None)
-    for t, view in zip(weights, buffer.fill(weights, device)):
+    tensors = weights(module)
+    device = next((t.device for t in tensors if t.device.type != "cpu"), None)
+    for t, view in zip(tensors, buffer.fill(tensors, device)):
         t.data = view
     setattr(module, HOST_BUFFER, buffer)
 

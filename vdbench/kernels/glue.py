@@ -31,8 +31,8 @@ import triton.language as tl
 
 from .ahead import compile_only, compiling_for, launch, load_compiled
 
-__all__ = ["rms_silu_rows", "norm_silu_cat", "add_rows_", "subpixel_bias", "add_dup_up_", "compile_only", "compiling_for", "load_compiled",
-           "INTERPRETED"]
+__all__ = ["rms_silu_rows", "norm_silu_cat", "add_rows_", "subpixel_bias", "add_dup_up_", "compile_only",
+           "compiling_for", "load_compiled", "INTERPRETED"]
 
 #: Whether this module's kernel was decorated under Triton's interpreter (read once, at import).
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")

@@ -300,8 +300,6 @@ def nearest_native(self, x):
                          align_corners=self.align_corners)
 
 
-
-
 def _subpixel_ok(seq) -> bool:
     """Whether ``seq`` is the Wan upsampler's 2-D stage :func:`upsample_conv` computes: a nearest 2x upsample, then
     a 3x3 conv (stride 1, padding 1 with zeros, no dilation, no groups) with a bias, neither hooked (the upsample's
@@ -315,7 +313,6 @@ def _subpixel_ok(seq) -> bool:
             and conv.groups == 1 and conv.padding_mode == "zeros" and conv.bias is not None
             and getattr(up.__dict__.get("forward"), "__func__", nearest_native) is nearest_native
             and "forward" not in conv.__dict__)
-
 
 
 def subpixel_weight(weight: torch.Tensor) -> torch.Tensor:
@@ -337,7 +334,6 @@ def subpixel_weight(weight: torch.Tensor) -> torch.Tensor:
     return torch.cat(blocks, 0).to(weight.dtype).contiguous(memory_format=torch.channels_last)
 
 
-
 def upsample_conv(frames: torch.Tensor, conv: torch.nn.Conv2d) -> torch.Tensor:
     """``conv(nearest_2x(frames))`` (the Wan upsampler's 2-D stage, :func:`_subpixel_ok`) without the upsampled
     tensor: one conv of :func:`subpixel_weight`'s kernels over ``frames`` (padding 1: ``(H + 1) x (W + 1)``
@@ -353,7 +349,7 @@ def upsample_conv(frames: torch.Tensor, conv: torch.nn.Conv2d) -> torch.Tensor:
     y4 = F.conv2d(frames, w4, None, 1, 1)
     out = torch.empty((n, co, 2 * h, 2 * w), dtype=y4.dtype, device=y4.device, memory_format=torch.channels_last)
     rows = _ROWS.get()
-    if rows is not None and hasattr(rows, "subpixel_bias"):  # the Triton glue: one pass
+    if rows is not None:  # the Triton glue: one pass
         return rows.subpixel_bias(y4, conv.bias.detach(), out)
     parts = y4.permute(0, 2, 3, 1).unflatten(3, (2, 2, co))  # (N, H+1, W+1, a, b, C_out): views
     grid = out.permute(0, 2, 3, 1).view(n, h, 2, w, 2, co)
@@ -361,7 +357,6 @@ def upsample_conv(frames: torch.Tensor, conv: torch.nn.Conv2d) -> torch.Tensor:
         for b in (0, 1):
             torch.add(parts[:, a:a + h, b:b + w, a, b], conv.bias.detach(), out=grid[:, :, a, :, b])
     return out
-
 
 
 def dup_up_view(x: torch.Tensor, up) -> torch.Tensor:
@@ -387,7 +382,6 @@ def dup_up_view(x: torch.Tensor, up) -> torch.Tensor:
     sb, sc, st, sh, sw = x.stride()
     cs = [0 if weights[d] < reps else weights[d] // reps * sc for d in range(4)]
     return x.as_strided((b, co, t, ft, h, fs, w, fs), (sb, cs[0], st, cs[1], sh, cs[2], sw, cs[3]), x.storage_offset())
-
 
 
 def _lean_resample(self, x, feat_cache=None, feat_idx=[0]):  # noqa: B006
@@ -462,7 +456,7 @@ def _lean_residual_up_block(self, x, feat_cache=None, feat_idx=[0], first_chunk=
     if first_chunk:  # t == 1: the last of the ft duplicated frames (diffusers' x[:, :, ft - 1:])
         src, ft = src[:, :, :, ft - 1:], 1
     rows = _ROWS.get()
-    if rows is not None and hasattr(rows, "add_dup_up_"):  # the Triton glue: one pass
+    if rows is not None:  # the Triton glue: one pass
         return rows.add_dup_up_(x, src)
     x8 = x.unflatten(4, (w, fs)).unflatten(3, (h, fs)).unflatten(2, (t, ft))
     x8.add_(src)
