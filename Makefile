@@ -1,12 +1,13 @@
 # make demo : set up .venv and render the tiny Wan clip once per backend that runs here, stitched into a grid
-# make test : set up .venv and run the test suite (what CI runs)
+# make test : set up .venv and run the test suite (what CI runs), without the tests marked `minutes`
+# make test-all : the same with them (kernels in whole renders under Triton's interpreter, benches' subprocess runs)
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.vdbench-installed
 DEMO   ?= outputs/demo
 
-.PHONY: setup test demo clean
+.PHONY: setup test test-all demo clean
 
 # torch is installed first and pinned: an unpinned torch would pull a multi-GB CUDA build.
 $(STAMP): pyproject.toml
@@ -18,6 +19,9 @@ $(STAMP): pyproject.toml
 setup: $(STAMP)
 
 test: setup
+	$(PY) -m pytest -q -m 'not minutes'
+
+test-all: setup
 	$(PY) -m pytest -q
 
 demo: setup

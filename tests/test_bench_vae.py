@@ -90,6 +90,7 @@ def every_config_run(tmp_path_factory):
     return rc, json.loads(out.read_text()), read(out.with_name("records.jsonl")), text.getvalue()
 
 
+@pytest.mark.minutes
 def test_every_config_in_process(every_config_run):
     rc, data, records, text = every_config_run
     rows = {r["config"]: r for r in data["results"]}
@@ -127,6 +128,7 @@ def test_every_config_in_process(every_config_run):
     assert rows["tiled"]["quality_flag"] is True and rc == 2
 
 
+@pytest.mark.minutes
 def test_hung_config_reported_and_run_continues(tmp_path, monkeypatch):
     monkeypatch.setenv("VDBENCH_TEST_STALL", "bf16:120")
     out = tmp_path / "r.csv"
@@ -150,6 +152,7 @@ def test_hung_config_reported_and_run_continues(tmp_path, monkeypatch):
     assert rows["fp32"]["caches"] in ("default (not cleared)", "empty", "not empty")
 
 
+@pytest.mark.minutes
 def test_isolate_children(tmp_path, checkout_env):
     """--isolate: the reference and each config run in their own process; a child whose decode stalls is
     reported as hung (by its own watchdog, with the last completed stage) and the parent still finishes."""
@@ -166,6 +169,7 @@ def test_isolate_children(tmp_path, checkout_env):
     assert "[watchdog] config fast@2 exceeded 15 s" in p.stderr and "in decode" in p.stderr  # stacks dumped
 
 
+@pytest.mark.minutes
 def test_cold_runs_each_config_in_a_fresh_process_with_empty_compile_caches(tmp_path, monkeypatch, checkout_env):
     """--cold: the reference and each config in their own process (--isolate), each started with
     TRITON_CACHE_DIR / TORCHINDUCTOR_CACHE_DIR set to new empty folders (the child's own reading, at its start),
@@ -214,6 +218,7 @@ def test_composite_configs_parse():
     assert B.profile_wanted("tiled", None)
 
 
+@pytest.mark.minutes
 def test_fast_variants_compile_and_profile(every_config_run):
     from vdbench.vae.fast import FAST_DEFAULT_CHUNK
 

@@ -14,6 +14,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.minutes
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton not installed")
 def test_the_check_writes_each_form_and_finds_them_equal(tmp_path):
     res = subprocess.run([sys.executable, str(ROOT / "bench" / "lab" / "check_prepass.py"), "--out", str(tmp_path),

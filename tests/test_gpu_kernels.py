@@ -195,6 +195,7 @@ def test_main_runs_the_stage_and_returns_its_verdict(tmp_path, monkeypatch):
     assert (tmp_path / "o" / "check.json").exists()
 
 
+@pytest.mark.minutes
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton not installed")
 def test_both_stages_run_the_real_kernels_under_the_interpreter(tmp_path, capsys):

@@ -122,6 +122,7 @@ def renders():
     _PIPES.clear()
 
 
+@pytest.mark.minutes
 @pytest.mark.parametrize("family", sorted(CASES))
 @pytest.mark.parametrize("kernel", KERNELS)
 def test_kernel_serves_every_call_of_a_whole_render(renders, family, kernel):

@@ -152,8 +152,9 @@ def test_a_buffer_made_in_chunks_on_a_thread_takes_each_copy_once_its_chunk_is_m
 
 def test_a_pinned_buffer_is_registered_whole_once_faulted_and_unregistered_once(monkeypatch):
     """The registration's bookkeeping, on a CPU with the driver's calls recorded: faulted in chunks, then one
-    registration covering the whole buffer (a copy may not span two), on a 2 MiB boundary; no copy waits on a part
-    before it is registered; unregistered once, by close (or the buffer's collection)."""
+    registration covering the whole buffer (a copy may not span two), the buffer on a 2 MiB boundary inside it and
+    the registration from the storage's first byte (what torch's ``is_pinned()`` asks the driver about); no copy
+    waits on a part before it is registered; unregistered once, by close (or the buffer's collection)."""
     from vdbench import hostmem
 
     pinned, unpinned = [], []
@@ -161,11 +162,14 @@ def test_a_pinned_buffer_is_registered_whole_once_faulted_and_unregistered_once(
     monkeypatch.setattr(hostmem, "unpin", lambda b: unpinned.append(b.data_ptr()))
     size = 5 * (2 << 20) + 12345
     buffer = hostmem.HostBuffer(size, pinned=True, chunk=2 * (2 << 20), threads=2)
-    assert pinned == [(buffer.buf.data_ptr(), size)] and pinned[0][0] % (2 << 20) == 0
+    (start, n), = pinned
+    assert start == buffer.buf.untyped_storage().data_ptr() and n == buffer.buf.untyped_storage().nbytes()
+    assert buffer.buf.data_ptr() % (2 << 20) == 0
+    assert start <= buffer.buf.data_ptr() < buffer.buf.data_ptr() + size <= start + n
     assert buffer.parts["register_s"] >= 0 and buffer.parts["chunks"] == 3 and buffer.ready
     buffer.close()
     buffer.close()
-    assert unpinned == [pinned[0][0]]
+    assert unpinned == [start]
     del buffer  # collected after close: nothing unregistered twice
     assert len(unpinned) == 1
 
@@ -232,3 +236,30 @@ def test_a_swap_that_waits_for_the_host_copies_counts_the_wait_and_its_seconds()
     _frames(pipe)
     record = swap.as_dict()
     assert record["waited_for_host_copies"] == 1 and record["waited_for_host_copies_s"] >= 0.3
+
+
+def test_group_offload_hands_diffusers_one_host_copy_of_each_denoiser(monkeypatch):
+    """``--offload group``: the denoisers stay on the host from the load on (:data:`offload.HOST_COMPONENTS`), each in
+    one flat buffer -- the load's (a random-weight build) or made by the offload from host weights (a
+    ``from_pretrained`` load) -- whose views diffusers' group offload takes as its pinned copies, so it pins no
+    second copy; the same bytes as the load's; weights on another device refused."""
+    from vdbench import hostmem
+    from vdbench.tiny import build_pipeline, get_variant
+
+    variant = get_variant("wan2.2-t2v-a14b")
+    resident = build_pipeline(variant)
+    pipe = build_pipeline(variant, host=("transformer",))  # one from the load, the other still plain host tensors
+    assert offload.HOST_COMPONENTS["group"] == ("transformer", "transformer_2")
+    record = offload.host_buffers(pipe, pinned=False)
+    assert {k: v["made"] for k, v in record.items()} == {"transformer": "load", "transformer_2": "offload"}
+    for name in ("transformer", "transformer_2"):
+        model, ref = getattr(pipe, name), getattr(resident, name)
+        assert hostmem.held(model) is getattr(model, hostmem.HOST_BUFFER)
+        assert record[name]["bytes"] == hostmem.layout(hostmem.weights(model))[1] and record[name]["pinned"] is False
+        for t, r in zip(hostmem.weights(model), hostmem.weights(ref)):
+            assert t.dtype == r.dtype and torch.equal(t, r)
+    assert {k: v["made"] for k, v in offload.host_buffers(pipe, pinned=False).items()} == {
+        "transformer": "load", "transformer_2": "load"}  # taken as they are the second time
+    meta = build_pipeline(variant, module_device="meta")
+    with pytest.raises(offload.OffloadError, match="weights from the host; they are on meta"):
+        offload.host_buffers(meta, pinned=False)

@@ -62,6 +62,33 @@ def test_norm_silu_cat_matches_eager(c, dtype):
 
 
 
+@pytest.mark.parametrize("b,fmt", [(1, torch.channels_last_3d), (1, torch.contiguous_format),
+                                   (2, torch.channels_last_3d)], ids=["cl", "contiguous", "cl_batch2"])
+def test_norm_silu_cat_keep_writes_the_cache_in_the_same_pass(b, fmt, monkeypatch):
+    """The causal cache (the normalized part's last frames) comes out of the glue's own pass where every rows
+    view is one strided dimension (a batch of one, what the decode has: one launch, no copy of the buffer's
+    tail), else is copied after it; either way it equals the buffer's tail and owns its memory."""
+    from vdbench.kernels import glue
+
+    g = torch.Generator().manual_seed(b)
+    x = torch.randn(b, 16, 4, 3, 5, generator=g).to(DEV).contiguous(memory_format=fmt)
+    ctx, gain, bias = torch.randn(b, 16, 2, 3, 5, generator=g).to(DEV), torch.rand(16).to(DEV) + 0.5, torch.randn(16)
+    launches, copies = [], []
+    monkeypatch.setattr(glue, "_launch", lambda k, grid, *a, f=glue._launch, **kw: launches.append(kw) or f(k, grid, *a, **kw))
+    real_copy = torch.Tensor.copy_
+    monkeypatch.setattr(torch.Tensor, "copy_", lambda t, src, *a, **kw: copies.append(tuple(t.shape)) or real_copy(t, src, *a, **kw))
+    buf, cache = glue.norm_silu_cat_keep(x, ctx, gain, bias.to(DEV), keep=2)
+    monkeypatch.undo()
+    torch.testing.assert_close(buf, glue.norm_silu_cat(x, ctx, gain, bias=bias.to(DEV)), atol=0, rtol=0)
+    assert torch.equal(cache, buf[:, :, -2:]) and cache.data_ptr() != buf[:, :, -2:].data_ptr()
+    assert cache.shape == (b, 16, 2, 3, 5) and cache.is_contiguous(memory_format=fmt)
+    fused = b == 1  # a batch of two: the buffer's frames after the context are two row blocks
+    assert [kw["HAS_TAIL"] for kw in launches] == ([True] if fused else [False] * b)
+    assert copies.count((b, 16, 2, 3, 5)) == (1 if fused else 2)  # the context; and the cache where not fused
+    with pytest.raises(ValueError, match="keep=5 of 4 frames"):
+        glue.norm_silu_cat_keep(x, ctx, gain, keep=5)
+
+
 def test_norm_silu_cat_layouts():
     from vdbench.kernels.glue import norm_silu_cat, rms_silu_rows
 

@@ -59,6 +59,7 @@ def _db(q: dict) -> float:
     return float("inf") if q["identical"] else q["psnr_db"]
 
 
+@pytest.mark.minutes
 def test_torchrun_parallel_decode_matches_single_process(tmp_path, checkout_env):
     out = tmp_path / "vae_parallel.json"
     env = dict(checkout_env, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")

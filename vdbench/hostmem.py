@@ -24,7 +24,7 @@ from typing import Optional
 import torch
 
 __all__ = ["ALIGN", "CHUNK", "HOST_BUFFER", "HUGE_PAGES", "HostBuffer", "layout", "nbytes", "weights", "cores",
-           "fault", "advise_huge_pages", "pin", "unpin"]
+           "fault", "advise_huge_pages", "pin", "unpin", "move_into", "held"]
 
 #: Each weight's offset in a buffer is a multiple of this (what a copy engine and every dtype's view want).
 ALIGN = 256
@@ -166,10 +166,13 @@ class HostBuffer:
                     self._made_upto(lo + piece.numel() if not self.pinned else 0, faulted, registered, start)
             if self.pinned and self.size:
                 # one registration for the whole buffer: a copy may not span two (on an H200 a D2H copy into a
-                # weight lying across two registered chunks failed with cudaErrorInvalidValue)
+                # weight lying across two registered chunks failed with cudaErrorInvalidValue); and from the
+                # storage's first byte, not the aligned start: torch's is_pinned() asks the driver about a view's
+                # storage start, and diffusers' group offload pins a copy of every weight it doesn't take as pinned
+                # (on an H200 host: A14B's two experts pinned twice, the render killed for memory)
                 t1 = time.perf_counter()
-                pin(buf)
-                self._unpins.append(weakref.finalize(self, unpin, buf))
+                pin(raw)
+                self._unpins.append(weakref.finalize(self, unpin, raw))
                 registered = time.perf_counter() - t1
                 self._made_upto(self.size, faulted, registered, start)
             if not self.size:
@@ -256,3 +259,19 @@ def _pool(threads: int):
     from concurrent.futures import ThreadPoolExecutor
 
     return ThreadPoolExecutor(threads, thread_name_prefix="vdbench-fault") if threads > 1 else contextlib.nullcontext()
+
+
+def move_into(module: torch.nn.Module, buffer: "HostBuffer") -> None:
+    """``module``'s weights moved into ``buffer`` (from a GPU on a side stream, the GPU's copies then freed), each
+    weight a view of it; the module carries the buffer (:data:`HOST_BUFFER`): what copies to a device come from."""
+    tensors = weights(module)
+    device = next((t.device for t in tensors if t.device.type != "cpu"), None)
+    for t, view in zip(tensors, buffer.fill(tensors, device)):
+        t.data = view
+    setattr(module, HOST_BUFFER, buffer)
+
+
+def held(module: torch.nn.Module) -> Optional["HostBuffer"]:
+    """The :class:`HostBuffer` ``module`` carries if every weight of it is a view of that buffer, else None."""
+    buffer = getattr(module, HOST_BUFFER, None)
+    return buffer if buffer is not None and all(buffer.holds(t) for t in weights(module)) else None

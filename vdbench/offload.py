@@ -6,6 +6,9 @@
   each denoiser, the VAE), moved whole and synchronously when the next one starts.
 * ``group`` -- diffusers' ``enable_group_offload`` (block level, a CUDA stream onloading the next block while the
   current one runs, pinned host copies) on every component but the VAE: the GPU holds a few blocks of a denoiser.
+  The denoisers are loaded on the host, each into one pinned flat buffer (:mod:`vdbench.hostmem`) that diffusers
+  takes as its pinned copy: one host copy of the weights, never a whole denoiser on the GPU (diffusers' own
+  pinning of weights loaded on the host would hold a second copy of each: twice A14B's 57 GB).
 * ``expert`` -- for a pipeline of two experts (Wan 2.2 A14B): the expert that is not denoising waits on the host
   (pinned, one flat buffer an expert: :mod:`vdbench.hostmem`). In the last step of one expert (and in the call's
   last step, for the next call's first), each of its blocks, once it has run its last call of the step, is swapped
@@ -34,16 +37,17 @@ from typing import Optional
 
 import torch
 
-from .hostmem import HOST_BUFFER, HostBuffer, cores, layout, nbytes, weights
+from .hostmem import HOST_BUFFER, HostBuffer, cores, held, layout, move_into, nbytes, weights
 
 __all__ = ["MODES", "EXECUTION_DEVICE", "OffloadError", "check_offload", "apply_offload", "expert_swap", "ExpertSwap",
-           "HOST_COMPONENTS", "shard_weights"]
+           "HOST_COMPONENTS", "host_buffers", "shard_weights"]
 
 #: ``--offload``'s modes (``none``: every weight resident).
 MODES = ("none", "model", "group", "expert", "shard")
 
 #: The components a mode keeps on the host from the load on (built or loaded there, never on the GPU whole).
-HOST_COMPONENTS = {"expert": ("transformer_2",), "shard": ("transformer", "transformer_2")}
+HOST_COMPONENTS = {"expert": ("transformer_2",), "group": ("transformer", "transformer_2"),
+                   "shard": ("transformer", "transformer_2")}
 
 
 class OffloadError(ValueError):
@@ -109,17 +113,41 @@ def apply_offload(mode: str, pipe, device: torch.device) -> Optional[dict]:
         pipe.enable_model_cpu_offload(device=device)
         return {"mode": mode, "how": "diffusers enable_model_cpu_offload"}
     if mode == "group":
+        pinned = host_buffers(pipe, pinned=torch.device(device).type == "cuda")
         pipe.enable_group_offload(onload_device=device, offload_device=torch.device("cpu"),
                                   offload_type="block_level", num_blocks_per_group=1, use_stream=True,
                                   exclude_modules=["vae"])
         return {"mode": mode, "how": "diffusers enable_group_offload (block level, 1 block a group, a CUDA stream; "
-                                     "the VAE resident)"}
+                                     "the VAE resident)", "host_buffers": pinned}
     if getattr(pipe, "transformer_2", None) is None:
         check_offload(mode, device=device, two_experts=False)
     swap = ExpertSwap(pipe, device)
     setattr(pipe, _SWAP_ATTR, swap)
     return {"mode": mode, "how": "the idle expert pinned on the host, swapped block by block in its neighbour's "
                                  "last step on a side stream", "host_bytes": swap.host_bytes}
+
+
+def host_buffers(pipe, *, pinned: bool) -> dict:
+    """Each denoiser of ``pipe`` (:data:`HOST_COMPONENTS`' ``group``) with its weights in one flat host buffer:
+    the load's where it made one (a random-weight build), else made here from the weights on the host (a
+    ``from_pretrained`` load), pinned where ``pinned``. diffusers' group offload then takes those views as its pinned
+    copies (``pin_memory()`` of a pinned tensor is the tensor) instead of pinning a second copy of every weight.
+    Returns, per denoiser, where its buffer was made, its bytes and its parts' seconds."""
+    out = {}
+    for name in HOST_COMPONENTS["group"]:
+        model = getattr(pipe, name, None)
+        if model is None:
+            continue
+        buffer, made = held(model), "load"
+        if buffer is None:
+            on = {t.device.type for t in weights(model)}
+            if on != {"cpu"}:
+                raise OffloadError(f"--offload group takes {name}'s weights from the host; they are on "
+                                   f"{', '.join(sorted(on))}\nload the pipeline without moving it to the GPU")
+            buffer, made = HostBuffer(layout(weights(model))[1], pinned=pinned), "offload"
+            move_into(model, buffer)
+        out[name] = {"made": made, **buffer.parts}
+    return out
 
 
 def shard_weights(models: list, device: torch.device) -> dict:

@@ -468,18 +468,13 @@ def _host_buffer(variant: TinyVariant, name: str, pinned: bool):
 
 
 def _to_host(module, buffer) -> None:
-    """A module's weights moved into ``buffer`` (a :class:`vdbench.hostmem.HostBuffer`, pinned where a GPU is there;
-    from a GPU on a side stream, then the GPU's copies freed), each weight a view of it, in its final dtype; the
-    module carries the buffer: what an offloaded expert's copies to the device come from (:mod:`vdbench.offload`
-    takes it as it is, no second copy)."""
-    from .hostmem import HOST_BUFFER, weights
+    """A module's weights in their final dtype moved into ``buffer`` (a :class:`vdbench.hostmem.HostBuffer`, pinned
+    where a GPU is there): :func:`vdbench.hostmem.move_into`; what an offloaded expert's copies to the device come
+    from (:mod:`vdbench.offload` takes it as it is, no second copy)."""
+    from .hostmem import move_into
 
     _final_dtypes(module)
-    tensors = weights(module)
-    device = next((t.device for t in tensors if t.device.type != "cpu"), None)
-    for t, view in zip(tensors, buffer.fill(tensors, device)):
-        t.data = view
-    setattr(module, HOST_BUFFER, buffer)
+    move_into(module, buffer)
 
 
 def get_variant(variant: str) -> TinyVariant:

@@ -31,16 +31,18 @@ import triton.language as tl
 
 from .ahead import compile_only, compiling_for, launch, load_compiled
 
-__all__ = ["rms_silu_rows", "norm_silu_cat", "add_rows_", "subpixel_bias", "add_dup_up_", "compile_only",
-           "compiling_for", "load_compiled", "INTERPRETED"]
+__all__ = ["rms_silu_rows", "norm_silu_cat", "norm_silu_cat_keep", "add_rows_", "subpixel_bias", "add_dup_up_",
+           "compile_only", "compiling_for", "load_compiled", "INTERPRETED"]
 
 #: Whether this module's kernel was decorated under Triton's interpreter (read once, at import).
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
 
 
 @triton.jit
-def _rms_silu_rows_kernel(x_ptr, b_ptr, g_ptr, out_ptr, n_rows, C, xs_r, xs_c, os_r, os_c, eps,
-                          HAS_BIAS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+def _rms_silu_rows_kernel(x_ptr, b_ptr, g_ptr, out_ptr, tail_ptr, n_rows, C, xs_r, xs_c, os_r, os_c, eps,
+                          per_batch, skip, keep, ts_r, ts_c,
+                          HAS_BIAS: tl.constexpr, HAS_TAIL: tl.constexpr, BLOCK_R: tl.constexpr,
+                          BLOCK_C: tl.constexpr):
     pid = tl.program_id(0)
     rows = (pid * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
     cols = tl.arange(0, BLOCK_C)
@@ -52,7 +54,12 @@ def _rms_silu_rows_kernel(x_ptr, b_ptr, g_ptr, out_ptr, n_rows, C, xs_r, xs_c, o
     g = tl.load(g_ptr + cols, mask=cols < C, other=0.0).to(tl.float32)
     y = x / norm[:, None] * g[None, :]
     y = y / (1.0 + tl.exp(-y))
-    tl.store(out_ptr + rows[:, None] * os_r + cols[None, :] * os_c, y.to(out_ptr.dtype.element_ty), mask=mask)
+    y = y.to(out_ptr.dtype.element_ty)
+    tl.store(out_ptr + rows[:, None] * os_r + cols[None, :] * os_c, y, mask=mask)
+    if HAS_TAIL:  # the rows of each batch's last frames also go to the causal cache (no clone pass after)
+        k = rows % per_batch - skip
+        tail_rows = (rows // per_batch) * keep + k
+        tl.store(tail_ptr + tail_rows[:, None] * ts_r + cols[None, :] * ts_c, y, mask=mask & (k >= 0)[:, None])
 
 
 @triton.jit
@@ -160,18 +167,24 @@ def _vec(v: torch.Tensor, c: int, what: str, device) -> torch.Tensor:
 
 
 def rms_silu_rows(x: torch.Tensor, g: torch.Tensor, out: torch.Tensor, eps: float = 1e-12,
-                  bias: torch.Tensor | None = None) -> torch.Tensor:
+                  bias: torch.Tensor | None = None, tail: tuple | None = None) -> torch.Tensor:
     """``out[r] = silu(z / max(||z||, eps) * g)`` with ``z = x[r] (+ bias)`` for the rows of the 2-D (rows, C)
-    views ``x`` and ``out`` (any strides; ``out`` written in place); fp32 math, one rounding."""
+    views ``x`` and ``out`` (any strides; ``out`` written in place); fp32 math, one rounding. ``tail``: ``(rows,
+    per_batch, keep)``, a (rows, C) view that also gets the last ``keep`` of every ``per_batch`` rows (the frames
+    a causal conv caches), written by the same pass."""
     if x.dim() != 2 or out.shape != x.shape:
         raise ValueError("rms_silu_rows: x and out must be (rows, C) views of one shape")
     n, c = x.shape
     g = _vec(g, c, "rms_silu_rows: gain", x.device)
     b = g if bias is None else _vec(bias, c, "rms_silu_rows: bias", x.device)
+    t, per_batch, keep = tail if tail is not None else (out, 1, 0)
+    if tail is not None and (n % per_batch or not 0 < keep <= per_batch or t.shape != (n // per_batch * keep, c)):
+        raise ValueError(f"rms_silu_rows: a tail of {tuple(t.shape)} for {n} rows, {keep} of every {per_batch}")
     block_c, block_r, warps = _blocks(c)
     _launch(_rms_silu_rows_kernel, (triton.cdiv(n, block_r),),
-        x, b, g, out, n, c, x.stride(0), x.stride(1), out.stride(0), out.stride(1), eps,
-        HAS_BIAS=bias is not None, BLOCK_R=block_r, BLOCK_C=block_c, num_warps=warps)
+        x, b, g, out, t, n, c, x.stride(0), x.stride(1), out.stride(0), out.stride(1), eps,
+        per_batch, per_batch - keep, keep, t.stride(0), t.stride(1),
+        HAS_BIAS=bias is not None, HAS_TAIL=tail is not None, BLOCK_R=block_r, BLOCK_C=block_c, num_warps=warps)
     return out
 
 
@@ -232,6 +245,12 @@ def add_dup_up_(x: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
 
 def norm_silu_cat(x: torch.Tensor, ctx: torch.Tensor, g: torch.Tensor,
                   bias: torch.Tensor | None = None) -> torch.Tensor:
+    """The conv-input buffer alone (:func:`norm_silu_cat_keep` without a cache)."""
+    return norm_silu_cat_keep(x, ctx, g, bias)[0]
+
+
+def norm_silu_cat_keep(x: torch.Tensor, ctx: torch.Tensor, g: torch.Tensor, bias: torch.Tensor | None = None,
+                       keep: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The fast path's glue contract (``vdbench.vae.lean._norm_silu_cat``): a new conv-input buffer
     ``cat([ctx, silu(rms_norm(x (+ bias)) * g)], dim=2)`` in ``x``'s memory format, the norm over channels
     (dim 1); ``bias``: the bias of the conv that produced ``x``, when that conv ran without it.
@@ -239,14 +258,30 @@ def norm_silu_cat(x: torch.Tensor, ctx: torch.Tensor, g: torch.Tensor,
     ``x``: (B, C, T, H, W), channels_last_3d (what the GPU fast path has: coalesced rows) or contiguous;
     ``ctx``: (B, C, P, H, W) causal context frames (any layout); ``g``: (C,) or broadcastable gain
     (gamma * sqrt(C)).
+
+    ``keep`` (1 to T): also returns the last ``keep`` frames of the normalized part as a tensor of their own
+    (the causal conv's cache for the next chunk), written by the same pass where the rows of ``x``, the buffer
+    and the cache each form one strided dimension (channels_last_3d, or a batch of one), else cloned after it.
+    Returns ``(buf, cache or None)``.
     """
     b, c, t, h, w = x.shape
     p = ctx.shape[2]
+    if keep and not 0 < keep <= t:
+        raise ValueError(f"norm_silu_cat_keep: keep={keep} of {t} frames")
     cl = x.dim() == 5 and not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last_3d)
     fmt = torch.channels_last_3d if cl else torch.contiguous_format
     buf = torch.empty((b, c, p + t, h, w), dtype=x.dtype, device=x.device, memory_format=fmt)
     if p:
         buf[:, :, :p].copy_(ctx)
-    for xr, outr in _paired_rows(x, buf[:, :, p:], dim=1):  # one launch where the layouts allow
+    pairs = list(_paired_rows(x, buf[:, :, p:], dim=1))  # one pair where the layouts allow: one launch
+    cache = torch.empty((b, c, keep, h, w), dtype=x.dtype, device=x.device, memory_format=fmt) if keep else None
+    tail = None if cache is None else _try_rows(cache, 1)
+    if tail is not None and len(pairs) == 1:
+        (xr, outr), = pairs
+        rms_silu_rows(xr, g, outr, bias=bias, tail=(tail, t * h * w, keep * h * w))
+        return buf, cache
+    for xr, outr in pairs:
         rms_silu_rows(xr, g, outr, bias=bias)
-    return buf
+    if cache is not None:
+        cache.copy_(buf[:, :, p + t - keep:])
+    return buf, cache

@@ -47,12 +47,12 @@ def load(plan: Plan) -> Loaded:
     """Load the pipeline and check what only the loaded model can tell (its exact size rules, its head dims)."""
     device, dctx = plan.device, plan.dctx
     t0 = time.perf_counter()
-    err = pipe = models = load_time = schedule = None
+    err = pipe = models = load_time = schedule = summary = None
     laps = Laps({})  # where the load's time goes (host clock): its variation is read here, not guessed
     part = laps.lap
     prewarms = Prewarms()
     try:  # what only the files or the loaded model can refuse is agreed like validate's refusals (torchrun)
-        pipe, models, load_time, schedule = load_checked(plan, laps, prewarms)
+        pipe, models, load_time, schedule, summary = load_checked(plan, laps, prewarms)
     except (ModelLoadError, B.BackendUnavailable, ValueError, OSError) as e:
         err = e
     if err is not None:
@@ -65,7 +65,8 @@ def load(plan: Plan) -> Loaded:
     if plan.cfg.offload == "shard":  # after the engine, on the denoisers it made: FSDP's units are their blocks
         schedule["offload"] = shard_weights(models, device)
         part("shard")
-    summary = model_summary(pipe)
+    for name, m in models:  # what the engine or the sharding made of each denoiser (xfuser's wrapper, FSDP's class)
+        summary["transformers"][name]["class"] = type(m).__name__
     header = _header(plan, pipe, summary, head_dims,
                      {"flow_shift": schedule["flow_shift"],
                       "schedule": {k: v for k, v in schedule.items() if k != "offload"},
@@ -85,7 +86,7 @@ def load(plan: Plan) -> Loaded:
 
 
 def load_checked(plan: Plan, laps: Laps, prewarms: Prewarms) -> tuple:
-    """(pipeline, its denoisers, load time, its schedule): the ``prewarms`` that go beside the load started
+    """(pipeline, its denoisers, load time, its schedule, its model summary): the ``prewarms`` that go beside the load started
     (:meth:`~vdbench.render.prewarm.Prewarms.at_load_start`), the pipeline loaded, its scheduler's shift and experts'
     boundary set (:func:`vdbench.pipelines.set_schedule`), its exact size rules and the backend against its head dims
     checked; ``laps``: the load's parts, the loading's own (:meth:`vdbench.pipelines.Model.load`) among them."""
@@ -93,9 +94,15 @@ def load_checked(plan: Plan, laps: Laps, prewarms: Prewarms) -> tuple:
     laps.lap("prewarm_start")
     cfg, model, device = plan.cfg, plan.model, plan.device
     t_load = time.perf_counter()
-    on_host = cfg.offload in ("model", "group")  # loaded on the host; the offload places what runs
+    on_host = cfg.offload == "model"  # loaded on the host; the offload places what runs (group: the denoisers)
+    host = HOST_COMPONENTS.get(cfg.offload, ())
     pipe = model.load(dtype=plan.dtype, device="cpu" if on_host else device, vae_dtype=plan.vae_dtype,
-                      timings=laps.parts, host=HOST_COMPONENTS.get(cfg.offload, ()))
+                      timings=laps.parts, host=host)
+    if host and torch.device(device).type == "cuda":
+        # a random-weight build makes each host component on the card, then moves it out: its blocks go back to
+        # the driver, so the later stages' reserved peaks are what the render holds (a checkpoint's load never
+        # puts them there; the load stage's own peak keeps the build's)
+        torch.cuda.empty_cache()
     if cfg.vae_tiling:
         pipe.vae.enable_tiling()
     if cfg.vae_slicing:
@@ -112,13 +119,14 @@ def load_checked(plan: Plan, laps: Laps, prewarms: Prewarms) -> tuple:
     steps = step_denoisers(pipe, cfg.num_inference_steps)  # which expert runs each step: recorded with the timesteps
     schedule["timesteps"] = [round(t, 4) for _, t in steps]
     schedule["denoiser_by_step"] = [d for d, _ in steps] if schedule["boundary_ratio"] is not None else None
+    summary = model_summary(pipe)  # the loaded architecture (the engine may wrap the denoisers: load() says which)
     schedule["offload"] = apply_offload(cfg.offload, pipe, device)  # the boundary set: the expert swap reads it
     pipe.set_progress_bar_config(disable=not sys.stderr.isatty(), leave=False)
     laps.lap("size_checks")
     # the backend's availability here (its package imported, the device queried)
     B.require_here(plan.backend, device, plan.dtype, [m.config.attention_head_dim for _, m in models])
     laps.lap("preflight")
-    return pipe, models, load_time, schedule
+    return pipe, models, load_time, schedule, summary
 
 
 def _made_parallel_and_fast(plan: Plan, pipe, models: list, part) -> tuple:

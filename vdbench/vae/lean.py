@@ -150,8 +150,8 @@ def _norm_act_conv_input(norm, act, conv, x, feat_cache, feat_idx, x_bias=None):
     """The input buffer of ``conv(act(norm(x)))`` with diffusers' cache bookkeeping, built without the
     intermediate tensors: one buffer of ``pad_t + T`` frames gets the causal context (cached frames of the
     previous chunk, zero frames where there are fewer than ``pad_t``) and the norm output written straight
-    into its last ``T`` frames (SiLU in place there); the new cache (last CACHE_T frames) is cloned from it and
-    replaces the old one before the conv runs. Returns the buffer for :func:`_conv_valid_t`. ``x_bias``: the
+    into its last ``T`` frames (SiLU in place there); the new cache (last CACHE_T frames: written by the same
+    pass with the Triton glue, else cloned from the buffer) replaces the old one before the conv runs. Returns the buffer for :func:`_conv_valid_t`. ``x_bias``: the
     bias of the conv that produced ``x`` and ran without it (fused glue only), added before the norm."""
     b, c, t, h, w = x.shape
     pt = conv._padding[4]
@@ -160,7 +160,7 @@ def _norm_act_conv_input(norm, act, conv, x, feat_cache, feat_idx, x_bias=None):
         idx = feat_idx[0]
         old = feat_cache[idx]
     have = 0 if old is None else min(old.shape[2], pt)
-    glue = _GLUE.get()
+    glue, rows, cache_x = _GLUE.get(), _ROWS.get(), None
     if glue is not None and norm.channel_first and not isinstance(norm.bias, torch.Tensor):
         if have and have == pt:
             ctx = old[:, :, old.shape[2] - pt:]
@@ -169,11 +169,15 @@ def _norm_act_conv_input(norm, act, conv, x, feat_cache, feat_idx, x_bias=None):
                               memory_format=_layout(x)).zero_()
             if have:
                 ctx = torch.cat([ctx, old[:, :, -have:].to(x.device)], 2)
-        buf = glue(x, ctx, _gain(norm)) if x_bias is None else glue(x, ctx, _gain(norm), bias=x_bias)
+        if rows is not None and glue is rows.norm_silu_cat and feat_cache is not None and t >= _CACHE_T:
+            # the Triton glue writes the next chunk's cache in the same pass (no clone of the buffer's tail)
+            buf, cache_x = rows.norm_silu_cat_keep(x, ctx, _gain(norm), x_bias, keep=_CACHE_T)
+        else:
+            buf = glue(x, ctx, _gain(norm)) if x_bias is None else glue(x, ctx, _gain(norm), bias=x_bias)
         del ctx
     else:
         if x_bias is not None:
-            x = _ROWS.get().add_rows_(x, x_bias)
+            x = rows.add_rows_(x, x_bias)
         buf = torch.empty((b, c, pt + t, h, w), dtype=x.dtype, device=x.device, memory_format=_layout(x))
         if pt > have:
             buf[:, :, :pt - have].zero_()
@@ -183,7 +187,8 @@ def _norm_act_conv_input(norm, act, conv, x, feat_cache, feat_idx, x_bias=None):
         F.silu(buf[:, :, pt:], inplace=True)
     y = buf[:, :, pt:]
     if feat_cache is not None:
-        cache_x = y[:, :, -_CACHE_T:].clone()
+        if cache_x is None:
+            cache_x = y[:, :, -_CACHE_T:].clone()
         if cache_x.shape[2] < _CACHE_T and old is not None:
             cache_x = torch.cat([old[:, :, -1:].to(cache_x.device), cache_x], dim=2)
         feat_cache[idx] = cache_x
