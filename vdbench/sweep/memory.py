@@ -118,7 +118,10 @@ def estimate_peak(cand: Candidate, base: Optional[dict], w: Optional[dict]) -> t
                 f"default's peak less all but 1/{cand.nproc} of the denoisers' weights, plus a gathered block "
                 "(activations not scaled down)")
     if offload == "group":
-        return (max(den - load + 2 * max(block), dec - load + max(0.0, load - sum(experts))),
+        # two blocks in flight while denoising, and the allocator still holding their blocks' memory while the VAE
+        # decodes (an H200, A14B 720p: the decode reserved 1.2 GB over the resident decode less its weights; two
+        # blocks are 1.4 GB: docs/gpu_results/h200/2026-11-29_wan22d/c4)
+        return (max(den - load, dec - load + max(0.0, load - sum(experts))) + 2 * max(block),
                 "default's peaks less every weight of the load, plus two blocks (the VAE stays for the decode)")
     return max(den - load + max(experts), dec), "default's denoising peak less every weight, plus the largest denoiser"
 
