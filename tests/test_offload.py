@@ -263,3 +263,29 @@ def test_group_offload_hands_diffusers_one_host_copy_of_each_denoiser(monkeypatc
     meta = build_pipeline(variant, module_device="meta")
     with pytest.raises(offload.OffloadError, match="weights from the host; they are on meta"):
         offload.host_buffers(meta, pinned=False)
+
+
+def test_host_buffers_past_the_hosts_memory_are_refused_before_any_is_made(monkeypatch):
+    """What the host must keep is checked against its available memory before a buffer is allocated -- at the load
+    (the offloaded denoisers), by the expert swap (the buffers the load did not make) and by the group offload (a
+    ``from_pretrained`` load's host weights): one line with the bytes asked and available, a hint on the next; past
+    it the kernel's OOM killer would end the render without a word (an H200 host, A14B pinned twice)."""
+    from vdbench import hostmem
+    from vdbench.tiny import build_pipeline, get_variant
+
+    variant = get_variant("wan2.2-t2v-a14b")
+    made = []
+    monkeypatch.setattr(hostmem.HostBuffer, "_make", lambda self: made.append(self.size))
+    monkeypatch.setattr(hostmem, "available", lambda: 1000)
+    with pytest.raises(hostmem.HostMemoryError, match=r"(?s)^the load keeps 0\.\d GB of weights in host memory "
+                                                      r"\(transformer_2 .*this host has 0\.0 GB available\n.*more memory"):
+        build_pipeline(variant, host=("transformer_2",))
+    assert made == []
+    pipe = build_pipeline(variant)
+    with pytest.raises(hostmem.HostMemoryError, match="^--offload expert keeps .*transformer .*transformer_2 "):
+        offload.ExpertSwap(pipe, CPU)
+    with pytest.raises(hostmem.HostMemoryError, match=r"^--offload group keeps .*\n.*--offload model"):
+        offload.host_buffers(pipe, pinned=False)
+    assert made == [] and issubclass(hostmem.HostMemoryError, ValueError)  # the render's load refusals take it
+    monkeypatch.setattr(hostmem, "available", lambda: None)  # a system that doesn't say: nothing refused
+    hostmem.check_room({"x": 1 << 60}, "a test", "none")

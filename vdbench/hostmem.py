@@ -24,7 +24,8 @@ from typing import Optional
 import torch
 
 __all__ = ["ALIGN", "CHUNK", "HOST_BUFFER", "HUGE_PAGES", "HostBuffer", "layout", "nbytes", "weights", "cores",
-           "fault", "advise_huge_pages", "pin", "unpin", "move_into", "held"]
+           "fault", "advise_huge_pages", "pin", "unpin", "move_into", "held", "HostMemoryError", "available",
+           "check_room"]
 
 #: Each weight's offset in a buffer is a multiple of this (what a copy engine and every dtype's view want).
 ALIGN = 256
@@ -42,6 +43,38 @@ HUGE_PAGES = False
 
 #: A buffer is made (faulted in, pinned) this many bytes at a time, so that copies into it start behind the first.
 CHUNK = 1 << 30
+
+
+class HostMemoryError(ValueError):
+    """Host buffers that would not fit in the host's available memory (refused before any is made)."""
+
+
+def available() -> Optional[int]:
+    """The host's available memory in bytes (``MemAvailable`` of /proc/meminfo, which counts what the kernel can
+    reclaim), or None where the system doesn't say."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+#: The share of the available memory host buffers may take: the rest is the process's own (torch, the loader's
+#: copies, the frames) and the system's; past it the kernel's OOM killer ends the render without a word.
+ROOM = 0.9
+
+
+def check_room(sizes: dict, what: str, hint: str) -> None:
+    """Refuse host buffers of ``sizes`` (name -> bytes) together over :data:`ROOM` of :func:`available`, with a
+    one-line reason naming ``what`` asks for them and ``hint`` on the next line; nothing is allocated here."""
+    need, have = sum(sizes.values()), available()
+    if have is not None and need > ROOM * have:
+        raise HostMemoryError(f"{what} keeps {need / 1e9:.1f} GB of weights in host memory "
+                              f"({', '.join(f'{k} {v / 1e9:.1f} GB' for k, v in sizes.items())}); this host has "
+                              f"{have / 1e9:.1f} GB available\n{hint}")
 
 
 def nbytes(t: torch.Tensor) -> int:

@@ -37,7 +37,7 @@ from typing import Optional
 
 import torch
 
-from .hostmem import HOST_BUFFER, HostBuffer, cores, held, layout, move_into, nbytes, weights
+from .hostmem import HOST_BUFFER, HostBuffer, check_room, cores, held, layout, move_into, nbytes, weights
 
 __all__ = ["MODES", "EXECUTION_DEVICE", "OffloadError", "check_offload", "apply_offload", "expert_swap", "ExpertSwap",
            "HOST_COMPONENTS", "host_buffers", "shard_weights"]
@@ -144,7 +144,9 @@ def host_buffers(pipe, *, pinned: bool) -> dict:
             if on != {"cpu"}:
                 raise OffloadError(f"--offload group takes {name}'s weights from the host; they are on "
                                    f"{', '.join(sorted(on))}\nload the pipeline without moving it to the GPU")
-            buffer, made = HostBuffer(layout(weights(model))[1], pinned=pinned), "offload"
+            size = layout(weights(model))[1]  # a second copy of the denoiser until its weights move into it
+            check_room({name: size}, "--offload group", "use a host with more memory, or --offload model")
+            buffer, made = HostBuffer(size, pinned=pinned), "offload"
             move_into(model, buffer)
         out[name] = {"made": made, **buffer.parts}
     return out
@@ -247,6 +249,11 @@ class ExpertSwap:
         self.units = [[_Unit(weights(b)) for b in _blocks(m)] + [_Unit(self._rest(m))] for m in self.experts]
         self.host: dict = {}
         self.host_bytes = sum(nbytes(t) for units in self.units for u in units for t in u.tensors)
+        # the buffers the load did not make, made by this swap on a thread: refused now rather than by the OOM killer
+        check_room({name: layout([t for u in self.units[e] for t in u.tensors])[1]
+                    for e, name in enumerate(("transformer", "transformer_2")) if held(self.experts[e]) is None},
+                   "--offload expert", "use a host with more memory, or --offload none on a card that holds both "
+                                       "experts")
         self.stream = torch.cuda.Stream(self.device) if self.cuda else None
         # the host copies, one flat buffer an expert (:mod:`vdbench.hostmem`): one the load filled (the idle expert,
         # built there) is taken as it is; the others are made and filled by a thread while the first steps run (none

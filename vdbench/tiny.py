@@ -401,8 +401,13 @@ def build_pipeline(variant: TinyVariant, module_device=None, timings: Optional[d
     # the imports and its own build: its size needs only the denoiser's class, built on the meta device (a build on
     # the meta device itself has no weights to keep anywhere)
     shapes_only = module_device is not None and torch.device(module_device).type == "meta"
-    buffers = {name: _host_buffer(variant, name, pinned=on_gpu) for name in host
-               if getattr(variant, name, None) and not shapes_only}
+    sizes = {name: _host_bytes(variant, name) for name in host if getattr(variant, name, None) and not shapes_only}
+    if sizes:  # refused here, before anything is made: past the host's memory the OOM killer ends the load unsaid
+        from .hostmem import HostBuffer, check_room
+
+        check_room(sizes, "the load", "use a host with more memory, or --offload none on a card that holds "
+                                      "every weight")
+    buffers = {name: HostBuffer(size, pinned=on_gpu, background=True) for name, size in sizes.items()}
     if buffers:
         part("host_buffers_started", None)
     import transformers  # noqa: F401 - the text encoders' package, imported in the "imports" part
@@ -454,17 +459,17 @@ def _final_dtypes(module) -> None:
     _cast_like_from_pretrained(module, torch.get_default_dtype())
 
 
-def _host_buffer(variant: TinyVariant, name: str, pinned: bool):
-    """A :class:`vdbench.hostmem.HostBuffer` for component ``name``'s weights, made on a thread: their bytes counted
-    on a build on the meta device (no memory, no weights drawn)."""
+def _host_bytes(variant: TinyVariant, name: str) -> int:
+    """The bytes of a host buffer for component ``name``'s weights (:class:`vdbench.hostmem.HostBuffer`), counted on
+    a build on the meta device (no memory, no weights drawn)."""
     import torch
 
-    from .hostmem import HostBuffer, layout, weights
+    from .hostmem import layout, weights
 
     with torch.device("meta"):
         model = _make_transformer(variant, name)
     _final_dtypes(model)
-    return HostBuffer(layout(weights(model))[1], pinned=pinned, background=True)
+    return layout(weights(model))[1]
 
 
 def _to_host(module, buffer) -> None:
