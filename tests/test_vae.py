@@ -353,23 +353,3 @@ def test_a_pointwise_conv_runs_as_one_gemm_and_keeps_channels_last():
     assert L._pointwise_gemm(conv, x.contiguous()) is None  # contiguous input: the conv as it is
     assert L._pointwise_gemm(torch.nn.Conv3d(8, 12, 3), x) is None
     assert L._pointwise_gemm(torch.nn.Conv3d(8, 12, 1, stride=2), x) is None
-
-
-def test_a_time_conv_runs_as_one_gemm_over_its_shifted_frames():
-    """The upsamplers' 3x1x1 ``time_conv`` on its input with the causal frames in front (channels_last_3d, a batch of
-    one): one GEMM of the three shifted frame blocks side by side against the weight laid out (3 x C_in, C_out);
-    the conv's sums in fp64 to rounding, channels_last_3d out; a batch of two (its frames not one row block each)
-    and too few frames for the kernel are left to the conv."""
-    from vdbench.vae import lean as L
-
-    torch.manual_seed(0)
-    conv = torch.nn.Conv3d(8, 16, (3, 1, 1)).double()
-    for t in (1, 4):
-        x = torch.randn(1, 8, 2 + t, 5, 7, dtype=torch.float64).contiguous(memory_format=torch.channels_last_3d)
-        y = L._pointwise_gemm(conv, x)
-        ref = torch.nn.functional.conv3d(x, conv.weight, conv.bias)
-        assert y.shape == ref.shape == (1, 16, t, 5, 7) and y.is_contiguous(memory_format=torch.channels_last_3d)
-        torch.testing.assert_close(y, ref, rtol=1e-12, atol=1e-12)
-    x2 = torch.randn(2, 8, 4, 5, 7, dtype=torch.float64).contiguous(memory_format=torch.channels_last_3d)
-    assert L._pointwise_gemm(conv, x2) is None
-    assert L._pointwise_gemm(conv, x[:, :, :2].contiguous(memory_format=torch.channels_last_3d)) is None

@@ -197,36 +197,23 @@ def _norm_act_conv_input(norm, act, conv, x, feat_cache, feat_idx, x_bias=None):
 
 
 def _pointwise_gemm(conv, x):
-    """A conv of kernel ``(kt, 1, 1)`` -- the residual shortcuts and ``post_quant_conv`` (1x1x1), the upsamplers'
-    ``time_conv`` (3x1x1) -- on channels_last_3d ``x`` (its time context already in front) as one GEMM over its
-    rows, the bias in the GEMM's epilogue: output channels_last_3d on every device, or None where ``x``'s layout or
-    the conv's shape doesn't allow it. A ``kt``-frame kernel reads the ``kt`` shifted frame blocks of ``x`` side by
-    side (one copy of the input, ``kt`` x its rows: at the latent grids where these convs run, a few MB) against
-    the weight laid out ``(kt x C_in, C_out)``: the conv's sums, accumulated in fp32 over the same ``kt x C_in``
-    terms, in one GEMM.
+    """A 1x1x1 conv (the residual shortcuts, ``post_quant_conv``) on channels_last_3d ``x`` as one GEMM over its
+    rows, the bias in the GEMM's epilogue: output channels_last_3d on every device, or None where ``x``'s layout
+    or the conv's shape doesn't allow it.
 
     Why not the conv: on a GPU a pointwise conv's output layout is cuDNN's choice (on an H200 it returned a
     contiguous tensor for a channels_last_3d input), so the glue after it ran a strided variant, slower than its
     channels_last one, which :mod:`vdbench.vae.prewarm`'s meta-device decode -- whose conv keeps channels_last -- never
     compiled (2 of the fast decode's 18 variants). A GEMM's (rows, C_out) output is that layout by construction,
-    and its bias costs no pass of its own. And cuDNN ran the TI2V-5B decoder's 3x1x1 ``time_conv`` at 1024 -> 2048
-    channels on the 44x80 latent grid in 0.92 ms a call on an H200 (48 TFLOP/s, its ``implicit_gemm_indexed``
-    kernel: docs/gpu_results/h200/2026-11-29_wan22d), for 44 GFLOP a GEMM does in a tenth of that."""
+    and its bias costs no pass of its own."""
     w = conv.weight
-    if (w.dim() != 5 or tuple(w.shape[3:]) != (1, 1) or tuple(conv.stride) != (1, 1, 1) or conv.groups != 1
-            or tuple(conv.dilation) != (1, 1, 1) or x.dim() != 5 or x.is_contiguous()
-            or not x.is_contiguous(memory_format=torch.channels_last_3d)):
+    if (w.dim() != 5 or tuple(w.shape[2:]) != (1, 1, 1) or tuple(conv.stride) != (1, 1, 1) or conv.groups != 1
+            or x.dim() != 5 or x.is_contiguous() or not x.is_contiguous(memory_format=torch.channels_last_3d)):
         return None
-    b, c, tt, h, ww = x.shape
-    kt = w.shape[2]
-    t = tt - kt + 1
-    if t < 1 or (kt > 1 and b != 1):  # a batch of one: each frame a block of consecutive rows
-        return None
+    b, c, t, h, ww = x.shape
     rows = x.permute(0, 2, 3, 4, 1).view(-1, c)  # channels_last_3d: a free (voxels, C) view
-    hw = h * ww
-    a = rows if kt == 1 else torch.cat([rows[d * hw:(d + t) * hw] for d in range(kt)], dim=1)
-    w2 = w.permute(0, 2, 1, 3, 4).reshape(w.shape[0], kt * c).t()  # [d * C + c, o] = w[o, c, d]
-    y = a @ w2 if conv.bias is None else torch.addmm(conv.bias, a, w2)
+    w2 = w.reshape(w.shape[0], c).t()
+    y = rows @ w2 if conv.bias is None else torch.addmm(conv.bias, rows, w2)
     return y.view(b, t, h, ww, -1).permute(0, 4, 1, 2, 3)
 
 
