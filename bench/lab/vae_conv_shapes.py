@@ -47,7 +47,7 @@ def conv_row(what, cin, cout, t, h, w, pt=2):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("-o", "--out", required=True)
+    ap.add_argument("-o", "--out", required=True, help="the JSON file to write (the rows and the device); required")
     args = ap.parse_args()
     torch.backends.cudnn.benchmark = False
     rows = []
