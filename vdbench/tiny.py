@@ -419,12 +419,11 @@ def build_pipeline(variant: TinyVariant, module_device=None, timings: Optional[d
     on = (lambda: torch.device(module_device)) if module_device is not None else contextlib.nullcontext
     part("imports", None)
     early, tokenizer = {}, None
-    for name, buffer in buffers.items():  # each on the host before the next is built: the device holds one at most
+    if buffers:  # the host's, while the first buffer is made
+        tokenizer = part("tokenizer", _build_tokenizer(variant.tokenizer_max_length))
+    for name, buffer in buffers.items():  # each block on the host once built: the device holds one block at most
         with on():
-            early[name] = part(name, _make_transformer(variant, name))
-        if tokenizer is None:  # the host's, while the first buffer finishes
-            tokenizer = part("tokenizer", _build_tokenizer(variant.tokenizer_max_length))
-        part(f"{name}_to_host", _to_host(early[name], buffer))
+            early[name] = part(name, _make_transformer_into(variant, name, buffer))
     if tokenizer is None:
         tokenizer = part("tokenizer", _build_tokenizer(variant.tokenizer_max_length))
     with on():
@@ -472,14 +471,64 @@ def _host_bytes(variant: TinyVariant, name: str) -> int:
     return layout(weights(model))[1]
 
 
-def _to_host(module, buffer) -> None:
-    """A module's weights in their final dtype moved into ``buffer`` (a :class:`vdbench.hostmem.HostBuffer`, pinned
-    where a GPU is there): :func:`vdbench.hostmem.move_into`; what an offloaded expert's copies to the device come
-    from (:mod:`vdbench.offload` takes it as it is, no second copy)."""
-    from .hostmem import move_into
+def _make_transformer_into(variant: TinyVariant, name: str, buffer):
+    """Component ``name`` built as :func:`_make_transformer` builds it -- the same seeded draws in the same order on
+    the same device, the family's init tweak, the final dtypes: the same bytes -- with each of its blocks moved into
+    its views of ``buffer`` (a :class:`vdbench.hostmem.HostBuffer`, pinned where a GPU is there) as soon as the block
+    is built, then what lies outside the blocks: the device never holds more than a block of it (a 14B expert
+    built whole on the card and then moved out needed 27 GiB there for a moment, more than a 24 GB card has). The
+    module carries the buffer (:data:`vdbench.hostmem.HOST_BUFFER`): what an offloaded expert's copies to the device
+    come from (:mod:`vdbench.offload` takes it as it is). The family's tweak is a function of each block alone, so
+    it runs on each block as it is built, before its cast."""
+    import itertools
+    import time
+    import types
 
-    _final_dtypes(module)
-    move_into(module, buffer)
+    import diffusers
+    import torch
+
+    from .hostmem import HOST_BUFFER, layout, nbytes
+
+    cfg = getattr(variant, name)
+    cls = getattr(diffusers, variant.transformer_class)
+    with torch.device("meta"):  # the layout of the buffer and each weight's final dtype, no memory
+        meta = cls(**cfg)
+    _final_dtypes(meta)
+    named = [*meta.named_parameters(), *meta.named_buffers()]
+    views = dict(zip((n for n, _ in named), buffer.views([t for _, t in named])))
+    ends = {n: o + nbytes(t) for (n, t), o in zip(named, layout([t for _, t in named])[0])}
+    list_name = next(a for a in ("blocks", "transformer_blocks")
+                     if isinstance(getattr(meta, a, None), torch.nn.ModuleList))
+    block_cls, built = type(getattr(meta, list_name)[0]), itertools.count()
+    buffer.parts["copy_s"] = 0.0  # the copies' own seconds (the buffer's making waited for apart: waited_s)
+
+    def to_host(module, prefix: str) -> None:
+        for n, t in [*module.named_parameters(), *module.named_buffers()]:
+            view = views[prefix + n]
+            if t.data_ptr() != view.data_ptr():
+                buffer.wait(ends[prefix + n])
+                start = time.perf_counter()
+                view.copy_(t.detach())  # to its final dtype; from a GPU: waits for the copy
+                t.data = view
+                buffer.parts["copy_s"] = round(buffer.parts["copy_s"] + time.perf_counter() - start, 4)
+
+    original = block_cls.__init__
+
+    def init(block, *args, **kwargs):
+        original(block, *args, **kwargs)
+        if variant.transformer_init is not None:
+            variant.transformer_init(types.SimpleNamespace(config=meta.config, **{list_name: [block]}))
+        to_host(block, f"{list_name}.{next(built)}.")
+
+    block_cls.__init__ = init
+    try:
+        with _seeded(_component_seed(variant, name)):
+            model = cls(**cfg)
+    finally:
+        block_cls.__init__ = original
+    to_host(model, "")
+    setattr(model, HOST_BUFFER, buffer)
+    return model.eval()
 
 
 def get_variant(variant: str) -> TinyVariant:
