@@ -381,9 +381,10 @@ def build_pipeline(variant: TinyVariant, module_device=None, timings: Optional[d
     filled from the variant's configs, or passed as None when it has none, as the real checkpoints record them.
     ``timings``: filled with the seconds of each part (the imports of the classes, each component's build), host
     clock -- where a load's time goes, so a slow or variable load can be told apart from the work it measures.
-    ``host``: denoisers (``transformer_2``; under ``--offload shard`` both) built first, each moved at once into a
-    flat host buffer made on a thread from just after the denoiser's class is imported, so the device never holds
-    them beside the others (an offloaded expert, a sharded denoiser: :mod:`vdbench.offload`).
+    ``host``: denoisers (``transformer_2``; under ``--offload group`` and ``shard`` both) built first, each block
+    moved into a flat host buffer as soon as it is built (:func:`_make_transformer_into`; the buffer made on a thread
+    from just after the denoiser's class is imported), so the device never holds more than a block of them beside
+    the others (an offloaded expert, a sharded denoiser: :mod:`vdbench.offload`).
     """
     import torch
 
