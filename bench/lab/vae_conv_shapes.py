@@ -11,25 +11,20 @@ convolution's multiply-adds."""
 
 import argparse
 import json
-import statistics
 
 import torch
 import torch.nn.functional as F
 
+from vdbench.timing import call_ms, spread
+
 
 def timed(fn, reps=20, warmup=5):
+    """(median, min, max) ms of ``reps`` calls after ``warmup`` (vdbench.timing: CUDA events, its spread)."""
+    dev = torch.device("cuda")
     for _ in range(warmup):
         fn()
-    torch.cuda.synchronize()
-    out = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        out.append(a.elapsed_time(b))
-    return statistics.median(out), min(out), max(out)
+    s = spread([call_ms(fn, dev) for _ in range(reps)])
+    return s["median"], s["min"], s["max"]
 
 
 def conv_row(what, cin, cout, t, h, w, pt=2):
