@@ -290,3 +290,31 @@ def test_host_buffers_past_the_hosts_memory_are_refused_before_any_is_made(monke
     assert made == [] and issubclass(hostmem.HostMemoryError, ValueError)  # the render's load refusals take it
     monkeypatch.setattr(hostmem, "available", lambda: None)  # a system that doesn't say: nothing refused
     hostmem.check_room({"x": 1 << 60}, "a test", "none")
+
+
+def test_a_host_build_puts_every_weight_in_its_own_place_even_past_a_stray_block(monkeypatch):
+    """The block-by-block build names each block by the order its class is built in; a block of that class built
+    before the model's own shifts those names, and the pass over the whole model at the end moves every weight to
+    its own view: the model ends in its buffer with the bytes of a whole build (only the device's peak is lost)."""
+    import diffusers
+    from diffusers.models.transformers.transformer_wan import WanTransformerBlock
+
+    from vdbench import hostmem, tiny
+
+    variant = tiny.get_variant("wan2.2-t2v-a14b")
+    cfg = variant.transformer_2
+    dim = cfg["num_attention_heads"] * cfg["attention_head_dim"]
+    original = diffusers.WanTransformer3DModel.__init__
+
+    def with_a_stray_block_first(self, *a, **k):
+        WanTransformerBlock(dim, cfg["ffn_dim"], cfg["num_attention_heads"])  # built, then dropped
+        original(self, *a, **k)
+
+    monkeypatch.setattr(diffusers.WanTransformer3DModel, "__init__", with_a_stray_block_first)
+    whole = tiny._make_transformer(variant, "transformer_2")
+    tiny._final_dtypes(whole)
+    buffer = hostmem.HostBuffer(tiny._host_bytes(variant, "transformer_2"), pinned=False)
+    model = tiny._make_transformer_into(variant, "transformer_2", buffer)
+    assert hostmem.held(model) is buffer
+    for t, r in zip(hostmem.weights(model), hostmem.weights(whole)):
+        assert t.dtype == r.dtype and torch.equal(t, r)

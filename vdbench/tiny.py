@@ -488,7 +488,7 @@ def _make_transformer_into(variant: TinyVariant, name: str, buffer):
     import diffusers
     import torch
 
-    from .hostmem import HOST_BUFFER, layout, nbytes
+    from .hostmem import HOST_BUFFER, held, layout, move_into, nbytes
 
     cfg = getattr(variant, name)
     cls = getattr(diffusers, variant.transformer_class)
@@ -498,15 +498,23 @@ def _make_transformer_into(variant: TinyVariant, name: str, buffer):
     named = [*meta.named_parameters(), *meta.named_buffers()]
     views = dict(zip((n for n, _ in named), buffer.views([t for _, t in named])))
     ends = {n: o + nbytes(t) for (n, t), o in zip(named, layout([t for _, t in named])[0])}
-    list_name = next(a for a in ("blocks", "transformer_blocks")
-                     if isinstance(getattr(meta, a, None), torch.nn.ModuleList))
+    list_name = next((a for a in ("blocks", "transformer_blocks")
+                      if isinstance(getattr(meta, a, None), torch.nn.ModuleList) and len(getattr(meta, a))), None)
+    if list_name is None:  # no list of blocks to stream: built whole on the device, then moved
+        with _seeded(_component_seed(variant, name)):
+            model = cls(**cfg)
+        if variant.transformer_init is not None:
+            variant.transformer_init(model)
+        _final_dtypes(model)
+        move_into(model, buffer)
+        return model.eval()
     block_cls, built = type(getattr(meta, list_name)[0]), itertools.count()
     buffer.parts["copy_s"] = 0.0  # the copies' own seconds (the buffer's making waited for apart: waited_s)
 
     def to_host(module, prefix: str) -> None:
         for n, t in [*module.named_parameters(), *module.named_buffers()]:
-            view = views[prefix + n]
-            if t.data_ptr() != view.data_ptr():
+            view = views.get(prefix + n)  # None: not a name of the model (the check at the end says so)
+            if view is not None and t.data_ptr() != view.data_ptr():
                 buffer.wait(ends[prefix + n])
                 start = time.perf_counter()
                 view.copy_(t.detach())  # to its final dtype; from a GPU: waits for the copy
@@ -527,8 +535,10 @@ def _make_transformer_into(variant: TinyVariant, name: str, buffer):
             model = cls(**cfg)
     finally:
         block_cls.__init__ = original
-    to_host(model, "")
+    to_host(model, "")  # what lies outside the blocks, and any weight a block built outside the list misplaced
     setattr(model, HOST_BUFFER, buffer)
+    if held(model) is not buffer:
+        raise RuntimeError(f"{name}: the block-by-block build left weights outside its host buffer")
     return model.eval()
 
 
