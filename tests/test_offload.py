@@ -318,3 +318,31 @@ def test_a_host_build_puts_every_weight_in_its_own_place_even_past_a_stray_block
     assert hostmem.held(model) is buffer
     for t, r in zip(hostmem.weights(model), hostmem.weights(whole)):
         assert t.dtype == r.dtype and torch.equal(t, r)
+
+
+def test_a_host_build_without_a_list_of_blocks_is_built_whole_then_moved(monkeypatch):
+    """A denoiser whose blocks are not in a ``blocks`` / ``transformer_blocks`` list can't be streamed: it is built
+    whole, then moved into its buffer, the same bytes."""
+    import diffusers
+
+    from vdbench import hostmem, tiny
+
+    import dataclasses
+
+    # the family's tweak reads `blocks`: left out here, on both builds
+    variant = dataclasses.replace(tiny.get_variant("wan2.2-t2v-a14b"), transformer_init=None)
+    original = diffusers.WanTransformer3DModel.__init__
+
+    def blocks_elsewhere(self, *a, **k):
+        original(self, *a, **k)
+        self.layers = self.blocks
+        del self.blocks
+
+    monkeypatch.setattr(diffusers.WanTransformer3DModel, "__init__", blocks_elsewhere)
+    whole = tiny._make_transformer(variant, "transformer_2")
+    tiny._final_dtypes(whole)
+    buffer = hostmem.HostBuffer(tiny._host_bytes(variant, "transformer_2"), pinned=False)
+    model = tiny._make_transformer_into(variant, "transformer_2", buffer)
+    assert not hasattr(model, "blocks") and hostmem.held(model) is buffer
+    for t, r in zip(hostmem.weights(model), hostmem.weights(whole)):
+        assert t.dtype == r.dtype and torch.equal(t, r)

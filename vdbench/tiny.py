@@ -501,13 +501,10 @@ def _make_transformer_into(variant: TinyVariant, name: str, buffer):
     list_name = next((a for a in ("blocks", "transformer_blocks")
                       if isinstance(getattr(meta, a, None), torch.nn.ModuleList) and len(getattr(meta, a))), None)
     if list_name is None:  # no list of blocks to stream: built whole on the device, then moved
-        with _seeded(_component_seed(variant, name)):
-            model = cls(**cfg)
-        if variant.transformer_init is not None:
-            variant.transformer_init(model)
+        model = _make_transformer(variant, name)
         _final_dtypes(model)
         move_into(model, buffer)
-        return model.eval()
+        return model
     block_cls, built = type(getattr(meta, list_name)[0]), itertools.count()
     buffer.parts["copy_s"] = 0.0  # the copies' own seconds (the buffer's making waited for apart: waited_s)
 
