@@ -86,10 +86,11 @@ def load(plan: Plan) -> Loaded:
 
 
 def load_checked(plan: Plan, laps: Laps, prewarms: Prewarms) -> tuple:
-    """(pipeline, its denoisers, load time, its schedule, its model summary): the ``prewarms`` that go beside the load started
-    (:meth:`~vdbench.render.prewarm.Prewarms.at_load_start`), the pipeline loaded, its scheduler's shift and experts'
-    boundary set (:func:`vdbench.pipelines.set_schedule`), its exact size rules and the backend against its head dims
-    checked; ``laps``: the load's parts, the loading's own (:meth:`vdbench.pipelines.Model.load`) among them."""
+    """(pipeline, its denoisers, load time, its schedule, its model summary): the ``prewarms`` that go beside the
+    load started (:meth:`~vdbench.render.prewarm.Prewarms.at_load_start`), the pipeline loaded, its scheduler's
+    shift and experts' boundary set (:func:`vdbench.pipelines.set_schedule`), its exact size rules and the backend
+    against its head dims checked; ``laps``: the load's parts, the loading's own (:meth:`vdbench.pipelines.Model.load`)
+    among them."""
     prewarms.at_load_start(plan)
     laps.lap("prewarm_start")
     cfg, model, device = plan.cfg, plan.model, plan.device
@@ -99,9 +100,9 @@ def load_checked(plan: Plan, laps: Laps, prewarms: Prewarms) -> tuple:
     pipe = model.load(dtype=plan.dtype, device="cpu" if on_host else device, vae_dtype=plan.vae_dtype,
                       timings=laps.parts, host=host)
     if host and torch.device(device).type == "cuda":
-        # a random-weight build makes each host component on the card, then moves it out: its blocks go back to
-        # the driver, so the later stages' reserved peaks are what the render holds (a checkpoint's load never
-        # puts them there; the load stage's own peak keeps the build's)
+        # a random-weight build makes each block of a host component on the card, then moves it out: what the
+        # allocator kept of them goes back to the driver, so the later stages' reserved peaks are what the render
+        # holds (a checkpoint's load never puts them there; the load stage's own peak keeps the build's)
         torch.cuda.empty_cache()
     if cfg.vae_tiling:
         pipe.vae.enable_tiling()

@@ -151,8 +151,9 @@ def _norm_act_conv_input(norm, act, conv, x, feat_cache, feat_idx, x_bias=None):
     intermediate tensors: one buffer of ``pad_t + T`` frames gets the causal context (cached frames of the
     previous chunk, zero frames where there are fewer than ``pad_t``) and the norm output written straight
     into its last ``T`` frames (SiLU in place there); the new cache (last CACHE_T frames: written by the same
-    pass with the Triton glue, else cloned from the buffer) replaces the old one before the conv runs. Returns the buffer for :func:`_conv_valid_t`. ``x_bias``: the
-    bias of the conv that produced ``x`` and ran without it (fused glue only), added before the norm."""
+    pass with the Triton glue, else cloned from the buffer) replaces the old one before the conv runs. Returns the
+    buffer for :func:`_conv_valid_t`. ``x_bias``: the bias of the conv that produced ``x`` and ran without it (fused
+    glue only), added before the norm."""
     b, c, t, h, w = x.shape
     pt = conv._padding[4]
     old = None
