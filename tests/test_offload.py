@@ -313,8 +313,9 @@ def test_a_host_build_puts_every_weight_in_its_own_place_even_past_a_stray_block
     monkeypatch.setattr(diffusers.WanTransformer3DModel, "__init__", with_a_stray_block_first)
     whole = tiny._make_transformer(variant, "transformer_2")
     tiny._final_dtypes(whole)
-    buffer = hostmem.HostBuffer(tiny._host_bytes(variant, "transformer_2"), pinned=False)
-    model = tiny._make_transformer_into(variant, "transformer_2", buffer)
+    meta = tiny._meta_transformer(variant, "transformer_2")
+    buffer = hostmem.HostBuffer(hostmem.layout(hostmem.weights(meta))[1], pinned=False)
+    model = tiny._make_transformer_into(variant, "transformer_2", buffer, meta)
     assert hostmem.held(model) is buffer
     for t, r in zip(hostmem.weights(model), hostmem.weights(whole)):
         assert t.dtype == r.dtype and torch.equal(t, r)
@@ -341,8 +342,9 @@ def test_a_host_build_without_a_list_of_blocks_is_built_whole_then_moved(monkeyp
     monkeypatch.setattr(diffusers.WanTransformer3DModel, "__init__", blocks_elsewhere)
     whole = tiny._make_transformer(variant, "transformer_2")
     tiny._final_dtypes(whole)
-    buffer = hostmem.HostBuffer(tiny._host_bytes(variant, "transformer_2"), pinned=False)
-    model = tiny._make_transformer_into(variant, "transformer_2", buffer)
+    meta = tiny._meta_transformer(variant, "transformer_2")
+    buffer = hostmem.HostBuffer(hostmem.layout(hostmem.weights(meta))[1], pinned=False)
+    model = tiny._make_transformer_into(variant, "transformer_2", buffer, meta)
     assert not hasattr(model, "blocks") and hostmem.held(model) is buffer
     for t, r in zip(hostmem.weights(model), hostmem.weights(whole)):
         assert t.dtype == r.dtype and torch.equal(t, r)

@@ -398,14 +398,16 @@ def build_pipeline(variant: TinyVariant, module_device=None, timings: Optional[d
         part("cuda_init", None)
     import diffusers
 
+    from .hostmem import HostBuffer, check_room, layout, weights
+
     # each host component's buffer made (allocated, faulted in, pinned) on a thread from here on, beside the rest of
     # the imports and its own build: its size needs only the denoiser's class, built on the meta device (a build on
     # the meta device itself has no weights to keep anywhere)
     shapes_only = module_device is not None and torch.device(module_device).type == "meta"
-    sizes = {name: _host_bytes(variant, name) for name in host if getattr(variant, name, None) and not shapes_only}
+    metas = {name: _meta_transformer(variant, name) for name in host
+             if getattr(variant, name, None) and not shapes_only}
+    sizes = {name: layout(weights(meta))[1] for name, meta in metas.items()}
     if sizes:  # refused here, before anything is made: past the host's memory the OOM killer ends the load unsaid
-        from .hostmem import HostBuffer, check_room
-
         check_room(sizes, "the load", "use a host with more memory, or --offload none on a card that holds "
                                       "every weight")
     buffers = {name: HostBuffer(size, pinned=on_gpu, background=True) for name, size in sizes.items()}
@@ -424,7 +426,7 @@ def build_pipeline(variant: TinyVariant, module_device=None, timings: Optional[d
         tokenizer = part("tokenizer", _build_tokenizer(variant.tokenizer_max_length))
     for name, buffer in buffers.items():  # each block on the host once built: the device holds one block at most
         with on():
-            early[name] = part(name, _make_transformer_into(variant, name, buffer))
+            early[name] = part(name, _make_transformer_into(variant, name, buffer, metas[name]))
     if tokenizer is None:
         tokenizer = part("tokenizer", _build_tokenizer(variant.tokenizer_max_length))
     with on():
@@ -459,25 +461,24 @@ def _final_dtypes(module) -> None:
     _cast_like_from_pretrained(module, torch.get_default_dtype())
 
 
-def _host_bytes(variant: TinyVariant, name: str) -> int:
-    """The bytes of a host buffer for component ``name``'s weights (:class:`vdbench.hostmem.HostBuffer`), counted on
-    a build on the meta device (no memory, no weights drawn)."""
+def _meta_transformer(variant: TinyVariant, name: str):
+    """Component ``name`` built on the meta device in its final dtypes (no memory, no weights drawn): what a host
+    buffer for its weights is laid out and sized from (:func:`vdbench.hostmem.layout`)."""
     import torch
-
-    from .hostmem import layout, weights
 
     with torch.device("meta"):
         model = _make_transformer(variant, name)
     _final_dtypes(model)
-    return layout(weights(model))[1]
+    return model
 
 
-def _make_transformer_into(variant: TinyVariant, name: str, buffer):
+def _make_transformer_into(variant: TinyVariant, name: str, buffer, meta):
     """Component ``name`` built as :func:`_make_transformer` builds it -- the same seeded draws in the same order on
     the same device, the family's init tweak, the final dtypes: the same bytes -- with each of its blocks moved into
-    its views of ``buffer`` (a :class:`vdbench.hostmem.HostBuffer`, pinned where a GPU is there) as soon as the block
-    is built, then what lies outside the blocks: the device never holds more than a block of it (a 14B expert
-    built whole on the card and then moved out needed 27 GiB there for a moment, more than a 24 GB card has). The
+    its views of ``buffer`` (a :class:`vdbench.hostmem.HostBuffer`, pinned where a GPU is there, laid out by
+    ``meta``: :func:`_meta_transformer`) as soon as the block is built, then what lies outside the blocks: the device
+    never holds more than a block of it (a 14B expert built whole on the card and then moved out needed 27 GiB there
+    for a moment, more than a 24 GB card has). The
     module carries the buffer (:data:`vdbench.hostmem.HOST_BUFFER`): what an offloaded expert's copies to the device
     come from (:mod:`vdbench.offload` takes it as it is). The family's tweak is a function of each block alone, so
     it runs on each block as it is built, before its cast."""
@@ -492,9 +493,6 @@ def _make_transformer_into(variant: TinyVariant, name: str, buffer):
 
     cfg = getattr(variant, name)
     cls = getattr(diffusers, variant.transformer_class)
-    with torch.device("meta"):  # the layout of the buffer and each weight's final dtype, no memory
-        meta = cls(**cfg)
-    _final_dtypes(meta)
     named = [*meta.named_parameters(), *meta.named_buffers()]
     views = dict(zip((n for n, _ in named), buffer.views([t for _, t in named])))
     ends = {n: o + nbytes(t) for (n, t), o in zip(named, layout([t for _, t in named])[0])}
