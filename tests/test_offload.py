@@ -292,6 +292,22 @@ def test_host_buffers_past_the_hosts_memory_are_refused_before_any_is_made(monke
     hostmem.check_room({"x": 1 << 60}, "a test", "none")
 
 
+def _built_into_its_buffer_as_whole(variant):
+    """``transformer_2`` built into a host buffer (:func:`vdbench.tiny._make_transformer_into`), checked to be held by
+    that buffer with the bytes and dtypes of a whole build; returns it."""
+    from vdbench import hostmem, tiny
+
+    whole = tiny._make_transformer(variant, "transformer_2")
+    tiny._final_dtypes(whole)
+    meta = tiny._meta_transformer(variant, "transformer_2")
+    buffer = hostmem.HostBuffer(hostmem.layout(hostmem.weights(meta))[1], pinned=False)
+    model = tiny._make_transformer_into(variant, "transformer_2", buffer, meta)
+    assert hostmem.held(model) is buffer
+    for t, r in zip(hostmem.weights(model), hostmem.weights(whole)):
+        assert t.dtype == r.dtype and torch.equal(t, r)
+    return model
+
+
 def test_a_host_build_puts_every_weight_in_its_own_place_even_past_a_stray_block(monkeypatch):
     """The block-by-block build names each block by the order its class is built in; a block of that class built
     before the model's own shifts those names, and the pass over the whole model at the end moves every weight to
@@ -311,14 +327,7 @@ def test_a_host_build_puts_every_weight_in_its_own_place_even_past_a_stray_block
         original(self, *a, **k)
 
     monkeypatch.setattr(diffusers.WanTransformer3DModel, "__init__", with_a_stray_block_first)
-    whole = tiny._make_transformer(variant, "transformer_2")
-    tiny._final_dtypes(whole)
-    meta = tiny._meta_transformer(variant, "transformer_2")
-    buffer = hostmem.HostBuffer(hostmem.layout(hostmem.weights(meta))[1], pinned=False)
-    model = tiny._make_transformer_into(variant, "transformer_2", buffer, meta)
-    assert hostmem.held(model) is buffer
-    for t, r in zip(hostmem.weights(model), hostmem.weights(whole)):
-        assert t.dtype == r.dtype and torch.equal(t, r)
+    _built_into_its_buffer_as_whole(variant)
 
 
 def test_a_host_build_without_a_list_of_blocks_is_built_whole_then_moved(monkeypatch):
@@ -326,9 +335,9 @@ def test_a_host_build_without_a_list_of_blocks_is_built_whole_then_moved(monkeyp
     whole, then moved into its buffer, the same bytes."""
     import diffusers
 
-    from vdbench import hostmem, tiny
-
     import dataclasses
+
+    from vdbench import tiny
 
     # the family's tweak reads `blocks`: left out here, on both builds
     variant = dataclasses.replace(tiny.get_variant("wan2.2-t2v-a14b"), transformer_init=None)
@@ -340,11 +349,4 @@ def test_a_host_build_without_a_list_of_blocks_is_built_whole_then_moved(monkeyp
         del self.blocks
 
     monkeypatch.setattr(diffusers.WanTransformer3DModel, "__init__", blocks_elsewhere)
-    whole = tiny._make_transformer(variant, "transformer_2")
-    tiny._final_dtypes(whole)
-    meta = tiny._meta_transformer(variant, "transformer_2")
-    buffer = hostmem.HostBuffer(hostmem.layout(hostmem.weights(meta))[1], pinned=False)
-    model = tiny._make_transformer_into(variant, "transformer_2", buffer, meta)
-    assert not hasattr(model, "blocks") and hostmem.held(model) is buffer
-    for t, r in zip(hostmem.weights(model), hostmem.weights(whole)):
-        assert t.dtype == r.dtype and torch.equal(t, r)
+    assert not hasattr(_built_into_its_buffer_as_whole(variant), "blocks")
