@@ -315,7 +315,7 @@ def test_a_host_build_puts_every_weight_in_its_own_place_even_past_a_stray_block
     import diffusers
     from diffusers.models.transformers.transformer_wan import WanTransformerBlock
 
-    from vdbench import hostmem, tiny
+    from vdbench import tiny
 
     variant = tiny.get_variant("wan2.2-t2v-a14b")
     cfg = variant.transformer_2
