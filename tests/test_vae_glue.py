@@ -118,14 +118,17 @@ def test_fast_decode_with_fused_glue_equals_stock_fp32(cfg, cl, exact_fp32):
     z = torch.randn(1, vae.config.z_dim, 4, 3, 5, generator=torch.Generator().manual_seed(1)).to(DEV)
     ref = vae.decode(z, return_dict=False)[0]
     info = {}
-    stages = []
+    stages, folded = [], []
     with pytest.MonkeyPatch.context() as mp:  # the upsamplers' 2-D stages all take the sub-pixel form
-        mp.setattr(L, "upsample_conv", lambda frames, conv, f=L.upsample_conv: stages.append(conv) or f(frames, conv))
+        mp.setattr(L, "upsample_conv", lambda frames, conv, f=L.upsample_conv, **kw: stages.append(conv)
+                   or folded.append(kw.get("add") is not None) or f(frames, conv, **kw))
         out = D.decode_video(vae, z, mode="fast", fused_glue=True, info=info, channels_last=cl)
     torch.testing.assert_close(out, ref, atol=5e-5, rtol=0)
     assert info["glue"] == V.GLUE_TRITON and L._GLUE.get() is None and L._ROWS.get() is None
     upsamplers = [m for m in vae.decoder.modules() if type(m).__name__ == "WanResample" and "up" in m.mode]
     assert upsamplers and {id(c) for c in stages} == {id(m.resample[1]) for m in upsamplers}
+    # Wan 2.2's up blocks: the DupUp3D shortcut added by the interleave's pass, on every call (first chunk too)
+    assert all(folded) if cfg is _WAN22_VAE else not any(folded)
 
 
 @pytest.mark.parametrize("cl", [True, False], ids=["channels_last", "contiguous"])
@@ -319,3 +322,32 @@ def test_add_dup_up_kernel_equals_the_eager_add(cin, cout, ft, fs, first):
         src = src[:, :, :, ft - 1:]
     ref = x + up(x_in, first_chunk=first)
     torch.testing.assert_close(add_dup_up_(x, src), ref, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("first", [False, True])
+def test_subpixel_bias_adds_the_dup_up_shortcut_in_its_pass(first):
+    """The interleave with the up block's DupUp3D shortcut (its 8-D view, frames of two batches) equals the
+    interleave then the shortcut's add, summed in fp32 and rounded once; a shortcut of another shape is refused."""
+    from diffusers.models.autoencoders.autoencoder_kl_wan import DupUp3D
+
+    from vdbench.kernels.glue import add_dup_up_, subpixel_bias
+
+    c, b, h, w, ft = 8, 2, 3, 5, 2
+    up = DupUp3D(4 * c, c, ft, 2)
+    g = torch.Generator().manual_seed(7 + first)
+    t = 1 if first else 3
+    x_in = torch.randn(b, 4 * c, t, h, w, generator=g).to(DEV).contiguous(memory_format=torch.channels_last_3d)
+    src = L.dup_up_view(x_in, up)
+    if first:
+        src = src[:, :, :, ft - 1:]
+    frames = src.size(2) * src.size(3)
+    y4 = torch.randn(b * frames, 4 * c, h + 1, w + 1, generator=g).to(DEV).contiguous(memory_format=torch.channels_last)
+    bias = torch.randn(c, generator=g).to(DEV)
+    out = torch.empty(b * frames, c, 2 * h, 2 * w, device=DEV).contiguous(memory_format=torch.channels_last)
+    ref = subpixel_bias(y4, bias, torch.empty_like(out))
+    ref5 = ref.view(b, frames, c, 2 * h, 2 * w).permute(0, 2, 1, 3, 4)
+    ref5 = add_dup_up_(ref5.contiguous(memory_format=torch.channels_last_3d), src)
+    got = subpixel_bias(y4, bias, out, add=src, frames=frames).view(b, frames, c, 2 * h, 2 * w).permute(0, 2, 1, 3, 4)
+    torch.testing.assert_close(got, ref5, atol=1e-6, rtol=1e-6)
+    with pytest.raises(ValueError, match="subpixel_bias: add"):
+        subpixel_bias(y4, bias, out, add=src, frames=frames + 1)

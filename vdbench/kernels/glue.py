@@ -78,9 +78,11 @@ def _add_rows_kernel(y_ptr, b_ptr, r_ptr, n_rows, C, ys_r, ys_c, rs_r, rs_c,
 
 
 @triton.jit
-def _subpixel_bias_kernel(y_ptr, b_ptr, out_ptr, n_pix, H, W, C, ys_n, ys_h, ys_w, ys_c, os_n, os_h, os_w, os_c,
-                          BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
-    # out[n, 2i + a, 2j + b, c] = y[n, i + a, j + b, (2a + b) C + c] + bias[c], a row of C per output pixel
+def _subpixel_bias_kernel(y_ptr, b_ptr, out_ptr, s_ptr, n_pix, H, W, C, ys_n, ys_h, ys_w, ys_c, os_n, os_h, os_w, os_c,
+                          T2, FT, FH, FW, ss_b, ss_c, ss_t, ss_ft, ss_h, ss_fh, ss_w, ss_fw,
+                          HAS_ADD: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    # out[n, 2i + a, 2j + b, c] = y[n, i + a, j + b, (2a + b) C + c] + bias[c] (+ s at that voxel), a row of C per
+    # output pixel; frame n of out is frame n % T2 of batch n // T2 for the 8-D s (B, C, T, FT, H', FH, W', FW)
     pid = tl.program_id(0)
     p = (pid * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
     ox = p % (2 * W)
@@ -95,6 +97,11 @@ def _subpixel_bias_kernel(y_ptr, b_ptr, out_ptr, n_pix, H, W, C, ys_n, ys_h, ys_
     mask = (p < n_pix)[:, None] & (cols < C)[None, :]
     v = tl.load(src[:, None] + cols[None, :] * ys_c, mask=mask, other=0.0).to(tl.float32)
     v += tl.load(b_ptr + cols, mask=cols < C, other=0.0).to(tl.float32)[None, :]
+    if HAS_ADD:  # the DupUp3D shortcut of the block, read through its strided view (no pass of its own)
+        t2 = n % T2
+        sp = (s_ptr + (n // T2) * ss_b + (t2 // FT) * ss_t + (t2 % FT) * ss_ft + (oy // FH) * ss_h
+              + (oy % FH) * ss_fh + (ox // FW) * ss_w + (ox % FW) * ss_fw)
+        v += tl.load(sp[:, None] + cols[None, :] * ss_c, mask=mask, other=0.0).to(tl.float32)
     tl.store(dst[:, None] + cols[None, :] * os_c, v.to(out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -207,21 +214,34 @@ def add_rows_(y: torch.Tensor, bias: torch.Tensor, residual: torch.Tensor | None
     return y
 
 
-def subpixel_bias(y4: torch.Tensor, bias: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+def subpixel_bias(y4: torch.Tensor, bias: torch.Tensor, out: torch.Tensor, add: torch.Tensor | None = None,
+                  frames: int | None = None) -> torch.Tensor:
     """The sub-pixel upsample conv's interleave (``vdbench.vae.lean.upsample_conv``) in one pass: ``y4`` (N, 4C,
     H + 1, W + 1), the conv of the 2x2 kernels of the four output parities ``(a, b)`` (block ``2a + b``), written
     into ``out`` (N, C, 2H, 2W) as ``out[:, :, 2i + a, 2j + b] = y4[:, (2a + b) C : (2a + b + 1) C, i + a, j + b] +
     bias``: fp32 math, one rounding (what ``torch.add`` of the two does); any strides, a contiguous row of C per
-    pixel in channels_last (the GPU path). Four strided adds eagerly, each on the non-vectorized elementwise path."""
+    pixel in channels_last (the GPU path). Four strided adds eagerly, each on the non-vectorized elementwise path.
+
+    ``add``: a residual added in the same pass (Wan 2.2's ``DupUp3D`` shortcut as :func:`add_dup_up_` takes it, the
+    8-D (B, C, T, ft, H', fh, W', fw) view), the N frames of ``out`` being ``frames`` (= T ft) of each of its B
+    batches: its own pass over the output saved, and the sum rounded once."""
     n, c, h2, w2 = out.shape
     if y4.shape != (n, 4 * c, h2 // 2 + 1, w2 // 2 + 1) or h2 % 2 or w2 % 2:
         raise ValueError(f"subpixel_bias: y4 {tuple(y4.shape)} for output {tuple(out.shape)}")
     b = _vec(bias, c, "subpixel_bias: bias", out.device)
+    s, ss, f = out, (0,) * 8, (1, 1, 1, 1)
+    if add is not None:
+        sb, sc, st, ft, sh, fh, sw, fw = add.shape
+        if frames is None or sb * frames != n or (sc, st * ft, sh * fh, sw * fw) != (c, frames, h2, w2):
+            raise ValueError(f"subpixel_bias: add {tuple(add.shape)} for output {tuple(out.shape)} "
+                             f"of {frames} frames a batch")
+        s, ss, f = add, add.stride(), (frames, ft, fh, fw)
     block_c, block_r, warps = _blocks(c)
     n_pix = n * h2 * w2
     _launch(_subpixel_bias_kernel, (triton.cdiv(n_pix, block_r),),
-        y4, b, out, n_pix, h2 // 2, w2 // 2, c, y4.stride(0), y4.stride(2), y4.stride(3), y4.stride(1),
-        out.stride(0), out.stride(2), out.stride(3), out.stride(1), BLOCK_R=block_r, BLOCK_C=block_c, num_warps=warps)
+        y4, b, out, s, n_pix, h2 // 2, w2 // 2, c, y4.stride(0), y4.stride(2), y4.stride(3), y4.stride(1),
+        out.stride(0), out.stride(2), out.stride(3), out.stride(1), *f, ss[0], ss[1], ss[2], ss[3], ss[4], ss[5],
+        ss[6], ss[7], HAS_ADD=add is not None, BLOCK_R=block_r, BLOCK_C=block_c, num_warps=warps)
     return out
 
 

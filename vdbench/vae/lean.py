@@ -340,13 +340,16 @@ def subpixel_weight(weight: torch.Tensor) -> torch.Tensor:
     return torch.cat(blocks, 0).to(weight.dtype).contiguous(memory_format=torch.channels_last)
 
 
-def upsample_conv(frames: torch.Tensor, conv: torch.nn.Conv2d) -> torch.Tensor:
+def upsample_conv(frames: torch.Tensor, conv: torch.nn.Conv2d, add: Optional[torch.Tensor] = None,
+                  per_batch: Optional[int] = None) -> torch.Tensor:
     """``conv(nearest_2x(frames))`` (the Wan upsampler's 2-D stage, :func:`_subpixel_ok`) without the upsampled
     tensor: one conv of :func:`subpixel_weight`'s kernels over ``frames`` (padding 1: ``(H + 1) x (W + 1)``
     positions), each output parity read from its block at its offset and written, bias added, into the
     interleaved channels_last output (with the Triton glue in one pass: ``vdbench.kernels.glue.subpixel_bias``).
     The same sums as the upsample's conv in another order (fp32 accumulation either way); the 2-D stages are 14% of
-    the Wan 2.2 decoder's multiply-adds."""
+    the Wan 2.2 decoder's multiply-adds. ``add`` (with the Triton glue only): the up block's ``DupUp3D`` shortcut,
+    added by the same pass (:func:`vdbench.kernels.glue.subpixel_bias`; ``frames`` holds ``per_batch`` frames of
+    each batch)."""
     w4 = getattr(conv, "_vdbench_subpixel", None)
     if w4 is None or w4.device != conv.weight.device or w4.dtype != conv.weight.dtype:
         w4 = conv._vdbench_subpixel = subpixel_weight(conv.weight.detach())
@@ -356,7 +359,9 @@ def upsample_conv(frames: torch.Tensor, conv: torch.nn.Conv2d) -> torch.Tensor:
     out = torch.empty((n, co, 2 * h, 2 * w), dtype=y4.dtype, device=y4.device, memory_format=torch.channels_last)
     rows = _ROWS.get()
     if rows is not None:  # the Triton glue: one pass
-        return rows.subpixel_bias(y4, conv.bias.detach(), out)
+        return rows.subpixel_bias(y4, conv.bias.detach(), out, add=add, frames=per_batch)
+    if add is not None:
+        raise ValueError("upsample_conv adds a shortcut with the Triton glue only")
     parts = y4.permute(0, 2, 3, 1).unflatten(3, (2, 2, co))  # (N, H+1, W+1, a, b, C_out): views
     grid = out.permute(0, 2, 3, 1).view(n, h, 2, w, 2, co)
     for a in (0, 1):
@@ -390,11 +395,15 @@ def dup_up_view(x: torch.Tensor, up) -> torch.Tensor:
     return x.as_strided((b, co, t, ft, h, fs, w, fs), (sb, cs[0], st, cs[1], sh, cs[2], sw, cs[3]), x.storage_offset())
 
 
-def _lean_resample(self, x, feat_cache=None, feat_idx=[0]):  # noqa: B006
+def _lean_resample(self, x, feat_cache=None, feat_idx=[0], shortcut=None):  # noqa: B006
     """WanResample.forward (upsample modes) with the frame interleave of ``time_conv``'s output (diffusers:
     reshape, ``torch.stack``, then ``permute(...).reshape`` for the 2-D conv: two copies, the first of which
     drops channels_last) done as one copy straight into the (B*T, C, H, W) buffer the 2-D stage reads, in the
-    input's layout (for channels_last_3d input the per-frame view is then free)."""
+    input's layout (for channels_last_3d input the per-frame view is then free).
+
+    ``shortcut`` (:func:`_lean_residual_up_block`'s, with the Triton glue): ``(src, finish)``, the block's
+    ``DupUp3D`` shortcut as its 8-D view and what adds it otherwise: added by the sub-pixel conv's interleave where
+    the output is the view's shape, else the output is returned through ``finish``."""
     b, c, t, h, w = x.shape
     cl = _layout(x) is torch.channels_last_3d
     frames = None
@@ -424,8 +433,14 @@ def _lean_resample(self, x, feat_cache=None, feat_idx=[0]):  # noqa: B006
     rows = _ROWS.get()
     seq = self.resample
     if rows is not None and _subpixel_ok(seq):
-        x = upsample_conv(frames, seq[1])
-        del frames
+        src = None if shortcut is None else shortcut[0]
+        co, hh, ww = seq[1].out_channels, 2 * frames.size(2), 2 * frames.size(3)
+        if src is not None and (src.size(0), src.size(1), src.size(2) * src.size(3), src.size(4) * src.size(5),
+                                src.size(6) * src.size(7)) == (b, co, t, hh, ww):
+            x, shortcut = upsample_conv(frames, seq[1], add=src, per_batch=t), None
+        else:
+            x = upsample_conv(frames, seq[1])
+        del frames, src
     elif (rows is not None and len(seq) == 2 and type(seq[1]) is torch.nn.Conv2d and seq[1].bias is not None
             and seq[1].padding_mode == "zeros" and "forward" not in seq[1].__dict__):
         conv = seq[1]  # upsample, then the 2-D conv without its bias; the bias in one Triton row pass
@@ -437,34 +452,59 @@ def _lean_resample(self, x, feat_cache=None, feat_idx=[0]):  # noqa: B006
     else:
         x = self.resample(frames)
         del frames
-    return x.view(b, t, x.size(1), x.size(2), x.size(3)).permute(0, 2, 1, 3, 4)
+    x = x.view(b, t, x.size(1), x.size(2), x.size(3)).permute(0, 2, 1, 3, 4)
+    return x if shortcut is None else shortcut[1](x)
 
 
 def _lean_residual_up_block(self, x, feat_cache=None, feat_idx=[0], first_chunk=False):  # noqa: B006
     """WanResidualUpBlock.forward (Wan 2.2) without the ``x.clone()`` of the block input (nothing writes into
     it: every in-place op of the lean layers is on a tensor they just made), with the ``DupUp3D`` shortcut
-    added in place into the block output through an 8-D view (no materialized shortcut, no layout mismatch)."""
+    added in place into the block output through an 8-D view (no materialized shortcut, no layout mismatch);
+    with the Triton glue by the upsampler's last pass (:func:`_lean_resample`'s ``shortcut``)."""
     x_in = x
     for resnet in self.resnets:
         x = resnet(x, feat_cache=feat_cache, feat_idx=feat_idx) if feat_cache is not None else resnet(x)
-    if self.upsampler is not None:
-        x = (self.upsampler(x, feat_cache=feat_cache, feat_idx=feat_idx) if feat_cache is not None
-             else self.upsampler(x))
     if self.avg_shortcut is None:
+        if self.upsampler is not None:
+            x = (self.upsampler(x, feat_cache=feat_cache, feat_idx=feat_idx) if feat_cache is not None
+                 else self.upsampler(x))
         return x
-    up = self.avg_shortcut
+
+    def finish(x):
+        return _add_dup_up(self.avg_shortcut, x, x_in, first_chunk)
+
+    if self.upsampler is None:
+        return finish(x)
+    lean = getattr(self.upsampler.__dict__.get("forward"), "__func__", None) is _lean_resample
+    if lean and _ROWS.get() is not None and feat_cache is not None:
+        src = _dup_up_src(self.avg_shortcut, x_in, first_chunk)
+        return self.upsampler(x, feat_cache=feat_cache, feat_idx=feat_idx,
+                              shortcut=None if src is None else (src, finish))
+    x = self.upsampler(x, feat_cache=feat_cache, feat_idx=feat_idx) if feat_cache is not None else self.upsampler(x)
+    return finish(x)
+
+
+def _dup_up_src(up, x_in, first_chunk):
+    """The ``DupUp3D`` shortcut ``up(x_in, first_chunk)`` as an 8-D strided view of ``x_in`` (:func:`dup_up_view`;
+    the first chunk: the last of the duplicated frames), or None where a first chunk has more than one frame."""
+    if first_chunk and x_in.shape[2] != 1:
+        return None
+    src = dup_up_view(x_in, up)
+    return src[:, :, :, up.factor_t - 1:] if first_chunk else src
+
+
+def _add_dup_up(up, x, x_in, first_chunk):
+    """``x + up(x_in, first_chunk)`` (the block's output and its ``DupUp3D`` shortcut) in place into ``x`` through
+    the shortcut's 8-D view where the shapes are the Wan 2.2 decoder's, else diffusers' way."""
     b, _, t, h, w = x_in.shape
     ft, fs, co = up.factor_t, up.factor_s, up.out_channels
-    if (first_chunk and t != 1) or x is x_in or x.shape != (b, co, (t * ft - (ft - 1) if first_chunk else t * ft),
-                                                             h * fs, w * fs):
+    src = None if x is x_in else _dup_up_src(up, x_in, first_chunk)
+    if src is None or x.shape != (b, co, src.size(2) * src.size(3), h * fs, w * fs):
         return x + up(x_in, first_chunk=first_chunk)  # not the shapes of the Wan 2.2 decoder: diffusers' way
-    src = dup_up_view(x_in, up)
-    if first_chunk:  # t == 1: the last of the ft duplicated frames (diffusers' x[:, :, ft - 1:])
-        src, ft = src[:, :, :, ft - 1:], 1
     rows = _ROWS.get()
     if rows is not None:  # the Triton glue: one pass
         return rows.add_dup_up_(x, src)
-    x8 = x.unflatten(4, (w, fs)).unflatten(3, (h, fs)).unflatten(2, (t, ft))
+    x8 = x.unflatten(4, (w, fs)).unflatten(3, (h, fs)).unflatten(2, (t, ft) if not first_chunk else (1, 1))
     x8.add_(src)
     return x
 
