@@ -131,6 +131,29 @@ def test_fast_decode_with_fused_glue_equals_stock_fp32(cfg, cl, exact_fp32):
     assert all(folded) if cfg is _WAN22_VAE else not any(folded)
 
 
+@pytest.mark.parametrize("cfg", [_WAN21_VAE, _WAN22_VAE], ids=["wan2.1", "wan2.2"])
+def test_the_decoders_tail_in_pieces_equals_the_stock_decode_fp32(cfg, exact_fp32, monkeypatch):
+    """Chunks of three latent frames with the tail (the up blocks past the last temporal upsampling, and the head)
+    one latent frame at a time: the stock decode's video; the tail ran in three pieces a steady chunk, starting
+    at the first up block without a temporal upsampling."""
+    torch.manual_seed(0)
+    from diffusers import AutoencoderKLWan
+
+    vae = AutoencoderKLWan(**cfg).eval().to(DEV)
+    z = torch.randn(1, vae.config.z_dim, 7, 3, 5, generator=torch.Generator().manual_seed(2)).to(DEV)
+    ref = vae.decode(z, return_dict=False)[0]
+    calls = []
+    tail = L._decoder_tail
+    monkeypatch.setattr(L, "_decoder_tail", lambda self, x, start, *a: calls.append((start, x.shape[2]))
+                        or tail(self, x, start, *a))
+    info = {}
+    out = D.decode_video(vae, z, mode="fast", fused_glue=True, chunk_frames=3, tail_frames=1, info=info)
+    torch.testing.assert_close(out, ref, atol=5e-5, rtol=0)
+    start = L._tail_start(vae.decoder)
+    assert 0 < start < len(vae.decoder.up_blocks) and info["tail_frames"] == 1
+    assert calls == [(start, 1)] + [(start, 4)] * 6  # frame 0 whole; chunks 1-3, 4-6: three pieces of 4 frames
+
+
 @pytest.mark.parametrize("cl", [True, False], ids=["channels_last", "contiguous"])
 @pytest.mark.parametrize("cfg", [_WAN21_VAE, _WAN22_VAE], ids=["wan2.1", "wan2.2"])
 def test_fast_encode_with_fused_glue_equals_stock_fp32(cfg, cl, exact_fp32):

@@ -55,6 +55,8 @@ class DecodeOptions:
     (on for the fast layers, off for diffusers' decode); True with ``default``: the conv weights in
     channels_last_3d (kept afterwards); False: off. ``compile_backend``: the fast path's norm/SiLU glue compiled.
     ``fused_glue``: the fast path's glue as Triton kernels (None: where they run; True: required; False: eager).
+    ``tail_frames``: latent frames per call of the decoder's full-resolution tail within a chunk (None: the fast
+    path's default, :data:`vdbench.vae.fast.FAST_DEFAULT_TAIL`).
     """
 
     chunk_frames: Optional[int] = None
@@ -62,13 +64,14 @@ class DecodeOptions:
     channels_last: Optional[bool] = None
     compile_backend: Optional[str] = None
     fused_glue: Optional[bool] = None
+    tail_frames: Optional[int] = None
 
 
 #: What a user passes for each option (the messages name both spellings: the argument and the render's flag); the
 #: encode options (:mod:`vdbench.vae.encode`) are a subset.
 _OPTION_NAMES = {"chunk_frames": "chunk_frames", "max_memory_gib": "max_memory_gib (--vae_max_memory)",
                  "channels_last": "channels_last", "compile_backend": "compile_backend",
-                 "fused_glue": "fused_glue (--vae_glue triton)"}
+                 "fused_glue": "fused_glue (--vae_glue triton)", "tail_frames": "tail_frames"}
 #: Options that exclude each other in every mode (the compiled glue has no memory-bounded or Triton variant).
 _EXCLUSIVE = (("compile_backend", "max_memory_gib"), ("compile_backend", "fused_glue"))
 
@@ -108,7 +111,8 @@ def _run_fast(vae, z, o: DecodeOptions, info: dict, watchdog, family=None):
     """The fast Wan decode (:func:`vdbench.vae.fast.wan_decode_fast`), channels_last unless turned off."""
     return V.wan_decode_fast(vae, z, chunk_frames=o.chunk_frames, max_memory_gib=o.max_memory_gib,
                              channels_last=o.channels_last is not False, watchdog=watchdog, info=info,
-                             compile_backend=o.compile_backend, fused_glue=o.fused_glue)
+                             compile_backend=o.compile_backend, fused_glue=o.fused_glue,
+                             tail_frames=o.tail_frames)
 
 
 def _run_parallel(vae, z, o: DecodeOptions, info: dict, watchdog, family=None):
@@ -123,7 +127,8 @@ MODES: dict[str, DecodeMode] = {m.name: m for m in (
     DecodeMode("fast", V.FAST_VAES,
                "mode='fast' is implemented for AutoencoderKLWan only, not {vae}; use mode='default' (optionally "
                "with a bf16 VAE)",
-               frozenset({"chunk_frames", "max_memory_gib", "channels_last", "compile_backend", "fused_glue"}),
+               frozenset({"chunk_frames", "max_memory_gib", "channels_last", "compile_backend", "fused_glue",
+                          "tail_frames"}),
                _run_fast, prewarm=True),
     DecodeMode("parallel", parallel.VAES,
                "mode='parallel' (the band decode) is implemented for " + " and ".join(parallel.VAES)
@@ -192,13 +197,13 @@ def check_decode(mode: "str | DecodeMode", options: DecodeOptions = DecodeOption
 def decode_video(vae, z: torch.Tensor, *, mode: str = "default", chunk_frames: Optional[int] = None,
                  max_memory_gib: Optional[float] = None, channels_last: Optional[bool] = None, watchdog=None,
                  info: Optional[dict] = None, compile_backend: Optional[str] = None,
-                 fused_glue: Optional[bool] = None) -> torch.Tensor:
+                 fused_glue: Optional[bool] = None, tail_frames: Optional[int] = None) -> torch.Tensor:
     """Decode VAE-space latents ``z`` (B, C, T, H, W) -> video (B, 3, F, H', W') in [-1, 1] by ``mode``, checked
     first (:func:`check_decode`). The options: :class:`DecodeOptions`. ``watchdog``: its ``stage`` names each
     chunk or tile, so a hang reports where. ``info`` (a dict, optional) receives what the decode did (path,
     chunk size, tiles, which glue ran)."""
     options = DecodeOptions(chunk_frames=chunk_frames, max_memory_gib=max_memory_gib, channels_last=channels_last,
-                            compile_backend=compile_backend, fused_glue=fused_glue)
+                            compile_backend=compile_backend, fused_glue=fused_glue, tail_frames=tail_frames)
     m = check_decode(mode, options, vae=vae)
     return m.run(vae, z, options, {} if info is None else info, watchdog)
 

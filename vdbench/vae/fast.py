@@ -89,12 +89,13 @@ from .. import families
 from .lean import nearest_native, fast_layers
 
 __all__ = ["wan_decode_fast", "wan_decode_chunked", "choose_chunk_frames", "prepare_latents", "FAST_VAES",
-           "channels_last_3d", "fast_layers", "FAST_DEFAULT_CHUNK", "resolve_glue"]
+           "channels_last_3d", "fast_layers", "FAST_DEFAULT_CHUNK", "FAST_DEFAULT_TAIL", "resolve_glue"]
 
 #: The VAE classes this module's fast decode (and its memory bound) drives: the Wan decoder's causal-conv cache is
 #: what makes chunking exact.
 FAST_VAES = ("AutoencoderKLWan",)
-FAST_DEFAULT_CHUNK = 1  # latent frames per decoder call in mode "fast" when no chunk size is given (module doc)
+FAST_DEFAULT_CHUNK = 2  # latent frames per decoder call in mode "fast" when no chunk size is given (module doc)
+FAST_DEFAULT_TAIL = 1  # latent frames per call of the decoder's full-resolution tail within a chunk (module doc)
 _GIB = 1024 ** 3
 
 
@@ -113,7 +114,7 @@ def prepare_latents(vae, latents: torch.Tensor, family: "str | families.Family")
 def wan_decode_fast(vae, z: torch.Tensor, *, chunk_frames: Optional[int] = None,
                     max_memory_gib: Optional[float] = None, channels_last: bool = True, watchdog=None,
                     info: Optional[dict] = None, compile_backend: Optional[str] = None,
-                    fused_glue: Optional[bool] = None) -> torch.Tensor:
+                    fused_glue: Optional[bool] = None, tail_frames: Optional[int] = None) -> torch.Tensor:
     """Decode VAE-space latents ``z`` (B, C, T, H, W) of a Wan VAE (:data:`FAST_VAES`) -> video in [-1, 1] by the
     fast path (module doc): ``chunk_frames`` latent frames per decoder call (default :data:`FAST_DEFAULT_CHUNK`),
     or, with ``max_memory_gib``, the chunk (and tiles) chosen from that budget. ``channels_last``: weights and
@@ -125,13 +126,14 @@ def wan_decode_fast(vae, z: torch.Tensor, *, chunk_frames: Optional[int] = None,
     if max_memory_gib is not None:
         return _wan_decode_bounded(vae, z, max_memory_gib, watchdog=watchdog, info=info, channels_last=channels_last,
                                    fused_glue=fused)
-    # Default chunk (FAST_DEFAULT_CHUNK): see the module doc ("Default chunk").
+    # Default chunk and tail (FAST_DEFAULT_CHUNK, FAST_DEFAULT_TAIL): see the module doc ("Default chunk").
     k = chunk_frames or min(FAST_DEFAULT_CHUNK, z.shape[2])
-    info.update(path="chunked", chunk_frames=k, channels_last=channels_last)
+    tail = FAST_DEFAULT_TAIL if tail_frames is None else tail_frames
+    info.update(path="chunked", chunk_frames=k, tail_frames=min(tail, k), channels_last=channels_last)
     if compile_backend:
         info["compile_backend"] = compile_backend
     return wan_decode_chunked(vae, z, k, watchdog=watchdog, lean=True, channels_last=channels_last,
-                              compile_backend=compile_backend, fused_glue=fused)
+                              compile_backend=compile_backend, fused_glue=fused, tail_frames=tail)
 
 
 #: ``info["glue"]`` of the fast path's Triton glue (what the bench and timing.json record).
@@ -205,7 +207,8 @@ def _chunk_bounds(num_frames: int, k: int):
 @torch.no_grad()
 def wan_decode_chunked(vae, z: torch.Tensor, chunk_frames: int, *, watchdog=None, native_upsample: bool = True,
                        lean: bool = False, channels_last: bool = False, compile_backend: Optional[str] = None,
-                       fused_glue: bool = False, on_chunk=None, finalize: bool = True) -> torch.Tensor:
+                       fused_glue: bool = False, on_chunk=None, finalize: bool = True,
+                       tail_frames: Optional[int] = None) -> torch.Tensor:
     """diffusers' ``AutoencoderKLWan._decode`` (untiled) with ``chunk_frames`` latent frames per decoder call and
     a preallocated output (see the module doc for why this is equivalent). ``on_chunk(i, start, end)`` is called
     after each chunk (memory calibration); ``watchdog.stage`` names each chunk, so a hang reports where.
@@ -214,7 +217,7 @@ def wan_decode_chunked(vae, z: torch.Tensor, chunk_frames: int, *, watchdog=None
     SiLU/residual adds, one-copy frame interleave) for the duration of the call; ``channels_last``: conv weights
     and activations in channels_last(_3d) for the duration. Both default off here (diffusers' layers: what the
     bench's ``chunked`` config and the band-parallel decode drive); :func:`wan_decode_fast` turns them on.
-    ``compile_backend``, ``fused_glue`` (with ``lean``): see :func:`fast_layers`.
+    ``compile_backend``, ``fused_glue``, ``tail_frames`` (with ``lean``): see :func:`fast_layers`.
     """
     from diffusers.models.autoencoders.autoencoder_kl_wan import unpatchify
 
@@ -229,7 +232,8 @@ def wan_decode_chunked(vae, z: torch.Tensor, chunk_frames: int, *, watchdog=None
             stack.enter_context(_native_dtype_upsample(vae))
         if lean or channels_last:
             stack.enter_context(fast_layers(vae, channels_last=channels_last, lean=lean,
-                                            compile_backend=compile_backend, fused_glue=fused_glue))
+                                            compile_backend=compile_backend, fused_glue=fused_glue,
+                                            tail_frames=tail_frames if lean else None))
         if any(isinstance(m, torch.nn.Conv3d) and m.weight.is_contiguous(memory_format=torch.channels_last_3d)
                and not m.weight.is_contiguous() for m in vae.modules()):
             z = z.contiguous(memory_format=torch.channels_last_3d)

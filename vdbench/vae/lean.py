@@ -25,6 +25,9 @@ _COMPILED_GLUE: dict = {}
 # The Triton row kernels (vdbench.kernels.glue) inside fast_layers(fused_glue=True), else None: convs then run
 # without their bias, added by those kernels where the output is read next (see _conv_valid_t).
 _ROWS: contextvars.ContextVar = contextvars.ContextVar("vdbench_vae_rows", default=None)
+# Latent frames per call of the decoder's tail (its up blocks past the last temporal upsampling, and the head) inside
+# fast_layers(tail_frames=...), else None: the tail of a chunk then runs in pieces (see _lean_decoder).
+_TAIL: contextvars.ContextVar = contextvars.ContextVar("vdbench_vae_tail", default=None)
 
 
 def _norm_silu_cat(x, ctx, g):
@@ -280,10 +283,49 @@ def _lean_residual_block(self, x, feat_cache=None, feat_idx=[0]):  # noqa: B006 
 
 
 def _lean_decoder(self, x, feat_cache=None, feat_idx=[0], first_chunk=False):  # noqa: B006
-    """WanDecoder3d.forward with the head (norm_out -> SiLU -> conv_out) through the fused conv input buffer."""
+    """WanDecoder3d.forward with the head (norm_out -> SiLU -> conv_out) through the fused conv input buffer; with
+    ``fast_layers(tail_frames=S)`` the tail (:func:`_tail_start`: the up blocks past the last temporal upsampling,
+    then the head) of a chunk of more than S latent frames runs S latent frames' worth of frames a call.
+
+    Why the tail apart: its full-resolution activations are what a chunk's peak memory is made of, while the stages
+    before it are small and run faster over more frames at a time (on an H200 cuDNN's pick for the 1024-channel
+    3x3x3 conv at 88x160 does 2 frames a call at 676 TFLOP/s, 4 at 798). Exact: every op of the tail is per frame or
+    a causal conv, whose cache carries the frames from one piece to the next as from one chunk to the next (each
+    piece re-enters the tail's cache slots, ``feat_idx`` reset to where the tail starts)."""
+    t_lat = x.shape[2]
     x = _cached_conv(self.conv_in, x, feat_cache, feat_idx)
     x = self.mid_block(x, feat_cache=feat_cache, feat_idx=feat_idx)
-    for up_block in self.up_blocks:
+    tail = _TAIL.get()
+    start = _tail_start(self) if tail is not None and feat_cache is not None else len(self.up_blocks)
+    x = _up_blocks(self, x, 0, start, feat_cache, feat_idx, first_chunk)
+    if start == len(self.up_blocks) or first_chunk:
+        return _decoder_tail(self, x, start, feat_cache, feat_idx, first_chunk)
+    step = x.shape[2] // t_lat * tail
+    if step >= x.shape[2] or x.shape[2] % t_lat:
+        return _decoder_tail(self, x, start, feat_cache, feat_idx, first_chunk)
+    idx, parts = feat_idx[0], []
+    for piece in x.split(step, dim=2):
+        feat_idx[0] = idx
+        parts.append(_decoder_tail(self, piece, start, feat_cache, feat_idx, first_chunk))
+    del x, piece
+    return torch.cat(parts, 2)
+
+
+def _tail_start(decoder) -> int:
+    """The index of the first up block past the decoder's last temporal upsampling (an ``upsample3d`` resample or a
+    ``DupUp3D`` shortcut with a time factor): from there on every layer keeps the frame count."""
+    start = 0
+    for i, block in enumerate(decoder.up_blocks):
+        for m in block.modules():
+            if ((type(m).__name__ == "WanResample" and m.mode == "upsample3d")
+                    or (type(m).__name__ == "DupUp3D" and m.factor_t > 1)):
+                start = i + 1
+    return start
+
+
+def _up_blocks(self, x, lo, hi, feat_cache, feat_idx, first_chunk):
+    """The decoder's up blocks ``lo`` to ``hi`` (exclusive) on ``x``."""
+    for up_block in self.up_blocks[lo:hi]:
         if type(up_block).__name__ == "WanUpBlock" and "forward" not in up_block.__dict__:
             # WanUpBlock.forward inlined, so that no frame keeps the block's input alive while its residual
             # blocks run (a called block's caller would hold it: one full-size activation more at the peak)
@@ -293,6 +335,12 @@ def _lean_decoder(self, x, feat_cache=None, feat_idx=[0], first_chunk=False):  #
                 x = up_block.upsamplers[0](x, feat_cache=feat_cache, feat_idx=feat_idx)
         else:
             x = up_block(x, feat_cache=feat_cache, feat_idx=feat_idx, first_chunk=first_chunk)
+    return x
+
+
+def _decoder_tail(self, x, start, feat_cache, feat_idx, first_chunk):
+    """The up blocks from ``start`` on, then the head."""
+    x = _up_blocks(self, x, start, len(self.up_blocks), feat_cache, feat_idx, first_chunk)
     if not _lean_norm_ok(self.norm_out, self.nonlinearity, self.conv_out):
         return _cached_conv(self.conv_out, self.nonlinearity(self.norm_out(x)), feat_cache, feat_idx)
     buf = _norm_act_conv_input(self.norm_out, self.nonlinearity, self.conv_out, x, feat_cache, feat_idx)
@@ -607,7 +655,7 @@ def _weights_channels_last(vae, modules):
 
 @contextlib.contextmanager
 def fast_layers(vae, *, channels_last: bool = True, lean: bool = True, compile_backend: Optional[str] = None,
-                fused_glue: bool = False, part: str = "decoder"):
+                fused_glue: bool = False, part: str = "decoder", tail_frames: Optional[int] = None):
     """Scoped swap of the fast path (Wan VAEs): for the duration, this VAE's decoder instances (and its
     ``post_quant_conv``; with ``part="encoder"``: its encoder and ``quant_conv``, the fast encode of
     :mod:`vdbench.vae.encode`) run the lean forwards above instead of diffusers' (``forward`` set on the instance,
@@ -617,7 +665,8 @@ def fast_layers(vae, *, channels_last: bool = True, lean: bool = True, compile_b
     the band-parallel decode's) is left alone. ``compile_backend`` (with ``lean``): the norm -> SiLU -> conv
     input glue of the residual blocks and the head runs as one function compiled by ``torch.compile``
     (:func:`_norm_silu_cat`; convs stay cuDNN's). ``fused_glue`` (with ``lean``): the same
-    glue as one Triton kernel, conv biases added by the Triton row pass (:func:`_fused_kernels`). Yields the list of
+    glue as one Triton kernel, conv biases added by the Triton row pass (:func:`_fused_kernels`). ``tail_frames``
+    (with ``lean``): the decoder's tail runs that many latent frames a call (:func:`_lean_decoder`). Yields the list of
     swapped modules."""
     from diffusers.models.autoencoders import autoencoder_kl_wan as W
 
@@ -639,8 +688,11 @@ def fast_layers(vae, *, channels_last: bool = True, lean: bool = True, compile_b
         raise ValueError("fused_glue needs lean=True and excludes compile_backend")
     rows = _fused_kernels(vae) if fused_glue else None
     glue = rows.norm_silu_cat if fused_glue else _compiled_glue(compile_backend) if (lean and compile_backend) else None
+    if tail_frames is not None and (not lean or tail_frames < 1):
+        raise ValueError(f"tail_frames needs lean=True and at least 1, got {tail_frames}")
     token = _GLUE.set(glue)
     rows_token = _ROWS.set(rows)
+    tail_token = _TAIL.set(tail_frames)
     limit = contextlib.nullcontext()
     if lean and compile_backend:
         import torch._dynamo
@@ -671,6 +723,7 @@ def fast_layers(vae, *, channels_last: bool = True, lean: bool = True, compile_b
         limit.__exit__(None, None, None)
         _GLUE.reset(token)
         _ROWS.reset(rows_token)
+        _TAIL.reset(tail_token)
         for m in patched:
             del m.forward
             m.__dict__.pop("_vdbench_gain", None)

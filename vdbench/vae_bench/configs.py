@@ -35,7 +35,8 @@ def encode_refusal(base: str, family: str, vae, glue, comp: bool, value, args) -
         return f"{base}: the encode's chunks are the Wan encoder's (causal caches), not {type(vae).__name__}'s", None
     if base not in ("fast", "fast_nocl"):
         return None, None
-    opts = E.EncodeOptions(chunk_frames=int(value or args.chunk_frames or E.FAST_ENCODE_DEFAULT_CHUNK),
+    chunk = (value or "").partition("/")[0]  # fast@K/S: S is the decoder's tail (no encode counterpart)
+    opts = E.EncodeOptions(chunk_frames=int(chunk or args.chunk_frames or E.FAST_ENCODE_DEFAULT_CHUNK),
                            channels_last=base == "fast", fused_glue=glue,
                            compile_backend=args.compile_backend if comp else None)
     try:
@@ -83,9 +84,11 @@ def prepare_config(name: str, value, vae, family: str, args, device: str, ops=("
     # the configs that run --vae_decode fast: its options, refused by the render's own check where they don't apply
     decode_opts = None
     if base in ("fast", "fast_nocl"):
-        decode_opts = D.DecodeOptions(chunk_frames=int(value or args.chunk_frames or V.FAST_DEFAULT_CHUNK),
+        chunk, _, tail = (value or "").partition("/")  # fast@K/S: K latent frames a call, the tail S at a time
+        decode_opts = D.DecodeOptions(chunk_frames=int(chunk or args.chunk_frames or V.FAST_DEFAULT_CHUNK),
                                       channels_last=base == "fast", fused_glue=glue,
-                                      compile_backend=args.compile_backend if comp else None)
+                                      compile_backend=args.compile_backend if comp else None,
+                                      tail_frames=int(tail) if tail else None)
     elif base == "memory":
         decode_opts = D.DecodeOptions(max_memory_gib=float(value or args.vae_max_memory), fused_glue=glue)
     if decode_opts is not None:
@@ -137,7 +140,8 @@ def prepare_config(name: str, value, vae, family: str, args, device: str, ops=("
             dfn = lambda z: V.wan_decode_chunked(vae, z, k, native_upsample=False)  # noqa: E731
         elif decode_opts is not None:
             if fast:
-                desc.update(chunk_frames=decode_opts.chunk_frames, channels_last=decode_opts.channels_last)
+                desc.update(chunk_frames=decode_opts.chunk_frames, channels_last=decode_opts.channels_last,
+                            tail_frames=decode_opts.tail_frames or V.FAST_DEFAULT_TAIL)
             else:
                 desc["max_memory_gib"] = decode_opts.max_memory_gib
             opts = dataclasses.asdict(decode_opts)
