@@ -64,7 +64,7 @@ def test_decode_video_modes(wan21):
     info = {}
     fast = D.decode_video(wan21, z, mode="fast", chunk_frames=2, info=info)
     torch.testing.assert_close(fast, ref, atol=1e-4, rtol=0)
-    assert info == {"path": "chunked", "chunk_frames": 2, "channels_last": True,
+    assert info == {"path": "chunked", "chunk_frames": 2, "tail_frames": 1, "channels_last": True,
                     "glue": "eager (Triton glue not used: the VAE is on cpu)"}
     with pytest.raises(ValueError, match="unknown VAE decode mode"):
         D.decode_video(wan21, z, mode="turbo")
@@ -235,7 +235,7 @@ def test_fast_path_equals_stock_fp32_and_is_undone(cfg, monkeypatch):
                                      info=info)
                 assert out.shape == refs[t].shape and out.is_contiguous()
                 torch.testing.assert_close(out, refs[t], atol=5e-5, rtol=0, msg=f"t={t} K={k} channels_last={cl}")
-                assert info == {"path": "chunked", "chunk_frames": k, "channels_last": cl,
+                assert info == {"path": "chunked", "chunk_frames": k, "tail_frames": 1, "channels_last": cl,
                                 "glue": "eager (Triton glue not used: the VAE is on cpu)"}
                 assert _instance_forwards(vae) == [] and all(_weight_layouts(vae))
     monkeypatch.undo()
@@ -311,10 +311,11 @@ def test_fast_path_bf16_quality_matches_stock_bf16():
     assert psnr(fast) > 45 and psnr(fast) > psnr(stock) - 1.0
 
 
-def test_fast_default_chunk_is_one(wan21):
+def test_fast_default_chunk_is_two_with_the_tail_one_at_a_time(wan21):
     info = {}
     D.decode_video(wan21, _z(wan21, t=3), mode="fast", info=info)
-    assert V.FAST_DEFAULT_CHUNK == 1 and info["chunk_frames"] == 1
+    assert (V.FAST_DEFAULT_CHUNK, V.FAST_DEFAULT_TAIL) == (2, 1)
+    assert (info["chunk_frames"], info["tail_frames"]) == (2, 1)
 
 
 def test_fast_path_compiled_glue_equals_stock_fp32():

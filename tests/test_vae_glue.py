@@ -144,8 +144,8 @@ def test_the_decoders_tail_in_pieces_equals_the_stock_decode_fp32(cfg, exact_fp3
     ref = vae.decode(z, return_dict=False)[0]
     calls = []
     tail = L._decoder_tail
-    monkeypatch.setattr(L, "_decoder_tail", lambda self, x, start, *a: calls.append((start, x.shape[2]))
-                        or tail(self, x, start, *a))
+    monkeypatch.setattr(L, "_decoder_tail", lambda self, box, start, *a: calls.append((start, box[0].shape[2]))
+                        or tail(self, box, start, *a))
     info = {}
     out = D.decode_video(vae, z, mode="fast", fused_glue=True, chunk_frames=3, tail_frames=1, info=info)
     torch.testing.assert_close(out, ref, atol=5e-5, rtol=0)

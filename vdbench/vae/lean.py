@@ -297,17 +297,19 @@ def _lean_decoder(self, x, feat_cache=None, feat_idx=[0], first_chunk=False):  #
     x = self.mid_block(x, feat_cache=feat_cache, feat_idx=feat_idx)
     tail = _TAIL.get()
     start = _tail_start(self) if tail is not None and feat_cache is not None else len(self.up_blocks)
-    x = _up_blocks(self, x, 0, start, feat_cache, feat_idx, first_chunk)
-    if start == len(self.up_blocks) or first_chunk:
-        return _decoder_tail(self, x, start, feat_cache, feat_idx, first_chunk)
-    step = x.shape[2] // t_lat * tail
+    box = [x]
+    del x  # the callees take their input out of the box: no frame here keeps it while they run
+    x = _up_blocks(self, box, 0, start, feat_cache, feat_idx, first_chunk)
+    step = x.shape[2] // t_lat * tail if start < len(self.up_blocks) and not first_chunk else x.shape[2]
     if step >= x.shape[2] or x.shape[2] % t_lat:
-        return _decoder_tail(self, x, start, feat_cache, feat_idx, first_chunk)
-    idx, parts = feat_idx[0], []
-    for piece in x.split(step, dim=2):
+        box.append(x)
+        del x
+        return _decoder_tail(self, box, start, feat_cache, feat_idx, first_chunk)
+    idx, parts, pieces = feat_idx[0], [], list(x.split(step, dim=2))
+    del x  # the pieces hold it (views of one storage, freed with the last piece)
+    while pieces:
         feat_idx[0] = idx
-        parts.append(_decoder_tail(self, piece, start, feat_cache, feat_idx, first_chunk))
-    del x, piece
+        parts.append(_decoder_tail(self, [pieces.pop(0)], start, feat_cache, feat_idx, first_chunk))
     return torch.cat(parts, 2)
 
 
@@ -323,8 +325,11 @@ def _tail_start(decoder) -> int:
     return start
 
 
-def _up_blocks(self, x, lo, hi, feat_cache, feat_idx, first_chunk):
-    """The decoder's up blocks ``lo`` to ``hi`` (exclusive) on ``x``."""
+def _up_blocks(self, box, lo, hi, feat_cache, feat_idx, first_chunk):
+    """The decoder's up blocks ``lo`` to ``hi`` (exclusive) on the tensor in the one-element list ``box``, taken out
+    of it: the caller keeps no reference to a block's input while the blocks run (one full-size activation less at
+    the peak)."""
+    x = box.pop()
     for up_block in self.up_blocks[lo:hi]:
         if type(up_block).__name__ == "WanUpBlock" and "forward" not in up_block.__dict__:
             # WanUpBlock.forward inlined, so that no frame keeps the block's input alive while its residual
@@ -338,9 +343,9 @@ def _up_blocks(self, x, lo, hi, feat_cache, feat_idx, first_chunk):
     return x
 
 
-def _decoder_tail(self, x, start, feat_cache, feat_idx, first_chunk):
-    """The up blocks from ``start`` on, then the head."""
-    x = _up_blocks(self, x, start, len(self.up_blocks), feat_cache, feat_idx, first_chunk)
+def _decoder_tail(self, box, start, feat_cache, feat_idx, first_chunk):
+    """The up blocks from ``start`` on, then the head, on the tensor in ``box`` (:func:`_up_blocks`)."""
+    x = _up_blocks(self, box, start, len(self.up_blocks), feat_cache, feat_idx, first_chunk)
     if not _lean_norm_ok(self.norm_out, self.nonlinearity, self.conv_out):
         return _cached_conv(self.conv_out, self.nonlinearity(self.norm_out(x)), feat_cache, feat_idx)
     buf = _norm_act_conv_input(self.norm_out, self.nonlinearity, self.conv_out, x, feat_cache, feat_idx)
