@@ -350,3 +350,29 @@ def test_a_host_build_without_a_list_of_blocks_is_built_whole_then_moved(monkeyp
 
     monkeypatch.setattr(diffusers.WanTransformer3DModel, "__init__", blocks_elsewhere)
     assert not hasattr(_built_into_its_buffer_as_whole(variant), "blocks")
+
+
+def test_model_offload_places_a_random_build_like_group_and_releases_its_buffers(monkeypatch):
+    """``--offload model``: a checkpoint is read on the host and stays there; a random-weight build draws its
+    denoisers on the device a block at a time into host buffers (the same bytes as a resident build: the frames are
+    the resident render's), and the offload lets go of those buffers before diffusers' model offload takes over (it
+    moves each component back into new host memory: the buffer would be a second host copy)."""
+    from vdbench import hostmem
+    from vdbench.tiny import build_pipeline, get_variant
+
+    assert offload.load_placement("model", built=False) == (True, ())
+    assert offload.load_placement("model", built=True) == (False, ("transformer", "transformer_2"))
+    assert offload.load_placement("group", built=False) == (False, ("transformer", "transformer_2"))
+    assert offload.load_placement("none", built=True) == (False, ())
+    variant = get_variant("wan2.2-t2v-a14b")
+    resident = build_pipeline(variant)
+    pipe = build_pipeline(variant, host=offload.load_placement("model", built=True)[1])
+    for name in ("transformer", "transformer_2"):
+        assert hostmem.held(getattr(pipe, name)) is not None
+        for t, r in zip(hostmem.weights(getattr(pipe, name)), hostmem.weights(getattr(resident, name))):
+            assert torch.equal(t, r)
+    calls = []
+    monkeypatch.setattr(type(pipe), "enable_model_cpu_offload", lambda self, device=None: calls.append(device))
+    record = offload.apply_offload("model", pipe, CPU)
+    assert calls == [CPU] and record["load_buffers_released"] == ["transformer", "transformer_2"]
+    assert all(hostmem.HOST_BUFFER not in vars(getattr(pipe, n)) for n in ("transformer", "transformer_2"))

@@ -40,14 +40,27 @@ import torch
 from .hostmem import HOST_BUFFER, HostBuffer, check_room, cores, held, layout, move_into, nbytes, weights
 
 __all__ = ["MODES", "EXECUTION_DEVICE", "OffloadError", "check_offload", "apply_offload", "expert_swap", "ExpertSwap",
-           "HOST_COMPONENTS", "host_buffers", "shard_weights"]
+           "HOST_COMPONENTS", "load_placement", "host_buffers", "shard_weights"]
 
 #: ``--offload``'s modes (``none``: every weight resident).
 MODES = ("none", "model", "group", "expert", "shard")
 
 #: The components a mode keeps on the host from the load on (built or loaded there, never on the GPU whole).
 HOST_COMPONENTS = {"expert": ("transformer_2",), "group": ("transformer", "transformer_2"),
-                   "shard": ("transformer", "transformer_2")}
+                   "shard": ("transformer", "transformer_2"), "model": ("transformer", "transformer_2")}
+
+
+def load_placement(mode: str, *, built: bool) -> tuple[bool, tuple]:
+    """(whether the whole load stays on the host, the components it keeps there otherwise) for ``mode``; ``built``:
+    a random-weight build (drawn on the device) rather than a checkpoint read.
+
+    ``model``: a checkpoint is read on the host and stays there (diffusers' model offload places each component when
+    it runs); a random-weight build draws its weights on the device -- the host's generator would draw other weights
+    (the frames would not be the resident render's), and slowly -- its denoisers a block at a time into host buffers
+    (:data:`HOST_COMPONENTS`), the rest moved out by the offload."""
+    if mode == "model" and not built:
+        return True, ()
+    return False, HOST_COMPONENTS.get(mode, ())
 
 
 class OffloadError(ValueError):
@@ -110,8 +123,14 @@ def apply_offload(mode: str, pipe, device: torch.device) -> Optional[dict]:
     if mode == "shard":
         return None
     if mode == "model":
+        # diffusers moves a component back to the host into new memory once the next one runs: a load's buffer kept
+        # here would be a second host copy of each denoiser (its weights' views keep it until they move to the GPU)
+        released = [name for name in HOST_COMPONENTS["model"]
+                    if getattr(pipe, name, None) is not None and HOST_BUFFER in vars(getattr(pipe, name))]
+        for name in released:
+            delattr(getattr(pipe, name), HOST_BUFFER)
         pipe.enable_model_cpu_offload(device=device)
-        return {"mode": mode, "how": "diffusers enable_model_cpu_offload"}
+        return {"mode": mode, "how": "diffusers enable_model_cpu_offload", "load_buffers_released": released}
     if mode == "group":
         pinned = host_buffers(pipe, pinned=torch.device(device).type == "cuda")
         pipe.enable_group_offload(onload_device=device, offload_device=torch.device("cpu"),

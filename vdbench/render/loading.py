@@ -18,7 +18,7 @@ from .. import backends as B
 from .. import parallel as P
 from ..cache import apply_cache
 from ..measure.record import command_line, commit
-from ..offload import HOST_COMPONENTS, apply_offload, shard_weights
+from ..offload import apply_offload, load_placement, shard_weights
 from ..pipelines import ModelLoadError, model_summary, set_schedule, step_denoisers, transformers_of
 from ..speed import apply_speed_options
 from ..timing import Laps, memory_stage, system_info
@@ -95,8 +95,8 @@ def load_checked(plan: Plan, laps: Laps, prewarms: Prewarms) -> tuple:
     laps.lap("prewarm_start")
     cfg, model, device = plan.cfg, plan.model, plan.device
     t_load = time.perf_counter()
-    on_host = cfg.offload == "model"  # loaded on the host; the offload places what runs (group: the denoisers)
-    host = HOST_COMPONENTS.get(cfg.offload, ())
+    # the whole load on the host (a checkpoint under --offload model) or the components a mode keeps there
+    on_host, host = load_placement(cfg.offload, built=model.spec.kind == "random")
     pipe = model.load(dtype=plan.dtype, device="cpu" if on_host else device, vae_dtype=plan.vae_dtype,
                       timings=laps.parts, host=host)
     if host and torch.device(device).type == "cuda":

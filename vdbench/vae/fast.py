@@ -52,13 +52,17 @@ produced. Which decode then runs (diffusers' own, this module's, the band-parall
       per frame, so a chunk of K frames after the first gives the same result as K single-frame calls (tested
       in fp32 on CPU against the stock decode).
 
-    **Default chunk** (``FAST_DEFAULT_CHUNK`` = 1, what ``--vae_decode fast`` uses): peak memory grows with the
-    chunk (the activations of K latent frames = 4K output frames are live at once, on top of the fixed causal
-    caches: 1.76 GiB for Wan 2.1 at 480p, 1.33 GiB for Wan 2.2). Peak live-tensor bytes at 832x480, 81 frames,
-    bf16, counted op by op on the meta device (no cuDNN workspace): Wan 2.1 diffusers 3.95 GiB, fast@1 3.09,
-    fast@2 3.95, fast@3 4.95, fast@4 5.95; Wan 2.2 (TI2V-5B VAE) diffusers 4.19, fast@1 2.85, fast@2 3.99
-    (tests/test_vae_memory.py counts the same way at a smaller size). So only K = 1 stays below the stock
-    decode; larger chunks are an explicit choice (``chunk_frames``, the bench's ``fast@K``), to be measured.
+    **Default chunk** (``FAST_DEFAULT_CHUNK`` = 2, ``FAST_DEFAULT_TAIL`` = 1, what ``--vae_decode fast`` uses):
+    two latent frames a decoder call through the stages up to the last temporal upsampling, and the decoder's tail
+    (the up blocks after it and the head, whose full-resolution activations make the peak) one latent frame at a
+    time within the chunk (exact, like the chunks: :func:`vdbench.vae.lean._lean_decoder`). Peak memory grows with
+    the frames of a call (the activations of K latent frames = 4K output frames are live at once, on top of the
+    fixed causal caches); the stages before the tail are small and run faster over more frames. Peak live-tensor
+    bytes counted op by op on the meta device (no cuDNN workspace), 3 latent frames at 416x240 (tests/
+    test_vae_memory.py): Wan 2.1 diffusers 0.946 GiB, fast@1 0.731, fast (2/1) 0.762, fast@2/2 0.905; Wan 2.2
+    (TI2V-5B VAE) 1.007, 0.670, 0.690, 0.880; the TI2V-5B VAE at 1280x704: 9.07, 6.05, 6.23, 7.94. Measured on an
+    H200 (docs/PERFORMANCE.md §8.1): the default is faster than one frame a call and peaks below diffusers';
+    ``chunk_frames`` / ``tail_frames`` (the bench's ``fast@K/S``) trade memory for speed explicitly.
 
     The dtype is the VAE's: load it in bf16 (``--vae_dtype bf16``) for speed.
     Other VAE classes (not in :data:`FAST_VAES`): ``fast`` is refused by :func:`vdbench.vae.decode.check_decode`,
