@@ -311,11 +311,19 @@ def test_fast_path_bf16_quality_matches_stock_bf16():
     assert psnr(fast) > 45 and psnr(fast) > psnr(stock) - 1.0
 
 
-def test_fast_default_chunk_is_two_with_the_tail_one_at_a_time(wan21):
+def test_fast_default_chunk_is_two_with_the_triton_glue_and_one_without(wan21):
+    """The measured default (two latent frames a call, the tail one at a time) where the Triton glue runs; one latent
+    frame a call with the eager glue (a CPU render's frames unchanged)."""
+    assert (V.FAST_DEFAULT_CHUNK, V.FAST_EAGER_CHUNK, V.FAST_DEFAULT_TAIL) == (2, 1, 1)
     info = {}
     D.decode_video(wan21, _z(wan21, t=3), mode="fast", info=info)
-    assert (V.FAST_DEFAULT_CHUNK, V.FAST_DEFAULT_TAIL) == (2, 1)
-    assert (info["chunk_frames"], info["tail_frames"]) == (2, 1)
+    assert (info["chunk_frames"], info["tail_frames"]) == (1, 1) and info["glue"].startswith("eager")
+    from tests.conftest import triton_interpreter
+
+    with triton_interpreter("vdbench.kernels.glue"):
+        info = {}
+        D.decode_video(wan21, _z(wan21, t=3), mode="fast", fused_glue=True, info=info)
+    assert (info["chunk_frames"], info["tail_frames"]) == (2, 1) and info["glue"] == V.GLUE_TRITON
 
 
 def test_fast_path_compiled_glue_equals_stock_fp32():

@@ -3,7 +3,9 @@
 :data:`MODES` (``--offload``):
 
 * ``model`` -- diffusers' ``enable_model_cpu_offload``: each component on the GPU while it runs (the text encoder,
-  each denoiser, the VAE), moved whole and synchronously when the next one starts.
+  each denoiser, the VAE), moved whole and synchronously when the next one starts. A checkpoint is read on the host;
+  a random-weight build's denoisers are drawn on the device a block at a time into host buffers
+  (:func:`load_placement`), so the card never holds both experts, and the frames are the resident render's.
 * ``group`` -- diffusers' ``enable_group_offload`` (block level, a CUDA stream onloading the next block while the
   current one runs, pinned host copies) on every component but the VAE: the GPU holds a few blocks of a denoiser.
   The denoisers are loaded on the host, each into one pinned flat buffer (:mod:`vdbench.hostmem`) that diffusers

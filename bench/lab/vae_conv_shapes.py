@@ -92,12 +92,12 @@ def variant_rows(mode: str) -> list:
     return rows
 
 
-def main():
+def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("-o", "--out", required=True, help="the JSON file to write (the rows and the device); required")
-    ap.add_argument("--variants", action="store_true", help="the costly shapes in each cuDNN mode (module doc)")
+    ap.add_argument("--variants", action="store_true", help="the costly shapes in each cuDNN mode (module doc); default: off")
     ap.add_argument("--mode", choices=MODES, help=argparse.SUPPRESS)  # one mode, in this process (--variants' child)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.mode:
         with open(args.out, "w") as f:
             json.dump(variant_rows(args.mode), f)

@@ -29,15 +29,17 @@ def conv_flop(shapes) -> float:
     return 0.0
 
 
-def main():
+def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default="wan2.2")
-    ap.add_argument("--size", default="1280*704", help="W*H of the video")
-    ap.add_argument("--frames", type=int, default=121)
-    ap.add_argument("--chunk_frames", type=int, default=None)
-    ap.add_argument("--tail_frames", type=int, default=None)
-    ap.add_argument("-o", "--out", required=True)
-    a = ap.parse_args()
+    ap.add_argument("--model", default="wan2.2", help="the VAE, as bench/bench_vae.py names it (default: %(default)s)")
+    ap.add_argument("--size", default="1280*704", help="W*H of the video (default: %(default)s)")
+    ap.add_argument("--frames", type=int, default=121, help="video frames (default: %(default)s)")
+    ap.add_argument("--chunk_frames", type=int, default=None,
+                    help="latent frames a decoder call (default: the fast decode's)")
+    ap.add_argument("--tail_frames", type=int, default=None,
+                    help="latent frames a call of the decoder's tail (default: the fast decode's)")
+    ap.add_argument("-o", "--out", required=True, help="the JSON file to write; required")
+    a = ap.parse_args(argv)
     w, h = (int(v) for v in a.size.split("*"))
     vae = build_vae(a.model, "cuda").to(torch.bfloat16)
     z = make_latents(vae, family_of(vae), a.frames, w, h, 0, "cuda")

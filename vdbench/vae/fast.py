@@ -62,7 +62,10 @@ produced. Which decode then runs (diffusers' own, this module's, the band-parall
     test_vae_memory.py): Wan 2.1 diffusers 0.946 GiB, fast@1 0.731, fast (2/1) 0.762, fast@2/2 0.905; Wan 2.2
     (TI2V-5B VAE) 1.007, 0.670, 0.690, 0.880; the TI2V-5B VAE at 1280x704: 9.07, 6.05, 6.23, 7.94. Measured on an
     H200 (docs/PERFORMANCE.md §8.1): the default is faster than one frame a call and peaks below diffusers';
-    ``chunk_frames`` / ``tail_frames`` (the bench's ``fast@K/S``) trade memory for speed explicitly.
+    ``chunk_frames`` / ``tail_frames`` (the bench's ``fast@K/S``) trade memory for speed explicitly. Without the
+    Triton glue (a CPU, or ``--vae_glue eager``) the default is one latent frame a call (``FAST_EAGER_CHUNK``): no
+    speed was measured there, and a CPU's convolutions over two frames round differently from two calls of one, so
+    a CPU render's frames stay the bytes they were.
 
     The dtype is the VAE's: load it in bf16 (``--vae_dtype bf16``) for speed.
     Other VAE classes (not in :data:`FAST_VAES`): ``fast`` is refused by :func:`vdbench.vae.decode.check_decode`,
@@ -93,12 +96,14 @@ from .. import families
 from .lean import nearest_native, fast_layers
 
 __all__ = ["wan_decode_fast", "wan_decode_chunked", "choose_chunk_frames", "prepare_latents", "FAST_VAES",
-           "channels_last_3d", "fast_layers", "FAST_DEFAULT_CHUNK", "FAST_DEFAULT_TAIL", "resolve_glue"]
+           "channels_last_3d", "fast_layers", "FAST_DEFAULT_CHUNK", "FAST_EAGER_CHUNK", "FAST_DEFAULT_TAIL",
+           "resolve_glue"]
 
 #: The VAE classes this module's fast decode (and its memory bound) drives: the Wan decoder's causal-conv cache is
 #: what makes chunking exact.
 FAST_VAES = ("AutoencoderKLWan",)
-FAST_DEFAULT_CHUNK = 2  # latent frames per decoder call in mode "fast" when no chunk size is given (module doc)
+FAST_DEFAULT_CHUNK = 2  # latent frames per decoder call in mode "fast" with the Triton glue, unless given (module doc)
+FAST_EAGER_CHUNK = 1  # ... with the eager or compiled glue (a CPU: its renders' frames kept as they were; module doc)
 FAST_DEFAULT_TAIL = 1  # latent frames per call of the decoder's full-resolution tail within a chunk (module doc)
 _GIB = 1024 ** 3
 
@@ -131,7 +136,7 @@ def wan_decode_fast(vae, z: torch.Tensor, *, chunk_frames: Optional[int] = None,
         return _wan_decode_bounded(vae, z, max_memory_gib, watchdog=watchdog, info=info, channels_last=channels_last,
                                    fused_glue=fused)
     # Default chunk and tail (FAST_DEFAULT_CHUNK, FAST_DEFAULT_TAIL): see the module doc ("Default chunk").
-    k = chunk_frames or min(FAST_DEFAULT_CHUNK, z.shape[2])
+    k = chunk_frames or min(FAST_DEFAULT_CHUNK if fused else FAST_EAGER_CHUNK, z.shape[2])
     tail = FAST_DEFAULT_TAIL if tail_frames is None else tail_frames
     info.update(path="chunked", chunk_frames=k, tail_frames=min(tail, k), channels_last=channels_last)
     if compile_backend:

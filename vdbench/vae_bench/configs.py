@@ -85,7 +85,8 @@ def prepare_config(name: str, value, vae, family: str, args, device: str, ops=("
     decode_opts = None
     if base in ("fast", "fast_nocl"):
         chunk, _, tail = (value or "").partition("/")  # fast@K/S: K latent frames a call, the tail S at a time
-        decode_opts = D.DecodeOptions(chunk_frames=int(chunk or args.chunk_frames or V.FAST_DEFAULT_CHUNK),
+        k = chunk or args.chunk_frames  # none given: the decode's own default (its info says which ran)
+        decode_opts = D.DecodeOptions(chunk_frames=int(k) if k else None,
                                       channels_last=base == "fast", fused_glue=glue,
                                       compile_backend=args.compile_backend if comp else None,
                                       tail_frames=int(tail) if tail else None)
