@@ -220,13 +220,15 @@ def test_composite_configs_parse():
 
 @pytest.mark.minutes
 def test_fast_variants_compile_and_profile(every_config_run):
-    from vdbench.vae.fast import FAST_DEFAULT_CHUNK
+    from vdbench.vae.fast import FAST_EAGER_CHUNK
 
     rc, data, _, _ = every_config_run
     rows = {r["config"]: r for r in data["results"]}
     assert data["args"]["profile"] == 4 and data["args"]["profile_configs"] == "bf16,fast*"
     assert rc == 2  # only the tiny 32-px tiles are flagged
-    assert rows["fast"]["chunk_frames"] == FAST_DEFAULT_CHUNK and rows["fast"]["channels_last"] is True
+    # no chunk given: the row says what the decode ran (on a CPU, the eager glue's one latent frame a call)
+    assert rows["fast"]["decode_info"]["glue"].startswith("eager") and rows["fast"]["channels_last"] is True
+    assert rows["fast"]["chunk_frames"] == FAST_EAGER_CHUNK and rows["fast"]["tail_frames"] == 1
     assert rows["fast_nocl@2"]["chunk_frames"] == 2 and rows["fast_nocl@2"]["channels_last"] is False
     assert rows["fast+cudnn_benchmark"]["status"] == "not_applicable"  # CPU
     comp = rows["fast+compile"]

@@ -69,6 +69,9 @@ def run_config(spec: str, args, device: str, ref: dict | None = None, wd=None) -
         times, first, peak, out = timed(fns["decode"], z, args, device, stage, "decode")
         res.update(**time_fields(times, first, peak, device), output_shape=list(out.shape),
                    decode_info=dict(info["decode"]))
+        for key in ("chunk_frames", "tail_frames"):  # a config that left them to the decode: what it ran
+            if key in res and res[key] is None:
+                res[key] = info["decode"].get(key)
         frames = to_frames(out)
         del out
         if prof:
