@@ -68,8 +68,8 @@ def main(argv=None):
             try:
                 flop = conv_flop(eval(shapes)) * calls  # noqa: S307 - the profiler's own list of shape lists
                 row["tflops"] = round(flop / ms / 1e9, 1) if flop and ms else None
-            except (SyntaxError, IndexError, TypeError):
-                pass
+            except (SyntaxError, IndexError, TypeError):  # a shape list the profiler wrote otherwise: no figure
+                row["tflops"] = None
         rows.append(row)
     total = sum(r["device_ms"] for r in rows)
     for r in rows[:40]:

@@ -514,27 +514,19 @@ def _lean_residual_up_block(self, x, feat_cache=None, feat_idx=[0], first_chunk=
     it: every in-place op of the lean layers is on a tensor they just made), with the ``DupUp3D`` shortcut
     added in place into the block output through an 8-D view (no materialized shortcut, no layout mismatch);
     with the Triton glue by the upsampler's last pass (:func:`_lean_resample`'s ``shortcut``)."""
-    x_in = x
+    x_in, up = x, self.avg_shortcut
     for resnet in self.resnets:
         x = resnet(x, feat_cache=feat_cache, feat_idx=feat_idx) if feat_cache is not None else resnet(x)
-    if self.avg_shortcut is None:
-        if self.upsampler is not None:
-            x = (self.upsampler(x, feat_cache=feat_cache, feat_idx=feat_idx) if feat_cache is not None
-                 else self.upsampler(x))
-        return x
-
-    def finish(x):
-        return _add_dup_up(self.avg_shortcut, x, x_in, first_chunk)
-
-    if self.upsampler is None:
-        return finish(x)
-    lean = getattr(self.upsampler.__dict__.get("forward"), "__func__", None) is _lean_resample
-    if lean and _ROWS.get() is not None and feat_cache is not None:
-        src = _dup_up_src(self.avg_shortcut, x_in, first_chunk)
+    src = None
+    if (up is not None and self.upsampler is not None and feat_cache is not None and _ROWS.get() is not None
+            and getattr(self.upsampler.__dict__.get("forward"), "__func__", None) is _lean_resample):
+        src = _dup_up_src(up, x_in, first_chunk)
+    if src is not None:  # the upsampler adds the shortcut: in its interleave's pass, or through the add where it can't
         return self.upsampler(x, feat_cache=feat_cache, feat_idx=feat_idx,
-                              shortcut=None if src is None else (src, finish))
-    x = self.upsampler(x, feat_cache=feat_cache, feat_idx=feat_idx) if feat_cache is not None else self.upsampler(x)
-    return finish(x)
+                              shortcut=(src, lambda y: _add_dup_up(up, y, x_in, first_chunk)))
+    if self.upsampler is not None:
+        x = self.upsampler(x, feat_cache=feat_cache, feat_idx=feat_idx) if feat_cache is not None else self.upsampler(x)
+    return x if up is None else _add_dup_up(up, x, x_in, first_chunk)
 
 
 def _dup_up_src(up, x_in, first_chunk):
