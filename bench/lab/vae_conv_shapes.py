@@ -49,9 +49,12 @@ def conv_row(what, cin, cout, t, h, w, pt=2):
 
 #: (what, C_in, C_out, frames, H, W): per steady chunk the 5 + 1 convs at 352x640 and at 176x320 are 63% of the
 #: TI2V-5B decoder's multiply-adds at 1280x704 (vdbench.vae.lean, one latent frame a call: 4 frames there).
-VARIANT_SHAPES = [("up3 256->256 at 352x640", 256, 256, 4, 352, 640), ("up3 256->256 at 352x640", 256, 256, 8, 352, 640),
-                  ("up3 512->256 at 352x640", 512, 256, 4, 352, 640), ("up2 512->512 at 176x320", 512, 512, 4, 176, 320),
-                  ("up2 512->512 at 176x320", 512, 512, 8, 176, 320), ("up1 1024->1024 at 88x160", 1024, 1024, 2, 88, 160)]
+VARIANT_SHAPES = [("up3 256->256 at 352x640", 256, 256, 4, 352, 640),
+                  ("up3 256->256 at 352x640", 256, 256, 8, 352, 640),
+                  ("up3 512->256 at 352x640", 512, 256, 4, 352, 640),
+                  ("up2 512->512 at 176x320", 512, 512, 4, 176, 320),
+                  ("up2 512->512 at 176x320", 512, 512, 8, 176, 320),
+                  ("up1 1024->1024 at 88x160", 1024, 1024, 2, 88, 160)]
 MODES = ("heuristic", "valid", "benchmark10", "benchmark_all")
 
 
@@ -95,7 +98,8 @@ def variant_rows(mode: str) -> list:
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("-o", "--out", required=True, help="the JSON file to write (the rows and the device); required")
-    ap.add_argument("--variants", action="store_true", help="the costly shapes in each cuDNN mode (module doc); default: off")
+    ap.add_argument("--variants", action="store_true",
+                    help="the costly shapes in each cuDNN mode (module doc); default: off")
     ap.add_argument("--mode", choices=MODES, help=argparse.SUPPRESS)  # one mode, in this process (--variants' child)
     args = ap.parse_args(argv)
     if args.mode:

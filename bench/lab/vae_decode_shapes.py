@@ -73,7 +73,8 @@ def main(argv=None):
         rows.append(row)
     total = sum(r["device_ms"] for r in rows)
     for r in rows[:40]:
-        print(f"{r['device_ms']:9.2f} ms {r['calls']:5d}x {r.get('tflops') or '':>7} {r['op'][:34]:<34} {r['input_shapes'][:110]}")
+        print(f"{r['device_ms']:9.2f} ms {r['calls']:5d}x {r.get('tflops') or '':>7} {r['op'][:34]:<34} "
+              f"{r['input_shapes'][:110]}")
     print(f"total self device time {total:.1f} ms")
     with open(a.out, "w") as f:
         json.dump({"device": torch.cuda.get_device_name(), "args": vars(a), "total_ms": round(total, 2), "rows": rows},
