@@ -25,7 +25,7 @@ import torch
 
 __all__ = ["ALIGN", "CHUNK", "HOST_BUFFER", "HUGE_PAGES", "HostBuffer", "layout", "nbytes", "weights", "cores",
            "fault", "advise_huge_pages", "pin", "unpin", "move_into", "held", "HostMemoryError", "available",
-           "check_room"]
+           "check_room", "block_list"]
 
 #: Each weight's offset in a buffer is a multiple of this (what a copy engine and every dtype's view want).
 ALIGN = 256
@@ -84,6 +84,17 @@ def nbytes(t: torch.Tensor) -> int:
 def weights(module: torch.nn.Module) -> list[torch.Tensor]:
     """A module's parameters and buffers (what its weights are), in the order a host buffer lays them out."""
     return [*module.parameters(), *module.buffers()]
+
+
+def block_list(model: torch.nn.Module) -> tuple[Optional[str], list]:
+    """(its attribute, the blocks) of a denoiser's list of repeated blocks -- what a host buffer is filled a block at a
+    time by, an offload swaps or shards by, a regional compile compiles -- or (None, []) where it has none (diffusers'
+    Wan transformers keep them in ``blocks``, CogVideoX's in ``transformer_blocks``)."""
+    for attr in ("blocks", "transformer_blocks"):
+        blocks = getattr(model, attr, None)
+        if isinstance(blocks, torch.nn.ModuleList) and len(blocks):
+            return attr, list(blocks)
+    return None, []
 
 
 def layout(tensors) -> tuple[list[int], int]:

@@ -39,7 +39,8 @@ from typing import Optional
 
 import torch
 
-from .hostmem import HOST_BUFFER, HostBuffer, check_room, cores, held, layout, move_into, nbytes, weights
+from .hostmem import (HOST_BUFFER, HostBuffer, block_list, check_room, cores, held, layout, move_into, nbytes,
+                      weights)
 
 __all__ = ["MODES", "EXECUTION_DEVICE", "OffloadError", "check_offload", "apply_offload", "expert_swap", "ExpertSwap",
            "HOST_COMPONENTS", "load_placement", "host_buffers", "shard_weights"]
@@ -239,7 +240,7 @@ def expert_swap(pipe) -> Optional["ExpertSwap"]:
 
 
 def _blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
-    return list(getattr(model, "blocks", None) or getattr(model, "transformer_blocks", None) or [])
+    return block_list(model)[1]
 
 
 class _Unit:

@@ -31,6 +31,7 @@ from typing import Optional, Union
 
 import torch
 
+from .hostmem import block_list
 from .measure.record import fp8_gemm_scope
 
 __all__ = ["SpeedOptionError", "apply_speed_options", "check_speed_options", "compile_blocks", "quantize_fp8_gemms",
@@ -51,10 +52,9 @@ class SpeedOptionError(RuntimeError):
 
 
 def _blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
-    for attr in ("blocks", "transformer_blocks"):
-        blocks = getattr(model, attr, None)
-        if isinstance(blocks, torch.nn.ModuleList) and len(blocks):
-            return list(blocks)
+    blocks = block_list(model)[1]
+    if blocks:
+        return blocks
     raise SpeedOptionError(f"{type(model).__name__} has no list of repeated blocks to compile regionally")
 
 

@@ -487,17 +487,15 @@ def _make_transformer_into(variant: TinyVariant, name: str, buffer, meta):
     import types
 
     import diffusers
-    import torch
 
-    from .hostmem import HOST_BUFFER, held, layout, move_into, nbytes
+    from .hostmem import HOST_BUFFER, block_list, held, layout, move_into, nbytes
 
     cfg = getattr(variant, name)
     cls = getattr(diffusers, variant.transformer_class)
     named = [*meta.named_parameters(), *meta.named_buffers()]
     views = dict(zip((n for n, _ in named), buffer.views([t for _, t in named])))
     ends = {n: o + nbytes(t) for (n, t), o in zip(named, layout([t for _, t in named])[0])}
-    list_name = next((a for a in ("blocks", "transformer_blocks")
-                      if isinstance(getattr(meta, a, None), torch.nn.ModuleList) and len(getattr(meta, a))), None)
+    list_name = block_list(meta)[0]
     if list_name is None:  # no list of blocks to stream: built whole on the device, then moved
         model = _make_transformer(variant, name)
         _final_dtypes(model)

@@ -35,8 +35,7 @@ def encode_refusal(base: str, family: str, vae, glue, comp: bool, value, args) -
         return f"{base}: the encode's chunks are the Wan encoder's (causal caches), not {type(vae).__name__}'s", None
     if base not in ("fast", "fast_nocl"):
         return None, None
-    chunk = (value or "").partition("/")[0]  # fast@K/S: S is the decoder's tail (no encode counterpart)
-    opts = E.EncodeOptions(chunk_frames=int(chunk or args.chunk_frames or E.FAST_ENCODE_DEFAULT_CHUNK),
+    opts = E.EncodeOptions(chunk_frames=int(value or args.chunk_frames or E.FAST_ENCODE_DEFAULT_CHUNK),
                            channels_last=base == "fast", fused_glue=glue,
                            compile_backend=args.compile_backend if comp else None)
     try:
@@ -61,6 +60,9 @@ def prepare_config(name: str, value, vae, family: str, args, device: str, ops=("
     from ..vae import fast as V
 
     base, mods = split_config(name)
+    spec, tail = config_spec(name, value), None
+    if base in ("fast", "fast_nocl") and value and "/" in value:  # fast@K/S: K latent frames a call, the tail S
+        value, tail = value.split("/", 1)
     bench, comp = uses(name, "cudnn_benchmark"), uses(name, "compile")
     fused, eager_glue = "fused" in mods, "eager_glue" in mods
     if (fused or eager_glue) and (base not in ("fast", "fast_nocl", "memory") or comp or (fused and eager_glue)):
@@ -84,8 +86,7 @@ def prepare_config(name: str, value, vae, family: str, args, device: str, ops=("
     # the configs that run --vae_decode fast: its options, refused by the render's own check where they don't apply
     decode_opts = None
     if base in ("fast", "fast_nocl"):
-        chunk, _, tail = (value or "").partition("/")  # fast@K/S: K latent frames a call, the tail S at a time
-        k = chunk or args.chunk_frames  # none given: the decode's own default (its info says which ran)
+        k = value or args.chunk_frames  # none given: the decode's own default (its info says which ran)
         decode_opts = D.DecodeOptions(chunk_frames=int(k) if k else None,
                                       channels_last=base == "fast", fused_glue=glue,
                                       compile_backend=args.compile_backend if comp else None,
@@ -149,7 +150,7 @@ def prepare_config(name: str, value, vae, family: str, args, device: str, ops=("
             dfn = lambda z: D.decode_video(vae, z, mode="fast", info=info["decode"], **opts)  # noqa: E731
         else:
             dfn = lambda z: vae.decode(z.to(vae.dtype), return_dict=False)[0]  # noqa: E731
-        fns["decode"] = wrapped(dfn, autocast, injected_stall(config_spec(name, value), "decode"), vae, "decode")
+        fns["decode"] = wrapped(dfn, autocast, injected_stall(spec, "decode"), vae, "decode")
     if "encode" not in refused:
         if base == "chunked":
             k = int(value or args.chunk_frames or 4)
@@ -159,7 +160,7 @@ def prepare_config(name: str, value, vae, family: str, args, device: str, ops=("
             efn = lambda x: E.encode_video(vae, x, mode="fast", info=info["encode"], **eopts)  # noqa: E731
         else:
             efn = lambda x: E.encode_video(vae, x, mode="default", info=info["encode"])  # noqa: E731
-        fns["encode"] = wrapped(efn, autocast, injected_stall(config_spec(name, value), "encode"), vae, "encode")
+        fns["encode"] = wrapped(efn, autocast, injected_stall(spec, "encode"), vae, "encode")
     return vae, fns, desc, info, refused
 
 
