@@ -218,6 +218,16 @@ def test_composite_configs_parse():
     assert B.profile_wanted("tiled", None)
 
 
+def test_fast_tail_parses_as_one_stage_or_two():
+    """fast@K/S: the tail's latent frames a call; fast@K/S1/S2: the blocks past the last two temporal upsamplings."""
+    from vdbench.vae_bench.grammar import parse_tail
+
+    assert parse_tail("1") == 1 and parse_tail("2/1") == (2, 1)
+    for bad in ("0", "2/0", "a", "2/1/1", ""):
+        with pytest.raises(ValueError, match="fast@K/S"):
+            parse_tail(bad)
+
+
 @pytest.mark.minutes
 def test_fast_variants_compile_and_profile(every_config_run):
     from vdbench.vae.fast import FAST_EAGER_CHUNK
@@ -228,7 +238,7 @@ def test_fast_variants_compile_and_profile(every_config_run):
     assert rc == 2  # only the tiny 32-px tiles are flagged
     # no chunk given: the row says what the decode ran (on a CPU, the eager glue's one latent frame a call)
     assert rows["fast"]["decode_info"]["glue"].startswith("eager") and rows["fast"]["channels_last"] is True
-    assert rows["fast"]["chunk_frames"] == FAST_EAGER_CHUNK and rows["fast"]["tail_frames"] == 1
+    assert rows["fast"]["chunk_frames"] == FAST_EAGER_CHUNK and rows["fast"]["tail_frames"] == [1, 1]
     assert rows["fast_nocl@2"]["chunk_frames"] == 2 and rows["fast_nocl@2"]["channels_last"] is False
     assert rows["fast+cudnn_benchmark"]["status"] == "not_applicable"  # CPU
     comp = rows["fast+compile"]

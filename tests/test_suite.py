@@ -133,7 +133,7 @@ def check_command(argv: list[str], name: str, monkeypatch):
     if tool in ("bench_fp8.py", "bench_sage2.py", "compare_outputs.py", "window_mass.py", "patch_overhead.py",
                 "parallel_summary.py", "bench_vae_parallel.py", "check_fp8_error.py", "ulysses_micro.py", "trace_gaps.py",
                 "gpu_monitor.py", "sync_points.py", "rope_bench.py", "block_bench.py", "vae_conv_shapes.py",
-                "vae_decode_shapes.py"):
+                "vae_decode_shapes.py", "vae_glue_configs.py"):
         return parse_with_tool(tool, args, monkeypatch)
     raise AssertionError(f"{name}: no parser check for {tool}: add one here")
 

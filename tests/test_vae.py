@@ -64,7 +64,7 @@ def test_decode_video_modes(wan21):
     info = {}
     fast = D.decode_video(wan21, z, mode="fast", chunk_frames=2, info=info)
     torch.testing.assert_close(fast, ref, atol=1e-4, rtol=0)
-    assert info == {"path": "chunked", "chunk_frames": 2, "tail_frames": 1, "channels_last": True,
+    assert info == {"path": "chunked", "chunk_frames": 2, "tail_frames": [2, 1], "channels_last": True,
                     "glue": "eager (Triton glue not used: the VAE is on cpu)"}
     with pytest.raises(ValueError, match="unknown VAE decode mode"):
         D.decode_video(wan21, z, mode="turbo")
@@ -235,7 +235,8 @@ def test_fast_path_equals_stock_fp32_and_is_undone(cfg, monkeypatch):
                                      info=info)
                 assert out.shape == refs[t].shape and out.is_contiguous()
                 torch.testing.assert_close(out, refs[t], atol=5e-5, rtol=0, msg=f"t={t} K={k} channels_last={cl}")
-                assert info == {"path": "chunked", "chunk_frames": k, "tail_frames": 1, "channels_last": cl,
+                assert info == {"path": "chunked", "chunk_frames": k, "tail_frames": [min(2, k), 1],
+                                "channels_last": cl,
                                 "glue": "eager (Triton glue not used: the VAE is on cpu)"}
                 assert _instance_forwards(vae) == [] and all(_weight_layouts(vae))
     monkeypatch.undo()
@@ -311,19 +312,20 @@ def test_fast_path_bf16_quality_matches_stock_bf16():
     assert psnr(fast) > 45 and psnr(fast) > psnr(stock) - 1.0
 
 
-def test_fast_default_chunk_is_two_with_the_triton_glue_and_one_without(wan21):
-    """The measured default (two latent frames a call, the tail one at a time) where the Triton glue runs; one latent
-    frame a call with the eager glue (a CPU render's frames unchanged)."""
-    assert (V.FAST_DEFAULT_CHUNK, V.FAST_EAGER_CHUNK, V.FAST_DEFAULT_TAIL) == (2, 1, 1)
+def test_fast_default_chunk_is_four_with_the_triton_glue_and_one_without(wan21):
+    """The measured default (four latent frames a call, the blocks past the first temporal upsampling two at a time,
+    the tail one) where the Triton glue runs; one latent frame a call with the eager glue (a CPU render's frames
+    unchanged)."""
+    assert (V.FAST_DEFAULT_CHUNK, V.FAST_EAGER_CHUNK, V.FAST_DEFAULT_TAIL) == (4, 1, (2, 1))
     info = {}
     D.decode_video(wan21, _z(wan21, t=3), mode="fast", info=info)
-    assert (info["chunk_frames"], info["tail_frames"]) == (1, 1) and info["glue"].startswith("eager")
+    assert (info["chunk_frames"], info["tail_frames"]) == (1, [1, 1]) and info["glue"].startswith("eager")
     from tests.conftest import triton_interpreter
 
     with triton_interpreter("vdbench.kernels.glue"):
         info = {}
         D.decode_video(wan21, _z(wan21, t=3), mode="fast", fused_glue=True, info=info)
-    assert (info["chunk_frames"], info["tail_frames"]) == (2, 1) and info["glue"] == V.GLUE_TRITON
+    assert (info["chunk_frames"], info["tail_frames"]) == (3, [2, 1]) and info["glue"] == V.GLUE_TRITON
 
 
 def test_fast_path_compiled_glue_equals_stock_fp32():
@@ -362,3 +364,4 @@ def test_a_pointwise_conv_runs_as_one_gemm_and_keeps_channels_last():
     assert L._pointwise_gemm(conv, x.contiguous()) is None  # contiguous input: the conv as it is
     assert L._pointwise_gemm(torch.nn.Conv3d(8, 12, 3), x) is None
     assert L._pointwise_gemm(torch.nn.Conv3d(8, 12, 1, stride=2), x) is None
+

@@ -131,27 +131,32 @@ def test_fast_decode_with_fused_glue_equals_stock_fp32(cfg, cl, exact_fp32):
     assert all(folded) if cfg is _WAN22_VAE else not any(folded)
 
 
+@pytest.mark.parametrize("chunk,tail,t", [(3, 1, 7), (4, (2, 1), 5)], ids=["3-1", "4-2-1"])
 @pytest.mark.parametrize("cfg", [_WAN21_VAE, _WAN22_VAE], ids=["wan2.1", "wan2.2"])
-def test_the_decoders_tail_in_pieces_equals_the_stock_decode_fp32(cfg, exact_fp32, monkeypatch):
+def test_the_decoders_stages_in_pieces_equal_the_stock_decode_fp32(cfg, chunk, tail, t, exact_fp32, monkeypatch):
     """Chunks of three latent frames with the tail (the up blocks past the last temporal upsampling, and the head)
-    one latent frame at a time: the stock decode's video; the tail ran in three pieces a steady chunk, starting
-    at the first up block without a temporal upsampling."""
+    one latent frame at a time, and chunks of four with the blocks past the first temporal upsampling two at a time
+    and the tail one: the stock decode's video; each stage ran in its pieces (the first chunk whole)."""
     torch.manual_seed(0)
     from diffusers import AutoencoderKLWan
 
     vae = AutoencoderKLWan(**cfg).eval().to(DEV)
-    z = torch.randn(1, vae.config.z_dim, 7, 3, 5, generator=torch.Generator().manual_seed(2)).to(DEV)
+    z = torch.randn(1, vae.config.z_dim, t, 3, 5, generator=torch.Generator().manual_seed(2)).to(DEV)
     ref = vae.decode(z, return_dict=False)[0]
     calls = []
-    tail = L._decoder_tail
-    monkeypatch.setattr(L, "_decoder_tail", lambda self, box, start, *a: calls.append((start, box[0].shape[2]))
-                        or tail(self, box, start, *a))
+    staged = L._staged
+    monkeypatch.setattr(L, "_staged", lambda self, box, lo, splits, n, *a: calls.append((lo, box[0].shape[2]))
+                        or staged(self, box, lo, splits, n, *a))
     info = {}
-    out = D.decode_video(vae, z, mode="fast", fused_glue=True, chunk_frames=3, tail_frames=1, info=info)
+    out = D.decode_video(vae, z, mode="fast", fused_glue=True, chunk_frames=chunk, tail_frames=tail, info=info)
     torch.testing.assert_close(out, ref, atol=5e-5, rtol=0)
-    start = L._tail_start(vae.decoder)
-    assert 0 < start < len(vae.decoder.up_blocks) and info["tail_frames"] == 1
-    assert calls == [(start, 1)] + [(start, 4)] * 6  # frame 0 whole; chunks 1-3, 4-6: three pieces of 4 frames
+    first, last = L._segment_starts(vae.decoder)
+    assert last == L._tail_start(vae.decoder) and 0 < first < last < len(vae.decoder.up_blocks)
+    if tail == 1:  # per chunk of 3: the chunk (3 latent frames), then 3 tail pieces of 4 frames
+        assert calls == [(0, 1)] + ([(0, 3)] + [(last, 4)] * 3) * 2 and info["tail_frames"] == 1
+    else:  # the chunk of 4: the chunk, 2 pieces of 2 latent frames (4 frames there), each 2 tail pieces of 4 frames
+        assert calls == [(0, 1), (0, 4)] + ([(first, 4)] + [(last, 4)] * 2) * 2
+        assert info["tail_frames"] == [2, 1]
 
 
 @pytest.mark.parametrize("cl", [True, False], ids=["channels_last", "contiguous"])

@@ -55,8 +55,9 @@ class DecodeOptions:
     (on for the fast layers, off for diffusers' decode); True with ``default``: the conv weights in
     channels_last_3d (kept afterwards); False: off. ``compile_backend``: the fast path's norm/SiLU glue compiled.
     ``fused_glue``: the fast path's glue as Triton kernels (None: where they run; True: required; False: eager).
-    ``tail_frames``: latent frames per call of the decoder's full-resolution tail within a chunk (None: the fast
-    path's default, :data:`vdbench.vae.fast.FAST_DEFAULT_TAIL`).
+    ``tail_frames``: latent frames per call of the decoder's full-resolution tail within a chunk, or a pair: of the
+    blocks past its last two temporal upsamplings (:func:`vdbench.vae.lean.fast_layers`; None: the fast path's
+    default, :data:`vdbench.vae.fast.FAST_DEFAULT_TAIL`).
     """
 
     chunk_frames: Optional[int] = None
@@ -64,7 +65,7 @@ class DecodeOptions:
     channels_last: Optional[bool] = None
     compile_backend: Optional[str] = None
     fused_glue: Optional[bool] = None
-    tail_frames: Optional[int] = None
+    tail_frames: "Optional[int | tuple[int, int]]" = None
 
 
 #: What a user passes for each option (the messages name both spellings: the argument and the render's flag); the
@@ -197,7 +198,7 @@ def check_decode(mode: "str | DecodeMode", options: DecodeOptions = DecodeOption
 def decode_video(vae, z: torch.Tensor, *, mode: str = "default", chunk_frames: Optional[int] = None,
                  max_memory_gib: Optional[float] = None, channels_last: Optional[bool] = None, watchdog=None,
                  info: Optional[dict] = None, compile_backend: Optional[str] = None,
-                 fused_glue: Optional[bool] = None, tail_frames: Optional[int] = None) -> torch.Tensor:
+                 fused_glue: Optional[bool] = None, tail_frames=None) -> torch.Tensor:
     """Decode VAE-space latents ``z`` (B, C, T, H, W) -> video (B, 3, F, H', W') in [-1, 1] by ``mode``, checked
     first (:func:`check_decode`). The options: :class:`DecodeOptions`. ``watchdog``: its ``stage`` names each
     chunk or tile, so a hang reports where. ``info`` (a dict, optional) receives what the decode did (path,

@@ -52,20 +52,22 @@ produced. Which decode then runs (diffusers' own, this module's, the band-parall
       per frame, so a chunk of K frames after the first gives the same result as K single-frame calls (tested
       in fp32 on CPU against the stock decode).
 
-    **Default chunk** (``FAST_DEFAULT_CHUNK`` = 2, ``FAST_DEFAULT_TAIL`` = 1, what ``--vae_decode fast`` uses):
-    two latent frames a decoder call through the stages up to the last temporal upsampling, and the decoder's tail
-    (the up blocks after it and the head, whose full-resolution activations make the peak) one latent frame at a
-    time within the chunk (exact, like the chunks: :func:`vdbench.vae.lean._lean_decoder`). Peak memory grows with
-    the frames of a call (the activations of K latent frames = 4K output frames are live at once, on top of the
-    fixed causal caches); the stages before the tail are small and run faster over more frames. Peak live-tensor
-    bytes counted op by op on the meta device (no cuDNN workspace), 3 latent frames at 416x240 (tests/
-    test_vae_memory.py): Wan 2.1 diffusers 0.946 GiB, fast@1 0.731, fast (2/1) 0.762, fast@2/2 0.905; Wan 2.2
-    (TI2V-5B VAE) 1.007, 0.670, 0.690, 0.880; the TI2V-5B VAE at 1280x704: 9.07, 6.05, 6.23, 7.94. Measured on an
-    H200 (docs/PERFORMANCE.md §8.1): the default is faster than one frame a call and peaks below diffusers';
-    ``chunk_frames`` / ``tail_frames`` (the bench's ``fast@K/S``) trade memory for speed explicitly. Without the
-    Triton glue (a CPU, or ``--vae_glue eager``) the default is one latent frame a call (``FAST_EAGER_CHUNK``): no
-    speed was measured there, and a CPU's convolutions over two frames round differently from two calls of one, so
-    a CPU render's frames stay the bytes they were.
+    **Default chunk** (``FAST_DEFAULT_CHUNK`` = 4, ``FAST_DEFAULT_TAIL`` = (2, 1), what ``--vae_decode fast`` uses):
+    four latent frames a decoder call through the latent-resolution stages, the up blocks past the first temporal
+    upsampling two latent frames at a time and the decoder's tail (the up blocks past the last one, and the head,
+    whose full-resolution activations make the peak) one at a time within the chunk (exact, like the chunks:
+    :func:`vdbench.vae.lean._lean_decoder`). Peak memory grows with the frames of a call (the activations of K latent
+    frames = 4K output frames are live at once, on top of the fixed causal caches); the stages before the tail are
+    small and the latent-resolution convs run faster over four frames a call than over two. Peak live-tensor bytes
+    counted op by op on the meta device (no cuDNN workspace), 5 latent frames at 416x240 (tests/test_vae_memory.py):
+    Wan 2.1 diffusers 0.951 GiB, fast (4/2/1) 0.822, 2/1 0.809, 4/1 0.876, 2/2 0.950, one latent frame a call 0.735;
+    Wan 2.2 (TI2V-5B VAE) 1.012, 0.792, 0.772, 0.863, 0.961, 0.675; the TI2V-5B VAE at 1280x704 (7 latent frames):
+    9.15, 7.15, 7.01, 7.79, 8.71, 6.13. Measured on an H200 (docs/PERFORMANCE.md §8.1): the default is faster than
+    two latent frames a call (0.5% for the TI2V-5B VAE at 1280x704x121, 9.23 against 8.98 GiB) and peaks below
+    diffusers'; ``chunk_frames`` / ``tail_frames`` (the bench's ``fast@K/S`` and ``fast@K/S1/S2``) trade memory for
+    speed explicitly. Without the Triton glue (a CPU, or ``--vae_glue eager``) the default is one latent frame a
+    call (``FAST_EAGER_CHUNK``): no speed was measured there, and a CPU's convolutions over two frames round
+    differently from two calls of one, so a CPU render's frames stay the bytes they were.
 
     The dtype is the VAE's: load it in bf16 (``--vae_dtype bf16``) for speed.
     Other VAE classes (not in :data:`FAST_VAES`): ``fast`` is refused by :func:`vdbench.vae.decode.check_decode`,
@@ -102,9 +104,10 @@ __all__ = ["wan_decode_fast", "wan_decode_chunked", "choose_chunk_frames", "prep
 #: The VAE classes this module's fast decode (and its memory bound) drives: the Wan decoder's causal-conv cache is
 #: what makes chunking exact.
 FAST_VAES = ("AutoencoderKLWan",)
-FAST_DEFAULT_CHUNK = 2  # latent frames per decoder call in mode "fast" with the Triton glue, unless given (module doc)
+FAST_DEFAULT_CHUNK = 4  # latent frames per decoder call in mode "fast" with the Triton glue, unless given (module doc)
 FAST_EAGER_CHUNK = 1  # ... with the eager or compiled glue (a CPU: its renders' frames kept as they were; module doc)
-FAST_DEFAULT_TAIL = 1  # latent frames per call of the decoder's full-resolution tail within a chunk (module doc)
+# latent frames per call of the blocks past the decoder's last two temporal upsamplings within a chunk (module doc)
+FAST_DEFAULT_TAIL = (2, 1)
 _GIB = 1024 ** 3
 
 
@@ -123,7 +126,7 @@ def prepare_latents(vae, latents: torch.Tensor, family: "str | families.Family")
 def wan_decode_fast(vae, z: torch.Tensor, *, chunk_frames: Optional[int] = None,
                     max_memory_gib: Optional[float] = None, channels_last: bool = True, watchdog=None,
                     info: Optional[dict] = None, compile_backend: Optional[str] = None,
-                    fused_glue: Optional[bool] = None, tail_frames: Optional[int] = None) -> torch.Tensor:
+                    fused_glue: Optional[bool] = None, tail_frames=None) -> torch.Tensor:
     """Decode VAE-space latents ``z`` (B, C, T, H, W) of a Wan VAE (:data:`FAST_VAES`) -> video in [-1, 1] by the
     fast path (module doc): ``chunk_frames`` latent frames per decoder call (default :data:`FAST_DEFAULT_CHUNK`),
     or, with ``max_memory_gib``, the chunk (and tiles) chosen from that budget. ``channels_last``: weights and
@@ -138,7 +141,8 @@ def wan_decode_fast(vae, z: torch.Tensor, *, chunk_frames: Optional[int] = None,
     # Default chunk and tail (FAST_DEFAULT_CHUNK, FAST_DEFAULT_TAIL): see the module doc ("Default chunk").
     k = chunk_frames or min(FAST_DEFAULT_CHUNK if fused else FAST_EAGER_CHUNK, z.shape[2])
     tail = FAST_DEFAULT_TAIL if tail_frames is None else tail_frames
-    info.update(path="chunked", chunk_frames=k, tail_frames=min(tail, k), channels_last=channels_last)
+    ran = min(tail, k) if isinstance(tail, int) else [min(s, k) for s in tail]
+    info.update(path="chunked", chunk_frames=k, tail_frames=ran, channels_last=channels_last)
     if compile_backend:
         info["compile_backend"] = compile_backend
     return wan_decode_chunked(vae, z, k, watchdog=watchdog, lean=True, channels_last=channels_last,
@@ -217,7 +221,7 @@ def _chunk_bounds(num_frames: int, k: int):
 def wan_decode_chunked(vae, z: torch.Tensor, chunk_frames: int, *, watchdog=None, native_upsample: bool = True,
                        lean: bool = False, channels_last: bool = False, compile_backend: Optional[str] = None,
                        fused_glue: bool = False, on_chunk=None, finalize: bool = True,
-                       tail_frames: Optional[int] = None) -> torch.Tensor:
+                       tail_frames=None) -> torch.Tensor:
     """diffusers' ``AutoencoderKLWan._decode`` (untiled) with ``chunk_frames`` latent frames per decoder call and
     a preallocated output (see the module doc for why this is equivalent). ``on_chunk(i, start, end)`` is called
     after each chunk (memory calibration); ``watchdog.stage`` names each chunk, so a hang reports where.

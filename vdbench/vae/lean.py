@@ -284,45 +284,71 @@ def _lean_residual_block(self, x, feat_cache=None, feat_idx=[0]):  # noqa: B006 
 
 def _lean_decoder(self, x, feat_cache=None, feat_idx=[0], first_chunk=False):  # noqa: B006
     """WanDecoder3d.forward with the head (norm_out -> SiLU -> conv_out) through the fused conv input buffer; with
-    ``fast_layers(tail_frames=S)`` the tail (:func:`_tail_start`: the up blocks past the last temporal upsampling,
-    then the head) of a chunk of more than S latent frames runs S latent frames' worth of frames a call.
+    ``fast_layers(tail_frames=...)`` the up blocks past a temporal upsampling (:func:`_segment_starts`) run in pieces of
+    fewer latent frames than the chunk: ``S`` for the tail (the up blocks past the last temporal upsampling, then the
+    head), ``(S1, S2)`` for the blocks past the last two, each piece of the first split into pieces of the second.
 
-    Why the tail apart: its full-resolution activations are what a chunk's peak memory is made of, while the stages
-    before it are small and run faster over more frames at a time (on an H200 cuDNN's pick for the 1024-channel
-    3x3x3 conv at 88x160 does 2 frames a call at 676 TFLOP/s, 4 at 798). Exact: every op of the tail is per frame or
-    a causal conv, whose cache carries the frames from one piece to the next as from one chunk to the next (each
-    piece re-enters the tail's cache slots, ``feat_idx`` reset to where the tail starts)."""
+    Why in pieces: the full-resolution activations are what a chunk's peak memory is made of, while the stages before
+    them are small and run faster over more frames a call (on an H200 cuDNN's 1024-channel 3x3x3 conv at the latent
+    grid runs 4 frames a call at 802 TFLOP/s and 2 at 699; at 88x160 2 frames a call at 676, 4 at 798): a chunk of
+    4 latent frames with pieces of 2 past the first temporal upsampling and 1 past the second gives each stage
+    about the frames it runs best at and keeps each piece's activations the size of one latent frame's at full
+    resolution. Exact: every op past a split is per frame or a causal conv, whose cache carries the frames from one
+    piece to the next as from one chunk to the next (each piece re-enters its blocks' cache slots, ``feat_idx``
+    reset to where they start)."""
     t_lat = x.shape[2]
     x = _cached_conv(self.conv_in, x, feat_cache, feat_idx)
     x = self.mid_block(x, feat_cache=feat_cache, feat_idx=feat_idx)
     tail = _TAIL.get()
-    start = _tail_start(self) if tail is not None and feat_cache is not None else len(self.up_blocks)
+    splits = []
+    if tail is not None and feat_cache is not None and not first_chunk:
+        tail = (tail,) if isinstance(tail, int) else tuple(tail)
+        starts = _segment_starts(self)
+        n = min(len(tail), len(starts))
+        splits = list(zip(starts[len(starts) - n:], tail[len(tail) - n:]))
     box = [x]
     del x  # the callees take their input out of the box: no frame here keeps it while they run
-    x = _up_blocks(self, box, 0, start, feat_cache, feat_idx, first_chunk)
-    step = x.shape[2] // t_lat * tail if start < len(self.up_blocks) and not first_chunk else x.shape[2]
-    if step >= x.shape[2] or x.shape[2] % t_lat:
+    return _staged(self, box, 0, splits, t_lat, feat_cache, feat_idx, first_chunk)
+
+
+def _staged(self, box, lo, splits, t_lat, feat_cache, feat_idx, first_chunk):
+    """The up blocks from ``lo`` on and the head on the tensor in ``box`` (``t_lat`` latent frames' worth), the
+    blocks from each split's start on in pieces of its latent frames (:func:`_lean_decoder`)."""
+    if not splits:
+        return _decoder_tail(self, box, lo, feat_cache, feat_idx, first_chunk)
+    (start, frames), rest = splits[0], splits[1:]
+    x = _up_blocks(self, box, lo, start, feat_cache, feat_idx, first_chunk)
+    per = x.shape[2] // t_lat  # frames a latent frame is here
+    if frames >= t_lat or x.shape[2] % t_lat:
         box.append(x)
         del x
-        return _decoder_tail(self, box, start, feat_cache, feat_idx, first_chunk)
-    idx, parts, pieces = feat_idx[0], [], list(x.split(step, dim=2))
+        return _staged(self, box, start, rest, t_lat, feat_cache, feat_idx, first_chunk)
+    idx, parts, pieces = feat_idx[0], [], list(x.split(per * frames, dim=2))
     del x  # the pieces hold it (views of one storage, freed with the last piece)
     while pieces:
         feat_idx[0] = idx
-        parts.append(_decoder_tail(self, [pieces.pop(0)], start, feat_cache, feat_idx, first_chunk))
-    return torch.cat(parts, 2)
+        piece = pieces.pop(0)
+        n = piece.shape[2] // per
+        parts.append(_staged(self, [piece], start, rest, n, feat_cache, feat_idx, first_chunk))
+        del piece
+    return parts[0] if len(parts) == 1 else torch.cat(parts, 2)
+
+
+def _segment_starts(decoder) -> list:
+    """The index of the first up block past each of the decoder's temporal upsamplings (an ``upsample3d`` resample or
+    a ``DupUp3D`` shortcut with a time factor), in order: from the last on every layer keeps the frame count."""
+    starts = []
+    for i, block in enumerate(decoder.up_blocks):
+        if any((type(m).__name__ == "WanResample" and m.mode == "upsample3d")
+               or (type(m).__name__ == "DupUp3D" and m.factor_t > 1) for m in block.modules()):
+            starts.append(i + 1)
+    return starts
 
 
 def _tail_start(decoder) -> int:
-    """The index of the first up block past the decoder's last temporal upsampling (an ``upsample3d`` resample or a
-    ``DupUp3D`` shortcut with a time factor): from there on every layer keeps the frame count."""
-    start = 0
-    for i, block in enumerate(decoder.up_blocks):
-        for m in block.modules():
-            if ((type(m).__name__ == "WanResample" and m.mode == "upsample3d")
-                    or (type(m).__name__ == "DupUp3D" and m.factor_t > 1)):
-                start = i + 1
-    return start
+    """The index of the first up block past the decoder's last temporal upsampling (0 where it has none)."""
+    starts = _segment_starts(decoder)
+    return starts[-1] if starts else 0
 
 
 def _up_blocks(self, box, lo, hi, feat_cache, feat_idx, first_chunk):
@@ -652,7 +678,7 @@ def _weights_channels_last(vae, modules):
 
 @contextlib.contextmanager
 def fast_layers(vae, *, channels_last: bool = True, lean: bool = True, compile_backend: Optional[str] = None,
-                fused_glue: bool = False, part: str = "decoder", tail_frames: Optional[int] = None):
+                fused_glue: bool = False, part: str = "decoder", tail_frames=None):
     """Scoped swap of the fast path (Wan VAEs): for the duration, this VAE's decoder instances (and its
     ``post_quant_conv``; with ``part="encoder"``: its encoder and ``quant_conv``, the fast encode of
     :mod:`vdbench.vae.encode`) run the lean forwards above instead of diffusers' (``forward`` set on the instance,
@@ -663,8 +689,8 @@ def fast_layers(vae, *, channels_last: bool = True, lean: bool = True, compile_b
     input glue of the residual blocks and the head runs as one function compiled by ``torch.compile``
     (:func:`_norm_silu_cat`; convs stay cuDNN's). ``fused_glue`` (with ``lean``): the same
     glue as one Triton kernel, conv biases added by the Triton row pass (:func:`_fused_kernels`). ``tail_frames``
-    (with ``lean``): the decoder's tail runs that many latent frames a call (:func:`_lean_decoder`). Yields the list of
-    swapped modules."""
+    (with ``lean``): latent frames a call for the decoder's tail (an int), or for the blocks past its last two temporal
+    upsamplings (a pair), within a chunk (:func:`_lean_decoder`). Yields the list of swapped modules."""
     from diffusers.models.autoencoders import autoencoder_kl_wan as W
 
     swaps = {}
@@ -685,8 +711,10 @@ def fast_layers(vae, *, channels_last: bool = True, lean: bool = True, compile_b
         raise ValueError("fused_glue needs lean=True and excludes compile_backend")
     rows = _fused_kernels(vae) if fused_glue else None
     glue = rows.norm_silu_cat if fused_glue else _compiled_glue(compile_backend) if (lean and compile_backend) else None
-    if tail_frames is not None and (not lean or tail_frames < 1):
-        raise ValueError(f"tail_frames needs lean=True and at least 1, got {tail_frames}")
+    if tail_frames is not None:
+        tail = (tail_frames,) if isinstance(tail_frames, int) else tuple(tail_frames)
+        if not lean or not tail or not all(isinstance(s, int) and s >= 1 for s in tail):
+            raise ValueError(f"tail_frames needs lean=True and latent frames of at least 1, got {tail_frames}")
     token = _GLUE.set(glue)
     rows_token = _ROWS.set(rows)
     tail_token = _TAIL.set(tail_frames)

@@ -154,7 +154,8 @@ def _fast_path(vae, p: PrewarmPlan, make, device, *, encode_thw, decode_thw, job
         _, o = p.decode
         z = make((1, vae.config.z_dim, *decode_thw), device=device, dtype=vae.dtype)
         V.wan_decode_chunked(vae, z, o.chunk_frames or V.FAST_DEFAULT_CHUNK, lean=True,
-                             channels_last=o.channels_last is not False, fused_glue=True)
+                             channels_last=o.channels_last is not False, fused_glue=True,
+                             tail_frames=V.FAST_DEFAULT_TAIL if o.tail_frames is None else o.tail_frames)
         if jobs is not None:
             jobs["decode_s"] = time.perf_counter() - t
 

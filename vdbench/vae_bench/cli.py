@@ -15,10 +15,11 @@ name that is neither is refused at once, with no network attempt.
 Configs (``--configs``, comma-separated; ``name@value`` sets its parameter; ``name+modifier`` composes):
   fp32, bf16 (weights cast), bf16_autocast (fp32 weights, autocast), tiled (``--tile_px``),
   chunked[@K] (temporal chunks of K latent frames, stock layers), channels_last_3d, cudnn_benchmark, compile
-  (torch.compile of the decoder / encoder), fast[@K[/S]] (the fast paths, bf16: lean layers + channels_last, K latent
-  frames per decoder / encoder call, defaults ``vdbench.vae.fast.FAST_DEFAULT_CHUNK`` / ``vdbench.vae.encode.
+  (torch.compile of the decoder / encoder), fast[@K[/S[/S2]]] (the fast paths, bf16: lean layers + channels_last, K
+  latent frames per decoder / encoder call, defaults ``vdbench.vae.fast.FAST_DEFAULT_CHUNK`` / ``vdbench.vae.encode.
   FAST_ENCODE_DEFAULT_CHUNK`` as in ``--vae_decode fast`` / ``--vae_encode fast``; S: the decoder's
-  full-resolution tail's latent frames a call, default ``FAST_DEFAULT_TAIL``), fast_nocl[@K[/S]]
+  full-resolution tail's latent frames a call; S/S2: those of the blocks past its last two temporal upsamplings;
+  default ``FAST_DEFAULT_TAIL``), fast_nocl[@K[/S[/S2]]]
   (the same without channels_last), memory[@GiB] (fast decode bounded by ``--vae_max_memory``; no encode), miopen_fast /
   miopen_immediate / miopen_naive_off (ROCm MIOpen presets, set in a child process's environment before torch
   loads; "not applicable" elsewhere).

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import time
 
-from .grammar import MIOPEN_PRESETS, OPS, config_spec, split_config, uses
+from .grammar import MIOPEN_PRESETS, OPS, config_spec, parse_tail, split_config, uses
 
 
 def injected_stall(name: str, op: str = "decode") -> float:
@@ -61,7 +61,7 @@ def prepare_config(name: str, value, vae, family: str, args, device: str, ops=("
 
     base, mods = split_config(name)
     spec, tail = config_spec(name, value), None
-    if base in ("fast", "fast_nocl") and value and "/" in value:  # fast@K/S: K latent frames a call, the tail S
+    if base in ("fast", "fast_nocl") and value and "/" in value:  # fast@K/S(/S2): K latent frames a call, then S
         value, tail = value.split("/", 1)
     bench, comp = uses(name, "cudnn_benchmark"), uses(name, "compile")
     fused, eager_glue = "fused" in mods, "eager_glue" in mods
@@ -90,7 +90,7 @@ def prepare_config(name: str, value, vae, family: str, args, device: str, ops=("
         decode_opts = D.DecodeOptions(chunk_frames=int(k) if k else None,
                                       channels_last=base == "fast", fused_glue=glue,
                                       compile_backend=args.compile_backend if comp else None,
-                                      tail_frames=int(tail) if tail else None)
+                                      tail_frames=parse_tail(tail) if tail else None)
     elif base == "memory":
         decode_opts = D.DecodeOptions(max_memory_gib=float(value or args.vae_max_memory), fused_glue=glue)
     if decode_opts is not None:
@@ -143,7 +143,7 @@ def prepare_config(name: str, value, vae, family: str, args, device: str, ops=("
         elif decode_opts is not None:
             if fast:
                 desc.update(chunk_frames=decode_opts.chunk_frames, channels_last=decode_opts.channels_last,
-                            tail_frames=decode_opts.tail_frames or V.FAST_DEFAULT_TAIL)
+                            tail_frames=decode_opts.tail_frames)  # None: the runner records what the decode ran
             else:
                 desc["max_memory_gib"] = decode_opts.max_memory_gib
             opts = dataclasses.asdict(decode_opts)

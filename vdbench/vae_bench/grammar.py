@@ -43,6 +43,20 @@ def parse_config(spec: str) -> tuple[str, str | None]:
     return name, (value.strip() or None)
 
 
+def parse_tail(text: str):
+    """The ``S`` of ``fast@K/S`` -> latent frames a call past the decoder's last temporal upsampling (an int), or
+    ``S1/S2`` past its last two (a tuple: ``vdbench.vae.lean.fast_layers``' ``tail_frames``); refused unless each is
+    a whole number of at least 1."""
+    try:
+        parts = tuple(int(p) for p in text.split("/"))
+    except ValueError:
+        parts = ()
+    if not 1 <= len(parts) <= 2 or min(parts) < 1:
+        raise ValueError(f"fast@K/S: S is latent frames a call past the last temporal upsampling (S) or the last two "
+                         f"(S1/S2), each 1 or more, not {text!r}")
+    return parts[0] if len(parts) == 1 else parts
+
+
 def split_config(name: str) -> tuple[str, tuple[str, ...]]:
     """``fast+compile+cudnn_benchmark`` -> ("fast", ("compile", "cudnn_benchmark")); unknown parts refused."""
     base, *mods = [p.strip() for p in name.split("+")]
