@@ -365,3 +365,35 @@ def test_a_pointwise_conv_runs_as_one_gemm_and_keeps_channels_last():
     assert L._pointwise_gemm(torch.nn.Conv3d(8, 12, 3), x) is None
     assert L._pointwise_gemm(torch.nn.Conv3d(8, 12, 1, stride=2), x) is None
 
+@pytest.mark.parametrize("budget", [None, 4 * 35 * 35 * 2, 4 * 35 * 8], ids=["whole", "frames", "queries"])
+@pytest.mark.parametrize("cl", [True, False], ids=["channels_last", "contiguous"])
+def test_lean_attention_block_equals_diffusers_attention(cl, budget, monkeypatch):
+    """The mid block's attention as two GEMMs and a softmax (fp32 scores): diffusers' module's values, whether the
+    scores fit whole, in blocks of frames (two at a time) or of a frame's queries (8 at a time), either layout; the
+    output channels_last_3d; the fast layers install it for the decode."""
+    from diffusers.models.autoencoders.autoencoder_kl_wan import WanAttentionBlock
+
+    torch.manual_seed(0)
+    blk = WanAttentionBlock(32).eval()
+    for p in blk.parameters():
+        p.data.normal_(0, 0.2)  # away from the init's zero biases and unit gains
+    x = torch.randn(3, 32, 3, 5, 7, generator=torch.Generator().manual_seed(1))
+    if cl:
+        x = x.contiguous(memory_format=torch.channels_last_3d)
+    if budget is not None:
+        monkeypatch.setattr(L, "_ATTN_SCORE_BYTES", budget)
+    calls = []
+    real = L._scores
+    monkeypatch.setattr(L, "_scores", lambda q, k: calls.append(tuple(q.shape)) or real(q, k))
+    with torch.no_grad():
+        ref = blk(x)
+        out = L._lean_attention_block(blk, x)
+    torch.testing.assert_close(out, ref, atol=2e-6, rtol=1e-5)
+    assert out.is_contiguous(memory_format=torch.channels_last_3d)
+    want = {None: [(9, 35, 32)], 4 * 35 * 35 * 2: [(2, 35, 32)] * 4 + [(1, 35, 32)] * 1,
+            4 * 35 * 8: [(1, 8, 32)] * 4 * 9 + [(1, 3, 32)] * 9}[budget]
+    assert sorted(calls) == sorted(want)
+    vae = _wan(_WAN21_VAE)
+    with L.fast_layers(vae):
+        attn = [m for m in vae.decoder.modules() if type(m) is WanAttentionBlock]
+        assert attn and all(m.forward.__func__ is L._lean_attention_block for m in attn)

@@ -36,6 +36,9 @@ produced. Which decode then runs (diffusers' own, this module's, the band-parall
         per-frame buffer of the 2-D stage; in channels_last the per-frame view is free.
       - ``WanResidualUpBlock`` (Wan 2.2): no ``clone()`` of the block input (nothing writes into it), and the
         ``DupUp3D`` shortcut added in place into the block output through an 8-D view (not materialized).
+      - ``WanAttentionBlock`` (the mid block's single head of 1024 or 384 channels over a frame): two GEMMs and a
+        softmax with fp32 scores in place of SDPA, whose only kernel for such a head is the memory-efficient one,
+        and the 1x1 q/k/v and output convs as GEMMs over the frame's rows (no permute copies).
     * **the glue as Triton row kernels** (``fused_glue``; by default on a GPU where they run, see
       :func:`resolve_glue`): RMS norm -> gain -> SiLU read once and written once into the conv's input buffer
       (:mod:`vdbench.kernels.glue`), and every conv run *without* its bias, which is added where the output is
