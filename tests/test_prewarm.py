@@ -38,11 +38,11 @@ def _vae(cfg=WAN21_VAE):
     return AutoencoderKLWan(**cfg).eval().requires_grad_(False)
 
 
-def _plan(vae, pixel_hw, encode=False, fused=True):
+def _plan(vae, pixel_hw, encode=False, fused=True, frames=None):
     dec, enc = DecodeOptions(fused_glue=fused), EncodeOptions(fused_glue=fused)
     return W.plan(vae_class=type(vae).__name__, device="cpu", decode_mode=D.check_decode("fast", dec),
                   decode_options=dec, encode_mode=E.check_encode("fast", enc) if encode else None,
-                  encode_options=enc, pixel_hw=pixel_hw)
+                  encode_options=enc, pixel_hw=pixel_hw, frames=frames)
 
 
 def _start(vae, p):
@@ -120,8 +120,8 @@ def test_the_meta_decode_compiles_every_variant_the_real_decode_launches(cfg, mo
     seen, compiled = _launch_recorder(monkeypatch)
     vae = _vae(cfg)
     s = vae.config.scale_factor_spatial
-    h, w = 5, 7
-    p = _plan(vae, (h * s, w * s))
+    h, w, t = 5, 7, 7  # 7 latent frames: the first, a chunk of 4, then one of 2 (its pieces other shapes)
+    p = _plan(vae, (h * s, w * s), frames=(t - 1) * vae.config.scale_factor_temporal + 1)
     assert p is not None and p.decode is not None and p.encode is None
     rec = _start(vae, p).wait()
     assert rec["status"] == "done", rec
@@ -131,27 +131,36 @@ def test_the_meta_decode_compiles_every_variant_the_real_decode_launches(cfg, mo
     assert rec["loaded"] == len(compiled) == len(warmed) and all(k.inits == 1 for k in compiled.values())
     assert warmed, "the prewarm launched no glue kernel"
     seen.clear()
-    z = torch.randn(1, vae.config.z_dim, 7, h, w, generator=torch.Generator().manual_seed(0))
+    z = torch.randn(1, vae.config.z_dim, t, h, w, generator=torch.Generator().manual_seed(0))
     with W.cuda_layouts():  # the CPU's 3-D convolutions return contiguous outputs; a GPU's keep channels_last
         D.decode_video(vae, z, mode="fast", fused_glue=True)
     assert seen and seen <= warmed, f"launches the prewarm did not make: {seen - warmed}"
 
 
-def test_a_contiguous_attention_output_changes_no_variant(monkeypatch):
-    """On a GPU the mid block's attention (diffusers' own layer) can hand the next block a contiguous tensor where
-    the meta device's keeps channels_last (an H200's fast decode compiled 3 variants the prewarm had not); the
-    lean blocks put their input back in their weights' layout, so the decode launches the same variants either
-    way."""
-    from diffusers.models.autoencoders import autoencoder_kl_wan as AW
+def test_the_prewarm_decodes_two_chunks_and_the_renders_last_one():
+    """The meta decode's latent frames: the first, two chunks, and the render's last shorter chunk where it has one;
+    the render's own count where that is fewer; two chunks where it is unknown."""
+    assert W._decode_frames(None, 4) == 9 and W._decode_frames(None, 2) == 5
+    assert W._decode_frames(5, 4) == 5 and W._decode_frames(9, 4) == 9  # fewer or as many: the render's own
+    assert W._decode_frames(31, 4) == 11 and W._decode_frames(21, 4) == 9  # 1 + 7 x 4 + 2; 1 + 5 x 4
+    assert W._decode_frames(12, 4) == 12  # 1 + 2 x 4 + 3
 
+
+def test_a_contiguous_attention_output_changes_no_variant(monkeypatch):
+    """On a GPU the mid block's attention (diffusers' own layer, before the lean one) handed the next block a
+    contiguous tensor where the meta device's kept channels_last (an H200's fast decode compiled 3 variants the
+    prewarm had not); the lean blocks put their input back in their weights' layout, so the decode launches the same
+    variants whatever layout an attention hands them."""
     seen, _ = _launch_recorder(monkeypatch)
     vae = _vae()
     s = vae.config.scale_factor_spatial
-    p = _plan(vae, (5 * s, 7 * s))
+    p = _plan(vae, (5 * s, 7 * s), frames=9)  # 3 latent frames, as decoded below
     assert _start(vae, p).wait()["status"] == "done"
     warmed = set(seen)
     seen.clear()
-    forward = AW.WanAttentionBlock.forward
+    from vdbench.vae import lean as L
+
+    forward = L._gemm_attention
     outs = []
 
     def contiguous_out(self, x):
@@ -159,7 +168,7 @@ def test_a_contiguous_attention_output_changes_no_variant(monkeypatch):
         outs.append(y.is_contiguous(memory_format=torch.channels_last_3d))
         return y
 
-    monkeypatch.setattr(AW.WanAttentionBlock, "forward", contiguous_out)
+    monkeypatch.setattr(L, "_gemm_attention", contiguous_out)
     z = torch.randn(1, vae.config.z_dim, 3, 5, 7, generator=torch.Generator().manual_seed(0))
     with W.cuda_layouts():
         D.decode_video(vae, z, mode="fast", fused_glue=True)

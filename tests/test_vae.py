@@ -370,7 +370,8 @@ def test_a_pointwise_conv_runs_as_one_gemm_and_keeps_channels_last():
 def test_lean_attention_block_equals_diffusers_attention(cl, budget, monkeypatch):
     """The mid block's attention as two GEMMs and a softmax (fp32 scores): diffusers' module's values, whether the
     scores fit whole, in blocks of frames (two at a time) or of a frame's queries (8 at a time), either layout; the
-    output channels_last_3d; the fast layers install it for the decode."""
+    output channels_last_3d; the fast layers install it for the decode, where it runs with the Triton glue (diffusers'
+    own forward with the eager glue: a CPU render's frames unchanged)."""
     from diffusers.models.autoencoders.autoencoder_kl_wan import WanAttentionBlock
 
     torch.manual_seed(0)
@@ -387,7 +388,7 @@ def test_lean_attention_block_equals_diffusers_attention(cl, budget, monkeypatch
     monkeypatch.setattr(L, "_scores", lambda q, k: calls.append(tuple(q.shape)) or real(q, k))
     with torch.no_grad():
         ref = blk(x)
-        out = L._lean_attention_block(blk, x)
+        out = L._gemm_attention(blk, x)
     torch.testing.assert_close(out, ref, atol=2e-6, rtol=1e-5)
     assert out.is_contiguous(memory_format=torch.channels_last_3d)
     want = {None: [(9, 35, 32)], 4 * 35 * 35 * 2: [(2, 35, 32)] * 4 + [(1, 35, 32)] * 1,
@@ -397,3 +398,15 @@ def test_lean_attention_block_equals_diffusers_attention(cl, budget, monkeypatch
     with L.fast_layers(vae):
         attn = [m for m in vae.decoder.modules() if type(m) is WanAttentionBlock]
         assert attn and all(m.forward.__func__ is L._lean_attention_block for m in attn)
+    blk.forward = L._lean_attention_block.__get__(blk)
+    calls.clear()
+    with torch.no_grad():
+        torch.testing.assert_close(blk(x), ref, atol=0, rtol=0)  # the eager glue: diffusers' forward
+    assert not calls
+    token = L._ROWS.set(object())  # the Triton glue's scope (the attention uses none of its kernels)
+    try:
+        with torch.no_grad():
+            torch.testing.assert_close(blk(x), out, atol=0, rtol=0)
+    finally:
+        L._ROWS.reset(token)
+    assert calls

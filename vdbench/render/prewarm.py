@@ -115,7 +115,7 @@ def start_vae(plan: Plan, pipe=None, *, encode_only: bool = False):
         return None
     p = W.plan(vae_class=spec[0], device=device, decode_mode=plan.decode.mode, decode_options=plan.decode.options,
                encode_mode=plan.encode.mode if image else None, encode_options=plan.encode.options,
-               pixel_hw=(cfg.height, cfg.width), first_use=not cfg.compile)
+               pixel_hw=(cfg.height, cfg.width), first_use=not cfg.compile, frames=cfg.num_frames)
     if encode_only and (p is None or p.encode is None):
         return None
     dtype = plan.vae_dtype or plan.dtype

@@ -297,6 +297,14 @@ def _scores(q, k):
 
 
 def _lean_attention_block(self, x):
+    """WanAttentionBlock.forward: :func:`_gemm_attention` with the Triton glue (a GPU), diffusers' own forward with the
+    eager glue (a CPU: its renders' frames stay the bytes they were, as with ``FAST_EAGER_CHUNK``)."""
+    if _ROWS.get() is None:
+        return type(self).forward(self, x)
+    return _gemm_attention(self, x)
+
+
+def _gemm_attention(self, x):
     """WanAttentionBlock.forward (the mid block's single-head self-attention over a frame's H*W positions) with the
     attention as two GEMMs and a softmax: scores in fp32, the softmax in fp32, the probabilities rounded to the
     input dtype for the second GEMM (what SDPA's kernels do), in blocks of frames -- or of a frame's queries -- of

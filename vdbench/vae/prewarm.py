@@ -51,9 +51,19 @@ log = logging.getLogger(__name__)
 
 __all__ = ["Prewarm", "PrewarmPlan", "plan", "start_thread", "meta_vae", "cuda_layouts"]
 
-#: Latent frames of the decode run for its shapes: the first chunk alone, then chunks until every causal cache and
-#: temporal upsampler is in its steady state (Wan 2.2's up blocks reach it later than Wan 2.1's).
-_DECODE_FRAMES = 5
+def _decode_frames(latent_frames: Optional[int], chunk: int) -> int:
+    """Latent frames of the decode run for its shapes: the first alone, then two chunks (every causal cache and
+    temporal upsampler in its steady state by the second: Wan 2.2's up blocks reach it later than Wan 2.1's), then
+    the render's last, shorter chunk where it has one (its pieces are other shapes); the render's own count where
+    that is fewer, two chunks where it is unknown."""
+    whole = 1 + 2 * chunk
+    if latent_frames is None:
+        return whole
+    if latent_frames <= whole:
+        return latent_frames
+    return whole + (latent_frames - 1) % chunk
+
+
 #: Video frames of the encode run for its shapes: the first frame alone, then chunks of four (1 + 4k).
 _ENCODE_FRAMES = 9
 
@@ -73,6 +83,8 @@ class PrewarmPlan:
     #: end with the tiny GPU decode (:meth:`Prewarm._first_use`); off beside a compiled denoiser, whose CUDA graph
     #: captures another thread's kernels and allocations would break
     first_use: bool = True
+    #: the render's video frames (its decode's chunks, the last one too, are what the prewarm's decode runs), or None
+    frames: Optional[int] = None
 
 
 def _part(mode, options, vae_class: str, device):
@@ -90,7 +102,7 @@ def _part(mode, options, vae_class: str, device):
 
 def plan(*, vae_class: str, device, decode_mode: DecodeMode, decode_options: DecodeOptions,
          encode_mode: Optional[EncodeMode] = None, encode_options: EncodeOptions = EncodeOptions(),
-         pixel_hw: tuple[int, int], first_use: bool = True) -> Optional[PrewarmPlan]:
+         pixel_hw: tuple[int, int], first_use: bool = True, frames: Optional[int] = None) -> Optional[PrewarmPlan]:
     """The prewarm a render's decode (and encode, when ``encode_mode`` is given) of a ``vae_class`` VAE on
     ``device`` would profit from, or None: only the fast layers with the Triton glue have a compile to pay ahead
     (diffusers' own decode has none of vdbench's). The modes: their entries with their options, as checked by
@@ -105,7 +117,7 @@ def plan(*, vae_class: str, device, decode_mode: DecodeMode, decode_options: Dec
     if not any(parts.values()):
         return None
     return PrewarmPlan(vae_class, parts["decode"], parts.get("encode"), pixel_hw, torch.device(device),
-                       {k: v for k, v in why.items() if v}, first_use=first_use)
+                       {k: v for k, v in why.items() if v}, first_use=first_use, frames=frames)
 
 
 class cuda_layouts(TorchFunctionMode):
@@ -192,8 +204,10 @@ class Prewarm:
                 rec["jobs"]["meta_vae_s"] = time.perf_counter() - t
                 ph, pw = p.pixel_hw
                 s = int(vae.config.scale_factor_spatial)
+                lat = None if p.frames is None else (p.frames - 1) // int(vae.config.scale_factor_temporal) + 1
+                chunk = (p.decode[1].chunk_frames if p.decode else None) or V.FAST_DEFAULT_CHUNK
                 _fast_path(vae, p, torch.empty, "meta", encode_thw=(_ENCODE_FRAMES, ph, pw),
-                           decode_thw=(_DECODE_FRAMES, ph // s, pw // s), jobs=rec["jobs"])
+                           decode_thw=(_decode_frames(lat, chunk), ph // s, pw // s), jobs=rec["jobs"])
             rec["compiled"] = K.compiled_variants("vae_glue")
             if compiled:  # the modules and launchers too: the rest of a first launch's host work
                 t = time.perf_counter()

@@ -63,7 +63,8 @@ def _prewarm_variant(args, variant: str, vae, z, row: dict, sync) -> None:
     width, height = (int(x) for x in args.size.split("*"))
     t0 = time.perf_counter()
     p = W.plan(vae_class=type(vae).__name__, device=dev, decode_mode=D.check_decode("fast"),
-               decode_options=DecodeOptions(), pixel_hw=(height, width))
+               decode_options=DecodeOptions(), pixel_hw=(height, width),
+               frames=(z.shape[2] - 1) * int(vae.config.scale_factor_temporal) + 1)
     row["prewarm"] = None if p is None else W.start_thread(
         lambda: W.meta_vae(type(vae), dict(vae.config)).to(vae.dtype), p).wait()
     row["prewarm_wall_s"] = time.perf_counter() - t0
