@@ -104,12 +104,16 @@ def main(argv=None) -> int:
 
 
 def _label(name: str, sources: dict) -> str:
-    """The render ``name`` stands for: itself where a render has that label, else the render whose stack's attention
+    """The render ``name`` stands for: itself where a render has that label, else the one render whose stack is ``name``
+    (``fav3+u2`` for ``fav3+u2 [id-337af5e3]``: the settings' tag aside), else the render whose stack's attention
     part is ``name`` (``reference`` for ``reference+vae=fast``) -- of several, the one with the fewest options (the
     plain ``fav3+vae=fast`` beside ``fav3+vae=fast+fbc:threshold=0.2``: a stack's quality is read against its
     kernel alone); ``name`` unchanged where none matches or the fewest options tie."""
     if name in sources:
         return name
+    tagged = [label for label in sources if label.split(" [", 1)[0] == name]  # the stack, its settings' tag aside
+    if len(tagged) == 1:
+        return tagged[0]
     from vdbench.cache import KINDS
     from vdbench.measure.record import split_stack
 

@@ -297,3 +297,20 @@ def test_compare_outputs_finds_a_reference_by_its_attention_and_times_a_cached_r
     assert co._label("sdpa", sources) == "sdpa+vae=fast"
     assert co._label("sdpa", {"sdpa+vae=fast": 1, "sdpa+compile": 2}) == "sdpa"  # a tie: not guessed
     assert co._label("fav3", sources) == "fav3"
+    # a stack named without the settings' tag its renders carry (e.g. a batch with --parallel_engine diffusers)
+    tagged = {"fav3+u2 [id-337af5e3]": 1, "fav3+offload=shard+u2 [id-337af5e3]": 2}
+    assert co._label("fav3+u2", tagged) == "fav3+u2 [id-337af5e3]"
+    assert co._label("fav3+u2", {**tagged, "fav3+u2 [seed7]": 3}) == "fav3+u2"  # two: not guessed
+
+
+def test_the_report_finds_a_reference_by_its_stack_with_a_settings_tag():
+    from vdbench.measure.record import Identity
+    from vdbench.report.records import match_label, references
+
+    runs = {"fav3+offload=shard+u2 [id-337af5e3]": Identity(attention="fav3", layout="u2", speed=("offload=shard",),
+                                                            tag="id-337af5e3", content="c"),
+            "fav3+u2 [id-337af5e3]": Identity(attention="fav3", layout="u2", tag="id-337af5e3", content="c")}
+    assert [i.stack for i in runs.values()] == ["fav3+offload=shard+u2", "fav3+u2"]
+    assert match_label("fav3+u2", runs) == "fav3+u2 [id-337af5e3]"
+    assert references("fav3+u2", runs) == {"c": "fav3+u2 [id-337af5e3]"}
+    assert match_label("fav3", runs) == "fav3+offload=shard+u2 [id-337af5e3]"  # by attention: the first

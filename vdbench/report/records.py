@@ -168,11 +168,13 @@ def collect(results: Path) -> dict[str, Path]:
 
 def match_label(name: str, runs) -> str | None:
     """The label among ``runs`` (label -> :class:`~vdbench.measure.record.Identity`) that ``name`` means: itself,
-    else the first run whose attention is ``name`` (so ``reference`` finds ``reference+u2`` in a batch rendered
+    else the first run whose stack is ``name`` (``fav3+u2`` finds ``fav3+u2 [id-337af5e3]``, its settings' tag
+    aside), else the first whose attention is ``name`` (so ``reference`` finds ``reference+u2`` in a batch rendered
     under torchrun); None if none."""
     if name in runs:
         return name
-    return next((label for label, ident in runs.items() if ident.attention == name), None)
+    return next((label for label, ident in runs.items() if ident.stack == name),
+                next((label for label, ident in runs.items() if ident.attention == name), None))
 
 
 def shown_labels(idents) -> tuple[list[str], Optional[str]]:
@@ -186,13 +188,17 @@ def shown_labels(idents) -> tuple[list[str], Optional[str]]:
 
 def references(name: str, runs) -> dict:
     """content -> the label of the reference render of that content, among ``runs`` (label ->
-    :class:`~vdbench.measure.record.Identity`): the run labelled ``name``, else the first whose attention is
-    ``name`` (so ``reference`` finds ``reference+u2``), one per content (:attr:`Identity.content`: renders of the
+    :class:`~vdbench.measure.record.Identity`): the run labelled ``name``, else the first whose stack is ``name``
+    (its settings' tag aside), else the first whose attention is ``name`` (so ``reference`` finds
+    ``reference+u2``), one per content (:attr:`Identity.content`: renders of the
     same prompt, seed and size are compared with each other; records without it share one content, None)."""
     out: dict = {}
     for label, ident in runs.items():
         if label == name:
             out[ident.content] = label
+    for label, ident in runs.items():
+        if ident.stack == name:
+            out.setdefault(ident.content, label)
     for label, ident in runs.items():
         if ident.attention == name:
             out.setdefault(ident.content, label)
