@@ -410,3 +410,12 @@ def test_lean_attention_block_equals_diffusers_attention(cl, budget, monkeypatch
     finally:
         L._ROWS.reset(token)
     assert calls
+
+
+def test_fast_layers_refuse_a_tail_of_no_frames():
+    vae = _wan(_WAN21_VAE)
+    for bad, lean in ((0, True), ((2, 0), True), ((), True), (1, False)):
+        with pytest.raises(ValueError, match="tail_frames needs lean=True"):
+            with L.fast_layers(vae, lean=lean, tail_frames=bad):
+                pass
+    assert not any("forward" in m.__dict__ for m in vae.modules())  # nothing left installed

@@ -25,8 +25,8 @@ _COMPILED_GLUE: dict = {}
 # The Triton row kernels (vdbench.kernels.glue) inside fast_layers(fused_glue=True), else None: convs then run
 # without their bias, added by those kernels where the output is read next (see _conv_valid_t).
 _ROWS: contextvars.ContextVar = contextvars.ContextVar("vdbench_vae_rows", default=None)
-# Latent frames per call of the decoder's tail (its up blocks past the last temporal upsampling, and the head) inside
-# fast_layers(tail_frames=...), else None: the tail of a chunk then runs in pieces (see _lean_decoder).
+# Latent frames per call of the up blocks past the decoder's last temporal upsamplings (a tuple, the last for the tail:
+# those blocks and the head) inside fast_layers(tail_frames=...), else None: a chunk then runs in pieces (_lean_decoder).
 _TAIL: contextvars.ContextVar = contextvars.ContextVar("vdbench_vae_tail", default=None)
 
 
@@ -361,7 +361,6 @@ def _lean_decoder(self, x, feat_cache=None, feat_idx=[0], first_chunk=False):  #
     tail = _TAIL.get()
     splits = []
     if tail is not None and feat_cache is not None and not first_chunk:
-        tail = (tail,) if isinstance(tail, int) else tuple(tail)
         starts = _segment_starts(self)
         n = min(len(tail), len(starts))
         splits = list(zip(starts[len(starts) - n:], tail[len(tail) - n:]))
@@ -402,12 +401,6 @@ def _segment_starts(decoder) -> list:
                or (type(m).__name__ == "DupUp3D" and m.factor_t > 1) for m in block.modules()):
             starts.append(i + 1)
     return starts
-
-
-def _tail_start(decoder) -> int:
-    """The index of the first up block past the decoder's last temporal upsampling (0 where it has none)."""
-    starts = _segment_starts(decoder)
-    return starts[-1] if starts else 0
 
 
 def _up_blocks(self, box, lo, hi, feat_cache, feat_idx, first_chunk):
@@ -770,13 +763,12 @@ def fast_layers(vae, *, channels_last: bool = True, lean: bool = True, compile_b
         raise ValueError("fused_glue needs lean=True and excludes compile_backend")
     rows = _fused_kernels(vae) if fused_glue else None
     glue = rows.norm_silu_cat if fused_glue else _compiled_glue(compile_backend) if (lean and compile_backend) else None
-    if tail_frames is not None:
-        tail = (tail_frames,) if isinstance(tail_frames, int) else tuple(tail_frames)
-        if not lean or not tail or not all(isinstance(s, int) and s >= 1 for s in tail):
-            raise ValueError(f"tail_frames needs lean=True and latent frames of at least 1, got {tail_frames}")
+    tail = None if tail_frames is None else (tail_frames,) if isinstance(tail_frames, int) else tuple(tail_frames)
+    if tail is not None and (not lean or not tail or not all(isinstance(s, int) and s >= 1 for s in tail)):
+        raise ValueError(f"tail_frames needs lean=True and latent frames of at least 1, got {tail_frames}")
     token = _GLUE.set(glue)
     rows_token = _ROWS.set(rows)
-    tail_token = _TAIL.set(tail_frames)
+    tail_token = _TAIL.set(tail)
     limit = contextlib.nullcontext()
     if lean and compile_backend:
         import torch._dynamo
