@@ -171,10 +171,15 @@ def match_label(name: str, runs) -> str | None:
     else the first run whose stack is ``name`` (``fav3+u2`` finds ``fav3+u2 [id-337af5e3]``, its settings' tag
     aside), else the first whose attention is ``name`` (so ``reference`` finds ``reference+u2`` in a batch rendered
     under torchrun); None if none."""
-    if name in runs:
-        return name
-    return next((label for label, ident in runs.items() if ident.stack == name),
-                next((label for label, ident in runs.items() if ident.attention == name), None))
+    return next(_named(name, runs), None)
+
+
+def _named(name: str, runs):
+    """The labels among ``runs`` that ``name`` means, best first: itself, the runs whose stack is ``name``, the runs
+    whose attention is ``name`` (:func:`match_label`, :func:`references`)."""
+    yield from (label for label in runs if label == name)
+    yield from (label for label, ident in runs.items() if ident.stack == name)
+    yield from (label for label, ident in runs.items() if ident.attention == name)
 
 
 def shown_labels(idents) -> tuple[list[str], Optional[str]]:
@@ -193,13 +198,6 @@ def references(name: str, runs) -> dict:
     ``reference+u2``), one per content (:attr:`Identity.content`: renders of the
     same prompt, seed and size are compared with each other; records without it share one content, None)."""
     out: dict = {}
-    for label, ident in runs.items():
-        if label == name:
-            out[ident.content] = label
-    for label, ident in runs.items():
-        if ident.stack == name:
-            out.setdefault(ident.content, label)
-    for label, ident in runs.items():
-        if ident.attention == name:
-            out.setdefault(ident.content, label)
+    for label in _named(name, runs):
+        out.setdefault(runs[label].content, label)
     return out

@@ -102,7 +102,7 @@ from .lean import nearest_native, fast_layers
 
 __all__ = ["wan_decode_fast", "wan_decode_chunked", "choose_chunk_frames", "prepare_latents", "FAST_VAES",
            "channels_last_3d", "fast_layers", "FAST_DEFAULT_CHUNK", "FAST_EAGER_CHUNK", "FAST_DEFAULT_TAIL",
-           "resolve_glue"]
+           "fast_chunking", "resolve_glue"]
 
 #: The VAE classes this module's fast decode (and its memory bound) drives: the Wan decoder's causal-conv cache is
 #: what makes chunking exact.
@@ -141,15 +141,24 @@ def wan_decode_fast(vae, z: torch.Tensor, *, chunk_frames: Optional[int] = None,
     if max_memory_gib is not None:
         return _wan_decode_bounded(vae, z, max_memory_gib, watchdog=watchdog, info=info, channels_last=channels_last,
                                    fused_glue=fused)
-    # Default chunk and tail (FAST_DEFAULT_CHUNK, FAST_DEFAULT_TAIL): see the module doc ("Default chunk").
-    k = chunk_frames or min(FAST_DEFAULT_CHUNK if fused else FAST_EAGER_CHUNK, z.shape[2])
-    tail = FAST_DEFAULT_TAIL if tail_frames is None else tail_frames
+    k, tail = fast_chunking(chunk_frames, tail_frames, fused, z.shape[2])
     ran = min(tail, k) if isinstance(tail, int) else [min(s, k) for s in tail]
     info.update(path="chunked", chunk_frames=k, tail_frames=ran, channels_last=channels_last)
     if compile_backend:
         info["compile_backend"] = compile_backend
     return wan_decode_chunked(vae, z, k, watchdog=watchdog, lean=True, channels_last=channels_last,
                               compile_backend=compile_backend, fused_glue=fused, tail_frames=tail)
+
+
+def fast_chunking(chunk_frames: Optional[int], tail_frames, fused: bool, latent_frames: Optional[int] = None):
+    """``(chunk, tail)`` the fast decode runs: the given ones, else the defaults (module doc, "Default chunk":
+    :data:`FAST_DEFAULT_CHUNK` with the Triton glue, :data:`FAST_EAGER_CHUNK` without, no more than the
+    ``latent_frames`` where known; :data:`FAST_DEFAULT_TAIL`). The decode's and the prewarm's one rule."""
+    k = chunk_frames
+    if not k:
+        k = FAST_DEFAULT_CHUNK if fused else FAST_EAGER_CHUNK
+        k = min(k, latent_frames) if latent_frames else k
+    return k, FAST_DEFAULT_TAIL if tail_frames is None else tail_frames
 
 
 #: ``info["glue"]`` of the fast path's Triton glue (what the bench and timing.json record).

@@ -165,9 +165,9 @@ def _fast_path(vae, p: PrewarmPlan, make, device, *, encode_thw, decode_thw, job
         t = time.perf_counter()
         _, o = p.decode
         z = make((1, vae.config.z_dim, *decode_thw), device=device, dtype=vae.dtype)
-        V.wan_decode_chunked(vae, z, o.chunk_frames or V.FAST_DEFAULT_CHUNK, lean=True,
-                             channels_last=o.channels_last is not False, fused_glue=True,
-                             tail_frames=V.FAST_DEFAULT_TAIL if o.tail_frames is None else o.tail_frames)
+        chunk, tail = V.fast_chunking(o.chunk_frames, o.tail_frames, True)
+        V.wan_decode_chunked(vae, z, chunk, lean=True, channels_last=o.channels_last is not False, fused_glue=True,
+                             tail_frames=tail)
         if jobs is not None:
             jobs["decode_s"] = time.perf_counter() - t
 
@@ -205,7 +205,7 @@ class Prewarm:
                 ph, pw = p.pixel_hw
                 s = int(vae.config.scale_factor_spatial)
                 lat = None if p.frames is None else (p.frames - 1) // int(vae.config.scale_factor_temporal) + 1
-                chunk = (p.decode[1].chunk_frames if p.decode else None) or V.FAST_DEFAULT_CHUNK
+                chunk = V.fast_chunking(p.decode[1].chunk_frames if p.decode else None, None, True)[0]
                 _fast_path(vae, p, torch.empty, "meta", encode_thw=(_ENCODE_FRAMES, ph, pw),
                            decode_thw=(_decode_frames(lat, chunk), ph // s, pw // s), jobs=rec["jobs"])
             rec["compiled"] = K.compiled_variants("vae_glue")
